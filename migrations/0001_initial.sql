@@ -1,0 +1,1191 @@
+-- pgq: a SQL-first PostgreSQL job queue.
+--
+-- This file is the canonical, current definition of the pgq schema: what a reader opens to
+-- understand pgq. It is applied by hand to a fresh database (psql -f sql/schema.sql) or reached
+-- through the yoyo migrations in migrations/; tests/test_schema_matches_migrations.py requires
+-- both to produce the same catalog.
+--
+-- Where is a job claimed? In pgq.claim, below. Where is a write fenced? In every owner
+-- operation (renew, complete, complete_many, fail, release, snooze, mark_unknown): each one
+-- matches id AND attempt AND state = 'running' in the UPDATE itself.
+--
+-- Error contract (documented in docs/sql-api.md):
+--   22004 null_value_not_allowed           a required argument is NULL
+--   22023 invalid_parameter_value          an argument is out of range or malformed
+--   P0002 no_data_found                    an admin call names a job that does not exist
+--   55000 object_not_in_prerequisite_state an admin call on a job in the wrong state
+-- Owner operations never raise for lost ownership: they answer false / NULL ("not yours").
+
+CREATE SCHEMA pgq;
+COMMENT ON SCHEMA pgq IS 'pgq: a SQL-first job queue. See docs/sql-api.md.';
+
+-- Roles ------------------------------------------------------------------------------------------
+-- Roles are cluster-wide: create them only where they do not exist yet, so that pgq can be
+-- installed in a second database of the same cluster.
+DO $roles$
+DECLARE
+    r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['pgq_producer', 'pgq_worker', 'pgq_admin', 'pgq_monitor'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = r) THEN
+            EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+        END IF;
+    END LOOP;
+    -- An admin can do what the others can.
+    FOREACH r IN ARRAY ARRAY['pgq_producer', 'pgq_worker', 'pgq_monitor'] LOOP
+        IF NOT pg_catalog.pg_has_role('pgq_admin', r, 'MEMBER') THEN
+            EXECUTE format('GRANT %I TO pgq_admin', r);
+        END IF;
+    END LOOP;
+END
+$roles$;
+
+-- Types ------------------------------------------------------------------------------------------
+
+CREATE TYPE pgq.job_state AS ENUM (
+    'pending',          -- waiting for run_at, then for a worker
+    'running',          -- claimed: owned by attempt `attempt` until lease_until
+    'done',             -- completed by its owner (terminal)
+    'failed',           -- attempts exhausted or not retryable; last_error keeps the reason (terminal)
+    'cancelled',        -- cancelled by an admin (terminal)
+    'outcome_unknown'   -- the outside effect may or may not have happened: parked until pgq.resolve
+);
+COMMENT ON TYPE pgq.job_state IS 'The life cycle of a job. done, failed and cancelled are terminal.';
+
+-- Tables -----------------------------------------------------------------------------------------
+
+CREATE TABLE pgq.queues (
+    name          text        PRIMARY KEY,
+    paused        boolean     NOT NULL DEFAULT false,
+    lease         interval    NOT NULL DEFAULT '30 seconds',
+    max_attempts  integer     NOT NULL DEFAULT 25,
+    backoff_base  interval    NOT NULL DEFAULT '1 second',
+    backoff_cap   interval    NOT NULL DEFAULT '1 hour',
+    retention     interval    NOT NULL DEFAULT '7 days',
+    notify        boolean     NOT NULL DEFAULT true,
+    audit         boolean     NOT NULL DEFAULT true,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT queues_lease_check CHECK (lease > '0' AND lease <= '1 day'),
+    CONSTRAINT queues_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 10000),
+    CONSTRAINT queues_backoff_check CHECK (backoff_base > '0' AND backoff_cap >= backoff_base
+                                           AND backoff_cap <= '365 days'),
+    CONSTRAINT queues_retention_check CHECK (retention >= '0' AND retention <= '3650 days')
+);
+COMMENT ON TABLE pgq.queues IS
+    'Per-queue settings. A row is created with these defaults on first use of a queue name.';
+
+CREATE TABLE pgq.jobs (
+    id            bigint        GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue         text          NOT NULL,
+    kind          text          NOT NULL,
+    payload       jsonb         NOT NULL DEFAULT '{}',
+    priority      integer       NOT NULL DEFAULT 0,
+    state         pgq.job_state NOT NULL DEFAULT 'pending',
+    run_at        timestamptz   NOT NULL DEFAULT now(),
+    created_at    timestamptz   NOT NULL DEFAULT now(),
+    attempt       integer       NOT NULL DEFAULT 0,
+    max_attempts  integer       NOT NULL,
+    lease_until   timestamptz,
+    claimed_by    text,
+    claimed_at    timestamptz,
+    last_error    text,
+    result        jsonb,
+    finished_at   timestamptz,
+    unique_key    text,
+    tenant        text,
+    last_event    text          NOT NULL DEFAULT 'enqueued',
+    -- The attempt number is the fencing token: it only grows, and never past max_attempts.
+    CONSTRAINT jobs_attempt_check CHECK (attempt >= 0 AND attempt <= max_attempts),
+    -- Exactly the running jobs hold a lease.
+    CONSTRAINT jobs_lease_check CHECK ((state = 'running') = (lease_until IS NOT NULL))
+) WITH (
+    fillfactor = 90,
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0.02
+);
+COMMENT ON TABLE pgq.jobs IS 'One row per job. Finished rows stay until pgq.prune deletes them.';
+COMMENT ON COLUMN pgq.jobs.attempt IS
+    'The fencing token: incremented by every claim, never decreased. Owner operations must quote it.';
+COMMENT ON COLUMN pgq.jobs.last_event IS
+    'How the job reached its state (the event names of pgq.job_events): lets an owner operation '
+    'repeated after an ambiguous commit recognise its own earlier success.';
+COMMENT ON COLUMN pgq.jobs.lease_until IS
+    'While running: the database time after which the job may be recovered by claim or sweep.';
+
+CREATE TABLE pgq.job_events (
+    id          bigint        GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id      bigint        NOT NULL,
+    attempt     integer       NOT NULL,
+    worker      text,
+    event       text          NOT NULL,
+    from_state  pgq.job_state,
+    to_state    pgq.job_state,
+    at          timestamptz   NOT NULL DEFAULT clock_timestamp(),
+    note        text
+);
+COMMENT ON TABLE pgq.job_events IS
+    'The attempt history: every claim and state change, and every rejected stale write (event '
+    '''rejected'', to_state NULL), for queues with audit on.';
+
+-- Indexes ----------------------------------------------------------------------------------------
+
+-- The claim walks this index in the total order priority DESC, run_at, id, one queue at a time.
+-- The predicate is repeated word for word in pgq.claim so the planner can use it.
+CREATE INDEX jobs_ready_idx ON pgq.jobs (queue, priority DESC, run_at, id)
+    WHERE state = 'pending' AND attempt < max_attempts;
+
+-- Expired-lease recovery (sweep, and the probe in claim) reads running jobs by lease_until.
+CREATE INDEX jobs_lease_idx ON pgq.jobs (lease_until)
+    WHERE state = 'running';
+
+-- Deduplication: one live (pending or running) job per (queue, unique_key), race-free.
+CREATE UNIQUE INDEX jobs_unique_key_idx ON pgq.jobs (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND state IN ('pending', 'running');
+
+-- Pruning finds finished rows by age.
+CREATE INDEX jobs_finished_idx ON pgq.jobs (finished_at)
+    WHERE state IN ('done', 'failed', 'cancelled');
+
+CREATE INDEX job_events_job_idx ON pgq.job_events (job_id, id);
+
+-- Functions: internal helpers ---------------------------------------------------------------------
+
+-- The database's notion of "now" for leases and run_at. Every pgq function reads time through this
+-- one inlinable function, so a test database can move time (only the schema owner can replace it).
+CREATE FUNCTION pgq._now() RETURNS timestamptz
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$ SELECT now() $$;
+COMMENT ON FUNCTION pgq._now() IS 'The clock of every lease and run_at decision (now()).';
+
+-- Raises invalid_parameter_value (or null_value_not_allowed) naming the argument.
+CREATE FUNCTION pgq._bad_argument(argument text, problem text, hint text DEFAULT NULL)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF problem = 'must not be NULL' THEN
+        RAISE EXCEPTION 'pgq: argument "%" must not be NULL', argument
+            USING ERRCODE = 'null_value_not_allowed', HINT = coalesce(hint, '');
+    END IF;
+    RAISE EXCEPTION 'pgq: argument "%" %', argument, problem
+        USING ERRCODE = 'invalid_parameter_value', HINT = coalesce(hint, '');
+END
+$$;
+COMMENT ON FUNCTION pgq._bad_argument(text, text, text) IS
+    'Raises 22023 (or 22004 for NULL) with a message naming the argument.';
+
+-- Validates a queue or kind name: 1 to 128 characters from [A-Za-z0-9_.:/-], not starting with
+-- a punctuation mark other than "_".
+CREATE FUNCTION pgq._check_name(argument text, value text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF value IS NULL THEN
+        PERFORM pgq._bad_argument(argument, 'must not be NULL');
+    ELSIF value !~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}$' THEN
+        PERFORM pgq._bad_argument(argument,
+            format('is not a valid name: %s', left(quote_literal(value), 80)),
+            'Names are 1 to 128 characters from A-Z a-z 0-9 _ . : / - and start with a letter, '
+            'a digit or _.');
+    END IF;
+END
+$$;
+
+-- Validates an interval argument: > 0 and at most max_value.
+CREATE FUNCTION pgq._check_interval(argument text, value interval, max_value interval)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF value IS NULL THEN
+        PERFORM pgq._bad_argument(argument, 'must not be NULL');
+    ELSIF value <= interval '0' OR value > max_value THEN
+        PERFORM pgq._bad_argument(argument,
+            format('must be greater than 0 and at most %s, got %s', max_value, value));
+    END IF;
+END
+$$;
+
+-- Validates a payload: a JSON object of at most 1 MiB (its jsonb size).
+CREATE FUNCTION pgq._check_payload(argument text, value jsonb) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF value IS NULL THEN
+        PERFORM pgq._bad_argument(argument, 'must not be NULL', 'Pass ''{}'' for an empty payload.');
+    ELSIF jsonb_typeof(value) <> 'object' THEN
+        PERFORM pgq._bad_argument(argument,
+            format('must be a JSON object, got %s', jsonb_typeof(value)),
+            'Wrap the value: jsonb_build_object(''value'', ...).');
+    ELSIF pg_column_size(value) > 1048576 THEN
+        PERFORM pgq._bad_argument(argument,
+            format('is %s bytes; the limit is 1048576 (1 MiB)', pg_column_size(value)),
+            'Store large data in a table of your own and put its key in the payload.');
+    END IF;
+END
+$$;
+
+-- Validates the optional enqueue arguments shared by enqueue and enqueue_many.
+CREATE FUNCTION pgq._check_enqueue(queue text, kind text, run_at timestamptz, priority integer,
+                                   max_attempts integer, tenant text)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    PERFORM pgq._check_name('queue', _check_enqueue.queue);
+    PERFORM pgq._check_name('kind', _check_enqueue.kind);
+    IF _check_enqueue.run_at IS NULL THEN
+        PERFORM pgq._bad_argument('run_at', 'must not be NULL', 'Omit it to run now.');
+    ELSIF NOT isfinite(_check_enqueue.run_at) THEN
+        PERFORM pgq._bad_argument('run_at', format('must be a finite time, got %s', _check_enqueue.run_at));
+    END IF;
+    IF _check_enqueue.priority IS NULL THEN
+        PERFORM pgq._bad_argument('priority', 'must not be NULL', 'Omit it for priority 0.');
+    ELSIF _check_enqueue.priority NOT BETWEEN -1000 AND 1000 THEN
+        PERFORM pgq._bad_argument('priority',
+            format('must be between -1000 and 1000, got %s', _check_enqueue.priority));
+    END IF;
+    IF _check_enqueue.max_attempts NOT BETWEEN 1 AND 10000 THEN
+        PERFORM pgq._bad_argument('max_attempts',
+            format('must be between 1 and 10000, got %s', _check_enqueue.max_attempts));
+    END IF;
+    IF length(_check_enqueue.tenant) NOT BETWEEN 1 AND 256 THEN
+        PERFORM pgq._bad_argument('tenant', 'must be 1 to 256 characters long');
+    END IF;
+END
+$$;
+
+-- The queue's settings row, created with the defaults on first use.
+CREATE FUNCTION pgq._queue(name text) RETURNS pgq.queues
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    q pgq.queues;
+BEGIN
+    SELECT * INTO q FROM pgq.queues AS s WHERE s.name = _queue.name;
+    IF NOT FOUND THEN
+        PERFORM pgq._check_name('queue', _queue.name);
+        INSERT INTO pgq.queues AS s (name) VALUES (_queue.name) ON CONFLICT DO NOTHING;
+        SELECT * INTO q FROM pgq.queues AS s WHERE s.name = _queue.name;
+    END IF;
+    RETURN q;
+END
+$$;
+
+-- Retry delay after a failed attempt: exponential from base, capped, with jitter in the upper
+-- half. Always within [base, cap], for any attempt (the exponent is clamped, so it cannot overflow).
+CREATE FUNCTION pgq._backoff(attempt integer, base interval, cap interval) RETURNS interval
+    LANGUAGE sql VOLATILE PARALLEL SAFE
+    AS $$
+    SELECT greatest(base, ceiling_delay * (0.5 + random() * 0.5))
+    FROM (SELECT least(cap, base * power(2, least(greatest(attempt, 1) - 1, 40))::float8)
+                 AS ceiling_delay) AS d
+$$;
+COMMENT ON FUNCTION pgq._backoff(integer, interval, interval) IS
+    'min(cap, base * 2^(attempt-1)) scaled by a random factor in [0.5, 1], never below base.';
+
+-- Records a rejected write by an owner that no longer owns the job (a stale attempt), so that a
+-- duplicate execution can be diagnosed from pgq.job_events. Writes nothing for unknown ids or
+-- for queues with audit off.
+CREATE FUNCTION pgq._reject(job_id bigint, attempt integer, operation text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+    SELECT j.id, _reject.attempt, NULL, 'rejected', j.state, NULL,
+           format('%s from attempt %s rejected: the job is %s at attempt %s (last claimed by %s)',
+                  _reject.operation, _reject.attempt, j.state, j.attempt, j.claimed_by)
+    FROM pgq.jobs AS j
+    JOIN pgq.queues AS q ON q.name = j.queue AND q.audit
+    WHERE j.id = _reject.job_id;
+END
+$$;
+
+-- Recovers running jobs whose lease has expired: back to pending at once (the attempt they used
+-- is counted), or to failed when that was the last attempt. The UPDATE re-checks the expiry on
+-- the row it locked, so a job completed or re-claimed meanwhile is never touched.
+CREATE FUNCTION pgq._recover_expired(max_jobs integer)
+    RETURNS TABLE (queue text, recovered bigint)
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan
+    AS $$
+BEGIN
+    RETURN QUERY
+    WITH expired AS (
+        SELECT j.id
+        FROM pgq.jobs AS j
+        WHERE j.state = 'running' AND j.lease_until < pgq._now()
+        ORDER BY j.lease_until
+        LIMIT _recover_expired.max_jobs
+        FOR NO KEY UPDATE SKIP LOCKED
+    ), recovered AS (
+        UPDATE pgq.jobs AS j
+        SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'pending' END::pgq.job_state,
+            lease_until = NULL,
+            finished_at = CASE WHEN j.attempt >= j.max_attempts THEN pgq._now() END,
+            last_event = 'lease_expired',
+            last_error = format('lease expired at %s (attempt %s, worker %s)',
+                                j.lease_until, j.attempt, j.claimed_by)
+        FROM expired AS e
+        WHERE j.id = e.id AND j.state = 'running' AND j.lease_until < pgq._now()
+        RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.state
+    ), events AS (
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+        SELECT r.id, r.attempt, r.claimed_by, 'lease_expired', 'running', r.state, 'recovered'
+        FROM recovered AS r
+        JOIN pgq.queues AS q ON q.name = r.queue AND q.audit
+    )
+    SELECT r.queue, count(*) FROM recovered AS r GROUP BY r.queue;
+END
+$$;
+
+-- Functions: producers ----------------------------------------------------------------------------
+
+CREATE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFAULT '{}',
+                            run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
+                            max_attempts integer DEFAULT NULL, unique_key text DEFAULT NULL,
+                            tenant text DEFAULT NULL)
+    RETURNS bigint
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    q      pgq.queues;
+    new_id bigint;
+BEGIN
+    PERFORM pgq._check_enqueue(enqueue.queue, enqueue.kind, enqueue.run_at, enqueue.priority,
+                               enqueue.max_attempts, enqueue.tenant);
+    PERFORM pgq._check_payload('payload', enqueue.payload);
+    IF length(enqueue.unique_key) NOT BETWEEN 1 AND 1024 THEN
+        PERFORM pgq._bad_argument('unique_key', 'must be 1 to 1024 characters long');
+    END IF;
+    q := pgq._queue(enqueue.queue);
+
+    LOOP
+        INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
+                                   unique_key, tenant)
+        VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
+                coalesce(enqueue.max_attempts, q.max_attempts), enqueue.unique_key, enqueue.tenant)
+        ON CONFLICT (queue, unique_key)
+            WHERE unique_key IS NOT NULL AND state IN ('pending', 'running')
+            DO NOTHING
+        RETURNING j.id INTO new_id;
+        EXIT WHEN FOUND;
+        -- A live job holds this unique_key: hand back its id. If it finished in the meantime,
+        -- the key is free again and the INSERT is tried once more.
+        SELECT j.id INTO new_id
+        FROM pgq.jobs AS j
+        WHERE j.queue = enqueue.queue AND j.unique_key = enqueue.unique_key
+          AND j.unique_key IS NOT NULL AND j.state IN ('pending', 'running');
+        IF FOUND THEN
+            RETURN new_id;
+        END IF;
+    END LOOP;
+
+    IF q.notify AND enqueue.run_at <= pgq._now() THEN
+        PERFORM pg_notify('pgq', enqueue.queue);
+    END IF;
+    RETURN new_id;
+END
+$$;
+COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text) IS
+    'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it.';
+
+CREATE FUNCTION pgq.enqueue_many(queue text, kind text, payloads jsonb[],
+                                 run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
+                                 max_attempts integer DEFAULT NULL, tenant text DEFAULT NULL)
+    RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    q   pgq.queues;
+    bad record;
+BEGIN
+    PERFORM pgq._check_enqueue(enqueue_many.queue, enqueue_many.kind, enqueue_many.run_at,
+                               enqueue_many.priority, enqueue_many.max_attempts, enqueue_many.tenant);
+    IF enqueue_many.payloads IS NULL THEN
+        PERFORM pgq._bad_argument('payloads', 'must not be NULL');
+    END IF;
+    SELECT p.value, p.n INTO bad
+    FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
+    WHERE p.value IS NULL OR jsonb_typeof(p.value) <> 'object' OR pg_column_size(p.value) > 1048576
+    LIMIT 1;
+    IF FOUND THEN
+        PERFORM pgq._check_payload(format('payloads[%s]', bad.n), bad.value);
+    END IF;
+    q := pgq._queue(enqueue_many.queue);
+
+    -- Identity values are drawn in the order the rows are inserted, so ordering by id returns
+    -- the ids in payload order.
+    RETURN QUERY
+    WITH inserted AS (
+        INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant)
+        SELECT enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.priority,
+               enqueue_many.run_at, coalesce(enqueue_many.max_attempts, q.max_attempts),
+               enqueue_many.tenant
+        FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
+        ORDER BY p.n
+        RETURNING jobs.id
+    )
+    SELECT i.id FROM inserted AS i ORDER BY i.id;
+
+    IF q.notify AND enqueue_many.run_at <= pgq._now() AND cardinality(enqueue_many.payloads) > 0 THEN
+        PERFORM pg_notify('pgq', enqueue_many.queue);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text) IS
+    'Adds one job per payload in one INSERT and returns their ids in payload order.';
+
+-- Functions: workers ------------------------------------------------------------------------------
+
+CREATE TYPE pgq.claimed_job AS (
+    id            bigint,
+    queue         text,
+    kind          text,
+    payload       jsonb,
+    priority      integer,
+    attempt       integer,
+    max_attempts  integer,
+    run_at        timestamptz,
+    created_at    timestamptz,
+    lease_until   timestamptz,
+    tenant        text
+);
+COMMENT ON TYPE pgq.claimed_job IS
+    'What pgq.claim hands a worker: the job and its fencing token (attempt).';
+
+-- THE CLAIM. One statement picks up to `batch` due pending jobs of the worker's (unpaused)
+-- queues in the total order priority DESC, run_at, id, locks them FOR NO KEY UPDATE SKIP LOCKED
+-- (rows other claimers hold are skipped, not waited for; a foreign-key KEY SHARE lock does not
+-- hide a job), marks them running under a lease measured by the database clock, and increments
+-- the attempt, the fencing token every later write must quote. Rows that changed after the
+-- statement's snapshot are re-checked by PostgreSQL when locked, so a cancelled or already
+-- claimed job is never returned; a batch may hold fewer rows than asked.
+-- Expired leases are recovered first (a cheap index probe decides whether there are any), so a
+-- crashed worker's job is claimable again as soon as its lease ends, with or without a sweep.
+CREATE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, batch integer DEFAULT 1,
+                          lease interval DEFAULT NULL)
+    RETURNS SETOF pgq.claimed_job
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET plan_cache_mode = force_generic_plan
+    AS $$
+DECLARE
+    eligible text[];
+BEGIN
+    IF claim.worker IS NULL THEN
+        PERFORM pgq._bad_argument('worker', 'must not be NULL');
+    ELSIF length(claim.worker) NOT BETWEEN 1 AND 256 THEN
+        PERFORM pgq._bad_argument('worker', 'must be 1 to 256 characters long');
+    END IF;
+    IF claim.batch IS NULL THEN
+        PERFORM pgq._bad_argument('batch', 'must not be NULL');
+    ELSIF claim.batch NOT BETWEEN 1 AND 1000 THEN
+        PERFORM pgq._bad_argument('batch', format('must be between 1 and 1000, got %s', claim.batch));
+    END IF;
+    IF claim.lease IS NOT NULL THEN
+        PERFORM pgq._check_interval('lease', claim.lease, interval '1 day');
+    END IF;
+    IF claim.queues IS NOT NULL AND (cardinality(claim.queues) = 0 OR array_position(claim.queues, NULL) IS NOT NULL) THEN
+        PERFORM pgq._bad_argument('queues', 'must be NULL (all queues) or a non-empty array without NULLs');
+    END IF;
+
+    IF EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()) THEN
+        PERFORM pgq._recover_expired(100);
+    END IF;
+
+    eligible := ARRAY(SELECT q.name FROM pgq.queues AS q
+                      WHERE NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues))
+                      ORDER BY q.name);
+
+    RETURN QUERY
+    WITH picked AS (
+        -- For each eligible queue, its first `batch` claimable jobs in index order; then the
+        -- best `batch` of those across queues.
+        SELECT c.id
+        FROM unnest(eligible) AS e(queue)
+        CROSS JOIN LATERAL (
+            SELECT j.id, j.priority, j.run_at
+            FROM pgq.jobs AS j
+            WHERE j.queue = e.queue
+              AND j.state = 'pending' AND j.attempt < j.max_attempts
+              AND j.run_at <= pgq._now()
+            ORDER BY j.priority DESC, j.run_at, j.id
+            LIMIT claim.batch
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) AS c
+        ORDER BY c.priority DESC, c.run_at, c.id
+        LIMIT claim.batch
+    ), claimed AS (
+        UPDATE pgq.jobs AS j
+        SET state = 'running',
+            attempt = j.attempt + 1,
+            lease_until = pgq._now() + coalesce(claim.lease, q.lease),
+            claimed_by = claim.worker,
+            claimed_at = pgq._now(),
+            last_event = 'claimed'
+        FROM picked AS p, pgq.queues AS q
+        WHERE j.id = p.id AND q.name = j.queue
+        RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
+                  j.run_at, j.created_at, j.lease_until, j.tenant, q.audit
+    ), events AS (
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
+        SELECT c.id, c.attempt, claim.worker, 'claimed', 'pending', 'running'
+        FROM claimed AS c WHERE c.audit
+    )
+    SELECT c.id, c.queue, c.kind, c.payload, c.priority, c.attempt, c.max_attempts,
+           c.run_at, c.created_at, c.lease_until, c.tenant
+    FROM claimed AS c
+    ORDER BY c.priority DESC, c.run_at, c.id;
+END
+$$;
+COMMENT ON FUNCTION pgq.claim(text, text[], integer, interval) IS
+    'Claims up to batch due jobs for worker, in order priority DESC, run_at, id. The returned '
+    'attempt is the fencing token for renew, complete, fail, release, snooze and mark_unknown.';
+
+CREATE FUNCTION pgq.renew(id bigint, attempt integer, lease interval DEFAULT NULL)
+    RETURNS timestamptz
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    new_lease timestamptz;
+BEGIN
+    IF renew.lease IS NOT NULL THEN
+        PERFORM pgq._check_interval('lease', renew.lease, interval '1 day');
+    END IF;
+    UPDATE pgq.jobs AS j
+    SET lease_until = pgq._now() + coalesce(renew.lease,
+                                            (SELECT q.lease FROM pgq.queues AS q WHERE q.name = j.queue))
+    WHERE j.id = renew.id AND j.attempt = renew.attempt AND j.state = 'running'
+    RETURNING j.lease_until INTO new_lease;
+    IF NOT FOUND THEN
+        PERFORM pgq._reject(renew.id, renew.attempt, 'renew');
+    END IF;
+    RETURN new_lease;
+END
+$$;
+COMMENT ON FUNCTION pgq.renew(bigint, integer, interval) IS
+    'Extends the lease of the caller''s attempt from the database clock; NULL when not yours.';
+
+CREATE FUNCTION pgq.complete(id bigint, attempt integer, result jsonb DEFAULT NULL)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    changed integer;
+BEGIN
+    WITH completed AS (
+        UPDATE pgq.jobs AS j
+        SET state = 'done', result = complete.result, lease_until = NULL, finished_at = pgq._now(),
+            last_event = 'completed'
+        WHERE j.id = complete.id AND j.attempt = complete.attempt AND j.state = 'running'
+        RETURNING j.id, j.queue, j.attempt, j.claimed_by
+    ), events AS (
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
+        SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
+        FROM completed AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
+    )
+    SELECT count(*) INTO changed FROM completed;
+    IF changed > 0 THEN
+        RETURN true;
+    END IF;
+    -- Idempotent: the same attempt already completed it (a retry after an ambiguous commit).
+    IF EXISTS (SELECT FROM pgq.jobs AS j
+               WHERE j.id = complete.id AND j.attempt = complete.attempt AND j.state = 'done'
+                 AND j.last_event = 'completed') THEN
+        RETURN true;
+    END IF;
+    PERFORM pgq._reject(complete.id, complete.attempt, 'complete');
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION pgq.complete(bigint, integer, jsonb) IS
+    'Marks the caller''s attempt done; false when not yours. Repeating it returns true again.';
+
+CREATE FUNCTION pgq.complete_many(ids bigint[], attempts integer[])
+    RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+BEGIN
+    IF complete_many.ids IS NULL THEN
+        PERFORM pgq._bad_argument('ids', 'must not be NULL');
+    ELSIF complete_many.attempts IS NULL THEN
+        PERFORM pgq._bad_argument('attempts', 'must not be NULL');
+    ELSIF cardinality(complete_many.ids) <> cardinality(complete_many.attempts) THEN
+        PERFORM pgq._bad_argument('attempts',
+            format('must have as many elements as ids (%s), got %s',
+                   cardinality(complete_many.ids), cardinality(complete_many.attempts)));
+    ELSIF array_position(complete_many.ids, NULL) IS NOT NULL
+          OR array_position(complete_many.attempts, NULL) IS NOT NULL THEN
+        PERFORM pgq._bad_argument('ids', 'and attempts must not contain NULL');
+    END IF;
+
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT w.id, w.attempt FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)
+    ), owned AS (
+        -- Lock in id order, so concurrent batches never deadlock.
+        SELECT j.id
+        FROM pgq.jobs AS j JOIN wanted AS w ON w.id = j.id AND w.attempt = j.attempt
+        WHERE j.state = 'running'
+        ORDER BY j.id
+        FOR NO KEY UPDATE OF j
+    ), completed AS (
+        UPDATE pgq.jobs AS j
+        SET state = 'done', lease_until = NULL, finished_at = pgq._now(), last_event = 'completed'
+        FROM owned AS o, wanted AS w
+        WHERE j.id = o.id AND w.id = j.id AND j.attempt = w.attempt AND j.state = 'running'
+        RETURNING j.id, j.queue, j.attempt, j.claimed_by
+    ), events AS (
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
+        SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
+        FROM completed AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
+    )
+    SELECT c.id FROM completed AS c
+    UNION
+    -- Idempotent: jobs this same attempt had already completed.
+    SELECT j.id FROM pgq.jobs AS j JOIN wanted AS w ON w.id = j.id AND w.attempt = j.attempt
+    WHERE j.state = 'done' AND j.last_event = 'completed';
+END
+$$;
+COMMENT ON FUNCTION pgq.complete_many(bigint[], integer[]) IS
+    'Completes each (id, attempt) pair the caller still owns; returns the ids completed.';
+
+CREATE FUNCTION pgq.fail(id bigint, attempt integer, error text, retry_in interval DEFAULT NULL,
+                         retryable boolean DEFAULT true)
+    RETURNS text
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    new_state pgq.job_state;
+    stored_error text := left(fail.error, 65536);
+BEGIN
+    IF fail.error IS NULL THEN
+        PERFORM pgq._bad_argument('error', 'must not be NULL', 'Say why the attempt failed.');
+    END IF;
+    IF fail.retryable IS NULL THEN
+        PERFORM pgq._bad_argument('retryable', 'must not be NULL');
+    END IF;
+    IF fail.retry_in IS NOT NULL THEN
+        PERFORM pgq._check_interval('retry_in', fail.retry_in, interval '365 days');
+    END IF;
+
+    WITH failed AS (
+        UPDATE pgq.jobs AS j
+        SET state = CASE WHEN NOT fail.retryable OR j.attempt >= j.max_attempts
+                         THEN 'failed' ELSE 'pending' END::pgq.job_state,
+            run_at = CASE WHEN NOT fail.retryable OR j.attempt >= j.max_attempts THEN j.run_at
+                          ELSE pgq._now() + coalesce(fail.retry_in,
+                                   pgq._backoff(j.attempt, q.backoff_base, q.backoff_cap)) END,
+            finished_at = CASE WHEN NOT fail.retryable OR j.attempt >= j.max_attempts
+                               THEN pgq._now() END,
+            last_error = stored_error,
+            last_event = 'failed',
+            lease_until = NULL
+        FROM pgq.queues AS q
+        WHERE j.id = fail.id AND j.attempt = fail.attempt AND j.state = 'running'
+          AND q.name = j.queue
+        RETURNING j.id, j.attempt, j.claimed_by, j.state, q.audit
+    ), events AS (
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+        SELECT f.id, f.attempt, f.claimed_by, 'failed', 'running', f.state, left(stored_error, 1000)
+        FROM failed AS f WHERE f.audit
+    )
+    SELECT f.state INTO new_state FROM failed AS f;
+    IF FOUND THEN
+        RETURN new_state::text;
+    END IF;
+    -- Idempotent: this attempt already failed (a retry after an ambiguous commit).
+    SELECT j.state INTO new_state FROM pgq.jobs AS j
+    WHERE j.id = fail.id AND j.attempt = fail.attempt AND j.last_event = 'failed';
+    IF FOUND THEN
+        RETURN new_state::text;
+    END IF;
+    PERFORM pgq._reject(fail.id, fail.attempt, 'fail');
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pgq.fail(bigint, integer, text, interval, boolean) IS
+    'Records a failed attempt: pending again after a backoff, or failed when attempts are '
+    'exhausted or retryable is false. Returns the new state, NULL when not yours.';
+
+-- Gives back a job the worker has not started (e.g. at shutdown): pending again now, without
+-- using up an attempt (max_attempts is raised by one, since the attempt number never decreases).
+CREATE FUNCTION pgq.release(id bigint, attempt integer)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    changed integer;
+BEGIN
+    WITH released AS (
+        UPDATE pgq.jobs AS j
+        SET state = 'pending', lease_until = NULL, run_at = pgq._now(),
+            max_attempts = j.max_attempts + 1, last_event = 'released'
+        WHERE j.id = release.id AND j.attempt = release.attempt AND j.state = 'running'
+        RETURNING j.id, j.queue, j.attempt, j.claimed_by
+    ), events AS (
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
+        SELECT r.id, r.attempt, r.claimed_by, 'released', 'running', 'pending'
+        FROM released AS r JOIN pgq.queues AS q ON q.name = r.queue AND q.audit
+    )
+    SELECT count(*) INTO changed FROM released;
+    IF changed > 0 THEN
+        RETURN true;
+    END IF;
+    IF EXISTS (SELECT FROM pgq.jobs AS j
+               WHERE j.id = release.id AND j.attempt = release.attempt AND j.last_event = 'released') THEN
+        RETURN true;
+    END IF;
+    PERFORM pgq._reject(release.id, release.attempt, 'release');
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION pgq.release(bigint, integer) IS
+    'Gives an unstarted job back (pending now, the attempt not counted); false when not yours.';
+
+-- Puts a job back to sleep for `delay`; the snooze does not use up an attempt.
+CREATE FUNCTION pgq.snooze(id bigint, attempt integer, delay interval)
+    RETURNS timestamptz
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    new_run_at timestamptz;
+BEGIN
+    PERFORM pgq._check_interval('delay', snooze.delay, interval '365 days');
+    WITH snoozed AS (
+        UPDATE pgq.jobs AS j
+        SET state = 'pending', lease_until = NULL, run_at = pgq._now() + snooze.delay,
+            max_attempts = j.max_attempts + 1, last_event = 'snoozed'
+        WHERE j.id = snooze.id AND j.attempt = snooze.attempt AND j.state = 'running'
+        RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.run_at
+    ), events AS (
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+        SELECT s.id, s.attempt, s.claimed_by, 'snoozed', 'running', 'pending',
+               format('until %s', s.run_at)
+        FROM snoozed AS s JOIN pgq.queues AS q ON q.name = s.queue AND q.audit
+    )
+    SELECT s.run_at INTO new_run_at FROM snoozed AS s;
+    IF FOUND THEN
+        RETURN new_run_at;
+    END IF;
+    SELECT j.run_at INTO new_run_at FROM pgq.jobs AS j
+    WHERE j.id = snooze.id AND j.attempt = snooze.attempt AND j.last_event = 'snoozed';
+    IF FOUND THEN
+        RETURN new_run_at;
+    END IF;
+    PERFORM pgq._reject(snooze.id, snooze.attempt, 'snooze');
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pgq.snooze(bigint, integer, interval) IS
+    'Pending again after delay without using an attempt; returns the new run_at, NULL when not yours.';
+
+-- The outside effect's outcome is unknown (a timeout after the request was sent, say): park the
+-- job instead of retrying blindly. pgq.resolve settles it once someone knows.
+CREATE FUNCTION pgq.mark_unknown(id bigint, attempt integer, note text)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    changed integer;
+BEGIN
+    IF mark_unknown.note IS NULL THEN
+        PERFORM pgq._bad_argument('note', 'must not be NULL', 'Say what is unknown and how to find out.');
+    END IF;
+    WITH marked AS (
+        UPDATE pgq.jobs AS j
+        SET state = 'outcome_unknown', lease_until = NULL, last_error = left(mark_unknown.note, 65536),
+            last_event = 'marked_unknown'
+        WHERE j.id = mark_unknown.id AND j.attempt = mark_unknown.attempt AND j.state = 'running'
+        RETURNING j.id, j.queue, j.attempt, j.claimed_by
+    ), events AS (
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+        SELECT m.id, m.attempt, m.claimed_by, 'marked_unknown', 'running', 'outcome_unknown',
+               left(mark_unknown.note, 1000)
+        FROM marked AS m JOIN pgq.queues AS q ON q.name = m.queue AND q.audit
+    )
+    SELECT count(*) INTO changed FROM marked;
+    IF changed > 0 THEN
+        RETURN true;
+    END IF;
+    IF EXISTS (SELECT FROM pgq.jobs AS j
+               WHERE j.id = mark_unknown.id AND j.attempt = mark_unknown.attempt
+                 AND j.last_event = 'marked_unknown') THEN
+        RETURN true;
+    END IF;
+    PERFORM pgq._reject(mark_unknown.id, mark_unknown.attempt, 'mark_unknown');
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION pgq.mark_unknown(bigint, integer, text) IS
+    'Parks the caller''s attempt as outcome_unknown; false when not yours.';
+
+CREATE FUNCTION pgq.sweep(max_jobs integer DEFAULT 1000)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    total integer := 0;
+    r record;
+BEGIN
+    IF sweep.max_jobs IS NULL THEN
+        PERFORM pgq._bad_argument('max_jobs', 'must not be NULL');
+    ELSIF sweep.max_jobs NOT BETWEEN 1 AND 100000 THEN
+        PERFORM pgq._bad_argument('max_jobs', format('must be between 1 and 100000, got %s', sweep.max_jobs));
+    END IF;
+    FOR r IN SELECT x.queue, x.recovered FROM pgq._recover_expired(sweep.max_jobs) AS x LOOP
+        total := total + r.recovered;
+        IF (SELECT q.notify FROM pgq.queues AS q WHERE q.name = r.queue) THEN
+            PERFORM pg_notify('pgq', r.queue);
+        END IF;
+    END LOOP;
+    RETURN total;
+END
+$$;
+COMMENT ON FUNCTION pgq.sweep(integer) IS
+    'Recovers up to max_jobs running jobs whose lease expired; returns how many.';
+
+-- Functions: admin --------------------------------------------------------------------------------
+
+-- The job row for an admin call, locked; raises P0002 for an unknown id.
+CREATE FUNCTION pgq._admin_job(id bigint) RETURNS pgq.jobs
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    job pgq.jobs;
+BEGIN
+    IF _admin_job.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = _admin_job.id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgq: no job with id %', _admin_job.id
+            USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
+    END IF;
+    RETURN job;
+END
+$$;
+
+CREATE FUNCTION pgq._admin_event(job pgq.jobs, event text, to_state pgq.job_state, note text DEFAULT NULL)
+    RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+    SELECT (job).id, (job).attempt, NULL, event, (job).state, to_state, note
+    FROM pgq.queues AS q WHERE q.name = (job).queue AND q.audit
+$$;
+
+-- Cancels a pending, running or outcome_unknown job. A running job's owner learns it at its next
+-- renew or complete (answered "not yours"). Returns false, changing nothing, when the job had
+-- already finished.
+CREATE FUNCTION pgq.cancel(id bigint)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    job pgq.jobs := pgq._admin_job(cancel.id);
+BEGIN
+    IF job.state IN ('done', 'failed', 'cancelled') THEN
+        RETURN false;
+    END IF;
+    UPDATE pgq.jobs AS j
+    SET state = 'cancelled', lease_until = NULL, finished_at = pgq._now(), last_event = 'cancelled'
+    WHERE j.id = cancel.id;
+    PERFORM pgq._admin_event(job, 'cancelled', 'cancelled');
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgq.cancel(bigint) IS
+    'Cancels a job that has not finished; false when it had already finished; P0002 when unknown.';
+
+-- Runs a failed or cancelled job again, now. The attempt number is kept (it never decreases);
+-- max_attempts is raised so that at least one more attempt is allowed.
+CREATE FUNCTION pgq.retry(id bigint)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    job pgq.jobs := pgq._admin_job(retry.id);
+BEGIN
+    IF job.state NOT IN ('failed', 'cancelled') THEN
+        RAISE EXCEPTION 'pgq: job % is %, only failed or cancelled jobs can be retried', retry.id, job.state
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Use pgq.resolve for outcome_unknown jobs.';
+    END IF;
+    UPDATE pgq.jobs AS j
+    SET state = 'pending', run_at = pgq._now(), finished_at = NULL,
+        max_attempts = greatest(j.max_attempts, j.attempt + 1), last_event = 'retried'
+    WHERE j.id = retry.id;
+    PERFORM pgq._admin_event(job, 'retried', 'pending');
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgq.retry(bigint) IS
+    'Makes a failed or cancelled job pending again; 55000 for other states; P0002 when unknown.';
+
+-- Settles an outcome_unknown job once the outside effect's fate is known: done (it happened),
+-- failed or cancelled (give up), or pending (it did not happen: run it again).
+CREATE FUNCTION pgq.resolve(id bigint, state text)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    job pgq.jobs;
+BEGIN
+    IF resolve.state IS NULL THEN
+        PERFORM pgq._bad_argument('state', 'must not be NULL');
+    ELSIF resolve.state NOT IN ('done', 'failed', 'cancelled', 'pending') THEN
+        PERFORM pgq._bad_argument('state',
+            format('must be done, failed, cancelled or pending, got %s', left(quote_literal(resolve.state), 40)));
+    END IF;
+    job := pgq._admin_job(resolve.id);
+    IF job.state <> 'outcome_unknown' THEN
+        RAISE EXCEPTION 'pgq: job % is %, only outcome_unknown jobs can be resolved', resolve.id, job.state
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    UPDATE pgq.jobs AS j
+    SET state = resolve.state::pgq.job_state,
+        finished_at = CASE WHEN resolve.state = 'pending' THEN NULL ELSE pgq._now() END,
+        run_at = CASE WHEN resolve.state = 'pending' THEN pgq._now() ELSE j.run_at END,
+        max_attempts = CASE WHEN resolve.state = 'pending' THEN greatest(j.max_attempts, j.attempt + 1)
+                            ELSE j.max_attempts END,
+        last_event = 'resolved'
+    WHERE j.id = resolve.id;
+    PERFORM pgq._admin_event(job, 'resolved', resolve.state::pgq.job_state);
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgq.resolve(bigint, text) IS
+    'Settles an outcome_unknown job as done, failed, cancelled or pending (run again).';
+
+-- Deletes finished (done, failed, cancelled) jobs, with their events, older than older_than, or
+-- than each queue's retention when older_than is NULL. At most max_jobs per call: call it again
+-- until it returns 0.
+CREATE FUNCTION pgq.prune(older_than interval DEFAULT NULL, max_jobs integer DEFAULT 10000)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    deleted integer;
+BEGIN
+    IF prune.older_than < interval '0' THEN
+        PERFORM pgq._bad_argument('older_than', format('must not be negative, got %s', prune.older_than));
+    END IF;
+    IF prune.max_jobs IS NULL THEN
+        PERFORM pgq._bad_argument('max_jobs', 'must not be NULL');
+    ELSIF prune.max_jobs NOT BETWEEN 1 AND 1000000 THEN
+        PERFORM pgq._bad_argument('max_jobs', format('must be between 1 and 1000000, got %s', prune.max_jobs));
+    END IF;
+    WITH doomed AS (
+        SELECT j.id
+        FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue
+        WHERE j.state IN ('done', 'failed', 'cancelled')
+          AND j.finished_at < pgq._now() - coalesce(prune.older_than, q.retention)
+        ORDER BY j.finished_at
+        LIMIT prune.max_jobs
+        FOR UPDATE OF j SKIP LOCKED
+    ), gone AS (
+        DELETE FROM pgq.jobs AS j USING doomed AS d WHERE j.id = d.id RETURNING j.id
+    ), events AS (
+        DELETE FROM pgq.job_events AS e USING gone AS g WHERE e.job_id = g.id
+    )
+    SELECT count(*) INTO deleted FROM gone;
+    RETURN deleted;
+END
+$$;
+COMMENT ON FUNCTION pgq.prune(interval, integer) IS
+    'Deletes up to max_jobs finished jobs (and their events) older than older_than or the queue''s retention.';
+
+CREATE FUNCTION pgq.configure_queue(queue text, lease interval DEFAULT NULL,
+                                    max_attempts integer DEFAULT NULL,
+                                    backoff_base interval DEFAULT NULL,
+                                    backoff_cap interval DEFAULT NULL,
+                                    retention interval DEFAULT NULL,
+                                    notify boolean DEFAULT NULL, audit boolean DEFAULT NULL)
+    RETURNS pgq.queues
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    q pgq.queues := pgq._queue(configure_queue.queue);
+BEGIN
+    IF configure_queue.lease IS NOT NULL THEN
+        PERFORM pgq._check_interval('lease', configure_queue.lease, interval '1 day');
+    END IF;
+    IF configure_queue.max_attempts NOT BETWEEN 1 AND 10000 THEN
+        PERFORM pgq._bad_argument('max_attempts',
+            format('must be between 1 and 10000, got %s', configure_queue.max_attempts));
+    END IF;
+    IF configure_queue.backoff_base IS NOT NULL THEN
+        PERFORM pgq._check_interval('backoff_base', configure_queue.backoff_base, interval '365 days');
+    END IF;
+    IF configure_queue.backoff_cap IS NOT NULL THEN
+        PERFORM pgq._check_interval('backoff_cap', configure_queue.backoff_cap, interval '365 days');
+    END IF;
+    IF coalesce(configure_queue.backoff_cap, q.backoff_cap)
+       < coalesce(configure_queue.backoff_base, q.backoff_base) THEN
+        PERFORM pgq._bad_argument('backoff_cap', 'must not be less than backoff_base');
+    END IF;
+    IF configure_queue.retention < interval '0' OR configure_queue.retention > interval '3650 days' THEN
+        PERFORM pgq._bad_argument('retention', 'must be between 0 and 3650 days');
+    END IF;
+    UPDATE pgq.queues AS s
+    SET lease = coalesce(configure_queue.lease, s.lease),
+        max_attempts = coalesce(configure_queue.max_attempts, s.max_attempts),
+        backoff_base = coalesce(configure_queue.backoff_base, s.backoff_base),
+        backoff_cap = coalesce(configure_queue.backoff_cap, s.backoff_cap),
+        retention = coalesce(configure_queue.retention, s.retention),
+        notify = coalesce(configure_queue.notify, s.notify),
+        audit = coalesce(configure_queue.audit, s.audit)
+    WHERE s.name = configure_queue.queue
+    RETURNING * INTO q;
+    RETURN q;
+END
+$$;
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean) IS
+    'Changes a queue''s settings (NULL leaves one unchanged) and returns them; creates the queue if new.';
+
+CREATE FUNCTION pgq.pause(queue text)
+    RETURNS pgq.queues
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    q pgq.queues := pgq._queue(pause.queue);
+BEGIN
+    UPDATE pgq.queues AS s SET paused = true WHERE s.name = pause.queue RETURNING * INTO q;
+    RETURN q;
+END
+$$;
+COMMENT ON FUNCTION pgq.pause(text) IS
+    'Stops claims from the queue (running jobs go on); enqueue still works. Returns its settings.';
+
+CREATE FUNCTION pgq.resume(queue text)
+    RETURNS pgq.queues
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    q pgq.queues := pgq._queue(resume.queue);
+BEGIN
+    UPDATE pgq.queues AS s SET paused = false WHERE s.name = resume.queue RETURNING * INTO q;
+    IF q.notify THEN
+        PERFORM pg_notify('pgq', resume.queue);
+    END IF;
+    RETURN q;
+END
+$$;
+COMMENT ON FUNCTION pgq.resume(text) IS 'Lets workers claim from the queue again. Returns its settings.';
+
+-- Functions: observe ------------------------------------------------------------------------------
+
+CREATE FUNCTION pgq.stats()
+    RETURNS TABLE (queue text, paused boolean, pending bigint, scheduled bigint, running bigint,
+                   expired bigint, done bigint, failed bigint, cancelled bigint,
+                   outcome_unknown bigint, oldest_ready_age interval)
+    LANGUAGE sql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+    SELECT q.name, q.paused,
+           count(*) FILTER (WHERE j.state = 'pending' AND j.run_at <= pgq._now()),
+           count(*) FILTER (WHERE j.state = 'pending' AND j.run_at > pgq._now()),
+           count(*) FILTER (WHERE j.state = 'running'),
+           count(*) FILTER (WHERE j.state = 'running' AND j.lease_until < pgq._now()),
+           count(*) FILTER (WHERE j.state = 'done'),
+           count(*) FILTER (WHERE j.state = 'failed'),
+           count(*) FILTER (WHERE j.state = 'cancelled'),
+           count(*) FILTER (WHERE j.state = 'outcome_unknown'),
+           pgq._now() - min(j.run_at) FILTER (WHERE j.state = 'pending' AND j.run_at <= pgq._now())
+    FROM pgq.queues AS q
+    LEFT JOIN pgq.jobs AS j ON j.queue = q.name
+    GROUP BY q.name, q.paused
+    ORDER BY q.name
+$$;
+COMMENT ON FUNCTION pgq.stats() IS
+    'One row per queue: jobs by state (pending = due now, scheduled = due later), expired leases, '
+    'and the age of the oldest due job.';
+
+CREATE FUNCTION pgq.version() RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT '0.1.0'::text $$;
+COMMENT ON FUNCTION pgq.version() IS 'The version of the installed pgq schema.';
+
+-- Grants -----------------------------------------------------------------------------------------
+-- Nobody but the owner touches the tables: every role works through the functions.
+
+REVOKE ALL ON ALL TABLES IN SCHEMA pgq FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA pgq FROM PUBLIC;
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC;
+REVOKE ALL ON SCHEMA pgq FROM PUBLIC;
+
+GRANT USAGE ON SCHEMA pgq TO pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
+
+GRANT EXECUTE ON FUNCTION
+    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text),
+    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text)
+    TO pgq_producer;
+
+GRANT EXECUTE ON FUNCTION
+    pgq.claim(text, text[], integer, interval),
+    pgq.renew(bigint, integer, interval),
+    pgq.complete(bigint, integer, jsonb),
+    pgq.complete_many(bigint[], integer[]),
+    pgq.fail(bigint, integer, text, interval, boolean),
+    pgq.release(bigint, integer),
+    pgq.snooze(bigint, integer, interval),
+    pgq.mark_unknown(bigint, integer, text),
+    pgq.sweep(integer)
+    TO pgq_worker;
+
+GRANT EXECUTE ON FUNCTION
+    pgq.cancel(bigint),
+    pgq.retry(bigint),
+    pgq.resolve(bigint, text),
+    pgq.prune(interval, integer),
+    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean),
+    pgq.pause(text),
+    pgq.resume(text)
+    TO pgq_admin;
+
+GRANT EXECUTE ON FUNCTION
+    pgq.stats(),
+    pgq.version()
+    TO pgq_monitor;
+
+GRANT EXECUTE ON FUNCTION pgq.version() TO pgq_producer, pgq_worker;
