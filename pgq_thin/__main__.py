@@ -1,0 +1,5 @@
+import sys
+
+from pgq_thin.cli import main
+
+sys.exit(main())

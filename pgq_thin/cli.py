@@ -1,0 +1,277 @@
+"""The pgq-thin command (also python -m pgq_thin). Each subcommand is one client call or a
+small loop of them; errors print one line and exit non-zero."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import re
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from pgq_thin import __version__
+from pgq_thin.client import Client, resolve_dsn
+from pgq_thin.errors import PgqError, translate
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> timedelta:
+    """'30' / '30s' / '500ms' / '5m' / '2h' / '7d' -> timedelta."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 30s, 5m, 2h, 7d)")
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
+
+
+def queue_list(text: str) -> list[str]:
+    names = [q.strip() for q in text.split(",") if q.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one queue name")
+    return names
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(resolve_dsn(args.dsn), min_size=1, max_size=2)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds():.1f}s"
+    return str(value)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[_fmt(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
+    return "\n".join(out)
+
+
+# Commands ------------------------------------------------------------------------------------------
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from pgq_thin.migrate import migrate, pending_migrations
+
+    dsn = resolve_dsn(args.dsn)
+    if args.list:
+        pending = pending_migrations(dsn)
+        print("\n".join(f"pending: {m}" for m in pending) if pending else "up to date: no pending migrations")
+        return 0
+    applied = migrate(dsn)
+    print(f"applied: {', '.join(applied)}" if applied else "up to date: no pending migrations")
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    raw = sys.stdin.read() if args.payload == "-" else args.payload
+    try:
+        payload = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise PgqError(f"payload is not valid JSON: {exc}") from None
+    with _client(args) as client:
+        job_id = client.enqueue(args.queue, args.kind, payload, run_at=args.run_at,
+                                priority=args.priority, max_attempts=args.max_attempts,
+                                unique_key=args.unique_key, tenant=args.tenant)
+    print(job_id)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    module_name, _, attr = args.app.partition(":")
+    if not module_name or not attr:
+        raise PgqError(f"--app must look like module:attribute, got {args.app!r}")
+    sys.path.insert(0, ".")
+    try:
+        worker = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise PgqError(f"cannot load the worker {args.app!r}: {exc}") from None
+    logging.basicConfig(level=logging.INFO if not args.quiet else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    worker.run(resolve_dsn(args.dsn), queues=args.queues, concurrency=args.concurrency)
+    return 0
+
+
+def _print_stats(client: Client) -> None:
+    rows = client.stats()
+    headers = ["queue", "paused", "pending", "scheduled", "running", "expired", "done", "failed",
+               "cancelled", "unknown", "oldest ready"]
+    print(_table(headers, [[r.queue, "yes" if r.paused else "no", r.pending, r.scheduled, r.running,
+                            r.expired, r.done, r.failed, r.cancelled, r.outcome_unknown,
+                            r.oldest_ready_age] for r in rows]) if rows else "no queues yet")
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if not args.watch:
+            _print_stats(client)
+            return 0
+        previous: dict[str, int] = {}
+        try:
+            while True:
+                rows = client.stats()
+                sys.stdout.write("\x1b[2J\x1b[H" if sys.stdout.isatty() else "\n")
+                print(f"pgq stats at {datetime.now():%H:%M:%S} (every {args.watch:g}s, Ctrl-C to stop)")
+                headers = ["queue", "paused", "pending", "scheduled", "running", "done", "failed", "done/s"]
+                table = []
+                for r in rows:
+                    rate = (r.done - previous[r.queue]) / args.watch if r.queue in previous else None
+                    previous[r.queue] = r.done
+                    table.append([r.queue, "yes" if r.paused else "no", r.pending, r.scheduled,
+                                  r.running, r.done, r.failed, None if rate is None else f"{rate:.1f}"])
+                print(_table(headers, table) if table else "no queues yet")
+                sys.stdout.flush()
+                time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        print(f"recovered {client.sweep(args.max_jobs)} job(s) with an expired lease")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    total = 0
+    with _client(args) as client:
+        while True:
+            n = client.prune(args.older_than, args.batch)
+            total += n
+            if n:
+                print(f"\rpruned {total} finished job(s)...", end="", file=sys.stderr, flush=True)
+            if n < args.batch or not args.all:
+                break
+    if total:
+        print(file=sys.stderr)
+    print(f"pruned {total} finished job(s)")
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        for job_id in args.ids:
+            client.retry(job_id)
+            print(f"job {job_id}: pending again")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        for job_id in args.ids:
+            done = client.cancel(job_id)
+            print(f"job {job_id}: {'cancelled' if done else 'had already finished, unchanged'}")
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.pause(args.queue)
+    print(f"queue {args.queue}: paused")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.resume(args.queue)
+    print(f"queue {args.queue}: resumed")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pgq_thin.demo import run_demo
+
+    return run_demo(dsn=args.dsn, jobs=args.jobs, workers=args.workers, concurrency=args.concurrency)
+
+
+# The parser --------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pgq-thin", description="pgq: a SQL-first PostgreSQL job queue.")
+    parser.add_argument("--version", action="version", version=f"pgq-thin {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, func: Any, help_text: str, dsn: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if dsn:
+            p.add_argument("--dsn", help="database URL (default: $PGQ_DSN, then $DATABASE_URL)")
+        p.set_defaults(func=func)
+        return p
+
+    p = command("migrate", cmd_migrate, "apply pgq's migrations (a no-op when up to date)")
+    p.add_argument("--list", action="store_true", help="only list the pending migrations")
+
+    p = command("enqueue", cmd_enqueue, "add a job; prints its id")
+    p.add_argument("queue")
+    p.add_argument("kind")
+    p.add_argument("payload", nargs="?", default="{}", help="a JSON object, or - to read it from stdin")
+    p.add_argument("--run-at", type=datetime.fromisoformat, help="ISO time; default now")
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--max-attempts", type=int)
+    p.add_argument("--unique-key")
+    p.add_argument("--tenant")
+
+    p = command("worker", cmd_worker, "run a worker until SIGTERM/SIGINT")
+    p.add_argument("--app", required=True, help="module:attribute of a pgq_thin.worker.Worker")
+    p.add_argument("--queues", type=queue_list, help="comma-separated queues (default: the app's)")
+    p.add_argument("--concurrency", type=int, help="parallel jobs (default: the app's)")
+    p.add_argument("--quiet", action="store_true", help="log warnings only")
+
+    p = command("stats", cmd_stats, "jobs per queue and state")
+    p.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
+                   help="refresh every SECONDS (default 2) and show throughput")
+
+    p = command("sweep", cmd_sweep, "recover jobs whose lease expired")
+    p.add_argument("--max-jobs", type=int, default=1000)
+
+    p = command("prune", cmd_prune, "delete finished jobs older than a duration (default: each queue's retention)")
+    p.add_argument("--older-than", type=duration, help="e.g. 7d, 12h; default: the queue's retention")
+    p.add_argument("--batch", type=int, default=10000, help="jobs per call (default 10000)")
+    p.add_argument("--all", action="store_true", help="repeat until nothing is left to prune")
+
+    p = command("retry", cmd_retry, "make failed or cancelled jobs pending again")
+    p.add_argument("ids", type=int, nargs="+")
+
+    p = command("cancel", cmd_cancel, "cancel jobs that have not finished")
+    p.add_argument("ids", type=int, nargs="+")
+
+    p = command("pause", cmd_pause, "stop workers claiming from a queue")
+    p.add_argument("queue")
+
+    p = command("resume", cmd_resume, "let workers claim from a queue again")
+    p.add_argument("queue")
+
+    p = command("demo", cmd_demo, "the tour: a throwaway PostgreSQL (or --dsn), workers, a crash, a recovery")
+    p.add_argument("--jobs", type=int, default=3000, help="how many jobs (default 3000)")
+    p.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
+    p.add_argument("--concurrency", type=int, default=4, help="slots per worker (default 4)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except PgqError as exc:
+        print(f"pgq-thin: error: {exc}", file=sys.stderr)
+        return 1
+    except psycopg.Error as exc:
+        print(f"pgq-thin: error: {translate(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

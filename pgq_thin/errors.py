@@ -1,0 +1,82 @@
+"""The exceptions pgq_thin raises. Each keeps the server's SQLSTATE and message.
+
+Losing ownership of a job is not an error: owner operations answer False / None. These are for
+bad input (InvalidArgument), unknown ids (JobNotFound), admin calls on a job in the wrong state
+(WrongState), missing privileges (PermissionDenied) and an unreachable server (ConnectionLost).
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+__all__ = [
+    "ConnectionLost",
+    "InvalidArgument",
+    "JobNotFound",
+    "PermissionDenied",
+    "PgqError",
+    "WrongState",
+    "translate",
+]
+
+
+class PgqError(Exception):
+    """A database error, with the server's SQLSTATE, message and hint."""
+
+    def __init__(self, message: str, sqlstate: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.sqlstate = sqlstate
+        self.hint = hint
+
+    def __str__(self) -> str:
+        text = self.message
+        if self.sqlstate:
+            text = f"{text} [SQLSTATE {self.sqlstate}]"
+        if self.hint:
+            text = f"{text} (hint: {self.hint})"
+        return text
+
+
+class InvalidArgument(PgqError):
+    """An argument was NULL where a value is required (22004) or out of range (22023, class 22)."""
+
+
+class JobNotFound(PgqError):
+    """An admin call named a job that does not exist (P0002)."""
+
+
+class WrongState(PgqError):
+    """An admin call on a job in a state it does not apply to (55000)."""
+
+
+class PermissionDenied(PgqError):
+    """The role may not call this function (42501)."""
+
+
+class ConnectionLost(PgqError):
+    """The server could not be reached or the connection broke (class 08, or no SQLSTATE)."""
+
+
+def translate(exc: psycopg.Error) -> PgqError:
+    """Map a psycopg error to the pgq_thin exception for its SQLSTATE."""
+    diag = exc.diag
+    sqlstate = exc.sqlstate
+    message = diag.message_primary or str(exc).strip()
+    hint = diag.message_hint or None
+    cls: type[PgqError]
+    if sqlstate is None or sqlstate.startswith("08") or isinstance(exc, psycopg.OperationalError) and not sqlstate:
+        cls = ConnectionLost
+    elif sqlstate.startswith("22"):
+        cls = InvalidArgument
+    elif sqlstate == "P0002":
+        cls = JobNotFound
+    elif sqlstate == "55000":
+        cls = WrongState
+    elif sqlstate == "42501":
+        cls = PermissionDenied
+    elif sqlstate in ("57P01", "57P02", "57P03"):  # admin shutdown, crash shutdown, cannot connect now
+        cls = ConnectionLost
+    else:
+        cls = PgqError
+    return cls(message, sqlstate, hint)

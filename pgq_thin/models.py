@@ -1,0 +1,57 @@
+"""Typed rows returned by the client: what pgq's functions return, nothing more."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Job:
+    """A claimed job (pgq.claimed_job). `attempt` is the fencing token for every owner call."""
+
+    id: int
+    queue: str
+    kind: str
+    payload: dict[str, Any]
+    priority: int
+    attempt: int
+    max_attempts: int
+    run_at: datetime
+    created_at: datetime
+    lease_until: datetime
+    tenant: str | None
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """One row of pgq.stats(): jobs by state for one queue."""
+
+    queue: str
+    paused: bool
+    pending: int
+    scheduled: int
+    running: int
+    expired: int
+    done: int
+    failed: int
+    cancelled: int
+    outcome_unknown: int
+    oldest_ready_age: timedelta | None
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """A row of pgq.queues: a queue's settings."""
+
+    name: str
+    paused: bool
+    lease: timedelta
+    max_attempts: int
+    backoff_base: timedelta
+    backoff_cap: timedelta
+    retention: timedelta
+    notify: bool
+    audit: bool
+    created_at: datetime

@@ -1,0 +1,81 @@
+"""Every statement pgq_thin sends, in one place: each calls exactly one pgq function, with named
+arguments and explicit casts. Nothing here decides queue state; the functions do."""
+
+from __future__ import annotations
+
+# Producers ---------------------------------------------------------------------------------------
+
+#: Add one job; returns its id (or the id of the live job holding unique_key).
+ENQUEUE = (
+    "SELECT pgq.enqueue(queue => %(queue)s::text, kind => %(kind)s::text,"
+    " payload => %(payload)s::jsonb, run_at => coalesce(%(run_at)s::timestamptz, now()),"
+    " priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,"
+    " unique_key => %(unique_key)s::text, tenant => %(tenant)s::text)"
+)
+
+#: Add one job per payload in one INSERT; returns the ids in payload order.
+ENQUEUE_MANY = (
+    "SELECT id FROM pgq.enqueue_many(queue => %(queue)s::text, kind => %(kind)s::text,"
+    " payloads => %(payloads)s::jsonb[], run_at => coalesce(%(run_at)s::timestamptz, now()),"
+    " priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,"
+    " tenant => %(tenant)s::text) AS t(id)"
+)
+
+# Workers -----------------------------------------------------------------------------------------
+
+#: Claim up to batch due jobs; each row carries its fencing token (attempt).
+CLAIM = (
+    "SELECT id, queue, kind, payload, priority, attempt, max_attempts, run_at, created_at,"
+    " lease_until, tenant"
+    " FROM pgq.claim(worker => %(worker)s::text, queues => %(queues)s::text[],"
+    " batch => %(batch)s::integer, lease => %(lease)s::interval)"
+)
+
+#: Extend the lease of our attempt; NULL when the job is no longer ours.
+RENEW = "SELECT pgq.renew(id => %(id)s::bigint, attempt => %(attempt)s::integer, lease => %(lease)s::interval)"
+
+#: Finish our attempt; false when the job is no longer ours.
+COMPLETE = "SELECT pgq.complete(id => %(id)s::bigint, attempt => %(attempt)s::integer, result => %(result)s::jsonb)"
+
+#: Finish several attempts; returns the ids completed.
+COMPLETE_MANY = (
+    "SELECT id FROM pgq.complete_many(ids => %(ids)s::bigint[], attempts => %(attempts)s::integer[]) AS t(id)"
+)
+
+#: Record a failed attempt; returns the new state, NULL when the job is no longer ours.
+FAIL = (
+    "SELECT pgq.fail(id => %(id)s::bigint, attempt => %(attempt)s::integer, error => %(error)s::text,"
+    " retry_in => %(retry_in)s::interval, retryable => %(retryable)s::boolean)"
+)
+
+#: Give back an unstarted job without using up an attempt.
+RELEASE = "SELECT pgq.release(id => %(id)s::bigint, attempt => %(attempt)s::integer)"
+
+#: Pending again after delay, without using up an attempt; returns the new run_at.
+SNOOZE = "SELECT pgq.snooze(id => %(id)s::bigint, attempt => %(attempt)s::integer, delay => %(delay)s::interval)"
+
+#: Park our attempt as outcome_unknown.
+MARK_UNKNOWN = "SELECT pgq.mark_unknown(id => %(id)s::bigint, attempt => %(attempt)s::integer, note => %(note)s::text)"
+
+#: Recover running jobs whose lease expired; returns how many.
+SWEEP = "SELECT pgq.sweep(max_jobs => %(max_jobs)s::integer)"
+
+# Admin -------------------------------------------------------------------------------------------
+
+CANCEL = "SELECT pgq.cancel(id => %(id)s::bigint)"
+RETRY = "SELECT pgq.retry(id => %(id)s::bigint)"
+RESOLVE = "SELECT pgq.resolve(id => %(id)s::bigint, state => %(state)s::text)"
+PRUNE = "SELECT pgq.prune(older_than => %(older_than)s::interval, max_jobs => %(max_jobs)s::integer)"
+PAUSE = "SELECT * FROM pgq.pause(queue => %(queue)s::text)"
+RESUME = "SELECT * FROM pgq.resume(queue => %(queue)s::text)"
+CONFIGURE_QUEUE = (
+    "SELECT * FROM pgq.configure_queue(queue => %(queue)s::text, lease => %(lease)s::interval,"
+    " max_attempts => %(max_attempts)s::integer, backoff_base => %(backoff_base)s::interval,"
+    " backoff_cap => %(backoff_cap)s::interval, retention => %(retention)s::interval,"
+    " notify => %(notify)s::boolean, audit => %(audit)s::boolean)"
+)
+
+# Observe -----------------------------------------------------------------------------------------
+
+STATS = "SELECT * FROM pgq.stats()"
+VERSION = "SELECT pgq.version()"

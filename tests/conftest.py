@@ -1,0 +1,90 @@
+"""Shared fixtures: one throwaway PostgreSQL per test session, a template database migrated
+once, and a fresh database per test made with CREATE DATABASE ... TEMPLATE (milliseconds)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgq_thin import embedded, migrate
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = "pgq_template"
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[embedded.ThrowawayPostgres]:
+    server = embedded.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def admin_dsn(pg_server: embedded.ThrowawayPostgres) -> str:
+    """The superuser's maintenance database, for CREATE/DROP DATABASE."""
+    return pg_server.dsn_for("postgres")
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server: embedded.ThrowawayPostgres, admin_dsn: str) -> str:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {TEMPLATE}")
+    migrate(pg_server.dsn_for(TEMPLATE))
+    return TEMPLATE
+
+
+def _fresh_database(admin_dsn: str, template: str, pg_server: embedded.ThrowawayPostgres) -> Iterator[str]:
+    name = f"t_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+    try:
+        yield pg_server.dsn_for(name)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def dsn(pg_server: embedded.ThrowawayPostgres, admin_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh database with pgq installed, as a libpq URL for the superuser."""
+    yield from _fresh_database(admin_dsn, template_db, pg_server)
+
+
+@pytest.fixture
+def empty_dsn(pg_server: embedded.ThrowawayPostgres, admin_dsn: str) -> Iterator[str]:
+    """A fresh database without pgq."""
+    yield from _fresh_database(admin_dsn, "template1", pg_server)
+
+
+@pytest.fixture
+def conn(dsn: str) -> Iterator[psycopg.Connection]:
+    """An autocommit superuser connection to a fresh pgq database."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        yield c
+
+
+@pytest.fixture
+def connect(dsn: str) -> Iterator:
+    """Opens more connections to the test's database (closed at teardown)."""
+    opened: list[psycopg.Connection] = []
+
+    def _connect(autocommit: bool = True, role: str | None = None) -> psycopg.Connection:
+        c = psycopg.connect(dsn, autocommit=autocommit)
+        if role:
+            c.execute(f"SET ROLE {role}")
+            if not autocommit:
+                c.commit()
+        opened.append(c)
+        return c
+
+    yield _connect
+    for c in opened:
+        c.close()

@@ -1,0 +1,46 @@
+"""Small helpers for tests that drive the SQL API directly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+
+def one(conn: psycopg.Connection, sql: str, params: Any = None) -> Any:
+    """The single value of a one-row, one-column query."""
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def job(conn: psycopg.Connection, job_id: int) -> dict[str, Any]:
+    """A job row as a dict (read as the superuser)."""
+    cur = conn.execute("SELECT * FROM pgq.jobs WHERE id = %s", (job_id,))
+    row = cur.fetchone()
+    assert row is not None, f"job {job_id} not found"
+    return dict(zip([d.name for d in cur.description], row))
+
+
+def claim(conn: psycopg.Connection, worker: str = "w1", queues: list[str] | None = None,
+          batch: int = 1, lease: str | None = None) -> list[dict[str, Any]]:
+    cur = conn.execute(
+        "SELECT * FROM pgq.claim(worker => %s, queues => %s::text[], batch => %s, lease => %s::interval)",
+        (worker, queues, batch, lease),
+    )
+    return [dict(zip([d.name for d in cur.description], r)) for r in cur.fetchall()]
+
+
+def expire_lease(conn: psycopg.Connection, job_id: int) -> None:
+    """Moves a running job's lease into the past (superuser only), as if time had passed."""
+    conn.execute(
+        "UPDATE pgq.jobs SET lease_until = now() - interval '1 second' WHERE id = %s AND state = 'running'",
+        (job_id,),
+    )
+
+
+def events(conn: psycopg.Connection, job_id: int) -> list[tuple]:
+    return conn.execute(
+        "SELECT event, attempt, from_state::text, to_state::text FROM pgq.job_events "
+        "WHERE job_id = %s ORDER BY id", (job_id,)
+    ).fetchall()

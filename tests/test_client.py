@@ -1,0 +1,163 @@
+"""The Python client: each method calls its pgq function and returns a typed result."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+
+from pgq_thin import Client, InvalidArgument, Job, JobNotFound, QueueSettings, QueueStats, WrongState
+from pgq_thin.client import resolve_dsn
+from pgq_thin.errors import PermissionDenied
+from sqlhelpers import expire_lease, job
+
+
+@pytest.fixture
+def client(dsn: str):
+    with Client(dsn) as c:
+        yield c
+
+
+def test_enqueue_claim_complete_round_trip_returns_typed_job(client: Client, conn: psycopg.Connection) -> None:
+    job_id = client.enqueue("emails", "send", {"to": "a@example.com"}, priority=5, tenant="acme")
+    [claimed] = client.claim("w1", ["emails"])
+    assert isinstance(claimed, Job)
+    assert (claimed.id, claimed.kind, claimed.payload, claimed.priority, claimed.attempt, claimed.tenant) == (
+        job_id, "send", {"to": "a@example.com"}, 5, 1, "acme")
+    assert client.complete(claimed.id, claimed.attempt, {"sent": True}) is True
+    assert job(conn, job_id)["result"] == {"sent": True}
+    assert job(conn, job_id)["state"] == "done"
+
+
+def test_enqueue_joins_the_callers_transaction(client: Client, dsn: str, conn: psycopg.Connection) -> None:
+    with psycopg.connect(dsn) as tx:
+        job_id = client.enqueue("q", "k", {"n": 1}, conn=tx)
+        tx.rollback()
+    assert conn.execute("SELECT count(*) FROM pgq.jobs WHERE id = %s", (job_id,)).fetchone()[0] == 0
+    with psycopg.connect(dsn) as tx:
+        kept = client.enqueue("q", "k", {"n": 2}, conn=tx)
+        tx.commit()
+    assert job(conn, kept)["payload"] == {"n": 2}
+
+
+def test_enqueue_many_returns_ids_in_payload_order(client: Client, conn: psycopg.Connection) -> None:
+    ids = client.enqueue_many("q", "k", [{"n": i} for i in range(50)])
+    assert len(ids) == 50
+    assert [job(conn, i)["payload"]["n"] for i in ids] == list(range(50))
+
+
+def test_enqueue_unique_key_returns_the_live_job(client: Client) -> None:
+    first = client.enqueue("q", "k", unique_key="report-42")
+    assert client.enqueue("q", "k", unique_key="report-42") == first
+
+
+def test_enqueue_in_the_future_is_not_claimed_yet(client: Client) -> None:
+    client.enqueue("q", "k", run_at=datetime.now(timezone.utc) + timedelta(hours=1))
+    assert client.claim("w1", ["q"]) == []
+
+
+def test_renew_fail_release_snooze_mark_unknown(client: Client, conn: psycopg.Connection) -> None:
+    ids = client.enqueue_many("q", "k", [{}, {}, {}, {}])
+    jobs = {j.id: j for j in client.claim("w1", ["q"], batch=4, lease=60)}
+    a, b, c, d = (jobs[i] for i in ids)
+    new_lease = client.renew(a.id, a.attempt, lease=timedelta(minutes=5))
+    assert new_lease is not None and new_lease > a.lease_until
+    assert client.fail(a.id, a.attempt, "boom", retry_in=30) == "pending"
+    assert client.release(b.id, b.attempt) is True
+    snoozed = client.snooze(c.id, c.attempt, 120)
+    assert snoozed is not None and snoozed > datetime.now(timezone.utc) + timedelta(seconds=100)
+    assert client.mark_unknown(d.id, d.attempt, "timeout after sending") is True
+    assert job(conn, d.id)["state"] == "outcome_unknown"
+    assert client.resolve(d.id, "done") is True
+    assert job(conn, d.id)["state"] == "done"
+
+
+def test_stale_owner_gets_not_yours_answers(client: Client, conn: psycopg.Connection) -> None:
+    client.enqueue("q", "k")
+    [old] = client.claim("w1", ["q"], lease=60)
+    expire_lease(conn, old.id)
+    [new] = client.claim("w2", ["q"])
+    assert new.attempt == old.attempt + 1
+    assert client.renew(old.id, old.attempt) is None
+    assert client.complete(old.id, old.attempt) is False
+    assert client.fail(old.id, old.attempt, "late") is None
+    assert client.release(old.id, old.attempt) is False
+    assert client.snooze(old.id, old.attempt, 10) is None
+    assert client.mark_unknown(old.id, old.attempt, "late") is False
+    assert client.complete_many([old.id], [old.attempt]) == []
+    assert client.complete_many([new.id], [new.attempt]) == [new.id]
+
+
+def test_sweep_recovers_expired_leases(client: Client, conn: psycopg.Connection) -> None:
+    client.enqueue("q", "k")
+    [claimed] = client.claim("w1", ["q"])
+    expire_lease(conn, claimed.id)
+    assert client.sweep() == 1
+    assert job(conn, claimed.id)["state"] == "pending"
+
+
+def test_admin_calls(client: Client, conn: psycopg.Connection) -> None:
+    job_id = client.enqueue("q", "k")
+    assert client.cancel(job_id) is True
+    assert client.cancel(job_id) is False
+    assert client.retry(job_id) is True
+    assert job(conn, job_id)["state"] == "pending"
+    paused = client.pause("q")
+    assert isinstance(paused, QueueSettings) and paused.paused
+    assert client.claim("w1", ["q"]) == []
+    assert client.resume("q").paused is False
+    settings = client.configure_queue("q", lease=timedelta(seconds=90), max_attempts=3, audit=False)
+    assert (settings.lease, settings.max_attempts, settings.audit) == (timedelta(seconds=90), 3, False)
+    [claimed] = client.claim("w1", ["q"])
+    client.complete(claimed.id, claimed.attempt)
+    conn.execute("UPDATE pgq.jobs SET finished_at = now() - interval '2 days' WHERE id = %s", (job_id,))
+    assert client.prune(older_than=timedelta(days=1)) == 1
+    assert client.version() == "0.1.0"
+
+
+def test_stats_are_typed_per_queue(client: Client) -> None:
+    client.enqueue_many("a", "k", [{}, {}])
+    client.enqueue("b", "k", run_at=datetime.now(timezone.utc) + timedelta(hours=1))
+    stats = {s.queue: s for s in client.stats()}
+    assert isinstance(stats["a"], QueueStats)
+    assert (stats["a"].pending, stats["a"].scheduled) == (2, 0)
+    assert (stats["b"].pending, stats["b"].scheduled) == (0, 1)
+
+
+def test_errors_keep_the_sqlstate_and_message(client: Client) -> None:
+    with pytest.raises(InvalidArgument) as bad:
+        client.enqueue("bad queue!", "k")
+    assert bad.value.sqlstate == "22023" and "queue" in bad.value.message
+    with pytest.raises(InvalidArgument) as null:
+        client.fail(1, 1, None)  # type: ignore[arg-type]
+    assert null.value.sqlstate == "22004"
+    with pytest.raises(JobNotFound) as missing:
+        client.cancel(123456)
+    assert missing.value.sqlstate == "P0002"
+    job_id = client.enqueue("q", "k")
+    with pytest.raises(WrongState) as wrong:
+        client.retry(job_id)
+    assert wrong.value.sqlstate == "55000"
+
+
+def test_permission_denied_maps_to_its_exception(dsn: str) -> None:
+    from psycopg_pool import ConnectionPool
+
+    with ConnectionPool(dsn, min_size=1, max_size=1, kwargs={"autocommit": True},
+                        configure=lambda c: c.execute("SET ROLE pgq_producer"), open=True) as pool:
+        client = Client(pool=pool)
+        assert client.enqueue("q", "k") > 0
+        with pytest.raises(PermissionDenied) as denied:
+            client.claim("w1")
+        assert denied.value.sqlstate == "42501"
+
+
+def test_dsn_comes_from_the_environment(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGQ_DSN", raising=False)
+    monkeypatch.setenv("DATABASE_URL", dsn)
+    with Client() as client:
+        assert client.version() == "0.1.0"
+    # PGQ_DSN wins over DATABASE_URL.
+    monkeypatch.setenv("PGQ_DSN", "postgresql://nobody@127.0.0.1:1/none")
+    assert resolve_dsn() == "postgresql://nobody@127.0.0.1:1/none"
