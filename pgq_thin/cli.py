@@ -39,7 +39,11 @@ def queue_list(text: str) -> list[str]:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(resolve_dsn(args.dsn), min_size=1, max_size=2)
+    dsn = resolve_dsn(args.dsn)
+    # Connect once directly first: an unreachable server then fails at once, with libpq's own
+    # message, instead of the pool retrying in the background.
+    psycopg.connect(dsn, connect_timeout=10).close()
+    return Client(dsn, min_size=1, max_size=2)
 
 
 def _fmt(value: Any) -> str:

@@ -62,7 +62,7 @@ def translate(exc: psycopg.Error) -> PgqError:
     """Map a psycopg error to the pgq_thin exception for its SQLSTATE."""
     diag = exc.diag
     sqlstate = exc.sqlstate
-    message = diag.message_primary or str(exc).strip()
+    message = " ".join((diag.message_primary or str(exc)).split())
     hint = diag.message_hint or None
     cls: type[PgqError]
     if sqlstate is None or sqlstate.startswith("08") or isinstance(exc, psycopg.OperationalError) and not sqlstate:

@@ -1,0 +1,103 @@
+"""The pgq-thin command: each subcommand against a real database, run as a user would run it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+from sqlhelpers import job, one
+
+
+def pgq(*args: str, dsn: str | None = None, stdin: str | None = None, env: dict[str, str] | None = None,
+        timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    full = [sys.executable, "-m", "pgq_thin", *args]
+    if dsn is not None:
+        full += ["--dsn", dsn]
+    return subprocess.run(full, input=stdin, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def test_migrate_is_a_no_op_when_up_to_date_and_lists_pending(dsn: str, empty_dsn: str) -> None:
+    listed = pgq("migrate", "--list", dsn=empty_dsn)
+    assert listed.returncode == 0 and "pending: 0001_initial" in listed.stdout
+    applied = pgq("migrate", dsn=empty_dsn)
+    assert applied.returncode == 0 and "applied: 0001_initial" in applied.stdout
+    again = pgq("migrate", dsn=dsn)
+    assert again.returncode == 0 and "up to date" in again.stdout
+
+
+def test_enqueue_takes_the_payload_from_an_argument_or_stdin(dsn: str, conn: psycopg.Connection) -> None:
+    first = pgq("enqueue", "emails", "send", '{"to": "a"}', "--priority", "3", dsn=dsn)
+    assert first.returncode == 0, first.stderr
+    second = pgq("enqueue", "emails", "send", "-", dsn=dsn, stdin=json.dumps({"to": "b"}))
+    assert second.returncode == 0, second.stderr
+    a, b = int(first.stdout), int(second.stdout)
+    assert (job(conn, a)["payload"], job(conn, a)["priority"]) == ({"to": "a"}, 3)
+    assert job(conn, b)["payload"] == {"to": "b"}
+
+
+def test_dsn_is_read_from_the_environment(dsn: str) -> None:
+    result = pgq("enqueue", "q", "k", env={"PGQ_DSN": dsn})
+    assert result.returncode == 0 and int(result.stdout) > 0
+
+
+def test_errors_print_one_clear_line_and_exit_non_zero(dsn: str, conn: psycopg.Connection) -> None:
+    bad = pgq("enqueue", "bad queue!", "k", dsn=dsn)
+    assert bad.returncode == 1
+    assert bad.stderr.count("\n") == 1 and 'argument "queue"' in bad.stderr and "22023" in bad.stderr
+    not_json = pgq("enqueue", "q", "k", "{nope", dsn=dsn)
+    assert not_json.returncode == 1 and "not valid JSON" in not_json.stderr
+    unknown = pgq("cancel", "999999", dsn=dsn)
+    assert unknown.returncode == 1 and "no job with id 999999" in unknown.stderr
+    unreachable = pgq("stats", dsn="postgresql://nobody@127.0.0.1:1/none")
+    assert unreachable.returncode == 1 and unreachable.stderr.startswith("pgq-thin: error:")
+    no_db = pgq("stats", env={"PGQ_DSN": "", "DATABASE_URL": ""})
+    assert no_db.returncode == 1 and "no database given" in no_db.stderr
+    assert one(conn, "SELECT count(*) FROM pgq.jobs") == 0
+
+
+def test_stats_sweep_prune_retry_cancel_pause_resume(dsn: str, conn: psycopg.Connection) -> None:
+    ids = [one(conn, "SELECT pgq.enqueue('q', 'k')") for _ in range(3)]
+    stats = pgq("stats", dsn=dsn)
+    assert stats.returncode == 0
+    [row] = [line.split() for line in stats.stdout.splitlines() if line.startswith("q ")]
+    assert row[:4] == ["q", "no", "3", "0"]
+
+    assert "cancelled" in pgq("cancel", str(ids[0]), dsn=dsn).stdout
+    assert job(conn, ids[0])["state"] == "cancelled"
+    assert pgq("retry", str(ids[0]), dsn=dsn).returncode == 0
+    assert job(conn, ids[0])["state"] == "pending"
+
+    assert pgq("pause", "q", dsn=dsn).returncode == 0
+    assert one(conn, "SELECT paused FROM pgq.queues WHERE name = 'q'") is True
+    assert pgq("resume", "q", dsn=dsn).returncode == 0
+    assert one(conn, "SELECT paused FROM pgq.queues WHERE name = 'q'") is False
+
+    [claimed] = conn.execute("SELECT id, attempt FROM pgq.claim('w', '{q}')").fetchall()
+    conn.execute("UPDATE pgq.jobs SET lease_until = now() - interval '1 s' WHERE id = %s", (claimed[0],))
+    sweep = pgq("sweep", dsn=dsn)
+    assert sweep.returncode == 0 and "recovered 1 job" in sweep.stdout
+
+    for job_id in ids:
+        conn.execute("UPDATE pgq.jobs SET state = 'done', finished_at = now() - interval '2 days', "
+                     "lease_until = NULL WHERE id = %s", (job_id,))
+    pruned = pgq("prune", "--older-than", "1d", "--batch", "2", "--all", dsn=dsn)
+    assert pruned.returncode == 0 and "pruned 3 finished job(s)" in pruned.stdout
+    assert one(conn, "SELECT count(*) FROM pgq.jobs") == 0
+
+
+def test_version_flag() -> None:
+    result = pgq("--version")
+    assert result.returncode == 0 and result.stdout.startswith("pgq-thin 0.1.0")
+
+
+@pytest.mark.parametrize("text, seconds", [("30", 30), ("500ms", 0.5), ("5m", 300), ("2h", 7200), ("7d", 604800)])
+def test_durations_on_the_command_line(text: str, seconds: float) -> None:
+    from pgq_thin.cli import duration
+
+    assert duration(text).total_seconds() == seconds
