@@ -1,0 +1,237 @@
+"""The workers in examples/ (bash + psql, and Node.js with pg) run against a throwaway database.
+
+Each test enqueues jobs with SQL, runs one example as a real subprocess and reads the outcome
+from the database: which jobs are done, failed or pending again, with which attempt, and what
+pgq.job_events recorded. Node.js tests install `pg` from the npm registry into a temporary copy
+of the example once per session, and are skipped where `node` or `npm` is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from sqlhelpers import events, job, one
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+TIMEOUT = 120
+
+# A payload that tries every way of breaking out of SQL quoting or the worker's line framing.
+NASTY = "it's a \"quote\" \\ ; DROP TABLE pgq.jobs; -- :'x' $1 \t tab \n newline \x1f sep | pipe"
+
+
+@pytest.fixture(scope="session")
+def node_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the Node.js example with its dependencies installed (once per session)."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node and npm are not installed")
+    directory = tmp_path_factory.mktemp("node_example")
+    for name in ("package.json", "node_worker.mjs"):
+        shutil.copy(EXAMPLES / name, directory / name)
+    proc = subprocess.run(
+        ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error"],
+        cwd=directory, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, f"npm install failed:\n{proc.stdout}\n{proc.stderr}"
+    return directory
+
+
+@pytest.fixture(params=["psql", "node"])
+def worker_command(request: pytest.FixtureRequest) -> list[str]:
+    """The command that starts one example worker in drain mode."""
+    if request.param == "psql":
+        if shutil.which("psql") is None:
+            pytest.skip("psql is not installed")
+        return ["bash", str(EXAMPLES / "psql_worker.sh"), "--drain"]
+    directory: Path = request.getfixturevalue("node_example")
+    return ["node", str(directory / "node_worker.mjs"), "--drain"]
+
+
+def worker_env(dsn: str, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env["DATABASE_URL"] = dsn
+    env.update(settings)
+    return env
+
+
+def run_worker(command: list[str], dsn: str, **settings: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, env=worker_env(dsn, **settings), capture_output=True,
+                          text=True, timeout=TIMEOUT)
+
+
+def enqueue(conn: psycopg.Connection, queue: str, payload: dict[str, Any], **options: Any) -> int:
+    named = "".join(f", {name} => %({name})s" for name in options)
+    return int(one(conn, f"SELECT pgq.enqueue(%(queue)s, 'demo', %(payload)s::jsonb{named})",
+                   {"queue": queue, "payload": Jsonb(payload), **options}))
+
+
+def wait_until(predicate: Any, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.05)
+
+
+def test_a_worker_completes_good_jobs_and_fails_bad_ones(
+        worker_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
+    good = [enqueue(conn, "examples", {"n": n}) for n in range(5)]
+    nasty = enqueue(conn, "examples", {"text": NASTY})
+    retryable = enqueue(conn, "examples", {"fail": True, "text": NASTY})
+    final = enqueue(conn, "examples", {"fail": True}, max_attempts=1)
+    not_really = enqueue(conn, "examples", {"fail": "true"})  # a string, not true: completes
+    elsewhere = enqueue(conn, "other", {"n": 99})
+
+    proc = run_worker(worker_command, dsn, QUEUE="examples", WORKER="w-example", BATCH="3")
+    assert proc.returncode == 0, proc.stderr
+
+    for job_id in good + [nasty, not_really]:
+        row = job(conn, job_id)
+        assert (row["state"], row["attempt"], row["claimed_by"]) == ("done", 1, "w-example")
+        assert events(conn, job_id) == [("claimed", 1, "pending", "running"),
+                                        ("completed", 1, "running", "done")]
+    # A failure with attempts left is pending again after the queue's backoff.
+    row = job(conn, retryable)
+    assert (row["state"], row["attempt"], row["max_attempts"]) == ("pending", 1, 25)
+    assert one(conn, "SELECT run_at > now() FROM pgq.jobs WHERE id = %s", (retryable,))
+    assert "asked to fail" in row["last_error"]
+    assert events(conn, retryable) == [("claimed", 1, "pending", "running"),
+                                       ("failed", 1, "running", "pending")]
+    # The last allowed attempt failed: failed for good, with the reason kept.
+    row = job(conn, final)
+    assert (row["state"], row["attempt"]) == ("failed", 1)
+    assert "asked to fail" in row["last_error"]
+    assert row["finished_at"] is not None
+    # Another queue is not this worker's business.
+    assert (job(conn, elsewhere)["state"], job(conn, elsewhere)["attempt"]) == ("pending", 0)
+    assert one(conn, "SELECT count(*) FROM pgq.job_events WHERE event = 'rejected'") == 0
+
+
+def test_the_payload_reaches_the_database_byte_for_byte(
+        worker_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
+    """The error text quotes the payload: it must come back exactly, whatever it holds."""
+    job_id = enqueue(conn, "examples", {"fail": True, "text": NASTY}, max_attempts=1)
+    proc = run_worker(worker_command, dsn, QUEUE="examples")
+    assert proc.returncode == 0, proc.stderr
+    error = job(conn, job_id)["last_error"]
+    # Both examples quote the payload as JSON text (jsonb's or JSON.stringify's).
+    decoded = one(conn, "SELECT substring(%s FROM '(\\{.*\\})')::jsonb ->> 'text'", (error,))
+    assert decoded == NASTY
+    assert one(conn, "SELECT count(*) FROM pgq.jobs") == 1
+
+
+def test_a_worker_whose_lease_ran_out_cannot_complete_the_job(
+        worker_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
+    """The stale completion is fenced off by the attempt: the new owner keeps the job."""
+    job_id = enqueue(conn, "examples", {"sleep": 3})
+    worker = subprocess.Popen(worker_command, env=worker_env(dsn, QUEUE="examples", WORKER="slow",
+                                                              LEASE="1 second"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: job(conn, job_id)["state"] == "running", "the worker claimed the job")
+        wait_until(lambda: one(conn, "SELECT lease_until < now() FROM pgq.jobs WHERE id = %s",
+                               (job_id,)), "the lease expired")
+        stolen = one(conn, "SELECT attempt FROM pgq.claim('thief', ARRAY['examples'])")
+        assert stolen == 2
+        _, stderr = worker.communicate(timeout=TIMEOUT)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0, stderr
+    assert "not ours any more, completion rejected" in stderr
+
+    row = job(conn, job_id)
+    assert (row["state"], row["attempt"], row["claimed_by"]) == ("running", 2, "thief")
+    assert events(conn, job_id) == [
+        ("claimed", 1, "pending", "running"),
+        ("lease_expired", 1, "running", "pending"),
+        ("claimed", 2, "pending", "running"),
+        ("rejected", 1, "running", None),
+    ]
+    note = one(conn, "SELECT note FROM pgq.job_events WHERE job_id = %s AND event = 'rejected'",
+               (job_id,))
+    assert note.startswith("complete from attempt 1 rejected")
+    # The new owner's attempt is the valid one.
+    assert one(conn, "SELECT pgq.complete(%s, 2)", (job_id,)) is True
+
+
+def test_a_stopping_worker_finishes_the_job_at_hand_and_releases_the_rest(
+        worker_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
+    first = enqueue(conn, "examples", {"sleep": 2}, priority=10)
+    rest = [enqueue(conn, "examples", {"n": n}) for n in range(2)]
+    worker = subprocess.Popen(worker_command, env=worker_env(dsn, QUEUE="examples", BATCH="3"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: all(job(conn, i)["state"] == "running" for i in [first, *rest]),
+                   "the worker claimed the batch")
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=TIMEOUT)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0, stderr
+
+    assert (job(conn, first)["state"], job(conn, first)["attempt"]) == ("done", 1)
+    for job_id in rest:
+        row = job(conn, job_id)
+        # Given back unstarted: pending, and the attempt it used is not counted against it.
+        assert (row["state"], row["attempt"], row["max_attempts"]) == ("pending", 1, 26)
+        assert events(conn, job_id)[-1] == ("released", 1, "running", "pending")
+
+
+def test_an_idle_polling_worker_stops_on_sigterm(
+        worker_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
+    """Without --drain the worker polls; it picks up a job enqueued later, and SIGTERM ends it."""
+    command = [arg for arg in worker_command if arg != "--drain"]
+    worker = subprocess.Popen(command, env=worker_env(dsn, QUEUE="examples", POLL_INTERVAL="0.2"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        job_id = enqueue(conn, "examples", {"n": 1})
+        wait_until(lambda: job(conn, job_id)["state"] == "done", "the polling worker did the job")
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0, stderr
+    assert "exiting after 1 jobs" in stderr
+
+
+def test_a_drained_worker_on_an_empty_queue_exits_at_once(
+        worker_command: list[str], dsn: str) -> None:
+    proc = run_worker(worker_command, dsn, QUEUE="nothing-here")
+    assert proc.returncode == 0, proc.stderr
+    assert "exiting after 0 jobs" in proc.stderr
+
+
+def test_a_bad_setting_is_refused_by_pgq_and_the_worker_exits_non_zero(
+        worker_command: list[str], dsn: str) -> None:
+    proc = run_worker(worker_command, dsn, QUEUE="examples", BATCH="5000")
+    assert proc.returncode != 0
+    assert 'argument "batch" must be between 1 and 1000' in proc.stderr
+
+
+def test_the_psql_worker_reads_its_database_from_pgq_dsn_first(dsn: str) -> None:
+    if shutil.which("psql") is None:
+        pytest.skip("psql is not installed")
+    proc = run_worker(["bash", str(EXAMPLES / "psql_worker.sh"), "--drain"],
+                      "postgresql://nobody@127.0.0.1:1/nowhere", PGQ_DSN=dsn)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_node_worker_reads_its_database_from_pgq_dsn_first(node_example: Path, dsn: str) -> None:
+    proc = run_worker(["node", str(node_example / "node_worker.mjs"), "--drain"],
+                      "postgresql://nobody@127.0.0.1:1/nowhere", PGQ_DSN=dsn)
+    assert proc.returncode == 0, proc.stderr
