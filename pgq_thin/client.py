@@ -20,7 +20,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from pgq_thin import queries
-from pgq_thin.errors import PgqError, translate
+from pgq_thin.errors import InvalidArgument, PgqError, translate
 from pgq_thin.models import Job, QueueSettings, QueueStats
 
 __all__ = ["Client", "resolve_dsn"]
@@ -104,6 +104,8 @@ class Client:
                     yield pooled.cursor()
         except psycopg.Error as exc:
             raise translate(exc) from exc
+        except TypeError as exc:  # a payload or result that json cannot serialise
+            raise InvalidArgument(f"cannot send the arguments: {exc}") from exc
 
     def _rows(self, query: str, params: dict[str, Any], conn: psycopg.Connection | None = None,
               *, dicts: bool = False) -> list[Any]:

@@ -65,8 +65,12 @@ def translate(exc: psycopg.Error) -> PgqError:
     message = " ".join((diag.message_primary or str(exc)).split())
     hint = diag.message_hint or None
     cls: type[PgqError]
-    if sqlstate is None or sqlstate.startswith("08") or isinstance(exc, psycopg.OperationalError) and not sqlstate:
-        cls = ConnectionLost
+    if sqlstate is None:
+        # No SQLSTATE: a client-side error (a bad parameter, say) unless the connection failed.
+        lost = isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
+        cls = ConnectionLost if lost else PgqError
+    elif sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03"):
+        cls = ConnectionLost  # connection exceptions; admin shutdown, crash shutdown, cannot connect now
     elif sqlstate.startswith("22"):
         cls = InvalidArgument
     elif sqlstate == "P0002":
@@ -75,8 +79,6 @@ def translate(exc: psycopg.Error) -> PgqError:
         cls = WrongState
     elif sqlstate == "42501":
         cls = PermissionDenied
-    elif sqlstate in ("57P01", "57P02", "57P03"):  # admin shutdown, crash shutdown, cannot connect now
-        cls = ConnectionLost
     else:
         cls = PgqError
     return cls(message, sqlstate, hint)

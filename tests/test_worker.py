@@ -1,0 +1,522 @@
+"""The worker runtime against a real PostgreSQL, with the worker running in a thread of the test.
+
+Each test runs a Worker with ``run(install_signal_handlers=False)`` in a background thread and
+watches the database from the test's own connection. The crash and signal scenarios, which need
+a real process, are in test_worker_processes.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgq_thin import Client, Job
+from pgq_thin.worker import JobContext, OutcomeUnknown, Retry, Snooze, Worker
+from sqlhelpers import events, expire_lease, job, one
+
+# Generous deadlines that only keep a broken test from hanging; nothing here measures speed.
+DEADLINE = 20.0
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+@contextmanager
+def running(worker: Worker, dsn: str, **run_options: Any) -> Iterator[Worker]:
+    """Run ``worker`` in a thread; on exit stop it gracefully and require that run() returned
+    without raising."""
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            worker.run(dsn, install_signal_handlers=False, **run_options)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test below
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, name="test-worker", daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(timeout=DEADLINE)
+    assert not thread.is_alive(), "Worker.run did not return after stop()"
+    assert not failure, f"Worker.run raised {failure[0]!r}"
+
+
+def state_counts(conn: psycopg.Connection) -> dict[str, int]:
+    return dict(conn.execute("SELECT state::text, count(*) FROM pgq.jobs GROUP BY state").fetchall())
+
+
+def enqueue(conn: psycopg.Connection, kind: str, payload: str = "{}", queue: str = "default", **more: Any) -> int:
+    extra = "".join(f", {name} => %({name})s" for name in more)
+    return int(one(conn, f"SELECT pgq.enqueue(%(queue)s, %(kind)s, %(payload)s::jsonb{extra})",
+                   {"queue": queue, "kind": kind, "payload": payload, **more}))
+
+
+def fast_worker(**settings: Any) -> Worker:
+    """A worker with short intervals, for tests."""
+    defaults: dict[str, Any] = {"concurrency": 2, "poll_interval": 0.1, "sweep_interval": 1.0,
+                                "shutdown_timeout": 10.0}
+    return Worker(["default"], **{**defaults, **settings})
+
+
+def finished(conn: psycopg.Connection, job_id: int) -> Callable[[], bool]:
+    return lambda: job(conn, job_id)["state"] not in ("pending", "running")
+
+
+# What a handler's outcome does ------------------------------------------------------------------
+
+
+def test_a_handlers_return_value_completes_the_job_with_that_result(dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker()
+    seen: list[tuple[int, str]] = []
+
+    @worker.handler("add")
+    def add(job: Job, ctx: JobContext) -> dict[str, int]:
+        seen.append((job.attempt, ctx.worker_name))
+        return {"sum": job.payload["a"] + job.payload["b"]}
+
+    assert add is worker._handlers["add"]  # the decorator returns the function unchanged
+    job_id = enqueue(conn, "add", '{"a": 2, "b": 3}')
+    with running(worker, dsn):
+        wait_for(finished(conn, job_id), "the job to finish")
+
+    row = job(conn, job_id)
+    assert row["state"] == "done"
+    assert row["result"] == {"sum": 5}
+    assert row["attempt"] == 1
+    assert seen == [(1, worker.name)]
+    assert [e[0] for e in events(conn, job_id)] == ["claimed", "completed"]
+
+
+def test_a_handler_exception_fails_the_attempt_with_its_traceback_and_a_backoff(
+        dsn: str, conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('default', backoff_base => '1 minute', backoff_cap => '1 hour')")
+    worker = fast_worker()
+
+    @worker.handler("explode")
+    def explode(job: Job, ctx: JobContext) -> None:
+        raise RuntimeError("the mail server said no")
+
+    job_id = enqueue(conn, "explode")
+    with running(worker, dsn):
+        wait_for(lambda: job(conn, job_id)["last_event"] == "failed", "the attempt to fail")
+
+    row = job(conn, job_id)
+    assert row["state"] == "pending"  # attempts are left: retried after the backoff
+    assert row["attempt"] == 1
+    assert "Traceback (most recent call last)" in row["last_error"]
+    assert "RuntimeError: the mail server said no" in row["last_error"]
+    assert "in explode" in row["last_error"]
+    # The queue's backoff after attempt 1 is in [base/2, base]... never below base: at least 1 minute.
+    assert one(conn, "SELECT run_at - now() > interval '50 seconds' FROM pgq.jobs WHERE id = %s", (job_id,))
+
+
+def test_retry_fails_the_attempt_and_runs_it_again_after_the_given_delay(
+        dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker()
+
+    @worker.handler("later")
+    def later(job: Job, ctx: JobContext) -> None:
+        raise Retry(120, reason="rate limited by the provider")
+
+    job_id = enqueue(conn, "later")
+    with running(worker, dsn):
+        wait_for(lambda: job(conn, job_id)["last_event"] == "failed", "the attempt to fail")
+
+    row = job(conn, job_id)
+    assert (row["state"], row["attempt"], row["last_error"]) == ("pending", 1, "rate limited by the provider")
+    delay = one(conn, "SELECT extract(epoch FROM run_at - now()) FROM pgq.jobs WHERE id = %s", (job_id,))
+    assert 100 < delay <= 120
+
+
+def test_retry_without_a_delay_uses_the_queues_backoff(dsn: str, conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('default', backoff_base => '10 minutes', backoff_cap => '1 hour')")
+    worker = fast_worker()
+
+    @worker.handler("later")
+    def later(job: Job, ctx: JobContext) -> None:
+        raise Retry()
+
+    job_id = enqueue(conn, "later")
+    with running(worker, dsn):
+        wait_for(lambda: job(conn, job_id)["last_event"] == "failed", "the attempt to fail")
+
+    assert job(conn, job_id)["last_error"] == "retry requested"
+    assert one(conn, "SELECT run_at - now() > interval '9 minutes' FROM pgq.jobs WHERE id = %s", (job_id,))
+
+
+def test_snooze_puts_the_job_back_without_using_up_an_attempt(dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker()
+
+    @worker.handler("wait")
+    def wait(job: Job, ctx: JobContext) -> None:
+        raise Snooze(300)
+
+    job_id = enqueue(conn, "wait", max_attempts=3)
+    with running(worker, dsn):
+        wait_for(lambda: job(conn, job_id)["last_event"] == "snoozed", "the job to be snoozed")
+
+    row = job(conn, job_id)
+    assert (row["state"], row["attempt"], row["max_attempts"]) == ("pending", 1, 4)
+    assert row["last_error"] is None
+    delay = one(conn, "SELECT extract(epoch FROM run_at - now()) FROM pgq.jobs WHERE id = %s", (job_id,))
+    assert 280 < delay <= 300
+
+
+def test_outcome_unknown_parks_the_job_with_the_note(dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker()
+
+    @worker.handler("charge")
+    def charge(job: Job, ctx: JobContext) -> None:
+        raise OutcomeUnknown("payment API timed out after the request was sent; check order 42")
+
+    job_id = enqueue(conn, "charge")
+    with running(worker, dsn):
+        wait_for(finished(conn, job_id), "the job to be parked")
+
+    row = job(conn, job_id)
+    assert row["state"] == "outcome_unknown"
+    assert row["last_error"] == "payment API timed out after the request was sent; check order 42"
+    assert [e[0] for e in events(conn, job_id)] == ["claimed", "marked_unknown"]
+
+
+def test_a_job_of_a_kind_without_handler_fails_at_once_without_retry(dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker()
+
+    @worker.handler("known")
+    def known(job: Job, ctx: JobContext) -> None:
+        return None
+
+    job_id = enqueue(conn, "mystery")
+    with running(worker, dsn):
+        wait_for(finished(conn, job_id), "the job to fail")
+
+    row = job(conn, job_id)
+    assert row["state"] == "failed"  # although 24 attempts are left
+    assert row["attempt"] == 1
+    assert "no handler for kind 'mystery'" in row["last_error"]
+    assert "known" in row["last_error"]
+
+
+def test_a_result_that_is_not_json_fails_the_job_without_retry(dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker()
+
+    @worker.handler("odd")
+    def odd(job: Job, ctx: JobContext) -> object:
+        return {"when": object()}
+
+    job_id = enqueue(conn, "odd")
+    with running(worker, dsn):
+        wait_for(finished(conn, job_id), "the job to fail")
+
+    row = job(conn, job_id)
+    assert row["state"] == "failed"
+    assert "complete of this attempt was refused" in row["last_error"]
+    assert "not JSON serializable" in row["last_error"]
+
+
+def test_retry_and_snooze_refuse_a_delay_that_is_not_positive() -> None:
+    with pytest.raises(ValueError):
+        Retry(0)
+    with pytest.raises(ValueError):
+        Snooze(-1)
+
+
+# Slots ------------------------------------------------------------------------------------------
+
+
+def test_four_slots_run_four_jobs_at_the_same_time(dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker(concurrency=4)
+    release = threading.Event()
+
+    @worker.handler("hold")
+    def hold(job: Job, ctx: JobContext) -> None:
+        release.wait(DEADLINE)
+
+    conn.execute("SELECT pgq.enqueue_many('default', 'hold', array_fill('{}'::jsonb, array[4]))")
+    with running(worker, dsn):
+        wait_for(lambda: state_counts(conn).get("running") == 4, "four jobs running at once")
+        release.set()
+        wait_for(lambda: state_counts(conn) == {"done": 4}, "all four jobs done")
+
+    assert one(conn, "SELECT count(DISTINCT claimed_by) FROM pgq.jobs") == 1
+
+
+def test_each_claim_asks_for_as_many_jobs_as_there_are_free_slots(dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker(concurrency=4)
+    gates = {n: threading.Event() for n in range(1, 7)}
+
+    @worker.handler("hold")
+    def hold(job: Job, ctx: JobContext) -> None:
+        gates[job.payload["n"]].wait(DEADLINE)
+
+    ids = [r[0] for r in conn.execute(
+        "SELECT pgq.enqueue_many('default', 'hold', array_agg(jsonb_build_object('n', n) ORDER BY n))"
+        " FROM generate_series(1, 6) AS n").fetchall()]
+
+    def rows() -> dict[int, dict[str, Any]]:
+        return {n: job(conn, job_id) for n, job_id in enumerate(ids, start=1)}
+
+    with running(worker, dsn):
+        # Four free slots: one claim takes four jobs (one statement: the same claimed_at).
+        wait_for(lambda: state_counts(conn).get("running") == 4, "four jobs running")
+        first = rows()
+        assert [first[n]["state"] for n in range(1, 7)] == ["running"] * 4 + ["pending"] * 2
+        assert len({first[n]["claimed_at"] for n in range(1, 5)}) == 1
+
+        # One slot frees: the next claim asks for one job. Had it asked for more, job 6 would have
+        # been claimed by the same statement as job 5.
+        gates[1].set()
+        wait_for(lambda: job(conn, ids[4])["state"] == "running", "job 5 to be claimed")
+        assert job(conn, ids[5])["state"] == "pending"
+        assert state_counts(conn) == {"done": 1, "running": 4, "pending": 1}
+
+        gates[2].set()
+        wait_for(lambda: job(conn, ids[5])["state"] == "running", "job 6 to be claimed")
+        for gate in gates.values():
+            gate.set()
+        wait_for(lambda: state_counts(conn) == {"done": 6}, "all jobs done")
+
+
+def test_queues_and_concurrency_given_to_run_replace_the_constructors(dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker(concurrency=1)
+    release = threading.Event()
+
+    @worker.handler("hold")
+    def hold(job: Job, ctx: JobContext) -> None:
+        release.wait(DEADLINE)
+
+    conn.execute("SELECT pgq.enqueue_many('default', 'hold', array_fill('{}'::jsonb, array[2]))")
+    conn.execute("SELECT pgq.enqueue_many('reports', 'hold', array_fill('{}'::jsonb, array[3]))")
+    with running(worker, dsn, queues=["reports"], concurrency=3):
+        wait_for(lambda: one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'running'") == 3,
+                 "three jobs running")
+        assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'running' AND queue = 'reports'") == 3
+        release.set()
+        wait_for(lambda: one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'done'") == 3, "the reports done")
+
+    assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE queue = 'default' AND attempt = 0") == 2
+
+
+def test_a_handler_sees_the_shutdown_and_may_finish_early(dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker()
+    started = threading.Event()
+    seen: list[tuple[bool, bool]] = []
+
+    @worker.handler("long")
+    def long(job: Job, ctx: JobContext) -> str:
+        before = ctx.should_stop
+        started.set()
+        seen.append((before, ctx.shutting_down.wait(DEADLINE)))
+        return "stopped early, cleanly"
+
+    job_id = enqueue(conn, "long")
+    with running(worker, dsn):
+        assert started.wait(DEADLINE)
+        worker.stop()
+        wait_for(lambda: seen, "the handler to return")
+
+    assert seen == [(False, True)]
+    row = job(conn, job_id)
+    assert (row["state"], row["result"]) == ("done", "stopped early, cleanly")
+
+
+# Leases -----------------------------------------------------------------------------------------
+
+
+def test_a_worker_whose_attempt_was_taken_over_is_told_and_writes_no_completion(
+        dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker(lease=2.0)  # renewed about every 0.7 s
+    told: list[bool] = []
+
+    @worker.handler("slow")
+    def slow(job: Job, ctx: JobContext) -> dict[str, str]:
+        told.append(ctx.lease_lost.wait(DEADLINE))
+        return {"written": "by the stale attempt"}
+
+    job_id = enqueue(conn, "slow")
+    with running(worker, dsn):
+        wait_for(lambda: job(conn, job_id)["state"] == "running", "the job to be claimed")
+        # As if the worker had stalled past its lease: the lease expires and another claimer takes
+        # the job (one transaction, so that no renewal slips in between).
+        with conn.transaction():
+            expire_lease(conn, job_id)
+            taken = conn.execute("SELECT id, attempt FROM pgq.claim('thief', lease => '1 minute')").fetchall()
+        assert taken == [(job_id, 2)]
+        wait_for(lambda: told, "the handler to return")
+
+    assert told == [True]
+    row = job(conn, job_id)
+    assert (row["state"], row["attempt"], row["claimed_by"], row["result"]) == ("running", 2, "thief", None)
+    notes = [r[0] for r in conn.execute(
+        "SELECT note FROM pgq.job_events WHERE job_id = %s AND event = 'rejected' ORDER BY id", (job_id,))]
+    assert notes and all(n.startswith("renew from attempt 1 rejected") for n in notes)
+    assert "completed" not in [e[0] for e in events(conn, job_id)]
+    # The rightful owner is unaffected.
+    assert one(conn, "SELECT pgq.complete(%s, 2)", (job_id,)) is True
+
+
+def test_a_busy_workers_sweep_recovers_expired_leases_of_other_queues(
+        dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker(concurrency=1, sweep_interval=0.3)
+    release = threading.Event()
+
+    @worker.handler("hold")
+    def hold(job: Job, ctx: JobContext) -> None:
+        release.wait(DEADLINE)
+
+    enqueue(conn, "hold")
+    orphan = enqueue(conn, "anything", queue="elsewhere")
+    assert one(conn, "SELECT count(*) FROM pgq.claim('crashed', array['elsewhere'], lease => '1 second')") == 1
+    with running(worker, dsn):
+        # The worker's only slot is busy, so it does not claim; only its sweep recovers the orphan.
+        wait_for(lambda: job(conn, orphan)["state"] == "pending", "the sweep to recover the orphan")
+        release.set()
+
+    assert job(conn, orphan)["last_event"] == "lease_expired"
+    assert job(conn, orphan)["attempt"] == 1
+
+
+# Wake-up ----------------------------------------------------------------------------------------
+
+
+def listening_backends(conn: psycopg.Connection) -> int:
+    return int(one(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                         " AND query = 'LISTEN pgq'"))
+
+
+def claim_delay(conn: psycopg.Connection, job_id: int) -> float:
+    return float(one(conn, "SELECT extract(epoch FROM claimed_at - created_at) FROM pgq.jobs WHERE id = %s",
+                     (job_id,)))
+
+
+def test_without_listen_an_idle_worker_picks_up_a_job_within_the_poll_interval(
+        dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker(listen=False, poll_interval=1.0)
+
+    @worker.handler("ping")
+    def ping(job: Job, ctx: JobContext) -> str:
+        return "pong"
+
+    with running(worker, dsn):
+        time.sleep(2.0)  # idle long enough for the empty polls to back off to poll_interval
+        job_id = enqueue(conn, "ping")
+        wait_for(finished(conn, job_id), "the job to be done")
+        assert listening_backends(conn) == 0
+
+    assert job(conn, job_id)["state"] == "done"
+    assert claim_delay(conn, job_id) < 1.0 + 1.0  # poll_interval, plus slack for a loaded machine
+
+
+def test_a_notify_wakes_an_idle_worker_long_before_its_poll_interval(
+        dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker(poll_interval=30.0)  # while LISTEN works, an idle worker polls every 24-30 s
+
+    @worker.handler("ping")
+    def ping(job: Job, ctx: JobContext) -> str:
+        return "pong"
+
+    with running(worker, dsn):
+        wait_for(lambda: listening_backends(conn) == 1, "the worker to LISTEN")
+        time.sleep(0.5)  # let the claim that follows LISTEN come and go
+        job_id = enqueue(conn, "ping")
+        wait_for(finished(conn, job_id), "the job to be done")
+
+    assert job(conn, job_id)["state"] == "done"
+    assert claim_delay(conn, job_id) < 5.0
+
+
+# Connection loss --------------------------------------------------------------------------------
+
+
+def terminate_worker_connections(conn: psycopg.Connection) -> int:
+    return len(conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name LIKE 'pgq-%'"
+    ).fetchall())
+
+
+def test_a_worker_survives_its_connections_being_killed_and_completes_every_job_once(
+        dsn: str, conn: psycopg.Connection, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="pgq_thin.worker")
+    worker = fast_worker(concurrency=4, lease=2.0, poll_interval=0.2)
+
+    @worker.handler("work")
+    def work(job: Job, ctx: JobContext) -> dict[str, int]:
+        time.sleep(0.05)  # long enough that kills land while jobs are running
+        return {"n": job.payload["n"]}
+
+    killed = []
+    with running(worker, dsn), Client(dsn) as producer:
+        for batch in range(12):
+            producer.enqueue_many("default", "work", [{"n": batch * 10 + i} for i in range(10)])
+            time.sleep(0.1)
+            if batch in (3, 8):
+                killed.append(terminate_worker_connections(conn))
+        wait_for(lambda: state_counts(conn) == {"done": 120}, "all 120 jobs done", timeout=45)
+        wait_for(lambda: listening_backends(conn) == 1, "the worker to LISTEN again")
+
+    assert len(killed) == 2 and all(k >= 2 for k in killed), killed  # the pool's and the LISTEN's
+    assert any(r.levelno == logging.WARNING for r in caplog.records), "the worker never noticed"
+    twice = conn.execute("SELECT job_id FROM pgq.job_events WHERE event = 'completed'"
+                         " GROUP BY job_id HAVING count(*) > 1").fetchall()
+    assert twice == []
+    assert one(conn, "SELECT count(*) FROM pgq.jobs"
+                     " WHERE result = jsonb_build_object('n', (payload->>'n')::int)") == 120
+
+
+def test_a_completion_that_hits_a_dead_connection_is_repeated_until_it_answers(
+        dsn: str, conn: psycopg.Connection, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="pgq_thin.worker")
+    worker = fast_worker(concurrency=1)
+    killer = psycopg.connect(dsn, autocommit=True)
+
+    @worker.handler("work")
+    def work(job: Job, ctx: JobContext) -> str:
+        # Every connection of the worker dies while the handler runs: the completion that follows
+        # finds a dead connection first.
+        assert terminate_worker_connections(killer) >= 1
+        return "finished"
+
+    try:
+        job_id = enqueue(conn, "work")
+        with running(worker, dsn):
+            wait_for(finished(conn, job_id), "the job to be done")
+    finally:
+        killer.close()
+
+    row = job(conn, job_id)
+    assert (row["state"], row["attempt"], row["result"]) == ("done", 1, "finished")
+    assert [e[0] for e in events(conn, job_id)] == ["claimed", "completed"]
+    assert any("complete did not reach the server" in r.getMessage() for r in caplog.records)
+
+
+def test_a_worker_whose_database_is_unreachable_keeps_trying_and_still_stops_cleanly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="pgq_thin.worker")
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    worker = fast_worker()
+    with running(worker, f"postgresql://nobody@127.0.0.1:{port}/nothing?connect_timeout=1"):
+        wait_for(lambda: any("claim failed" in r.getMessage() for r in caplog.records), "a failed claim")
+        time.sleep(0.5)  # still running: run() neither raised nor returned (checked on exit)

@@ -1,0 +1,148 @@
+"""Worker processes that get signals or are killed: real subprocesses running tests/apps/sleepy.py
+(one kind, ``sleep``, that sleeps payload["seconds"] without cooperating with shutdown)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgq_thin import Job
+from pgq_thin.worker import JobContext, Worker
+from sqlhelpers import events, job, one
+from test_worker import DEADLINE, enqueue, finished, running, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+SLEEPY = ROOT / "tests" / "apps" / "sleepy.py"
+
+
+class WorkerProcess:
+    """``python tests/apps/sleepy.py`` with its log in a file."""
+
+    def __init__(self, dsn: str, log: Path, **settings: str) -> None:
+        env = {**os.environ, "PGQ_DSN": dsn, "PYTHONUNBUFFERED": "1", **settings}
+        self.log = log
+        self._log_file = log.open("w")
+        self.process = subprocess.Popen([sys.executable, str(SLEEPY)], env=env, cwd=ROOT,
+                                        stdout=self._log_file, stderr=subprocess.STDOUT)
+
+    def logged(self, text: str) -> bool:
+        return text in self.log.read_text()
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def wait_exit(self, timeout: float = DEADLINE) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker did not exit within {timeout}s; its log:\n{self.log.read_text()}")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._log_file.close()
+
+
+@pytest.fixture
+def spawn(dsn: str, tmp_path: Path) -> Iterator:
+    started: list[WorkerProcess] = []
+
+    def _spawn(**settings: str) -> WorkerProcess:
+        process = WorkerProcess(dsn, tmp_path / f"worker-{len(started)}.log", **settings)
+        started.append(process)
+        return process
+
+    yield _spawn
+    for process in started:
+        process.close()
+
+
+def is_running(conn: psycopg.Connection, job_id: int) -> bool:
+    return job(conn, job_id)["state"] == "running"
+
+
+GRACEFUL = "shutting down gracefully"
+
+
+def test_sigterm_stops_claiming_and_lets_the_running_job_finish(spawn, conn: psycopg.Connection) -> None:
+    job_id = enqueue(conn, "sleep", '{"seconds": 2}')
+    worker = spawn(SLEEPY_SHUTDOWN_TIMEOUT="30")
+    wait_for(lambda: worker.logged(f"sleeping 2s for job {job_id}"), "the handler to start")
+
+    worker.signal(signal.SIGTERM)
+    wait_for(lambda: worker.logged(GRACEFUL), "the worker to begin its shutdown")
+    late = enqueue(conn, "sleep", '{"seconds": 0}')
+    assert worker.wait_exit() == 0
+
+    row = job(conn, job_id)
+    assert (row["state"], row["attempt"], row["result"]["slept"]) == ("done", 1, 2)
+    assert [e[0] for e in events(conn, job_id)] == ["claimed", "completed"]
+    # Enqueued after the signal: never claimed.
+    assert (job(conn, late)["state"], job(conn, late)["attempt"]) == ("pending", 0)
+
+
+def test_a_job_still_running_after_shutdown_timeout_is_released(spawn, conn: psycopg.Connection) -> None:
+    job_id = enqueue(conn, "sleep", '{"seconds": 60}', max_attempts=5)
+    worker = spawn(SLEEPY_SHUTDOWN_TIMEOUT="1")
+    wait_for(lambda: worker.logged(f"sleeping 60s for job {job_id}"), "the handler to start")
+
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit() == 0
+
+    row = job(conn, job_id)
+    # Pending again at once; the attempt number is kept (it never decreases) and one more attempt
+    # is allowed, so the released attempt does not count against the job.
+    assert (row["state"], row["attempt"], row["max_attempts"]) == ("pending", 1, 6)
+    assert row["lease_until"] is None
+    assert [e[0] for e in events(conn, job_id)] == ["claimed", "released"]
+
+
+def test_a_second_sigterm_exits_at_once_and_leaves_the_job_to_its_lease(spawn, conn: psycopg.Connection) -> None:
+    job_id = enqueue(conn, "sleep", '{"seconds": 60}')
+    worker = spawn(SLEEPY_SHUTDOWN_TIMEOUT="60")
+    wait_for(lambda: worker.logged(f"sleeping 60s for job {job_id}"), "the handler to start")
+
+    worker.signal(signal.SIGTERM)
+    wait_for(lambda: worker.logged(GRACEFUL), "the worker to begin its shutdown")
+    worker.signal(signal.SIGTERM)
+    # Far below the 60 s the first signal would have waited.
+    assert worker.wait_exit(timeout=15) == 0
+    assert worker.logged("stopping at once")
+
+    row = job(conn, job_id)
+    assert (row["state"], row["attempt"]) == ("running", 1)  # nobody released it: the lease covers it
+    assert [e[0] for e in events(conn, job_id)] == ["claimed"]
+
+
+def test_a_job_whose_worker_was_killed_is_reclaimed_after_its_lease_and_completes_once(
+        spawn, dsn: str, conn: psycopg.Connection) -> None:
+    job_id = enqueue(conn, "sleep", '{"seconds": 60}')
+    victim = spawn(SLEEPY_LEASE="2")
+    wait_for(lambda: victim.logged(f"sleeping 60s for job {job_id}"), "the handler to start")
+    victim.signal(signal.SIGKILL)
+    assert victim.wait_exit() == -signal.SIGKILL
+
+    rescuer = Worker(["default"], concurrency=1, name="rescuer", poll_interval=0.2, sweep_interval=1.0)
+
+    @rescuer.handler("sleep")
+    def quick(job: Job, ctx: JobContext) -> str:
+        return f"rescued attempt {job.attempt}"
+
+    with running(rescuer, dsn):
+        wait_for(finished(conn, job_id), "the job to be recovered and done")
+
+    row = job(conn, job_id)
+    assert (row["state"], row["attempt"], row["claimed_by"], row["result"]) == (
+        "done", 2, "rescuer", "rescued attempt 2")
+    assert [(e[0], e[1]) for e in events(conn, job_id)] == [
+        ("claimed", 1), ("lease_expired", 1), ("claimed", 2), ("completed", 2)]
+    assert one(conn, "SELECT count(*) FROM pgq.job_events WHERE job_id = %s AND event = 'completed'",
+               (job_id,)) == 1
