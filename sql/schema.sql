@@ -136,8 +136,14 @@ CREATE INDEX jobs_ready_idx ON pgq.jobs (queue, priority DESC, run_at, id)
     WHERE state = 'pending' AND attempt < max_attempts;
 
 -- Expired-lease recovery (sweep, and the probe in claim) reads running jobs by lease_until.
+-- The predicate selects exactly the running jobs (jobs_lease_check), but is not spelled
+-- `state = 'running'`: the owner operations' fence (id AND attempt AND state = 'running') would
+-- then imply it, and a partial index whose predicate a query implies may be read whole. With
+-- statistics that say few jobs are running (they were gathered in a quiet moment), the planner
+-- did exactly that: every complete, renew or fail read all running jobs instead of one
+-- primary-key entry.
 CREATE INDEX jobs_lease_idx ON pgq.jobs (lease_until)
-    WHERE state = 'running';
+    WHERE lease_until IS NOT NULL;
 
 -- Deduplication: one live (pending or running) job per (queue, unique_key), race-free.
 CREATE UNIQUE INDEX jobs_unique_key_idx ON pgq.jobs (queue, unique_key)
@@ -226,6 +232,21 @@ BEGIN
 END
 $$;
 
+-- Validates the (id, attempt) pair an owner operation quotes. A NULL is a bug in the caller, not
+-- lost ownership: it raises 22004 instead of answering "not yours" (a NULL attempt would otherwise
+-- reach pgq._reject and fail on job_events.attempt NOT NULL with an unrelated 23502).
+CREATE FUNCTION pgq._check_fence(id bigint, attempt integer) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_fence.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    ELSIF _check_fence.attempt IS NULL THEN
+        PERFORM pgq._bad_argument('attempt', 'must not be NULL', 'Quote the attempt pgq.claim returned.');
+    END IF;
+END
+$$;
+
 -- Validates the optional enqueue arguments shared by enqueue and enqueue_many.
 CREATE FUNCTION pgq._check_enqueue(queue text, kind text, run_at timestamptz, priority integer,
                                    max_attempts integer, tenant text)
@@ -274,13 +295,19 @@ END
 $$;
 
 -- Retry delay after a failed attempt: exponential from base, capped, with jitter in the upper
--- half. Always within [base, cap], for any attempt (the exponent is clamped, so it cannot overflow).
+-- half. Always within [base, cap], for any attempt. The growth is computed in float8 seconds with
+-- a clamped exponent: multiplying the interval itself overflows ("interval out of range") as soon
+-- as base * 2^(attempt-1) passes the interval range, e.g. base 1 hour at attempt 41 or base
+-- 365 days at attempt 25, which would make pgq.fail raise instead of scheduling the retry.
 CREATE FUNCTION pgq._backoff(attempt integer, base interval, cap interval) RETURNS interval
     LANGUAGE sql VOLATILE PARALLEL SAFE
     AS $$
-    SELECT greatest(base, ceiling_delay * (0.5 + random() * 0.5))
-    FROM (SELECT least(cap, base * power(2, least(greatest(attempt, 1) - 1, 40))::float8)
-                 AS ceiling_delay) AS d
+    SELECT least(_backoff.cap,
+                 greatest(_backoff.base, make_interval(secs => d.ceiling_secs * (0.5 + random() * 0.5))))
+    FROM (SELECT least(extract(epoch FROM _backoff.cap)::float8,
+                       extract(epoch FROM _backoff.base)::float8
+                       * power(2::float8, least(greatest(_backoff.attempt, 1) - 1, 40)))
+                 AS ceiling_secs) AS d
 $$;
 COMMENT ON FUNCTION pgq._backoff(integer, interval, interval) IS
     'min(cap, base * 2^(attempt-1)) scaled by a random factor in [0.5, 1], never below base.';
@@ -303,8 +330,14 @@ END
 $$;
 
 -- Recovers running jobs whose lease has expired: back to pending at once (the attempt they used
--- is counted), or to failed when that was the last attempt. The UPDATE re-checks the expiry on
--- the row it locked, so a job completed or re-claimed meanwhile is never touched.
+-- is counted), or to failed when that was the last attempt. The candidates are locked with their
+-- expiry re-checked on the newest row version (FOR NO KEY UPDATE re-evaluates the WHERE clause of
+-- a row changed after the statement's snapshot); the UPDATE re-checks, on the row it holds, that
+-- the same attempt is still running, so a job completed or re-claimed meanwhile is never touched.
+-- The UPDATE's re-check deliberately names no lease_until condition: one would let the planner
+-- drive the UPDATE from jobs_lease_idx instead of the locked ids, and with statistics that say
+-- few jobs are running it did, reading every expired lease once per recovered job (1.5 s for a
+-- sweep(1000) over 2,850 expired leases, growing with their square).
 CREATE FUNCTION pgq._recover_expired(max_jobs integer)
     RETURNS TABLE (queue text, recovered bigint)
     LANGUAGE plpgsql
@@ -313,7 +346,7 @@ CREATE FUNCTION pgq._recover_expired(max_jobs integer)
 BEGIN
     RETURN QUERY
     WITH expired AS (
-        SELECT j.id
+        SELECT j.id, j.attempt
         FROM pgq.jobs AS j
         WHERE j.state = 'running' AND j.lease_until < pgq._now()
         ORDER BY j.lease_until
@@ -328,7 +361,7 @@ BEGIN
             last_error = format('lease expired at %s (attempt %s, worker %s)',
                                 j.lease_until, j.attempt, j.claimed_by)
         FROM expired AS e
-        WHERE j.id = e.id AND j.state = 'running' AND j.lease_until < pgq._now()
+        WHERE j.id = e.id AND j.state = 'running' AND j.attempt = e.attempt
         RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.state
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
@@ -496,6 +529,9 @@ BEGIN
     IF claim.queues IS NOT NULL AND (cardinality(claim.queues) = 0 OR array_position(claim.queues, NULL) IS NOT NULL) THEN
         PERFORM pgq._bad_argument('queues', 'must be NULL (all queues) or a non-empty array without NULLs');
     END IF;
+    -- A malformed name can never match a queue: say so instead of claiming nothing forever.
+    PERFORM pgq._check_name(format('queues[%s]', q.n), q.name)
+    FROM unnest(claim.queues) WITH ORDINALITY AS q(name, n);
 
     IF EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()) THEN
         PERFORM pgq._recover_expired(100);
@@ -559,6 +595,7 @@ CREATE FUNCTION pgq.renew(id bigint, attempt integer, lease interval DEFAULT NUL
 DECLARE
     new_lease timestamptz;
 BEGIN
+    PERFORM pgq._check_fence(renew.id, renew.attempt);
     IF renew.lease IS NOT NULL THEN
         PERFORM pgq._check_interval('lease', renew.lease, interval '1 day');
     END IF;
@@ -585,6 +622,7 @@ CREATE FUNCTION pgq.complete(id bigint, attempt integer, result jsonb DEFAULT NU
 DECLARE
     changed integer;
 BEGIN
+    PERFORM pgq._check_fence(complete.id, complete.attempt);
     WITH completed AS (
         UPDATE pgq.jobs AS j
         SET state = 'done', result = complete.result, lease_until = NULL, finished_at = pgq._now(),
@@ -653,6 +691,18 @@ BEGIN
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
         FROM completed AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
+    ), rejected AS (
+        -- Stale pairs leave the trace a rejected pgq.complete leaves, so that a duplicate
+        -- execution can be diagnosed from pgq.job_events whichever call the worker used.
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+        SELECT j.id, w.attempt, NULL, 'rejected', j.state, NULL,
+               format('complete_many from attempt %s rejected: the job is %s at attempt %s (last claimed by %s)',
+                      w.attempt, j.state, j.attempt, j.claimed_by)
+        FROM wanted AS w
+        JOIN pgq.jobs AS j ON j.id = w.id
+        JOIN pgq.queues AS q ON q.name = j.queue AND q.audit
+        WHERE NOT EXISTS (SELECT FROM completed AS c WHERE c.id = w.id AND c.attempt = w.attempt)
+          AND NOT (j.attempt = w.attempt AND j.state = 'done' AND j.last_event = 'completed')
     )
     SELECT c.id FROM completed AS c
     UNION
@@ -675,6 +725,7 @@ DECLARE
     new_state pgq.job_state;
     stored_error text := left(fail.error, 65536);
 BEGIN
+    PERFORM pgq._check_fence(fail.id, fail.attempt);
     IF fail.error IS NULL THEN
         PERFORM pgq._bad_argument('error', 'must not be NULL', 'Say why the attempt failed.');
     END IF;
@@ -735,6 +786,7 @@ CREATE FUNCTION pgq.release(id bigint, attempt integer)
 DECLARE
     changed integer;
 BEGIN
+    PERFORM pgq._check_fence(release.id, release.attempt);
     WITH released AS (
         UPDATE pgq.jobs AS j
         SET state = 'pending', lease_until = NULL, run_at = pgq._now(),
@@ -771,6 +823,7 @@ CREATE FUNCTION pgq.snooze(id bigint, attempt integer, delay interval)
 DECLARE
     new_run_at timestamptz;
 BEGIN
+    PERFORM pgq._check_fence(snooze.id, snooze.attempt);
     PERFORM pgq._check_interval('delay', snooze.delay, interval '365 days');
     WITH snoozed AS (
         UPDATE pgq.jobs AS j
@@ -811,6 +864,7 @@ CREATE FUNCTION pgq.mark_unknown(id bigint, attempt integer, note text)
 DECLARE
     changed integer;
 BEGIN
+    PERFORM pgq._check_fence(mark_unknown.id, mark_unknown.attempt);
     IF mark_unknown.note IS NULL THEN
         PERFORM pgq._bad_argument('note', 'must not be NULL', 'Say what is unknown and how to find out.');
     END IF;
@@ -1000,8 +1054,11 @@ CREATE FUNCTION pgq.prune(older_than interval DEFAULT NULL, max_jobs integer DEF
 DECLARE
     deleted integer;
 BEGIN
-    IF prune.older_than < interval '0' THEN
-        PERFORM pgq._bad_argument('older_than', format('must not be negative, got %s', prune.older_than));
+    -- Bounded like queues.retention: a huge interval would make now() - older_than leave the
+    -- timestamp range and fail with an unrelated 22008.
+    IF prune.older_than < interval '0' OR prune.older_than > interval '3650 days' THEN
+        PERFORM pgq._bad_argument('older_than',
+            format('must be between 0 and 3650 days, got %s', prune.older_than));
     END IF;
     IF prune.max_jobs IS NULL THEN
         PERFORM pgq._bad_argument('max_jobs', 'must not be NULL');

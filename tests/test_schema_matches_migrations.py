@@ -1,0 +1,186 @@
+"""sql/schema.sql (what a reader opens) and migrations/ (how users get there) build the same catalog.
+
+One database is built with ``psql -f sql/schema.sql``, another with ``pgq_thin.migrate``; the
+pgq schema's catalog (functions, columns, indexes, constraints, storage parameters, types, ACLs,
+comments) must be identical. Role names that differ only because a different role owns the
+objects are normalized to ``<owner>``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from pgq_thin import migrate
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA_SQL = ROOT / "sql" / "schema.sql"
+MIGRATIONS = ROOT / "migrations"
+
+# Each query returns rows describing one kind of object in schema pgq. Role names are mapped by
+# _role(): the owner of schema pgq becomes '<owner>', everything else keeps its name.
+_ROLE = """CASE WHEN {r} = (SELECT nspowner FROM pg_namespace WHERE nspname = 'pgq') THEN '<owner>'
+               WHEN {r} = 0 THEN 'PUBLIC' ELSE pg_get_userbyid({r})::text END"""
+
+
+def _acl(column: str) -> str:
+    """A normalized, sorted text rendering of an aclitem[] column (NULL stays NULL)."""
+    return f"""(SELECT string_agg(s.item, ',' ORDER BY s.item)
+                FROM (SELECT format('%s=%s/%s%s', {_ROLE.format(r='a.grantee')}, a.privilege_type,
+                                    {_ROLE.format(r='a.grantor')},
+                                    CASE WHEN a.is_grantable THEN '*' ELSE '' END) AS item
+                      FROM aclexplode({column}) AS a) AS s)"""
+
+
+CATALOG_QUERIES: dict[str, str] = {
+    "schema": f"""
+        SELECT n.nspname, {_acl('n.nspacl')}, obj_description(n.oid, 'pg_namespace')
+        FROM pg_namespace AS n WHERE n.nspname = 'pgq'""",
+    "functions": f"""
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid),
+               {_acl('p.proacl')}, p.prosecdef, p.proconfig, p.provolatile, p.proparallel,
+               p.proisstrict, p.proleakproof, obj_description(p.oid, 'pg_proc')
+        FROM pg_proc AS p WHERE p.pronamespace = 'pgq'::regnamespace
+        ORDER BY 1, 2""",
+    "relations": f"""
+        SELECT c.relname, c.relkind, c.reloptions, c.relpersistence, {_acl('c.relacl')},
+               obj_description(c.oid, 'pg_class')
+        FROM pg_class AS c WHERE c.relnamespace = 'pgq'::regnamespace
+        ORDER BY 1""",
+    "columns": """
+        SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+               pg_get_expr(d.adbin, d.adrelid), a.attidentity, a.attgenerated,
+               col_description(c.oid, a.attnum)
+        FROM pg_class AS c
+        JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+        LEFT JOIN pg_attrdef AS d ON d.adrelid = c.oid AND d.adnum = a.attnum
+        WHERE c.relnamespace = 'pgq'::regnamespace
+        ORDER BY 1, 2""",
+    "indexes": """
+        SELECT c.relname, pg_get_indexdef(c.oid)
+        FROM pg_class AS c WHERE c.relnamespace = 'pgq'::regnamespace AND c.relkind = 'i'
+        ORDER BY 1""",
+    "constraints": """
+        SELECT conrelid::regclass::text, contypid::regtype::text, conname, contype,
+               pg_get_constraintdef(oid)
+        FROM pg_constraint WHERE connamespace = 'pgq'::regnamespace
+        ORDER BY 1, 2, 3""",
+    "triggers": """
+        SELECT t.tgname, pg_get_triggerdef(t.oid)
+        FROM pg_trigger AS t JOIN pg_class AS c ON c.oid = t.tgrelid
+        WHERE c.relnamespace = 'pgq'::regnamespace AND NOT t.tgisinternal
+        ORDER BY 1""",
+    "sequences": """
+        SELECT s.seqrelid::regclass::text, s.seqtypid::regtype::text, s.seqstart, s.seqincrement,
+               s.seqmax, s.seqmin, s.seqcache, s.seqcycle
+        FROM pg_sequence AS s JOIN pg_class AS c ON c.oid = s.seqrelid
+        WHERE c.relnamespace = 'pgq'::regnamespace
+        ORDER BY 1""",
+    "types": f"""
+        SELECT t.typname, t.typtype, {_acl('t.typacl')}, obj_description(t.oid, 'pg_type'),
+               ARRAY(SELECT e.enumlabel::text FROM pg_enum AS e WHERE e.enumtypid = t.oid
+                     ORDER BY e.enumsortorder)
+        FROM pg_type AS t WHERE t.typnamespace = 'pgq'::regnamespace
+        ORDER BY 1""",
+    "role_memberships": """
+        SELECT r.rolname, m.rolname, r.rolcanlogin, r.rolinherit
+        FROM pg_roles AS r
+        LEFT JOIN pg_auth_members AS am ON am.member = r.oid
+        LEFT JOIN pg_roles AS m ON m.oid = am.roleid
+        WHERE r.rolname IN ('pgq_producer', 'pgq_worker', 'pgq_admin', 'pgq_monitor')
+        ORDER BY 1, 2""",
+}
+
+
+def _hashable(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def catalog(dsn: str) -> dict[str, list[tuple]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return {name: [tuple(_hashable(v) for v in row) for row in conn.execute(query).fetchall()]
+                for name, query in CATALOG_QUERIES.items()}
+
+
+def assert_same_catalog(expected: dict[str, list[tuple]], actual: dict[str, list[tuple]]) -> None:
+    for kind in CATALOG_QUERIES:
+        missing = sorted(set(expected[kind]) - set(actual[kind]), key=repr)
+        extra = sorted(set(actual[kind]) - set(expected[kind]), key=repr)
+        assert not missing and not extra, f"{kind} differ:\nonly in schema.sql: {missing}\nonly in migrations: {extra}"
+        assert expected[kind] == actual[kind], f"{kind}: same rows, different order"
+
+
+def apply_schema_sql(dsn: str) -> None:
+    psql = shutil.which("psql")
+    if psql is not None:
+        subprocess.run([psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-1", "-f", str(SCHEMA_SQL), dsn],
+                       check=True, capture_output=True)
+    else:  # the same file through the simple query protocol, in one transaction
+        with psycopg.connect(dsn) as conn:
+            conn.execute(SCHEMA_SQL.read_text())
+
+
+@pytest.fixture
+def schema_sql_catalog(empty_dsn: str) -> dict[str, list[tuple]]:
+    apply_schema_sql(empty_dsn)
+    return catalog(empty_dsn)
+
+
+@pytest.fixture
+def owner_dsn(pg_server, admin_dsn: str) -> Iterator[str]:
+    """A database owned by pgq_owner, a LOGIN role with CREATEROLE but not a superuser."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        if conn.execute("SELECT FROM pg_roles WHERE rolname = 'pgq_owner'").fetchone() is None:
+            conn.execute("CREATE ROLE pgq_owner LOGIN CREATEROLE NOSUPERUSER")
+        conn.execute("CREATE DATABASE pgq_owned OWNER pgq_owner")
+    try:
+        yield make_conninfo(pg_server.dsn_for("pgq_owned"), user="pgq_owner")
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute("DROP DATABASE IF EXISTS pgq_owned WITH (FORCE)")
+
+
+def test_migration_file_is_a_byte_identical_copy_of_schema_sql():
+    files = sorted(MIGRATIONS.glob("*.sql"))
+    assert files and files[0].name == "0001_initial.sql"
+    assert files[0].read_bytes() == SCHEMA_SQL.read_bytes()
+
+
+def test_schema_sql_and_migrations_build_the_same_catalog(schema_sql_catalog, dsn):
+    assert_same_catalog(schema_sql_catalog, catalog(dsn))
+    # The comparison saw the whole API, not an empty schema.
+    names = {row[0] for row in schema_sql_catalog["functions"]}
+    assert {"enqueue", "claim", "complete", "sweep", "stats"} <= names
+    assert {row[0] for row in schema_sql_catalog["indexes"]} >= {"jobs_ready_idx", "jobs_lease_idx"}
+
+
+def test_migrations_applied_twice_are_a_no_op(dsn):
+    before = catalog(dsn)
+    assert migrate(dsn) == []
+    assert catalog(dsn) == before
+
+
+def test_migrations_work_in_a_second_database_where_the_roles_already_exist(empty_dsn, dsn):
+    # The session's template database already created the cluster-wide pgq_* roles.
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        roles = conn.execute("SELECT count(*) FROM pg_roles WHERE rolname LIKE 'pgq\\_%'").fetchone()
+        assert roles is not None and roles[0] >= 4
+    assert migrate(empty_dsn) == ["0001_initial"]
+    assert_same_catalog(catalog(dsn), catalog(empty_dsn))
+
+
+def test_migrations_applied_by_a_non_superuser_owner_match_schema_sql(schema_sql_catalog, owner_dsn):
+    with psycopg.connect(owner_dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+        assert row == ("pgq_owner", False)
+    assert migrate(owner_dsn) == ["0001_initial"]
+    with psycopg.connect(owner_dsn, autocommit=True) as conn:
+        owner = conn.execute("SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'pgq'").fetchone()
+        assert owner == ("pgq_owner",)
+    assert_same_catalog(schema_sql_catalog, catalog(owner_dsn))

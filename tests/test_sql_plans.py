@@ -1,0 +1,217 @@
+"""The plans pgq's functions actually run, captured with auto_explain (log_nested_statements) after
+every function was called 8 times in the session, so the cached plans in use (generic for claim
+and recovery, which force them) are the ones shown.
+
+The table holds 100k done rows, 10k scheduled rows, 1k exhausted rows of the highest priority and
+20k due rows. ANALYZE runs before any job is claimed, so the statistics believe nothing is running:
+the stale-statistics case that follows a quiet period or an outage.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+
+from sqlhelpers import claim
+
+WARMUP = 8
+_counter = itertools.count()
+
+SCAN_RE = re.compile(
+    r"(?P<kind>Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan)(?: Backward)?"
+    r"(?: using (?P<index>\w+))? on (?:pgq\.)?jobs (?P<alias>\w+)\s+\(cost=[^)]*\)\s+"
+    r"(?:\(actual time=[\d.]+\.\.[\d.]+ rows=(?P<rows>\d+) loops=(?P<loops>\d+)\)|\(never executed\))")
+
+
+@dataclass
+class Scan:
+    kind: str
+    index: str | None
+    rows: int  # rows returned, over all loops
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.index or ''} rows={self.rows}"
+
+
+@dataclass
+class Plan:
+    query: str
+    text: str
+
+    @property
+    def job_scans(self) -> list[Scan]:
+        return [Scan(m["kind"], m["index"], int(m["rows"] or 0) * int(m["loops"] or 0))
+                for m in SCAN_RE.finditer(self.text)]
+
+
+@pytest.fixture(scope="module")
+def big_dsn(pg_server, admin_dsn: str, template_db: str) -> Iterator[str]:
+    name = f"plans_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    dsn = pg_server.dsn_for(name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO pgq.queues (name) VALUES ('q')")
+        conn.execute("""
+            INSERT INTO pgq.jobs (queue, kind, state, attempt, max_attempts, run_at, created_at,
+                                  finished_at, last_event)
+            SELECT 'q', 'k', 'done', 1, 25, now() - interval '2 hours', now() - interval '2 hours',
+                   now() - interval '1 hour', 'completed'
+            FROM generate_series(1, 100000)""")
+        conn.execute("""
+            INSERT INTO pgq.jobs (queue, kind, run_at, max_attempts)
+            SELECT 'q', 'k', now() + interval '1 day' + g * interval '1 second', 25
+            FROM generate_series(1, 10000) AS g""")
+        conn.execute("""
+            INSERT INTO pgq.jobs (queue, kind, priority, attempt, max_attempts, run_at)
+            SELECT 'q', 'k', 1000, 3, 3, now() - interval '1 hour' FROM generate_series(1, 1000)""")
+        conn.execute("""
+            INSERT INTO pgq.jobs (queue, kind, run_at, max_attempts)
+            SELECT 'q', 'k', now() - interval '1 minute' + g * interval '1 millisecond', 25
+            FROM generate_series(1, 20000) AS g""")
+        conn.execute("VACUUM ANALYZE pgq.jobs")
+        conn.execute("ANALYZE pgq.queues")
+    try:
+        yield dsn
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def session(big_dsn: str) -> Iterator[psycopg.Connection]:
+    """A superuser session with auto_explain loaded but not yet logging."""
+    with psycopg.connect(big_dsn, autocommit=True) as conn:
+        conn.execute("LOAD 'auto_explain'")
+        conn.execute("SET auto_explain.log_min_duration = -1")
+        yield conn
+
+
+def capture(conn: psycopg.Connection, sql: str, params=None) -> tuple[list, list[Plan]]:
+    """Runs sql with auto_explain logging every nested statement; returns its rows and the plans."""
+    notices: list[str] = []
+
+    def handler(diag: psycopg.errors.Diagnostic) -> None:
+        if diag.severity_nonlocalized == "LOG" and diag.message_primary:
+            notices.append(diag.message_primary)
+
+    for setting in ("auto_explain.log_nested_statements = on", "auto_explain.log_analyze = on",
+                    "auto_explain.log_verbose = on", "client_min_messages = log",
+                    "auto_explain.log_min_duration = 0"):
+        conn.execute(f"SET {setting}")
+    conn.add_notice_handler(handler)
+    try:
+        rows = conn.execute(sql, params).fetchall()
+    finally:
+        conn.execute("SET auto_explain.log_min_duration = -1")
+        conn.execute("SET client_min_messages = notice")
+        conn.remove_notice_handler(handler)
+    plans = []
+    for n in notices:
+        m = re.search(r"Query Text: (.*?)\n(?=\S+.*\(cost=)", n, re.S)
+        if m:
+            plans.append(Plan(m.group(1), n[m.end():]))
+    assert plans, notices
+    return rows, plans
+
+
+def plan_of(plans: list[Plan], marker: str) -> Plan:
+    found = [p for p in plans if marker in p.query]
+    assert len(found) == 1, f"{marker!r} in {[p.query[:60] for p in plans]}"
+    return found[0]
+
+
+def assert_no_seq_scan_on_jobs(plans: list[Plan]) -> None:
+    for p in plans:
+        assert not any(s.kind == "Seq Scan" for s in p.job_scans), f"{p.query[:80]}\n{p.text}"
+
+
+def running_jobs(conn: psycopg.Connection, n: int) -> list[tuple[int, int]]:
+    got: list[tuple[int, int]] = []
+    while len(got) < n:
+        got += [(c["id"], c["attempt"]) for c in claim(conn, batch=min(1000, n - len(got)))]
+    return got
+
+
+def test_claim_uses_jobs_ready_idx_and_reads_rows_in_proportion_to_the_batch(session):
+    for _ in range(WARMUP):
+        assert len(claim(session, batch=10)) == 10
+    rows, plans = capture(session, "SELECT * FROM pgq.claim('w', batch => 10)")
+    assert len(rows) == 10
+    assert_no_seq_scan_on_jobs(plans)
+    main = plan_of(plans, "WITH picked AS")
+    picks = [s for s in main.job_scans if s.index == "jobs_ready_idx"]
+    assert len(picks) == 1, main.text
+    assert picks[0].rows <= 10, main.text  # not the 10k scheduled, 1k exhausted or 100k done rows
+    updates = [s for s in main.job_scans if s.index != "jobs_ready_idx"]
+    assert updates and all(s.index == "jobs_pkey" and s.rows <= 10 for s in updates), main.text
+    # Generic: the plan refers to the function's variables as parameters, not as constants.
+    assert re.search(r"unnest\(\$\d+\)", main.text), main.text
+    probe = plan_of(plans, "EXISTS (SELECT FROM pgq.jobs")
+    assert [s.index for s in probe.job_scans] == ["jobs_lease_idx"], probe.text
+
+
+def test_claim_and_sweep_recover_expired_leases_through_jobs_lease_idx_in_batches(session):
+    running = running_jobs(session, 3000)
+    session.execute("UPDATE pgq.jobs SET lease_until = now() - interval '1 minute' "
+                    "WHERE id = ANY(%s)", ([i for i, _ in running],))
+    for _ in range(WARMUP):
+        assert session.execute("SELECT pgq.sweep(10)").fetchone() == (10,)
+
+    (swept,), plans = capture(session, "SELECT pgq.sweep(100)")
+    assert swept == (100,)
+    assert_no_seq_scan_on_jobs(plans)
+    recovery = plan_of(plans, "WITH expired AS")
+    scans = recovery.job_scans
+    assert [s.index for s in scans] == ["jobs_lease_idx", "jobs_pkey"], recovery.text
+    assert scans[0].rows <= 100 and scans[1].rows <= 100, recovery.text
+    join_filtered = [int(x) for x in re.findall(r"Rows Removed by Join Filter: (\d+)", recovery.text)]
+    assert sum(join_filtered) <= 100, recovery.text  # no pass over every expired lease per row
+
+    # The claim folds recovery in: 100 more recovered, through the same plan shape.
+    rows, plans = capture(session, "SELECT * FROM pgq.claim('w', batch => 5)")
+    assert len(rows) == 5
+    assert_no_seq_scan_on_jobs(plans)
+    recovery = plan_of(plans, "WITH expired AS")
+    assert [s.index for s in recovery.job_scans] == ["jobs_lease_idx", "jobs_pkey"], recovery.text
+    assert all(s.rows <= 100 for s in recovery.job_scans), recovery.text
+
+
+@pytest.mark.parametrize("call,marker", [
+    ("SELECT pgq.complete(%s, %s)", "WITH completed AS"),
+    ("SELECT pgq.renew(%s, %s)", "UPDATE pgq.jobs AS j"),
+    ("SELECT pgq.fail(%s, %s, 'e')", "WITH failed AS"),
+    ("SELECT pgq.release(%s, %s)", "WITH released AS"),
+    ("SELECT pgq.snooze(%s, %s, '1 hour')", "WITH snoozed AS"),
+    ("SELECT pgq.mark_unknown(%s, %s, 'n')", "WITH marked AS"),
+])
+def test_owner_operations_find_the_job_by_its_primary_key(session, call, marker):
+    jobs = running_jobs(session, WARMUP + 1)
+    for job_id, attempt in jobs[:WARMUP]:
+        session.execute(call, (job_id, attempt))
+    _, plans = capture(session, call, jobs[WARMUP])
+    assert_no_seq_scan_on_jobs(plans)
+    write = plan_of(plans, marker)
+    assert [s.index for s in write.job_scans] == ["jobs_pkey"], write.text
+    assert write.job_scans[0].rows <= 1
+
+
+def test_complete_many_finds_the_jobs_by_their_primary_key(session):
+    jobs = running_jobs(session, 10 * (WARMUP + 1))
+    for i in range(WARMUP):
+        batch = jobs[i * 10:(i + 1) * 10]
+        session.execute("SELECT * FROM pgq.complete_many(%s, %s)",
+                        ([j for j, _ in batch], [a for _, a in batch]))
+    batch = jobs[WARMUP * 10:]
+    rows, plans = capture(session, "SELECT * FROM pgq.complete_many(%s, %s)",
+                          ([j for j, _ in batch], [a for _, a in batch]))
+    assert len(rows) == 10
+    assert_no_seq_scan_on_jobs(plans)
+    write = plan_of(plans, "WITH wanted AS")
+    assert write.job_scans and all(s.index == "jobs_pkey" and s.rows <= 10 for s in write.job_scans), write.text
