@@ -108,8 +108,9 @@ COMMENT ON TABLE pgq.jobs IS 'One row per job. Finished rows stay until pgq.prun
 COMMENT ON COLUMN pgq.jobs.attempt IS
     'The fencing token: incremented by every claim, never decreased. Owner operations must quote it.';
 COMMENT ON COLUMN pgq.jobs.last_event IS
-    'How the job reached its state (the event names of pgq.job_events): lets an owner operation '
-    'repeated after an ambiguous commit recognise its own earlier success.';
+    'How the job reached its state: ''enqueued'' until its first transition, then the event name '
+    'of that transition in pgq.job_events. Lets an owner operation repeated after an ambiguous '
+    'commit recognise its own earlier success.';
 COMMENT ON COLUMN pgq.jobs.lease_until IS
     'While running: the database time after which the job may be recovered by claim or sweep.';
 
@@ -145,9 +146,10 @@ CREATE INDEX jobs_ready_idx ON pgq.jobs (queue, priority DESC, run_at, id)
 CREATE INDEX jobs_lease_idx ON pgq.jobs (lease_until)
     WHERE lease_until IS NOT NULL;
 
--- Deduplication: one live (pending or running) job per (queue, unique_key), race-free.
+-- Deduplication: one live job per (queue, unique_key), race-free. outcome_unknown counts as live:
+-- its effect may have happened, which is exactly when a duplicate would hurt.
 CREATE UNIQUE INDEX jobs_unique_key_idx ON pgq.jobs (queue, unique_key)
-    WHERE unique_key IS NOT NULL AND state IN ('pending', 'running');
+    WHERE unique_key IS NOT NULL AND state IN ('pending', 'running', 'outcome_unknown');
 
 -- Pruning finds finished rows by age.
 CREATE INDEX jobs_finished_idx ON pgq.jobs (finished_at)
@@ -161,21 +163,23 @@ CREATE INDEX job_events_job_idx ON pgq.job_events (job_id, id);
 -- one inlinable function, so a test database can move time (only the schema owner can replace it).
 CREATE FUNCTION pgq._now() RETURNS timestamptz
     LANGUAGE sql STABLE PARALLEL SAFE
-    AS $$ SELECT now() $$;
-COMMENT ON FUNCTION pgq._now() IS 'The clock of every lease and run_at decision (now()).';
+    AS $$ SELECT statement_timestamp() $$;
+COMMENT ON FUNCTION pgq._now() IS
+    'The clock of every lease and run_at decision: the start of the current statement, so that a '
+    'claim inside a long transaction still gets its whole lease.';
 
 -- Raises invalid_parameter_value (or null_value_not_allowed) naming the argument.
 CREATE FUNCTION pgq._bad_argument(argument text, problem text, hint text DEFAULT NULL)
     RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     AS $$
+DECLARE
+    code text := CASE WHEN problem = 'must not be NULL' THEN '22004' ELSE '22023' END;
 BEGIN
-    IF problem = 'must not be NULL' THEN
-        RAISE EXCEPTION 'pgq: argument "%" must not be NULL', argument
-            USING ERRCODE = 'null_value_not_allowed', HINT = coalesce(hint, '');
+    IF hint IS NULL THEN
+        RAISE EXCEPTION 'pgq: argument "%" %', argument, problem USING ERRCODE = code;
     END IF;
-    RAISE EXCEPTION 'pgq: argument "%" %', argument, problem
-        USING ERRCODE = 'invalid_parameter_value', HINT = coalesce(hint, '');
+    RAISE EXCEPTION 'pgq: argument "%" %', argument, problem USING ERRCODE = code, HINT = hint;
 END
 $$;
 COMMENT ON FUNCTION pgq._bad_argument(text, text, text) IS
@@ -294,6 +298,18 @@ BEGIN
 END
 $$;
 
+-- Wakes listening workers (LISTEN pgq) for a queue that has a job due now, if the queue notifies.
+-- PostgreSQL folds identical notifications of one transaction into one.
+CREATE FUNCTION pgq._notify(queue text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF (SELECT q.notify FROM pgq.queues AS q WHERE q.name = _notify.queue) THEN
+        PERFORM pg_notify('pgq', _notify.queue);
+    END IF;
+END
+$$;
+
 -- Retry delay after a failed attempt: exponential from base, capped, with jitter in the upper
 -- half. Always within [base, cap], for any attempt. The growth is computed in float8 seconds with
 -- a clamped exponent: multiplying the interval itself overflows ("interval out of range") as soon
@@ -403,7 +419,7 @@ BEGIN
         VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                 coalesce(enqueue.max_attempts, q.max_attempts), enqueue.unique_key, enqueue.tenant)
         ON CONFLICT (queue, unique_key)
-            WHERE unique_key IS NOT NULL AND state IN ('pending', 'running')
+            WHERE unique_key IS NOT NULL AND state IN ('pending', 'running', 'outcome_unknown')
             DO NOTHING
         RETURNING j.id INTO new_id;
         EXIT WHEN FOUND;
@@ -412,7 +428,7 @@ BEGIN
         SELECT j.id INTO new_id
         FROM pgq.jobs AS j
         WHERE j.queue = enqueue.queue AND j.unique_key = enqueue.unique_key
-          AND j.unique_key IS NOT NULL AND j.state IN ('pending', 'running');
+          AND j.unique_key IS NOT NULL AND j.state IN ('pending', 'running', 'outcome_unknown');
         IF FOUND THEN
             RETURN new_id;
         END IF;
@@ -623,6 +639,11 @@ DECLARE
     changed integer;
 BEGIN
     PERFORM pgq._check_fence(complete.id, complete.attempt);
+    IF pg_column_size(complete.result) > 1048576 THEN
+        PERFORM pgq._bad_argument('result',
+            format('is %s bytes; the limit is 1048576 (1 MiB)', pg_column_size(complete.result)),
+            'Store large results in a table of your own.');
+    END IF;
     WITH completed AS (
         UPDATE pgq.jobs AS j
         SET state = 'done', result = complete.result, lease_until = NULL, finished_at = pgq._now(),
@@ -668,7 +689,7 @@ BEGIN
                    cardinality(complete_many.ids), cardinality(complete_many.attempts)));
     ELSIF array_position(complete_many.ids, NULL) IS NOT NULL
           OR array_position(complete_many.attempts, NULL) IS NOT NULL THEN
-        PERFORM pgq._bad_argument('ids', 'and attempts must not contain NULL');
+        PERFORM pgq._bad_argument('ids', 'must not contain NULL (nor may attempts)');
     END IF;
 
     RETURN QUERY
@@ -800,6 +821,7 @@ BEGIN
     )
     SELECT count(*) INTO changed FROM released;
     IF changed > 0 THEN
+        PERFORM pgq._notify(j.queue) FROM pgq.jobs AS j WHERE j.id = release.id;
         RETURN true;
     END IF;
     IF EXISTS (SELECT FROM pgq.jobs AS j
@@ -994,11 +1016,22 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Use pgq.resolve for outcome_unknown jobs.';
     END IF;
-    UPDATE pgq.jobs AS j
-    SET state = 'pending', run_at = pgq._now(), finished_at = NULL,
-        max_attempts = greatest(j.max_attempts, j.attempt + 1), last_event = 'retried'
-    WHERE j.id = retry.id;
+    BEGIN
+        UPDATE pgq.jobs AS j
+        SET state = 'pending', run_at = pgq._now(), finished_at = NULL,
+            max_attempts = greatest(j.max_attempts, j.attempt + 1), last_event = 'retried'
+        WHERE j.id = retry.id;
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION 'pgq: job % cannot be retried: job % holds its unique_key %', retry.id,
+            (SELECT j.id FROM pgq.jobs AS j
+             WHERE j.queue = job.queue AND j.unique_key = job.unique_key
+               AND j.unique_key IS NOT NULL AND j.state IN ('pending', 'running', 'outcome_unknown')),
+            quote_literal(job.unique_key)
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Wait for that job to finish, or cancel it first.';
+    END;
     PERFORM pgq._admin_event(job, 'retried', 'pending');
+    PERFORM pgq._notify(job.queue);
     RETURN true;
 END
 $$;
@@ -1036,6 +1069,9 @@ BEGIN
         last_event = 'resolved'
     WHERE j.id = resolve.id;
     PERFORM pgq._admin_event(job, 'resolved', resolve.state::pgq.job_state);
+    IF resolve.state = 'pending' THEN
+        PERFORM pgq._notify(job.queue);
+    END IF;
     RETURN true;
 END
 $$;
@@ -1198,6 +1234,41 @@ COMMENT ON FUNCTION pgq.stats() IS
     'One row per queue: jobs by state (pending = due now, scheduled = due later), expired leases, '
     'and the age of the oldest due job.';
 
+-- One job, as stored: what an operator needs before cancel, retry or resolve. P0002 when unknown.
+CREATE FUNCTION pgq.get_job(id bigint)
+    RETURNS pgq.jobs
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    job pgq.jobs;
+BEGIN
+    IF get_job.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = get_job.id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgq: no job with id %', get_job.id
+            USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
+    END IF;
+    RETURN job;
+END
+$$;
+COMMENT ON FUNCTION pgq.get_job(bigint) IS 'The job row; P0002 when there is no such job.';
+
+-- A job's attempt history, oldest first (empty when its queue has audit off, or it was pruned).
+CREATE FUNCTION pgq.job_history(id bigint)
+    RETURNS SETOF pgq.job_events
+    LANGUAGE sql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+    SELECT * FROM pgq.job_events AS e WHERE e.job_id = job_history.id ORDER BY e.id
+$$;
+COMMENT ON FUNCTION pgq.job_history(bigint) IS
+    'The events of one job (claims, transitions, rejected stale writes), oldest first.';
+
 CREATE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
     AS $$ SELECT '0.1.0'::text $$;
@@ -1242,6 +1313,8 @@ GRANT EXECUTE ON FUNCTION
 
 GRANT EXECUTE ON FUNCTION
     pgq.stats(),
+    pgq.get_job(bigint),
+    pgq.job_history(bigint),
     pgq.version()
     TO pgq_monitor;
 

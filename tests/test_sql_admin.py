@@ -156,9 +156,8 @@ def test_retry_makes_a_failed_or_cancelled_job_pending_now_keeping_its_attempt(c
         conn.execute("SELECT pgq.fail(%s, %s, 'broken', retryable => false)", (job_id, attempt))
     else:
         conn.execute("SELECT pgq.cancel(%s)", (job_id,))
-    with conn.transaction():
-        assert one(conn, "SELECT pgq.retry(%s)", (job_id,)) is True
-        now = one(conn, "SELECT now()")
+    retried, now = conn.execute("SELECT pgq.retry(%s), statement_timestamp()", (job_id,)).fetchone()
+    assert retried is True
     row = job(conn, job_id)
     assert row["state"] == "pending" and row["run_at"] == now and row["finished_at"] is None
     assert row["attempt"] == 1 and row["max_attempts"] == 2
@@ -320,10 +319,9 @@ def test_configure_queue_settings_apply_to_later_jobs(conn):
     conn.execute("SELECT pgq.configure_queue('q', lease => '3 minutes', max_attempts => 2)")
     job_id = one(conn, "SELECT pgq.enqueue('q', 'k')")
     assert job(conn, job_id)["max_attempts"] == 2
-    with conn.transaction():
-        (c,) = claim(conn)
-        now = one(conn, "SELECT now()")
-    assert c["lease_until"] == now + timedelta(minutes=3)
+    lease_until, now = conn.execute(
+        "SELECT c.lease_until, statement_timestamp() FROM pgq.claim('w1') AS c").fetchone()
+    assert lease_until == now + timedelta(minutes=3)
 
 
 def test_configure_queue_keeps_the_backoff_cap_at_least_the_base(conn):

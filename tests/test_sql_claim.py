@@ -59,12 +59,11 @@ def test_claim_returns_every_documented_field(conn):
 
 def test_claim_marks_running_increments_attempt_and_leases_by_the_database_clock(conn):
     job_id = enqueue(conn)
-    with conn.transaction():
-        (c,) = claim(conn, worker="w7")
-        now = one(conn, "SELECT now()")
+    attempt, now = conn.execute(
+        "SELECT c.attempt, statement_timestamp() FROM pgq.claim('w7') AS c").fetchone()
     row = job(conn, job_id)
     assert row["state"] == "running"
-    assert row["attempt"] == c["attempt"] == 1
+    assert row["attempt"] == attempt == 1
     assert row["claimed_by"] == "w7"
     assert row["claimed_at"] == now
     assert row["lease_until"] == now + timedelta(seconds=30)  # the queue's default lease
@@ -76,12 +75,11 @@ def test_claim_lease_argument_overrides_the_queue_lease(conn):
     conn.execute("SELECT pgq.configure_queue('q', lease => '2 minutes')")
     enqueue(conn)
     enqueue(conn)
-    with conn.transaction():
-        (a,) = claim(conn)
-        (b,) = claim(conn, lease="5 seconds")
-        now = one(conn, "SELECT now()")
-    assert a["lease_until"] == now + timedelta(minutes=2)
-    assert b["lease_until"] == now + timedelta(seconds=5)
+    a, a_now = conn.execute("SELECT c.lease_until, statement_timestamp() FROM pgq.claim('w1') AS c").fetchone()
+    b, b_now = conn.execute("SELECT c.lease_until, statement_timestamp() "
+                            "FROM pgq.claim('w1', lease => '5 seconds') AS c").fetchone()
+    assert a == a_now + timedelta(minutes=2)
+    assert b == b_now + timedelta(seconds=5)
 
 
 def test_claim_skips_jobs_that_are_not_yet_due(conn):

@@ -14,7 +14,7 @@ from test_sql_support import wait_until_blocked
 
 def test_enqueue_takes_max_attempts_from_the_queue_and_fills_defaults(conn):
     conn.execute("SELECT pgq.configure_queue('mail', max_attempts => 7)")
-    with conn.transaction():
+    with conn.transaction():  # run_at defaults to now(), the transaction's start, like created_at
         job_id = one(conn, "SELECT pgq.enqueue('mail', 'send')")
         now = one(conn, "SELECT now()")
     row = job(conn, job_id)

@@ -33,14 +33,12 @@ OWNER_OP_IDS = [op[0] for op in OWNER_OPS]
 
 def test_renew_extends_the_lease_from_the_database_clock(conn):
     job_id, attempt = running_job(conn)
-    with conn.transaction():
-        new_lease = one(conn, "SELECT pgq.renew(%s, %s, interval '1 hour')", (job_id, attempt))
-        now = one(conn, "SELECT now()")
+    new_lease, now = conn.execute("SELECT pgq.renew(%s, %s, interval '1 hour'), statement_timestamp()",
+                                  (job_id, attempt)).fetchone()
     assert new_lease == now + timedelta(hours=1)
     assert job(conn, job_id)["lease_until"] == new_lease
-    with conn.transaction():
-        default_lease = one(conn, "SELECT pgq.renew(%s, %s)", (job_id, attempt))
-        now = one(conn, "SELECT now()")
+    default_lease, now = conn.execute("SELECT pgq.renew(%s, %s), statement_timestamp()",
+                                      (job_id, attempt)).fetchone()
     assert default_lease == now + timedelta(seconds=30)
 
 
@@ -65,9 +63,9 @@ def test_renew_answers_null_once_the_job_was_reclaimed(conn):
 
 def test_complete_marks_the_job_done_and_stores_the_result(conn):
     job_id, attempt = running_job(conn)
-    with conn.transaction():
-        assert one(conn, "SELECT pgq.complete(%s, %s, '{\"ok\": true}')", (job_id, attempt)) is True
-        now = one(conn, "SELECT now()")
+    ok, now = conn.execute("SELECT pgq.complete(%s, %s, '{\"ok\": true}'), statement_timestamp()",
+                           (job_id, attempt)).fetchone()
+    assert ok is True
     row = job(conn, job_id)
     assert row["state"] == "done" and row["result"] == {"ok": True}
     assert row["finished_at"] == now and row["lease_until"] is None
@@ -134,9 +132,9 @@ def test_fail_with_attempts_left_schedules_a_retry_within_the_backoff_bounds(con
         make_due(conn, job_id)
         (c,) = claim(conn)
         assert c["attempt"] == attempt
-        with conn.transaction():
-            assert one(conn, "SELECT pgq.fail(%s, %s, %s)", (job_id, attempt, f"boom {attempt}")) == "pending"
-            now = one(conn, "SELECT now()")
+        state, now = conn.execute("SELECT pgq.fail(%s, %s, %s), statement_timestamp()",
+                                  (job_id, attempt, f"boom {attempt}")).fetchone()
+        assert state == "pending"
         row = job(conn, job_id)
         assert row["state"] == "pending" and row["lease_until"] is None and row["finished_at"] is None
         assert row["last_error"] == f"boom {attempt}"
@@ -149,9 +147,9 @@ def test_fail_with_attempts_left_schedules_a_retry_within_the_backoff_bounds(con
 
 def test_fail_with_retry_in_schedules_the_retry_exactly_then(conn):
     job_id, attempt = running_job(conn)
-    with conn.transaction():
-        assert one(conn, "SELECT pgq.fail(%s, %s, 'later', retry_in => '7 minutes')", (job_id, attempt)) == "pending"
-        now = one(conn, "SELECT now()")
+    state, now = conn.execute("SELECT pgq.fail(%s, %s, 'later', retry_in => '7 minutes'), statement_timestamp()",
+                              (job_id, attempt)).fetchone()
+    assert state == "pending"
     assert job(conn, job_id)["run_at"] == now + timedelta(minutes=7)
     assert claim(conn) == []
 
@@ -193,9 +191,8 @@ def test_fail_with_a_huge_attempt_and_year_long_backoff_does_not_overflow(conn):
                  "backoff_cap => '365 days')")
     job_id, _ = running_job(conn)
     conn.execute("UPDATE pgq.jobs SET attempt = 9999 WHERE id = %s", (job_id,))
-    with conn.transaction():
-        assert one(conn, "SELECT pgq.fail(%s, 9999, 'again')", (job_id,)) == "pending"
-        now = one(conn, "SELECT now()")
+    state, now = conn.execute("SELECT pgq.fail(%s, 9999, 'again'), statement_timestamp()", (job_id,)).fetchone()
+    assert state == "pending"
     assert job(conn, job_id)["run_at"] == now + timedelta(days=365)
 
 
@@ -236,9 +233,8 @@ def test_repeating_a_release_returns_true_and_changes_nothing(conn):
 
 def test_snooze_sleeps_the_job_without_using_up_an_attempt(conn):
     job_id, attempt = running_job(conn, max_attempts=1)
-    with conn.transaction():
-        run_at = one(conn, "SELECT pgq.snooze(%s, %s, interval '10 minutes')", (job_id, attempt))
-        now = one(conn, "SELECT now()")
+    run_at, now = conn.execute("SELECT pgq.snooze(%s, %s, interval '10 minutes'), statement_timestamp()",
+                               (job_id, attempt)).fetchone()
     assert run_at == now + timedelta(minutes=10)
     row = job(conn, job_id)
     assert row["state"] == "pending" and row["run_at"] == run_at

@@ -41,6 +41,8 @@ API: dict[str, tuple[str, set[str]]] = {
     "pause": ("SELECT pgq.pause('q')", ADMIN),
     "resume": ("SELECT pgq.resume('q')", ADMIN),
     "stats": ("SELECT * FROM pgq.stats()", MONITOR),
+    "get_job": ("SELECT * FROM pgq.get_job(1)", MONITOR),
+    "job_history": ("SELECT * FROM pgq.job_history(1)", MONITOR),
     "version": ("SELECT pgq.version()", {"pgq_producer", "pgq_worker", "pgq_monitor", "pgq_admin"}),
 }
 TABLE_STATEMENTS = [
