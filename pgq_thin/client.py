@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -21,11 +21,13 @@ from psycopg_pool import ConnectionPool
 
 from pgq_thin import queries
 from pgq_thin.errors import InvalidArgument, PgqError, translate
-from pgq_thin.models import Job, QueueSettings, QueueStats
+from pgq_thin.models import Job, JobEvent, JobRecord, QueueSettings, QueueStats
 
 __all__ = ["Client", "resolve_dsn"]
 
 log = logging.getLogger("pgq_thin.client")
+
+T = TypeVar("T")
 
 #: An interval argument: a timedelta, or a number of seconds.
 Interval = timedelta | float | int
@@ -45,9 +47,14 @@ def _interval(value: Interval | None) -> timedelta | None:
     return timedelta(seconds=float(value))
 
 
+def _record(cls: type[T], row: dict[str, Any]) -> T:
+    """A dataclass from a row, ignoring columns it does not know (added by later migrations)."""
+    fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
+    return cls(**{k: v for k, v in row.items() if k in fields})
+
+
 def _settings(row: dict[str, Any]) -> QueueSettings:
-    fields = QueueSettings.__dataclass_fields__
-    return QueueSettings(**{k: v for k, v in row.items() if k in fields})
+    return _record(QueueSettings, row)
 
 
 class Client:
@@ -264,6 +271,14 @@ class Client:
     def stats(self) -> list[QueueStats]:
         """pgq.stats: one row per queue."""
         return [QueueStats(**r) for r in self._rows(queries.STATS, {}, dicts=True)]
+
+    def get_job(self, job_id: int) -> JobRecord:
+        """pgq.get_job: the whole job row; JobNotFound when there is no such job."""
+        return _record(JobRecord, self._rows(queries.GET_JOB, {"id": job_id}, dicts=True)[0])
+
+    def job_history(self, job_id: int) -> list[JobEvent]:
+        """pgq.job_history: the job's claims, transitions and rejected stale writes, oldest first."""
+        return [JobEvent(**r) for r in self._rows(queries.JOB_HISTORY, {"id": job_id}, dicts=True)]
 
     def version(self) -> str:
         """pgq.version: the installed schema's version."""

@@ -55,3 +55,43 @@ class QueueSettings:
     notify: bool
     audit: bool
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A row of pgq.jobs as pgq.get_job returns it: the whole job, for operators."""
+
+    id: int
+    queue: str
+    kind: str
+    payload: dict[str, Any]
+    priority: int
+    state: str
+    run_at: datetime
+    created_at: datetime
+    attempt: int
+    max_attempts: int
+    lease_until: datetime | None
+    claimed_by: str | None
+    claimed_at: datetime | None
+    last_error: str | None
+    result: Any
+    finished_at: datetime | None
+    unique_key: str | None
+    tenant: str | None
+    last_event: str
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """A row of pgq.job_events: one claim, transition or rejected stale write."""
+
+    id: int
+    job_id: int
+    attempt: int
+    worker: str | None
+    event: str
+    from_state: str | None
+    to_state: str | None
+    at: datetime
+    note: str | None

@@ -78,4 +78,6 @@ CONFIGURE_QUEUE = (
 # Observe -----------------------------------------------------------------------------------------
 
 STATS = "SELECT * FROM pgq.stats()"
+GET_JOB = "SELECT * FROM pgq.get_job(id => %(id)s::bigint)"
+JOB_HISTORY = "SELECT * FROM pgq.job_history(id => %(id)s::bigint)"
 VERSION = "SELECT pgq.version()"

@@ -161,3 +161,15 @@ def test_dsn_comes_from_the_environment(dsn: str, monkeypatch: pytest.MonkeyPatc
     # PGQ_DSN wins over DATABASE_URL.
     monkeypatch.setenv("PGQ_DSN", "postgresql://nobody@127.0.0.1:1/none")
     assert resolve_dsn() == "postgresql://nobody@127.0.0.1:1/none"
+
+
+def test_get_job_and_job_history_for_operators(client: Client) -> None:
+    job_id = client.enqueue("q", "k", {"n": 1})
+    [claimed] = client.claim("w1", ["q"])
+    client.complete(claimed.id, claimed.attempt, {"ok": 1})
+    record = client.get_job(job_id)
+    assert (record.state, record.attempt, record.result, record.last_event) == ("done", 1, {"ok": 1}, "completed")
+    assert [(e.event, e.from_state, e.to_state) for e in client.job_history(job_id)] == [
+        ("claimed", "pending", "running"), ("completed", "running", "done")]
+    with pytest.raises(JobNotFound):
+        client.get_job(987654)

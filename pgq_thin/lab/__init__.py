@@ -1,0 +1,183 @@
+"""The acceptance lab: the correctness playbook for a SKIP LOCKED queue, run for real against
+pgq's own functions, writing an evidence directory (see docs/lab.md).
+
+``run_lab(out_dir, dsn=None)`` runs every experiment, each in a fresh database made from a
+migrated template, writes the evidence and returns the process exit code: 0 only when every
+experiment passes. Without ``dsn`` it starts a throwaway PostgreSQL and stops it at the end; with
+one it creates (and drops) its own databases on that server, so the role needs CREATEDB.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import ModuleType
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from pgq_thin.lab import (
+    exp1_claim_boundary,
+    exp2_lock_modes,
+    exp3_ordering,
+    exp4_starvation,
+    exp5_long_work,
+    exp6_abandoned_claim,
+    exp7_duplicate_effect,
+    exp8_query_plans,
+)
+from pgq_thin.lab.harness import Check, Harness, Step, Verdict, utcnow
+from pgq_thin.lab.statements import TEMPLATES
+
+__all__ = ["EXPERIMENTS", "ExperimentResult", "run_experiment", "run_lab"]
+
+#: Every experiment, in order. Each module has NUMBER, SLUG, TITLE, BASIS, HYPOTHESIS, PROCEDURE,
+#: CONDITION and run(harness) -> Verdict.
+EXPERIMENTS: list[ModuleType] = [
+    exp1_claim_boundary,
+    exp2_lock_modes,
+    exp3_ordering,
+    exp4_starvation,
+    exp5_long_work,
+    exp6_abandoned_claim,
+    exp7_duplicate_effect,
+    exp8_query_plans,
+]
+
+
+@dataclass
+class ExperimentResult:
+    module: ModuleType
+    verdict: Verdict
+    steps: list[Step]
+    transcript: list[tuple[datetime, str]]
+    started_at: datetime
+    ended_at: datetime
+    database: str = ""
+    error: str | None = None
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and self.verdict.passed
+
+    @property
+    def name(self) -> str:
+        return f"experiment-{self.module.NUMBER}-{self.module.SLUG}"
+
+    def failures(self) -> list[Check]:
+        return [c for c in self.verdict.checks if not c.passed]
+
+
+def _rows(conn: psycopg.Connection, query: str) -> list[dict[str, Any]]:
+    cur = conn.execute(query)
+    cols = [d.name for d in cur.description or []]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def run_experiment(module: ModuleType, dsn: str, *, database: str = "") -> ExperimentResult:
+    """Run one experiment against dsn (a database with pgq installed and nothing else in it)."""
+    started = utcnow()
+    h = Harness(dsn, experiment=f"{module.NUMBER}-{module.SLUG}", templates=TEMPLATES)
+    error = None
+    verdict = Verdict()
+    try:
+        verdict = module.run(h)
+    except Exception:  # noqa: BLE001 - an experiment that crashes is a FAIL with its traceback
+        error = traceback.format_exc()
+        verdict.check("the experiment ran to the end", False, error.strip().splitlines()[-1])
+    finally:
+        h.close()
+    ended = utcnow()
+    jobs: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    if getattr(module, "DUMP_JOBS", True):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            jobs = _rows(conn, "SELECT * FROM pgq.jobs ORDER BY id")
+            events = _rows(conn, "SELECT * FROM pgq.job_events ORDER BY id")
+    return ExperimentResult(module, verdict, h.steps, h.transcript, started, ended, database,
+                            error, jobs, events)
+
+
+_counter = itertools.count()
+
+
+class _Server:
+    """Where the lab's databases live: a throwaway server, or the one a dsn points at."""
+
+    def __init__(self, dsn: str | None) -> None:
+        self.embedded = None
+        if dsn is None:
+            from pgq_thin import embedded
+
+            self.embedded = embedded.start()
+            dsn = self.embedded.dsn_for("postgres")
+        self.admin_dsn = dsn
+        self.prefix = f"pgq_lab_{os.getpid()}_{int(time.time())}"
+        self.created: list[str] = []
+
+    def dsn_for(self, database: str) -> str:
+        return make_conninfo(self.admin_dsn, dbname=database)
+
+    def create(self, name: str, template: str | None = None) -> str:
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+            if template:
+                stmt = sql.SQL("{} TEMPLATE {}").format(stmt, sql.Identifier(template))
+            conn.execute(stmt)
+        self.created.append(name)
+        return self.dsn_for(name)
+
+    def drop(self, name: str) -> None:
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        if name in self.created:
+            self.created.remove(name)
+
+    def close(self) -> None:
+        try:
+            for name in list(reversed(self.created)):
+                try:
+                    self.drop(name)
+                except psycopg.Error:
+                    pass
+        finally:
+            if self.embedded is not None:
+                self.embedded.stop()
+
+
+def run_lab(out_dir: str, dsn: str | None = None, *, experiments: list[ModuleType] | None = None) -> int:
+    """Run the lab, write the evidence directory; 0 when every experiment passed, else 1."""
+    from pgq_thin.lab import report
+    from pgq_thin.migrate import migrate
+
+    t0 = time.monotonic()
+    started = utcnow()
+    server = _Server(dsn)
+    try:
+        template = f"{server.prefix}_template"
+        template_dsn = server.create(template)
+        migrate(template_dsn)
+        context = report.collect_context(template_dsn)
+        results = []
+        for module in experiments or EXPERIMENTS:
+            name = f"{server.prefix}_{module.NUMBER}"
+            db_dsn = server.create(name, template)
+            try:
+                results.append(run_experiment(module, db_dsn, database=name))
+            finally:
+                server.drop(name)
+        context.update(started_at=started, duration_s=time.monotonic() - t0,
+                       server_mode="throwaway server (pgq_thin.embedded)" if dsn is None else "given --dsn",
+                       template=template)
+        report.write(out_dir, results, context)
+    finally:
+        server.close()
+    return 0 if results and all(r.passed for r in results) else 1
