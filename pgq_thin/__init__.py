@@ -10,10 +10,14 @@ from pgq_thin.errors import (
     WrongState,
 )
 from pgq_thin.migrate import migrate
-from pgq_thin.models import Job, QueueSettings, QueueStats
+from pgq_thin.models import HealthFinding, Job, JobEvent, JobRecord, QueueSettings, QueueStats, TenantSettings
 
 __all__ = [
     "Client",
+    "HealthFinding",
+    "JobEvent",
+    "JobRecord",
+    "TenantSettings",
     "ConnectionLost",
     "InvalidArgument",
     "Job",

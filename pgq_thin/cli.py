@@ -193,6 +193,23 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+_MARK = {"ok": "ok  ", "warning": "WARN", "critical": "CRIT"}
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        findings = client.health(args.max_snapshot_age, args.max_ready_age)
+    for f in findings:
+        print(f"[{_MARK.get(f.severity, f.severity)}] {f.check:<20} {f.detail}")
+        if f.hint and f.severity != "ok":
+            print(f"       {'':<20} hint: {f.hint}")
+    worst = {f.severity for f in findings}
+    verdict = "critical" if "critical" in worst else "warning" if "warning" in worst else "ok"
+    counts = ", ".join(f"{sum(f.severity == s for f in findings)} {s}" for s in ("critical", "warning", "ok"))
+    print(f"pgq health: {verdict} ({counts})")
+    return 2 if verdict == "critical" else 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from pgq_thin.demo import run_demo
 
@@ -255,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("resume", cmd_resume, "let workers claim from a queue again")
     p.add_argument("queue")
+
+    p = command("doctor", cmd_doctor, "check pgq's health (pgq.health); exits 2 on anything critical")
+    p.add_argument("--max-snapshot-age", type=duration, default=timedelta(minutes=5),
+                   help="older transactions are critical (default 5m; half of it is a warning)")
+    p.add_argument("--max-ready-age", type=duration, default=timedelta(minutes=5),
+                   help="due jobs waiting longer are critical (default 5m; half of it is a warning)")
 
     p = command("demo", cmd_demo, "the tour: a throwaway PostgreSQL (or --dsn), workers, a crash, a recovery")
     p.add_argument("--jobs", type=int, default=3000, help="how many jobs (default 3000)")

@@ -21,7 +21,15 @@ from psycopg_pool import ConnectionPool
 
 from pgq_thin import queries
 from pgq_thin.errors import InvalidArgument, PgqError, translate
-from pgq_thin.models import Job, JobEvent, JobRecord, QueueSettings, QueueStats
+from pgq_thin.models import (
+    HealthFinding,
+    Job,
+    JobEvent,
+    JobRecord,
+    QueueSettings,
+    QueueStats,
+    TenantSettings,
+)
 
 __all__ = ["Client", "resolve_dsn"]
 
@@ -257,20 +265,36 @@ class Client:
         retention: Interval | None = None,
         notify: bool | None = None,
         audit: bool | None = None,
+        fair: bool | None = None,
+        max_running: int | None = None,
     ) -> QueueSettings:
         """pgq.configure_queue: change the given settings (None leaves one unchanged)."""
         row = self._rows(queries.CONFIGURE_QUEUE, {
             "queue": queue, "lease": _interval(lease), "max_attempts": max_attempts,
             "backoff_base": _interval(backoff_base), "backoff_cap": _interval(backoff_cap),
             "retention": _interval(retention), "notify": notify, "audit": audit,
+            "fair": fair, "max_running": max_running,
         }, dicts=True)[0]
         return _settings(row)
+
+    def set_tenant_weight(self, queue: str, tenant: str, weight: int) -> TenantSettings:
+        """pgq.set_tenant_weight: a tenant of a fair queue gets `weight` turns per round."""
+        row = self._rows(queries.SET_TENANT_WEIGHT, {"queue": queue, "tenant": tenant, "weight": weight},
+                         dicts=True)[0]
+        return _record(TenantSettings, row)
 
     # Observe ------------------------------------------------------------------------------------
 
     def stats(self) -> list[QueueStats]:
         """pgq.stats: one row per queue."""
         return [QueueStats(**r) for r in self._rows(queries.STATS, {}, dicts=True)]
+
+    def health(self, max_snapshot_age: Interval = timedelta(minutes=5),
+               max_ready_age: Interval = timedelta(minutes=5)) -> list[HealthFinding]:
+        """pgq.health: one finding per check (severity ok, warning or critical)."""
+        return [HealthFinding(**r) for r in self._rows(queries.HEALTH, {
+            "max_snapshot_age": _interval(max_snapshot_age), "max_ready_age": _interval(max_ready_age),
+        }, dicts=True)]
 
     def get_job(self, job_id: int) -> JobRecord:
         """pgq.get_job: the whole job row; JobNotFound when there is no such job."""

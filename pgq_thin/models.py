@@ -54,6 +54,8 @@ class QueueSettings:
     retention: timedelta
     notify: bool
     audit: bool
+    fair: bool
+    max_running: int
     created_at: datetime
 
 
@@ -95,3 +97,23 @@ class JobEvent:
     to_state: str | None
     at: datetime
     note: str | None
+
+
+@dataclass(frozen=True)
+class TenantSettings:
+    """A row of pgq.tenants: a tenant of a fair queue, its weight and virtual time."""
+
+    queue: str
+    tenant: str
+    weight: int
+    vtime: float
+
+
+@dataclass(frozen=True)
+class HealthFinding:
+    """One row of pgq.health(): severity is ok, warning or critical."""
+
+    severity: str
+    check: str
+    detail: str
+    hint: str | None

@@ -72,12 +72,21 @@ CONFIGURE_QUEUE = (
     "SELECT * FROM pgq.configure_queue(queue => %(queue)s::text, lease => %(lease)s::interval,"
     " max_attempts => %(max_attempts)s::integer, backoff_base => %(backoff_base)s::interval,"
     " backoff_cap => %(backoff_cap)s::interval, retention => %(retention)s::interval,"
-    " notify => %(notify)s::boolean, audit => %(audit)s::boolean)"
+    " notify => %(notify)s::boolean, audit => %(audit)s::boolean, fair => %(fair)s::boolean,"
+    " max_running => %(max_running)s::integer)"
+)
+SET_TENANT_WEIGHT = (
+    "SELECT * FROM pgq.set_tenant_weight(queue => %(queue)s::text, tenant => %(tenant)s::text,"
+    " weight => %(weight)s::integer)"
 )
 
 # Observe -----------------------------------------------------------------------------------------
 
 STATS = "SELECT * FROM pgq.stats()"
+HEALTH = (
+    "SELECT * FROM pgq.health(max_snapshot_age => %(max_snapshot_age)s::interval,"
+    " max_ready_age => %(max_ready_age)s::interval)"
+)
 GET_JOB = "SELECT * FROM pgq.get_job(id => %(id)s::bigint)"
 JOB_HISTORY = "SELECT * FROM pgq.job_history(id => %(id)s::bigint)"
 VERSION = "SELECT pgq.version()"

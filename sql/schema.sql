@@ -64,7 +64,10 @@ CREATE TABLE pgq.queues (
     retention     interval    NOT NULL DEFAULT '7 days',
     notify        boolean     NOT NULL DEFAULT true,
     audit         boolean     NOT NULL DEFAULT true,
+    fair          boolean     NOT NULL DEFAULT false,
+    max_running   integer     NOT NULL DEFAULT 0,
     created_at    timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT queues_max_running_check CHECK (max_running BETWEEN 0 AND 100000),
     CONSTRAINT queues_lease_check CHECK (lease > '0' AND lease <= '1 day'),
     CONSTRAINT queues_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 10000),
     CONSTRAINT queues_backoff_check CHECK (backoff_base > '0' AND backoff_cap >= backoff_base
@@ -73,6 +76,25 @@ CREATE TABLE pgq.queues (
 );
 COMMENT ON TABLE pgq.queues IS
     'Per-queue settings. A row is created with these defaults on first use of a queue name.';
+COMMENT ON COLUMN pgq.queues.fair IS
+    'Fair mode: claims serve the queue''s tenants in weighted round-robin (see pgq.tenants).';
+COMMENT ON COLUMN pgq.queues.max_running IS
+    'At most this many jobs of the queue running at once across all workers; 0: no cap.';
+
+-- Fair mode's bookkeeping: one row per (queue, tenant) of a fair queue. A claim serves the
+-- tenants with the least virtual time first and advances a served tenant's virtual time by
+-- 1/weight per job, so over time each tenant gets jobs started in proportion to its weight.
+CREATE TABLE pgq.tenants (
+    queue   text             NOT NULL,
+    tenant  text             NOT NULL,
+    weight  integer          NOT NULL DEFAULT 1,
+    vtime   double precision NOT NULL DEFAULT 0,
+    PRIMARY KEY (queue, tenant),
+    CONSTRAINT tenants_weight_check CHECK (weight BETWEEN 1 AND 1000)
+);
+COMMENT ON TABLE pgq.tenants IS
+    'The tenants of fair queues: their weight and virtual time (jobs started / weight). '
+    'Jobs without a tenant in a fair queue belong to the tenant ''''.';
 
 CREATE TABLE pgq.jobs (
     id            bigint        GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -135,6 +157,11 @@ COMMENT ON TABLE pgq.job_events IS
 -- The predicate is repeated word for word in pgq.claim so the planner can use it.
 CREATE INDEX jobs_ready_idx ON pgq.jobs (queue, priority DESC, run_at, id)
     WHERE state = 'pending' AND attempt < max_attempts;
+
+-- Fair mode walks each tenant's claimable jobs in the total order. Only jobs with a tenant pay for
+-- this index; a fair queue stores '' for a job enqueued without one.
+CREATE INDEX jobs_tenant_ready_idx ON pgq.jobs (queue, tenant, priority DESC, run_at, id)
+    WHERE state = 'pending' AND attempt < max_attempts AND tenant IS NOT NULL;
 
 -- Expired-lease recovery (sweep, and the probe in claim) reads running jobs by lease_until.
 -- The predicate selects exactly the running jobs (jobs_lease_check), but is not spelled
@@ -298,6 +325,19 @@ BEGIN
 END
 $$;
 
+-- The tenant a job of a fair queue is stored under ('' for none), registered in pgq.tenants.
+CREATE FUNCTION pgq._fair_tenant(queue text, tenant text) RETURNS text
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    stored text := coalesce(_fair_tenant.tenant, '');
+BEGIN
+    INSERT INTO pgq.tenants AS t (queue, tenant) VALUES (_fair_tenant.queue, stored)
+    ON CONFLICT DO NOTHING;
+    RETURN stored;
+END
+$$;
+
 -- Wakes listening workers (LISTEN pgq) for a queue that has a job due now, if the queue notifies.
 -- PostgreSQL folds identical notifications of one transaction into one.
 CREATE FUNCTION pgq._notify(queue text) RETURNS void
@@ -402,8 +442,9 @@ CREATE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFAULT '{}',
     AS $$
 #variable_conflict use_column
 DECLARE
-    q      pgq.queues;
-    new_id bigint;
+    q          pgq.queues;
+    new_id     bigint;
+    job_tenant text := enqueue.tenant;
 BEGIN
     PERFORM pgq._check_enqueue(enqueue.queue, enqueue.kind, enqueue.run_at, enqueue.priority,
                                enqueue.max_attempts, enqueue.tenant);
@@ -412,12 +453,15 @@ BEGIN
         PERFORM pgq._bad_argument('unique_key', 'must be 1 to 1024 characters long');
     END IF;
     q := pgq._queue(enqueue.queue);
+    IF q.fair THEN
+        job_tenant := pgq._fair_tenant(q.name, job_tenant);
+    END IF;
 
     LOOP
         INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
                                    unique_key, tenant)
         VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
-                coalesce(enqueue.max_attempts, q.max_attempts), enqueue.unique_key, enqueue.tenant)
+                coalesce(enqueue.max_attempts, q.max_attempts), enqueue.unique_key, job_tenant)
         ON CONFLICT (queue, unique_key)
             WHERE unique_key IS NOT NULL AND state IN ('pending', 'running', 'outcome_unknown')
             DO NOTHING
@@ -454,6 +498,7 @@ CREATE FUNCTION pgq.enqueue_many(queue text, kind text, payloads jsonb[],
 DECLARE
     q   pgq.queues;
     bad record;
+    job_tenant text := enqueue_many.tenant;
 BEGIN
     PERFORM pgq._check_enqueue(enqueue_many.queue, enqueue_many.kind, enqueue_many.run_at,
                                enqueue_many.priority, enqueue_many.max_attempts, enqueue_many.tenant);
@@ -468,6 +513,9 @@ BEGIN
         PERFORM pgq._check_payload(format('payloads[%s]', bad.n), bad.value);
     END IF;
     q := pgq._queue(enqueue_many.queue);
+    IF q.fair THEN
+        job_tenant := pgq._fair_tenant(q.name, job_tenant);
+    END IF;
 
     -- Identity values are drawn in the order the rows are inserted, so ordering by id returns
     -- the ids in payload order.
@@ -476,7 +524,7 @@ BEGIN
         INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant)
         SELECT enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.priority,
                enqueue_many.run_at, coalesce(enqueue_many.max_attempts, q.max_attempts),
-               enqueue_many.tenant
+               job_tenant
         FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
         ORDER BY p.n
         RETURNING jobs.id
@@ -509,6 +557,77 @@ CREATE TYPE pgq.claimed_job AS (
 COMMENT ON TYPE pgq.claimed_job IS
     'What pgq.claim hands a worker: the job and its fencing token (attempt).';
 
+-- Fair mode's pick for one queue: up to `room` claimable jobs, locked FOR NO KEY UPDATE SKIP
+-- LOCKED, chosen across the queue's tenants by weighted round-robin. Tenants with a due job are
+-- ranked by virtual time (jobs started / weight); the k-th job of a tenant counts as finishing at
+-- vtime + k/weight, and the earliest finishers win (ties: the total order). The winners' tenants
+-- then advance their virtual time. A tenant that was idle restarts no further behind the busiest
+-- one than one round, so it gets its share, not a burst. Tenant rows are locked in name order
+-- only for that last update, so concurrent claimers never deadlock.
+CREATE FUNCTION pgq._fair_pick(queue text, room integer) RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan
+    AS $$
+DECLARE
+    busiest double precision;
+    picked bigint[];
+BEGIN
+    SELECT max(t.vtime) INTO busiest
+    FROM pgq.tenants AS t
+    WHERE t.queue = _fair_pick.queue
+      AND EXISTS (SELECT FROM pgq.jobs AS j
+                  WHERE j.queue = t.queue AND j.tenant = t.tenant
+                    AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.tenant IS NOT NULL
+                    AND j.run_at <= pgq._now());
+    IF busiest IS NULL THEN
+        RETURN;  -- no tenant has a claimable job
+    END IF;
+
+    picked := ARRAY(
+        WITH ranked AS (
+            SELECT t.tenant, t.weight, greatest(t.vtime, busiest - 1) AS vstart
+            FROM pgq.tenants AS t
+            WHERE t.queue = _fair_pick.queue
+              AND EXISTS (SELECT FROM pgq.jobs AS j
+                          WHERE j.queue = t.queue AND j.tenant = t.tenant
+                            AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.tenant IS NOT NULL
+                            AND j.run_at <= pgq._now())
+            ORDER BY greatest(t.vtime, busiest - 1), t.tenant
+            LIMIT _fair_pick.room
+        )
+        SELECT c.id
+        FROM ranked AS r
+        CROSS JOIN LATERAL (
+            SELECT x.id, x.priority, x.run_at,
+                   row_number() OVER (ORDER BY x.priority DESC, x.run_at, x.id) AS k
+            FROM (
+                SELECT j.id, j.priority, j.run_at
+                FROM pgq.jobs AS j
+                WHERE j.queue = _fair_pick.queue AND j.tenant = r.tenant
+                  AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.tenant IS NOT NULL
+                  AND j.run_at <= pgq._now()
+                ORDER BY j.priority DESC, j.run_at, j.id
+                LIMIT _fair_pick.room
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) AS x
+        ) AS c
+        ORDER BY r.vstart + c.k::float8 / r.weight, c.priority DESC, c.run_at, c.id
+        LIMIT _fair_pick.room);
+
+    PERFORM FROM pgq.tenants AS t
+    WHERE t.queue = _fair_pick.queue
+      AND t.tenant IN (SELECT j.tenant FROM pgq.jobs AS j WHERE j.id = ANY (picked))
+    ORDER BY t.tenant
+    FOR NO KEY UPDATE;
+    UPDATE pgq.tenants AS t
+    SET vtime = greatest(t.vtime, busiest - 1) + s.n::float8 / t.weight
+    FROM (SELECT j.tenant, count(*) AS n FROM pgq.jobs AS j WHERE j.id = ANY (picked) GROUP BY j.tenant) AS s
+    WHERE t.queue = _fair_pick.queue AND t.tenant = s.tenant;
+
+    RETURN QUERY SELECT unnest(picked);
+END
+$$;
+
 -- THE CLAIM. One statement picks up to `batch` due pending jobs of the worker's (unpaused)
 -- queues in the total order priority DESC, run_at, id, locks them FOR NO KEY UPDATE SKIP LOCKED
 -- (rows other claimers hold are skipped, not waited for; a foreign-key KEY SHARE lock does not
@@ -518,6 +637,9 @@ COMMENT ON TYPE pgq.claimed_job IS
 -- claimed job is never returned; a batch may hold fewer rows than asked.
 -- Expired leases are recovered first (a cheap index probe decides whether there are any), so a
 -- crashed worker's job is claimable again as soon as its lease ends, with or without a sweep.
+-- Two queue settings change the pick: a queue with max_running > 0 is locked for the claim and
+-- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
+-- and a fair queue's candidates come from pgq._fair_pick. Queues with neither pay nothing for them.
 CREATE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, batch integer DEFAULT 1,
                           lease interval DEFAULT NULL)
     RETURNS SETOF pgq.claimed_job
@@ -527,7 +649,10 @@ CREATE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, batch integer
     SET plan_cache_mode = force_generic_plan
     AS $$
 DECLARE
-    eligible text[];
+    names    text[];     -- the eligible queues, in name order
+    rooms    integer[];  -- how many jobs each may start now
+    fairs    boolean[];  -- whether each is in fair mode
+    fair_ids bigint[] := '{}';
 BEGIN
     IF claim.worker IS NULL THEN
         PERFORM pgq._bad_argument('worker', 'must not be NULL');
@@ -553,25 +678,56 @@ BEGIN
         PERFORM pgq._recover_expired(100);
     END IF;
 
-    eligible := ARRAY(SELECT q.name FROM pgq.queues AS q
-                      WHERE NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues))
-                      ORDER BY q.name);
+    -- Capped queues are locked in name order (so claimers never deadlock) before their running
+    -- jobs are counted by the next statement, whose fresh snapshot sees every earlier claim.
+    PERFORM FROM pgq.queues AS q
+    WHERE q.max_running > 0 AND NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues))
+    ORDER BY q.name
+    FOR NO KEY UPDATE;
+
+    SELECT array_agg(e.name ORDER BY e.name), array_agg(e.room ORDER BY e.name),
+           array_agg(e.fair ORDER BY e.name)
+    INTO names, rooms, fairs
+    FROM (
+        SELECT q.name, q.fair,
+               CASE WHEN q.max_running = 0 THEN claim.batch
+                    ELSE least(claim.batch, q.max_running - (
+                             SELECT count(*) FROM pgq.jobs AS j
+                             WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
+               END AS room
+        FROM pgq.queues AS q
+        WHERE NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues))
+    ) AS e
+    WHERE e.room > 0;
+
+    IF true = ANY (fairs) THEN
+        fair_ids := ARRAY(SELECT f.id
+                          FROM unnest(names, rooms, fairs) AS e(name, room, fair)
+                          CROSS JOIN LATERAL pgq._fair_pick(e.name, e.room) AS f(id)
+                          WHERE e.fair);
+    END IF;
 
     RETURN QUERY
     WITH picked AS (
-        -- For each eligible queue, its first `batch` claimable jobs in index order; then the
-        -- best `batch` of those across queues.
+        -- For each eligible queue, its first claimable jobs in index order (up to its room);
+        -- with the fair queues' picks, the best `batch` of those across queues.
         SELECT c.id
-        FROM unnest(eligible) AS e(queue)
-        CROSS JOIN LATERAL (
-            SELECT j.id, j.priority, j.run_at
-            FROM pgq.jobs AS j
-            WHERE j.queue = e.queue
-              AND j.state = 'pending' AND j.attempt < j.max_attempts
-              AND j.run_at <= pgq._now()
-            ORDER BY j.priority DESC, j.run_at, j.id
-            LIMIT claim.batch
-            FOR NO KEY UPDATE SKIP LOCKED
+        FROM (
+            SELECT c.id, c.priority, c.run_at
+            FROM unnest(names, rooms, fairs) AS e(queue, room, fair)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at
+                FROM pgq.jobs AS j
+                WHERE j.queue = e.queue
+                  AND j.state = 'pending' AND j.attempt < j.max_attempts
+                  AND j.run_at <= pgq._now()
+                ORDER BY j.priority DESC, j.run_at, j.id
+                LIMIT e.room
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) AS c
+            WHERE NOT e.fair
+            UNION ALL
+            SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j WHERE j.id = ANY (fair_ids)
         ) AS c
         ORDER BY c.priority DESC, c.run_at, c.id
         LIMIT claim.batch
@@ -1126,7 +1282,8 @@ CREATE FUNCTION pgq.configure_queue(queue text, lease interval DEFAULT NULL,
                                     backoff_base interval DEFAULT NULL,
                                     backoff_cap interval DEFAULT NULL,
                                     retention interval DEFAULT NULL,
-                                    notify boolean DEFAULT NULL, audit boolean DEFAULT NULL)
+                                    notify boolean DEFAULT NULL, audit boolean DEFAULT NULL,
+                                    fair boolean DEFAULT NULL, max_running integer DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -1155,6 +1312,22 @@ BEGIN
     IF configure_queue.retention < interval '0' OR configure_queue.retention > interval '3650 days' THEN
         PERFORM pgq._bad_argument('retention', 'must be between 0 and 3650 days');
     END IF;
+    IF configure_queue.max_running NOT BETWEEN 0 AND 100000 THEN
+        PERFORM pgq._bad_argument('max_running',
+            format('must be between 0 (no cap) and 100000, got %s', configure_queue.max_running));
+    END IF;
+    IF configure_queue.fair AND NOT q.fair THEN
+        -- Jobs already in the queue join fair mode: those without a tenant get the tenant '',
+        -- and every tenant gets its row. (Switch a queue to fair mode before producers use it:
+        -- an enqueue that read the queue's settings before this commits stores no tenant, and
+        -- fair claims do not see such a job until it is given one.)
+        UPDATE pgq.jobs AS j SET tenant = ''
+        WHERE j.queue = configure_queue.queue AND j.tenant IS NULL AND j.state <> 'done';
+        INSERT INTO pgq.tenants AS t (queue, tenant)
+        SELECT DISTINCT j.queue, j.tenant FROM pgq.jobs AS j
+        WHERE j.queue = configure_queue.queue AND j.tenant IS NOT NULL AND j.state <> 'done'
+        ON CONFLICT DO NOTHING;
+    END IF;
     UPDATE pgq.queues AS s
     SET lease = coalesce(configure_queue.lease, s.lease),
         max_attempts = coalesce(configure_queue.max_attempts, s.max_attempts),
@@ -1162,14 +1335,50 @@ BEGIN
         backoff_cap = coalesce(configure_queue.backoff_cap, s.backoff_cap),
         retention = coalesce(configure_queue.retention, s.retention),
         notify = coalesce(configure_queue.notify, s.notify),
-        audit = coalesce(configure_queue.audit, s.audit)
+        audit = coalesce(configure_queue.audit, s.audit),
+        fair = coalesce(configure_queue.fair, s.fair),
+        max_running = coalesce(configure_queue.max_running, s.max_running)
     WHERE s.name = configure_queue.queue
     RETURNING * INTO q;
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean) IS
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer) IS
     'Changes a queue''s settings (NULL leaves one unchanged) and returns them; creates the queue if new.';
+
+-- Weights a tenant of a fair queue: it gets `weight` jobs started for every one of a weight-1
+-- tenant's while both have work. Returns the tenant's row (created if new).
+CREATE FUNCTION pgq.set_tenant_weight(queue text, tenant text, weight integer)
+    RETURNS pgq.tenants
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    q pgq.queues;
+    result_row pgq.tenants;
+BEGIN
+    PERFORM pgq._check_name('queue', set_tenant_weight.queue);
+    IF set_tenant_weight.tenant IS NULL THEN
+        PERFORM pgq._bad_argument('tenant', 'must not be NULL', 'The jobs without a tenant are the tenant ''''.');
+    ELSIF length(set_tenant_weight.tenant) > 256 THEN
+        PERFORM pgq._bad_argument('tenant', 'must be at most 256 characters long');
+    END IF;
+    IF set_tenant_weight.weight IS NULL THEN
+        PERFORM pgq._bad_argument('weight', 'must not be NULL');
+    ELSIF set_tenant_weight.weight NOT BETWEEN 1 AND 1000 THEN
+        PERFORM pgq._bad_argument('weight', format('must be between 1 and 1000, got %s', set_tenant_weight.weight));
+    END IF;
+    q := pgq._queue(set_tenant_weight.queue);
+    INSERT INTO pgq.tenants AS t (queue, tenant, weight)
+    VALUES (set_tenant_weight.queue, set_tenant_weight.tenant, set_tenant_weight.weight)
+    ON CONFLICT ON CONSTRAINT tenants_pkey DO UPDATE SET weight = excluded.weight
+    RETURNING * INTO result_row;
+    RETURN result_row;
+END
+$$;
+COMMENT ON FUNCTION pgq.set_tenant_weight(text, text, integer) IS
+    'Sets the weight (1 to 1000, default 1) of a tenant of a fair queue and returns its row.';
 
 CREATE FUNCTION pgq.pause(queue text)
     RETURNS pgq.queues
@@ -1233,6 +1442,143 @@ $$;
 COMMENT ON FUNCTION pgq.stats() IS
     'One row per queue: jobs by state (pending = due now, scheduled = due later), expired leases, '
     'and the age of the oldest due job.';
+
+-- Health: one row per finding, for dashboards, alerts and readiness probes (pgq-thin doctor).
+-- severity: ok, warning or critical. The thresholds are arguments so operators (and tests) can
+-- tighten them. Session checks read pg_stat_activity: the schema owner needs the pg_monitor role
+-- (or to be a superuser) to see other roles' sessions.
+CREATE FUNCTION pgq.health(max_snapshot_age interval DEFAULT '5 minutes',
+                           max_ready_age interval DEFAULT '5 minutes')
+    RETURNS TABLE (severity text, "check" text, detail text, hint text)
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    r record;
+    found_any boolean;
+BEGIN
+    PERFORM pgq._check_interval('max_snapshot_age', health.max_snapshot_age, interval '365 days');
+    PERFORM pgq._check_interval('max_ready_age', health.max_ready_age, interval '365 days');
+
+    -- 1. Expired leases not yet recovered: workers have died and nobody claims or sweeps.
+    SELECT count(*) AS n, min(j.lease_until) AS oldest INTO r
+    FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now();
+    IF r.n = 0 THEN
+        RETURN QUERY SELECT 'ok', 'expired_leases', 'no expired leases', NULL::text;
+    ELSE
+        RETURN QUERY SELECT
+            CASE WHEN pgq._now() - r.oldest > health.max_ready_age THEN 'critical' ELSE 'warning' END,
+            'expired_leases',
+            format('%s running job(s) past their lease, the oldest expired %s ago', r.n,
+                   date_trunc('second', pgq._now() - r.oldest)),
+            'No worker is claiming or sweeping: run pgq.sweep() and check the workers.';
+    END IF;
+
+    -- 2. Oldest due job per unpaused queue: is the queue keeping up?
+    found_any := false;
+    FOR r IN
+        SELECT q.name, pgq._now() - min(j.run_at) AS age, count(*) AS n
+        FROM pgq.queues AS q JOIN pgq.jobs AS j ON j.queue = q.name
+        WHERE NOT q.paused AND j.state = 'pending' AND j.attempt < j.max_attempts
+          AND j.run_at <= pgq._now()
+        GROUP BY q.name
+        HAVING pgq._now() - min(j.run_at) > health.max_ready_age / 2
+        ORDER BY q.name
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.age > health.max_ready_age THEN 'critical' ELSE 'warning' END,
+            'ready_age',
+            format('queue %s: the oldest of %s due job(s) has waited %s', r.name, r.n, date_trunc('second', r.age)),
+            'Add workers or concurrency, or look for a stuck handler.';
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'ready_age',
+            format('no due job has waited more than %s', health.max_ready_age / 2), NULL::text;
+    END IF;
+
+    -- 3. Jobs parked as outcome_unknown wait for a person.
+    SELECT count(*) AS n, min(j.claimed_at) AS oldest INTO r
+    FROM pgq.jobs AS j WHERE j.state = 'outcome_unknown';
+    IF r.n = 0 THEN
+        RETURN QUERY SELECT 'ok', 'outcome_unknown', 'no job waits for a decision', NULL::text;
+    ELSE
+        RETURN QUERY SELECT 'warning', 'outcome_unknown',
+            format('%s job(s) in outcome_unknown, the oldest claimed %s ago', r.n,
+                   date_trunc('second', pgq._now() - r.oldest)),
+            'Find out what happened, then pgq.resolve(id, ''done'' | ''pending'' | ''failed'' | ''cancelled'').';
+    END IF;
+
+    -- 4. Sessions blocked by others (lock waits: a long transaction holding a job's row, say).
+    found_any := false;
+    FOR r IN
+        SELECT a.pid, pg_blocking_pids(a.pid) AS blockers, clock_timestamp() - a.query_start AS waited,
+               left(a.query, 80) AS query
+        FROM pg_stat_activity AS a
+        WHERE a.datname = current_database() AND cardinality(pg_blocking_pids(a.pid)) > 0
+        ORDER BY a.query_start
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.waited > health.max_snapshot_age THEN 'critical' ELSE 'warning' END,
+            'blocked_sessions',
+            format('pid %s has waited %s for pid(s) %s: %s', r.pid, date_trunc('second', r.waited),
+                   array_to_string(r.blockers, ', '), r.query),
+            'Look at what the blocking session is doing (pg_stat_activity); end it if it is stuck.';
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'blocked_sessions', 'no session waits for another', NULL::text;
+    END IF;
+
+    -- 5. Long transactions and idle-in-transaction sessions: their snapshot holds back vacuum of
+    -- every table, pgq.jobs included, so dead rows pile up and claims slow down.
+    found_any := false;
+    FOR r IN
+        SELECT a.pid, a.state, a.usename, clock_timestamp() - a.xact_start AS age,
+               age(a.backend_xmin) AS xmin_age, left(a.query, 80) AS query
+        FROM pg_stat_activity AS a
+        WHERE a.xact_start IS NOT NULL AND a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
+          AND clock_timestamp() - a.xact_start > health.max_snapshot_age / 2
+        ORDER BY a.xact_start
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.age > health.max_snapshot_age THEN 'critical' ELSE 'warning' END,
+            CASE WHEN r.state LIKE 'idle in transaction%' THEN 'idle_in_transaction' ELSE 'long_transaction' END,
+            format('pid %s (%s, %s) has held a snapshot for %s (xmin age %s transactions): %s', r.pid,
+                   r.usename, r.state, date_trunc('second', r.age), r.xmin_age, r.query),
+            'It holds back vacuum: end it, and set idle_in_transaction_session_timeout / statement_timeout.';
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'oldest_snapshot',
+            format('no snapshot older than %s', health.max_snapshot_age / 2), NULL::text;
+    END IF;
+
+    -- 6. Dead tuples and vacuum of pgq's tables; index sizes, for the record.
+    FOR r IN
+        SELECT s.relname, s.n_live_tup, s.n_dead_tup, greatest(s.last_autovacuum, s.last_vacuum) AS vacuumed
+        FROM pg_stat_user_tables AS s WHERE s.schemaname = 'pgq' ORDER BY s.relname
+    LOOP
+        RETURN QUERY SELECT
+            CASE WHEN r.n_dead_tup > 10000 AND r.n_dead_tup > r.n_live_tup THEN 'warning' ELSE 'ok' END,
+            'dead_tuples',
+            format('pgq.%s: %s live, %s dead rows, last vacuumed %s', r.relname, r.n_live_tup, r.n_dead_tup,
+                   coalesce(date_trunc('second', pgq._now() - r.vacuumed)::text || ' ago', 'never')),
+            CASE WHEN r.n_dead_tup > 10000 AND r.n_dead_tup > r.n_live_tup
+                 THEN 'Autovacuum is not keeping up: look for old snapshots (above) and vacuum settings.' END;
+    END LOOP;
+    RETURN QUERY
+    SELECT 'ok', 'index_size',
+           format('%s: %s', i.indexrelid::regclass, pg_size_pretty(pg_relation_size(i.indexrelid))), NULL::text
+    FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indrelid
+    WHERE c.relnamespace = 'pgq'::regnamespace
+    ORDER BY i.indexrelid::regclass::text;
+END
+$$;
+COMMENT ON FUNCTION pgq.health(interval, interval) IS
+    'One row per finding (severity ok / warning / critical, check, detail, hint): expired leases, '
+    'waiting jobs, outcome_unknown jobs, blocked sessions, old snapshots, dead tuples, index sizes.';
 
 -- One job, as stored: what an operator needs before cancel, retry or resolve. P0002 when unknown.
 CREATE FUNCTION pgq.get_job(id bigint)
@@ -1306,13 +1652,15 @@ GRANT EXECUTE ON FUNCTION
     pgq.retry(bigint),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
-    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean),
+    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer),
+    pgq.set_tenant_weight(text, text, integer),
     pgq.pause(text),
     pgq.resume(text)
     TO pgq_admin;
 
 GRANT EXECUTE ON FUNCTION
     pgq.stats(),
+    pgq.health(interval, interval),
     pgq.get_job(bigint),
     pgq.job_history(bigint),
     pgq.version()

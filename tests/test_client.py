@@ -173,3 +173,14 @@ def test_get_job_and_job_history_for_operators(client: Client) -> None:
         ("claimed", "pending", "running"), ("completed", "running", "done")]
     with pytest.raises(JobNotFound):
         client.get_job(987654)
+
+
+def test_fair_mode_caps_and_health_from_python(client: Client) -> None:
+    settings = client.configure_queue("f", fair=True, max_running=2)
+    assert (settings.fair, settings.max_running) == (True, 2)
+    tenant = client.set_tenant_weight("f", "acme", 3)
+    assert (tenant.tenant, tenant.weight) == ("acme", 3)
+    client.enqueue_many("f", "k", [{}] * 5, tenant="acme")
+    assert len(client.claim("w1", ["f"], batch=5)) == 2
+    checks = {f.check: f.severity for f in client.health()}
+    assert checks["expired_leases"] == "ok" and checks["ready_age"] == "ok"

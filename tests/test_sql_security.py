@@ -41,6 +41,8 @@ API: dict[str, tuple[str, set[str]]] = {
     "pause": ("SELECT pgq.pause('q')", ADMIN),
     "resume": ("SELECT pgq.resume('q')", ADMIN),
     "stats": ("SELECT * FROM pgq.stats()", MONITOR),
+    "health": ("SELECT * FROM pgq.health()", MONITOR),
+    "set_tenant_weight": ("SELECT pgq.set_tenant_weight('q', 't', 2)", ADMIN),
     "get_job": ("SELECT * FROM pgq.get_job(1)", MONITOR),
     "job_history": ("SELECT * FROM pgq.job_history(1)", MONITOR),
     "version": ("SELECT pgq.version()", {"pgq_producer", "pgq_worker", "pgq_monitor", "pgq_admin"}),
@@ -53,7 +55,7 @@ TABLE_STATEMENTS = [
     "TRUNCATE pgq.{t}",
     "SELECT 1 FROM pgq.{t} FOR KEY SHARE",
 ]
-TABLES = {"jobs": "queue", "queues": "name", "job_events": "note"}
+TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "tenant"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:
