@@ -210,6 +210,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 2 if verdict == "critical" else 0
 
 
+def cmd_lab(args: argparse.Namespace) -> int:
+    from pgq_thin.lab import run_lab
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("pgq_thin.lab").setLevel(logging.INFO)
+    return run_lab(args.out, args.dsn)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from pgq_thin.demo import run_demo
 
@@ -278,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="older transactions are critical (default 5m; half of it is a warning)")
     p.add_argument("--max-ready-age", type=duration, default=timedelta(minutes=5),
                    help="due jobs waiting longer are critical (default 5m; half of it is a warning)")
+
+    p = command("lab", cmd_lab, "run the acceptance playbook's experiments and write the evidence package")
+    p.add_argument("--out", required=True, help="the evidence directory to write (e.g. evidence/)")
 
     p = command("demo", cmd_demo, "the tour: a throwaway PostgreSQL (or --dsn), workers, a crash, a recovery")
     p.add_argument("--jobs", type=int, default=3000, help="how many jobs (default 3000)")

@@ -9,8 +9,9 @@ one it creates (and drops) its own databases on that server, so the role needs C
 
 from __future__ import annotations
 
-import itertools
+import logging
 import os
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ from pgq_thin.lab.harness import Check, Harness, Step, Verdict, utcnow
 from pgq_thin.lab.statements import TEMPLATES
 
 __all__ = ["EXPERIMENTS", "ExperimentResult", "run_experiment", "run_lab"]
+
+log = logging.getLogger("pgq_thin.lab")
 
 #: Every experiment, in order. Each module has NUMBER, SLUG, TITLE, BASIS, HYPOTHESIS, PROCEDURE,
 #: CONDITION and run(harness) -> Verdict.
@@ -106,9 +109,6 @@ def run_experiment(module: ModuleType, dsn: str, *, database: str = "") -> Exper
                             error, jobs, events)
 
 
-_counter = itertools.count()
-
-
 class _Server:
     """Where the lab's databases live: a throwaway server, or the one a dsn points at."""
 
@@ -154,30 +154,45 @@ class _Server:
 
 
 def run_lab(out_dir: str, dsn: str | None = None, *, experiments: list[ModuleType] | None = None) -> int:
-    """Run the lab, write the evidence directory; 0 when every experiment passed, else 1."""
+    """Run the lab and write the evidence directory. Returns the process exit code: 0 when every
+    experiment passed, 1 when one failed, 2 when the lab itself could not run (the traceback is
+    printed to stderr)."""
     from pgq_thin.lab import report
     from pgq_thin.migrate import migrate
 
     t0 = time.monotonic()
     started = utcnow()
-    server = _Server(dsn)
+    results: list[ExperimentResult] = []
+    try:
+        server = _Server(dsn)
+    except Exception:  # noqa: BLE001 - no server: report it, as an exit code
+        traceback.print_exc(file=sys.stderr)
+        return 2
     try:
         template = f"{server.prefix}_template"
         template_dsn = server.create(template)
         migrate(template_dsn)
         context = report.collect_context(template_dsn)
-        results = []
         for module in experiments or EXPERIMENTS:
             name = f"{server.prefix}_{module.NUMBER}"
             db_dsn = server.create(name, template)
             try:
-                results.append(run_experiment(module, db_dsn, database=name))
+                result = run_experiment(module, db_dsn, database=name)
             finally:
                 server.drop(name)
+            results.append(result)
+            log.info("experiment %s %s: %s (%.1fs)", module.NUMBER, module.SLUG,
+                     "PASS" if result.passed else "FAIL", (result.ended_at - result.started_at).total_seconds())
         context.update(started_at=started, duration_s=time.monotonic() - t0,
-                       server_mode="throwaway server (pgq_thin.embedded)" if dsn is None else "given --dsn",
+                       server_mode="throwaway server (pgq_thin.embedded)" if dsn is None
+                       else "the server given by --dsn (databases created and dropped by the lab)",
                        template=template)
         report.write(out_dir, results, context)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc(file=sys.stderr)
+        return 2
     finally:
         server.close()
-    return 0 if results and all(r.passed for r in results) else 1
+    passed = sum(r.passed for r in results)
+    log.info("%d/%d experiments passed; evidence in %s", passed, len(results), out_dir)
+    return 0 if results and passed == len(results) else 1

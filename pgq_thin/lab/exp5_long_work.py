@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from pgq_thin.lab.harness import Harness, Verdict
+from pgq_thin.lab.harness import Harness, Verdict, sqlv
 from pgq_thin.lab.statements import CLAIM, COMPLETE, ENQUEUE_COHORT, EPOCH
 
 NUMBER = 5
@@ -57,7 +57,8 @@ def _mode(h: Harness, v: Verdict, mode: str, queue: str, hold_open: bool) -> dic
     claim = h.step(a, f"{mode}_a_claim", CLAIM, {"worker": a.name, "queues": [queue], "batch": 1, "lease": "30 seconds"})
     row = claim.dicts()[0]
     work = h.start(a, f"{mode}_a_work", fn=lambda: time.sleep(WORK_SECONDS),
-                   describe=f"synthetic work: sleep {WORK_SECONDS}s" + (" inside the open claim transaction" if hold_open else " after the claim committed"))
+                   describe=f"synthetic work: sleep {WORK_SECONDS}s"
+                   + (" inside the open claim transaction" if hold_open else " after the claim committed"))
     activity = h.step(obs, f"{mode}_obs_activity", ACTIVITY, {"pid": a.pid}).dicts()[0]
     stats = h.step(obs, f"{mode}_obs_stats", STATS, {"queue": queue}).dicts()[0]
     probe = h.step(prober, f"{mode}_probe_row_lock", PROBE, {"id": row["id"]})
@@ -106,7 +107,7 @@ def run(h: Harness) -> Verdict:
         v.check(f"{m}: the other claimant was not blocked and got another job",
                 r["other"].ok and not r["other"].lock_wait and r["other_ids"] and r["job"] not in r["other_ids"],
                 f"{r['other'].outcome}; got {r['other_ids']} (worker-a holds {r['job']})")
-        v.check(f"{m}: worker-a's pgq.complete returned true", r["completed"] is True, f"returned {r['completed']}")
+        v.check(f"{m}: worker-a's pgq.complete returned true", r["completed"] is True, f"returned {sqlv(r['completed'])}")
 
     v.observe(f"A (claim committed, then {a['work_ms']:.0f} ms of work): row lock held {a['hold_ms']:.1f} ms; "
               f"worker-a '{a['state']}'; lock probe {a['probe'].outcome} ({a['probe'].duration_ms:.1f} ms); "

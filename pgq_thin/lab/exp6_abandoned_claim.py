@@ -123,7 +123,8 @@ def run(h: Harness) -> Verdict:
             all(f["state"] == "done" and f["attempt"] == 2 for f in final)
             and sorted(e["job_id"] for e in completed) == jobs and {e["worker"] for e in completed} == {"worker-b"},
             ", ".join(f"job {f['id']} {f['state']} attempt {f['attempt']}" for f in final)
-            + f"; completed events: {[(e['job_id'], e['attempt'], e['worker']) for e in completed]}")
+            + "; completed events (job, attempt, worker): "
+            + ", ".join(sqlv((e["job_id"], e["attempt"], e["worker"])) for e in completed))
 
     v.observe(f"worker-z killed mid-claim: job {j1} stayed {after_z['state']}/attempt {after_z['attempt']} "
               f"with {len(z_events)} events. worker-a claimed {[r['id'] for r in a_rows]} (attempt 1, lease {LEASE}) "
@@ -133,5 +134,6 @@ def run(h: Harness) -> Verdict:
     v.observe(f"worker-a's late pgq.complete returned {sqlv([s.value for s in late])}, pgq.renew "
               f"{sqlv(late_renew.value)}; "
               f"{len(rejected)} 'rejected' events for attempt 1; worker-b's completions returned "
-              f"{sqlv([s.value for s in b_done])}; final: " + ", ".join(f"job {f['id']} {f['state']} at attempt {f['attempt']}" for f in final) + ".")
+              f"{sqlv([s.value for s in b_done])}; final: "
+              + ", ".join(f"job {f['id']} {f['state']} at attempt {f['attempt']}" for f in final) + ".")
     return v

@@ -93,15 +93,16 @@ def run(h: Harness) -> Verdict:
     v.check("the idempotent form (ON CONFLICT DO NOTHING) applied nothing",
             idem.ok and idem.rows == [], f"{idem.outcome}; {len(idem.rows)} row(s) returned")
     v.check("the keyed effect exists exactly once, from the first attempt",
-            effects == [{"job_id": job, "first_worker": "worker-a", "first_attempt": 1}], f"lab_effects = {effects}")
+            effects == [{"job_id": job, "first_worker": "worker-a", "first_attempt": 1}], "lab_effects = " + ", ".join(sqlv(tuple(e.values())) for e in effects))
     v.check("control: without a unique key the effect was silently recorded twice",
             len(log) == 2 and [r["attempt"] for r in log] == [1, 2],
-            f"lab_effect_log = {[(r['worker'], r['attempt']) for r in log]}")
+            "lab_effect_log (worker, attempt) = " + ", ".join(sqlv((r["worker"], r["attempt"])) for r in log))
     v.check("the job ended done at attempt 2, its history showing the expired first attempt",
             done.value is True and final["state"] == "done" and final["attempt"] == 2
             and history[:1] == [("claimed", 1, "worker-a")] and ("lease_expired", 1, "worker-a") in history
             and ("completed", 2, "worker-b") in history,
-            f"pgq.complete returned {sqlv(done.value)}; final {final['state']} at attempt {final['attempt']}; history {history}")
+            f"pgq.complete returned {sqlv(done.value)}; final {final['state']} at attempt {final['attempt']}; "
+            "history " + ", ".join(sqlv(e) for e in history))
 
     v.observe(f"worker-a (attempt {a_attempt}) applied the effect and was killed before pgq.complete; after expiry "
               f"pgq.sweep recovered {swept.value} and worker-b re-ran job {job} as attempt {b_attempt}.")

@@ -9,8 +9,9 @@ the statement — hence the rollback)."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from pgq_thin.lab.harness import Harness, Step, Verdict
+from pgq_thin.lab.harness import Harness, Session, Step, Verdict
 from pgq_thin.lab.statements import CLAIM, EPOCH, RECOVER
 
 NUMBER = 8
@@ -120,7 +121,9 @@ def _index_rows(plan: str, index: str) -> list[int]:
     return rows
 
 
-def _capture(h: Harness, session, label: str, sql: str, params: dict) -> tuple[Step, list[dict]]:  # type: ignore[no-untyped-def,type-arg]
+def _capture(h: Harness, session: Session, label: str, sql: str,
+             params: dict[str, Any]) -> tuple[Step, list[dict[str, Any]]]:
+    """Run one call inside BEGIN … ROLLBACK; return its step and the plans auto_explain logged."""
     h.step(session, f"{label}_begin", "BEGIN")
     mark = len(session.notices)
     step = h.step(session, label, sql, params)
@@ -192,7 +195,7 @@ def run(h: Harness) -> Verdict:
     ready_rows = [r for s in stmts("claim: pick and mark", True) for r in _index_rows(s["plan"], "jobs_ready_idx")]
     lease_rows = [r for s in stmts("recovery of expired leases", True) for r in _index_rows(s["plan"], "jobs_lease_idx")]
     v.check(f"ANALYZE: the claim read at most batch ({BATCH}) rows per queue from jobs_ready_idx",
-            bool(ready_rows) and max(ready_rows) <= BATCH, f"rows per loop {ready_rows} (1,000 + 100 ready, 107k rows)")
+            bool(ready_rows) and max(ready_rows) <= BATCH, f"rows per loop {ready_rows}, on {sum(r['n'] for r in counts_before):,} rows")
     v.check(f"ANALYZE: recovery read at most the {EXPIRED} expired leases from jobs_lease_idx (not the 200 live ones)",
             bool(lease_rows) and max(lease_rows) <= EXPIRED, f"rows {lease_rows}")
     claim_rows = [len(step.rows) for title, step, _ in runs if title.startswith("pgq.claim")]
@@ -223,7 +226,8 @@ def run(h: Harness) -> Verdict:
     v.observe(("Recovery (sweep): " + _scans(recover[0]["plan"]) + ".") if recover else "Recovery: not captured.")
     v.observe(f"ANALYZE rows per loop: jobs_ready_idx {ready_rows}, jobs_lease_idx {lease_rows}, on "
               f"{sum(r['n'] for r in counts_before):,} rows; claim returned {claim_rows}, sweep {sweep_vals}; "
-              f"rolled back: {'nothing changed' if counts_before == counts_after and events_before == events_after else 'CHANGES LEFT'}.")
+              "rolled back: " + ("nothing changed." if counts_before == counts_after and events_before == events_after
+                                 else "CHANGES LEFT."))
     # Recorded, not judged: how the recovery UPDATE joins the locked ids back to pgq.jobs.
     removed = [int(m) for s in stmts("recovery of expired leases", True)
                for m in re.findall(r"Rows Removed by Join Filter: (\d+)", s["plan"])]
