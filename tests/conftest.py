@@ -3,8 +3,6 @@ once, and a fresh database per test made with CREATE DATABASE ... TEMPLATE (mill
 
 from __future__ import annotations
 
-import itertools
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,10 +10,10 @@ import psycopg
 import pytest
 
 from pgq_thin import embedded, migrate
+from sqlhelpers import fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = "pgq_template"
-_counter = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -41,27 +39,16 @@ def template_db(pg_server: embedded.ThrowawayPostgres, admin_dsn: str) -> str:
     return TEMPLATE
 
 
-def _fresh_database(admin_dsn: str, template: str, pg_server: embedded.ThrowawayPostgres) -> Iterator[str]:
-    name = f"t_{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
-    try:
-        yield pg_server.dsn_for(name)
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
 @pytest.fixture
 def dsn(pg_server: embedded.ThrowawayPostgres, admin_dsn: str, template_db: str) -> Iterator[str]:
     """A fresh database with pgq installed, as a libpq URL for the superuser."""
-    yield from _fresh_database(admin_dsn, template_db, pg_server)
+    yield from fresh_database(pg_server, admin_dsn, template_db)
 
 
 @pytest.fixture
 def empty_dsn(pg_server: embedded.ThrowawayPostgres, admin_dsn: str) -> Iterator[str]:
     """A fresh database without pgq."""
-    yield from _fresh_database(admin_dsn, "template1", pg_server)
+    yield from fresh_database(pg_server, admin_dsn, "template1")
 
 
 @pytest.fixture

@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+
+_counter = itertools.count()
+
+
+def fresh_database(server: Any, admin_dsn: str, template: str, prefix: str = "t") -> Iterator[str]:
+    """Yields the URL of a new database copied from ``template``; drops it afterwards."""
+    name = f"{prefix}_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+    try:
+        yield server.dsn_for(name)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def one(conn: psycopg.Connection, sql: str, params: Any = None) -> Any:

@@ -10,8 +10,6 @@ conftest's fresh database per test.
 
 from __future__ import annotations
 
-import itertools
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,21 +17,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from sqlhelpers import claim, one
+from sqlhelpers import claim, fresh_database, one
 
-_counter = itertools.count()
 
 
 @pytest.fixture(scope="module")
 def module_dsn(pg_server, admin_dsn: str, template_db: str) -> Iterator[str]:
-    name = f"m_{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
-    try:
-        yield pg_server.dsn_for(name)
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    yield from fresh_database(pg_server, admin_dsn, template_db, prefix="m")
 
 
 @pytest.fixture
