@@ -1,0 +1,322 @@
+"""A Hypothesis state machine drives the SQL API and compares pgq with a small Python model of the
+queue after every step (TESTING.md scenario 18), checking invariants (a)-(f) each time.
+
+Time is under the test's control. pgq reads "now" for every lease and run_at decision through
+pgq._now(), an inlinable function owned by the schema owner. In this test's database only, the
+superuser replaces it with ``statement_timestamp() + (SELECT shift FROM pgq_test.clock)``, where
+pgq_test is a schema nobody else may use: the test advances time by updating that row. This is a
+test-only arrangement: a production database must never have it, since whoever can move pgq's
+clock can expire every lease at will. Ordinary roles cannot move it here either (checked below):
+they may not replace a function they do not own, nor touch pgq_test. (A custom GUC such as
+pgq_test.offset would not do: any role may SET a placeholder variable in its own session.)
+
+Durations are chosen so that real time passing during the test (seconds) never decides anything:
+the clock moves in steps of 10 or 70 minutes, leases last 65 minutes and a failed attempt is
+retried after exactly 15 minutes (backoff_base = backoff_cap), so no deadline ever falls within
+minutes of a moment the test looks at.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                 run_state_machine_as_test)
+
+from sqlhelpers import one
+
+LEASE_MIN = 65
+RETRY_MIN = 15
+TERMINAL = ("done", "failed", "cancelled")
+#: What the runs exercised, so that a model that never reaches a branch does not pass silently.
+EXERCISED: Counter[str] = Counter()
+
+
+def install_test_clock(conn: psycopg.Connection) -> None:
+    conn.execute("CREATE SCHEMA pgq_test")
+    conn.execute("REVOKE ALL ON SCHEMA pgq_test FROM PUBLIC")
+    conn.execute("CREATE TABLE pgq_test.clock (shift interval NOT NULL)")
+    conn.execute("INSERT INTO pgq_test.clock VALUES ('0')")
+    conn.execute("""CREATE OR REPLACE FUNCTION pgq._now() RETURNS timestamptz LANGUAGE sql STABLE
+                    AS $$ SELECT statement_timestamp() + (SELECT shift FROM pgq_test.clock) $$""")
+
+
+def test_only_the_schema_owner_can_move_the_test_clock(conn: psycopg.Connection, connect) -> None:
+    install_test_clock(conn)
+    for role in ("pgq_worker", "pgq_admin", "pgq_producer", "pgq_monitor"):
+        c = connect(role=role)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            c.execute("UPDATE pgq_test.clock SET shift = '1 day'")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            c.execute("CREATE OR REPLACE FUNCTION pgq._now() RETURNS timestamptz LANGUAGE sql "
+                      "AS $$ SELECT now() + interval '1 day' $$")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            c.execute("SELECT pgq._now()")
+    owner = one(conn, "SELECT proowner::regrole::text FROM pg_proc WHERE oid = 'pgq._now()'::regprocedure")
+    assert owner == one(conn, "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'pgq'")
+    # The moved clock is what pgq's functions see.
+    conn.execute("UPDATE pgq_test.clock SET shift = '2 hours'")
+    assert one(conn, "SELECT round(extract(epoch FROM pgq._now() - statement_timestamp()))") == 7200
+
+
+@dataclass
+class MJob:
+    id: int
+    priority: int
+    max_attempts: int
+    state: str = "pending"
+    attempt: int = 0
+    run_at: tuple[int, int] = (0, 0)  # (clock minutes, step number): orders like the database does
+    lease_until: int | None = None    # clock minutes
+    last_event: str = "enqueued"
+    completions: int = 0
+
+
+@dataclass
+class Model:
+    now: int = 0  # minutes the clock has been moved
+    seq: int = 0
+    jobs: dict[int, MJob] = field(default_factory=dict)
+    pairs: list[tuple[int, int]] = field(default_factory=list)  # every (id, attempt) ever claimed
+
+    def tick(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def recover(self, limit: int) -> int:
+        expired = sorted((j for j in self.jobs.values()
+                          if j.state == "running" and j.lease_until is not None and j.lease_until < self.now),
+                         key=lambda j: j.lease_until or 0)[:limit]
+        for j in expired:
+            j.state = "failed" if j.attempt >= j.max_attempts else "pending"
+            EXERCISED[f"lease expired, now {j.state}"] += 1
+            j.lease_until = None
+            j.last_event = "lease_expired"
+        return len(expired)
+
+
+class QueueMachine(RuleBasedStateMachine):
+    dsn: str = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conn = psycopg.connect(self.dsn, autocommit=True)
+        self.conn.execute("TRUNCATE pgq.jobs, pgq.job_events RESTART IDENTITY")
+        self.conn.execute("UPDATE pgq_test.clock SET shift = '0'")
+        self.model = Model()
+        self.previous: dict[int, tuple[Any, ...]] = {}
+        self.retried: int | None = None
+        self.swept = False
+
+    def teardown(self) -> None:
+        self.conn.close()
+
+    # Helpers ------------------------------------------------------------------------------------
+
+    def q(self, sql: str, params: Any = None) -> Any:
+        return one(self.conn, sql, params)
+
+    def db_minutes(self, column: str, job_id: int) -> float:
+        return float(self.q(f"SELECT extract(epoch FROM {column} - pgq._now()) / 60 FROM pgq.jobs WHERE id = %s",
+                            (job_id,)))
+
+    # Rules --------------------------------------------------------------------------------------
+
+    @initialize(jobs=st.lists(st.tuples(st.sampled_from([0, 0, 1]), st.sampled_from([3, 1, 2])),
+                              min_size=1, max_size=4))
+    def some_jobs(self, jobs: list[tuple[int, int]]) -> None:
+        for priority, max_attempts in jobs:
+            self.enqueue(priority, max_attempts)
+
+    @rule(priority=st.sampled_from([0, 0, 1]), max_attempts=st.sampled_from([3, 1, 2]))
+    def enqueue(self, priority: int, max_attempts: int) -> None:
+        job_id = self.q("SELECT pgq.enqueue('q', 'k', '{}', priority => %s, max_attempts => %s)",
+                        (priority, max_attempts))
+        assert job_id not in self.model.jobs
+        self.model.jobs[job_id] = MJob(job_id, priority, max_attempts, run_at=(0, self.model.tick()))
+
+    @rule(batch=st.sampled_from([3, 1, 2]))
+    def claim(self, batch: int) -> None:
+        rows = self.conn.execute("SELECT id, attempt FROM pgq.claim('w', ARRAY['q'], %s)", (batch,)).fetchall()
+        m = self.model
+        m.recover(100)
+        due = sorted((j for j in m.jobs.values()
+                      if j.state == "pending" and j.attempt < j.max_attempts and j.run_at[0] <= m.now),
+                     key=lambda j: (-j.priority, j.run_at, j.id))[:batch]
+        for j in due:
+            j.state, j.attempt, j.lease_until, j.last_event = "running", j.attempt + 1, m.now + LEASE_MIN, "claimed"
+            m.pairs.append((j.id, j.attempt))
+            EXERCISED["claimed"] += 1
+        assert [tuple(r) for r in rows] == [(j.id, j.attempt) for j in due]
+
+    def _pair(self, data: st.DataObject, stale: bool) -> tuple[int, int]:
+        m = self.model
+        if stale:
+            current = {(j.id, j.attempt) for j in m.jobs.values() if j.state == "running"}
+            choices = [p for p in m.pairs if p not in current] or m.pairs
+        else:
+            choices = [(j.id, j.attempt) for j in m.jobs.values() if j.state == "running"] or m.pairs
+        return data.draw(st.sampled_from(choices))
+
+    @precondition(lambda self: self.model.pairs)
+    @rule(data=st.data(), stale=st.booleans())
+    def renew(self, data: st.DataObject, stale: bool) -> None:
+        job_id, attempt = self._pair(data, stale)
+        until = self.q("SELECT pgq.renew(%s, %s)", (job_id, attempt))
+        j = self.model.jobs[job_id]
+        if j.state == "running" and j.attempt == attempt:
+            assert until is not None
+            j.lease_until = self.model.now + LEASE_MIN
+            assert abs(self.db_minutes("lease_until", job_id) - LEASE_MIN) < 0.5
+            EXERCISED["renewed"] += 1
+        else:
+            assert until is None
+            EXERCISED["stale renew rejected"] += 1
+
+    @precondition(lambda self: self.model.pairs)
+    @rule(data=st.data(), stale=st.booleans())
+    def complete(self, data: st.DataObject, stale: bool) -> None:
+        job_id, attempt = self._pair(data, stale)
+        answer = self.q("SELECT pgq.complete(%s, %s)", (job_id, attempt))
+        j = self.model.jobs[job_id]
+        if j.state == "running" and j.attempt == attempt:
+            j.state, j.lease_until, j.last_event = "done", None, "completed"
+            j.completions += 1
+            expected = True
+        else:
+            expected = j.attempt == attempt and j.state == "done" and j.last_event == "completed"
+        EXERCISED["completed" if j.state == "done" and expected else "stale complete rejected"] += 1
+        assert answer is expected
+
+    @precondition(lambda self: self.model.pairs)
+    @rule(data=st.data(), stale=st.booleans(), retryable=st.sampled_from([True, False]))
+    def fail(self, data: st.DataObject, stale: bool, retryable: bool) -> None:
+        job_id, attempt = self._pair(data, stale)
+        answer = self.q("SELECT pgq.fail(%s, %s, 'boom', retryable => %s)", (job_id, attempt, retryable))
+        m = self.model
+        j = m.jobs[job_id]
+        if j.state == "running" and j.attempt == attempt:
+            j.lease_until, j.last_event = None, "failed"
+            if not retryable or j.attempt >= j.max_attempts:
+                j.state = "failed"
+            else:
+                j.state, j.run_at = "pending", (m.now + RETRY_MIN, m.tick())
+            expected = j.state
+            EXERCISED[f"failed, now {j.state}"] += 1
+        elif j.attempt == attempt and j.last_event == "failed":
+            expected = j.state
+        else:
+            expected = None
+        assert answer == expected
+
+    @rule(minutes=st.sampled_from([10, 10, 70]))
+    def advance_time(self, minutes: int) -> None:
+        self.model.now += minutes
+        self.conn.execute("UPDATE pgq_test.clock SET shift = make_interval(mins => %s)", (self.model.now,))
+
+    @rule()
+    def sweep(self) -> None:
+        assert self.q("SELECT pgq.sweep()") == self.model.recover(1000)
+        self.swept = True
+
+    @precondition(lambda self: self.model.jobs)
+    @rule(data=st.data())
+    def retry(self, data: st.DataObject) -> None:
+        m = self.model
+        j = m.jobs[data.draw(st.sampled_from(sorted(m.jobs)))]
+        if j.state in ("failed", "cancelled"):
+            assert self.q("SELECT pgq.retry(%s)", (j.id,)) is True
+            j.state, j.run_at, j.last_event = "pending", (m.now, m.tick()), "retried"
+            j.max_attempts = max(j.max_attempts, j.attempt + 1)
+            self.retried = j.id
+            EXERCISED["retried"] += 1
+        else:
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+                self.conn.execute("SELECT pgq.retry(%s)", (j.id,))
+
+    @precondition(lambda self: self.model.jobs)
+    @rule(data=st.data(), really=st.integers(0, 2))
+    def cancel(self, data: st.DataObject, really: int) -> None:
+        if really:  # cancel as often as the other rules would end most runs early
+            return
+        j = self.model.jobs[data.draw(st.sampled_from(sorted(self.model.jobs)))]
+        answer = self.q("SELECT pgq.cancel(%s)", (j.id,))
+        if j.state in TERMINAL:
+            assert answer is False
+        else:
+            assert answer is True
+            j.state, j.lease_until, j.last_event = "cancelled", None, "cancelled"
+            EXERCISED["cancelled"] += 1
+
+    # Invariants ---------------------------------------------------------------------------------
+
+    @invariant()
+    def the_database_matches_the_model(self) -> None:
+        cur = self.conn.execute(
+            "SELECT id, state::text, attempt, max_attempts, last_event, priority,"
+            " extract(epoch FROM lease_until - pgq._now()) / 60, extract(epoch FROM run_at - pgq._now()) / 60,"
+            " (SELECT count(*) FROM pgq.job_events AS e WHERE e.job_id = j.id AND e.event = 'completed'),"
+            " finished_at IS NOT NULL, result, last_error, finished_at"
+            " FROM pgq.jobs AS j ORDER BY id")
+        rows = cur.fetchall()
+        m = self.model
+        # (a) every job is in a valid state, and none went missing or appeared.
+        assert [r[0] for r in rows] == sorted(m.jobs)
+        for (job_id, state, attempt, max_attempts, last_event, priority, lease_left, run_at_left,
+             completions, finished, *rest) in rows:
+            j = m.jobs[job_id]
+            assert (state, attempt, max_attempts, last_event, priority) == (
+                j.state, j.attempt, j.max_attempts, j.last_event, j.priority), job_id
+            # (b) at most one successful completion per job, and only from its running attempt.
+            assert completions == j.completions <= 1
+            assert finished == (state in TERMINAL)
+            if state == "running":
+                assert j.lease_until is not None
+                assert abs(float(lease_left) - (j.lease_until - m.now)) < 0.5
+            else:
+                assert lease_left is None
+            if state == "pending" and j.run_at[0] > 0:
+                assert abs(float(run_at_left) - (j.run_at[0] - m.now)) < 0.5
+            # (d) the attempt never exceeds max_attempts and never decreases.
+            assert 0 <= attempt <= max_attempts
+            assert attempt >= (self.previous.get(job_id, (None, 0))[1] or 0)
+            # (e) terminal rows change only through an explicit admin call (here: retry).
+            before = self.previous.get(job_id)
+            row = (state, attempt, max_attempts, last_event, *rest)
+            if before is not None and before[0] in TERMINAL and self.retried != job_id:
+                assert row == before, job_id
+            self.previous[job_id] = row
+        # (c) every accepted owner operation came from the attempt that held the job.
+        assert self.q(
+            "SELECT count(*) FROM pgq.job_events AS e WHERE e.event IN ('completed', 'failed', 'snoozed',"
+            " 'released', 'marked_unknown') AND e.attempt IS DISTINCT FROM (SELECT c.attempt FROM"
+            " pgq.job_events AS c WHERE c.job_id = e.job_id AND c.event = 'claimed' AND c.id < e.id"
+            " ORDER BY c.id DESC LIMIT 1)") == 0
+        # (f) after a sweep, no running job holds an expired lease.
+        if self.swept:
+            assert self.q("SELECT count(*) FROM pgq.jobs WHERE state = 'running' AND lease_until < pgq._now()") == 0
+        self.retried, self.swept = None, False
+
+
+def test_the_sql_api_behaves_like_the_model_queue_step_by_step(dsn: str, conn: psycopg.Connection) -> None:
+    install_test_clock(conn)
+    conn.execute("SELECT pgq.configure_queue('q', lease => make_interval(mins => %s), "
+                 "backoff_base => make_interval(mins => %s), backoff_cap => make_interval(mins => %s))",
+                 (LEASE_MIN, RETRY_MIN, RETRY_MIN))
+    QueueMachine.dsn = dsn
+    run_state_machine_as_test(
+        QueueMachine,
+        settings=settings(max_examples=100, stateful_step_count=50, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+    missing = {"claimed", "renewed", "stale renew rejected", "completed", "stale complete rejected",
+               "failed, now pending", "failed, now failed", "lease expired, now pending",
+               "lease expired, now failed", "retried", "cancelled"} - set(EXERCISED)
+    assert not missing, f"the runs never reached: {sorted(missing)} ({dict(EXERCISED)})"
+
+
