@@ -152,12 +152,14 @@ def _jitter(seconds: float) -> float:
 
 def _transient(exc: BaseException) -> bool:
     """Worth retrying: the connection broke, or the server asked us to come back later
-    (serialization failure / deadlock 40, insufficient resources 53, operator intervention 57)."""
+    (serialization failure / deadlock 40, insufficient resources 53, operator intervention 57,
+    lock timeout 55P03)."""
     if isinstance(exc, ConnectionLost):
         return True
     if isinstance(exc, psycopg.OperationalError):
         return True
-    return isinstance(exc, PgqError) and (exc.sqlstate or "")[:2] in ("40", "53", "57")
+    # 55P03: lock_timeout (a claim waiting its turn on a capped queue, say).
+    return isinstance(exc, PgqError) and ((exc.sqlstate or "")[:2] in ("40", "53", "57") or exc.sqlstate == "55P03")
 
 
 class _JobLog(logging.LoggerAdapter):  # type: ignore[type-arg]

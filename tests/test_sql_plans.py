@@ -26,7 +26,7 @@ _counter = itertools.count()
 SCAN_RE = re.compile(
     r"(?P<kind>Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan)(?: Backward)?"
     r"(?: using (?P<index>\w+))? on (?:pgq\.)?jobs (?P<alias>\w+)\s+\(cost=[^)]*\)\s+"
-    r"(?:\(actual time=[\d.]+\.\.[\d.]+ rows=(?P<rows>\d+) loops=(?P<loops>\d+)\)|\(never executed\))")
+    r"(?:\(actual time=[\d.]+\.\.[\d.]+ rows=(?P<rows>\d+(?:\.\d+)?) loops=(?P<loops>\d+)\)|\(never executed\))")
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Plan:
 
     @property
     def job_scans(self) -> list[Scan]:
-        return [Scan(m["kind"], m["index"], int(m["rows"] or 0) * int(m["loops"] or 0))
+        return [Scan(m["kind"], m["index"], round(float(m["rows"] or 0) * int(m["loops"] or 0)))
                 for m in SCAN_RE.finditer(self.text)]
 
 

@@ -78,7 +78,7 @@ COUNTS = (
 )
 
 _DURATION = re.compile(r"^duration: ([\d.]+) ms\s+plan:\s*$")
-_ACTUAL = re.compile(r"actual (?:time=[\d.]+\.\.[\d.]+ )?rows=(\d+) loops=(\d+)")
+_ACTUAL = re.compile(r"actual (?:time=[\d.]+\.\.[\d.]+ )?rows=(\d+(?:\.\d+)?) loops=(\d+)")  # PostgreSQL 18: rows=10.00
 
 
 def _split(message: str) -> tuple[str, str]:
@@ -117,7 +117,7 @@ def _index_rows(plan: str, index: str) -> list[int]:
         if _scans_index(line, index):
             m = _ACTUAL.search(line)
             if m:
-                rows.append(int(m.group(1)))
+                rows.append(round(float(m.group(1))))
     return rows
 
 

@@ -1,0 +1,45 @@
+"""TESTING.md 20, the chaos soak in its short form: producers and worker processes under kill -9,
+freezes past the lease, connection kills and one immediate-mode server restart, with a synthetic
+effects ledger; the invariants are checked from the database at the end (pgq_thin.soak). Its
+counts are printed to the terminal.
+
+PGQ_SOAK_MINUTES sets its length (default 1); PGQ_SOAK_SEED replays a run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pgq_thin.soak import soak_report
+
+
+def test_chaos_soak_loses_no_job_completes_none_twice_and_explains_every_duplicate_effect(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    minutes = float(os.environ.get("PGQ_SOAK_MINUTES", "1"))
+    seed = int(os.environ["PGQ_SOAK_SEED"]) if os.environ.get("PGQ_SOAK_SEED") else None
+    lines: list[str] = []
+
+    def show(line: str) -> None:
+        lines.append(line)
+        with capsys.disabled():  # the counts belong in the CI log
+            print(line, flush=True)
+
+    with capsys.disabled():
+        print()
+    code, counts = soak_report(minutes=minutes, seed=seed, print_fn=show)
+    report = "\n".join(lines)
+
+    assert code == 0, report
+    # The invariants, each stated once more on its own.
+    assert counts.lost == 0, report
+    assert counts.completed_twice == 0, report
+    assert counts.not_terminal == 0, report
+    assert counts.double_owners == 0, report
+    assert counts.unexplained == 0, report
+    assert counts.acknowledged > 0 and counts.jobs >= counts.acknowledged, report
+    # And the chaos happened: otherwise the run proves nothing.
+    assert counts.kills > 0, report
+    assert counts.connection_kills > 0, report
+    assert counts.restarts == 1, report
+    assert counts.reclaims > 0, report
