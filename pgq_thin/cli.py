@@ -218,6 +218,15 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return run_lab(args.out, args.dsn)
 
 
+def cmd_soak(args: argparse.Namespace) -> int:
+    from pgq_thin.soak import run_old_snapshot_check, run_soak
+
+    if args.old_snapshot is not None:
+        return run_old_snapshot_check(args.old_snapshot, args.dsn)
+    return run_soak(args.minutes, args.dsn, args.seed, print, workers=args.workers,
+                    concurrency=args.concurrency, producers=args.producers, rate=args.rate)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from pgq_thin.demo import run_demo
 
@@ -289,6 +298,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("lab", cmd_lab, "run the acceptance playbook's experiments and write the evidence package")
     p.add_argument("--out", required=True, help="the evidence directory to write (e.g. evidence/)")
+
+    p = command("soak", cmd_soak, "chaos soak: producers, workers, kill -9, frozen workers, connection "
+                "kills and a server restart; then checks every invariant", dsn=False)
+    p.add_argument("--dsn", help="run on this server instead of a throwaway one (no restart then); "
+                   "it creates the schema pgq_soak and kills its own connections")
+    p.add_argument("--minutes", type=float, default=1.0, help="how long (default 1)")
+    p.add_argument("--seed", type=int, help="random seed, for a repeatable run")
+    p.add_argument("--workers", type=int, default=4, help="worker processes (default 4, at least 2)")
+    p.add_argument("--concurrency", type=int, default=4, help="slots per worker (default 4)")
+    p.add_argument("--producers", type=int, default=2, help="producer threads (default 2)")
+    p.add_argument("--rate", type=float, default=150, help="jobs per second, all producers (default 150)")
+    p.add_argument("--old-snapshot", type=float, metavar="SECONDS",
+                   help="instead: load while a REPEATABLE READ transaction holds a snapshot this long")
 
     p = command("demo", cmd_demo, "the tour: a throwaway PostgreSQL (or --dsn), workers, a crash, a recovery")
     p.add_argument("--jobs", type=int, default=3000, help="how many jobs (default 3000)")
