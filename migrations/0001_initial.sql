@@ -671,8 +671,13 @@ BEGIN
         PERFORM pgq._bad_argument('queues', 'must be NULL (all queues) or a non-empty array without NULLs');
     END IF;
     -- A malformed name can never match a queue: say so instead of claiming nothing forever.
-    PERFORM pgq._check_name(format('queues[%s]', q.n), q.name)
-    FROM unnest(claim.queues) WITH ORDINALITY AS q(name, n);
+    -- Names cannot contain a comma, so one match of the joined names checks them all in a plain
+    -- expression (no query); only a bad name pays for the per-name check that names it.
+    IF claim.queues IS NOT NULL AND array_to_string(claim.queues, ',')
+           !~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}(,[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127})*$' THEN
+        PERFORM pgq._check_name(format('queues[%s]', q.n), q.name)
+        FROM unnest(claim.queues) WITH ORDINALITY AS q(name, n);
+    END IF;
 
     IF EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()) THEN
         PERFORM pgq._recover_expired(100);
@@ -739,8 +744,11 @@ BEGIN
             claimed_by = claim.worker,
             claimed_at = pgq._now(),
             last_event = 'claimed'
-        FROM picked AS p, pgq.queues AS q
-        WHERE j.id = p.id AND q.name = j.queue
+        FROM pgq.queues AS q
+        -- The picked ids as an array: the generic plan then reads them by primary key. Joined
+        -- to the CTE instead, it hashed the CTE and read the whole table (every row ever
+        -- enqueued and not yet pruned) on every claim.
+        WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p)) AND q.name = j.queue
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
                   j.run_at, j.created_at, j.lease_until, j.tenant, q.audit
     ), events AS (
@@ -794,7 +802,9 @@ CREATE FUNCTION pgq.complete(id bigint, attempt integer, result jsonb DEFAULT NU
 DECLARE
     changed integer;
 BEGIN
-    PERFORM pgq._check_fence(complete.id, complete.attempt);
+    IF complete.id IS NULL OR complete.attempt IS NULL THEN  -- a plain expression: no query on the hot path
+        PERFORM pgq._check_fence(complete.id, complete.attempt);
+    END IF;
     IF pg_column_size(complete.result) > 1048576 THEN
         PERFORM pgq._bad_argument('result',
             format('is %s bytes; the limit is 1048576 (1 MiB)', pg_column_size(complete.result)),
@@ -834,6 +844,8 @@ CREATE FUNCTION pgq.complete_many(ids bigint[], attempts integer[])
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
     AS $$
+DECLARE
+    done_ids bigint[];
 BEGIN
     IF complete_many.ids IS NULL THEN
         PERFORM pgq._bad_argument('ids', 'must not be NULL');
@@ -848,7 +860,6 @@ BEGIN
         PERFORM pgq._bad_argument('ids', 'must not contain NULL (nor may attempts)');
     END IF;
 
-    RETURN QUERY
     WITH wanted AS (
         SELECT w.id, w.attempt FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)
     ), owned AS (
@@ -868,24 +879,38 @@ BEGIN
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
         FROM completed AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
-    ), rejected AS (
-        -- Stale pairs leave the trace a rejected pgq.complete leaves, so that a duplicate
-        -- execution can be diagnosed from pgq.job_events whichever call the worker used.
-        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
-        SELECT j.id, w.attempt, NULL, 'rejected', j.state, NULL,
-               format('complete_many from attempt %s rejected: the job is %s at attempt %s (last claimed by %s)',
-                      w.attempt, j.state, j.attempt, j.claimed_by)
-        FROM wanted AS w
-        JOIN pgq.jobs AS j ON j.id = w.id
-        JOIN pgq.queues AS q ON q.name = j.queue AND q.audit
-        WHERE NOT EXISTS (SELECT FROM completed AS c WHERE c.id = w.id AND c.attempt = w.attempt)
-          AND NOT (j.attempt = w.attempt AND j.state = 'done' AND j.last_event = 'completed')
     )
-    SELECT c.id FROM completed AS c
+    SELECT coalesce(array_agg(c.id), '{}') INTO done_ids FROM completed AS c;
+    -- The common case ends here: every pair was still ours and is done now.
+    IF cardinality(done_ids) = cardinality(complete_many.ids) THEN
+        RETURN QUERY SELECT unnest(done_ids);
+        RETURN;
+    END IF;
+
+    -- Some pair was not completed just now. This statement sees the rows completed above, so
+    -- a pair counts as ours when its job is done by that same attempt: completed above, or
+    -- earlier (idempotent: a retry after an ambiguous commit). The other pairs are stale: they
+    -- leave the trace a rejected pgq.complete leaves, so that a duplicate execution can be
+    -- diagnosed from pgq.job_events whichever call the worker used.
+    INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+    SELECT j.id, w.attempt, NULL, 'rejected', j.state, NULL,
+           format('complete_many from attempt %s rejected: the job is %s at attempt %s (last claimed by %s)',
+                  w.attempt, j.state, j.attempt, j.claimed_by)
+    FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)
+    JOIN pgq.jobs AS j ON j.id = w.id AND j.id = ANY (complete_many.ids)
+    JOIN pgq.queues AS q ON q.name = j.queue AND q.audit
+    WHERE NOT (j.attempt = w.attempt AND j.state = 'done' AND j.last_event = 'completed');
+
+    -- The ids drive both statements by primary key (= ANY): a join to the pairs let the generic
+    -- plan read every finished job through jobs_finished_idx instead.
+    RETURN QUERY
+    SELECT unnest(done_ids)
     UNION
-    -- Idempotent: jobs this same attempt had already completed.
-    SELECT j.id FROM pgq.jobs AS j JOIN wanted AS w ON w.id = j.id AND w.attempt = j.attempt
-    WHERE j.state = 'done' AND j.last_event = 'completed';
+    SELECT j.id
+    FROM pgq.jobs AS j
+    WHERE j.id = ANY (complete_many.ids) AND j.state = 'done' AND j.last_event = 'completed'
+      AND (j.id, j.attempt) IN (SELECT w.id, w.attempt
+                                FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt));
 END
 $$;
 COMMENT ON FUNCTION pgq.complete_many(bigint[], integer[]) IS
@@ -902,7 +927,9 @@ DECLARE
     new_state pgq.job_state;
     stored_error text := left(fail.error, 65536);
 BEGIN
-    PERFORM pgq._check_fence(fail.id, fail.attempt);
+    IF fail.id IS NULL OR fail.attempt IS NULL THEN  -- a plain expression: no query on the hot path
+        PERFORM pgq._check_fence(fail.id, fail.attempt);
+    END IF;
     IF fail.error IS NULL THEN
         PERFORM pgq._bad_argument('error', 'must not be NULL', 'Say why the attempt failed.');
     END IF;

@@ -227,6 +227,17 @@ def cmd_soak(args: argparse.Namespace) -> int:
                     concurrency=args.concurrency, producers=args.producers, rate=args.rate)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pgq_thin.bench import run_bench
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    logging.getLogger("pgq_thin.bench").setLevel(logging.INFO)
+    logging.getLogger("pgq_thin.worker").setLevel(logging.WARNING)
+    options = {"workloads": args.workloads} if args.workloads else {}
+    return run_bench(args.out, dsn=args.dsn, quick=args.quick, jobs=args.jobs, workers=args.workers,
+                     repeats=args.repeats, **options)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from pgq_thin.demo import run_demo
 
@@ -311,6 +322,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=150, help="jobs per second, all producers (default 150)")
     p.add_argument("--old-snapshot", type=float, metavar="SECONDS",
                    help="instead: load while a REPEATABLE READ transaction holds a snapshot this long")
+
+    p = command("bench", cmd_bench, "benchmark pgq against the raw SQL floor and pgbench, in the same run",
+                dsn=False)
+    p.add_argument("--out", required=True, help="where to write bench.md, bench.json and bench.png")
+    p.add_argument("--dsn", help="a scratch database to use instead of a throwaway server "
+                   "(its pgq tables are truncated)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: seconds, to check it runs")
+    p.add_argument("--jobs", type=int, help="jobs per drain")
+    p.add_argument("--workers", type=lambda t: tuple(int(x) for x in t.split(",")),
+                   help="worker counts, comma-separated (default 4,16)")
+    p.add_argument("--repeats", type=int, help="repetitions per measurement")
+    p.add_argument("--workloads", type=lambda t: tuple(w.strip() for w in t.split(",") if w.strip()),
+                   help="comma-separated subset of enqueue,drain,latency,claim_latency,churn,old_snapshot")
 
     p = command("demo", cmd_demo, "the tour: a throwaway PostgreSQL (or --dsn), workers, a crash, a recovery")
     p.add_argument("--jobs", type=int, default=3000, help="how many jobs (default 3000)")

@@ -1,0 +1,773 @@
+"""The benchmark: pgq measured beside the physical references of the same server, same run.
+
+    from pgq_thin.bench import run_bench
+    run_bench("bench/results")            # throwaway PostgreSQL, default sizes (about 10 minutes)
+    run_bench("out", quick=True)          # seconds: what CI runs (tests/test_bench_smoke.py)
+
+References, measured in the same run on the same server:
+
+- the raw SQL floor: the canonical statement (CTE ... ORDER BY run_at, id LIMIT n FOR UPDATE SKIP
+  LOCKED + UPDATE ... RETURNING, then UPDATE ... SET status = 'done' WHERE id = ANY(...)) on a bare
+  table with its partial index, one psycopg connection per worker thread, batch 1 and batch 10;
+- the commit ceiling: pgbench, one single-row UPDATE per transaction, the same client counts.
+
+Workloads: 1 enqueue, 2 drain, 3 enqueue-to-start latency, 4 claim latency against finished rows,
+5 churn with pruning, 6 throughput while an old snapshot is held. Every drain is verified against
+the database's done count. Systems are alternated within each repetition and reported as median
+(min-max). Writes bench.md (the table), bench.json (every sample) and bench.png (the chart).
+
+The numbers are only meaningful as ratios to the references of the same run: absolute figures on a
+shared 2-core machine move by +-10% from run to run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from pgq_thin import queries
+
+__all__ = ["run_bench", "BenchConfig"]
+
+log = logging.getLogger("pgq_thin.bench")
+
+QUEUE = "bench"
+
+# The raw floor: the canonical job table of the seed, its partial index, its statements.
+RAW_SCHEMA = """
+DROP SCHEMA IF EXISTS bench_raw CASCADE;
+CREATE SCHEMA bench_raw;
+CREATE TYPE bench_raw.job_status AS ENUM ('pending', 'running', 'done', 'failed');
+CREATE TABLE bench_raw.jobs (
+  id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  queue       text        NOT NULL DEFAULT 'default',
+  payload     jsonb       NOT NULL,
+  status      bench_raw.job_status NOT NULL DEFAULT 'pending',
+  attempts    int         NOT NULL DEFAULT 0,
+  max_attempts int        NOT NULL DEFAULT 5,
+  run_at      timestamptz NOT NULL DEFAULT now(),
+  locked_at   timestamptz,
+  locked_by   text,
+  last_error  text,
+  created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX jobs_pending_idx ON bench_raw.jobs (queue, run_at, id) WHERE status = 'pending';
+"""
+
+RAW_CLAIM = """
+WITH next_job AS (
+  SELECT id FROM bench_raw.jobs
+  WHERE status = 'pending' AND queue = 'default' AND run_at <= now()
+  ORDER BY run_at, id
+  LIMIT %(n)s
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE bench_raw.jobs j
+SET status = 'running', attempts = attempts + 1, locked_at = now(), locked_by = %(worker)s
+FROM next_job
+WHERE j.id = next_job.id
+RETURNING j.*
+"""
+
+RAW_COMPLETE = "UPDATE bench_raw.jobs SET status = 'done', locked_at = NULL, locked_by = NULL WHERE id = ANY(%(ids)s)"
+
+RAW_INSERT = "INSERT INTO bench_raw.jobs (payload) VALUES (%(payload)s::jsonb) RETURNING id"
+
+PGBENCH_SCRIPT = "\\set aid random(1, 100000 * :scale)\nUPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n"
+
+
+@dataclass
+class BenchConfig:
+    """Sizes of one run. ``quick`` sizes take seconds; the defaults take about ten minutes."""
+
+    jobs: int = 4_000                        # jobs per drain (workload 2; the issue's 20k, scaled down)
+    workers: Sequence[int] = (4, 16)         # worker threads / pgbench clients
+    repeats: int = 3                         # repetitions of each drain, alternating systems
+    enqueue_jobs: int = 20_000               # workload 1, bulk
+    single_enqueues: int = 2_000             # workload 1, one call per job
+    latency_samples: int = 40                # workload 3, per mode
+    finished_levels: Sequence[int] = (10_000, 100_000, 1_000_000)  # workload 4
+    claim_samples: int = 500                 # workload 4, claims timed per level
+    churn_seconds: float = 150.0             # workload 5
+    snapshot_seconds: float = 20.0           # workload 6, per phase
+    pgbench_seconds: float = 5.0
+
+    @classmethod
+    def quick(cls) -> BenchConfig:
+        return cls(jobs=300, workers=(2,), repeats=1, enqueue_jobs=1_000, single_enqueues=100,
+                   latency_samples=4, finished_levels=(1_000, 5_000), claim_samples=30,
+                   churn_seconds=1.5, snapshot_seconds=0.7, pgbench_seconds=1.0)
+
+
+# Small helpers ------------------------------------------------------------------------------------
+
+
+def _connect(dsn: str) -> psycopg.Connection:
+    return psycopg.connect(dsn, autocommit=True)
+
+
+def _summary(values: Sequence[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def _pct(values: Sequence[float], p: float) -> float:
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def _run_threads(n: int, target: Callable[[int], None]) -> None:
+    errors: list[BaseException] = []
+
+    def wrapped(i: int) -> None:
+        try:
+            target(i)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrapped, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+class _Server:
+    """The server under test: a throwaway PostgreSQL, or the database the caller names."""
+
+    def __init__(self, dsn: str | None) -> None:
+        self._embedded = None
+        if dsn is None:
+            from pgq_thin import embedded
+
+            self._embedded = embedded.start()
+            admin = self._embedded.dsn_for("postgres")
+            with _connect(admin) as conn:
+                conn.execute("CREATE DATABASE pgq_bench")
+            self.dsn = self._embedded.dsn_for("pgq_bench")
+        else:
+            self.dsn = dsn
+
+    def stop(self) -> None:
+        if self._embedded is not None:
+            self._embedded.stop()
+
+
+# Setup --------------------------------------------------------------------------------------------
+
+
+def _prepare_database(dsn: str) -> None:
+    from pgq_thin import migrate
+
+    migrate(dsn)
+    with _connect(dsn) as conn:
+        conn.execute(RAW_SCHEMA)
+        conn.execute(queries.CONFIGURE_QUEUE, {
+            "queue": QUEUE, "lease": None, "max_attempts": None, "backoff_base": None, "backoff_cap": None,
+            "retention": None, "notify": True, "audit": True, "fair": False, "max_running": None})
+
+
+def _reset(conn: psycopg.Connection) -> None:
+    """Empty both job tables, so that every drain starts from the same state."""
+    conn.execute("TRUNCATE bench_raw.jobs, pgq.jobs, pgq.job_events")
+
+
+def _set_audit(conn: psycopg.Connection, audit: bool) -> None:
+    conn.execute("SELECT pgq.configure_queue(queue => %s, audit => %s)", (QUEUE, audit))
+
+
+def _load_pgq(conn: psycopg.Connection, n: int) -> None:
+    for start in range(0, n, 5000):
+        conn.execute(queries.ENQUEUE_MANY, {
+            "queue": QUEUE, "kind": "noop", "payloads": [Jsonb({"n": i}) for i in range(start, min(n, start + 5000))],
+            "run_at": None, "priority": 0, "max_attempts": None, "tenant": None})
+    conn.execute("VACUUM ANALYZE pgq.jobs")
+    conn.execute("VACUUM ANALYZE pgq.job_events")
+
+
+def _load_raw(conn: psycopg.Connection, n: int) -> None:
+    conn.execute("INSERT INTO bench_raw.jobs (payload) SELECT jsonb_build_object('n', g) FROM generate_series(1, %s) g",
+                 (n,))
+    conn.execute("VACUUM ANALYZE bench_raw.jobs")
+
+
+# Workload 2: drains -------------------------------------------------------------------------------
+
+
+def _drain_raw(dsn: str, workers: int, batch: int) -> None:
+    def work(i: int) -> None:
+        with _connect(dsn) as conn:
+            name = f"raw-{i}"
+            while True:
+                rows = conn.execute(RAW_CLAIM, {"n": batch, "worker": name}, prepare=True).fetchall()
+                if not rows:
+                    return
+                conn.execute(RAW_COMPLETE, {"ids": [r[0] for r in rows]}, prepare=True)
+
+    _run_threads(workers, work)
+
+
+def _drain_pgq(dsn: str, workers: int, batch: int) -> None:
+    def work(i: int) -> None:
+        with _connect(dsn) as conn:
+            params = {"worker": f"bench-{i}", "queues": [QUEUE], "batch": batch, "lease": None}
+            while True:
+                rows = conn.execute(queries.CLAIM, params, prepare=True).fetchall()
+                if not rows:
+                    return
+                if batch == 1:
+                    for r in rows:
+                        conn.execute(queries.COMPLETE, {"id": r[0], "attempt": r[5], "result": None}, prepare=True)
+                else:
+                    conn.execute(queries.COMPLETE_MANY, {"ids": [r[0] for r in rows],
+                                                         "attempts": [r[5] for r in rows]}, prepare=True)
+
+    _run_threads(workers, work)
+
+
+def _drain_worker(dsn: str, workers: int, n: int) -> None:
+    from pgq_thin.worker import Worker
+
+    worker = Worker(queues=[QUEUE], concurrency=workers, name="bench-worker")
+
+    @worker.handler("noop")
+    def noop(job: Any, ctx: Any) -> None:
+        return None
+
+    thread = threading.Thread(target=worker.run, args=(dsn,), kwargs={"install_signal_handlers": False}, daemon=True)
+    thread.start()
+    try:
+        with _connect(dsn) as conn:
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                done = conn.execute("SELECT count(*) FROM pgq.jobs WHERE state = 'done'").fetchone()[0]  # type: ignore[index]
+                if done >= n:
+                    return
+                time.sleep(0.02)
+            raise RuntimeError("the worker did not drain the queue in 600 s")
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+
+
+def _done_count(conn: psycopg.Connection, system: str) -> int:
+    if system.startswith("raw"):
+        sql = "SELECT count(*) FROM bench_raw.jobs WHERE status = 'done'"
+    else:
+        sql = "SELECT count(*) FROM pgq.jobs WHERE state = 'done' AND queue = 'bench'"
+    return int(conn.execute(sql).fetchone()[0])  # type: ignore[index]
+
+
+DRAIN_SYSTEMS = ("raw b1", "raw b10", "pgq b1", "pgq b10", "pgq b1 audit off", "pgq b10 audit off", "pgq worker")
+
+
+def _one_drain(dsn: str, system: str, workers: int, n: int) -> float:
+    """Load n jobs, drain them with ``system``, verify the done count; jobs per second."""
+    with _connect(dsn) as conn:
+        _reset(conn)
+        _set_audit(conn, "audit off" not in system)
+        if system.startswith("raw"):
+            _load_raw(conn, n)
+        else:
+            _load_pgq(conn, n)
+    started = time.perf_counter()
+    if system == "raw b1":
+        _drain_raw(dsn, workers, 1)
+    elif system == "raw b10":
+        _drain_raw(dsn, workers, 10)
+    elif system.startswith("pgq b10"):
+        _drain_pgq(dsn, workers, 10)
+    elif system.startswith("pgq b1"):
+        _drain_pgq(dsn, workers, 1)
+    elif system == "pgq worker":
+        _drain_worker(dsn, workers, n)
+    elapsed = time.perf_counter() - started
+    with _connect(dsn) as conn:
+        done = _done_count(conn, system)
+        if system == "pgq worker":
+            # The worker's own span: from its first claim to its last completion (database clock),
+            # so that pool start-up and the done-count polling do not count against it.
+            span = conn.execute("SELECT extract(epoch FROM max(finished_at) - min(claimed_at)) FROM pgq.jobs"
+                                " WHERE queue = 'bench'").fetchone()[0]  # type: ignore[index]
+            elapsed = float(span) if span else elapsed
+        _set_audit(conn, True)
+    if done != n:
+        raise RuntimeError(f"{system}: {done} jobs done in the database, expected {n}")
+    return n / elapsed
+
+
+def _pgbench(dsn: str, clients: int, seconds: float, workdir: Path) -> float:
+    script = workdir / "update.sql"
+    script.write_text(PGBENCH_SCRIPT)
+    pgbench = shutil.which("pgbench") or "/usr/bin/pgbench"
+    proc = subprocess.run([pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
+                           "-T", str(max(1, round(seconds))), "-f", str(script), dsn],
+                          capture_output=True, text=True, check=True)
+    match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", proc.stdout)
+    if not match:
+        raise RuntimeError(f"cannot read pgbench's tps from: {proc.stdout}")
+    return float(match.group(1))
+
+
+def _pgbench_init(dsn: str) -> None:
+    pgbench = shutil.which("pgbench") or "/usr/bin/pgbench"
+    subprocess.run([pgbench, "-i", "-q", "-s", "1", dsn], capture_output=True, text=True, check=True)
+
+
+def _drains(dsn: str, cfg: BenchConfig, workdir: Path, systems: Sequence[str]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for w in cfg.workers:
+        samples: dict[str, list[float]] = {s: [] for s in (*systems, "pgbench")}
+        for rep in range(cfg.repeats):
+            # Alternate: each repetition starts with a different system.
+            order = list(systems[rep % len(systems):]) + list(systems[:rep % len(systems)])
+            for system in order:
+                rate = _one_drain(dsn, system, w, cfg.jobs)
+                samples[system].append(rate)
+                log.info("drain W=%d %-18s %8.0f jobs/s", w, system, rate)
+            tps = _pgbench(dsn, w, cfg.pgbench_seconds, workdir)
+            samples["pgbench"].append(tps)
+            log.info("drain W=%d %-18s %8.0f tps", w, "pgbench", tps)
+        results[str(w)] = {s: {**_summary(v), "samples": v} for s, v in samples.items()}
+    return results
+
+
+# Workload 1: enqueue ------------------------------------------------------------------------------
+
+
+def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
+    out: dict[str, list[float]] = {"enqueue_many (1000 per call)": [], "enqueue (one per call)": [],
+                                   "raw single-row INSERT": []}
+    with _connect(dsn) as conn:
+        for _ in range(cfg.repeats):
+            _reset(conn)
+            payloads = [Jsonb({"n": i}) for i in range(1000)]
+            t = time.perf_counter()
+            for _ in range(cfg.enqueue_jobs // 1000):
+                conn.execute(queries.ENQUEUE_MANY, {"queue": QUEUE, "kind": "noop", "payloads": payloads,
+                                                    "run_at": None, "priority": 0, "max_attempts": None,
+                                                    "tenant": None}, prepare=True)
+            out["enqueue_many (1000 per call)"].append((cfg.enqueue_jobs // 1000) * 1000 / (time.perf_counter() - t))
+            for label in ("raw single-row INSERT", "enqueue (one per call)"):
+                _reset(conn)
+                t = time.perf_counter()
+                for i in range(cfg.single_enqueues):
+                    if label.startswith("raw"):
+                        conn.execute(RAW_INSERT, {"payload": Jsonb({"n": i})}, prepare=True)
+                    else:
+                        conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}),
+                                                       "run_at": None, "priority": 0, "max_attempts": None,
+                                                       "unique_key": None, "tenant": None}, prepare=True)
+                out[label].append(cfg.single_enqueues / (time.perf_counter() - t))
+        _reset(conn)
+    for k, v in out.items():
+        log.info("enqueue %-30s %8.0f jobs/s", k, statistics.median(v))
+    return {k: {**_summary(v), "samples": v} for k, v in out.items()}
+
+
+# Workload 3: enqueue-to-start latency -------------------------------------------------------------
+
+
+def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
+    from pgq_thin.worker import Worker
+
+    results: dict[str, Any] = {}
+    for listen in (True, False):
+        with _connect(dsn) as conn:
+            _reset(conn)
+        starts: dict[int, float] = {}
+        worker = Worker(queues=[QUEUE], concurrency=4, name="bench-latency", listen=listen)
+
+        @worker.handler("noop")
+        def noop(job: Any, ctx: Any) -> None:
+            starts[job.id] = time.time()
+
+        thread = threading.Thread(target=worker.run, args=(dsn,), kwargs={"install_signal_handlers": False},
+                                  daemon=True)
+        thread.start()
+        committed: dict[int, float] = {}
+        try:
+            # Let the worker start (and LISTEN) and go idle.
+            deadline = time.monotonic() + 10
+            while listen and not worker._listening.is_set() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)
+            with _connect(dsn) as conn:
+                for i in range(cfg.latency_samples):
+                    job_id = conn.execute(queries.ENQUEUE, {
+                        "queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}), "run_at": None, "priority": 0,
+                        "max_attempts": None, "unique_key": None, "tenant": None}).fetchone()[0]  # type: ignore[index]
+                    committed[job_id] = time.time()  # autocommit: the COMMIT has returned
+                    # Idle again before the next one (a busy worker would claim it at once).
+                    deadline = time.monotonic() + 5
+                    while job_id not in starts and time.monotonic() < deadline:
+                        time.sleep(0.001)
+                    time.sleep(0.05)
+        finally:
+            worker.stop()
+            thread.join(timeout=30)
+        lat = [(starts[j] - committed[j]) * 1000 for j in committed if j in starts]
+        key = "LISTEN" if listen else "polling only (poll_interval 1 s)"
+        results[key] = {"p50_ms": _pct(lat, 50), "p95_ms": _pct(lat, 95), "p99_ms": _pct(lat, 99),
+                        "max_ms": max(lat), "n": len(lat), "missing": len(committed) - len(lat)}
+        log.info("latency %-34s p50 %.1f ms p95 %.1f ms", key, results[key]["p50_ms"], results[key]["p95_ms"])
+    return results
+
+
+# Workload 4: claim latency against finished rows --------------------------------------------------
+
+
+def _plans_of_claim(conn: psycopg.Connection) -> list[str]:
+    """The plans PL/pgSQL actually runs inside pgq.claim, from auto_explain (superuser only)."""
+    plans: list[str] = []
+
+    def collect(diag: psycopg.errors.Diagnostic) -> None:
+        if diag.message_primary and "Query Text" in diag.message_primary:
+            plans.append(diag.message_primary)
+
+    try:
+        conn.execute("LOAD 'auto_explain'")
+    except psycopg.Error:
+        return ["(auto_explain unavailable: not a superuser)"]
+    conn.add_notice_handler(collect)
+    try:
+        conn.execute("SET auto_explain.log_min_duration = 0")
+        conn.execute("SET auto_explain.log_nested_statements = on")
+        conn.execute("SET auto_explain.log_analyze = on")
+        conn.execute("SET client_min_messages = log")
+        conn.execute("BEGIN")
+        conn.execute("SELECT * FROM pgq.claim('bench-plan', ARRAY['bench'], 1)").fetchall()
+        conn.execute("ROLLBACK")
+    finally:
+        conn.execute("RESET client_min_messages")
+        conn.execute("SET auto_explain.log_min_duration = -1")
+        conn.remove_notice_handler(collect)
+    return plans
+
+
+def _claim_latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    with _connect(dsn) as conn:
+        _reset(conn)
+        have = 0
+        for level in cfg.finished_levels:
+            conn.execute(
+                "INSERT INTO pgq.jobs (queue, kind, state, attempt, max_attempts, finished_at, last_event)"
+                " SELECT 'bench', 'noop', 'done', 1, 25, now() - interval '1 minute', 'completed'"
+                " FROM generate_series(1, %s)", (level - have,))
+            have = level
+            conn.execute("DELETE FROM pgq.jobs WHERE state <> 'done'")
+            _load_pgq(conn, cfg.claim_samples + 10)
+            try:  # measure the claim, not the checkpoint that loading a million rows sets off
+                conn.execute("CHECKPOINT")
+            except psycopg.Error:
+                pass  # not a superuser (--dsn): the checkpointer will get there
+            params = {"worker": "bench-claim", "queues": [QUEUE], "batch": 1, "lease": None}
+            claim_ms, complete_ms = [], []
+            for _ in range(cfg.claim_samples):
+                t = time.perf_counter()
+                row = conn.execute(queries.CLAIM, params, prepare=True).fetchone()
+                t2 = time.perf_counter()
+                assert row is not None
+                conn.execute(queries.COMPLETE, {"id": row[0], "attempt": row[5], "result": None}, prepare=True)
+                complete_ms.append((time.perf_counter() - t2) * 1000)
+                claim_ms.append((t2 - t) * 1000)
+            plans = _plans_of_claim(conn)
+            size = conn.execute("SELECT pg_total_relation_size('pgq.jobs')").fetchone()[0]  # type: ignore[index]
+            results[str(level)] = {"claim_ms": _summary(claim_ms), "complete_ms": _summary(complete_ms),
+                                   "jobs_table_bytes": size, "plans": plans}
+            log.info("claim latency with %8d finished rows: %.3f ms (complete %.3f ms)", level,
+                     statistics.median(claim_ms), statistics.median(complete_ms))
+        _reset(conn)
+    return results
+
+
+# Workloads 5 and 6: churn with pruning, and an old snapshot ---------------------------------------
+
+
+def _sizes(conn: psycopg.Connection) -> dict[str, float]:
+    row = conn.execute(
+        "SELECT pg_relation_size('pgq.jobs'), pg_indexes_size('pgq.jobs'), pg_total_relation_size('pgq.job_events'),"
+        " (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'pgq.jobs'::regclass),"
+        " (SELECT count(*) FROM pgq.jobs)").fetchone()
+    assert row is not None
+    return {"jobs_table_bytes": row[0], "jobs_indexes_bytes": row[1], "events_total_bytes": row[2],
+            "jobs_dead_tuples": row[3], "jobs_rows": row[4]}
+
+
+def _churn(dsn: str, seconds: float, workers: int = 4, sample_every: float = 2.0) -> dict[str, Any]:
+    """Producer, W claimers (batch 10 + complete_many) and a pruner run for ``seconds``;
+    sizes are sampled as they go. Returns the throughput and the samples."""
+    stop = threading.Event()
+    done_count = [0] * workers
+    sample_every = min(sample_every, max(seconds / 4, 0.2))
+
+    def producer(_: int) -> None:
+        with _connect(dsn) as conn:
+            payloads = [Jsonb({"n": i}) for i in range(100)]
+            while not stop.is_set():
+                pending = conn.execute("SELECT count(*) FROM pgq.jobs WHERE state = 'pending'").fetchone()[0]  # type: ignore[index]
+                if pending < 2000:
+                    conn.execute(queries.ENQUEUE_MANY, {"queue": QUEUE, "kind": "noop", "payloads": payloads,
+                                                        "run_at": None, "priority": 0, "max_attempts": None,
+                                                        "tenant": None}, prepare=True)
+                else:
+                    time.sleep(0.005)
+
+    def consumer(i: int) -> None:
+        with _connect(dsn) as conn:
+            params = {"worker": f"churn-{i}", "queues": [QUEUE], "batch": 10, "lease": None}
+            while not stop.is_set():
+                rows = conn.execute(queries.CLAIM, params, prepare=True).fetchall()
+                if not rows:
+                    time.sleep(0.005)
+                    continue
+                conn.execute(queries.COMPLETE_MANY, {"ids": [r[0] for r in rows], "attempts": [r[5] for r in rows]},
+                             prepare=True)
+                done_count[i] += len(rows)
+
+    def pruner(_: int) -> None:
+        with _connect(dsn) as conn:
+            while not stop.wait(0.5):
+                conn.execute(queries.PRUNE, {"older_than": "0 seconds", "max_jobs": 100000})
+
+    samples: list[dict[str, float]] = []
+    threads = [threading.Thread(target=producer, args=(0,), daemon=True),
+               threading.Thread(target=pruner, args=(0,), daemon=True)]
+    threads += [threading.Thread(target=consumer, args=(i,), daemon=True) for i in range(workers)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    with _connect(dsn) as conn:
+        while True:
+            elapsed = time.perf_counter() - started
+            samples.append({"t": round(elapsed, 2), "done": sum(done_count), **_sizes(conn)})
+            if elapsed >= seconds:
+                break
+            time.sleep(min(sample_every, max(0.0, seconds - elapsed)))
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    elapsed = time.perf_counter() - started
+    return {"seconds": elapsed, "jobs_per_s": sum(done_count) / elapsed, "samples": samples}
+
+
+def _churn_workload(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
+    with _connect(dsn) as conn:
+        _reset(conn)
+        conn.execute("VACUUM pgq.jobs")
+    result = _churn(dsn, cfg.churn_seconds)
+    first, last = result["samples"][0], result["samples"][-1]
+    log.info("churn: %.0f jobs/s over %.0f s; jobs table %d -> %d kB, indexes %d -> %d kB", result["jobs_per_s"],
+             result["seconds"], first["jobs_table_bytes"] // 1024, last["jobs_table_bytes"] // 1024,
+             first["jobs_indexes_bytes"] // 1024, last["jobs_indexes_bytes"] // 1024)
+    return result
+
+
+def _snapshot_workload(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
+    with _connect(dsn) as conn:
+        _reset(conn)
+        conn.execute("VACUUM pgq.jobs")
+    phases: dict[str, Any] = {}
+    holder = psycopg.connect(dsn)
+    try:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM pgq.queues").fetchone()  # takes the snapshot
+        phases["while an old snapshot is held"] = _churn(dsn, cfg.snapshot_seconds)
+    finally:
+        holder.rollback()
+        holder.close()
+    phases["after it ends"] = _churn(dsn, cfg.snapshot_seconds)
+    for k, v in phases.items():
+        log.info("old snapshot: %-30s %.0f jobs/s, dead tuples at the end %s", k, v["jobs_per_s"],
+                 v["samples"][-1]["jobs_dead_tuples"])
+    return phases
+
+
+# Report -------------------------------------------------------------------------------------------
+
+
+def _fmt_rate(s: dict[str, float]) -> str:
+    return f"{s['median']:,.0f} ({s['min']:,.0f}–{s['max']:,.0f})"
+
+
+def _markdown(res: dict[str, Any]) -> str:
+    lines = [f"pgq benchmark, {res['started']}, PostgreSQL {res['server_version']}, {res['cpus']} CPUs, "
+             f"{res['config']['jobs']} jobs per drain, {res['config']['repeats']} repetitions (median (min–max))", ""]
+    if "drain" in res:
+        lines += ["### Drain (jobs/s; pgbench: transactions/s)", "",
+                  "| system | W | jobs/s | × raw b1 | × raw b10 |", "|---|---:|---:|---:|---:|"]
+        for w, systems in res["drain"].items():
+            raw1 = systems.get("raw b1", {}).get("median")
+            raw10 = systems.get("raw b10", {}).get("median")
+            for name, s in systems.items():
+                r1 = f"{s['median'] / raw1:.2f}" if raw1 else "–"
+                r10 = f"{s['median'] / raw10:.2f}" if raw10 else "–"
+                lines.append(f"| {name} | {w} | {_fmt_rate(s)} | {r1} | {r10} |")
+        lines.append("")
+    if "enqueue" in res:
+        lines += ["### Enqueue (one connection)", "", "| how | jobs/s |", "|---|---:|"]
+        for k, s in res["enqueue"].items():
+            lines.append(f"| {k} | {_fmt_rate(s)} |")
+        e = res["enqueue"]
+        lines += ["", f"single enqueue / raw INSERT: "
+                      f"{e['enqueue (one per call)']['median'] / e['raw single-row INSERT']['median']:.2f}", ""]
+    if "latency" in res:
+        lines += ["### Enqueue COMMIT to handler start (worker with 4 idle slots)", "",
+                  "| mode | p50 ms | p95 ms | p99 ms | max ms | n |", "|---|---:|---:|---:|---:|---:|"]
+        for k, s in res["latency"].items():
+            lines.append(f"| {k} | {s['p50_ms']:.1f} | {s['p95_ms']:.1f} | {s['p99_ms']:.1f} | {s['max_ms']:.1f} |"
+                         f" {s['n']} |")
+        lines.append("")
+    if "claim_latency" in res:
+        lines += ["### Claim latency (batch 1, one connection) against finished rows", "",
+                  "| finished rows | claim ms | complete ms | jobs table |", "|---:|---:|---:|---:|"]
+        levels = list(res["claim_latency"].items())
+        for k, s in levels:
+            lines.append(f"| {int(k):,} | {s['claim_ms']['median']:.3f} | {s['complete_ms']['median']:.3f} |"
+                         f" {s['jobs_table_bytes'] / 2**20:.1f} MiB |")
+        base, top = levels[0][1]["claim_ms"]["median"], levels[-1][1]["claim_ms"]["median"]
+        lines += ["", f"claim at {int(levels[-1][0]):,} / at {int(levels[0][0]):,}: {top / base:.2f}", ""]
+    if "churn" in res:
+        c = res["churn"]
+        s0, s1 = c["samples"][0], c["samples"][-1]
+        peak = max(s["jobs_table_bytes"] + s["jobs_indexes_bytes"] for s in c["samples"])
+        lines += ["### Churn with pruning (4 claimers batch 10, producer, prune every 0.5 s)", "",
+                  f"{c['jobs_per_s']:,.0f} jobs/s over {c['seconds']:.0f} s; jobs table + indexes "
+                  f"{(s0['jobs_table_bytes'] + s0['jobs_indexes_bytes']) / 2**20:.1f} → "
+                  f"{(s1['jobs_table_bytes'] + s1['jobs_indexes_bytes']) / 2**20:.1f} MiB (peak {peak / 2**20:.1f}); "
+                  f"events {s1['events_total_bytes'] / 2**20:.1f} MiB; dead tuples at the end {s1['jobs_dead_tuples']}", ""]
+    if "old_snapshot" in res:
+        lines += ["### Churn while a REPEATABLE READ snapshot is held, and after", "",
+                  "| phase | jobs/s | dead tuples at end | jobs table + indexes |", "|---|---:|---:|---:|"]
+        for k, v in res["old_snapshot"].items():
+            s = v["samples"][-1]
+            lines.append(f"| {k} | {v['jobs_per_s']:,.0f} | {s['jobs_dead_tuples']} |"
+                         f" {(s['jobs_table_bytes'] + s['jobs_indexes_bytes']) / 2**20:.1f} MiB |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _chart(res: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed (pip install 'pgq-thin[bench]'): no chart")
+        return False
+    panels = 2 if "churn" in res else 1
+    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4.8), squeeze=False)
+    ax = axes[0][0]
+    if "drain" in res:
+        ws = list(res["drain"])
+        names = list(next(iter(res["drain"].values())))
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            med = [res["drain"][w][name]["median"] for w in ws]
+            lo = [m - res["drain"][w][name]["min"] for m, w in zip(med, ws)]
+            hi = [res["drain"][w][name]["max"] - m for m, w in zip(med, ws)]
+            xs = [j + i * width for j in range(len(ws))]
+            color = "0.6" if name.startswith("raw") or name == "pgbench" else None
+            hatch = "//" if name.startswith("raw") else ("xx" if name == "pgbench" else None)
+            ax.bar(xs, med, width, yerr=[lo, hi], label=name, color=color, hatch=hatch, edgecolor="black",
+                   linewidth=0.4)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ws))], [f"W = {w}" for w in ws])
+        ax.set_ylabel("jobs/s (pgbench: tps)")
+        ax.set_title("Drain throughput (median, min–max); grey = references")
+        ax.legend(fontsize=7)
+    if panels == 2:
+        ax2 = axes[0][1]
+        s = res["churn"]["samples"]
+        t = [x["t"] for x in s]
+        ax2.plot(t, [x["jobs_table_bytes"] / 2**20 for x in s], label="pgq.jobs heap")
+        ax2.plot(t, [x["jobs_indexes_bytes"] / 2**20 for x in s], label="pgq.jobs indexes")
+        ax2.plot(t, [x["events_total_bytes"] / 2**20 for x in s], label="pgq.job_events")
+        ax2.set_xlabel("seconds")
+        ax2.set_ylabel("MiB")
+        ax2.set_title(f"Churn with pruning: {res['churn']['jobs_per_s']:,.0f} jobs/s")
+        ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# Entry point --------------------------------------------------------------------------------------
+
+WORKLOADS = ("enqueue", "drain", "latency", "claim_latency", "churn", "old_snapshot")
+
+
+def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
+              workloads: Sequence[str] = WORKLOADS, systems: Sequence[str] = DRAIN_SYSTEMS,
+              config: BenchConfig | None = None, jobs: int | None = None,
+              workers: Sequence[int] | None = None, repeats: int | None = None,
+              print_table: bool = True) -> int:
+    """Run the benchmark; write bench.md, bench.json and bench.png into ``out_dir``; 0 on success.
+
+    ``dsn`` None starts a throwaway PostgreSQL. A given ``dsn`` must name a scratch database: the
+    benchmark installs pgq there, TRUNCATEs pgq.jobs and pgq.job_events, and creates the schema
+    bench_raw and pgbench's tables. ``workloads`` picks a subset of WORKLOADS; ``systems`` a subset
+    of DRAIN_SYSTEMS. ``jobs``, ``workers`` and ``repeats`` override the drain sizes."""
+    cfg = config or (BenchConfig.quick() if quick else BenchConfig())
+    if jobs is not None:
+        cfg.jobs = jobs
+    if workers is not None:
+        cfg.workers = tuple(workers)
+    if repeats is not None:
+        cfg.repeats = repeats
+    unknown = set(workloads) - set(WORKLOADS)
+    if unknown:
+        raise ValueError(f"unknown workloads {sorted(unknown)}; choose from {WORKLOADS}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    server = _Server(dsn)
+    try:
+        _prepare_database(server.dsn)
+        with _connect(server.dsn) as conn:
+            version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        res: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                               "server_version": version, "cpus": os.cpu_count(),
+                               "config": {k: (list(v) if isinstance(v, tuple) else v)
+                                          for k, v in cfg.__dict__.items()}}
+        with tempfile.TemporaryDirectory() as tmp:
+            if "drain" in workloads:
+                _pgbench_init(server.dsn)
+                res["drain"] = _drains(server.dsn, cfg, Path(tmp), systems)
+        if "enqueue" in workloads:
+            res["enqueue"] = _enqueue(server.dsn, cfg)
+        if "latency" in workloads:
+            res["latency"] = _latency(server.dsn, cfg)
+        if "claim_latency" in workloads:
+            res["claim_latency"] = _claim_latency(server.dsn, cfg)
+        if "churn" in workloads:
+            res["churn"] = _churn_workload(server.dsn, cfg)
+        if "old_snapshot" in workloads:
+            res["old_snapshot"] = _snapshot_workload(server.dsn, cfg)
+    finally:
+        server.stop()
+    table = _markdown(res)
+    (out / "bench.md").write_text(table + "\n")
+    (out / "bench.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    _chart(res, out / "bench.png")
+    if print_table:
+        print(table)
+    return 0
