@@ -362,7 +362,7 @@ CREATE FUNCTION pgq._backoff(attempt integer, base interval, cap interval) RETUR
                  greatest(_backoff.base, make_interval(secs => d.ceiling_secs * (0.5 + random() * 0.5))))
     FROM (SELECT least(extract(epoch FROM _backoff.cap)::float8,
                        extract(epoch FROM _backoff.base)::float8
-                       * power(2::float8, least(greatest(_backoff.attempt, 1) - 1, 40)))
+                       * power(2::float8, least(greatest(_backoff.attempt, 1) - 1, 62)))
                  AS ceiling_secs) AS d
 $$;
 COMMENT ON FUNCTION pgq._backoff(integer, interval, interval) IS
@@ -685,10 +685,18 @@ BEGIN
 
     -- Capped queues are locked in name order (so claimers never deadlock) before their running
     -- jobs are counted by the next statement, whose fresh snapshot sees every earlier claim.
+    -- (Under REPEATABLE READ or SERIALIZABLE that count would come from an older snapshot and
+    -- could pass the cap: such a claim of a capped queue is refused.)
     PERFORM FROM pgq.queues AS q
     WHERE q.max_running > 0 AND NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues))
     ORDER BY q.name
     FOR NO KEY UPDATE;
+    IF FOUND AND current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgq: a claim of a queue with max_running must run at READ COMMITTED, not %',
+            upper(current_setting('transaction_isolation'))
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Claim in autocommit mode, or in a READ COMMITTED transaction.';
+    END IF;
 
     SELECT array_agg(e.name ORDER BY e.name), array_agg(e.room ORDER BY e.name),
            array_agg(e.fair ORDER BY e.name)
@@ -1565,7 +1573,9 @@ BEGIN
         SELECT a.pid, a.state, a.usename, clock_timestamp() - a.xact_start AS age,
                age(a.backend_xmin) AS xmin_age, left(a.query, 80) AS query
         FROM pg_stat_activity AS a
-        WHERE a.xact_start IS NOT NULL AND a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
+        -- Only this database's sessions hold back vacuum of its tables.
+        WHERE a.datname = current_database() AND a.xact_start IS NOT NULL
+          AND a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
           AND clock_timestamp() - a.xact_start > health.max_snapshot_age / 2
         ORDER BY a.xact_start
     LOOP
@@ -1633,11 +1643,16 @@ COMMENT ON FUNCTION pgq.get_job(bigint) IS 'The job row; P0002 when there is no 
 -- A job's attempt history, oldest first (empty when its queue has audit off, or it was pruned).
 CREATE FUNCTION pgq.job_history(id bigint)
     RETURNS SETOF pgq.job_events
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
     AS $$
-    SELECT * FROM pgq.job_events AS e WHERE e.job_id = job_history.id ORDER BY e.id
+BEGIN
+    IF job_history.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    RETURN QUERY SELECT * FROM pgq.job_events AS e WHERE e.job_id = job_history.id ORDER BY e.id;
+END
 $$;
 COMMENT ON FUNCTION pgq.job_history(bigint) IS
     'The events of one job (claims, transitions, rejected stale writes), oldest first.';

@@ -66,9 +66,6 @@ def test_the_backoff_grows_as_documented_up_to_the_cap_for_ordinary_bases(
             assert max(base, ceiling / 2) - MICRO <= delay <= ceiling + MICRO, (attempt, delay, ceiling)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: pgq._backoff clamps the exponent at 40, so a base below "
-                   "cap / 2^40 (under 29 microseconds for a 365-day cap) stops growing at base * 2^40 "
-                   "instead of reaching min(cap, base * 2^(attempt-1)) as its comment documents")
 def test_the_backoff_reaches_the_cap_even_for_a_microsecond_base(db: psycopg.Connection) -> None:
     base, cap = MICRO, MAX_INTERVAL
     (delay,) = db.execute("SELECT pgq._backoff(60, %s, %s)", (base, cap)).fetchone()

@@ -94,3 +94,15 @@ def test_bad_max_running_is_refused(conn: psycopg.Connection, value: int, sqlsta
         conn.execute("SELECT pgq.configure_queue('q', max_running => %s)", (value,))
     assert err.value.sqlstate == sqlstate and '"max_running"' in err.value.diag.message_primary
     assert one(conn, "SELECT count(*) FROM pgq.queues") == 0
+
+
+def test_a_capped_claim_outside_read_committed_is_refused(dsn: str, conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('capped', max_running => 2)")
+    conn.execute("SELECT pgq.enqueue('capped', 'k')")
+    with psycopg.connect(dsn) as tx:
+        tx.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        with pytest.raises(psycopg.Error) as err:
+            tx.execute("SELECT * FROM pgq.claim('w', '{capped}')")
+        assert err.value.sqlstate == "55000" and "READ COMMITTED" in err.value.diag.message_primary
+        tx.rollback()
+    assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'running'") == 0

@@ -89,3 +89,9 @@ def test_a_claim_late_in_a_long_transaction_still_gets_its_whole_lease(dsn: str)
     assert lease_left.total_seconds() > 0.5
     with psycopg.connect(dsn, autocommit=True) as other:
         assert claim(other) == []
+
+
+def test_job_history_of_null_is_a_clear_22004(conn: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.Error) as err:
+        conn.execute("SELECT * FROM pgq.job_history(NULL)")
+    assert err.value.sqlstate == "22004" and '"id"' in err.value.diag.message_primary
