@@ -155,6 +155,12 @@ def run_demo(dsn: str | None = None, jobs: int = 3000, workers: int = 3, concurr
                         killed = row[0]
                         pid = fleet.signal(killed, signal.SIGKILL)
                         notes.append(f"   killed {killed} (pid {pid}, kill -9) while it ran job {crash_id}, attempt {row[1]}")
+                        step = "killed"
+                elif step == "killed":
+                    # A claim the killed worker sent just before it died may still commit: wait
+                    # until its server sessions are gone, so that it cannot take the next job.
+                    if not _row(client, "SELECT count(*) FROM pg_stat_activity WHERE application_name"
+                                        " IN (%s, %s)", (f"pgq-worker {killed}", f"pgq-listen {killed}"))[0]:
                         freeze_id = client.enqueue(QUEUE, "demo.slow", {"seconds": 4}, priority=10)
                         step = "freeze"
                 elif step == "freeze":

@@ -298,7 +298,8 @@ def test_committed_enqueues_and_completions_survive_an_immediate_shutdown_of_pos
     dsn = own_server.dsn_for("crashme")
     migrate(dsn)
     workers = [spawn(dsn, STEADY_LEASE="2", STEADY_CONCURRENCY="3") for _ in range(2)]
-    producer = Producer(dsn, count=120, interval=0.03)
+    # Long enough (about 12 s of enqueues) to be still producing when the crash comes.
+    producer = Producer(dsn, count=400, interval=0.03)
     producer.start()
     with psycopg.connect(dsn, autocommit=True) as before:
         wait_for(lambda: one(before, "SELECT count(*) FROM pgq.jobs WHERE state = 'done'") >= 20,
@@ -310,8 +311,8 @@ def test_committed_enqueues_and_completions_survive_an_immediate_shutdown_of_pos
     time.sleep(1.0)
     restart(own_server)
     producer.join(DEADLINE * 2)
-    assert producer.error is None and len(producer.ids) == 120 and producer.reconnects >= 1
-    assert len(done_before) >= 20 and committed_before < 120
+    assert producer.error is None and len(producer.ids) == 400 and producer.reconnects >= 1
+    assert len(done_before) >= 20 and committed_before < 400
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         ids = producer.ids

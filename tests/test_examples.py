@@ -83,6 +83,8 @@ def wait_until(predicate: Any, what: str, timeout: float = 30.0) -> None:
 
 def test_a_worker_completes_good_jobs_and_fails_bad_ones(
         worker_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
+    # A long backoff: the retried job must not come due again while the worker drains the queue.
+    conn.execute("SELECT pgq.configure_queue('examples', backoff_base => '1 hour', backoff_cap => '1 hour')")
     good = [enqueue(conn, "examples", {"n": n}) for n in range(5)]
     nasty = enqueue(conn, "examples", {"text": NASTY})
     retryable = enqueue(conn, "examples", {"fail": True, "text": NASTY})
