@@ -186,18 +186,26 @@ def _prepare_database(dsn: str) -> None:
 
 def _reset(conn: psycopg.Connection) -> None:
     """Empty both job tables, so that every drain starts from the same state."""
-    conn.execute("TRUNCATE bench_raw.jobs, pgq.jobs, pgq.job_events")
+    conn.execute("TRUNCATE bench_raw.jobs, pgq.jobs, pgq.job_events, pgq.tenants")
 
 
-def _set_audit(conn: psycopg.Connection, audit: bool) -> None:
-    conn.execute("SELECT pgq.configure_queue(queue => %s, audit => %s)", (QUEUE, audit))
+def _set_mode(conn: psycopg.Connection, audit: bool, fair: bool = False) -> None:
+    conn.execute("SELECT pgq.configure_queue(queue => %s, audit => %s, fair => %s)", (QUEUE, audit, fair))
 
 
-def _load_pgq(conn: psycopg.Connection, n: int) -> None:
+#: Tenants the fair-mode drain spreads its jobs over.
+FAIR_TENANTS = 8
+
+
+def _load_pgq(conn: psycopg.Connection, n: int, tenants: int = 0) -> None:
     for start in range(0, n, 5000):
-        conn.execute(queries.ENQUEUE_MANY, {
-            "queue": QUEUE, "kind": "noop", "payloads": [Jsonb({"n": i}) for i in range(start, min(n, start + 5000))],
-            "run_at": None, "priority": 0, "max_attempts": None, "tenant": None})
+        chunk = range(start, min(n, start + 5000))
+        groups = [(None, list(chunk))] if not tenants else [
+            (f"tenant-{t}", [i for i in chunk if i % tenants == t]) for t in range(tenants)]
+        for tenant, ids in groups:
+            conn.execute(queries.ENQUEUE_MANY, {
+                "queue": QUEUE, "kind": "noop", "payloads": [Jsonb({"n": i}) for i in ids],
+                "run_at": None, "priority": 0, "max_attempts": None, "tenant": tenant})
     conn.execute("VACUUM ANALYZE pgq.jobs")
     conn.execute("VACUUM ANALYZE pgq.job_events")
 
@@ -275,18 +283,20 @@ def _done_count(conn: psycopg.Connection, system: str) -> int:
     return int(conn.execute(sql).fetchone()[0])  # type: ignore[index]
 
 
-DRAIN_SYSTEMS = ("raw b1", "raw b10", "pgq b1", "pgq b10", "pgq b1 audit off", "pgq b10 audit off", "pgq worker")
+DRAIN_SYSTEMS = ("raw b1", "raw b10", "pgq b1", "pgq b10", "pgq b1 audit off", "pgq b10 audit off",
+                 "pgq b10 fair", "pgq worker")
 
 
 def _one_drain(dsn: str, system: str, workers: int, n: int) -> float:
     """Load n jobs, drain them with ``system``, verify the done count; jobs per second."""
     with _connect(dsn) as conn:
         _reset(conn)
-        _set_audit(conn, "audit off" not in system)
+        fair = system.endswith("fair")
+        _set_mode(conn, "audit off" not in system, fair)
         if system.startswith("raw"):
             _load_raw(conn, n)
         else:
-            _load_pgq(conn, n)
+            _load_pgq(conn, n, FAIR_TENANTS if fair else 0)
     started = time.perf_counter()
     if system == "raw b1":
         _drain_raw(dsn, workers, 1)
@@ -307,7 +317,7 @@ def _one_drain(dsn: str, system: str, workers: int, n: int) -> float:
             span = conn.execute("SELECT extract(epoch FROM max(finished_at) - min(claimed_at)) FROM pgq.jobs"
                                 " WHERE queue = 'bench'").fetchone()[0]  # type: ignore[index]
             elapsed = float(span) if span else elapsed
-        _set_audit(conn, True)
+        _set_mode(conn, True)
     if done != n:
         raise RuntimeError(f"{system}: {done} jobs done in the database, expected {n}")
     return n / elapsed
