@@ -2,7 +2,7 @@
 every function was called 8 times in the session, so the cached plans in use (generic for claim
 and recovery, which force them) are the ones shown.
 
-The table holds 100k done rows, 10k scheduled rows, 1k exhausted rows of the highest priority and
+The table holds 1M done rows, 100k scheduled rows, 1k exhausted rows of the highest priority and
 20k due rows. ANALYZE runs before any job is claimed, so the statistics believe nothing is running:
 the stale-statistics case that follows a quiet period or an outage.
 """
@@ -63,11 +63,11 @@ def big_dsn(pg_server, admin_dsn: str, template_db: str) -> Iterator[str]:
                                   finished_at, last_event)
             SELECT 'q', 'k', 'done', 1, 25, now() - interval '2 hours', now() - interval '2 hours',
                    now() - interval '1 hour', 'completed'
-            FROM generate_series(1, 100000)""")
+            FROM generate_series(1, 1000000)""")
         conn.execute("""
             INSERT INTO pgq.jobs (queue, kind, run_at, max_attempts)
             SELECT 'q', 'k', now() + interval '1 day' + g * interval '1 second', 25
-            FROM generate_series(1, 10000) AS g""")
+            FROM generate_series(1, 100000) AS g""")
         conn.execute("""
             INSERT INTO pgq.jobs (queue, kind, priority, attempt, max_attempts, run_at)
             SELECT 'q', 'k', 1000, 3, 3, now() - interval '1 hour' FROM generate_series(1, 1000)""")
@@ -148,7 +148,7 @@ def test_claim_uses_jobs_ready_idx_and_reads_rows_in_proportion_to_the_batch(ses
     main = plan_of(plans, "WITH picked AS")
     picks = [s for s in main.job_scans if s.index == "jobs_ready_idx"]
     assert len(picks) == 1, main.text
-    assert picks[0].rows <= 10, main.text  # not the 10k scheduled, 1k exhausted or 100k done rows
+    assert picks[0].rows <= 10, main.text  # not the 100k scheduled, 1k exhausted or 1M done rows
     updates = [s for s in main.job_scans if s.index != "jobs_ready_idx"]
     assert updates and all(s.index == "jobs_pkey" and s.rows <= 10 for s in updates), main.text
     # Generic: the plan refers to the function's variables as parameters, not as constants.
