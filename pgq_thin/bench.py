@@ -362,6 +362,27 @@ def _drains(dsn: str, cfg: BenchConfig, workdir: Path, systems: Sequence[str]) -
 # Workload 1: enqueue ------------------------------------------------------------------------------
 
 
+PRODUCERS = 8
+PRODUCERS_ON = f"enqueue, {PRODUCERS} producers, notify on"
+PRODUCERS_OFF = f"enqueue, {PRODUCERS} producers, notify off"
+
+
+def _concurrent_enqueues(dsn: str, producers: int, total: int) -> float:
+    """``producers`` connections each committing single enqueues (autocommit); jobs per second."""
+    each = max(1, total // producers)
+
+    def work(i: int) -> None:
+        with _connect(dsn) as conn:
+            for n in range(each):
+                conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": n}),
+                                               "run_at": None, "priority": 0, "max_attempts": None,
+                                               "unique_key": None, "tenant": None}, prepare=True)
+
+    t = time.perf_counter()
+    _run_threads(producers, work)
+    return each * producers / (time.perf_counter() - t)
+
+
 def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
     out: dict[str, list[float]] = {"enqueue_many (1000 per call)": [], "enqueue (one per call)": [],
                                    "raw single-row INSERT": []}
@@ -386,6 +407,16 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                                                        "run_at": None, "priority": 0, "max_attempts": None,
                                                        "unique_key": None, "tenant": None}, prepare=True)
                 out[label].append(cfg.single_enqueues / (time.perf_counter() - t))
+            # TESTING.md 17: the commit-lock cost of NOTIFY. A transaction that notifies takes a
+            # global lock at commit; with many producers committing one enqueue each, compare the
+            # queue with notify on and off (alternating which goes first).
+            modes = (True, False) if len(out.get(PRODUCERS_ON, [])) % 2 == 0 else (False, True)
+            for notify in modes:
+                _reset(conn)
+                conn.execute("SELECT pgq.configure_queue(queue => %s, notify => %s)", (QUEUE, notify))
+                out.setdefault(PRODUCERS_ON if notify else PRODUCERS_OFF, []).append(
+                    _concurrent_enqueues(dsn, PRODUCERS, cfg.single_enqueues))
+            conn.execute("SELECT pgq.configure_queue(queue => %s, notify => true)", (QUEUE,))
         _reset(conn)
     for k, v in out.items():
         log.info("enqueue %-30s %8.0f jobs/s", k, statistics.median(v))
@@ -633,12 +664,16 @@ def _markdown(res: dict[str, Any]) -> str:
                 lines.append(f"| {name} | {w} | {_fmt_rate(s)} | {r1} | {r10} |")
         lines.append("")
     if "enqueue" in res:
-        lines += ["### Enqueue (one connection)", "", "| how | jobs/s |", "|---|---:|"]
+        lines += ["### Enqueue (one connection unless stated)", "", "| how | jobs/s |", "|---|---:|"]
         for k, s in res["enqueue"].items():
             lines.append(f"| {k} | {_fmt_rate(s)} |")
         e = res["enqueue"]
         lines += ["", f"single enqueue / raw INSERT: "
-                      f"{e['enqueue (one per call)']['median'] / e['raw single-row INSERT']['median']:.2f}", ""]
+                      f"{e['enqueue (one per call)']['median'] / e['raw single-row INSERT']['median']:.2f}"]
+        if PRODUCERS_ON in e:
+            lines += [f"NOTIFY's commit-lock cost, {PRODUCERS} producers: notify on / off: "
+                      f"{e[PRODUCERS_ON]['median'] / e[PRODUCERS_OFF]['median']:.2f}"]
+        lines += [""]
     if "latency" in res:
         lines += ["### Enqueue COMMIT to handler start (worker with 4 idle slots)", "",
                   "| mode | p50 ms | p95 ms | p99 ms | max ms | n |", "|---|---:|---:|---:|---:|---:|"]
