@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from pgq_thin import embedded
+from pgq_thin._processes import stop_processes
 from pgq_thin.client import Client
 from pgq_thin.migrate import migrate
 
@@ -53,17 +54,7 @@ class Fleet:
         return proc.pid
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.terminate()
-        deadline = time.monotonic() + 20
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(self.procs.values())
 
 
 class Progress:

@@ -39,6 +39,7 @@ import psycopg
 import psycopg.conninfo
 
 from pgq_thin import embedded
+from pgq_thin._processes import stop_processes
 from pgq_thin.client import Client
 from pgq_thin.migrate import migrate
 from pgq_thin.soak_app import QUEUE
@@ -131,16 +132,7 @@ class _Fleet:
 
     def stop(self) -> None:
         self.thaw_due(everything=True)
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + 20
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(self.procs.values())
 
 
 class _Producers:
