@@ -61,3 +61,21 @@ def events(conn: psycopg.Connection, job_id: int) -> list[tuple]:
         "SELECT event, attempt, from_state::text, to_state::text FROM pgq.job_events "
         "WHERE job_id = %s ORDER BY id", (job_id,)
     ).fetchall()
+
+
+def notifications_until_marker(listener: psycopg.Connection, sender: psycopg.Connection,
+                               channel: str = "pgq", timeout: float = 60.0) -> list[str]:
+    """The payloads ``listener`` (already LISTENing on ``channel``) receives before a marker that
+    ``sender`` (autocommit, its earlier statements committed) sends on the same channel now.
+
+    PostgreSQL delivers the notifications of different transactions in the order the transactions
+    committed, so every notification committed before the marker arrives before it: no guessed
+    quiet period that a slow machine can overrun, and a stray extra one is still seen."""
+    marker = f"end-of-notifications-{next(_counter)}"
+    sender.execute("SELECT pg_notify(%s, %s)", (channel, marker))
+    received: list[str] = []
+    for notify in listener.notifies(timeout=timeout):
+        if notify.channel == channel and notify.payload == marker:
+            return received
+        received.append(notify.payload)
+    raise AssertionError(f"the marker notification did not arrive within {timeout}s; got {received}")
