@@ -51,11 +51,17 @@ def test_a_step_that_neither_finishes_nor_blocks_is_reported_hung(h: Harness) ->
 
 def test_a_round_starts_its_steps_together_behind_a_barrier(h: Harness) -> None:
     sessions = [h.session(name) for name in ("r1", "r2", "r3")]
+    # Each step sleeps 2 s: run together they take about 2 s, one after another 6 s. The bound
+    # sits between the two with seconds to spare for a loaded machine (0.4 s steps under a 1.0 s
+    # bound left 0.6 s).
     t0 = time.monotonic()
-    steps = h.round("sleepers", [(s, f"{s.name}_sleep", "SELECT pg_sleep(0.4)", None) for s in sessions])
+    steps = h.round("sleepers", [(s, f"{s.name}_sleep", "SELECT pg_sleep(2)", None) for s in sessions])
     elapsed = time.monotonic() - t0
     assert all(st.ok and not st.blocked and st.round == "sleepers" for st in steps)
-    assert elapsed < 1.0, f"three 0.4 s steps took {elapsed:.2f}s: they did not run together"
+    assert elapsed < 4.0, f"three 2 s steps took {elapsed:.2f}s: they did not run together"
+    # Every step started before any of them ended: they overlapped.
+    assert max(st.started_at for st in steps) < min(st.ended_at for st in steps), \
+        [(st.name, st.started_at, st.ended_at) for st in steps]
 
 
 def test_a_round_marks_a_step_that_waits_on_a_lock(h: Harness) -> None:
@@ -64,10 +70,19 @@ def test_a_round_marks_a_step_that_waits_on_a_lock(h: Harness) -> None:
     h.step(holder, "lock", "SELECT id FROM t WHERE id = 2 FOR UPDATE")
 
     def commit_later() -> None:  # runs in the holder's own thread, on its connection
-        time.sleep(0.3)
+        # COMMIT once the round has marked x blocked and y has finished, not after a fixed
+        # 0.3 s: on a loaded machine the round could start later than that, and then x would not
+        # wait at all or y would find row 2 unlocked. The deadline only keeps a failure finite.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            steps = {st.name: st for st in h.steps if st.round == "mixed"}
+            if "x_update" in steps and steps["x_update"].blocked and "y_skip" in steps and steps["y_skip"].done:
+                break
+            time.sleep(0.005)
         holder.conn.execute("COMMIT")
 
-    release = h.start(holder, "commit_after_0.3s", fn=commit_later, describe="sleep 0.3 s, then COMMIT")
+    release = h.start(holder, "commit_when_x_waits", fn=commit_later,
+                      describe="wait until x is seen blocked and y is done, then COMMIT")
     x_step, y_step = h.round("mixed", [(x, "x_update", "UPDATE t SET v = 5 WHERE id = 2", None),
                                        (y, "y_skip", "SELECT id FROM t ORDER BY id FOR UPDATE SKIP LOCKED", None)])
     h.wait(release)
