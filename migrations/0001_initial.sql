@@ -854,6 +854,9 @@ CREATE FUNCTION pgq.complete_many(ids bigint[], attempts integer[])
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    -- The custom plan of the completing statement cost a re-plan per call (1.6 ms of a 4-job
+    -- call here, 0.7 ms with the generic plan, which reads every pair by primary key).
+    SET plan_cache_mode = force_generic_plan
     AS $$
 DECLARE
     done_ids bigint[];

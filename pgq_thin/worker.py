@@ -10,10 +10,13 @@
 
 Where things happen (every state change is one pgq function, called through pgq_thin.Client):
 
-- ``Worker._claim_loop``: THE CLAIM LOOP. Claims as many jobs as there are free slots
-  (pgq.claim), starts one thread per job, sweeps now and then (pgq.sweep), and sleeps until a
-  NOTIFY, a free slot or the next poll.
-- ``Worker._execute``: runs one handler and turns its outcome into exactly one call of pgq.complete,
+- ``Worker._claim_loop``: THE CLAIM LOOP. Records the completions the slots have finished since
+  its last round (one pgq.complete_many for all of them, ``_flush_completions``), claims as many
+  jobs as there are free slots (pgq.claim) and hands them to the slot threads, sweeps now and then
+  (pgq.sweep), and sleeps until a NOTIFY, a free slot or the next poll.
+- ``Worker._execute``: runs one handler in one of the ``concurrency`` slot threads and turns its
+  outcome into exactly one owner call: a handler that returns None joins the next
+  pgq.complete_many batch; any other outcome is one call of pgq.complete (with the result),
   pgq.fail, pgq.snooze or pgq.mark_unknown (``_settle``), retried with the same attempt while the
   connection is down: those calls are idempotent for the same attempt.
 - ``Worker._renew_loop``: renews every running job's lease at about a third of the lease
@@ -29,6 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import queue
 import random
 import secrets
 import signal
@@ -240,8 +244,14 @@ class Worker:
         self._wake = threading.Event()
         self._listening = threading.Event()
         self._done = threading.Event()  # run() is over: background threads give up
+        # Every job we hold: claimed and not yet recorded (running, or its completion waiting for
+        # the next complete_many). The renewer renews them; shutdown gives back what is left.
         self._active: dict[int, _Running] = {}
         self._active_lock = threading.Lock()
+        self._assigned = 0  # jobs handed to the slots whose handler has not returned yet
+        self._ready: queue.SimpleQueue[_Running | None] = queue.SimpleQueue()  # claimed, for the slots
+        self._completions: list[_Running] = []  # handlers returned None: complete_many them
+        self._completions_lock = threading.Lock()
         self._clock_offset = 0.0  # database clock minus local clock, in seconds
         self._client: Client | None = None
         self._dsn = ""
@@ -315,6 +325,10 @@ class Worker:
         )
         self._client = Client(pool=pool)
         self._read_database_clock()
+        slots = [threading.Thread(target=self._slot_loop, name=f"pgq-slot-{n}", daemon=True)
+                 for n in range(1, self.concurrency + 1)]
+        for slot in slots:
+            slot.start()
         threads = [threading.Thread(target=self._renew_loop, name="pgq-renew", daemon=True)]
         if self.listen:
             threads.append(threading.Thread(target=self._listen_loop, name="pgq-listen", daemon=True))
@@ -329,6 +343,8 @@ class Worker:
         finally:
             self._shutdown()
             self._done.set()
+            for _ in slots:
+                self._ready.put(None)  # a slot still in a handler stays a daemon thread
             if not self._hard_stop.is_set():
                 for thread in threads:
                     thread.join(timeout=5.0)
@@ -356,7 +372,16 @@ class Worker:
                 self._housekeeping()
                 next_sweep = time.monotonic() + _jitter(self.sweep_interval)
                 continue  # look at the stop flag again: the sweep may have waited for a connection
-            free = self.concurrency - len(self._active)
+            try:
+                self._flush_completions()
+            except PgqError as exc:  # transient: kept for the next round (or the lease recovers them)
+                delay = errors.next()
+                log.warning("complete_many did not reach the server (%s); repeating it in %.1fs", exc, delay,
+                            extra={"worker": self.name})
+                self._drop_broken_connections()
+                self._sleep(delay, next_sweep)
+                continue
+            free = self.concurrency - self._assigned
             if free <= 0:  # all slots busy: a finishing job wakes us
                 self._sleep(self.poll_interval, next_sweep)
                 continue
@@ -428,7 +453,7 @@ class Worker:
     # One job ----------------------------------------------------------------------------------------
 
     def _start(self, job: Job) -> None:
-        """Run ``job`` in a thread of its own, or give it back if we are stopping."""
+        """Hand ``job`` to a free slot thread, or give it back if we are stopping."""
         if self._stopping.is_set():
             self._give_back(job, "claimed during shutdown, never started")
             return
@@ -442,12 +467,44 @@ class Worker:
         running = _Running(job, ctx, _JobLog(job), lease_seconds, time.monotonic() + lease_seconds / 3)
         with self._active_lock:
             self._active[job.id] = running
-        running.log.debug("started")
-        threading.Thread(target=self._execute, args=(running,), name=f"pgq-job-{job.id}", daemon=True).start()
+            self._assigned += 1
+        self._ready.put(running)
+
+    def _slot_loop(self) -> None:
+        """One slot: run the jobs the claim loop hands over, one at a time, until told to stop."""
+        while True:
+            running = self._ready.get()
+            if running is None:
+                return
+            try:
+                if self._stopping.is_set():
+                    # Claimed before the stop, never started: give it back now (unless shutdown
+                    # already did).
+                    with running.lock:
+                        unsettled, running.settled = not running.settled, True
+                    if unsettled:
+                        self._give_back(running.job, "claimed before shutdown, never started")
+                    self._forget(running)
+                else:
+                    self._execute(running)
+            except BaseException:  # noqa: BLE001 - a slot must survive anything; the lease covers the job
+                running.log.exception("the slot failed while running this job")
+                self._forget(running)
+            finally:
+                with self._active_lock:
+                    self._assigned -= 1
+                self._wake.set()  # a free slot, and maybe a completion to record
+
+    def _forget(self, running: _Running) -> None:
+        with self._active_lock:
+            self._active.pop(running.job.id, None)
 
     def _execute(self, running: _Running) -> None:
-        """Run the handler; record its outcome with exactly one owner call."""
+        """Run the handler; record its outcome with exactly one owner call (a completion without
+        result joins the claim loop's next complete_many)."""
         job, ctx, jlog, client = running.job, running.ctx, running.log, running.ctx.client
+        jlog.debug("started")
+        deferred = False
         try:
             function = self._handlers.get(job.kind)
             if function is None:
@@ -475,13 +532,55 @@ class Worker:
                 jlog.warning("handler raised %r", exc, exc_info=True)
                 self._settle(running, "fail", lambda: client.fail(job.id, job.attempt, error))
             else:
-                self._settle(running, "complete", lambda: client.complete(job.id, job.attempt, result))
+                if result is None:
+                    deferred = self._complete_later(running)
+                else:
+                    self._settle(running, "complete", lambda: client.complete(job.id, job.attempt, result))
         finally:
-            with self._active_lock:
-                was_full = len(self._active) >= self.concurrency
-                self._active.pop(job.id, None)
-            if was_full:
-                self._wake.set()
+            if not deferred:
+                self._forget(running)
+
+    def _complete_later(self, running: _Running) -> bool:
+        """Queue the completion of a handler that returned None for the claim loop's next
+        pgq.complete_many (fenced per job like pgq.complete). False when the job is no longer ours."""
+        with running.lock:
+            if running.settled or running.ctx.lease_lost.is_set():
+                running.log.warning("no longer ours: complete not sent, the handler's outcome is discarded")
+                return False
+            running.settled = True  # the renewer leaves it alone from now on
+        with self._completions_lock:
+            self._completions.append(running)
+        return True
+
+    def _flush_completions(self) -> None:
+        """Record every queued completion with one pgq.complete_many. On a connection error the
+        batch stays queued and the error is raised (every pair is idempotent for its attempt); a
+        refusal that retrying cannot fix fails each job instead, as a refused complete would."""
+        with self._completions_lock:
+            batch, self._completions = self._completions, []
+        if not batch:
+            return
+        assert self._client is not None
+        try:
+            done = set(self._client.complete_many([r.job.id for r in batch], [r.job.attempt for r in batch]))
+        except Exception as exc:
+            if _transient(exc) and not self._done.is_set():
+                with self._completions_lock:
+                    self._completions[:0] = batch
+                raise
+            for running in batch:
+                self._refused("complete", running, exc)
+                self._forget(running)
+            return
+        with self._active_lock:
+            for running in batch:
+                self._active.pop(running.job.id, None)
+        for running in batch:
+            if running.job.id in done:
+                running.log.info("completed")
+            else:
+                running.log.warning("complete rejected: the job is no longer ours "
+                                    "(its lease expired, or it was cancelled)")
 
     def _settle(self, running: _Running, operation: str, call: Callable[[], Any]) -> None:
         """Make the one call that records the handler's outcome, unless the job is no longer ours.
@@ -659,17 +758,22 @@ class Worker:
         return previous
 
     def _shutdown(self) -> None:
-        """Wait up to shutdown_timeout for running jobs; give back those still running."""
+        """Wait up to shutdown_timeout for running jobs, recording their completions as they
+        come; give back those still running."""
         self._stopping.set()
         if self._hard_stop.is_set():
+            self._try_flush()  # finished handlers: one quick try, or their leases cover them
             return
         deadline = time.monotonic() + self.shutdown_timeout
         if self._active:
             log.info("waiting up to %.0fs for %d running jobs", self.shutdown_timeout, len(self._active),
                      extra={"worker": self.name})
         while self._active and time.monotonic() < deadline:
+            self._try_flush()
             if self._hard_stop.wait(0.05):
+                self._try_flush()
                 return
+        self._try_flush()
         with self._active_lock:
             left = list(self._active.values())
         for running in left:
@@ -684,6 +788,13 @@ class Worker:
                 self._give_back(running.job, f"still running after shutdown_timeout ({self.shutdown_timeout}s)")
             finally:
                 running.lock.release()
+
+    def _try_flush(self) -> None:
+        try:
+            self._flush_completions()
+        except PgqError as exc:
+            log.warning("complete_many did not reach the server at shutdown (%s); the leases cover "
+                        "those jobs", exc, extra={"worker": self.name})
 
     # Argument checks --------------------------------------------------------------------------------
 

@@ -215,3 +215,18 @@ def test_complete_many_finds_the_jobs_by_their_primary_key(session):
     assert_no_seq_scan_on_jobs(plans)
     write = plan_of(plans, "WITH wanted AS")
     assert write.job_scans and all(s.index == "jobs_pkey" and s.rows <= 10 for s in write.job_scans), write.text
+
+
+def test_complete_many_with_stale_pairs_reads_only_those_jobs_by_their_primary_key(session):
+    # The rejected path (a pair whose attempt is no longer running) runs two more statements; under
+    # the function's forced generic plans they must still read the named jobs only.
+    jobs = running_jobs(session, 10 * (WARMUP + 1))
+    for i in range(WARMUP + 1):
+        batch = jobs[i * 10:(i + 1) * 10]
+        ids, attempts = [j for j, _ in batch], [a for _, a in batch]
+        attempts[0] -= 1  # one stale pair per call
+        rows, plans = capture(session, "SELECT * FROM pgq.complete_many(%s, %s)", (ids, attempts))
+    assert sorted(r[0] for r in rows) == sorted(ids[1:])
+    assert_no_seq_scan_on_jobs(plans)
+    scans = [s for p in plans for s in p.job_scans]
+    assert scans and all(s.index == "jobs_pkey" and s.rows <= 10 for s in scans), "\n".join(p.text for p in plans)
