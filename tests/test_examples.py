@@ -133,7 +133,9 @@ def test_the_payload_reaches_the_database_byte_for_byte(
 def test_a_worker_whose_lease_ran_out_cannot_complete_the_job(
         worker_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
     """The stale completion is fenced off by the attempt: the new owner keeps the job."""
-    job_id = enqueue(conn, "examples", {"sleep": 3})
+    # The job outlasts its 1-second lease by 5 s: the thief below must claim it after the lease
+    # ran out and before the worker completes; 2 s of room (sleep 3) was thin on a loaded machine.
+    job_id = enqueue(conn, "examples", {"sleep": 6})
     worker = subprocess.Popen(worker_command, env=worker_env(dsn, QUEUE="examples", WORKER="slow",
                                                               LEASE="1 second"),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -168,7 +170,9 @@ def test_a_worker_whose_lease_ran_out_cannot_complete_the_job(
 
 def test_a_stopping_worker_finishes_the_job_at_hand_and_releases_the_rest(
         worker_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
-    first = enqueue(conn, "examples", {"sleep": 2}, priority=10)
+    # SIGTERM must arrive while the first job runs (else the worker does the rest too): 5 s of
+    # room, not 2, for a loaded machine between seeing the batch claimed and the signal.
+    first = enqueue(conn, "examples", {"sleep": 5}, priority=10)
     rest = [enqueue(conn, "examples", {"n": n}) for n in range(2)]
     worker = subprocess.Popen(worker_command, env=worker_env(dsn, QUEUE="examples", BATCH="3"),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
