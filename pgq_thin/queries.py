@@ -13,10 +13,12 @@ ENQUEUE = (
     " unique_key => %(unique_key)s::text, tenant => %(tenant)s::text)"
 )
 
-#: Add one job per payload in one INSERT; returns the ids in payload order.
+#: Add one job per payload in one INSERT; returns the ids in payload order. The payloads go in
+#: binary format (%b): the text form of a jsonb[] quotes every document, which cost about as much
+#: as the INSERT itself for 1000 payloads.
 ENQUEUE_MANY = (
     "SELECT id FROM pgq.enqueue_many(queue => %(queue)s::text, kind => %(kind)s::text,"
-    " payloads => %(payloads)s::jsonb[], run_at => coalesce(%(run_at)s::timestamptz, now()),"
+    " payloads => %(payloads)b::jsonb[], run_at => coalesce(%(run_at)s::timestamptz, now()),"
     " priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,"
     " tenant => %(tenant)s::text) AS t(id)"
 )
