@@ -103,7 +103,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise PgqError(f"cannot load the worker {args.app!r}: {exc}") from None
     logging.basicConfig(level=logging.INFO if not args.quiet else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    worker.run(resolve_dsn(args.dsn), queues=args.queues, concurrency=args.concurrency)
+    worker.run(resolve_dsn(args.dsn), queues=args.queues, concurrency=args.concurrency, prefetch=args.prefetch)
     return 0
 
 
@@ -275,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--app", required=True, help="module:attribute of a pgq_thin.worker.Worker")
     p.add_argument("--queues", type=queue_list, help="comma-separated queues (default: the app's)")
     p.add_argument("--concurrency", type=int, help="parallel jobs (default: the app's)")
+    p.add_argument("--prefetch", type=int,
+                   help="claimed jobs that may wait for a slot, for bigger claims (default: the app's)")
     p.add_argument("--quiet", action="store_true", help="log warnings only")
 
     p = command("stats", cmd_stats, "jobs per queue and state")

@@ -10,13 +10,14 @@
 
 Where things happen (every state change is one pgq function, called through pgq_thin.Client):
 
-- ``Worker._claim_loop``: THE CLAIM LOOP. Records the completions the slots have finished since
-  its last round (one pgq.complete_many for all of them, ``_flush_completions``), claims as many
-  jobs as there are free slots (pgq.claim) and hands them to the slot threads, sweeps now and then
-  (pgq.sweep), and sleeps until a NOTIFY, a free slot or the next poll.
+- ``Worker._claim_loop``: THE CLAIM LOOP. Claims as many jobs as there are free slots (plus free
+  places of the optional prefetch) with pgq.claim and hands them to the slot threads, sweeps now
+  and then (pgq.sweep), and sleeps until a NOTIFY, a free slot or the next poll.
 - ``Worker._execute``: runs one handler in one of the ``concurrency`` slot threads and turns its
   outcome into exactly one owner call: a handler that returns None joins the next
-  pgq.complete_many batch; any other outcome is one call of pgq.complete (with the result),
+  pgq.complete_many batch (``Worker._complete_loop`` records every completion queued since its
+  last call in one statement, on its own connection, while the claim loop claims); any other
+  outcome is one call of pgq.complete (with the result),
   pgq.fail, pgq.snooze or pgq.mark_unknown (``_settle``), retried with the same attempt while the
   connection is down: those calls are idempotent for the same attempt.
 - ``Worker._renew_loop``: renews every running job's lease at about a third of the lease
@@ -209,6 +210,11 @@ class Worker:
     arrives; ``listen=False`` relies on polling alone (e.g. behind a transaction-pooling proxy).
     ``sweep_interval`` is how often (jittered; <= 0 turns it off) pgq.sweep recovers expired
     leases. ``shutdown_timeout`` is how long a graceful stop waits for running jobs.
+
+    ``prefetch`` (default 0: a claim asks for the free slots only) lets the worker hold up to that
+    many claimed jobs that wait for a slot, so that a claim can take a bigger batch: fewer, larger
+    claims for many short jobs. A prefetched job is ours while it waits (its lease runs and is
+    renewed; no other worker can take it), and a graceful stop gives it back at once.
     """
 
     def __init__(
@@ -222,6 +228,7 @@ class Worker:
         listen: bool = True,
         sweep_interval: float = 30.0,
         shutdown_timeout: float = 30.0,
+        prefetch: int = 0,
     ) -> None:
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be positive, got {poll_interval}")
@@ -229,6 +236,7 @@ class Worker:
             raise ValueError(f"lease must be positive, got {lease!r}")
         self.queues = self._check_queues(queues)
         self.concurrency = self._check_concurrency(concurrency)
+        self.prefetch = self._check_prefetch(prefetch)
         self.name = name or _default_name()
         self.lease = lease
         self.poll_interval = poll_interval
@@ -248,10 +256,11 @@ class Worker:
         # the next complete_many). The renewer renews them; shutdown gives back what is left.
         self._active: dict[int, _Running] = {}
         self._active_lock = threading.Lock()
-        self._assigned = 0  # jobs handed to the slots whose handler has not returned yet
+        self._assigned = 0  # jobs handed to the slots (running, or waiting for one), not yet returned
         self._ready: queue.SimpleQueue[_Running | None] = queue.SimpleQueue()  # claimed, for the slots
         self._completions: list[_Running] = []  # handlers returned None: complete_many them
         self._completions_lock = threading.Lock()
+        self._completions_queued = threading.Event()
         self._clock_offset = 0.0  # database clock minus local clock, in seconds
         self._client: Client | None = None
         self._dsn = ""
@@ -283,12 +292,13 @@ class Worker:
         *,
         queues: Sequence[str] | str | None = None,
         concurrency: int | None = None,
+        prefetch: int | None = None,
         install_signal_handlers: bool = True,
     ) -> None:
         """Work until stop() or SIGTERM / SIGINT. ``dsn`` None: $PGQ_DSN, then $DATABASE_URL.
-        ``queues`` and ``concurrency`` replace the constructor's values. Connection loss never
-        ends it; errors that retrying cannot fix (bad arguments, missing privileges) do, after a
-        graceful shutdown. A Worker runs once; stop() before run() makes run() return at once."""
+        ``queues``, ``concurrency`` and ``prefetch`` replace the constructor's values. Connection
+        loss never ends it; errors that retrying cannot fix (bad arguments, missing privileges) do,
+        after a graceful shutdown. A Worker runs once; stop() before run() makes run() return at once."""
         if self._ran:
             raise RuntimeError("this Worker has already run; create a new one")
         self._dsn = resolve_dsn(dsn)
@@ -300,6 +310,8 @@ class Worker:
             self.queues = self._check_queues(queues)
         if concurrency is not None:
             self.concurrency = self._check_concurrency(concurrency)
+        if prefetch is not None:
+            self.prefetch = self._check_prefetch(prefetch)
         self._ran = True
         if not self._handlers:
             log.warning("no handlers registered: every job claimed will fail", extra={"worker": self.name})
@@ -315,7 +327,7 @@ class Worker:
         pool = ConnectionPool(
             self._dsn,
             min_size=1,
-            max_size=self.concurrency + 2,  # the job threads, the claim loop, the renewer
+            max_size=self.concurrency + 3,  # the slots, the claim loop, the completer, the renewer
             kwargs={"autocommit": True, "application_name": f"pgq-worker {self.name}"[:63], **_KEEPALIVES},
             # Each of our threads can always have a connection (max_size), so a call that waits
             # this long means the server is unreachable: it raises ConnectionLost and we back off.
@@ -329,7 +341,8 @@ class Worker:
                  for n in range(1, self.concurrency + 1)]
         for slot in slots:
             slot.start()
-        threads = [threading.Thread(target=self._renew_loop, name="pgq-renew", daemon=True)]
+        threads = [threading.Thread(target=self._renew_loop, name="pgq-renew", daemon=True),
+                   threading.Thread(target=self._complete_loop, name="pgq-complete", daemon=True)]
         if self.listen:
             threads.append(threading.Thread(target=self._listen_loop, name="pgq-listen", daemon=True))
         for thread in threads:
@@ -372,17 +385,8 @@ class Worker:
                 self._housekeeping()
                 next_sweep = time.monotonic() + _jitter(self.sweep_interval)
                 continue  # look at the stop flag again: the sweep may have waited for a connection
-            try:
-                self._flush_completions()
-            except PgqError as exc:  # transient: kept for the next round (or the lease recovers them)
-                delay = errors.next()
-                log.warning("complete_many did not reach the server (%s); repeating it in %.1fs", exc, delay,
-                            extra={"worker": self.name})
-                self._drop_broken_connections()
-                self._sleep(delay, next_sweep)
-                continue
-            free = self.concurrency - self._assigned
-            if free <= 0:  # all slots busy: a finishing job wakes us
+            free = self.concurrency + self.prefetch - self._assigned
+            if free <= 0:  # all slots (and the prefetch) busy: a finishing job wakes us
                 self._sleep(self.poll_interval, next_sweep)
                 continue
             try:
@@ -416,7 +420,7 @@ class Worker:
 
     def _claim(self, free: int) -> list[Job]:
         assert self._client is not None
-        jobs = self._client.claim(self.name, self.queues, batch=free, lease=self.lease)
+        jobs = self._client.claim(self.name, self.queues, batch=min(free, 1000), lease=self.lease)
         log.debug("claimed %d of %d", len(jobs), free,
                   extra={"worker": self.name, "batch": free, "claimed": len(jobs)})
         return jobs
@@ -550,7 +554,28 @@ class Worker:
             running.settled = True  # the renewer leaves it alone from now on
         with self._completions_lock:
             self._completions.append(running)
+        self._completions_queued.set()
         return True
+
+    def _complete_loop(self) -> None:
+        """Record queued completions, each time all of those queued since the last call in one
+        pgq.complete_many, until run() is over (shutdown records the last ones itself)."""
+        errors = _Backoff(first=0.1, cap=10.0)
+        while not self._done.is_set() and not self._hard_stop.is_set():
+            if not self._completions_queued.wait(0.5):
+                continue
+            self._completions_queued.clear()
+            try:
+                self._flush_completions()
+            except PgqError as exc:  # a connection error: the batch stays queued; try again
+                delay = errors.next()
+                log.warning("complete_many did not reach the server (%s); repeating it in %.1fs", exc, delay,
+                            extra={"worker": self.name})
+                self._drop_broken_connections()
+                self._completions_queued.set()
+                self._hard_stop.wait(delay)
+                continue
+            errors.reset()
 
     def _flush_completions(self) -> None:
         """Record every queued completion with one pgq.complete_many. On a connection error the
@@ -764,6 +789,7 @@ class Worker:
         if self._hard_stop.is_set():
             self._try_flush()  # finished handlers: one quick try, or their leases cover them
             return
+        self._give_back_waiting()
         deadline = time.monotonic() + self.shutdown_timeout
         if self._active:
             log.info("waiting up to %.0fs for %d running jobs", self.shutdown_timeout, len(self._active),
@@ -789,6 +815,26 @@ class Worker:
             finally:
                 running.lock.release()
 
+    def _give_back_waiting(self) -> None:
+        """Give back, now, the claimed jobs no slot has started (prefetched, or claimed just
+        before the stop); the slots would do it too, but only once their handlers return."""
+        waiting: list[_Running] = []
+        while True:
+            try:
+                item = self._ready.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                waiting.append(item)
+        for running in waiting:
+            with running.lock:
+                unsettled, running.settled = not running.settled, True
+            if unsettled:
+                self._give_back(running.job, "claimed before shutdown, never started")
+            self._forget(running)
+            with self._active_lock:
+                self._assigned -= 1
+
     def _try_flush(self) -> None:
         try:
             self._flush_completions()
@@ -808,6 +854,12 @@ class Worker:
         if not cleaned:
             raise ValueError("queues must name at least one queue (or be None for all queues)")
         return cleaned
+
+    @staticmethod
+    def _check_prefetch(prefetch: int) -> int:
+        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0 or prefetch > 1000:
+            raise ValueError(f"prefetch must be an integer from 0 to 1000, got {prefetch!r}")
+        return prefetch
 
     @staticmethod
     def _check_concurrency(concurrency: int) -> int:

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from pgq_thin import Client, Job
-from pgq_thin.worker import JobContext, OutcomeUnknown, Retry, Snooze, Worker
+from pgq_thin.worker import JobContext, OutcomeUnknown, Retry, Snooze, Worker, _JobLog, _Running
 from sqlhelpers import events, expire_lease, job, one
 
 # Generous deadlines that only keep a broken test from hanging; nothing here measures speed.
@@ -297,6 +297,66 @@ def test_each_claim_asks_for_as_many_jobs_as_there_are_free_slots(dsn: str, conn
         wait_for(lambda: state_counts(conn) == {"done": 6}, "all jobs done")
 
 
+def test_with_prefetch_a_claim_also_takes_jobs_that_wait_for_a_slot(dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker(concurrency=2, prefetch=3)
+    release = threading.Event()
+    lock = threading.Lock()
+    inside = {"now": 0, "most": 0}
+
+    @worker.handler("hold")
+    def hold(job: Job, ctx: JobContext) -> None:
+        with lock:
+            inside["now"] += 1
+            inside["most"] = max(inside["most"], inside["now"])
+        release.wait(DEADLINE)
+        with lock:
+            inside["now"] -= 1
+
+    conn.execute("SELECT pgq.enqueue_many('default', 'hold', array_fill('{}'::jsonb, array[10]))")
+    with running(worker, dsn):
+        # Two slots and three places to wait: one claim of five jobs (one statement: one claimed_at).
+        wait_for(lambda: state_counts(conn).get("running") == 5, "five jobs claimed")
+        assert one(conn, "SELECT count(DISTINCT claimed_at) FROM pgq.jobs WHERE state = 'running'") == 1
+        time.sleep(0.3)  # nothing more is claimed while all five are held
+        assert state_counts(conn) == {"running": 5, "pending": 5}
+        release.set()
+        wait_for(lambda: state_counts(conn) == {"done": 10}, "all jobs done")
+    assert inside["most"] == 2  # never more handlers at once than slots
+
+
+def test_a_graceful_stop_gives_back_the_jobs_waiting_for_a_slot_at_once(dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker(concurrency=1, prefetch=3)
+    started = threading.Event()
+    release = threading.Event()
+
+    @worker.handler("hold")
+    def hold(job: Job, ctx: JobContext) -> str:
+        started.set()
+        release.wait(DEADLINE)
+        return "finished"
+
+    ids = [r[0] for r in conn.execute(
+        "SELECT pgq.enqueue_many('default', 'hold', array_fill('{}'::jsonb, array[4]))").fetchall()]
+    with running(worker, dsn):
+        wait_for(lambda: state_counts(conn).get("running") == 4, "four jobs claimed")
+        assert started.wait(DEADLINE)
+        worker.stop()
+        # The three that never started are given back while the first still runs.
+        wait_for(lambda: state_counts(conn) == {"running": 1, "pending": 3}, "the waiting jobs given back")
+        release.set()
+    assert state_counts(conn) == {"done": 1, "pending": 3}
+    given_back = conn.execute("SELECT id FROM pgq.jobs WHERE state = 'pending' ORDER BY id").fetchall()
+    for (job_id,) in given_back:
+        assert [e[0] for e in events(conn, job_id)] == ["claimed", "released"]
+    assert len(set(ids) - {r[0] for r in given_back}) == 1
+
+
+def test_prefetch_must_be_an_integer_from_0_to_1000() -> None:
+    for bad in (-1, 1001, 1.5, True, None):
+        with pytest.raises(ValueError, match="prefetch"):
+            Worker(["default"], prefetch=bad)  # type: ignore[arg-type]
+
+
 def test_queues_and_concurrency_given_to_run_replace_the_constructors(dsn: str, conn: psycopg.Connection) -> None:
     worker = fast_worker(concurrency=1)
     release = threading.Event()
@@ -373,6 +433,42 @@ def test_a_worker_whose_attempt_was_taken_over_is_told_and_writes_no_completion(
     assert "completed" not in [e[0] for e in events(conn, job_id)]
     # The rightful owner is unaffected.
     assert one(conn, "SELECT pgq.complete(%s, 2)", (job_id,)) is True
+
+
+def test_completions_queued_together_are_recorded_by_one_complete_many_fenced_per_job(
+        dsn: str, conn: psycopg.Connection, caplog: pytest.LogCaptureFixture) -> None:
+    # A handler that returns None does not call pgq.complete itself: its completion waits for the
+    # completer, which records all those queued since its last call in one pgq.complete_many.
+    # Here three are queued by hand, one of them stale (its lease expired and another worker
+    # claimed the job), and one flush records them.
+    caplog.set_level(logging.INFO, logger="pgq_thin.worker")
+    conn.execute("SELECT pgq.enqueue_many('default', 'k', array_fill('{}'::jsonb, array[3]))")
+    worker = fast_worker()
+    client = Client(dsn)
+    try:
+        worker._client = client
+        mine = client.claim(worker.name, ["default"], batch=3)
+        assert len(mine) == 3
+        with conn.transaction():
+            expire_lease(conn, mine[2].id)
+            assert conn.execute("SELECT id FROM pgq.claim('thief')").fetchall() == [(mine[2].id,)]
+        for j in mine:
+            held = _Running(j, JobContext(job=j, client=client, worker_name=worker.name), _JobLog(j), 30.0, 0.0)
+            worker._active[j.id] = held
+            assert worker._complete_later(held) is True
+        worker._flush_completions()
+    finally:
+        client.close()
+
+    assert worker._active == {} and worker._completions == []
+    done = conn.execute("SELECT id, finished_at FROM pgq.jobs WHERE state = 'done' ORDER BY id").fetchall()
+    assert [r[0] for r in done] == [mine[0].id, mine[1].id]
+    assert done[0][1] == done[1][1]  # one statement: one statement_timestamp()
+    assert job(conn, mine[2].id)["claimed_by"] == "thief"
+    assert [e[0] for e in events(conn, mine[2].id)] == ["claimed", "lease_expired", "claimed", "rejected"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("completed" in m for m in messages) == 2
+    assert sum("complete rejected" in m for m in messages) == 1
 
 
 def test_a_busy_workers_sweep_recovers_expired_leases_of_other_queues(
