@@ -88,6 +88,13 @@ RAW_COMPLETE = "UPDATE bench_raw.jobs SET status = 'done', locked_at = NULL, loc
 
 RAW_INSERT = "INSERT INTO bench_raw.jobs (payload) VALUES (%(payload)s::jsonb) RETURNING id"
 
+#: The bulk reference: the same rows in one INSERT from an array, sent like enqueue_many's.
+RAW_INSERT_MANY = ("INSERT INTO bench_raw.jobs (payload) SELECT p FROM unnest(%(payloads)b::jsonb[]) AS p"
+                   " RETURNING id")
+
+#: The prefetch of the "pgq worker prefetch" drain: claimed jobs that may wait for a slot.
+WORKER_PREFETCH = 100
+
 PGBENCH_SCRIPT = "\\set aid random(1, 100000 * :scale)\nUPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n"
 
 
@@ -250,10 +257,10 @@ def _drain_pgq(dsn: str, workers: int, batch: int) -> None:
     _run_threads(workers, work)
 
 
-def _drain_worker(dsn: str, workers: int, n: int) -> None:
+def _drain_worker(dsn: str, workers: int, n: int, prefetch: int = 0) -> None:
     from pgq_thin.worker import Worker
 
-    worker = Worker(queues=[QUEUE], concurrency=workers, name="bench-worker")
+    worker = Worker(queues=[QUEUE], concurrency=workers, name="bench-worker", prefetch=prefetch)
 
     @worker.handler("noop")
     def noop(job: Any, ctx: Any) -> None:
@@ -284,7 +291,7 @@ def _done_count(conn: psycopg.Connection, system: str) -> int:
 
 
 DRAIN_SYSTEMS = ("raw b1", "raw b10", "pgq b1", "pgq b10", "pgq b1 audit off", "pgq b10 audit off",
-                 "pgq b10 fair", "pgq worker")
+                 "pgq b10 fair", "pgq worker", "pgq worker prefetch")
 
 
 def _one_drain(dsn: str, system: str, workers: int, n: int) -> float:
@@ -308,10 +315,12 @@ def _one_drain(dsn: str, system: str, workers: int, n: int) -> float:
         _drain_pgq(dsn, workers, 1)
     elif system == "pgq worker":
         _drain_worker(dsn, workers, n)
+    elif system == "pgq worker prefetch":
+        _drain_worker(dsn, workers, n, prefetch=WORKER_PREFETCH)
     elapsed = time.perf_counter() - started
     with _connect(dsn) as conn:
         done = _done_count(conn, system)
-        if system == "pgq worker":
+        if system.startswith("pgq worker"):
             # The worker's own span: from its first claim to its last completion (database clock),
             # so that pool start-up and the done-count polling do not count against it.
             span = conn.execute("SELECT extract(epoch FROM max(finished_at) - min(claimed_at)) FROM pgq.jobs"
@@ -384,8 +393,8 @@ def _concurrent_enqueues(dsn: str, producers: int, total: int) -> float:
 
 
 def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
-    out: dict[str, list[float]] = {"enqueue_many (1000 per call)": [], "enqueue (one per call)": [],
-                                   "raw single-row INSERT": []}
+    out: dict[str, list[float]] = {"enqueue_many (1000 per call)": [], "raw INSERT of 1000 rows": [],
+                                   "enqueue (one per call)": [], "raw single-row INSERT": []}
     with _connect(dsn) as conn:
         for _ in range(cfg.repeats):
             _reset(conn)
@@ -396,6 +405,11 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                                                     "run_at": None, "priority": 0, "max_attempts": None,
                                                     "tenant": None}, prepare=True)
             out["enqueue_many (1000 per call)"].append((cfg.enqueue_jobs // 1000) * 1000 / (time.perf_counter() - t))
+            _reset(conn)
+            t = time.perf_counter()
+            for _ in range(cfg.enqueue_jobs // 1000):
+                conn.execute(RAW_INSERT_MANY, {"payloads": payloads}, prepare=True).fetchall()
+            out["raw INSERT of 1000 rows"].append((cfg.enqueue_jobs // 1000) * 1000 / (time.perf_counter() - t))
             for label in ("raw single-row INSERT", "enqueue (one per call)"):
                 _reset(conn)
                 t = time.perf_counter()
@@ -668,7 +682,9 @@ def _markdown(res: dict[str, Any]) -> str:
         for k, s in res["enqueue"].items():
             lines.append(f"| {k} | {_fmt_rate(s)} |")
         e = res["enqueue"]
-        lines += ["", f"single enqueue / raw INSERT: "
+        lines += ["", f"enqueue_many / raw INSERT of 1000 rows: "
+                      f"{e['enqueue_many (1000 per call)']['median'] / e['raw INSERT of 1000 rows']['median']:.2f}; "
+                      f"single enqueue / raw single-row INSERT: "
                       f"{e['enqueue (one per call)']['median'] / e['raw single-row INSERT']['median']:.2f}"]
         if PRODUCERS_ON in e:
             lines += [f"NOTIFY's commit-lock cost, {PRODUCERS} producers: notify on / off: "
