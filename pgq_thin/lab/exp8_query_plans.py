@@ -96,7 +96,8 @@ def _kind(query: str) -> str:
         return "claim: pick and mark"
     if "WITH expired AS" in query:
         return "recovery of expired leases"
-    if query.startswith("Query Text: EXISTS (SELECT FROM pgq.jobs"):
+    # The claim reads its queues and probes for expired leases in one statement.
+    if "EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until" in query:
         return "claim: expired-lease probe"
     return "other"
 
