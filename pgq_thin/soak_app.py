@@ -56,9 +56,11 @@ def _write_effect(job: Job, ctx: JobContext) -> None:
 
 
 @worker.handler("soak.work")
-def work(job: Job, ctx: JobContext) -> dict[str, Any]:
+def work(job: Job, ctx: JobContext) -> dict[str, Any] | None:
     """The effect first, then the payload's work time (some jobs outlive their lease: the worker
     renews it; the soak's pauses and kills are what make a lease actually expire)."""
     _write_effect(job, ctx)
     time.sleep(job.payload.get("ms", 5) / 1000)
-    return {"attempt": job.attempt}
+    # Odd ids return a result (one pgq.complete each), even ids None: the worker's completer
+    # records those in batches (pgq.complete_many), so both paths go through the chaos.
+    return {"attempt": job.attempt} if job.id % 2 else None

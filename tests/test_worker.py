@@ -557,9 +557,10 @@ def test_a_worker_survives_its_connections_being_killed_and_completes_every_job_
     worker = fast_worker(concurrency=4, lease=2.0, poll_interval=0.2)
 
     @worker.handler("work")
-    def work(job: Job, ctx: JobContext) -> dict[str, int]:
+    def work(job: Job, ctx: JobContext) -> dict[str, int] | None:
         time.sleep(0.05)  # long enough that kills land while jobs are running
-        return {"n": job.payload["n"]}
+        # Half the jobs return a result (pgq.complete each), half None (batched complete_many).
+        return {"n": job.payload["n"]} if job.payload["n"] % 2 else None
 
     killed = []
     with running(worker, dsn), Client(dsn) as producer:
@@ -577,7 +578,8 @@ def test_a_worker_survives_its_connections_being_killed_and_completes_every_job_
                          " GROUP BY job_id HAVING count(*) > 1").fetchall()
     assert twice == []
     assert one(conn, "SELECT count(*) FROM pgq.jobs"
-                     " WHERE result = jsonb_build_object('n', (payload->>'n')::int)") == 120
+                     " WHERE result = jsonb_build_object('n', (payload->>'n')::int)") == 60
+    assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE result IS NULL AND (payload->>'n')::int % 2 = 0") == 60
 
 
 def test_a_completion_that_hits_a_dead_connection_is_repeated_until_it_answers(
@@ -604,6 +606,31 @@ def test_a_completion_that_hits_a_dead_connection_is_repeated_until_it_answers(
     assert (row["state"], row["attempt"], row["result"]) == ("done", 1, "finished")
     assert [e[0] for e in events(conn, job_id)] == ["claimed", "completed"]
     assert any("complete did not reach the server" in r.getMessage() for r in caplog.records)
+
+
+def test_a_completion_batch_that_hits_a_dead_connection_is_repeated_until_it_answers(
+        dsn: str, conn: psycopg.Connection, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="pgq_thin.worker")
+    worker = fast_worker(concurrency=1)
+    killer = psycopg.connect(dsn, autocommit=True)
+
+    @worker.handler("work")
+    def work(job: Job, ctx: JobContext) -> None:
+        # Returns None: the completer records it with pgq.complete_many, and finds every
+        # connection of the worker dead first.
+        assert terminate_worker_connections(killer) >= 1
+
+    try:
+        job_id = enqueue(conn, "work")
+        with running(worker, dsn):
+            wait_for(finished(conn, job_id), "the job to be done")
+    finally:
+        killer.close()
+
+    row = job(conn, job_id)
+    assert (row["state"], row["attempt"], row["result"]) == ("done", 1, None)
+    assert [e[0] for e in events(conn, job_id)] == ["claimed", "completed"]
+    assert any("complete_many did not reach the server" in r.getMessage() for r in caplog.records)
 
 
 def test_a_worker_whose_database_is_unreachable_keeps_trying_and_still_stops_cleanly(
