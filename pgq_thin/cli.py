@@ -103,7 +103,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise PgqError(f"cannot load the worker {args.app!r}: {exc}") from None
     logging.basicConfig(level=logging.INFO if not args.quiet else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    worker.run(resolve_dsn(args.dsn), queues=args.queues, concurrency=args.concurrency, prefetch=args.prefetch)
+    try:
+        worker.run(resolve_dsn(args.dsn), queues=args.queues, concurrency=args.concurrency, prefetch=args.prefetch)
+    except ValueError as exc:  # a setting out of range (run() checks them before it connects)
+        raise PgqError(str(exc)) from None
     return 0
 
 
