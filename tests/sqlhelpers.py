@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
+import pytest
 
 _counter = itertools.count()
 
@@ -79,3 +81,16 @@ def notifications_until_marker(listener: psycopg.Connection, sender: psycopg.Con
             return received
         received.append(notify.payload)
     raise AssertionError(f"the marker notification did not arrive within {timeout}s; got {received}")
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Poll ``condition`` until it returns something truthy, and return that; fail naming ``what``
+    after ``timeout`` seconds (a generous deadline that only keeps a broken test from hanging)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)

@@ -9,11 +9,8 @@ job is explained by an expired lease of the attempt before it.
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,69 +22,17 @@ import psycopg
 import pytest
 
 from pgq_thin import embedded, migrate
-from sqlhelpers import claim, events, job, one
+from sqlhelpers import claim, events, job, one, wait_for
+from workerprocess import DEADLINE, ROOT, WorkerProcess, spawner
 
-ROOT = Path(__file__).resolve().parent.parent
 STEADY = ROOT / "tests" / "apps" / "steady.py"
-DEADLINE = 30.0
 LIBFAKETIME = ["/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1"]
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-
-
-class WorkerProcess:
-    """``python tests/apps/steady.py`` (optionally under faketime) with its log in a file."""
-
-    def __init__(self, dsn: str, log: Path, prefix: list[str] | None = None, **settings: str) -> None:
-        env = {**os.environ, "PGQ_DSN": dsn, "PYTHONUNBUFFERED": "1", **settings}
-        self.log = log
-        self._log_file = log.open("w")
-        self.process = subprocess.Popen([*(prefix or []), sys.executable, str(STEADY)], env=env, cwd=ROOT,
-                                        stdout=self._log_file, stderr=subprocess.STDOUT)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def logged(self, text: str) -> bool:
-        return text in self.log.read_text()
-
-    def stop(self) -> int:
-        """SIGTERM, then wait: a graceful exit returns 0."""
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(DEADLINE)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the worker did not exit; its log:\n{self.log.read_text()}")
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self._log_file.close()
 
 
 @pytest.fixture
 def spawn(dsn: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    started: list[WorkerProcess] = []
-
-    def _spawn(dsn_: str | None = None, prefix: list[str] | None = None, **settings: str) -> WorkerProcess:
-        process = WorkerProcess(dsn_ or dsn, tmp_path / f"worker-{len(started)}.log", prefix, **settings)
-        started.append(process)
-        return process
-
-    yield _spawn
-    for process in started:
-        process.close()
+    with spawner(STEADY, dsn, tmp_path) as start:
+        yield start
 
 
 def enqueue(conn: psycopg.Connection, queue: str = "default", **payload: Any) -> int:

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from sqlhelpers import events, job, one
+from sqlhelpers import events, job, one, wait_for
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TIMEOUT = 120
@@ -72,13 +72,6 @@ def enqueue(conn: psycopg.Connection, queue: str, payload: dict[str, Any], **opt
     named = "".join(f", {name} => %({name})s" for name in options)
     return int(one(conn, f"SELECT pgq.enqueue(%(queue)s, 'demo', %(payload)s::jsonb{named})",
                    {"queue": queue, "payload": Jsonb(payload), **options}))
-
-
-def wait_until(predicate: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.05)
 
 
 def test_a_worker_completes_good_jobs_and_fails_bad_ones(
@@ -140,8 +133,8 @@ def test_a_worker_whose_lease_ran_out_cannot_complete_the_job(
                                                               LEASE="1 second"),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: job(conn, job_id)["state"] == "running", "the worker claimed the job")
-        wait_until(lambda: one(conn, "SELECT lease_until < now() FROM pgq.jobs WHERE id = %s",
+        wait_for(lambda: job(conn, job_id)["state"] == "running", "the worker claimed the job")
+        wait_for(lambda: one(conn, "SELECT lease_until < now() FROM pgq.jobs WHERE id = %s",
                                (job_id,)), "the lease expired")
         stolen = one(conn, "SELECT attempt FROM pgq.claim('thief', ARRAY['examples'])")
         assert stolen == 2
@@ -177,7 +170,7 @@ def test_a_stopping_worker_finishes_the_job_at_hand_and_releases_the_rest(
     worker = subprocess.Popen(worker_command, env=worker_env(dsn, QUEUE="examples", BATCH="3"),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: all(job(conn, i)["state"] == "running" for i in [first, *rest]),
+        wait_for(lambda: all(job(conn, i)["state"] == "running" for i in [first, *rest]),
                    "the worker claimed the batch")
         worker.send_signal(signal.SIGTERM)
         _, stderr = worker.communicate(timeout=TIMEOUT)
@@ -204,7 +197,7 @@ def test_an_idle_polling_worker_stops_on_sigterm(
     try:
         time.sleep(0.5)
         job_id = enqueue(conn, "examples", {"n": 1})
-        wait_until(lambda: job(conn, job_id)["state"] == "done", "the polling worker did the job")
+        wait_for(lambda: job(conn, job_id)["state"] == "done", "the polling worker did the job")
         worker.send_signal(signal.SIGTERM)
         _, stderr = worker.communicate(timeout=30)
     finally:

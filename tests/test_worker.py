@@ -21,22 +21,10 @@ import pytest
 from pgq_thin import Client, Job
 from pgq_thin.errors import PgqError
 from pgq_thin.worker import JobContext, OutcomeUnknown, Retry, Snooze, Worker, _JobLog, _Running, _transient
-from sqlhelpers import events, expire_lease, job, one
+from sqlhelpers import events, expire_lease, job, one, wait_for
 
 # Generous deadlines that only keep a broken test from hanging; nothing here measures speed.
 DEADLINE = 20.0
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 @contextmanager

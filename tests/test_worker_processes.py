@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -16,53 +13,17 @@ import pytest
 from pgq_thin import Job
 from pgq_thin.worker import JobContext, Worker
 from sqlhelpers import events, job, one
-from test_worker import DEADLINE, enqueue, finished, running, wait_for
+from sqlhelpers import wait_for
+from test_worker import enqueue, finished, running
+from workerprocess import ROOT, WorkerProcess, spawner
 
-ROOT = Path(__file__).resolve().parent.parent
 SLEEPY = ROOT / "tests" / "apps" / "sleepy.py"
 
 
-class WorkerProcess:
-    """``python tests/apps/sleepy.py`` with its log in a file."""
-
-    def __init__(self, dsn: str, log: Path, **settings: str) -> None:
-        env = {**os.environ, "PGQ_DSN": dsn, "PYTHONUNBUFFERED": "1", **settings}
-        self.log = log
-        self._log_file = log.open("w")
-        self.process = subprocess.Popen([sys.executable, str(SLEEPY)], env=env, cwd=ROOT,
-                                        stdout=self._log_file, stderr=subprocess.STDOUT)
-
-    def logged(self, text: str) -> bool:
-        return text in self.log.read_text()
-
-    def signal(self, signum: int) -> None:
-        self.process.send_signal(signum)
-
-    def wait_exit(self, timeout: float = DEADLINE) -> int:
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the worker did not exit within {timeout}s; its log:\n{self.log.read_text()}")
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self._log_file.close()
-
-
 @pytest.fixture
-def spawn(dsn: str, tmp_path: Path) -> Iterator:
-    started: list[WorkerProcess] = []
-
-    def _spawn(**settings: str) -> WorkerProcess:
-        process = WorkerProcess(dsn, tmp_path / f"worker-{len(started)}.log", **settings)
-        started.append(process)
-        return process
-
-    yield _spawn
-    for process in started:
-        process.close()
+def spawn(dsn: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    with spawner(SLEEPY, dsn, tmp_path) as start:
+        yield start
 
 
 def is_running(conn: psycopg.Connection, job_id: int) -> bool:
