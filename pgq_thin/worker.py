@@ -482,13 +482,7 @@ class Worker:
                 return
             try:
                 if self._stopping.is_set():
-                    # Claimed before the stop, never started: give it back now (unless shutdown
-                    # already did).
-                    with running.lock:
-                        unsettled, running.settled = not running.settled, True
-                    if unsettled:
-                        self._give_back(running.job, "claimed before shutdown, never started")
-                    self._forget(running)
+                    self._give_back_unstarted(running)
                 else:
                     self._execute(running)
             except BaseException:  # noqa: BLE001 - a slot must survive anything; the lease covers the job
@@ -827,13 +821,18 @@ class Worker:
             if item is not None:
                 waiting.append(item)
         for running in waiting:
-            with running.lock:
-                unsettled, running.settled = not running.settled, True
-            if unsettled:
-                self._give_back(running.job, "claimed before shutdown, never started")
-            self._forget(running)
+            self._give_back_unstarted(running)
             with self._active_lock:
                 self._assigned -= 1
+
+    def _give_back_unstarted(self, running: _Running) -> None:
+        """A job claimed before the stop that no slot started: give it back (unless shutdown
+        already did) and forget it."""
+        with running.lock:
+            unsettled, running.settled = not running.settled, True
+        if unsettled:
+            self._give_back(running.job, "claimed before shutdown, never started")
+        self._forget(running)
 
     def _try_flush(self) -> None:
         try:
