@@ -257,10 +257,11 @@ def _drain_pgq(dsn: str, workers: int, batch: int) -> None:
     _run_threads(workers, work)
 
 
-def _drain_worker(dsn: str, workers: int, n: int, prefetch: int = 0) -> None:
+def _drain_worker(dsn: str, workers: int, n: int, **settings: Any) -> None:
+    """The Worker runtime with its defaults (and ``concurrency=workers``), but for ``settings``."""
     from pgq_thin.worker import Worker
 
-    worker = Worker(queues=[QUEUE], concurrency=workers, name="bench-worker", prefetch=prefetch)
+    worker = Worker(queues=[QUEUE], concurrency=workers, name="bench-worker", **settings)
 
     @worker.handler("noop")
     def noop(job: Any, ctx: Any) -> None:

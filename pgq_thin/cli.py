@@ -38,6 +38,16 @@ def queue_list(text: str) -> list[str]:
     return names
 
 
+def prefetch_setting(text: str) -> int | str:
+    """``auto`` or a number (the Worker checks its range)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be auto or a number, got {text!r}") from None
+
+
 def _client(args: argparse.Namespace) -> Client:
     dsn = resolve_dsn(args.dsn)
     # Connect once directly first: an unreachable server then fails at once, with libpq's own
@@ -278,8 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--app", required=True, help="module:attribute of a pgq_thin.worker.Worker")
     p.add_argument("--queues", type=queue_list, help="comma-separated queues (default: the app's)")
     p.add_argument("--concurrency", type=int, help="parallel jobs (default: the app's)")
-    p.add_argument("--prefetch", type=int,
-                   help="claimed jobs that may wait for a slot, for bigger claims (default: the app's)")
+    p.add_argument("--prefetch", type=prefetch_setting, metavar="N|auto",
+                   help="claimed jobs that may wait for a slot, for bigger claims: auto (sized by the "
+                        "jobs' run time) or N; 0 claims free slots only (default: the app's)")
     p.add_argument("--quiet", action="store_true", help="log warnings only")
 
     p = command("stats", cmd_stats, "jobs per queue and state")

@@ -11,8 +11,9 @@
 Where things happen (every state change is one pgq function, called through pgq_thin.Client):
 
 - ``Worker._claim_loop``: THE CLAIM LOOP. Claims as many jobs as there are free slots (plus free
-  places of the optional prefetch) with pgq.claim and hands them to the slot threads, sweeps now
-  and then (pgq.sweep), and sleeps until a NOTIFY, a free slot or the next poll.
+  places of the prefetch: jobs that wait for a slot, see ``Worker._prefetch_now``) with pgq.claim
+  and hands them to the slot threads, sweeps now and then (pgq.sweep), and sleeps until a NOTIFY,
+  a free slot or the next poll.
 - ``Worker._execute``: runs one handler in one of the ``concurrency`` slot threads and turns its
   outcome into exactly one owner call: a handler that returns None joins the next
   pgq.complete_many batch (``Worker._complete_loop`` records every completion queued since its
@@ -61,6 +62,12 @@ log = logging.getLogger("pgq_thin.worker")
 
 #: The channel the pgq functions notify, with the queue name as payload.
 CHANNEL = "pgq"
+
+#: prefetch="auto": claimed jobs may wait for a slot as long as, by the handlers' measured run
+#: time, the last of them is expected to start within AUTO_PREFETCH_WAIT seconds; never more than
+#: AUTO_PREFETCH_MAX of them.
+AUTO_PREFETCH_WAIT = 0.1
+AUTO_PREFETCH_MAX = 100
 
 
 # What a handler sees ---------------------------------------------------------------------------
@@ -211,10 +218,14 @@ class Worker:
     ``sweep_interval`` is how often (jittered; <= 0 turns it off) pgq.sweep recovers expired
     leases. ``shutdown_timeout`` is how long a graceful stop waits for running jobs.
 
-    ``prefetch`` (default 0: a claim asks for the free slots only) lets the worker hold up to that
-    many claimed jobs that wait for a slot, so that a claim can take a bigger batch: fewer, larger
-    claims for many short jobs. A prefetched job is ours while it waits (its lease runs and is
-    renewed; no other worker can take it), and a graceful stop gives it back at once.
+    ``prefetch`` lets the worker hold claimed jobs that wait for a slot, so that a claim can take
+    a bigger batch: fewer, larger claims for many short jobs. A prefetched job is ours while it
+    waits (its lease runs and is renewed; no other worker can take it), and a graceful stop gives
+    it back at once. ``"auto"`` (the default) sizes the prefetch by the handlers' run time: as
+    many waiting jobs as the slots get through in AUTO_PREFETCH_WAIT (0.1 s), at most
+    AUTO_PREFETCH_MAX (100), and none until a job has been timed or while jobs take long (a
+    slower job counts at once, a faster one gradually). An integer fixes it; 0 means a claim asks
+    for the free slots only.
     """
 
     def __init__(
@@ -228,7 +239,7 @@ class Worker:
         listen: bool = True,
         sweep_interval: float = 30.0,
         shutdown_timeout: float = 30.0,
-        prefetch: int = 0,
+        prefetch: int | str = "auto",
     ) -> None:
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be positive, got {poll_interval}")
@@ -257,6 +268,7 @@ class Worker:
         self._active: dict[int, _Running] = {}
         self._active_lock = threading.Lock()
         self._assigned = 0  # jobs handed to the slots (running, or waiting for one), not yet returned
+        self._job_seconds: float | None = None  # the handlers' run time, for prefetch="auto"
         self._ready: queue.SimpleQueue[_Running | None] = queue.SimpleQueue()  # claimed, for the slots
         self._completions: list[_Running] = []  # handlers returned None: complete_many them
         self._completions_lock = threading.Lock()
@@ -292,7 +304,7 @@ class Worker:
         *,
         queues: Sequence[str] | str | None = None,
         concurrency: int | None = None,
-        prefetch: int | None = None,
+        prefetch: int | str | None = None,
         install_signal_handlers: bool = True,
     ) -> None:
         """Work until stop() or SIGTERM / SIGINT. ``dsn`` None: $PGQ_DSN, then $DATABASE_URL.
@@ -385,8 +397,11 @@ class Worker:
                 self._housekeeping()
                 next_sweep = time.monotonic() + _jitter(self.sweep_interval)
                 continue  # look at the stop flag again: the sweep may have waited for a connection
-            free = self.concurrency + self.prefetch - self._assigned
-            if free <= 0:  # all slots (and the prefetch) busy: a finishing job wakes us
+            prefetch = self._prefetch_now()
+            free = self.concurrency + prefetch - self._assigned
+            # Claim when a slot is idle; while every slot is busy, wait until the line of waiting
+            # jobs is half empty, so that claims stay large. A finishing job wakes us.
+            if free <= 0 or (self._assigned >= self.concurrency and free < (prefetch + 1) // 2):
                 self._sleep(self.poll_interval, next_sweep)
                 continue
             try:
@@ -411,6 +426,21 @@ class Worker:
             # covers a missing or broken LISTEN, backing off from quick retries to poll_interval.
             self._sleep(idle.next() if not self._listening.is_set()
                         else min(self.poll_interval, _jitter(self.poll_interval)), next_sweep)
+
+    def _prefetch_now(self) -> int:
+        """How many claimed jobs may wait for a slot now."""
+        if self.prefetch != "auto":
+            return int(self.prefetch)
+        seconds = self._job_seconds
+        if seconds is None:
+            return 0
+        return min(AUTO_PREFETCH_MAX, int(AUTO_PREFETCH_WAIT * self.concurrency / max(seconds, 1e-6)))
+
+    def _timed(self, seconds: float) -> None:
+        """Account a handler's run time (under _active_lock): a slower job counts at once, so that
+        long jobs stop the prefetch right away; a faster one moves the estimate 5% of the way."""
+        known = self._job_seconds
+        self._job_seconds = seconds if known is None or seconds > known else known + 0.05 * (seconds - known)
 
     def _sleep(self, seconds: float, next_sweep: float) -> None:
         """Wait until woken, ``seconds`` pass or the next sweep is due. The wake-up is cleared
@@ -480,10 +510,12 @@ class Worker:
             running = self._ready.get()
             if running is None:
                 return
+            started: float | None = None
             try:
                 if self._stopping.is_set():
                     self._give_back_unstarted(running)
                 else:
+                    started = time.monotonic()
                     self._execute(running)
             except BaseException:  # noqa: BLE001 - a slot must survive anything; the lease covers the job
                 running.log.exception("the slot failed while running this job")
@@ -491,6 +523,8 @@ class Worker:
             finally:
                 with self._active_lock:
                     self._assigned -= 1
+                    if started is not None:
+                        self._timed(time.monotonic() - started)
                 self._wake.set()  # a free slot, and maybe a completion to record
 
     def _forget(self, running: _Running) -> None:
@@ -855,9 +889,11 @@ class Worker:
         return cleaned
 
     @staticmethod
-    def _check_prefetch(prefetch: int) -> int:
+    def _check_prefetch(prefetch: int | str) -> int | str:
+        if prefetch == "auto":
+            return prefetch
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0 or prefetch > 1000:
-            raise ValueError(f"prefetch must be an integer from 0 to 1000, got {prefetch!r}")
+            raise ValueError(f"prefetch must be \"auto\" or an integer from 0 to 1000, got {prefetch!r}")
         return prefetch
 
     @staticmethod

@@ -250,8 +250,9 @@ def test_four_slots_run_four_jobs_at_the_same_time(dsn: str, conn: psycopg.Conne
     assert one(conn, "SELECT count(DISTINCT claimed_by) FROM pgq.jobs") == 1
 
 
-def test_each_claim_asks_for_as_many_jobs_as_there_are_free_slots(dsn: str, conn: psycopg.Connection) -> None:
-    worker = fast_worker(concurrency=4)
+def test_without_prefetch_each_claim_asks_for_as_many_jobs_as_there_are_free_slots(
+        dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker(concurrency=4, prefetch=0)
     gates = {n: threading.Event() for n in range(1, 7)}
 
     @worker.handler("hold")
@@ -340,8 +341,59 @@ def test_a_graceful_stop_gives_back_the_jobs_waiting_for_a_slot_at_once(dsn: str
     assert len(set(ids) - {r[0] for r in given_back}) == 1
 
 
-def test_prefetch_must_be_an_integer_from_0_to_1000() -> None:
-    for bad in (-1, 1001, 1.5, True, None):
+def largest_claim(conn: psycopg.Connection) -> int:
+    """The most jobs one claim statement took (one statement: one claimed_at)."""
+    return one(conn, "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM pgq.jobs"
+                     " WHERE claimed_at IS NOT NULL GROUP BY claimed_at) AS c")
+
+
+def test_by_default_a_worker_of_short_jobs_claims_more_than_its_free_slots(
+        dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker(concurrency=2)  # prefetch "auto", the default
+    assert worker.prefetch == "auto"
+
+    @worker.handler("quick")
+    def quick(job: Job, ctx: JobContext) -> None:
+        return None
+
+    conn.execute("SELECT pgq.enqueue_many('default', 'quick', array_fill('{}'::jsonb, array[400]))")
+    with running(worker, dsn):
+        wait_for(lambda: state_counts(conn) == {"done": 400}, "all jobs done")
+    # The first claim asks for the two free slots (nothing is measured yet); once jobs are seen to
+    # take far less than the waiting budget, claims take jobs that wait for a slot too.
+    assert largest_claim(conn) > 2
+
+
+def test_by_default_a_worker_of_long_jobs_claims_only_its_free_slots(
+        dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker(concurrency=2)
+    lock = threading.Lock()
+    inside = {"now": 0, "most": 0}
+
+    @worker.handler("slow")
+    def slow(job: Job, ctx: JobContext) -> str:  # a result: recorded before the slot frees
+        with lock:
+            inside["now"] += 1
+            inside["most"] = max(inside["most"], inside["now"])
+        time.sleep(0.3)  # longer than the waiting budget: prefetching would make jobs wait
+        with lock:
+            inside["now"] -= 1
+        return "ok"
+
+    conn.execute("SELECT pgq.enqueue_many('default', 'slow', array_fill('{}'::jsonb, array[8]))")
+    most_held = 0
+    with running(worker, dsn):
+        deadline = time.monotonic() + DEADLINE
+        while state_counts(conn) != {"done": 8} and time.monotonic() < deadline:
+            most_held = max(most_held, state_counts(conn).get("running", 0))
+            time.sleep(0.02)
+    assert state_counts(conn) == {"done": 8}
+    assert most_held == 2 and largest_claim(conn) <= 2
+    assert inside["most"] == 2
+
+
+def test_prefetch_must_be_auto_or_an_integer_from_0_to_1000() -> None:
+    for bad in (-1, 1001, 1.5, True, None, "always"):
         with pytest.raises(ValueError, match="prefetch"):
             Worker(["default"], prefetch=bad)  # type: ignore[arg-type]
 
