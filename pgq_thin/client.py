@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import args_row, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -183,11 +183,14 @@ class Client:
     def claim(self, worker: str, queues: Sequence[str] | None = None, batch: int = 1,
               lease: Interval | None = None) -> list[Job]:
         """pgq.claim: up to ``batch`` due jobs of ``queues`` (None: all), each with its attempt."""
-        rows = self._rows(queries.CLAIM, {
-            "worker": worker, "queues": list(queues) if queues is not None else None,
-            "batch": batch, "lease": _interval(lease),
-        }, dicts=True)
-        return [Job(**r) for r in rows]
+        # queries.CLAIM returns Job's fields in order: each row is built straight into a Job.
+        with self._cursor(None) as cur:
+            cur.row_factory = args_row(Job)  # type: ignore[assignment]
+            cur.execute(queries.CLAIM, {
+                "worker": worker, "queues": list(queues) if queues is not None else None,
+                "batch": batch, "lease": _interval(lease),
+            }, prepare=self._prepare)
+            return cur.fetchall()  # type: ignore[return-value]
 
     def renew(self, job_id: int, attempt: int, lease: Interval | None = None) -> datetime | None:
         """pgq.renew: the new lease_until, or None when the job is no longer ours."""

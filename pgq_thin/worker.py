@@ -179,12 +179,14 @@ class _JobLog(logging.LoggerAdapter):  # type: ignore[type-arg]
     carry job_id, attempt, kind and queue as ``extra=`` fields for structured handlers."""
 
     def __init__(self, job: Job) -> None:
-        super().__init__(log, {"job_id": job.id, "attempt": job.attempt, "kind": job.kind, "queue": job.queue})
-        self.prefix = f"job {job.id} ({job.kind}, attempt {job.attempt}): "
+        super().__init__(log)
+        self.job = job  # the prefix and fields are built only for a message that is logged
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}
-        return self.prefix + str(msg), kwargs
+        job = self.job
+        kwargs["extra"] = {"job_id": job.id, "attempt": job.attempt, "kind": job.kind, "queue": job.queue,
+                           **kwargs.get("extra", {})}
+        return f"job {job.id} ({job.kind}, attempt {job.attempt}): {msg}", kwargs
 
 
 def _default_name() -> str:
