@@ -73,7 +73,6 @@ AUTO_PREFETCH_MAX = 100
 # What a handler sees ---------------------------------------------------------------------------
 
 
-@dataclass
 class JobContext:
     """Handed to a handler with its job.
 
@@ -83,15 +82,40 @@ class JobContext:
     shutdown_timeout. A long handler should check ``should_stop`` between steps.
     """
 
-    job: Job
-    client: Client
-    worker_name: str
-    lease_lost: threading.Event = field(default_factory=threading.Event)
-    shutting_down: threading.Event = field(default_factory=threading.Event)
+    def __init__(self, job: Job, client: Client, worker_name: str,
+                 shutting_down: threading.Event | None = None) -> None:
+        self.job = job
+        self.client = client
+        self.worker_name = worker_name
+        self.shutting_down = shutting_down if shutting_down is not None else threading.Event()
+        # Made on first use: most jobs never need one, and an Event costs more to make than
+        # the rest of a job's bookkeeping together.
+        self._lease_lost: threading.Event | None = None
+
+    @property
+    def lease_lost(self) -> threading.Event:
+        event = self._lease_lost
+        if event is None:
+            with _LEASE_LOST_MADE:
+                if self._lease_lost is None:
+                    self._lease_lost = threading.Event()
+                event = self._lease_lost
+        return event
 
     @property
     def should_stop(self) -> bool:
-        return self.lease_lost.is_set() or self.shutting_down.is_set()
+        return self._is_lost() or self.shutting_down.is_set()
+
+    def _is_lost(self) -> bool:
+        """lease_lost.is_set(), without making the Event."""
+        event = self._lease_lost
+        return event is not None and event.is_set()
+
+    def __repr__(self) -> str:
+        return f"JobContext(job={self.job!r}, worker_name={self.worker_name!r})"
+
+
+_LEASE_LOST_MADE = threading.Lock()  # makes JobContext.lease_lost once per job, whoever asks first
 
 
 #: A handler: called with the job and its context; its return value becomes the job's result.
@@ -578,7 +602,7 @@ class Worker:
         """Queue the completion of a handler that returned None for the claim loop's next
         pgq.complete_many (fenced per job like pgq.complete). False when the job is no longer ours."""
         with running.lock:
-            if running.settled or running.ctx.lease_lost.is_set():
+            if running.settled or running.ctx._is_lost():
                 running.log.warning("no longer ours: complete not sent, the handler's outcome is discarded")
                 return False
             running.settled = True  # the renewer leaves it alone from now on
@@ -644,7 +668,7 @@ class Worker:
         lost. (Renewing meanwhile would be pointless: it needs the same server.)"""
         jlog = running.log
         with running.lock:
-            if running.settled or running.ctx.lease_lost.is_set():
+            if running.settled or running.ctx._is_lost():
                 jlog.warning("no longer ours: %s not sent, the handler's outcome is discarded", operation)
                 return
             running.settled = True
@@ -738,7 +762,7 @@ class Worker:
         if not running.lock.acquire(blocking=False):
             return  # its outcome is being recorded right now
         try:
-            if running.settled or running.ctx.lease_lost.is_set():
+            if running.settled or running.ctx._is_lost():
                 return
             try:
                 until = self._client.renew(job.id, job.attempt, lease=self.lease)
@@ -837,7 +861,7 @@ class Worker:
                 running.log.warning("still recording its outcome at exit; its lease covers it")
                 continue
             try:
-                if running.settled or running.ctx.lease_lost.is_set():
+                if running.settled or running.ctx._is_lost():
                     continue
                 running.settled = True
                 running.ctx.lease_lost.set()  # the handler's outcome is discarded from now on
