@@ -22,6 +22,7 @@ import pytest
 from pgq_thin.lab.harness import Harness, Step
 from sqlhelpers import events, expire_lease, job, one
 
+DEADLINE = 30.0
 CLAIM = "SELECT id, attempt FROM pgq.claim(worker => %(w)s, queues => ARRAY['q'], batch => %(batch)s)"
 GATE_KEY = 424242
 
@@ -391,6 +392,46 @@ def test_exhausted_jobs_are_never_claimed_and_use_no_batch_slots(h: Harness, con
 
 
 # 11 -----------------------------------------------------------------------------------------------
+
+def test_two_sessions_completing_the_same_pairs_in_opposite_orders_never_deadlock(
+        dsn: str, conn: psycopg.Connection) -> None:
+    # A worker that repeats a complete_many after an ambiguous commit can race its first call.
+    # Each call locks its rows in id order whatever order the pairs come in, so neither waits for
+    # a row the other holds while holding one the other wants.
+    conn.execute("SELECT pgq.enqueue_many('q', 'k', array_fill('{}'::jsonb, ARRAY[1000]))")
+    answers: list[list[int]] = []
+    failures: list[str] = []
+    lock = threading.Lock()
+    for _ in range(20):
+        pairs = conn.execute(CLAIM, {"w": "w", "batch": 50}).fetchall()
+        ids, attempts = [p[0] for p in pairs], [p[1] for p in pairs]
+        start = threading.Barrier(2)
+
+        def complete(reverse: bool) -> None:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                c.execute("SET deadlock_timeout = '10ms'")
+                start.wait(DEADLINE)
+                try:
+                    got = c.execute("SELECT * FROM pgq.complete_many(%s::bigint[], %s::integer[])",
+                                    (ids[::-1], attempts[::-1]) if reverse else (ids, attempts)).fetchall()
+                    with lock:
+                        answers.append(sorted(r[0] for r in got))
+                except psycopg.Error as exc:
+                    with lock:
+                        failures.append(f"{exc.sqlstate} {exc}")
+
+        threads = [threading.Thread(target=complete, args=(r,)) for r in (False, True)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(DEADLINE)
+        assert failures == []
+        # Both calls answer every pair as completed (the later one by idempotence) ...
+        assert answers[-2:] == [sorted(ids), sorted(ids)]
+    # ... and each job was completed once.
+    assert one(conn, "SELECT count(*) FROM pgq.job_events WHERE event = 'completed'") == 1000
+    assert one(conn, "SELECT count(DISTINCT job_id) FROM pgq.job_events WHERE event = 'completed'") == 1000
+
 
 def test_many_sessions_claiming_completing_sweeping_and_cancelling_never_deadlock(
         dsn: str, conn: psycopg.Connection) -> None:
