@@ -215,10 +215,11 @@ COMMENT ON FUNCTION pgq._bad_argument(text, text, text) IS
 
 -- What a queue or kind name is: 1 to 128 characters from [A-Za-z0-9_.:/-], not starting with a
 -- punctuation mark other than "_". NULL for NULL. A one-expression SQL function, so the planner
--- inlines it where it is used (no call on the hot path).
+-- inlines it where it is used (no call on the hot path). The length is checked apart from the
+-- pattern: a bounded repetition ({0,127}) made every match about 13 us instead of 1 us.
 CREATE FUNCTION pgq._is_name(text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$ SELECT $1 ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}$' $$;
+    AS $$ SELECT length($1) <= 128 AND $1 ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$' $$;
 
 -- Validates a queue or kind name (pgq._is_name), naming the argument when it is not one.
 CREATE FUNCTION pgq._check_name(argument text, value text) RETURNS void
@@ -708,10 +709,14 @@ BEGIN
     END IF;
     -- A malformed name can never match a queue: say so instead of claiming nothing forever.
     -- Names cannot contain a comma, so one match of the joined names (pgq._is_name's pattern,
-    -- repeated) checks them all in a plain expression (no query); only a bad name pays for the
-    -- per-name check that names it.
-    IF claim.queues IS NOT NULL AND array_to_string(claim.queues, ',')
-           !~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}(,[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127})*$' THEN
+    -- repeated) checks them all in a plain expression (no query), and so does the length (no
+    -- run of 129 characters without a comma; a joined list of 128 or fewer cannot hold one, and
+    -- skips that match). Only a bad name pays for the per-name check that names it.
+    IF claim.queues IS NOT NULL AND NOT coalesce(
+           array_to_string(claim.queues, ',')
+               ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]*(,[A-Za-z0-9_][A-Za-z0-9_.:/-]*)*$'
+           AND (length(array_to_string(claim.queues, ',')) <= 128
+                OR array_to_string(claim.queues, ',') !~ '[^,]{129}'), false) THEN
         PERFORM pgq._check_name(format('queues[%s]', q.n), q.name)
         FROM unnest(claim.queues) WITH ORDINALITY AS q(name, n);
     END IF;

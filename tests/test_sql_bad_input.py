@@ -259,6 +259,32 @@ def test_generated_queue_names_in_claim_pause_and_configure_are_checked_the_same
             assert NAME_RE.fullmatch(name), (sql, name)
 
 
+@HYPOTHESIS
+@given(queues=st.lists(names, min_size=1, max_size=4))
+def test_a_claim_of_several_queues_is_refused_exactly_when_one_name_is_not_a_name(conn, queues):
+    # The claim checks the joined names in one expression and only then name by name: both must
+    # agree with the pattern, for short lists and for lists longer than 128 characters.
+    before = row_counts(conn)
+    bad = [i for i, q in enumerate(queues, start=1) if not NAME_RE.fullmatch(q)]
+    try:
+        conn.execute("SELECT * FROM pgq.claim('w', %s::text[])", (queues,))
+    except psycopg.Error as e:
+        assert bad, (queues, e)
+        assert e.sqlstate == "22023" and f'argument "queues[{bad[0]}]"' in (e.diag.message_primary or "")
+        assert row_counts(conn) == before
+    else:
+        assert not bad, queues
+
+
+def test_a_claim_of_long_queue_names_is_checked_name_by_name(conn):
+    good = ["a" * 128, "b" * 128, "c"]
+    assert conn.execute("SELECT * FROM pgq.claim('w', %s::text[])", (good,)).fetchall() == []
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute("SELECT * FROM pgq.claim('w', %s::text[])", (["a" * 128, "b" * 129],))
+    assert info.value.sqlstate == "22023"
+    assert 'argument "queues[2]"' in (info.value.diag.message_primary or "")
+
+
 # Payloads ------------------------------------------------------------------------------------------
 
 json_text = st.text(max_size=30).filter(lambda s: "\x00" not in s)
