@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import args_row, dict_row
+from psycopg.rows import RowFactory, args_row, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -123,10 +123,11 @@ class Client:
             raise InvalidArgument(f"cannot send the arguments: {exc}") from exc
 
     def _rows(self, query: str, params: dict[str, Any], conn: psycopg.Connection | None = None,
-              *, dicts: bool = False) -> list[Any]:
+              *, rows: RowFactory[Any] | None = None) -> list[Any]:
+        """The rows of ``query``: tuples, or what ``rows`` (a psycopg row factory) makes of them."""
         with self._cursor(conn) as cur:
-            if dicts:
-                cur.row_factory = dict_row  # type: ignore[assignment]
+            if rows is not None:
+                cur.row_factory = rows  # type: ignore[assignment]
             cur.execute(query, params, prepare=self._prepare)
             return cur.fetchall()
 
@@ -184,13 +185,10 @@ class Client:
               lease: Interval | None = None) -> list[Job]:
         """pgq.claim: up to ``batch`` due jobs of ``queues`` (None: all), each with its attempt."""
         # queries.CLAIM returns Job's fields in order: each row is built straight into a Job.
-        with self._cursor(None) as cur:
-            cur.row_factory = args_row(Job)  # type: ignore[assignment]
-            cur.execute(queries.CLAIM, {
-                "worker": worker, "queues": list(queues) if queues is not None else None,
-                "batch": batch, "lease": _interval(lease),
-            }, prepare=self._prepare)
-            return cur.fetchall()  # type: ignore[return-value]
+        return self._rows(queries.CLAIM, {
+            "worker": worker, "queues": list(queues) if queues is not None else None,
+            "batch": batch, "lease": _interval(lease),
+        }, rows=args_row(Job))
 
     def renew(self, job_id: int, attempt: int, lease: Interval | None = None) -> datetime | None:
         """pgq.renew: the new lease_until, or None when the job is no longer ours."""
@@ -251,11 +249,11 @@ class Client:
 
     def pause(self, queue: str) -> QueueSettings:
         """pgq.pause: workers stop claiming from the queue."""
-        return _settings(self._rows(queries.PAUSE, {"queue": queue}, dicts=True)[0])
+        return _settings(self._rows(queries.PAUSE, {"queue": queue}, rows=dict_row)[0])
 
     def resume(self, queue: str) -> QueueSettings:
         """pgq.resume: workers claim from the queue again."""
-        return _settings(self._rows(queries.RESUME, {"queue": queue}, dicts=True)[0])
+        return _settings(self._rows(queries.RESUME, {"queue": queue}, rows=dict_row)[0])
 
     def configure_queue(
         self,
@@ -277,35 +275,35 @@ class Client:
             "backoff_base": _interval(backoff_base), "backoff_cap": _interval(backoff_cap),
             "retention": _interval(retention), "notify": notify, "audit": audit,
             "fair": fair, "max_running": max_running,
-        }, dicts=True)[0]
+        }, rows=dict_row)[0]
         return _settings(row)
 
     def set_tenant_weight(self, queue: str, tenant: str, weight: int) -> TenantSettings:
         """pgq.set_tenant_weight: a tenant of a fair queue gets `weight` turns per round."""
         row = self._rows(queries.SET_TENANT_WEIGHT, {"queue": queue, "tenant": tenant, "weight": weight},
-                         dicts=True)[0]
+                         rows=dict_row)[0]
         return _record(TenantSettings, row)
 
     # Observe ------------------------------------------------------------------------------------
 
     def stats(self) -> list[QueueStats]:
         """pgq.stats: one row per queue."""
-        return [QueueStats(**r) for r in self._rows(queries.STATS, {}, dicts=True)]
+        return [QueueStats(**r) for r in self._rows(queries.STATS, {}, rows=dict_row)]
 
     def health(self, max_snapshot_age: Interval = timedelta(minutes=5),
                max_ready_age: Interval = timedelta(minutes=5)) -> list[HealthFinding]:
         """pgq.health: one finding per check (severity ok, warning or critical)."""
         return [HealthFinding(**r) for r in self._rows(queries.HEALTH, {
             "max_snapshot_age": _interval(max_snapshot_age), "max_ready_age": _interval(max_ready_age),
-        }, dicts=True)]
+        }, rows=dict_row)]
 
     def get_job(self, job_id: int) -> JobRecord:
         """pgq.get_job: the whole job row; JobNotFound when there is no such job."""
-        return _record(JobRecord, self._rows(queries.GET_JOB, {"id": job_id}, dicts=True)[0])
+        return _record(JobRecord, self._rows(queries.GET_JOB, {"id": job_id}, rows=dict_row)[0])
 
     def job_history(self, job_id: int) -> list[JobEvent]:
         """pgq.job_history: the job's claims, transitions and rejected stale writes, oldest first."""
-        return [JobEvent(**r) for r in self._rows(queries.JOB_HISTORY, {"id": job_id}, dicts=True)]
+        return [JobEvent(**r) for r in self._rows(queries.JOB_HISTORY, {"id": job_id}, rows=dict_row)]
 
     def version(self) -> str:
         """pgq.version: the installed schema's version."""
