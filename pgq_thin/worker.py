@@ -823,18 +823,30 @@ class Worker:
         if threading.current_thread() is not threading.main_thread():
             return {}
 
+        signals = 0
+
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            graceful = not self._stopping.is_set()
-            log.warning("%s: %s", signal.Signals(signum).name,
-                        "shutting down gracefully (send it again to stop at once)" if graceful
-                        else "stopping at once; running jobs are recovered when their leases expire",
-                        extra={"worker": self.name})
-            self.stop(graceful=graceful)
+            # This runs in the main thread between two bytecodes, maybe while that thread holds
+            # the lock of one of our Events (the claim loop waits on and clears _wake): setting
+            # it from here would wait for ourselves forever. So only count here, and stop from a
+            # thread of its own, which gets the lock as soon as the main thread lets go.
+            nonlocal signals
+            signals += 1
+            graceful = signals == 1 and not self._stopping.is_set()  # is_set takes no lock
+            threading.Thread(target=self._stop_on_signal, args=(signum, graceful),
+                             name="pgq-signal", daemon=True).start()
 
         previous: dict[int, Any] = {}
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous[signum] = signal.signal(signum, on_signal)
         return previous
+
+    def _stop_on_signal(self, signum: int, graceful: bool) -> None:
+        log.warning("%s: %s", signal.Signals(signum).name,
+                    "shutting down gracefully (send it again to stop at once)" if graceful
+                    else "stopping at once; running jobs are recovered when their leases expire",
+                    extra={"worker": self.name})
+        self.stop(graceful=graceful)
 
     def _shutdown(self) -> None:
         """Wait up to shutdown_timeout for running jobs, recording their completions as they

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -107,3 +109,30 @@ def test_a_job_whose_worker_was_killed_is_reclaimed_after_its_lease_and_complete
         ("claimed", 1), ("lease_expired", 1), ("claimed", 2), ("completed", 2)]
     assert one(conn, "SELECT count(*) FROM pgq.job_events WHERE job_id = %s AND event = 'completed'",
                (job_id,)) == 1
+
+
+# A signal handler runs in the main thread between two bytecodes: possibly while that thread holds
+# the lock of one of the worker's Events (the claim loop waits on and clears ``_wake``). Setting
+# that Event from the handler would then wait for the main thread itself, forever. The script
+# holds the lock while the signals arrive; the stop must still happen once it lets go.
+SIGNAL_WHILE_LOCKED = """
+import os, signal, sys
+from pgq_thin.worker import Worker
+worker = Worker(["default"])
+worker._install_signal_handlers()
+with worker._wake._cond:  # what the claim loop holds for a moment in every _sleep
+    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(1000):  # bytecodes: the handlers run here, in this thread
+        pass
+stopped = worker._hard_stop.wait(10) and worker._wake.wait(10)
+sys.exit(0 if stopped and worker._stopping.is_set() else 3)
+"""
+
+
+def test_signals_that_arrive_while_the_main_thread_holds_an_event_lock_still_stop_the_worker() -> None:
+    proc = subprocess.run([sys.executable, "-c", SIGNAL_WHILE_LOCKED], cwd=ROOT, capture_output=True,
+                          text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    # Two signals: the first asks for a graceful stop, the second for an immediate one.
+    assert "shutting down gracefully" in proc.stderr and "stopping at once" in proc.stderr
