@@ -929,17 +929,20 @@ BEGIN
         PERFORM pgq._bad_argument('ids', 'must not contain NULL (nor may attempts)');
     END IF;
 
-    WITH completed AS (
-        -- One pass: the pairs in id order, each job read by primary key and updated (so
-        -- concurrent batches lock their rows in the same order and never deadlock). Locking the
-        -- rows first (FOR NO KEY UPDATE, then UPDATE) wrote a lock record per row: 9% more WAL
-        -- and 12% fewer calls per second (pgbench, one client, batches of 10).
+    WITH wanted AS (
+        SELECT w.id, w.attempt FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)
+    ), owned AS (
+        -- Lock in id order, so concurrent batches never deadlock.
+        SELECT j.id
+        FROM pgq.jobs AS j JOIN wanted AS w ON w.id = j.id AND w.attempt = j.attempt
+        WHERE j.state = 'running'
+        ORDER BY j.id
+        FOR NO KEY UPDATE OF j
+    ), completed AS (
         UPDATE pgq.jobs AS j
         SET state = 'done', lease_until = NULL, finished_at = pgq._now(), last_event = 'completed'
-        FROM (SELECT w.id, w.attempt
-              FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)
-              ORDER BY w.id) AS w
-        WHERE j.id = w.id AND j.attempt = w.attempt AND j.state = 'running'
+        FROM owned AS o, wanted AS w
+        WHERE j.id = o.id AND w.id = j.id AND j.attempt = w.attempt AND j.state = 'running'
         RETURNING j.id, j.queue, j.attempt, j.claimed_by
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)

@@ -152,8 +152,7 @@ def owner_dsn(pg_server, admin_dsn: str) -> Iterator[str]:
 #: same change in sql/schema.sql) with its hash added here.
 MIGRATION_SHA256 = {
     "0001_initial.sql": "6bb00e304d042f1795350dea4b6330bb8d0c6e9ed117ae428b19c3875c6b0966",
-    "0002_complete_many_one_pass.sql": "c7293a139660af511737985c9edc7692efceebef346c950d65515ef36573f3f3",
-    "0003_cheaper_name_checks.sql": "40cb0c2fe7caa2e9027458d4f4e42a0f75a0f733a9eba9e00eae523e60cd2448",
+    "0002_cheaper_name_checks.sql": "e40c5560da4a1f1fc81c02d33afe62c74fd7cd7dd5a755a70b522b160fd0086c",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 

@@ -1,4 +1,4 @@
--- pgq migration 0003: name checks without a bounded repetition.
+-- pgq migration 0002: name checks without a bounded repetition.
 --
 -- The pattern of a queue or kind name spelled its length as a bounded repetition ({0,127}); the
 -- regular expression engine expands that into about 130 states, and a match cost ~13 us instead
