@@ -224,15 +224,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    from pgq_thin.lab import run_lab
+    from pgq_thin.tools.lab import run_lab
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("pgq_thin.lab").setLevel(logging.INFO)
+    logging.getLogger("pgq_thin.tools.lab").setLevel(logging.INFO)
     return run_lab(args.out, args.dsn)
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
-    from pgq_thin.soak import run_old_snapshot_check, run_soak
+    from pgq_thin.tools.soak import run_old_snapshot_check, run_soak
 
     if args.old_snapshot is not None:
         return run_old_snapshot_check(args.old_snapshot, args.dsn)
@@ -241,10 +241,10 @@ def cmd_soak(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pgq_thin.bench import run_bench
+    from pgq_thin.tools.bench import run_bench
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
-    logging.getLogger("pgq_thin.bench").setLevel(logging.INFO)
+    logging.getLogger("pgq_thin.tools.bench").setLevel(logging.INFO)
     logging.getLogger("pgq_thin.worker").setLevel(logging.WARNING)
     options = {"workloads": args.workloads} if args.workloads else {}
     return run_bench(args.out, dsn=args.dsn, quick=args.quick, jobs=args.jobs, workers=args.workers,
@@ -252,7 +252,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pgq_thin.demo import run_demo
+    from pgq_thin.tools.demo import run_demo
 
     return run_demo(dsn=args.dsn, jobs=args.jobs, workers=args.workers, concurrency=args.concurrency)
 

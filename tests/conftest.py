@@ -9,7 +9,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgq_thin import embedded, migrate
+from pgq_thin import migrate
+from pgq_thin.testing import server as embedded
 from sqlhelpers import fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent

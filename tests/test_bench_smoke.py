@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pgq_thin.bench import BenchConfig, run_bench
+from pgq_thin.tools.bench import BenchConfig, run_bench
 
 pytestmark = pytest.mark.skipif(shutil.which("pgbench") is None and not Path("/usr/bin/pgbench").exists(),
                                 reason="pgbench is not installed")

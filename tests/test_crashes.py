@@ -21,7 +21,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgq_thin import embedded, migrate
+from pgq_thin import migrate
+from pgq_thin.testing import server as embedded
 from sqlhelpers import claim, events, job, one, wait_for
 from workerprocess import DEADLINE, ROOT, WorkerProcess, spawner
 

@@ -11,8 +11,8 @@ from types import ModuleType
 import psycopg
 import pytest
 
-from pgq_thin.lab import EXPERIMENTS, run_experiment, run_lab
-from pgq_thin.lab.report import COMMON_FILES, STEP_COLUMNS
+from pgq_thin.tools.lab import EXPERIMENTS, run_experiment, run_lab
+from pgq_thin.tools.lab.report import COMMON_FILES, STEP_COLUMNS
 
 
 @pytest.mark.parametrize("module", EXPERIMENTS, ids=lambda m: f"{m.NUMBER}-{m.SLUG}")

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pgq_thin.lab.harness import Harness, StepHung
+from pgq_thin.tools.lab.harness import Harness, StepHung
 
 
 @pytest.fixture

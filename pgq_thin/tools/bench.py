@@ -1,6 +1,6 @@
 """The benchmark: pgq measured beside the physical references of the same server, same run.
 
-    from pgq_thin.bench import run_bench
+    from pgq_thin.tools.bench import run_bench
     run_bench("bench/results")            # throwaway PostgreSQL, default sizes (about 10 minutes)
     run_bench("out", quick=True)          # seconds: what CI runs (tests/test_bench_smoke.py)
 
@@ -44,7 +44,7 @@ from pgq_thin import queries
 
 __all__ = ["run_bench", "BenchConfig"]
 
-log = logging.getLogger("pgq_thin.bench")
+log = logging.getLogger("pgq_thin.tools.bench")
 
 QUEUE = "bench"
 
@@ -162,7 +162,7 @@ class _Server:
     def __init__(self, dsn: str | None) -> None:
         self._embedded = None
         if dsn is None:
-            from pgq_thin import embedded
+            from pgq_thin.testing import server as embedded
 
             self._embedded = embedded.start()
             admin = self._embedded.dsn_for("postgres")

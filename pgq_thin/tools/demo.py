@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from pgq_thin import embedded
-from pgq_thin._processes import stop_processes
+from pgq_thin.testing import server as embedded
+from pgq_thin.tools.fleet import stop_processes
 from pgq_thin.client import Client
 from pgq_thin.migrate import migrate
 
@@ -43,7 +43,7 @@ class Fleet:
             name = f"demo-worker-{i}"
             log = open(os.path.join(self.log_dir, f"{name}.log"), "wb")
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "pgq_thin", "worker", "--app", "pgq_thin.demo_app:worker",
+                [sys.executable, "-m", "pgq_thin", "worker", "--app", "pgq_thin.tools.demo_app:worker",
                  "--dsn", self.dsn, "--queues", QUEUE, "--concurrency", str(self.concurrency), "--quiet"],
                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PGQ_DEMO_WORKER": name},
             )

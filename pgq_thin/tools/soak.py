@@ -1,6 +1,6 @@
 """pgq-thin soak: the chaos soak (TESTING.md 20) and the old-snapshot run (TESTING.md 21).
 
-``run_soak``: producer threads enqueue jobs while worker processes (pgq_thin.soak_app) run them,
+``run_soak``: producer threads enqueue jobs while worker processes (pgq_thin.tools.soak_app) run them,
 each execution writing one row to a synthetic effects ledger. Meanwhile the soak kill -9s workers
 (and starts new ones), freezes workers (SIGSTOP) past their lease and thaws them, terminates
 client connections (pg_terminate_backend), and restarts the server once in immediate mode
@@ -38,11 +38,11 @@ from typing import Any
 import psycopg
 import psycopg.conninfo
 
-from pgq_thin import embedded
-from pgq_thin._processes import stop_processes
+from pgq_thin.testing import server as embedded
+from pgq_thin.tools.fleet import stop_processes
 from pgq_thin.client import Client
 from pgq_thin.migrate import migrate
-from pgq_thin.soak_app import QUEUE
+from pgq_thin.tools.soak_app import QUEUE
 
 __all__ = ["SoakCounts", "old_snapshot_problems", "run_old_snapshot", "run_old_snapshot_check", "run_soak",
            "soak_report"]
@@ -99,7 +99,7 @@ class _Fleet:
         name = f"soak-w{slot}-g{self.generation}"
         log = open(os.path.join(self.log_dir, f"{name}.log"), "wb")
         self.procs[slot] = subprocess.Popen(
-            [sys.executable, "-m", "pgq_thin", "worker", "--app", "pgq_thin.soak_app:worker",
+            [sys.executable, "-m", "pgq_thin", "worker", "--app", "pgq_thin.tools.soak_app:worker",
              "--dsn", self.dsn, "--queues", QUEUE, "--concurrency", str(self.concurrency), "--quiet"],
             stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, "PGQ_SOAK_WORKER": name, "PGQ_SOAK_LEASE": str(LEASE_SECONDS),

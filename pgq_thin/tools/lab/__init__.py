@@ -23,7 +23,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgq_thin.lab import (
+from pgq_thin.tools.lab import (
     exp1_claim_boundary,
     exp2_lock_modes,
     exp3_ordering,
@@ -33,12 +33,12 @@ from pgq_thin.lab import (
     exp7_duplicate_effect,
     exp8_query_plans,
 )
-from pgq_thin.lab.harness import Check, Harness, Step, Verdict, utcnow
-from pgq_thin.lab.statements import TEMPLATES
+from pgq_thin.tools.lab.harness import Check, Harness, Step, Verdict, utcnow
+from pgq_thin.tools.lab.statements import TEMPLATES
 
 __all__ = ["EXPERIMENTS", "ExperimentResult", "run_experiment", "run_lab"]
 
-log = logging.getLogger("pgq_thin.lab")
+log = logging.getLogger("pgq_thin.tools.lab")
 
 #: Every experiment, in order. Each module has NUMBER, SLUG, TITLE, BASIS, HYPOTHESIS, PROCEDURE,
 #: CONDITION and run(harness) -> Verdict.
@@ -115,7 +115,7 @@ class _Server:
     def __init__(self, dsn: str | None) -> None:
         self.embedded = None
         if dsn is None:
-            from pgq_thin import embedded
+            from pgq_thin.testing import server as embedded
 
             self.embedded = embedded.start()
             dsn = self.embedded.dsn_for("postgres")
@@ -157,7 +157,7 @@ def run_lab(out_dir: str, dsn: str | None = None, *, experiments: list[ModuleTyp
     """Run the lab and write the evidence directory. Returns the process exit code: 0 when every
     experiment passed, 1 when one failed, 2 when the lab itself could not run (the traceback is
     printed to stderr)."""
-    from pgq_thin.lab import report
+    from pgq_thin.tools.lab import report
     from pgq_thin.migrate import migrate
 
     t0 = time.monotonic()
@@ -184,7 +184,7 @@ def run_lab(out_dir: str, dsn: str | None = None, *, experiments: list[ModuleTyp
             log.info("experiment %s %s: %s (%.1fs)", module.NUMBER, module.SLUG,
                      "PASS" if result.passed else "FAIL", (result.ended_at - result.started_at).total_seconds())
         context.update(started_at=started, duration_s=time.monotonic() - t0,
-                       server_mode="throwaway server (pgq_thin.embedded)" if dsn is None
+                       server_mode="throwaway server (pgq_thin.testing.server)" if dsn is None
                        else "the server given by --dsn (databases created and dropped by the lab)",
                        template=template)
         report.write(out_dir, results, context)

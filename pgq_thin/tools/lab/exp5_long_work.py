@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from pgq_thin.lab.harness import Harness, Verdict, sqlv
-from pgq_thin.lab.statements import CLAIM, COMPLETE, ENQUEUE_COHORT, EPOCH
+from pgq_thin.tools.lab.harness import Harness, Verdict, sqlv
+from pgq_thin.tools.lab.statements import CLAIM, COMPLETE, ENQUEUE_COHORT, EPOCH
 
 NUMBER = 5
 SLUG = "long-work"

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgq_thin.lab import statements
-from pgq_thin.lab.harness import Step
+from pgq_thin.tools.lab import statements
+from pgq_thin.tools.lab.harness import Step
 
 if TYPE_CHECKING:
-    from pgq_thin.lab import ExperimentResult
+    from pgq_thin.tools.lab import ExperimentResult
 
 #: The files every evidence directory holds, besides one experiment-N-<slug>.csv/.txt pair each.
 COMMON_FILES = ("acceptance.md", "schema.sql", "seed.sql", "claim.sql", "complete.sql", "recover.sql",

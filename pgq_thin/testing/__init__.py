@@ -1,0 +1,1 @@
+"""pgq's test kit (filled in by a later commit)."""
