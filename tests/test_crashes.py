@@ -239,9 +239,7 @@ def own_server() -> Iterator[embedded.ThrowawayPostgres]:
 
 
 def restart(server: embedded.ThrowawayPostgres) -> None:
-    """Start the server again on the same data directory and port (crash recovery runs first).
-    testing.postgresql's start() launches the postmaster on base_dir/data without initdb: the
-    data directory is only created in setup(), at construction."""
+    """Start the server again on the same data directory and port (crash recovery runs first)."""
     assert server.child_process is None, "crash() it first"
     server.start()
 

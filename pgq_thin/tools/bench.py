@@ -41,6 +41,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from pgq_thin import queries
+from pgq_thin.testing.server import Databases
 
 __all__ = ["run_bench", "BenchConfig"]
 
@@ -157,24 +158,19 @@ def _run_threads(n: int, target: Callable[[int], None]) -> None:
 
 
 class _Server:
-    """The server under test: a throwaway PostgreSQL, or the database the caller names."""
+    """The server under test: a database on a throwaway PostgreSQL, or the database the caller names."""
 
     def __init__(self, dsn: str | None) -> None:
-        self._embedded = None
+        self._databases: Databases | None = None
         if dsn is None:
-            from pgq_thin.testing import server as embedded
-
-            self._embedded = embedded.start()
-            admin = self._embedded.dsn_for("postgres")
-            with _connect(admin) as conn:
-                conn.execute("CREATE DATABASE pgq_bench")
-            self.dsn = self._embedded.dsn_for("pgq_bench")
+            self._databases = Databases()
+            self.dsn = self._databases.create("pgq_bench")
         else:
             self.dsn = dsn
 
     def stop(self) -> None:
-        if self._embedded is not None:
-            self._embedded.stop()
+        if self._databases is not None:
+            self._databases.close()
 
 
 # Setup --------------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ one it creates (and drops) its own databases on that server, so the role needs C
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 import traceback
@@ -20,9 +19,8 @@ from types import ModuleType
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
+from pgq_thin.testing.server import Databases
 from pgq_thin.tools.lab import (
     exp1_claim_boundary,
     exp2_lock_modes,
@@ -109,62 +107,18 @@ def run_experiment(module: ModuleType, dsn: str, *, database: str = "") -> Exper
                             error, jobs, events)
 
 
-class _Server:
-    """Where the lab's databases live: a throwaway server, or the one a dsn points at."""
-
-    def __init__(self, dsn: str | None) -> None:
-        self.embedded = None
-        if dsn is None:
-            from pgq_thin.testing import server as embedded
-
-            self.embedded = embedded.start()
-            dsn = self.embedded.dsn_for("postgres")
-        self.admin_dsn = dsn
-        self.prefix = f"pgq_lab_{os.getpid()}_{int(time.time())}"
-        self.created: list[str] = []
-
-    def dsn_for(self, database: str) -> str:
-        return make_conninfo(self.admin_dsn, dbname=database)
-
-    def create(self, name: str, template: str | None = None) -> str:
-        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-            if template:
-                stmt = sql.SQL("{} TEMPLATE {}").format(stmt, sql.Identifier(template))
-            conn.execute(stmt)
-        self.created.append(name)
-        return self.dsn_for(name)
-
-    def drop(self, name: str) -> None:
-        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        if name in self.created:
-            self.created.remove(name)
-
-    def close(self) -> None:
-        try:
-            for name in list(reversed(self.created)):
-                try:
-                    self.drop(name)
-                except psycopg.Error:
-                    pass
-        finally:
-            if self.embedded is not None:
-                self.embedded.stop()
-
-
 def run_lab(out_dir: str, dsn: str | None = None, *, experiments: list[ModuleType] | None = None) -> int:
     """Run the lab and write the evidence directory. Returns the process exit code: 0 when every
     experiment passed, 1 when one failed, 2 when the lab itself could not run (the traceback is
     printed to stderr)."""
-    from pgq_thin.tools.lab import report
     from pgq_thin.migrate import migrate
+    from pgq_thin.tools.lab import report
 
     t0 = time.monotonic()
     started = utcnow()
     results: list[ExperimentResult] = []
     try:
-        server = _Server(dsn)
+        server = Databases(dsn, prefix=f"pgq_lab_{int(time.time())}")
     except Exception:  # noqa: BLE001 - no server: report it, as an exit code
         traceback.print_exc(file=sys.stderr)
         return 2
