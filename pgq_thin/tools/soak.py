@@ -24,10 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import random
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -39,7 +36,7 @@ import psycopg
 import psycopg.conninfo
 
 from pgq_thin.testing import server as embedded
-from pgq_thin.tools.fleet import stop_processes
+from pgq_thin.tools.fleet import WorkerProcess, stop_processes, worker_command
 from pgq_thin.client import Client
 from pgq_thin.migrate import migrate
 from pgq_thin.tools.soak_app import QUEUE
@@ -90,42 +87,37 @@ class _Fleet:
     dsn: str
     log_dir: str
     concurrency: int
-    procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)  # slot -> process
+    procs: dict[int, WorkerProcess] = field(default_factory=dict)  # slot -> process
     generation: int = 0
     frozen: dict[int, float] = field(default_factory=dict)  # slot -> monotonic time to thaw
 
     def start(self, slot: int) -> None:
         self.generation += 1
         name = f"soak-w{slot}-g{self.generation}"
-        log = open(os.path.join(self.log_dir, f"{name}.log"), "wb")
-        self.procs[slot] = subprocess.Popen(
-            [sys.executable, "-m", "pgq_thin", "worker", "--app", "pgq_thin.tools.soak_app:worker",
-             "--dsn", self.dsn, "--queues", QUEUE, "--concurrency", str(self.concurrency), "--quiet"],
-            stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PGQ_SOAK_WORKER": name, "PGQ_SOAK_LEASE": str(LEASE_SECONDS),
+        self.procs[slot] = WorkerProcess(
+            worker_command("pgq_thin.tools.soak_app:worker", self.dsn, queues=[QUEUE], concurrency=self.concurrency),
+            os.path.join(self.log_dir, f"{name}.log"),
+            env={"PGQ_SOAK_WORKER": name, "PGQ_SOAK_LEASE": str(LEASE_SECONDS),
                  "PGQ_SOAK_CONCURRENCY": str(self.concurrency)})
-        log.close()
 
     def kill(self, slot: int) -> None:
-        proc = self.procs[slot]
-        proc.kill()
-        proc.wait()
+        self.procs[slot].kill()
         self.frozen.pop(slot, None)
 
     def freeze(self, slot: int, seconds: float) -> None:
-        self.procs[slot].send_signal(signal.SIGSTOP)
+        self.procs[slot].freeze()
         self.frozen[slot] = time.monotonic() + seconds
 
     def thaw_due(self, everything: bool = False) -> None:
         now = time.monotonic()
         for slot, until in list(self.frozen.items()):
             if everything or until <= now:
-                self.procs[slot].send_signal(signal.SIGCONT)
+                self.procs[slot].thaw()
                 del self.frozen[slot]
 
     def revive_dead(self) -> int:
         """Start a replacement for each worker that exited on its own; returns how many."""
-        dead = [slot for slot, proc in self.procs.items() if proc.poll() is not None]
+        dead = [slot for slot, proc in self.procs.items() if not proc.alive]
         for slot in dead:
             self.start(slot)
         return len(dead)
