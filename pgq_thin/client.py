@@ -21,6 +21,7 @@ from psycopg_pool import ConnectionPool
 
 from pgq_thin import queries
 from pgq_thin.errors import InvalidArgument, PgqError, translate
+from pgq_thin.migrate import warn_if_schema_is_old
 from pgq_thin.models import (
     HealthFinding,
     Job,
@@ -116,6 +117,7 @@ class Client:
                 yield conn.cursor()
             else:
                 with self.pool.connection() as pooled:
+                    warn_if_schema_is_old(pooled, self.dsn)  # once per database and process
                     yield pooled.cursor()
         except psycopg.Error as exc:
             raise translate(exc) from exc
