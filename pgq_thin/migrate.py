@@ -56,9 +56,10 @@ def schema_warning(installed: str | None) -> str | None:
             f"ships (up to {shipped}): run `pgq-thin migrate`")
 
 
-def warn_if_schema_is_old(conn: psycopg.Connection[Any], database: str) -> None:
-    """Once per ``database`` and process: log a warning when the schema that ``conn`` (an autocommit
-    connection to it) sees is older than the migrations this installation ships."""
+def warn_if_schema_is_old(conn: psycopg.Connection[Any]) -> None:
+    """Once per database and process: log a warning when the schema that ``conn`` (an autocommit
+    connection) sees is older than the migrations this installation ships."""
+    database = conn.info.dsn
     if database in _schema_checked or not conn.autocommit:
         return
     with _schema_checked_lock:

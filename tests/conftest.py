@@ -8,9 +8,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from sqlhelpers import fresh_database
 
 from pgq_thin.testing.server import Databases, ThrowawayPostgres
+
+from sqlhelpers import fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,6 +12,7 @@ from pgq_thin import Client, InvalidArgument, Job, JobNotFound, QueueSettings, Q
 from pgq_thin.client import resolve_dsn
 from pgq_thin.errors import PermissionDenied
 from pgq_thin.migrate import shipped_schema_version
+
 from sqlhelpers import expire_lease, job
 
 

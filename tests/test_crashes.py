@@ -23,6 +23,7 @@ import pytest
 
 from pgq_thin import migrate
 from pgq_thin.testing import server as embedded
+
 from sqlhelpers import claim, events, job, one, wait_for
 from workerprocess import DEADLINE, ROOT, WorkerProcess, spawner
 
@@ -366,7 +367,7 @@ def test_a_worker_whose_clock_is_skewed_by_minutes_behaves_exactly_like_one_whos
     for queue, ids in jobs.items():
         for job_id in ids:
             # Done, or claimed a second time (its lease ran out): the histories below tell which.
-            wait_for(lambda: job(conn, job_id)["state"] == "done" or job(conn, job_id)["attempt"] > 1,
+            wait_for(lambda job_id=job_id: job(conn, job_id)["state"] == "done" or job(conn, job_id)["attempt"] > 1,
                      f"job {job_id} of {queue} to be done")
     histories = {queue: [[(e[0], e[1]) for e in events(conn, i)] for i in ids] for queue, ids in jobs.items()}
     assert histories["behind"] == histories["ahead"] == histories["right"] == [

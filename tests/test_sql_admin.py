@@ -9,10 +9,9 @@ import psycopg
 import pytest
 
 from pgq_thin.migrate import shipped_schema_version
-from sqlhelpers import claim, events, expire_lease, job, notifications_until_marker, one
-from test_sql_support import dsn, module_dsn  # noqa: F401  (one database per module, emptied per test)
-from test_sql_support import running_job, sqlstate_of
 
+from sqlhelpers import claim, events, expire_lease, job, notifications_until_marker, one
+from test_sql_support import dsn, module_dsn, running_job, sqlstate_of  # noqa: F401  (one database per module, emptied per test)
 
 # sweep ---------------------------------------------------------------------------------------------
 

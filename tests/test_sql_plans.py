@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import psycopg
 import pytest
+
 from sqlhelpers import claim
 
 WARMUP = 8

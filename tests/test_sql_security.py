@@ -189,7 +189,8 @@ SHADOWS = [
     "CREATE FUNCTION public.cardinality(text[]) RETURNS int LANGUAGE plpgsql AS $$BEGIN RAISE 'hijacked'; END$$",
     "CREATE FUNCTION public.text_eq(text, text) RETURNS boolean LANGUAGE plpgsql AS $$BEGIN RAISE 'hijacked'; END$$",
     "CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.text_eq)",
-    "CREATE FUNCTION public.int_lt(integer, integer) RETURNS boolean LANGUAGE plpgsql AS $$BEGIN RAISE 'hijacked'; END$$",
+    "CREATE FUNCTION public.int_lt(integer, integer) RETURNS boolean LANGUAGE plpgsql"
+    " AS $$BEGIN RAISE 'hijacked'; END$$",
     "CREATE OPERATOR public.< (LEFTARG = integer, RIGHTARG = integer, FUNCTION = public.int_lt)",
 ]
 

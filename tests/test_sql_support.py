@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+
 from sqlhelpers import claim, fresh_database, one
 
 

@@ -21,6 +21,7 @@ import pytest
 from pgq_thin import Client, Job
 from pgq_thin.errors import PgqError
 from pgq_thin.worker import JobContext, OutcomeUnknown, Retry, Snooze, Worker, _JobLog, _Running, _transient
+
 from sqlhelpers import events, expire_lease, job, one, wait_for
 
 # Generous deadlines that only keep a broken test from hanging; nothing here measures speed.

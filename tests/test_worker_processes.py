@@ -11,12 +11,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from test_worker import enqueue, finished, running
 
 from pgq_thin import Job
 from pgq_thin.worker import JobContext, Worker
-from sqlhelpers import events, job, one
-from sqlhelpers import wait_for
-from test_worker import enqueue, finished, running
+
+from sqlhelpers import events, job, one, wait_for
 from workerprocess import ROOT, WorkerProcess, spawner
 
 SLEEPY = ROOT / "tests" / "apps" / "sleepy.py"

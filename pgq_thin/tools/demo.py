@@ -13,10 +13,10 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from pgq_thin.testing import server as embedded
-from pgq_thin.tools.fleet import Fleet, worker_command
 from pgq_thin.client import Client
 from pgq_thin.migrate import migrate
+from pgq_thin.testing import server as embedded
+from pgq_thin.tools.fleet import Fleet, worker_command
 
 QUEUE = "demo"
 LEASE = timedelta(seconds=3)
@@ -118,7 +118,8 @@ def run_demo(dsn: str | None = None, jobs: int = 3000, workers: int = 3, concurr
                         killed = row[0]
                         fleet[killed].signal(signal.SIGKILL)
                         pid = fleet[killed].pid
-                        notes.append(f"   killed {killed} (pid {pid}, kill -9) while it ran job {crash_id}, attempt {row[1]}")
+                        notes.append(f"   killed {killed} (pid {pid}, kill -9) while it ran job {crash_id}, "
+                                     f"attempt {row[1]}")
                         step = "killed"
                 elif step == "killed":
                     # A claim the killed worker sent just before it died may still commit: wait
@@ -135,10 +136,12 @@ def run_demo(dsn: str | None = None, jobs: int = 3000, workers: int = 3, concurr
                         frozen = row[0]
                         fleet[frozen].freeze()
                         pid = fleet[frozen].pid
-                        notes.append(f"   froze {frozen} (pid {pid}, SIGSTOP) while it ran job {freeze_id}, attempt {row[1]}")
+                        notes.append(f"   froze {frozen} (pid {pid}, SIGSTOP) while it ran job {freeze_id}, "
+                                     f"attempt {row[1]}")
                         step = "thaw"
                 elif step == "thaw":
-                    row = _row(client, "SELECT state::text, attempt, claimed_by FROM pgq.jobs WHERE id = %s", (freeze_id,))
+                    row = _row(client, "SELECT state::text, attempt, claimed_by FROM pgq.jobs WHERE id = %s",
+                               (freeze_id,))
                     if row[0] == "done":
                         assert frozen is not None
                         fleet[frozen].thaw()

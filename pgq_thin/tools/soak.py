@@ -35,10 +35,10 @@ from typing import Any
 import psycopg
 import psycopg.conninfo
 
-from pgq_thin.testing import server as embedded
-from pgq_thin.tools.fleet import WorkerProcess, stop_processes, worker_command
 from pgq_thin.client import Client
 from pgq_thin.migrate import migrate
+from pgq_thin.testing import server as embedded
+from pgq_thin.tools.fleet import WorkerProcess, stop_processes, worker_command
 from pgq_thin.tools.soak_app import QUEUE
 
 __all__ = ["SoakCounts", "old_snapshot_problems", "run_old_snapshot", "run_old_snapshot_check", "run_soak",
@@ -377,7 +377,7 @@ def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None =
                 print_fn(f"soak: t={now - started:.0f}s server restarted in immediate mode (SIGQUIT)")
             elif now >= next_action:
                 action = rng.choices(["kill", "freeze", "connections"], weights=[3, 2, 3])[0]
-                running = [s for s, p in fleet.procs.items() if p.poll() is None and s not in fleet.frozen]
+                running = [s for s, p in fleet.procs.items() if p.alive and s not in fleet.frozen]
                 if action == "kill" and len(running) > 1:
                     slot = rng.choice(running)
                     fleet.kill(slot)

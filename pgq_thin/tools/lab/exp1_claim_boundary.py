@@ -7,7 +7,7 @@ ignore it."""
 
 from __future__ import annotations
 
-from pgq_thin.tools.lab.harness import Harness, Verdict
+from pgq_thin.tools.lab.harness import Harness, Session, Step, Verdict
 from pgq_thin.tools.lab.statements import CLAIM, ENQUEUE_COHORT, EPOCH, EVENTS, JOB
 
 NUMBER = 1
@@ -46,7 +46,7 @@ def run(h: Harness) -> Verdict:
                      {"queue": "lab", "kind": "synthetic", "cohort": "exp1", "n": 3, "run_at": EPOCH}).col("id")
     a, b, obs = h.session("worker-a"), h.session("worker-b"), h.session("observer")
 
-    def claim(session, name):  # type: ignore[no-untyped-def]
+    def claim(session: Session, name: str) -> Step:
         return h.step(session, name, CLAIM,
                       {"worker": session.name, "queues": ["lab"], "batch": 1, "lease": "30 seconds"})
 

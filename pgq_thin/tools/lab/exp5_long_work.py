@@ -96,7 +96,7 @@ def run(h: Harness) -> Verdict:
     v.check("B: during the work worker-a sat 'idle in transaction'", b["state"] == "idle in transaction",
             f"state '{b['state']}'")
     v.check("B: the row-lock probe was reported blocked by worker-a and finished only after its COMMIT",
-            b["probe_blocked"] and b["probe"].blocked_by == [f"worker-a-B"] and b["probe"].ended_at is not None
+            b["probe_blocked"] and b["probe"].blocked_by == ["worker-a-B"] and b["probe"].ended_at is not None
             and b["end"].started_at is not None and b["probe"].ended_at >= b["end"].started_at,
             f"{b['probe'].outcome}; waited {b['probe'].waited_ms:.0f} ms")
     v.check("B: the row lock lasted at least the work", b["hold_ms"] >= b["work_ms"],

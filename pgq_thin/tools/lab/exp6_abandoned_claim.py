@@ -8,9 +8,17 @@ worker-a's late completions (and renew) are rejected and leave 'rejected' events
 
 from __future__ import annotations
 
-from pgq_thin.tools.lab.harness import Harness, Verdict, sqlv
+from pgq_thin.tools.lab.harness import Harness, Session, Step, Verdict, sqlv
 from pgq_thin.tools.lab.statements import (
-    CLAIM, COMPLETE, ENQUEUE_COHORT, EPOCH, EVENTS, JOB, RECOVER, RENEW, WAIT_LEASE_EXPIRY,
+    CLAIM,
+    COMPLETE,
+    ENQUEUE_COHORT,
+    EPOCH,
+    EVENTS,
+    JOB,
+    RECOVER,
+    RENEW,
+    WAIT_LEASE_EXPIRY,
 )
 
 NUMBER = 6
@@ -51,7 +59,7 @@ def run(h: Harness) -> Verdict:
     j1, j2 = jobs
     z, a, b, obs = h.session("worker-z"), h.session("worker-a"), h.session("worker-b"), h.session("observer")
 
-    def claim(session, name):  # type: ignore[no-untyped-def]
+    def claim(session: Session, name: str) -> Step:
         return h.step(session, name, CLAIM, {"worker": session.name, "queues": ["lab"], "batch": 1, "lease": LEASE})
 
     # The worker dies before its claim commits.

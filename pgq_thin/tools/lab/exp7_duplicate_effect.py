@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from pgq_thin.tools.lab.harness import Harness, Verdict, sqlv
 from pgq_thin.tools.lab.statements import (
-    CLAIM, COMPLETE, ENQUEUE_COHORT, EPOCH, EVENTS, JOB, RECOVER, WAIT_LEASE_EXPIRY,
+    CLAIM,
+    COMPLETE,
+    ENQUEUE_COHORT,
+    EPOCH,
+    EVENTS,
+    JOB,
+    RECOVER,
+    WAIT_LEASE_EXPIRY,
 )
 
 NUMBER = 7

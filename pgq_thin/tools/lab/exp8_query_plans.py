@@ -217,8 +217,8 @@ def run(h: Harness) -> Verdict:
         text += ["=" * 100, f"== {title}", f"== {step.sql}", f"== returned {len(step.rows)} row(s): "
                  + (str(step.value) if step.columns and step.columns[0] == 'recovered' else f"{[r[0] for r in step.rows]}"),
                  "=" * 100]
-        for s in found:
-            text += ["", f"-- [{s['kind']}] duration {s['duration_ms']} ms", s["query"], s["plan"]]
+        for plan in found:
+            text += ["", f"-- [{plan['kind']}] duration {plan['duration_ms']} ms", plan["query"], plan["plan"]]
         text.append("")
     v.extra["query-plans.txt"] = "\n".join(text) + "\n"
 
