@@ -223,7 +223,21 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 2 if verdict == "critical" else 0
 
 
+class _NeedsDevExtra(Exception):
+    """A development tool was asked for, and the dev extra is not installed."""
+
+
+def _require_dev_extra(command: str) -> None:
+    from pgq_thin.tools import INSTALL, missing_dev_requirements
+
+    missing = missing_dev_requirements()
+    if missing:
+        raise _NeedsDevExtra(f"{command} is a development tool and needs the dev extra "
+                             f"(missing: {', '.join(missing)}): {INSTALL}")
+
+
 def cmd_lab(args: argparse.Namespace) -> int:
+    _require_dev_extra("lab")
     from pgq_thin.tools.lab import run_lab
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -232,6 +246,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
+    _require_dev_extra("soak")
     from pgq_thin.tools.soak import run_old_snapshot_check, run_soak
 
     if args.old_snapshot is not None:
@@ -241,6 +256,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    _require_dev_extra("bench")
     from pgq_thin.tools.bench import run_bench
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
@@ -252,6 +268,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    _require_dev_extra("demo")
     from pgq_thin.tools.demo import run_demo
 
     return run_demo(dsn=args.dsn, jobs=args.jobs, workers=args.workers, concurrency=args.concurrency)
@@ -366,6 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PgqError as exc:
         print(f"pgq-thin: error: {exc}", file=sys.stderr)
         return 1
+    except _NeedsDevExtra as exc:
+        print(f"pgq-thin: {exc}", file=sys.stderr)
+        return 2
     except psycopg.Error as exc:
         print(f"pgq-thin: error: {translate(exc)}", file=sys.stderr)
         return 1
