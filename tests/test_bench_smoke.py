@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(shutil.which("pgbench") is None and not Path("/u
                                 reason="pgbench is not installed")
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp_path: Path) -> None:
     config = BenchConfig(jobs=40, workers=(2,), repeats=1, enqueue_jobs=1000, single_enqueues=20,
                          latency_samples=2, finished_levels=(100, 200), claim_samples=5,

@@ -73,6 +73,7 @@ def assert_done_exactly_once(conn: psycopg.Connection, ids: list[int]) -> None:
 
 # 12 -----------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_job_whose_worker_was_killed_mid_job_is_reclaimed_after_its_lease_with_a_new_attempt_and_completes_once(
         spawn, conn: psycopg.Connection) -> None:
     # The job runs 4 s: the victim is surely still at it when the kill comes, however late the test
@@ -195,6 +196,7 @@ class Producer(threading.Thread):
             self.error = exc
 
 
+@pytest.mark.slow
 def test_workers_survive_every_client_backend_terminated_twice_under_load_and_do_every_job_once(
         spawn, dsn: str, conn: psycopg.Connection) -> None:
     workers = [spawn(STEADY_LEASE="2", STEADY_CONCURRENCY="3", STEADY_POLL="0.5") for _ in range(3)]
@@ -245,6 +247,7 @@ def restart(server: embedded.ThrowawayPostgres) -> None:
     server.start()
 
 
+@pytest.mark.slow
 def test_committed_enqueues_and_completions_survive_an_immediate_shutdown_of_postgres(
         own_server: embedded.ThrowawayPostgres, spawn) -> None:
     with psycopg.connect(own_server.dsn_for("postgres"), autocommit=True) as admin:
@@ -300,6 +303,7 @@ POLL = 2.0
 SLACK = 1.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["listen_off", "notify_off", "listener_killed_again_and_again"])
 def test_workers_pick_up_jobs_within_the_poll_interval_without_notifications(
         spawn, conn: psycopg.Connection, how: str) -> None:
@@ -341,6 +345,7 @@ def test_workers_pick_up_jobs_within_the_poll_interval_without_notifications(
 
 # 27 -----------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_worker_whose_clock_is_skewed_by_minutes_behaves_exactly_like_one_whose_clock_is_right(
         spawn, conn: psycopg.Connection) -> None:
     """Leases are measured by the database clock only. Each worker takes a job that runs 2.5 times

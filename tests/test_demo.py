@@ -10,10 +10,12 @@ import sys
 import time
 
 import psycopg
+import pytest
 
 from sqlhelpers import one
 
 
+@pytest.mark.slow
 def test_demo_on_a_throwaway_server_recovers_the_crash_and_rejects_the_stale_write() -> None:
     result = subprocess.run([sys.executable, "-m", "pgq_thin", "demo", "--jobs", "500"],
                             capture_output=True, text=True, timeout=300)

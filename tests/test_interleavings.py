@@ -436,6 +436,7 @@ def test_two_sessions_completing_the_same_pairs_in_opposite_orders_never_deadloc
     assert one(conn, "SELECT count(DISTINCT job_id) FROM pgq.job_events WHERE event = 'completed'") == 1000
 
 
+@pytest.mark.slow
 def test_many_sessions_claiming_completing_sweeping_and_cancelling_never_deadlock(
         dsn: str, conn: psycopg.Connection) -> None:
     conn.execute("SELECT pgq.configure_queue('q', lease => interval '50 milliseconds')")

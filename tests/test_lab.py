@@ -24,6 +24,7 @@ def test_experiment_passes(module: ModuleType, dsn: str) -> None:
     assert result.verdict.observation, "an experiment must write its observation from the data"
 
 
+@pytest.mark.slow
 def test_run_lab_writes_the_evidence_package_with_eight_pass_rows(
         tmp_path: Path, pg_server, admin_dsn: str) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "evidence"

@@ -310,6 +310,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.retried, self.swept = None, False
 
 
+@pytest.mark.slow
 def test_the_sql_api_behaves_like_the_model_queue_step_by_step(dsn: str, conn: psycopg.Connection) -> None:
     install_test_clock(conn)
     conn.execute("SELECT pgq.configure_queue('q', lease => make_interval(mins => %s), "

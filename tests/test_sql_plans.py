@@ -18,6 +18,9 @@ import pytest
 
 from sqlhelpers import claim
 
+# The module's fixture builds a database of 1.1 million jobs (about 13 s).
+pytestmark = pytest.mark.slow
+
 WARMUP = 8
 
 SCAN_RE = re.compile(

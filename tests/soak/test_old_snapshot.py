@@ -12,6 +12,8 @@ import pytest
 
 from pgq_thin.tools.soak import old_snapshot_problems, run_old_snapshot
 
+pytestmark = [pytest.mark.soak, pytest.mark.slow]
+
 
 def test_claims_keep_working_under_an_old_snapshot_and_dead_tuples_fall_after_it_ends(
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,8 @@ import pytest
 
 from pgq_thin.tools.soak import soak_report
 
+pytestmark = [pytest.mark.soak, pytest.mark.slow]
+
 
 def test_chaos_soak_loses_no_job_completes_none_twice_and_explains_every_duplicate_effect(
         capsys: pytest.CaptureFixture[str]) -> None:
