@@ -35,6 +35,7 @@ import tempfile
 import time
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
@@ -307,6 +308,11 @@ class Databases:
         self._template: str | None = None
 
     def dsn_for(self, database: str) -> str:
+        """``admin_dsn`` with ``database`` in place of its database: a URL stays a URL (clients
+        other than libpq, e.g. node-postgres, read URLs only)."""
+        url = urlsplit(self.admin_dsn)
+        if url.scheme in ("postgresql", "postgres"):
+            return urlunsplit(url._replace(path="/" + quote(database, safe="")))
         return make_conninfo(self.admin_dsn, dbname=database)
 
     def new_name(self) -> str:
