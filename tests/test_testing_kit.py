@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -89,6 +90,14 @@ def test_a_users_tests_enqueue_drain_and_assert(pytester: pytest.Pytester) -> No
     pytester.makepyfile(test_user=USER_TESTS)
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=5)
+
+
+def test_the_readmes_example_test_passes_as_written(pytester: pytest.Pytester) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    example = readme.split("**Testing your handlers.**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    pytester.makepyfile(test_welcome=example)
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
 
 
 def test_with_pgq_test_dsn_the_databases_are_made_on_that_server(
