@@ -86,12 +86,14 @@ def test_a_drain_that_cannot_finish_says_what_was_left(pgq_client):
 '''
 
 
+@pytest.mark.slow  # a pytest process and a throwaway server of its own
 def test_a_users_tests_enqueue_drain_and_assert(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_user=USER_TESTS)
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=5)
 
 
+@pytest.mark.slow  # a pytest process and a throwaway server of its own
 def test_the_readmes_example_test_passes_as_written(pytester: pytest.Pytester) -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     example = readme.split("**Testing your handlers.**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
@@ -117,6 +119,7 @@ def test_on_the_given_server(pgq_dsn, pgq_client):
     result.assert_outcomes(passed=1)
 
 
+@pytest.mark.slow  # a pytest process and a throwaway server of its own
 def test_the_plugin_starts_nothing_until_a_fixture_is_used(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_user='''
 import os
@@ -158,6 +161,7 @@ def test_the_plugin_is_registered_as_a_pytest11_entry_point() -> None:
     assert [e.value for e in entry_points(group="pytest11") if e.name == "pgq"] == ["pgq_thin.testing.plugin"]
 
 
+@pytest.mark.slow  # a pytest process and a throwaway server of its own
 @pytest.mark.skipif(not hasattr(pgq_thin, "AsyncWorker"),
                     reason="pgq_thin.AsyncWorker is built on branch issue-14w and not merged here yet")
 def test_adrain_runs_an_async_workers_jobs(pytester: pytest.Pytester) -> None:
