@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(shutil.which("pgbench") is None and not Path("/u
 
 def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp_path: Path) -> None:
     config = BenchConfig(jobs=40, workers=(2,), repeats=1, enqueue_jobs=1000, single_enqueues=20,
-                         latency_samples=2, finished_levels=(100, 200), claim_samples=5,
+                         latency_samples=2, poll_interval=0.2, finished_levels=(100, 200), claim_samples=5,
                          churn_seconds=0.5, snapshot_seconds=0.3, pgbench_seconds=1)
     assert run_bench(str(tmp_path), dsn=dsn, config=config, print_table=False) == 0
 
