@@ -26,7 +26,7 @@ COMMON_FILES = ("acceptance.md", "schema.sql", "seed.sql", "claim.sql", "complet
                 "query-plans.txt", "final-jobs.csv", "job-events.csv")
 
 STEP_COLUMNS = ("experiment", "seq", "session", "step", "kind", "round", "sql", "started_at", "ended_at",
-                "duration_ms", "outcome", "blocked_at", "blocked_by", "rows")
+                "duration_ms", "outcome", "blocked_at", "blocked_by", "lock_waits", "rows")
 
 _FUNCTIONS = ("pgq.claim(text,text[],integer,interval)", "pgq.complete(bigint,integer,jsonb)",
               "pgq.sweep(integer)", "pgq._recover_expired(integer)")
@@ -120,7 +120,7 @@ def _step_rows(r: ExperimentResult) -> Iterable[list[Any]]:
     for s in sorted(r.steps, key=lambda s: s.seq):
         yield [r.name, s.seq, s.session, s.name, s.kind, s.round, s.sql, _iso(s.started_at), _iso(s.ended_at),
                f"{s.duration_ms:.3f}" if s.duration_ms is not None else "", s.outcome, _iso(s.blocked_at),
-               ",".join(s.blocked_by), _json(s.dicts())]
+               ",".join(s.blocked_by), " | ".join(s.lock_waits), _json(s.dicts())]
 
 
 def _transcript(r: ExperimentResult) -> str:
