@@ -12,9 +12,13 @@ References, measured in the same run on the same server:
 - the commit ceiling: pgbench, one single-row UPDATE per transaction, the same client counts.
 
 Workloads: 1 enqueue, 2 drain, 3 enqueue-to-start latency, 4 claim latency against finished rows,
-5 churn with pruning, 6 throughput while an old snapshot is held. Every drain is verified against
-the database's done count. Systems are alternated within each repetition and reported as median
-(min-max). Writes bench.md (the table), bench.json (every sample) and bench.png (the chart).
+5 churn with pruning, 6 throughput while an old snapshot is held. Every drain, pgq's and the
+references', is timed by one clock (``_timed_drain``): from starting its consumers to an outside
+observer counting N done jobs in the database; its done count is verified. Systems are alternated
+within each repetition and reported as median (min-max). The throwaway server runs with fsync on
+unless ``fsync=False``; every table states the server's fsync and synchronous_commit. Writes
+bench.md (the tables), bench.json (every sample) and bench.png (the chart); ``readme=`` also
+copies bench.md into a page's generated block (bench/README.md).
 
 The numbers are only meaningful as ratios to the references of the same run: absolute figures on a
 shared 2-core machine move by +-10% from run to run.
