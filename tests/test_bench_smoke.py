@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,28 @@ def test_readme_quotes_no_benchmark_figures() -> None:
     performance = readme.split("## Performance", 1)[1].split("\n## ", 1)[0]
     assert "bench/README.md" in performance
     assert not re.search(r"\d+(\.\d+)?\s*(×|x\b|ms\b|jobs/s)|\b0\.\d\d\b", performance), performance
+
+
+def test_every_drain_is_reported_by_the_one_clock_of_timed_drain(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each system's rate is N over _timed_drain's seconds (no system substitutes a kinder span of
+    its own), and that clock starts before the consumers do, so their start-up counts."""
+    from pgq_thin import bench
+
+    bench._prepare_database(dsn)
+    real_timed, real_consumers = bench._timed_drain, bench._consumers
+    measured: dict[str, float] = {}
+
+    def slow_start(dsn_: str, system: str, workers: int, stop) -> None:  # type: ignore[no-untyped-def]
+        time.sleep(0.2)  # a consumer's start-up (connections, pool, LISTEN)
+        real_consumers(dsn_, system, workers, stop)
+
+    def timed(dsn_: str, system: str, workers: int, n: int) -> float:
+        measured[system] = real_timed(dsn_, system, workers, n)
+        return 4.0  # what the report must use, whatever the system
+
+    monkeypatch.setattr(bench, "_consumers", slow_start)
+    monkeypatch.setattr(bench, "_timed_drain", timed)
+    for system in bench.DRAIN_SYSTEMS:
+        assert bench._one_drain(dsn, system, 2, 20) == 20 / 4.0, system
+    assert set(measured) == set(bench.DRAIN_SYSTEMS)
+    assert all(seconds >= 0.2 for seconds in measured.values()), measured
