@@ -10,9 +10,13 @@ the queue with healthy workers, and checks from the database:
 - no job lost: every id an enqueue acknowledged is in pgq.jobs;
 - none completed twice: at most one 'completed' event per job;
 - every job terminal (done, failed or cancelled) after the drain;
-- no two live owners: at most one execution (ledger row) per (job, attempt);
+- no two live owners: each attempt's live interval, by the database clock (from its 'claimed'
+  event to the event that took the job out of its hands: completed, failed, released, ... or
+  lease_expired, which comes at or after its lease end), overlaps no other attempt's of the job;
+- at least once: every done job has a ledger row of the attempt that completed it, and no
+  attempt was executed twice (at most one ledger row per (job, attempt));
 - duplicate effects (more than one ledger row for a job) only where the earlier attempt's lease
-  expired: each such attempt has a 'lease_expired' or 'rejected' event in pgq.job_events.
+  expired: each such attempt has a 'lease_expired' event in pgq.job_events.
 
 ``run_old_snapshot``: a steady load while a REPEATABLE READ transaction holds a snapshot; it reports
 claim latency and pgq.jobs' dead tuples before, during and after, and checks that claims keep
@@ -72,6 +76,13 @@ def _connect(dsn: str, patience: float = 30.0) -> psycopg.Connection[Any]:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def _fetch(cursor: psycopg.Cursor[Any]) -> Any:
+    """The one row a query returns (an aggregate's, say)."""
+    row = cursor.fetchone()
+    assert row is not None, "the query returned no row"
+    return row
 
 
 def _one(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> Any:
@@ -195,6 +206,12 @@ class SoakCounts:
     completed_twice: int = 0
     not_terminal: int = 0
     double_owners: int = 0
+    attempts: int = 0
+    overlapping_attempts: int = 0
+    closest_handover_ms: float | None = None
+    attempts_without_end: int = 0
+    executed_twice: int = 0
+    not_executed: int = 0
     failed_jobs: int = 0
     states: dict[str, int] = field(default_factory=dict)
 
@@ -213,7 +230,7 @@ def _terminate_connections(dsn: str, rng: random.Random) -> int:
             return 0
         chosen = pids if rng.random() < 0.2 else rng.sample(pids, max(1, len(pids) // 4))
         return sum(1 for pid in chosen
-                   if conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0])
+                   if _fetch(conn.execute("SELECT pg_terminate_backend(%s)", (pid,)))[0])
 
 
 def _check(dsn: str, acknowledged: list[int], counts: SoakCounts) -> list[str]:
@@ -225,35 +242,73 @@ def _check(dsn: str, acknowledged: list[int], counts: SoakCounts) -> list[str]:
             for job_id in acknowledged:
                 copy.write_row((job_id,))
         counts.acknowledged = len(acknowledged)
-        counts.jobs = conn.execute("SELECT count(*) FROM pgq.jobs WHERE queue = %s", (QUEUE,)).fetchone()[0]
+        counts.jobs = _fetch(conn.execute("SELECT count(*) FROM pgq.jobs WHERE queue = %s", (QUEUE,)))[0]
         counts.states = dict(conn.execute(
             "SELECT state::text, count(*) FROM pgq.jobs WHERE queue = %s GROUP BY 1 ORDER BY 1",
             (QUEUE,)).fetchall())
         counts.failed_jobs = counts.states.get("failed", 0)
-        counts.lost = conn.execute(
+        counts.lost = _fetch(conn.execute(
             "SELECT count(*) FROM acked AS a WHERE NOT EXISTS (SELECT FROM pgq.jobs AS j WHERE j.id = a.id)"
-        ).fetchone()[0]
-        counts.completed_twice = conn.execute(
+        ))[0]
+        counts.completed_twice = _fetch(conn.execute(
             "SELECT count(*) FROM (SELECT e.job_id FROM pgq.job_events AS e WHERE e.event = 'completed'"
-            " GROUP BY e.job_id HAVING count(*) > 1) AS x").fetchone()[0]
-        counts.not_terminal = conn.execute(
+            " GROUP BY e.job_id HAVING count(*) > 1) AS x"))[0]
+        counts.not_terminal = _fetch(conn.execute(
             "SELECT count(*) FROM pgq.jobs WHERE queue = %s AND state NOT IN ('done', 'failed', 'cancelled')",
-            (QUEUE,)).fetchone()[0]
-        counts.reclaims = conn.execute(
+            (QUEUE,)))[0]
+        counts.reclaims = _fetch(conn.execute(
             "SELECT count(*) FROM pgq.job_events AS e JOIN pgq.jobs AS j ON j.id = e.job_id"
-            " WHERE j.queue = %s AND e.event = 'lease_expired'", (QUEUE,)).fetchone()[0]
-        counts.rejected = conn.execute(
+            " WHERE j.queue = %s AND e.event = 'lease_expired'", (QUEUE,)))[0]
+        counts.rejected = _fetch(conn.execute(
             "SELECT count(*) FROM pgq.job_events AS e JOIN pgq.jobs AS j ON j.id = e.job_id"
-            " WHERE j.queue = %s AND e.event = 'rejected'", (QUEUE,)).fetchone()[0]
-        counts.executions = conn.execute("SELECT count(*) FROM pgq_soak.effects").fetchone()[0]
-        counts.double_owners = conn.execute(
+            " WHERE j.queue = %s AND e.event = 'rejected'", (QUEUE,)))[0]
+        counts.executions = _fetch(conn.execute("SELECT count(*) FROM pgq_soak.effects"))[0]
+        counts.executed_twice = _fetch(conn.execute(
             "SELECT count(*) FROM (SELECT job_id, attempt FROM pgq_soak.effects"
-            " GROUP BY job_id, attempt HAVING count(*) > 1) AS x").fetchone()[0]
+            " GROUP BY job_id, attempt HAVING count(*) > 1) AS x"))[0]
+        # Two live owners: the live interval of every attempt, by the database clock, from its
+        # 'claimed' event to the first event of that attempt that moved the job out of 'running'
+        # (a 'rejected' write moves nothing). For an attempt whose lease expired that end is the
+        # recovery, at or after the lease end: the intervals can only be too long, so an overlap
+        # they miss is not there. No two attempts of one job may overlap.
+        conn.execute("""
+            CREATE TEMP TABLE attempt_live AS
+            SELECT e.job_id, e.attempt,
+                   min(e.at) FILTER (WHERE e.event = 'claimed') AS live_from,
+                   min(e.at) FILTER (WHERE e.from_state = 'running' AND e.to_state IS DISTINCT FROM 'running'
+                                       AND e.event <> 'rejected') AS live_to
+            FROM pgq.job_events AS e JOIN pgq.jobs AS j ON j.id = e.job_id
+            WHERE j.queue = %s
+            GROUP BY e.job_id, e.attempt
+            HAVING count(*) FILTER (WHERE e.event = 'claimed') > 0""", (QUEUE,))
+        counts.attempts, counts.attempts_without_end = _fetch(conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE live_to IS NULL) FROM attempt_live"))
+        counts.overlapping_attempts, closest = _fetch(conn.execute("""
+            SELECT count(*) FILTER (WHERE b.live_from < coalesce(a.live_to, 'infinity')
+                                      AND a.live_from < coalesce(b.live_to, 'infinity')),
+                   min(extract(epoch FROM b.live_from - a.live_to) * 1000) FILTER (WHERE b.attempt = a.attempt + 1)
+            FROM attempt_live AS a JOIN attempt_live AS b ON b.job_id = a.job_id AND b.attempt > a.attempt"""))
+        counts.closest_handover_ms = None if closest is None else float(closest)
+        counts.double_owners = counts.overlapping_attempts + counts.executed_twice
+        if counts.overlapping_attempts:
+            for job_id, a1, a2 in conn.execute("""
+                    SELECT a.job_id, a.attempt, b.attempt FROM attempt_live AS a JOIN attempt_live AS b
+                      ON b.job_id = a.job_id AND b.attempt > a.attempt
+                    WHERE b.live_from < coalesce(a.live_to, 'infinity')
+                      AND a.live_from < coalesce(b.live_to, 'infinity')
+                    ORDER BY 1, 2 LIMIT 5""").fetchall():
+                problems.append(f"two live owners: job {job_id} attempts {a1} and {a2} overlap while both live")
+        # At least once: the attempt that completed a done job executed it (wrote its ledger row).
+        counts.not_executed = _fetch(conn.execute("""
+            SELECT count(*) FROM pgq.job_events AS e JOIN pgq.jobs AS j ON j.id = e.job_id
+            WHERE j.queue = %s AND j.state = 'done' AND e.event = 'completed'
+              AND NOT EXISTS (SELECT FROM pgq_soak.effects AS f WHERE f.job_id = e.job_id AND f.attempt = e.attempt)""",
+            (QUEUE,)))[0]
         # A duplicate effect: a ledger row of a job that has more than one, other than the row of
         # the attempt that completed the job (or, for a job not done, its last attempt). Each is
-        # explained when pgq.job_events shows that attempt lost the job: its lease expired (the
-        # job was recovered) or a write of that attempt was rejected.
-        counts.duplicates, counts.explained = conn.execute("""
+        # explained when pgq.job_events shows that attempt's lease expired (the job was recovered
+        # from it): the soak cancels nothing, so no other way to lose a job exists here.
+        counts.duplicates, counts.explained = _fetch(conn.execute("""
             WITH multi AS (
                 SELECT job_id FROM pgq_soak.effects GROUP BY job_id HAVING count(DISTINCT attempt) > 1
             ), final AS (
@@ -272,8 +327,8 @@ def _check(dsn: str, acknowledged: list[int], counts: SoakCounts) -> list[str]:
                    count(*) FILTER (WHERE EXISTS (
                        SELECT FROM pgq.job_events AS e
                        WHERE e.job_id = d.job_id AND e.attempt = d.attempt
-                         AND e.event IN ('lease_expired', 'rejected')))
-            FROM dup AS d""").fetchone()
+                         AND e.event = 'lease_expired'))
+            FROM dup AS d"""))
         counts.unexplained = counts.duplicates - counts.explained
         if counts.unexplained:
             for job_id, attempt in conn.execute("""
@@ -281,10 +336,10 @@ def _check(dsn: str, acknowledged: list[int], counts: SoakCounts) -> list[str]:
                     WHERE f.job_id IN (SELECT job_id FROM pgq_soak.effects GROUP BY job_id
                                        HAVING count(DISTINCT attempt) > 1)
                       AND NOT EXISTS (SELECT FROM pgq.job_events AS e WHERE e.job_id = f.job_id
-                                      AND e.attempt = f.attempt AND e.event IN ('lease_expired', 'rejected', 'completed'))
+                                      AND e.attempt = f.attempt AND e.event IN ('lease_expired', 'completed'))
                     ORDER BY 1, 2 LIMIT 5""").fetchall():
-                events = conn.execute("SELECT string_agg(event || '@' || attempt, ' ' ORDER BY id)"
-                                      " FROM pgq.job_events WHERE job_id = %s", (job_id,)).fetchone()[0]
+                events = _fetch(conn.execute("SELECT string_agg(event || '@' || attempt, ' ' ORDER BY id)"
+                                      " FROM pgq.job_events WHERE job_id = %s", (job_id,)))[0]
                 problems.append(f"unexplained duplicate: job {job_id} attempt {attempt}; events: {events}")
     if counts.lost:
         problems.append(f"{counts.lost} acknowledged job(s) missing from pgq.jobs")
@@ -292,8 +347,14 @@ def _check(dsn: str, acknowledged: list[int], counts: SoakCounts) -> list[str]:
         problems.append(f"{counts.completed_twice} job(s) completed more than once")
     if counts.not_terminal:
         problems.append(f"{counts.not_terminal} job(s) not terminal after the drain")
-    if counts.double_owners:
-        problems.append(f"{counts.double_owners} (job, attempt) pair(s) executed twice: two live owners")
+    if counts.executed_twice:
+        problems.append(f"{counts.executed_twice} (job, attempt) pair(s) executed twice")
+    if counts.attempts_without_end:
+        problems.append(f"{counts.attempts_without_end} attempt(s) never ended after the drain")
+    if counts.attempts == 0:
+        problems.append("no attempt intervals recorded (is the queue's audit on?): the owner check proves nothing")
+    if counts.not_executed:
+        problems.append(f"{counts.not_executed} done job(s) without an execution of the completing attempt")
     if counts.unexplained:
         problems.append(f"{counts.unexplained} duplicate effect(s) not explained by an expired lease")
     return problems
@@ -307,7 +368,7 @@ def _prepare(dsn: str) -> None:
         conn.execute("SELECT pgq.configure_queue(%s, lease => %s::interval, max_attempts => 1000,"
                      " backoff_base => '100 ms', backoff_cap => '1 s', audit => true)",
                      (QUEUE, f"{LEASE_SECONDS} seconds"))
-        left = conn.execute("SELECT count(*) FROM pgq.jobs WHERE queue = %s", (QUEUE,)).fetchone()[0]
+        left = _fetch(conn.execute("SELECT count(*) FROM pgq.jobs WHERE queue = %s", (QUEUE,)))[0]
         if left:
             raise RuntimeError(f"queue {QUEUE!r} already holds {left} job(s): the soak needs it empty "
                                "(use a fresh database, or prune/delete those jobs)")
@@ -424,8 +485,13 @@ def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None =
         print_fn(f"  reclaims               {c.reclaims} (lease_expired events)")
         print_fn(f"  stale writes rejected  {c.rejected}")
         print_fn(f"  duplicate effects      {c.duplicates}: {c.explained} explained, {c.unexplained} unexplained")
-        print_fn(f"  lost {c.lost}, completed twice {c.completed_twice}, not terminal {c.not_terminal}, "
-                 f"two live owners {c.double_owners}")
+        handover = "-" if c.closest_handover_ms is None else f"{c.closest_handover_ms:.3f} ms"
+        print_fn(f"  two live owners        {c.overlapping_attempts} overlapping live attempts among {c.attempts} "
+                 f"attempt intervals (database clock; closest hand-over {handover}); {c.executed_twice} attempts "
+                 "executed twice")
+        print_fn(f"  at least once          {c.not_executed} done jobs without an execution of their "
+                 "completing attempt")
+        print_fn(f"  lost {c.lost}, completed twice {c.completed_twice}, not terminal {c.not_terminal}")
         for problem in problems:
             print_fn(f"  FAILED: {problem}")
         print_fn("soak: OK, every invariant held" if not problems else "soak: FAILED")
@@ -445,8 +511,8 @@ def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None =
 def _dead_tuples(dsn: str) -> int:
     with _connect(dsn) as conn:
         conn.execute("SELECT pg_stat_clear_snapshot()")
-        return int(conn.execute("SELECT coalesce(n_dead_tup, 0) FROM pg_stat_user_tables"
-                                " WHERE schemaname = 'pgq' AND relname = 'jobs'").fetchone()[0])
+        return int(_fetch(conn.execute("SELECT coalesce(n_dead_tup, 0) FROM pg_stat_user_tables"
+                                " WHERE schemaname = 'pgq' AND relname = 'jobs'"))[0])
 
 
 def _vacuum(dsn: str) -> None:
@@ -509,7 +575,7 @@ def run_old_snapshot(seconds: float = 20.0, dsn: str | None = None, print_fn: Pr
             load(phases["before"], max(3.0, seconds / 4))
             with _connect(dsn) as holder:
                 holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-                held = holder.execute("SELECT count(*) FROM pgq.jobs").fetchone()[0]
+                held = _fetch(holder.execute("SELECT count(*) FROM pgq.jobs"))[0]
                 print_fn(f"  a REPEATABLE READ transaction took its snapshot ({held} jobs visible to it)")
                 load(phases["during"], seconds)
                 before_vacuum = _dead_tuples(dsn)

@@ -83,7 +83,8 @@ def run(h: Harness) -> Verdict:
             f"next claims returned {_ids(b_after1)} then {_ids(b_after2) or 'nothing'}")
     claimed = [e for e in events.dicts() if e["event"] == "claimed"]
     v.check("the job was claimed exactly once", len(claimed) == 1,
-            f"{len(claimed)} 'claimed' event(s): " + ", ".join(f"attempt {e['attempt']} by {e['worker']}" for e in claimed))
+            f"{len(claimed)} 'claimed' event(s): "
+            + ", ".join(f"attempt {e['attempt']} by {e['worker']}" for e in claimed))
 
     v.observe(f"While worker-a's pgq.claim of job {held} was uncommitted, the observer read it as "
               f"{d.get('state')}/attempt {d.get('attempt')} ({during.outcome}) and worker-b's pgq.claim returned "
