@@ -88,7 +88,7 @@ def test_readme_quotes_no_benchmark_figures() -> None:
 def test_every_drain_is_reported_by_the_one_clock_of_timed_drain(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each system's rate is N over _timed_drain's seconds (no system substitutes a kinder span of
     its own), and that clock starts before the consumers do, so their start-up counts."""
-    from pgq_thin import bench
+    from pgq_thin.tools import bench
 
     bench._prepare_database(dsn)
     real_timed, real_consumers = bench._timed_drain, bench._consumers
