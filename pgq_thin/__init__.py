@@ -11,6 +11,7 @@ from pgq_thin.errors import (
 )
 from pgq_thin.migrate import migrate
 from pgq_thin.models import HealthFinding, Job, JobEvent, JobRecord, QueueSettings, QueueStats, TenantSettings
+from pgq_thin.worker import JobContext, OutcomeUnknown, Retry, Snooze, Worker
 
 __all__ = [
     "Client",
@@ -21,11 +22,16 @@ __all__ = [
     "ConnectionLost",
     "InvalidArgument",
     "Job",
+    "JobContext",
     "JobNotFound",
+    "OutcomeUnknown",
     "PermissionDenied",
     "PgqError",
     "QueueSettings",
     "QueueStats",
+    "Retry",
+    "Snooze",
+    "Worker",
     "WrongState",
     "migrate",
 ]

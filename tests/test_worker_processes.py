@@ -112,21 +112,27 @@ def test_a_job_whose_worker_was_killed_is_reclaimed_after_its_lease_and_complete
 
 
 # A signal handler runs in the main thread between two bytecodes: possibly while that thread holds
-# the lock of one of the worker's Events (the claim loop waits on and clears ``_wake``). Setting
-# that Event from the handler would then wait for the main thread itself, forever. The script
-# holds the lock while the signals arrive; the stop must still happen once it lets go.
+# a lock that stopping needs (the lock of an Event the claimer waits on and clears). Stopping from
+# the handler would then wait for the main thread itself, forever. The script holds such a lock
+# while the signals arrive; the stop must still happen once it lets go.
 SIGNAL_WHILE_LOCKED = """
-import os, signal, sys
-from pgq_thin.worker import Worker
-worker = Worker(["default"])
-worker._install_signal_handlers()
-with worker._wake._cond:  # what the claim loop holds for a moment in every _sleep
+import os, signal, sys, threading
+from pgq_thin.worker.signals import Signals
+lock = threading.Lock()  # what the claimer's wake-up Event holds for a moment in every sleep
+asked, both = [], threading.Event()
+def stop(graceful):
+    with lock:
+        asked.append(graceful)
+        if len(asked) == 2:
+            both.set()
+signals = Signals(stop, lambda: bool(asked), "w")
+assert signals.install()
+with lock:
     os.kill(os.getpid(), signal.SIGTERM)
     os.kill(os.getpid(), signal.SIGTERM)
     for _ in range(1000):  # bytecodes: the handlers run here, in this thread
         pass
-stopped = worker._hard_stop.wait(10) and worker._wake.wait(10)
-sys.exit(0 if stopped and worker._stopping.is_set() else 3)
+sys.exit(0 if both.wait(10) and asked == [True, False] else 3)
 """
 
 
