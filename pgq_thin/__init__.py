@@ -1,5 +1,6 @@
 """pgq_thin: the thin Python side of pgq. Every state change is one call of a pgq.* function."""
 
+from pgq_thin.async_client import AsyncClient
 from pgq_thin.client import Client
 from pgq_thin.errors import (
     ConnectionLost,
@@ -14,6 +15,7 @@ from pgq_thin.models import HealthFinding, Job, JobEvent, JobRecord, QueueSettin
 from pgq_thin.worker import JobContext, OutcomeUnknown, Retry, Snooze, Worker
 
 __all__ = [
+    "AsyncClient",
     "Client",
     "HealthFinding",
     "JobEvent",
