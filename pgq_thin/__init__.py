@@ -12,10 +12,11 @@ from pgq_thin.errors import (
 )
 from pgq_thin.migrate import migrate
 from pgq_thin.models import HealthFinding, Job, JobEvent, JobRecord, QueueSettings, QueueStats, TenantSettings
-from pgq_thin.worker import JobContext, OutcomeUnknown, Retry, Snooze, Worker
+from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Retry, Snooze, Worker
 
 __all__ = [
     "AsyncClient",
+    "AsyncWorker",
     "Client",
     "HealthFinding",
     "JobEvent",

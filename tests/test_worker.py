@@ -1,12 +1,15 @@
-"""The worker runtime against a real PostgreSQL, with the worker running in a thread of the test.
+"""The worker runtimes against a real PostgreSQL, with the worker running in a thread of the test.
 
-Each test runs a Worker with ``run(install_signal_handlers=False)`` in a background thread and
-watches the database from the test's own connection. The crash and signal scenarios, which need
+Each test runs a Worker with ``run(install_signal_handlers=False)`` (or an AsyncWorker, in an
+event loop of its own) in a background thread and watches the database from the test's own
+connection. Every test runs against both runtimes: the handlers here are plain functions, which
+an AsyncWorker runs in threads; test_async_worker.py has the ``async def`` handlers. The crash and signal scenarios, which need
 a real process, are in test_worker_processes.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import threading
@@ -20,7 +23,7 @@ import pytest
 
 from pgq_thin import Client, Job
 from pgq_thin.errors import PgqError
-from pgq_thin.worker import JobContext, OutcomeUnknown, Retry, Snooze, Worker
+from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Retry, Snooze, Worker
 from pgq_thin.worker.completer import Completer
 from pgq_thin.worker.held import HeldJobs
 from pgq_thin.worker.owner import OwnerCalls
@@ -31,15 +34,33 @@ from sqlhelpers import events, expire_lease, job, one, wait_for
 DEADLINE = 20.0
 
 
+#: The runtimes every test here runs against; fast_worker() makes the one of the current test.
+RUNTIMES = {"threads": Worker, "asyncio": AsyncWorker}
+_current = ["threads"]
+
+
+@pytest.fixture(autouse=True, params=sorted(RUNTIMES))
+def runtime(request: pytest.FixtureRequest) -> Iterator[str]:
+    _current[0] = request.param
+    yield request.param
+    _current[0] = "threads"
+
+
+AnyWorker = Worker | AsyncWorker
+
+
 @contextmanager
-def running(worker: Worker, dsn: str, **run_options: Any) -> Iterator[Worker]:
-    """Run ``worker`` in a thread; on exit stop it gracefully and require that run() returned
-    without raising."""
+def running(worker: AnyWorker, dsn: str, **run_options: Any) -> Iterator[AnyWorker]:
+    """Run ``worker`` in a thread (an AsyncWorker in an event loop of that thread); on exit stop
+    it gracefully and require that run() returned without raising."""
     failure: list[BaseException] = []
 
     def target() -> None:
         try:
-            worker.run(dsn, install_signal_handlers=False, **run_options)
+            if isinstance(worker, AsyncWorker):
+                asyncio.run(worker.run(dsn, install_signal_handlers=False, **run_options))
+            else:
+                worker.run(dsn, install_signal_handlers=False, **run_options)
         except BaseException as exc:  # noqa: BLE001 - reported to the test below
             failure.append(exc)
 
@@ -50,8 +71,8 @@ def running(worker: Worker, dsn: str, **run_options: Any) -> Iterator[Worker]:
     finally:
         worker.stop()
         thread.join(timeout=DEADLINE)
-    assert not thread.is_alive(), "Worker.run did not return after stop()"
-    assert not failure, f"Worker.run raised {failure[0]!r}"
+    assert not thread.is_alive(), f"{type(worker).__name__}.run did not return after stop()"
+    assert not failure, f"{type(worker).__name__}.run raised {failure[0]!r}"
 
 
 def state_counts(conn: psycopg.Connection) -> dict[str, int]:
@@ -64,11 +85,11 @@ def enqueue(conn: psycopg.Connection, kind: str, payload: str = "{}", queue: str
                    {"queue": queue, "kind": kind, "payload": payload, **more}))
 
 
-def fast_worker(**settings: Any) -> Worker:
-    """A worker with short intervals, for tests."""
+def fast_worker(**settings: Any) -> AnyWorker:
+    """A worker of the current test's runtime with short intervals, for tests."""
     defaults: dict[str, Any] = {"concurrency": 2, "poll_interval": 0.1, "sweep_interval": 1.0,
                                 "shutdown_timeout": 10.0}
-    return Worker(["default"], **{**defaults, **settings})
+    return RUNTIMES[_current[0]](["default"], **{**defaults, **settings})
 
 
 def finished(conn: psycopg.Connection, job_id: int) -> Callable[[], bool]:

@@ -27,15 +27,19 @@ function, called through pgq_thin.Client):
 - ``listener``: LISTEN pgq on a dedicated connection; a payload naming one of our queues wakes
   the claimer. Polling is the fallback (and the only mechanism with listen=False).
 - ``signals``: the first SIGTERM / SIGINT stops gracefully, the second at once.
-- ``threaded`` (Worker) and ``aio`` (AsyncWorker) wire the parts together; the shutdown waits
-  for running jobs up to shutdown_timeout, then gives back what is left (pgq.release).
+- ``threaded`` (Worker) wires the parts together; the shutdown waits for running jobs up to
+  shutdown_timeout, then gives back what is left (pgq.release).
+- ``aio`` (AsyncWorker) wires the same rules for asyncio: ``aio_parts`` holds the claimer,
+  slots, completer, renewer, listener and owner calls as tasks; the registry, prefetch policy,
+  outcomes, poll timer, database clock and signal rule are the very objects Worker uses.
 """
 
+from pgq_thin.worker.aio import AsyncWorker
 from pgq_thin.worker.context import Handler, JobContext
 from pgq_thin.worker.outcomes import OutcomeUnknown, Retry, Snooze
 from pgq_thin.worker.prefetch import AUTO_PREFETCH_MAX, AUTO_PREFETCH_WAIT
 from pgq_thin.worker.support import CHANNEL
 from pgq_thin.worker.threaded import Worker
 
-__all__ = ["AUTO_PREFETCH_MAX", "AUTO_PREFETCH_WAIT", "CHANNEL", "Handler", "JobContext", "OutcomeUnknown",
+__all__ = ["AUTO_PREFETCH_MAX", "AUTO_PREFETCH_WAIT", "CHANNEL", "AsyncWorker", "Handler", "JobContext", "OutcomeUnknown",
            "Retry", "Snooze", "Worker"]

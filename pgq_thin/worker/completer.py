@@ -14,6 +14,15 @@ from pgq_thin.worker.support import Backoff, Flags, log, transient
 __all__ = ["Completer"]
 
 
+def report(batch: list[Held], done: set[int]) -> None:
+    """Log what one pgq.complete_many answered for each job of ``batch``."""
+    for held in batch:
+        if held.job.id in done:
+            held.log.info("completed")
+        else:
+            held.log.warning("complete rejected: the job is no longer ours (its lease expired, or it was cancelled)")
+
+
 class Completer:
     """``add(held)`` queues a completion; the completer's thread (``start()``) flushes the queue
     until ``stop()`` or a hard stop. ``flush()`` records the queue now (the shutdown does)."""
@@ -64,12 +73,7 @@ class Completer:
             self.held.forget(batch)
             return
         self.held.forget(batch)
-        for held in batch:
-            if held.job.id in done:
-                held.log.info("completed")
-            else:
-                held.log.warning("complete rejected: the job is no longer ours "
-                                 "(its lease expired, or it was cancelled)")
+        report(batch, done)
 
     def try_flush(self) -> None:
         """flush(), once: at shutdown a connection error leaves those jobs to their leases."""

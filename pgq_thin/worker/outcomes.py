@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from pgq_thin.models import Job
-from pgq_thin.worker.support import JobLog, seconds
+from pgq_thin.worker.support import JobLog, seconds, transient
 
 __all__ = ["Outcome", "OutcomeUnknown", "Retry", "Snooze", "no_handler", "of_exception", "of_result"]
 
@@ -107,8 +107,16 @@ def no_handler(job: Job, worker_name: str, kinds: list[str], jlog: JobLog) -> Ou
     return Outcome("fail", {"error": error, "retryable": False})
 
 
-def refused_instead(operation: str, exc: BaseException) -> Outcome:
-    """An outcome call that the server refused for good (a snooze delay out of range, a result
-    that is not JSON): fail the attempt instead, not retryable, so that someone looks at it."""
+def refused_instead(operation: str, exc: BaseException, jlog: JobLog) -> Outcome | None:
+    """What to send when the outcome call ``operation`` failed for good with ``exc``: None when
+    we are exiting (a transient error: the lease recovers the job) or it was a fail already; for
+    a call the server refused (a snooze delay out of range, a result that is not JSON), a fail of
+    the attempt, not retryable, so that someone looks at it."""
+    if transient(exc):
+        jlog.warning("%s abandoned at exit; the lease will recover the job", operation)
+        return None
+    jlog.error("%s refused: %s", operation, exc)
+    if operation == "fail":
+        return None
     return Outcome("fail", {"error": f"pgq_thin worker: {operation} of this attempt was refused: "
                                      f"{type(exc).__name__}: {exc}", "retryable": False})

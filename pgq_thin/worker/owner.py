@@ -13,7 +13,7 @@ from pgq_thin.errors import PgqError
 from pgq_thin.models import Job
 from pgq_thin.worker.held import Held, HeldJobs, Verdict
 from pgq_thin.worker.outcomes import Outcome, refused_instead
-from pgq_thin.worker.support import Backoff, Flags, JobLog, log, transient
+from pgq_thin.worker.support import Flags, JobLog, Repeat, log
 
 __all__ = ["OwnerCalls"]
 
@@ -55,30 +55,23 @@ class OwnerCalls:
         return verdict is Verdict.GRANTED
 
     def until_answered(self, operation: str, jlog: JobLog, call: Callable[[], Any]) -> Any:
-        backoff = Backoff(first=0.1, cap=10.0)
+        repeat = Repeat(operation, jlog, self.flags)
         while True:
             try:
                 return call()
             except Exception as exc:
-                if not transient(exc) or self.flags.giving_up():
-                    raise
-                delay = backoff.next()
-                jlog.warning("%s did not reach the server (%s); repeating it in %.1fs", operation, exc, delay)
+                delay = repeat.after(exc)
                 self.drop_broken_connections()
                 self.flags.hard_stop.wait(delay)
 
     def refused(self, operation: str, held: Held, exc: Exception) -> None:
         """The outcome call failed for good: we are exiting, or it was refused. Then fail the
-        attempt, not retryable, so that someone looks at it. If nothing answers, the lease
-        recovers the job."""
+        attempt, not retryable, so that someone looks at it (refused_instead). If nothing
+        answers, the lease recovers the job."""
         jlog, job = held.log, held.job
-        if transient(exc):
-            jlog.warning("%s abandoned at exit; the lease will recover the job", operation)
+        instead = refused_instead(operation, exc, jlog)
+        if instead is None:
             return
-        jlog.error("%s refused: %s", operation, exc)
-        if operation == "fail":
-            return
-        instead = refused_instead(operation, exc)
         try:
             state = self.until_answered("fail", jlog, lambda: instead.send(self.client, job))
             jlog.info("failed instead, now %s", state)

@@ -100,6 +100,26 @@ class Flags:
         return self.hard_stop.is_set() or self.done.is_set()
 
 
+class Repeat:
+    """The rule for repeating an owner call while the server cannot be reached: a transient error
+    is repeated after a growing delay (logged), unless we stop at once or the run is over; any
+    other error is raised."""
+
+    def __init__(self, operation: str, jlog: JobLog, flags: Flags) -> None:
+        self.operation = operation
+        self.jlog = jlog
+        self.flags = flags
+        self.backoff = Backoff(first=0.1, cap=10.0)
+
+    def after(self, exc: Exception) -> float:
+        """How long to wait before repeating the call that raised ``exc`` (or raise it)."""
+        if not transient(exc) or self.flags.giving_up():
+            raise exc
+        delay = self.backoff.next()
+        self.jlog.warning("%s did not reach the server (%s); repeating it in %.1fs", self.operation, exc, delay)
+        return delay
+
+
 class Part(Protocol):
     """What every part of a thread runtime offers."""
 
