@@ -1,5 +1,6 @@
 """Worker processes that get signals or are killed: real subprocesses running tests/apps/sleepy.py
-(one kind, ``sleep``, that sleeps payload["seconds"] without cooperating with shutdown)."""
+(one kind, ``sleep``, that sleeps payload["seconds"] without cooperating with shutdown), or the
+same app on an AsyncWorker (tests/apps/sleepy_async.py): each scenario runs against both."""
 
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ from sqlhelpers import wait_for
 from test_worker import enqueue, finished, running
 from workerprocess import ROOT, WorkerProcess, spawner
 
-SLEEPY = ROOT / "tests" / "apps" / "sleepy.py"
+SLEEPY = {"threads": ROOT / "tests" / "apps" / "sleepy.py", "asyncio": ROOT / "tests" / "apps" / "sleepy_async.py"}
 
 
-@pytest.fixture
-def spawn(dsn: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    with spawner(SLEEPY, dsn, tmp_path) as start:
+@pytest.fixture(params=sorted(SLEEPY))
+def spawn(request: pytest.FixtureRequest, dsn: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    with spawner(SLEEPY[request.param], dsn, tmp_path) as start:
         yield start
 
 
