@@ -26,8 +26,9 @@ T = TypeVar("T")
 
 class AsyncClient(PgqCalls):
     """A pgq client for asyncio: one ``async`` method per pgq function (pgq_thin.calls describes
-    each; awaiting ``client.name(...)`` gives what Client.name returns). Each call borrows a pooled connection (or uses ``conn=``). The
-    pool opens on first use (or with ``await client.open()`` / ``async with``)."""
+    each; awaiting ``client.name(...)`` gives what Client.name returns). Each call borrows a
+    pooled connection (or uses ``conn=``). The pool opens on first use (or with
+    ``await client.open()`` / ``async with``)."""
 
     def __init__(self, dsn: str | None = None, *, pool: AsyncConnectionPool | None = None,
                  min_size: int = 1, max_size: int = 8, prepare: bool = True) -> None:

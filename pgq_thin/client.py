@@ -2,8 +2,8 @@
 
 Every method sends exactly one statement from pgq_thin.queries and returns what the function
 returned, typed: pgq_thin.calls describes each (arguments, statement, result), and AsyncClient
-sends the same descriptions over asyncio. Producers can pass ``conn=`` to enqueue inside their own transaction, so the job
-is written atomically with their business data.
+sends the same descriptions over asyncio. Producers can pass ``conn=`` to enqueue inside their
+own transaction, so the job is written atomically with their business data.
 """
 
 from __future__ import annotations

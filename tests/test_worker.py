@@ -3,8 +3,8 @@
 Each test runs a Worker with ``run(install_signal_handlers=False)`` (or an AsyncWorker, in an
 event loop of its own) in a background thread and watches the database from the test's own
 connection. Every test runs against both runtimes: the handlers here are plain functions, which
-an AsyncWorker runs in threads; test_async_worker.py has the ``async def`` handlers. The crash and signal scenarios, which need
-a real process, are in test_worker_processes.py.
+an AsyncWorker runs in threads; test_async_worker.py has the ``async def`` handlers. The crash and
+signal scenarios, which need a real process, are in test_worker_processes.py.
 """
 
 from __future__ import annotations

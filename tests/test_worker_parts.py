@@ -13,7 +13,7 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-from pgq_thin import Client, Job
+from pgq_thin import Client, ConnectionLost, Job, PermissionDenied
 from pgq_thin.worker import JobContext, OutcomeUnknown, Retry, Snooze
 from pgq_thin.worker import outcomes
 from pgq_thin.worker.claimer import Claimer, PollTimer
@@ -191,11 +191,16 @@ def test_the_first_signal_asks_for_a_graceful_stop_and_any_other_for_a_stop_at_o
 
 
 def test_an_idle_claimer_backs_off_to_the_poll_interval_without_listen_and_polls_near_it_with() -> None:
+    with pytest.raises(PermissionDenied):
+        PollTimer(1.0, 0).claim_failed(PermissionDenied("permission denied for function claim", "42501"), "w")
+    assert 0.1 <= PollTimer(1.0, 0).claim_failed(ConnectionLost("server closed the connection"), "w") <= 0.2
     timer = PollTimer(poll_interval=1.0, sweep_interval=0)
     assert not timer.sweep_due() and timer.until(5.0) == 5.0  # no sweeps: nothing cuts a wait short
-    without = [timer.after_empty_claim(listening=False) for _ in range(10)]
+    without = [timer.claimed(0, 4, "w", listening=False) for _ in range(10)]
     assert without[0] <= 0.05 and without[-1] >= 0.5 and max(without) <= 1.0
-    assert all(0.8 <= timer.after_empty_claim(listening=True) <= 1.0 for _ in range(20))
+    assert all(0.8 <= timer.claimed(0, 4, "w", listening=True) <= 1.0 for _ in range(20))
+    assert timer.claimed(3, 4, "w", listening=False) == 0.0  # it took some: claim again at once
+    assert timer.claimed(0, 4, "w", listening=False) <= 0.05  # ...and the idle backoff starts over
     swept = PollTimer(poll_interval=1.0, sweep_interval=0.2)
     assert swept.until(5.0) <= 0.24
 

@@ -41,5 +41,5 @@ from pgq_thin.worker.prefetch import AUTO_PREFETCH_MAX, AUTO_PREFETCH_WAIT
 from pgq_thin.worker.support import CHANNEL
 from pgq_thin.worker.threaded import Worker
 
-__all__ = ["AUTO_PREFETCH_MAX", "AUTO_PREFETCH_WAIT", "CHANNEL", "AsyncWorker", "Handler", "JobContext", "OutcomeUnknown",
-           "Retry", "Snooze", "Worker"]
+__all__ = ["AUTO_PREFETCH_MAX", "AUTO_PREFETCH_WAIT", "CHANNEL", "AsyncWorker", "Handler", "JobContext",
+           "OutcomeUnknown", "Retry", "Snooze", "Worker"]

@@ -10,7 +10,6 @@ import asyncio
 import contextvars
 import functools
 import inspect
-import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,9 +25,10 @@ from pgq_thin.worker.claimer import PollTimer
 from pgq_thin.worker.completer import report
 from pgq_thin.worker.context import Handler, JobContext
 from pgq_thin.worker.held import Held, HeldJobs, Verdict
-from pgq_thin.worker.listener import concerns
+from pgq_thin.worker.listener import Reconnects, concerns
+from pgq_thin.worker.owner import released
 from pgq_thin.worker.prefetch import PrefetchPolicy
-from pgq_thin.worker.renewer import DatabaseClock
+from pgq_thin.worker.renewer import DatabaseClock, renewal_failed, renewed, until_next
 from pgq_thin.worker.support import CHANNEL, KEEPALIVES, Backoff, Delay, Flags, JobLog, Repeat, log, transient
 
 __all__ = ["AsyncClaimer", "AsyncCompleter", "AsyncListener", "AsyncOwnerCalls", "AsyncRenewer", "AsyncSlots"]
@@ -99,16 +99,10 @@ class AsyncOwnerCalls:
             held.log.error("fail refused too (%s); the lease will recover the job", again)
 
     async def give_back(self, job: Job, why: str) -> None:
-        jlog = JobLog(job)
         try:
-            released = await self.client.release(job.id, job.attempt)
+            released(job, await self.client.release(job.id, job.attempt), why)
         except PgqError as exc:
-            jlog.warning("release failed (%s); the lease will recover the job", exc)
-            return
-        if released:
-            jlog.info("released (%s): pending again", why)
-        else:
-            jlog.warning("release rejected: the job is no longer ours")
+            JobLog(job).warning("release failed (%s); the lease will recover the job", exc)
 
     async def give_back_unstarted(self, held: Held, why: str) -> None:
         if await self.granted(held):
@@ -213,19 +207,10 @@ class AsyncRenewer:
             return
         lost = False
         try:
-            try:
-                until = await self.client.renew(held.job.id, held.job.attempt, lease=self.lease)
-            except PgqError as exc:
-                held.next_renew = time.monotonic() + min(1.0, held.lease_seconds / 6)
-                held.log.warning("lease renewal failed (%s); trying again", exc)
-                return
-            if until is None:
-                lost = True
-                held.log.warning("lease lost: the job is no longer ours; the handler's outcome will be discarded")
-                return
-            if self.lease is None:
-                held.lease_seconds = self.clock.seconds_until(until)
-            held.next_renew = time.monotonic() + held.lease_seconds / 3
+            lost = renewed(held, await self.client.renew(held.job.id, held.job.attempt, lease=self.lease),
+                           self.clock, self.lease)
+        except PgqError as exc:
+            renewal_failed(held, exc)
         finally:
             self.held.end_renewal(held, lost=lost)
 
@@ -233,9 +218,7 @@ class AsyncRenewer:
         while not self._stopped.is_set() and not self.flags.hard_stop.is_set():
             now = time.monotonic()
             await asyncio.gather(*(self.renew(h) for h in self.held.jobs() if h.next_renew <= now))
-            upcoming = self.held.next_renewal()
-            wait = (upcoming if upcoming is not None else now + 0.5) - time.monotonic()
-            await nap(min(max(wait, 0.05), 0.5), self.flags, self._stopped)
+            await nap(until_next(self.held, now), self.flags, self._stopped)
 
     def stop(self) -> None:
         self._stopped.set()
@@ -268,8 +251,7 @@ class AsyncListener:
         self._stopped = False
 
     async def run(self) -> None:
-        backoff = Backoff(first=0.2, cap=15.0)
-        lost = False
+        reconnects = Reconnects(self.worker_name)
         while not self._stopped:
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -278,10 +260,7 @@ class AsyncListener:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self.listening.set()
                     self.wake()
-                    backoff.reset()
-                    if lost:
-                        log.info("LISTEN restored", extra={"worker": self.worker_name})
-                        lost = False
+                    reconnects.listening()
                     while not self._stopped:
                         async for notify in conn.notifies(timeout=0.25):
                             if concerns(notify.payload, self.queues):
@@ -290,12 +269,7 @@ class AsyncListener:
                 self.listening.clear()
                 if self._stopped:
                     break
-                delay = backoff.next()
-                log.log(logging.DEBUG if lost else logging.WARNING,
-                        "LISTEN connection lost (%s); polling until it is back, reconnecting in %.1fs",
-                        exc, delay, extra={"worker": self.worker_name})
-                lost = True
-                await asyncio.sleep(delay)
+                await asyncio.sleep(reconnects.broke(exc))
         self.listening.clear()
 
     def stop(self) -> None:
@@ -426,20 +400,14 @@ class AsyncClaimer:
             try:
                 jobs = await self.client.claim(self.name, self.queues, batch=batch, lease=self.lease)
             except PgqError as exc:
-                if not transient(exc):
-                    raise
-                delay = timer.errors.next()
-                log.warning("claim failed (%s); retrying in %.1fs", exc, delay, extra={"worker": self.name})
+                delay = timer.claim_failed(exc, self.name)
                 await self.owner.drop_broken_connections()
                 await self.sleep(delay)
                 continue
-            timer.errors.reset()
             for job in jobs:
                 await self.hand_over(job)
-            if jobs:
-                timer.idle.reset()
-                continue
-            await self.sleep(timer.after_empty_claim(self.listening.is_set()))
+            if wait := timer.claimed(len(jobs), batch, self.name, self.listening.is_set()):
+                await self.sleep(wait)
 
     async def sleep(self, seconds: float) -> None:
         """Wait until woken, ``seconds`` pass or the next sweep is due; the wake-up is cleared

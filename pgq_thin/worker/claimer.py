@@ -18,7 +18,7 @@ from pgq_thin.worker.owner import OwnerCalls
 from pgq_thin.worker.prefetch import PrefetchPolicy
 from pgq_thin.worker.renewer import DatabaseClock
 from pgq_thin.worker.slots import Slots
-from pgq_thin.worker.support import Backoff, Delay, Flags, jitter, log, transient
+from pgq_thin.worker.support import Backoff, Delay, Flags, ThreadPart, jitter, log, transient
 
 __all__ = ["Claimer", "PollTimer"]
 
@@ -44,7 +44,25 @@ class PollTimer:
     def sweep_due(self) -> bool:
         return time.monotonic() >= self.next_sweep
 
-    def after_empty_claim(self, listening: bool) -> float:
+    def claim_failed(self, exc: PgqError, worker_name: str) -> float:
+        """How long to wait after a claim that raised ``exc`` (an error retrying cannot fix is
+        raised: it ends the run)."""
+        if not transient(exc):
+            raise exc
+        delay = self.errors.next()
+        log.warning("claim failed (%s); retrying in %.1fs", exc, delay, extra={"worker": worker_name})
+        return delay
+
+    def claimed(self, jobs: int, batch: int, worker_name: str, listening: bool) -> float:
+        """How long to wait after a claim that took ``jobs`` of ``batch``: none when it took some
+        (there may be more: a batch can come back short when other workers claim at the same
+        moment). When nothing is due, a NOTIFY wakes us for new work; polling finds scheduled
+        jobs and covers a missing or broken LISTEN."""
+        log.debug("claimed %d of %d", jobs, batch, extra={"worker": worker_name, "batch": batch, "claimed": jobs})
+        self.errors.reset()
+        if jobs:
+            self.idle.reset()
+            return 0.0
         return min(self.poll_interval, jitter(self.poll_interval)) if listening else self.idle.next()
 
     def until(self, wait: float) -> float:
@@ -52,7 +70,7 @@ class PollTimer:
         return max(0.0, min(wait, self.next_sweep - time.monotonic()))
 
 
-class Claimer:
+class Claimer(ThreadPart):
     """Claims for ``queues`` as ``name`` until ``flags.stopping``; ``wake()`` makes it look again
     at once. An error that retrying cannot fix ends it: ``error`` holds it (after ``join()``)."""
 
@@ -73,7 +91,9 @@ class Claimer:
         self.listening = listening
         self.error: BaseException | None = None
         self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
+
+    thread_name = "pgq-claim"
 
     def wake(self) -> None:
         self._wake.set()
@@ -93,26 +113,14 @@ class Claimer:
             try:
                 jobs = self.client.claim(self.name, self.queues, batch=batch, lease=self.lease)
             except PgqError as exc:
-                if not transient(exc):
-                    raise
-                delay = timer.errors.next()
-                log.warning("claim failed (%s); retrying in %.1fs", exc, delay, extra={"worker": self.name})
+                delay = timer.claim_failed(exc, self.name)
                 self.owner.drop_broken_connections()
                 self.sleep(delay)
                 continue
-            log.debug("claimed %d of %d", len(jobs), batch,
-                      extra={"worker": self.name, "batch": batch, "claimed": len(jobs)})
-            timer.errors.reset()
             for job in jobs:
                 self.hand_over(job)
-            if jobs:
-                # There may be more (a batch can come back short when other workers claim at the
-                # same moment): claim again as soon as a slot is free.
-                timer.idle.reset()
-                continue
-            # Nothing is due. A NOTIFY wakes us for new work; polling finds scheduled jobs and
-            # covers a missing or broken LISTEN.
-            self.sleep(timer.after_empty_claim(self.listening.is_set()))
+            if wait := timer.claimed(len(jobs), batch, self.name, self.listening.is_set()):
+                self.sleep(wait)
 
     def sleep(self, seconds: float) -> None:
         """Wait until woken, ``seconds`` pass or the next sweep is due. The wake-up is cleared
@@ -141,22 +149,14 @@ class Claimer:
                      extra={"worker": self.name, "recovered": recovered})
         self.clock.read(self.client)
 
-    def _run(self) -> None:
+    def _loop(self) -> None:
         try:
             self.run()
         except BaseException as exc:  # noqa: BLE001 - handed to whoever joins
             self.error = exc
             self.flags.stopping.set()
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="pgq-claim", daemon=True)
-        self._thread.start()
-
     def stop(self) -> None:
         """Stop claiming (sets flags.stopping: the graceful stop of everything that watches it)."""
         self.flags.stopping.set()
         self._wake.set()
-
-    def join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)

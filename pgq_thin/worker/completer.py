@@ -9,7 +9,7 @@ import threading
 from pgq_thin.errors import PgqError
 from pgq_thin.worker.held import Held, HeldJobs
 from pgq_thin.worker.owner import OwnerCalls
-from pgq_thin.worker.support import Backoff, Flags, log, transient
+from pgq_thin.worker.support import Backoff, Flags, ThreadPart, log, transient
 
 __all__ = ["Completer"]
 
@@ -23,7 +23,7 @@ def report(batch: list[Held], done: set[int]) -> None:
             held.log.warning("complete rejected: the job is no longer ours (its lease expired, or it was cancelled)")
 
 
-class Completer:
+class Completer(ThreadPart):
     """``add(held)`` queues a completion; the completer's thread (``start()``) flushes the queue
     until ``stop()`` or a hard stop. ``flush()`` records the queue now (the shutdown does)."""
 
@@ -34,8 +34,9 @@ class Completer:
         self._queue: list[Held] = []
         self._lock = threading.Lock()
         self._queued = threading.Event()
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
+
+    thread_name = "pgq-complete"
 
     def add(self, held: Held) -> bool:
         """Queue the completion of ``held`` for the next pgq.complete_many: its one settling call.
@@ -101,14 +102,6 @@ class Completer:
                 continue
             errors.reset()
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="pgq-complete", daemon=True)
-        self._thread.start()
-
     def stop(self) -> None:
-        self._stopped.set()
+        super().stop()
         self._queued.set()
-
-    def join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import psycopg
 
-from pgq_thin.worker.support import CHANNEL, KEEPALIVES, Backoff, log
+from pgq_thin.worker.support import CHANNEL, KEEPALIVES, Backoff, ThreadPart, log
 
 __all__ = ["Listener", "concerns"]
 
@@ -19,7 +19,32 @@ def concerns(payload: str, queues: Sequence[str] | None) -> bool:
     return queues is None or payload in queues
 
 
-class Listener:
+class Reconnects:
+    """What the listener does when its connection comes and goes (both runtimes): LISTEN works
+    (reset the backoff; say so once after a loss), or the connection broke (how long to wait
+    before reconnecting; a warning for the first loss, quieter while it stays down)."""
+
+    def __init__(self, worker_name: str) -> None:
+        self.worker_name = worker_name
+        self.backoff = Backoff(first=0.2, cap=15.0)
+        self.lost = False
+
+    def listening(self) -> None:
+        self.backoff.reset()
+        if self.lost:
+            log.info("LISTEN restored", extra={"worker": self.worker_name})
+            self.lost = False
+
+    def broke(self, exc: BaseException) -> float:
+        delay = self.backoff.next()
+        log.log(logging.DEBUG if self.lost else logging.WARNING,
+                "LISTEN connection lost (%s); polling until it is back, reconnecting in %.1fs",
+                exc, delay, extra={"worker": self.worker_name})
+        self.lost = True
+        return delay
+
+
+class Listener(ThreadPart):
     """Calls ``wake()`` for each NOTIFY that concerns ``queues`` and once each time LISTEN starts
     (anything enqueued while we were not listening). ``listening`` is set while LISTEN works."""
 
@@ -30,23 +55,20 @@ class Listener:
         self.wake = wake
         self.worker_name = worker_name
         self.listening = listening if listening is not None else threading.Event()
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
+
+    thread_name = "pgq-listen"
 
     def _loop(self) -> None:
-        backoff = Backoff(first=0.2, cap=15.0)
-        lost = False
+        reconnects = Reconnects(self.worker_name)
         while not self._stopped.is_set():
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5,
                                      application_name=f"pgq-listen {self.worker_name}"[:63], **KEEPALIVES) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self.listening.set()
-                    self.wake()
-                    backoff.reset()
-                    if lost:
-                        log.info("LISTEN restored", extra={"worker": self.worker_name})
-                        lost = False
+                    self.wake()  # anything enqueued while we were not listening
+                    reconnects.listening()
                     while not self._stopped.is_set():
                         for notify in conn.notifies(timeout=0.25):
                             if concerns(notify.payload, self.queues):
@@ -55,21 +77,5 @@ class Listener:
                 self.listening.clear()
                 if self._stopped.is_set():
                     break
-                delay = backoff.next()
-                log.log(logging.DEBUG if lost else logging.WARNING,
-                        "LISTEN connection lost (%s); polling until it is back, reconnecting in %.1fs",
-                        exc, delay, extra={"worker": self.worker_name})
-                lost = True
-                self._stopped.wait(delay)
+                self._stopped.wait(reconnects.broke(exc))
         self.listening.clear()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="pgq-listen", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    def join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)

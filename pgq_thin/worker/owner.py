@@ -18,6 +18,14 @@ from pgq_thin.worker.support import Flags, JobLog, Repeat, log
 __all__ = ["OwnerCalls"]
 
 
+def released(job: Job, answer: bool, why: str) -> None:
+    """Log what pgq.release answered."""
+    if answer:
+        JobLog(job).info("released (%s): pending again", why)
+    else:
+        JobLog(job).warning("release rejected: the job is no longer ours")
+
+
 class OwnerCalls:
     """Makes owner calls for the jobs in ``held`` through ``client``. ``flags``: a hard stop or
     the end of the run ends the repeating."""
@@ -81,16 +89,10 @@ class OwnerCalls:
     def give_back(self, job: Job, why: str) -> None:
         """pgq.release: pending again now, the attempt not counted. One try: if it does not
         answer, the lease expires and the job is recovered anyway."""
-        jlog = JobLog(job)
         try:
-            released = self.client.release(job.id, job.attempt)
+            released(job, self.client.release(job.id, job.attempt), why)
         except PgqError as exc:
-            jlog.warning("release failed (%s); the lease will recover the job", exc)
-            return
-        if released:
-            jlog.info("released (%s): pending again", why)
-        else:
-            jlog.warning("release rejected: the job is no longer ours")
+            JobLog(job).warning("release failed (%s); the lease will recover the job", exc)
 
     def give_back_unstarted(self, held: Held, why: str) -> None:
         """A held job that no slot started: give it back (unless it is settled already) and

@@ -3,7 +3,6 @@ the database clock; a refusal means the job is no longer ours: the handler is to
 
 from __future__ import annotations
 
-import threading
 import time
 from datetime import datetime
 
@@ -13,7 +12,7 @@ from pgq_thin.client import Client
 from pgq_thin.errors import PgqError
 from pgq_thin.models import Job
 from pgq_thin.worker.held import Held, HeldJobs
-from pgq_thin.worker.support import Delay, Flags, log, seconds
+from pgq_thin.worker.support import Delay, Flags, ThreadPart, log, seconds
 
 __all__ = ["DatabaseClock", "Renewer"]
 
@@ -53,7 +52,32 @@ class DatabaseClock:
         return max(seconds(lease), MIN_LEASE) if lease is not None else self.seconds_until(job.lease_until)
 
 
-class Renewer:
+def renewed(held: Held, until: datetime | None, clock: DatabaseClock, lease: Delay | None) -> bool:
+    """Account what pgq.renew answered for ``held``: True when the job is no longer ours."""
+    if until is None:
+        held.log.warning("lease lost: the job is no longer ours; the handler's outcome will be discarded")
+        return True
+    if lease is None:  # the queue's lease may have been reconfigured
+        held.lease_seconds = clock.seconds_until(until)
+    held.next_renew = time.monotonic() + held.lease_seconds / 3
+    held.log.debug("lease renewed until %s", until.isoformat())
+    return False
+
+
+def renewal_failed(held: Held, exc: PgqError) -> None:
+    """pgq.renew did not answer: try again soon, well within the lease."""
+    held.next_renew = time.monotonic() + min(1.0, held.lease_seconds / 6)
+    held.log.warning("lease renewal failed (%s); trying again", exc)
+
+
+def until_next(held: HeldJobs, now: float) -> float:
+    """How long the renewer may wait for the next renewal due (0.05 s to 0.5 s)."""
+    upcoming = held.next_renewal()
+    wait = (upcoming if upcoming is not None else now + 0.5) - time.monotonic()
+    return min(max(wait, 0.05), 0.5)
+
+
+class Renewer(ThreadPart):
     """Renews the jobs in ``held`` through ``client`` (``lease``: the worker's own, or None for
     the queues'), until ``stop()``, a hard stop or the end of the run."""
 
@@ -64,8 +88,9 @@ class Renewer:
         self.clock = clock
         self.flags = flags
         self.lease = lease
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
+
+    thread_name = "pgq-renew"
 
     def renew_due(self) -> float:
         """Renew every job whose renewal is due; how long until the next one is (capped at 0.5 s)."""
@@ -73,43 +98,20 @@ class Renewer:
         for held in self.held.jobs():
             if held.next_renew <= now:
                 self.renew(held)
-        upcoming = self.held.next_renewal()
-        wait = (upcoming if upcoming is not None else now + 0.5) - time.monotonic()
-        return min(max(wait, 0.05), 0.5)
+        return until_next(self.held, now)
 
     def renew(self, held: Held) -> None:
         if not self.held.begin_renewal(held):
             return  # settled (its outcome is being recorded), or lost
         lost = False
         try:
-            try:
-                until = self.client.renew(held.job.id, held.job.attempt, lease=self.lease)
-            except PgqError as exc:
-                held.next_renew = time.monotonic() + min(1.0, held.lease_seconds / 6)
-                held.log.warning("lease renewal failed (%s); trying again", exc)
-                return
-            if until is None:
-                lost = True
-                held.log.warning("lease lost: the job is no longer ours; the handler's outcome will be discarded")
-                return
-            if self.lease is None:  # the queue's lease may have been reconfigured
-                held.lease_seconds = self.clock.seconds_until(until)
-            held.next_renew = time.monotonic() + held.lease_seconds / 3
-            held.log.debug("lease renewed until %s", until.isoformat())
+            lost = renewed(held, self.client.renew(held.job.id, held.job.attempt, lease=self.lease),
+                           self.clock, self.lease)
+        except PgqError as exc:
+            renewal_failed(held, exc)
         finally:
             self.held.end_renewal(held, lost=lost)
 
     def _loop(self) -> None:
         while not self._stopped.is_set() and not self.flags.hard_stop.is_set():
             self._stopped.wait(self.renew_due())
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="pgq-renew", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    def join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)

@@ -128,3 +128,28 @@ class Part(Protocol):
     def stop(self) -> None: ...
 
     def join(self, timeout: float | None = None) -> None: ...
+
+
+class ThreadPart:
+    """A part with a thread of its own: ``start()`` runs ``_loop`` in a daemon thread named
+    ``thread_name``, ``stop()`` sets ``_stopped`` (the loop ends soon after), ``join()`` waits."""
+
+    thread_name = "pgq-part"
+
+    def __init__(self) -> None:
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
