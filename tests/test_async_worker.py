@@ -6,6 +6,8 @@ the process tests run tests/apps/*_async.py too.)"""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -168,3 +170,36 @@ def test_an_async_worker_runs_once_and_a_stop_before_run_returns_at_once(dsn: st
     asyncio.run(asyncio.wait_for(worker.run(dsn, install_signal_handlers=False), DEADLINE))
     with pytest.raises(RuntimeError, match="AsyncWorker has already run"):
         asyncio.run(worker.run(dsn, install_signal_handlers=False))
+
+
+# A plain handler that never returns, on an AsyncWorker stopped at once: the process exits
+# anyway (the handler threads are daemons, as Worker's slots are), leaving the job to its lease.
+STOP_AT_ONCE_WITH_A_STUCK_PLAIN_HANDLER = """
+import asyncio, sys, threading
+from pgq_thin import AsyncWorker
+worker = AsyncWorker(["default"], concurrency=1, poll_interval=0.1)
+started = threading.Event()
+
+@worker.handler("stuck")
+def stuck(job, ctx):
+    started.set()
+    threading.Event().wait()  # never returns
+
+async def main():
+    run = asyncio.create_task(worker.run(sys.argv[1], install_signal_handlers=False))
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    worker.stop(graceful=False)
+    await run
+
+asyncio.run(main())
+"""
+
+
+def test_a_stop_at_once_does_not_wait_for_a_plain_handler_that_never_returns(
+        dsn: str, conn: psycopg.Connection) -> None:
+    job_id = enqueue(conn, "stuck")
+    proc = subprocess.run([sys.executable, "-c", STOP_AT_ONCE_WITH_A_STUCK_PLAIN_HANDLER, dsn],
+                          capture_output=True, text=True, timeout=DEADLINE)
+    assert proc.returncode == 0, proc.stderr
+    assert (job(conn, job_id)["state"], [e[0] for e in events(conn, job_id)]) == ("running", ["claimed"])

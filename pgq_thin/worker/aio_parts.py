@@ -10,9 +10,10 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import queue
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -276,6 +277,53 @@ class AsyncListener:
         self._stopped = True
 
 
+class HandlerThreads:
+    """Up to ``size`` daemon threads that run plain handlers for the loop, as asyncio.to_thread
+    would (in a copy of the caller's context). Daemon threads, as Worker's slots: a stop at once
+    does not wait for a handler that never returns, and neither does the interpreter's exit."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._calls: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any],
+                                             Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+
+    def run(self, call: Callable[[], Any]) -> asyncio.Future[Any]:
+        """Run ``call`` in one of the threads; its result (or exception) is the future's."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if len(self._threads) < self.size:
+            thread = threading.Thread(target=self._work, name=f"pgq-handler-{len(self._threads) + 1}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        self._calls.put((loop, future, functools.partial(contextvars.copy_context().run, call)))
+        return future
+
+    def _work(self) -> None:
+        while (item := self._calls.get()) is not None:
+            loop, future, call = item
+            try:
+                result = call()
+            except BaseException as exc:  # noqa: BLE001 - the handler's outcome, for the loop
+                loop.call_soon_threadsafe(_resolve, future, None, exc)
+            else:
+                loop.call_soon_threadsafe(_resolve, future, result, None)
+
+    def close(self) -> None:
+        """Each thread ends after its current handler."""
+        for _ in self._threads:
+            self._calls.put(None)
+
+
+def _resolve(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.cancelled():
+        return  # its task was cancelled (a stop at once): nobody waits for this outcome
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
 class AsyncSlots:
     """Slots for asyncio: ``concurrency`` tasks, each running the held jobs handed to it one at a
     time: an ``async def`` handler is awaited in the task, a plain one runs in a thread of a pool
@@ -293,7 +341,7 @@ class AsyncSlots:
         self.freed = freed
         self.assigned = 0
         self._ready: asyncio.Queue[Held] = asyncio.Queue()
-        self._threads: ThreadPoolExecutor | None = None
+        self._threads = HandlerThreads(concurrency)
 
     def submit(self, held: Held) -> None:
         self.assigned += 1
@@ -329,10 +377,7 @@ class AsyncSlots:
     async def _call(self, function: Handler, job: Job, ctx: JobContext) -> Any:
         if inspect.iscoroutinefunction(function):
             return await function(job, ctx)
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(self.concurrency, thread_name_prefix="pgq-sync-handler")
-        call = functools.partial(contextvars.copy_context().run, function, job, ctx)  # as asyncio.to_thread
-        result = await asyncio.get_running_loop().run_in_executor(self._threads, call)
+        result = await self._threads.run(functools.partial(function, job, ctx))
         return await result if inspect.isawaitable(result) else result
 
     async def run_slot(self) -> None:
@@ -358,8 +403,7 @@ class AsyncSlots:
 
     def close(self) -> None:
         """Let go of the handler threads (one still in a handler finishes on its own)."""
-        if self._threads is not None:
-            self._threads.shutdown(wait=False)
+        self._threads.close()
 
 
 class AsyncClaimer:

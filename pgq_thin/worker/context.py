@@ -20,6 +20,11 @@ class JobContext:
     shutdown_timeout. A long handler should check ``should_stop`` between steps.
 
     ``client`` is the worker's client: a Client for a Worker, an AsyncClient for an AsyncWorker.
+
+    A per-job facility (a deadline from the claimed row, a progress report) belongs here: both
+    runtimes make the context in one way, from the claimed Job, the client and the stop flag
+    (Claimer.hand_over, AsyncClaimer.hand_over); a method that calls ``client`` answers on a
+    Worker and is awaited on an AsyncWorker, as the client's own methods are.
     """
 
     def __init__(self, job: Job, client: Any, worker_name: str,

@@ -76,10 +76,15 @@ class Outcome:
             jlog.info(_DONE_MESSAGE[self.operation].format(answer))
 
 
+#: A handler returned None: its completion joins the next complete_many batch (the common case:
+#: one shared object, nothing made per job).
+BATCHED = Outcome("complete", batched=True)
+
+
 def of_result(result: Any) -> Outcome:
     """The handler returned: complete (None joins the next complete_many batch)."""
     if result is None:
-        return Outcome("complete", batched=True)
+        return BATCHED
     return Outcome("complete", {"result": result})
 
 

@@ -3,8 +3,6 @@ asks for. Pure arithmetic over what it is told (the handlers' run times); both r
 
 from __future__ import annotations
 
-import threading
-
 __all__ = ["AUTO_PREFETCH_MAX", "AUTO_PREFETCH_WAIT", "PrefetchPolicy", "check_prefetch"]
 
 #: prefetch="auto": claimed jobs may wait for a slot as long as, by the handlers' measured run
@@ -26,13 +24,13 @@ class PrefetchPolicy:
     """``"auto"``: as many waiting jobs as ``concurrency`` slots get through in AUTO_PREFETCH_WAIT,
     at most AUTO_PREFETCH_MAX, and none until a job has been timed or while jobs take long (a
     slower job counts at once, a faster one moves the estimate 5% of the way). An integer fixes
-    it; 0 means a claim asks for the free slots only. Thread-safe."""
+    it; 0 means a claim asks for the free slots only. ``timed`` is not thread-safe: the slots
+    call it under their own lock (or from the loop's one thread)."""
 
     def __init__(self, prefetch: int | str, concurrency: int) -> None:
         self.prefetch = check_prefetch(prefetch)
         self.concurrency = concurrency
         self._job_seconds: float | None = None
-        self._lock = threading.Lock()
 
     def limit(self) -> int:
         """How many claimed jobs may wait for a slot now."""
@@ -45,10 +43,11 @@ class PrefetchPolicy:
 
     def timed(self, run_seconds: float) -> None:
         """Account one handler's run time."""
-        with self._lock:
-            known = self._job_seconds
-            self._job_seconds = (run_seconds if known is None or run_seconds > known
-                                 else known + 0.05 * (run_seconds - known))
+        known = self._job_seconds
+        if known is None or run_seconds > known:
+            self._job_seconds = run_seconds
+        else:
+            self._job_seconds = known + 0.05 * (run_seconds - known)
 
     def claim_size(self, assigned: int) -> int:
         """How many jobs to claim now that ``assigned`` are running or waiting for a slot; 0: do

@@ -71,9 +71,9 @@ class Slots:
                 held.log.exception("the slot failed while running this job")
                 self.owner.held.forget([held])
             finally:
-                if started is not None:
-                    self.policy.timed(time.monotonic() - started)
                 with self._lock:
+                    if started is not None:
+                        self.policy.timed(time.monotonic() - started)
                     self._assigned -= 1
                 self.freed()  # a free slot, and maybe a completion to record
 
