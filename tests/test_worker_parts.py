@@ -341,7 +341,7 @@ class Taker:
 def a_claimer(client: Client, held: HeldJobs, flags: Flags, owner: OwnerCalls, slots: Any,
               prefetch: int = 0, concurrency: int = 3) -> Claimer:
     return Claimer(client, "w", ["default"], None, PollTimer(0.1, 0), PrefetchPolicy(prefetch, concurrency),
-                   slots, held, owner, DatabaseClock(), flags, threading.Event())
+                   slots, held, owner, DatabaseClock(), flags, threading.Event(), threading.Event())
 
 
 def test_the_claimer_claims_as_many_jobs_as_the_policy_allows_and_holds_them(

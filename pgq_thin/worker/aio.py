@@ -80,10 +80,6 @@ class AsyncWorker(WorkerBase):
         if claimer is not None and loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(claimer.wake)
 
-    def _wake(self) -> None:
-        if self._claimer is not None:
-            self._claimer.wake()
-
     async def _serve(self, dsn: str) -> None:
         flags = self._flags
         pool = AsyncConnectionPool(
@@ -97,11 +93,12 @@ class AsyncWorker(WorkerBase):
         policy = PrefetchPolicy(self.prefetch, self.concurrency)
         owner = AsyncOwnerCalls(client, held, flags, self.name)
         completer = AsyncCompleter(owner, held, flags)
-        slots = AsyncSlots(self.concurrency, self._handlers, owner, completer, policy, flags, freed=self._wake)
+        wake = asyncio.Event()  # the claimer's: set when a slot frees, a NOTIFY comes, stop()
+        slots = AsyncSlots(self.concurrency, self._handlers, owner, completer, policy, flags, freed=wake.set)
         renewer = AsyncRenewer(client, held, clock, flags, self.lease)
         self._claimer = claimer = AsyncClaimer(
             client, self.name, self.queues, self.lease, PollTimer(self.poll_interval, self.sweep_interval),
-            policy, slots, held, owner, clock, flags, self._listening)
+            policy, slots, held, owner, clock, flags, self._listening, wake)
         listener = AsyncListener(dsn, self.queues, claimer.wake, self.name, self._listening)
         if flags.stopping.is_set():
             claimer.wake()

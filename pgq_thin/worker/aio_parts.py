@@ -411,7 +411,8 @@ class AsyncClaimer:
 
     def __init__(self, client: AsyncClient, name: str, queues: Sequence[str] | None, lease: Delay | None,
                  timer: PollTimer, policy: PrefetchPolicy, slots: AsyncSlots, held: HeldJobs,
-                 owner: AsyncOwnerCalls, clock: DatabaseClock, flags: Flags, listening: Any) -> None:
+                 owner: AsyncOwnerCalls, clock: DatabaseClock, flags: Flags, listening: Any,
+                 wake: asyncio.Event) -> None:
         self.client = client
         self.name = name
         self.queues = queues
@@ -424,7 +425,7 @@ class AsyncClaimer:
         self.clock = clock
         self.flags = flags
         self.listening = listening
-        self._wake = asyncio.Event()
+        self._wake = wake
 
     def wake(self) -> None:
         """Look again at once (call in the loop's thread)."""

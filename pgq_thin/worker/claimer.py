@@ -71,12 +71,13 @@ class PollTimer:
 
 
 class Claimer(ThreadPart):
-    """Claims for ``queues`` as ``name`` until ``flags.stopping``; ``wake()`` makes it look again
-    at once. An error that retrying cannot fix ends it: ``error`` holds it (after ``join()``)."""
+    """Claims for ``queues`` as ``name`` until ``flags.stopping``; ``wake()`` (or setting the
+    ``wake`` Event it was given) makes it look again at once. An error that retrying cannot fix
+    ends it: ``error`` holds it (after ``join()``)."""
 
     def __init__(self, client: Client, name: str, queues: Sequence[str] | None, lease: Delay | None,
                  timer: PollTimer, policy: PrefetchPolicy, slots: Slots, held: HeldJobs, owner: OwnerCalls,
-                 clock: DatabaseClock, flags: Flags, listening: threading.Event) -> None:
+                 clock: DatabaseClock, flags: Flags, listening: threading.Event, wake: threading.Event) -> None:
         self.client = client
         self.name = name
         self.queues = queues
@@ -90,7 +91,7 @@ class Claimer(ThreadPart):
         self.flags = flags
         self.listening = listening
         self.error: BaseException | None = None
-        self._wake = threading.Event()
+        self._wake = wake  # set to look again at once; the slots set it as each job finishes
         super().__init__()
 
     thread_name = "pgq-claim"

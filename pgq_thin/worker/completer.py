@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 from pgq_thin.errors import PgqError
-from pgq_thin.worker.held import Held, HeldJobs
+from pgq_thin.worker.held import Held, HeldJobs, Verdict
 from pgq_thin.worker.owner import OwnerCalls
 from pgq_thin.worker.support import Backoff, Flags, ThreadPart, log, transient
 
@@ -41,7 +41,8 @@ class Completer(ThreadPart):
     def add(self, held: Held) -> bool:
         """Queue the completion of ``held`` for the next pgq.complete_many: its one settling call.
         False (and nothing queued) when the job is settled already or no longer ours."""
-        if not self.owner.granted(held):
+        verdict = self.held.settle(held)
+        if verdict is Verdict.GONE or (verdict is Verdict.BUSY and not self.owner.granted(held)):
             held.log.warning("no longer ours: complete not sent, the handler's outcome is discarded")
             return False
         with self._lock:

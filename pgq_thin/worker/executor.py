@@ -24,6 +24,7 @@ class Executor:
         self.completer = completer
 
     def run(self, held: Held) -> None:
+        """Run the handler; record its outcome with exactly one owner call."""
         job, jlog = held.job, held.log
         jlog.debug("started")
         function = self.handlers.get(job.kind)
@@ -34,9 +35,6 @@ class Executor:
                 outcome = outcomes.of_result(function(job, held.ctx))
             except BaseException as exc:  # noqa: BLE001 - any handler failure is an outcome
                 outcome = outcomes.of_exception(exc, jlog)
-        self.record(held, outcome)
-
-    def record(self, held: Held, outcome: outcomes.Outcome) -> None:
         if not outcome.batched:
             self.owner.settle(held, outcome)
         elif not self.completer.add(held):

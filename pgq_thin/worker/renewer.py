@@ -49,7 +49,8 @@ class DatabaseClock:
 
     def lease_of(self, job: Job, lease: Delay | None) -> float:
         """The lease a just-claimed job has: the worker's own, or what is left of the queue's."""
-        return max(seconds(lease), MIN_LEASE) if lease is not None else self.seconds_until(job.lease_until)
+        left = seconds(lease) if lease is not None else job.lease_until.timestamp() - (time.time() + self.offset)
+        return max(left, MIN_LEASE)
 
 
 def renewed(held: Held, until: datetime | None, clock: DatabaseClock, lease: Delay | None) -> bool:

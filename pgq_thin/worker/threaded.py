@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 
@@ -98,12 +99,13 @@ class Worker(WorkerBase):
         policy = PrefetchPolicy(self.prefetch, self.concurrency)
         owner = OwnerCalls(client, held, flags, self.name)
         completer = Completer(owner, held, flags)
+        wake = threading.Event()  # the claimer's: set when a slot frees, a NOTIFY comes, stop()
         slots = Slots(self.concurrency, Executor(self._handlers, owner, completer), owner, policy, flags,
-                      freed=lambda: self._wake())
+                      freed=wake.set)
         renewer = Renewer(client, held, clock, flags, self.lease)
         self._claimer = claimer = Claimer(
             client, self.name, self.queues, self.lease, PollTimer(self.poll_interval, self.sweep_interval),
-            policy, slots, held, owner, clock, flags, self._listening)
+            policy, slots, held, owner, clock, flags, self._listening, wake)
         listener = Listener(dsn, self.queues, claimer.wake, self.name, self._listening)
         background: list[Part] = [renewer, completer, *([listener] if self.listen else [])]
         slots.start()
@@ -124,10 +126,6 @@ class Worker(WorkerBase):
                     part.join(timeout=5.0)
             pool.close(timeout=1.0)
             log.info("worker %s stopped", self.name, extra={"worker": self.name})
-
-    def _wake(self) -> None:
-        if self._claimer is not None:
-            self._claimer.wake()
 
     def _shutdown(self, slots: Slots, held: HeldJobs, owner: OwnerCalls, completer: Completer) -> None:
         """Give back the jobs no slot started; wait up to shutdown_timeout for running jobs,
