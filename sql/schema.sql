@@ -6,8 +6,11 @@
 -- both to produce the same catalog.
 --
 -- Where is a job claimed? In pgq.claim, below. Where is a write fenced? In every owner
--- operation (renew, complete, complete_many, fail, release, snooze, mark_unknown): each one
--- matches id AND attempt AND state = 'running' in the UPDATE itself.
+-- operation (renew, complete, complete_many, fail, release, snooze, mark_unknown, progress): each
+-- one matches id AND attempt AND state = 'running' in the UPDATE itself. Where does a schedule
+-- fire? In pgq._fire_schedules, called by pgq.claim (behind a probe) and pgq.sweep. Where does an
+-- attempt time out? Its lease never passes its deadline (claim, renew); the recovery of expired
+-- leases (pgq._recover_expired) ends it.
 --
 -- Error contract (documented in docs/sql-api.md):
 --   22004 null_value_not_allowed           a required argument is NULL
@@ -67,12 +70,14 @@ CREATE TABLE pgq.queues (
     fair          boolean     NOT NULL DEFAULT false,
     max_running   integer     NOT NULL DEFAULT 0,
     created_at    timestamptz NOT NULL DEFAULT now(),
+    max_run_time  interval,
     CONSTRAINT queues_max_running_check CHECK (max_running BETWEEN 0 AND 100000),
     CONSTRAINT queues_lease_check CHECK (lease > '0' AND lease <= '1 day'),
     CONSTRAINT queues_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 10000),
     CONSTRAINT queues_backoff_check CHECK (backoff_base > '0' AND backoff_cap >= backoff_base
                                            AND backoff_cap <= '365 days'),
-    CONSTRAINT queues_retention_check CHECK (retention >= '0' AND retention <= '3650 days')
+    CONSTRAINT queues_retention_check CHECK (retention >= '0' AND retention <= '3650 days'),
+    CONSTRAINT queues_max_run_time_check CHECK (max_run_time > '0' AND max_run_time <= '365 days')
 );
 COMMENT ON TABLE pgq.queues IS
     'Per-queue settings. A row is created with these defaults on first use of a queue name.';
@@ -80,6 +85,8 @@ COMMENT ON COLUMN pgq.queues.fair IS
     'Fair mode: claims serve the queue''s tenants in weighted round-robin (see pgq.tenants).';
 COMMENT ON COLUMN pgq.queues.max_running IS
     'At most this many jobs of the queue running at once across all workers; 0: no cap.';
+COMMENT ON COLUMN pgq.queues.max_run_time IS
+    'How long an attempt may run from its claim (jobs.max_run_time overrides it); NULL: no limit.';
 
 -- Fair mode's bookkeeping: one row per (queue, tenant) of a fair queue. A claim serves the
 -- tenants with the least virtual time first and advances a served tenant's virtual time by
@@ -116,6 +123,10 @@ CREATE TABLE pgq.jobs (
     unique_key    text,
     tenant        text,
     last_event    text          NOT NULL DEFAULT 'enqueued',
+    max_run_time  interval,
+    deadline      timestamptz,
+    progress      jsonb,
+    schedule      text,
     -- The attempt number is the fencing token: it only grows, and never past max_attempts.
     CONSTRAINT jobs_attempt_check CHECK (attempt >= 0 AND attempt <= max_attempts),
     -- Exactly the running jobs hold a lease.
@@ -135,6 +146,15 @@ COMMENT ON COLUMN pgq.jobs.last_event IS
     'commit recognise its own earlier success.';
 COMMENT ON COLUMN pgq.jobs.lease_until IS
     'While running: the database time after which the job may be recovered by claim or sweep.';
+COMMENT ON COLUMN pgq.jobs.max_run_time IS
+    'How long an attempt of this job may run from its claim; NULL: the queue''s max_run_time.';
+COMMENT ON COLUMN pgq.jobs.deadline IS
+    'The latest attempt''s deadline (claimed_at + max_run_time), set by each claim; NULL: no limit. '
+    'Its lease never passes it; the recovery ends the attempt as timed_out once it has.';
+COMMENT ON COLUMN pgq.jobs.progress IS
+    'The checkpoint the job''s attempts record with pgq.progress; kept across retries.';
+COMMENT ON COLUMN pgq.jobs.schedule IS
+    'The schedule (pgq.schedules.name) that enqueued this job; NULL for jobs enqueued directly.';
 
 CREATE TABLE pgq.job_events (
     id          bigint        GENERATED ALWAYS AS IDENTITY,
@@ -153,6 +173,36 @@ CREATE TABLE pgq.job_events (
 COMMENT ON TABLE pgq.job_events IS
     'The attempt history: every claim and state change, and every rejected stale write (event '
     '''rejected'', to_state NULL), for queues with audit on.';
+
+-- Periodic schedules: each due occurrence becomes one job (pgq._fire_schedules).
+CREATE TABLE pgq.schedules (
+    name             text        PRIMARY KEY,
+    queue            text        NOT NULL,
+    kind             text        NOT NULL,
+    cron             text,
+    every            interval,
+    payload          jsonb       NOT NULL DEFAULT '{}',
+    timezone         text        NOT NULL DEFAULT 'UTC',
+    priority         integer     NOT NULL DEFAULT 0,
+    max_attempts     integer,
+    tenant           text,
+    skip_if_running  boolean     NOT NULL DEFAULT false,
+    enabled          boolean     NOT NULL DEFAULT true,
+    next_run_at      timestamptz NOT NULL,
+    last_run_at      timestamptz,
+    last_job_id      bigint,
+    last_skipped_at  timestamptz,
+    skipped          bigint      NOT NULL DEFAULT 0,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT schedules_cron_or_every_check CHECK ((cron IS NULL) <> (every IS NULL))
+);
+COMMENT ON TABLE pgq.schedules IS
+    'Periodic jobs (pgq.schedule): each occurrence due by next_run_at is enqueued once by a claim '
+    'or sweep, which moves next_run_at past now.';
+COMMENT ON COLUMN pgq.schedules.last_run_at IS
+    'The fire time of the latest occurrence enqueued (the run_at of job last_job_id).';
+COMMENT ON COLUMN pgq.schedules.skipped IS
+    'Occurrences skipped by skip_if_running (the latest at last_skipped_at).';
 
 -- Indexes ----------------------------------------------------------------------------------------
 
@@ -180,6 +230,9 @@ CREATE INDEX jobs_lease_idx ON pgq.jobs (lease_until)
 -- its effect may have happened, which is exactly when a duplicate would hurt.
 CREATE UNIQUE INDEX jobs_unique_key_idx ON pgq.jobs (queue, unique_key)
     WHERE unique_key IS NOT NULL AND state IN ('pending', 'running', 'outcome_unknown');
+
+-- The schedules' probe (claim, sweep) reads the earliest next_run_at of the enabled schedules.
+CREATE INDEX schedules_due_idx ON pgq.schedules (next_run_at) WHERE enabled;
 
 -- Pruning finds finished rows by age.
 CREATE INDEX jobs_finished_idx ON pgq.jobs (finished_at)
@@ -394,7 +447,10 @@ END
 $$;
 
 -- Recovers running jobs whose lease has expired: back to pending at once (the attempt they used
--- is counted), or to failed when that was the last attempt. The candidates are locked with their
+-- is counted), or to failed when that was the last attempt. An attempt whose lease reached its
+-- deadline (claim and renew never lease past it) has timed out instead: it ends as a failure
+-- (event timed_out, last_error 'timed out after <max_run_time>'), retried after the queue's
+-- backoff while attempts remain, failed otherwise. The candidates are locked with their
 -- expiry re-checked on the newest row version (FOR NO KEY UPDATE re-evaluates the WHERE clause of
 -- a row changed after the statement's snapshot); the UPDATE re-checks, on the row it holds, that
 -- the same attempt is still running, so a job completed or re-claimed meanwhile is never touched.
@@ -421,19 +477,129 @@ BEGIN
         SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'pending' END::pgq.job_state,
             lease_until = NULL,
             finished_at = CASE WHEN j.attempt >= j.max_attempts THEN pgq._now() END,
-            last_event = 'lease_expired',
-            last_error = format('lease expired at %s (attempt %s, worker %s)',
-                                j.lease_until, j.attempt, j.claimed_by)
-        FROM expired AS e
-        WHERE j.id = e.id AND j.state = 'running' AND j.attempt = e.attempt
-        RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.state
+            run_at = CASE WHEN j.lease_until >= j.deadline AND j.attempt < j.max_attempts
+                          THEN pgq._now() + pgq._backoff(j.attempt, q.backoff_base, q.backoff_cap)
+                          ELSE j.run_at END,
+            last_event = CASE WHEN j.lease_until >= j.deadline THEN 'timed_out' ELSE 'lease_expired' END,
+            last_error = CASE WHEN j.lease_until >= j.deadline
+                              THEN format('timed out after %s', j.deadline - j.claimed_at)
+                              ELSE format('lease expired at %s (attempt %s, worker %s)',
+                                          j.lease_until, j.attempt, j.claimed_by) END
+        FROM expired AS e, pgq.queues AS q
+        WHERE j.id = e.id AND j.state = 'running' AND j.attempt = e.attempt AND q.name = j.queue
+        RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.state, j.last_event, j.last_error, q.audit
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
-        SELECT r.id, r.attempt, r.claimed_by, 'lease_expired', 'running', r.state, 'recovered'
+        SELECT r.id, r.attempt, r.claimed_by, r.last_event, 'running', r.state,
+               CASE WHEN r.last_event = 'timed_out' THEN r.last_error ELSE 'recovered' END
         FROM recovered AS r
-        JOIN pgq.queues AS q ON q.name = r.queue AND q.audit
+        WHERE r.audit
     )
     SELECT r.queue, count(*) FROM recovered AS r GROUP BY r.queue;
+END
+$$;
+
+-- The first fire time of a schedule strictly after `after`: the instants 'epoch' + k * every,
+-- computed in microseconds since the epoch (no calendar, no time zone), or pgq.cron_next.
+CREATE FUNCTION pgq._next_fire(cron text, every interval, timezone text, after timestamptz)
+    RETURNS timestamptz
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    step numeric;
+BEGIN
+    IF _next_fire.every IS NULL THEN
+        RETURN pgq.cron_next(_next_fire.cron, _next_fire.after, _next_fire.timezone);
+    END IF;
+    step := round(extract(epoch FROM _next_fire.every) * 1000000);
+    RETURN 'epoch'::timestamptz
+           + ((floor(round(extract(epoch FROM _next_fire.after) * 1000000) / step) + 1) * step)::float8
+             * interval '1 microsecond';
+END
+$$;
+
+-- Fires up to max_schedules due schedules; returns how many jobs it enqueued. Each due schedule
+-- is locked (FOR NO KEY UPDATE SKIP LOCKED: a schedule another session is firing is skipped, not
+-- waited for, and a row changed after this statement's snapshot is re-checked on its newest
+-- version, so a schedule just fired elsewhere is no longer due). Its latest due occurrence (the
+-- missed ones before it collapse into it) becomes one job whose run_at is the fire time, in the
+-- same transaction that moves next_run_at past now: at most one job per (schedule, fire time).
+-- With skip_if_running, an occurrence is skipped (counted in skipped) while the schedule's last
+-- job is pending or running.
+CREATE FUNCTION pgq._fire_schedules(max_schedules integer) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    s          pgq.schedules;
+    at_now     timestamptz := pgq._now();
+    fire       timestamptz;  -- the latest due occurrence
+    hi         timestamptz;  -- no occurrence in (hi, at_now]
+    t          timestamptz;
+    q          pgq.queues;
+    job_tenant text;
+    new_id     bigint;
+    fired      integer := 0;
+BEGIN
+    FOR s IN
+        SELECT * FROM pgq.schedules AS x
+        WHERE x.enabled AND x.next_run_at <= at_now
+        ORDER BY x.next_run_at
+        LIMIT _fire_schedules.max_schedules
+        FOR NO KEY UPDATE SKIP LOCKED
+    LOOP
+        -- next_run_at is an occurrence, and due: find the latest one at or before now.
+        fire := s.next_run_at;
+        IF s.every IS NOT NULL THEN
+            -- (every is subtracted as seconds: an interval with days would follow the session's
+            -- daylight saving time.)
+            fire := greatest(fire, pgq._next_fire(NULL, s.every, s.timezone,
+                                                  at_now - make_interval(secs => extract(epoch FROM s.every))));
+        ELSE
+            -- Bisection over (fire, hi]: each step halves the gap or steps to the next
+            -- occurrence, so a week of missed minutes costs a few dozen cron_next calls.
+            hi := at_now;
+            LOOP
+                t := pgq.cron_next(s.cron, fire, s.timezone);
+                EXIT WHEN t > hi;
+                fire := t;
+                t := pgq.cron_next(s.cron, to_timestamp((extract(epoch FROM fire) + extract(epoch FROM hi)) / 2),
+                                   s.timezone);
+                IF t <= hi THEN
+                    fire := t;
+                ELSE
+                    hi := to_timestamp((extract(epoch FROM fire) + extract(epoch FROM hi)) / 2);
+                END IF;
+            END LOOP;
+        END IF;
+
+        IF s.skip_if_running AND EXISTS (SELECT FROM pgq.jobs AS j
+                                         WHERE j.id = s.last_job_id AND j.state IN ('pending', 'running')) THEN
+            UPDATE pgq.schedules AS x
+            SET next_run_at = pgq._next_fire(s.cron, s.every, s.timezone, at_now),
+                last_skipped_at = fire, skipped = x.skipped + 1
+            WHERE x.name = s.name;
+            CONTINUE;
+        END IF;
+
+        q := pgq._queue(s.queue);
+        job_tenant := s.tenant;
+        IF q.fair THEN
+            job_tenant := pgq._fair_tenant(q.name, job_tenant);
+        END IF;
+        INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant, schedule)
+        VALUES (s.queue, s.kind, s.payload, s.priority, fire, coalesce(s.max_attempts, q.max_attempts),
+                job_tenant, s.name)
+        RETURNING j.id INTO new_id;
+        UPDATE pgq.schedules AS x
+        SET next_run_at = pgq._next_fire(s.cron, s.every, s.timezone, at_now),
+            last_run_at = fire, last_job_id = new_id
+        WHERE x.name = s.name;
+        IF q.notify THEN
+            PERFORM pg_notify('pgq', s.queue);
+        END IF;
+        fired := fired + 1;
+    END LOOP;
+    RETURN fired;
 END
 $$;
 
@@ -442,7 +608,7 @@ $$;
 CREATE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFAULT '{}',
                             run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
                             max_attempts integer DEFAULT NULL, unique_key text DEFAULT NULL,
-                            tenant text DEFAULT NULL)
+                            tenant text DEFAULT NULL, max_run_time interval DEFAULT NULL)
     RETURNS bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -465,12 +631,17 @@ BEGIN
                     AND coalesce(length(enqueue.tenant) BETWEEN 1 AND 256, true)
                     AND jsonb_typeof(enqueue.payload) = 'object'
                     AND pg_column_size(enqueue.payload) <= 1048576
-                    AND coalesce(length(enqueue.unique_key) BETWEEN 1 AND 1024, true), false) THEN
+                    AND coalesce(length(enqueue.unique_key) BETWEEN 1 AND 1024, true)
+                    AND coalesce(enqueue.max_run_time > interval '0'
+                                 AND enqueue.max_run_time <= interval '365 days', true), false) THEN
         PERFORM pgq._check_enqueue(enqueue.queue, enqueue.kind, enqueue.run_at, enqueue.priority,
                                    enqueue.max_attempts, enqueue.tenant);
         PERFORM pgq._check_payload('payload', enqueue.payload);
         IF length(enqueue.unique_key) NOT BETWEEN 1 AND 1024 THEN
             PERFORM pgq._bad_argument('unique_key', 'must be 1 to 1024 characters long');
+        END IF;
+        IF enqueue.max_run_time IS NOT NULL THEN
+            PERFORM pgq._check_interval('max_run_time', enqueue.max_run_time, interval '365 days');
         END IF;
     END IF;
     SELECT * INTO q FROM pgq.queues AS s WHERE s.name = enqueue.queue;
@@ -483,16 +654,18 @@ BEGIN
 
     IF enqueue.unique_key IS NULL THEN
         -- A plain INSERT: ON CONFLICT would make it a speculative insertion even without a key.
-        INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant)
+        INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant,
+                                   max_run_time)
         VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
-                coalesce(enqueue.max_attempts, q.max_attempts), job_tenant)
+                coalesce(enqueue.max_attempts, q.max_attempts), job_tenant, enqueue.max_run_time)
         RETURNING j.id INTO new_id;
     ELSE
         LOOP
             INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
-                                       unique_key, tenant)
+                                       unique_key, tenant, max_run_time)
             VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
-                    coalesce(enqueue.max_attempts, q.max_attempts), enqueue.unique_key, job_tenant)
+                    coalesce(enqueue.max_attempts, q.max_attempts), enqueue.unique_key, job_tenant,
+                    enqueue.max_run_time)
             ON CONFLICT (queue, unique_key)
                 WHERE unique_key IS NOT NULL AND state IN ('pending', 'running', 'outcome_unknown')
                 DO NOTHING
@@ -516,12 +689,13 @@ BEGIN
     RETURN new_id;
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text) IS
+COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval) IS
     'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it.';
 
 CREATE FUNCTION pgq.enqueue_many(queue text, kind text, payloads jsonb[],
                                  run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
-                                 max_attempts integer DEFAULT NULL, tenant text DEFAULT NULL)
+                                 max_attempts integer DEFAULT NULL, tenant text DEFAULT NULL,
+                                 max_run_time interval DEFAULT NULL)
     RETURNS SETOF bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -534,6 +708,9 @@ DECLARE
 BEGIN
     PERFORM pgq._check_enqueue(enqueue_many.queue, enqueue_many.kind, enqueue_many.run_at,
                                enqueue_many.priority, enqueue_many.max_attempts, enqueue_many.tenant);
+    IF enqueue_many.max_run_time IS NOT NULL THEN
+        PERFORM pgq._check_interval('max_run_time', enqueue_many.max_run_time, interval '365 days');
+    END IF;
     IF enqueue_many.payloads IS NULL THEN
         PERFORM pgq._bad_argument('payloads', 'must not be NULL');
     END IF;
@@ -553,10 +730,10 @@ BEGIN
     -- the ids in payload order.
     RETURN QUERY
     WITH inserted AS (
-        INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant)
+        INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant, max_run_time)
         SELECT enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.priority,
                enqueue_many.run_at, coalesce(enqueue_many.max_attempts, q.max_attempts),
-               job_tenant
+               job_tenant, enqueue_many.max_run_time
         FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
         ORDER BY p.n
         RETURNING jobs.id
@@ -568,7 +745,7 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text) IS
+COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval) IS
     'Adds one job per payload in one INSERT and returns their ids in payload order.';
 
 -- Functions: workers ------------------------------------------------------------------------------
@@ -584,10 +761,13 @@ CREATE TYPE pgq.claimed_job AS (
     run_at        timestamptz,
     created_at    timestamptz,
     lease_until   timestamptz,
-    tenant        text
+    tenant        text,
+    progress      jsonb,
+    deadline      timestamptz
 );
 COMMENT ON TYPE pgq.claimed_job IS
-    'What pgq.claim hands a worker: the job and its fencing token (attempt).';
+    'What pgq.claim hands a worker: the job, its fencing token (attempt), the checkpoint an '
+    'earlier attempt recorded (progress) and the attempt''s deadline (NULL: no limit).';
 
 -- Fair mode's pick for one queue: up to `room` claimable jobs, locked FOR NO KEY UPDATE SKIP
 -- LOCKED, chosen across the queue's tenants by weighted round-robin. Tenants with a due job are
@@ -669,6 +849,9 @@ $$;
 -- claimed job is never returned; a batch may hold fewer rows than asked.
 -- Expired leases are recovered first (a cheap index probe decides whether there are any), so a
 -- crashed worker's job is claimable again as soon as its lease ends, with or without a sweep.
+-- Due schedules fire next, behind a probe of the same kind (the earliest next_run_at of the
+-- enabled schedules, one index entry), so their jobs are claimable by this very claim.
+-- An attempt's lease never passes its deadline (claimed_at + max_run_time).
 -- Two queue settings change the pick: a queue with max_running > 0 is locked for the claim and
 -- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
 -- and a fair queue's candidates come from pgq._fair_pick. Queues with neither pay nothing for them.
@@ -690,6 +873,7 @@ DECLARE
     fair_ids bigint[] := '{}';
     capped   boolean;    -- whether any of them has max_running
     expired  boolean;    -- whether any lease has expired
+    due      boolean;    -- whether any schedule is due
 BEGIN
     IF claim.worker IS NULL THEN
         PERFORM pgq._bad_argument('worker', 'must not be NULL');
@@ -721,17 +905,25 @@ BEGIN
         FROM unnest(claim.queues) WITH ORDINALITY AS q(name, n);
     END IF;
 
-    -- One statement reads the eligible queues and probes for expired leases (one index probe).
+    -- One statement reads the eligible queues and probes for expired leases and due schedules
+    -- (one index probe each).
     SELECT array_agg(q.name ORDER BY q.name), array_agg(q.fair ORDER BY q.name),
            coalesce(bool_or(q.max_running > 0), false),
-           EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now())
-    INTO names, fairs, capped, expired
+           EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
+           EXISTS (SELECT FROM pgq.schedules AS s WHERE s.enabled AND s.next_run_at <= pgq._now())
+    INTO names, fairs, capped, expired, due
     FROM pgq.queues AS q
     WHERE NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues));
 
     -- Expired leases are recovered first, so their jobs are claimable by this very claim.
     IF expired THEN
         PERFORM pgq._recover_expired(100);
+    END IF;
+    -- Then due schedules fire (at most 10 per claim; a sweep fires the rest). Under REPEATABLE
+    -- READ a claim leaves them to READ COMMITTED claims and sweeps: its snapshot could make a
+    -- concurrent firing a serialization failure of the claim.
+    IF due AND current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM pgq._fire_schedules(10);
     END IF;
     IF names IS NULL THEN
         RETURN;  -- no eligible queue
@@ -806,7 +998,9 @@ BEGIN
         UPDATE pgq.jobs AS j
         SET state = 'running',
             attempt = j.attempt + 1,
-            lease_until = pgq._now() + coalesce(claim.lease, q.lease),
+            lease_until = least(pgq._now() + coalesce(claim.lease, q.lease),
+                                pgq._now() + coalesce(j.max_run_time, q.max_run_time)),
+            deadline = pgq._now() + coalesce(j.max_run_time, q.max_run_time),
             claimed_by = claim.worker,
             claimed_at = pgq._now(),
             last_event = 'claimed'
@@ -816,14 +1010,14 @@ BEGIN
         -- enqueued and not yet pruned) on every claim.
         WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p)) AND q.name = j.queue
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
-                  j.run_at, j.created_at, j.lease_until, j.tenant, q.audit
+                  j.run_at, j.created_at, j.lease_until, j.tenant, j.progress, j.deadline, q.audit
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, claim.worker, 'claimed', 'pending', 'running'
         FROM claimed AS c WHERE c.audit
     )
     SELECT c.id, c.queue, c.kind, c.payload, c.priority, c.attempt, c.max_attempts,
-           c.run_at, c.created_at, c.lease_until, c.tenant
+           c.run_at, c.created_at, c.lease_until, c.tenant, c.progress, c.deadline
     FROM claimed AS c
     ORDER BY c.priority DESC, c.run_at, c.id;
 END
@@ -845,19 +1039,25 @@ BEGIN
     IF renew.lease IS NOT NULL THEN
         PERFORM pgq._check_interval('lease', renew.lease, interval '1 day');
     END IF;
+    -- Never past the attempt's deadline; at the deadline there is no lease left to give.
     UPDATE pgq.jobs AS j
-    SET lease_until = pgq._now() + coalesce(renew.lease,
-                                            (SELECT q.lease FROM pgq.queues AS q WHERE q.name = j.queue))
+    SET lease_until = least(pgq._now() + coalesce(renew.lease,
+                                                  (SELECT q.lease FROM pgq.queues AS q WHERE q.name = j.queue)),
+                            j.deadline)
     WHERE j.id = renew.id AND j.attempt = renew.attempt AND j.state = 'running'
+      AND (j.deadline IS NULL OR j.deadline > pgq._now())
     RETURNING j.lease_until INTO new_lease;
-    IF NOT FOUND THEN
+    IF NOT FOUND AND NOT EXISTS (SELECT FROM pgq.jobs AS j
+                                 WHERE j.id = renew.id AND j.attempt = renew.attempt
+                                   AND j.state = 'running' AND j.deadline <= pgq._now()) THEN
         PERFORM pgq._reject(renew.id, renew.attempt, 'renew');
     END IF;
     RETURN new_lease;
 END
 $$;
 COMMENT ON FUNCTION pgq.renew(bigint, integer, interval) IS
-    'Extends the lease of the caller''s attempt from the database clock; NULL when not yours.';
+    'Extends the lease of the caller''s attempt from the database clock, never past its deadline; '
+    'NULL when not yours or at the deadline.';
 
 CREATE FUNCTION pgq.complete(id bigint, attempt integer, result jsonb DEFAULT NULL)
     RETURNS boolean
@@ -1170,6 +1370,31 @@ $$;
 COMMENT ON FUNCTION pgq.mark_unknown(bigint, integer, text) IS
     'Parks the caller''s attempt as outcome_unknown; false when not yours.';
 
+-- Records a checkpoint of the caller's attempt: a JSON object (at most 1 MiB) that replaces the
+-- previous one and survives retries (pgq.claim hands it to the next attempt). Fenced like
+-- pgq.complete; writes no event (a job may record progress often).
+CREATE FUNCTION pgq.progress(id bigint, attempt integer, progress jsonb)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+BEGIN
+    PERFORM pgq._check_fence(progress.id, progress.attempt);
+    PERFORM pgq._check_payload('progress', progress.progress);
+    UPDATE pgq.jobs AS j
+    SET progress = progress.progress
+    WHERE j.id = progress.id AND j.attempt = progress.attempt AND j.state = 'running';
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    PERFORM pgq._reject(progress.id, progress.attempt, 'progress');
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION pgq.progress(bigint, integer, jsonb) IS
+    'Stores the caller''s attempt''s checkpoint on the job (kept across retries); false when not yours.';
+
 CREATE FUNCTION pgq.sweep(max_jobs integer DEFAULT 1000)
     RETURNS integer
     LANGUAGE plpgsql
@@ -1192,11 +1417,15 @@ BEGIN
             PERFORM pg_notify('pgq', r.queue);
         END IF;
     END LOOP;
+    IF EXISTS (SELECT FROM pgq.schedules AS s WHERE s.enabled AND s.next_run_at <= pgq._now()) THEN
+        PERFORM pgq._fire_schedules(sweep.max_jobs);
+    END IF;
     RETURN total;
 END
 $$;
 COMMENT ON FUNCTION pgq.sweep(integer) IS
-    'Recovers up to max_jobs running jobs whose lease expired; returns how many.';
+    'Recovers up to max_jobs running jobs whose lease expired or whose attempt timed out (returns '
+    'how many), and fires up to max_jobs due schedules.';
 
 -- Functions: admin --------------------------------------------------------------------------------
 
@@ -1380,7 +1609,8 @@ CREATE FUNCTION pgq.configure_queue(queue text, lease interval DEFAULT NULL,
                                     backoff_cap interval DEFAULT NULL,
                                     retention interval DEFAULT NULL,
                                     notify boolean DEFAULT NULL, audit boolean DEFAULT NULL,
-                                    fair boolean DEFAULT NULL, max_running integer DEFAULT NULL)
+                                    fair boolean DEFAULT NULL, max_running integer DEFAULT NULL,
+                                    max_run_time interval DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -1413,6 +1643,10 @@ BEGIN
         PERFORM pgq._bad_argument('max_running',
             format('must be between 0 (no cap) and 100000, got %s', configure_queue.max_running));
     END IF;
+    IF configure_queue.max_run_time < interval '0' OR configure_queue.max_run_time > interval '365 days' THEN
+        PERFORM pgq._bad_argument('max_run_time',
+            format('must be between 0 (no limit) and 365 days, got %s', configure_queue.max_run_time));
+    END IF;
     IF configure_queue.fair AND NOT q.fair THEN
         -- Jobs already in the queue join fair mode: those without a tenant get the tenant '',
         -- and every tenant gets its row. (Switch a queue to fair mode before producers use it:
@@ -1434,14 +1668,18 @@ BEGIN
         notify = coalesce(configure_queue.notify, s.notify),
         audit = coalesce(configure_queue.audit, s.audit),
         fair = coalesce(configure_queue.fair, s.fair),
-        max_running = coalesce(configure_queue.max_running, s.max_running)
+        max_running = coalesce(configure_queue.max_running, s.max_running),
+        max_run_time = CASE WHEN configure_queue.max_run_time IS NULL THEN s.max_run_time
+                            WHEN configure_queue.max_run_time = interval '0' THEN NULL
+                            ELSE configure_queue.max_run_time END
     WHERE s.name = configure_queue.queue
     RETURNING * INTO q;
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer) IS
-    'Changes a queue''s settings (NULL leaves one unchanged) and returns them; creates the queue if new.';
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval) IS
+    'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit) '
+    'and returns them; creates the queue if new.';
 
 -- Weights a tenant of a fair queue: it gets `weight` jobs started for every one of a weight-1
 -- tenant's while both have work. Returns the tenant's row (created if new).
@@ -1510,6 +1748,111 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pgq.resume(text) IS 'Lets workers claim from the queue again. Returns its settings.';
+
+-- Functions: schedules ----------------------------------------------------------------------------
+
+-- Creates or replaces the schedule `name`: exactly one of cron (pgq.cron_next's grammar, read in
+-- `timezone`) or every (the instants 'epoch' + k * every: '1 hour' fires on the hour). Its first
+-- occurrence is the first one after now (after its last run, when replaced). Returns its row.
+CREATE FUNCTION pgq.schedule(name text, queue text, kind text, cron text DEFAULT NULL,
+                             every interval DEFAULT NULL, payload jsonb DEFAULT '{}',
+                             timezone text DEFAULT 'UTC', priority integer DEFAULT 0,
+                             max_attempts integer DEFAULT NULL, tenant text DEFAULT NULL,
+                             skip_if_running boolean DEFAULT false, enabled boolean DEFAULT true)
+    RETURNS pgq.schedules
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    result_row pgq.schedules;
+BEGIN
+    PERFORM pgq._check_name('name', schedule.name);
+    PERFORM pgq._check_enqueue(schedule.queue, schedule.kind, pgq._now(), schedule.priority,
+                               schedule.max_attempts, schedule.tenant);
+    PERFORM pgq._check_payload('payload', schedule.payload);
+    IF schedule.cron IS NULL AND schedule.every IS NULL THEN
+        PERFORM pgq._bad_argument('cron', 'or every must be given',
+            'Pass exactly one: cron => ''0 * * * *'' or every => ''1 hour''.');
+    ELSIF schedule.cron IS NOT NULL AND schedule.every IS NOT NULL THEN
+        PERFORM pgq._bad_argument('every', 'must be NULL when cron is given',
+            'Pass exactly one of cron and every.');
+    ELSIF schedule.every IS NOT NULL
+          AND (extract(year FROM schedule.every) <> 0 OR extract(month FROM schedule.every) <> 0) THEN
+        PERFORM pgq._bad_argument('every', format('must not count months or years, got %s', schedule.every),
+            'Months differ in length: use cron (''0 0 1 * *'' is the first of every month).');
+    ELSIF schedule.every < interval '1 second' OR schedule.every > interval '3650 days' THEN
+        PERFORM pgq._bad_argument('every',
+            format('must be between 1 second and 3650 days, got %s', schedule.every));
+    END IF;
+    IF schedule.timezone IS NULL THEN
+        PERFORM pgq._bad_argument('timezone', 'must not be NULL', 'Omit it for UTC.');
+    END IF;
+    BEGIN
+        PERFORM pgq._now() AT TIME ZONE schedule.timezone;
+    EXCEPTION WHEN invalid_parameter_value THEN
+        PERFORM pgq._bad_argument('timezone',
+            format('is not a known time zone: %s', left(quote_literal(schedule.timezone), 80)),
+            'Use a name from pg_timezone_names, such as ''Europe/Paris'' or ''UTC''.');
+    END;
+    IF schedule.skip_if_running IS NULL THEN
+        PERFORM pgq._bad_argument('skip_if_running', 'must not be NULL');
+    END IF;
+    IF schedule.enabled IS NULL THEN
+        PERFORM pgq._bad_argument('enabled', 'must not be NULL');
+    END IF;
+    -- A malformed cron expression raises here (pgq.cron_next), before anything is written.
+    PERFORM pgq._next_fire(schedule.cron, schedule.every, schedule.timezone, pgq._now());
+
+    PERFORM pgq._queue(schedule.queue);
+    -- A replaced schedule's next run comes after its last one, whatever this statement's clock.
+    INSERT INTO pgq.schedules AS x (name, queue, kind, cron, every, payload, timezone, priority,
+                                    max_attempts, tenant, skip_if_running, enabled, next_run_at)
+    VALUES (schedule.name, schedule.queue, schedule.kind, schedule.cron, schedule.every,
+            schedule.payload, schedule.timezone, schedule.priority, schedule.max_attempts,
+            schedule.tenant, schedule.skip_if_running, schedule.enabled,
+            pgq._next_fire(schedule.cron, schedule.every, schedule.timezone, pgq._now()))
+    ON CONFLICT ON CONSTRAINT schedules_pkey DO UPDATE
+    SET queue = excluded.queue, kind = excluded.kind, cron = excluded.cron, every = excluded.every,
+        payload = excluded.payload, timezone = excluded.timezone, priority = excluded.priority,
+        max_attempts = excluded.max_attempts, tenant = excluded.tenant,
+        skip_if_running = excluded.skip_if_running, enabled = excluded.enabled,
+        next_run_at = pgq._next_fire(excluded.cron, excluded.every, excluded.timezone,
+                                     greatest(pgq._now(), x.last_run_at, x.last_skipped_at))
+    RETURNING * INTO result_row;
+    RETURN result_row;
+END
+$$;
+COMMENT ON FUNCTION pgq.schedule(text, text, text, text, interval, jsonb, text, integer, integer, text, boolean, boolean) IS
+    'Creates or replaces a periodic schedule (cron or every) and returns its row with next_run_at.';
+
+CREATE FUNCTION pgq.unschedule(name text)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+BEGIN
+    IF unschedule.name IS NULL THEN
+        PERFORM pgq._bad_argument('name', 'must not be NULL');
+    END IF;
+    DELETE FROM pgq.schedules AS x WHERE x.name = unschedule.name;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION pgq.unschedule(text) IS
+    'Deletes the schedule (its jobs stay); false when there was none of that name.';
+
+CREATE FUNCTION pgq.schedules()
+    RETURNS SETOF pgq.schedules
+    LANGUAGE sql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+    SELECT * FROM pgq.schedules AS x ORDER BY x.name
+$$;
+COMMENT ON FUNCTION pgq.schedules() IS
+    'Every schedule, by name, with next_run_at, last_run_at, last_job_id and skipped.';
 
 -- Functions: observe ------------------------------------------------------------------------------
 
@@ -1735,8 +2078,8 @@ REVOKE ALL ON SCHEMA pgq FROM PUBLIC;
 GRANT USAGE ON SCHEMA pgq TO pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
 
 GRANT EXECUTE ON FUNCTION
-    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text),
-    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text)
+    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval),
+    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval)
     TO pgq_producer;
 
 GRANT EXECUTE ON FUNCTION
@@ -1748,6 +2091,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.release(bigint, integer),
     pgq.snooze(bigint, integer, interval),
     pgq.mark_unknown(bigint, integer, text),
+    pgq.progress(bigint, integer, jsonb),
     pgq.sweep(integer)
     TO pgq_worker;
 
@@ -1756,10 +2100,12 @@ GRANT EXECUTE ON FUNCTION
     pgq.retry(bigint),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
-    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer),
+    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval),
     pgq.set_tenant_weight(text, text, integer),
     pgq.pause(text),
-    pgq.resume(text)
+    pgq.resume(text),
+    pgq.schedule(text, text, text, text, interval, jsonb, text, integer, integer, text, boolean, boolean),
+    pgq.unschedule(text)
     TO pgq_admin;
 
 GRANT EXECUTE ON FUNCTION
@@ -1767,6 +2113,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.health(interval, interval),
     pgq.get_job(bigint),
     pgq.job_history(bigint),
+    pgq.schedules(),
     pgq.version()
     TO pgq_monitor;
 
