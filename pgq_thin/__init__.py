@@ -10,7 +10,16 @@ from pgq_thin.errors import (
     WrongState,
 )
 from pgq_thin.migrate import migrate
-from pgq_thin.models import HealthFinding, Job, JobEvent, JobRecord, QueueSettings, QueueStats, TenantSettings
+from pgq_thin.models import (
+    HealthFinding,
+    Job,
+    JobEvent,
+    JobRecord,
+    QueueSettings,
+    QueueStats,
+    Schedule,
+    TenantSettings,
+)
 
 __all__ = [
     "Client",
@@ -26,6 +35,7 @@ __all__ = [
     "PgqError",
     "QueueSettings",
     "QueueStats",
+    "Schedule",
     "WrongState",
     "migrate",
 ]

@@ -28,6 +28,7 @@ from pgq_thin.models import (
     JobRecord,
     QueueSettings,
     QueueStats,
+    Schedule,
     TenantSettings,
 )
 
@@ -148,14 +149,16 @@ class Client:
         max_attempts: int | None = None,
         unique_key: str | None = None,
         tenant: str | None = None,
+        max_run_time: Interval | None = None,
         conn: psycopg.Connection | None = None,
     ) -> int:
         """pgq.enqueue: add one job, now or at ``run_at``; returns its id. With ``conn``, the job
-        is part of that connection's current transaction."""
+        is part of that connection's current transaction. ``max_run_time`` caps each attempt
+        (default: the queue's)."""
         job_id: int = self._value(queries.ENQUEUE, {
             "queue": queue, "kind": kind, "payload": Jsonb({} if payload is None else payload),
             "run_at": run_at, "priority": priority, "max_attempts": max_attempts,
-            "unique_key": unique_key, "tenant": tenant,
+            "unique_key": unique_key, "tenant": tenant, "max_run_time": _interval(max_run_time),
         }, conn)
         log.debug("enqueued", extra={"job_id": job_id, "queue": queue, "kind": kind})
         return job_id
@@ -170,12 +173,14 @@ class Client:
         priority: int = 0,
         max_attempts: int | None = None,
         tenant: str | None = None,
+        max_run_time: Interval | None = None,
         conn: psycopg.Connection | None = None,
     ) -> list[int]:
         """pgq.enqueue_many: add one job per payload in one statement; ids in payload order."""
         rows = self._rows(queries.ENQUEUE_MANY, {
             "queue": queue, "kind": kind, "payloads": [Jsonb(p) for p in payloads],
             "run_at": run_at, "priority": priority, "max_attempts": max_attempts, "tenant": tenant,
+            "max_run_time": _interval(max_run_time),
         }, conn)
         return [r[0] for r in rows]
 
@@ -225,8 +230,14 @@ class Client:
         """pgq.mark_unknown: park our attempt as outcome_unknown (do not retry blindly)."""
         return bool(self._value(queries.MARK_UNKNOWN, {"id": job_id, "attempt": attempt, "note": note}))
 
+    def progress(self, job_id: int, attempt: int, progress: dict[str, Any]) -> bool:
+        """pgq.progress: store our attempt's checkpoint (the next attempt gets it as
+        ``Job.progress``); False when the job is no longer ours."""
+        return bool(self._value(queries.PROGRESS, {"id": job_id, "attempt": attempt, "progress": Jsonb(progress)}))
+
     def sweep(self, max_jobs: int = 1000) -> int:
-        """pgq.sweep: recover jobs whose lease expired; returns how many."""
+        """pgq.sweep: recover jobs whose lease expired or whose attempt timed out (returns how
+        many), and fire due schedules."""
         return int(self._value(queries.SWEEP, {"max_jobs": max_jobs}))
 
     # Admin --------------------------------------------------------------------------------------
@@ -268,13 +279,15 @@ class Client:
         audit: bool | None = None,
         fair: bool | None = None,
         max_running: int | None = None,
+        max_run_time: Interval | None = None,
     ) -> QueueSettings:
-        """pgq.configure_queue: change the given settings (None leaves one unchanged)."""
+        """pgq.configure_queue: change the given settings (None leaves one unchanged;
+        ``max_run_time=0`` removes the limit)."""
         row = self._rows(queries.CONFIGURE_QUEUE, {
             "queue": queue, "lease": _interval(lease), "max_attempts": max_attempts,
             "backoff_base": _interval(backoff_base), "backoff_cap": _interval(backoff_cap),
             "retention": _interval(retention), "notify": notify, "audit": audit,
-            "fair": fair, "max_running": max_running,
+            "fair": fair, "max_running": max_running, "max_run_time": _interval(max_run_time),
         }, rows=dict_row)[0]
         return _settings(row)
 
@@ -283,6 +296,42 @@ class Client:
         row = self._rows(queries.SET_TENANT_WEIGHT, {"queue": queue, "tenant": tenant, "weight": weight},
                          rows=dict_row)[0]
         return _record(TenantSettings, row)
+
+    # Schedules ----------------------------------------------------------------------------------
+
+    def schedule(
+        self,
+        name: str,
+        queue: str,
+        kind: str,
+        *,
+        cron: str | None = None,
+        every: Interval | None = None,
+        payload: dict[str, Any] | None = None,
+        timezone: str = "UTC",
+        priority: int = 0,
+        max_attempts: int | None = None,
+        tenant: str | None = None,
+        skip_if_running: bool = False,
+        enabled: bool = True,
+    ) -> Schedule:
+        """pgq.schedule: create or replace the schedule ``name`` (exactly one of ``cron`` and
+        ``every``); returns it, with its next_run_at. Claims and sweeps fire it."""
+        row = self._rows(queries.SCHEDULE, {
+            "name": name, "queue": queue, "kind": kind, "cron": cron, "every": _interval(every),
+            "payload": Jsonb({} if payload is None else payload), "timezone": timezone,
+            "priority": priority, "max_attempts": max_attempts, "tenant": tenant,
+            "skip_if_running": skip_if_running, "enabled": enabled,
+        }, rows=dict_row)[0]
+        return _record(Schedule, row)
+
+    def unschedule(self, name: str) -> bool:
+        """pgq.unschedule: delete the schedule (its jobs stay); False when there was none."""
+        return bool(self._value(queries.UNSCHEDULE, {"name": name}))
+
+    def schedules(self) -> list[Schedule]:
+        """pgq.schedules: every schedule, by name."""
+        return [_record(Schedule, r) for r in self._rows(queries.SCHEDULES, {}, rows=dict_row)]
 
     # Observe ------------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 import os
 import subprocess
 import sys
@@ -25,10 +26,11 @@ def pgq(*args: str, dsn: str | None = None, stdin: str | None = None, env: dict[
 def test_migrate_is_a_no_op_when_up_to_date_and_lists_pending(dsn: str, empty_dsn: str) -> None:
     listed = pgq("migrate", "--list", dsn=empty_dsn)
     assert listed.returncode == 0
-    assert listed.stdout.splitlines() == ["pending: 0001_initial", "pending: 0002_cheaper_name_checks"]
+    assert listed.stdout.splitlines() == ["pending: 0001_initial", "pending: 0002_cheaper_name_checks",
+                                          "pending: 0004_schedules_timeouts_progress"]
     applied = pgq("migrate", dsn=empty_dsn)
     assert applied.returncode == 0
-    assert "applied: 0001_initial, 0002_cheaper_name_checks" in applied.stdout
+    assert "applied: 0001_initial, 0002_cheaper_name_checks, 0004_schedules_timeouts_progress" in applied.stdout
     again = pgq("migrate", dsn=dsn)
     assert again.returncode == 0 and "up to date" in again.stdout
 
@@ -109,3 +111,26 @@ def test_durations_on_the_command_line(text: str, seconds: float) -> None:
     from pgq_thin.cli import duration
 
     assert duration(text).total_seconds() == seconds
+
+
+def test_schedule_add_list_rm(dsn: str, conn: psycopg.Connection) -> None:
+    added = pgq("schedule", "add", "hourly-report", "reports", "build", "--every", "1h",
+                "--payload", '{"r": 1}', "--skip-if-running", dsn=dsn)
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.startswith("schedule hourly-report: next run at ")
+    row = conn.execute("SELECT queue, kind, every, payload, skip_if_running FROM pgq.schedules").fetchone()
+    assert row == ("reports", "build", timedelta(hours=1), {"r": 1}, True)
+    listed = pgq("schedule", "list", dsn=dsn)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split()[:4] == ["name", "queue", "kind", "when"]
+    assert lines[2].split()[:5] == ["hourly-report", "reports", "build", "every", "3600.0s"]
+    neither = pgq("schedule", "add", "x", "q", "k", dsn=dsn)
+    assert neither.returncode == 2 and "one of the arguments --cron --every is required" in neither.stderr
+    bad = pgq("schedule", "add", "x", "q", "k", "--every", "0.5s", dsn=dsn)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and 'argument "every"' in bad.stderr
+    removed = pgq("schedule", "rm", "hourly-report", dsn=dsn)
+    assert removed.returncode == 0 and "removed" in removed.stdout
+    again = pgq("schedule", "rm", "hourly-report", dsn=dsn)
+    assert again.returncode == 1 and "no schedule named 'hourly-report'" in again.stderr
+    assert pgq("schedule", "list", dsn=dsn).stdout.strip() == "no schedules"
