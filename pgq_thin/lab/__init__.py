@@ -32,6 +32,8 @@ from pgq_thin.lab import (
     exp6_abandoned_claim,
     exp7_duplicate_effect,
     exp8_query_plans,
+    exp9_schedule_firing,
+    exp10_hung_handler,
 )
 from pgq_thin.lab.harness import Check, Harness, Step, Verdict, utcnow
 from pgq_thin.lab.statements import TEMPLATES
@@ -51,6 +53,8 @@ EXPERIMENTS: list[ModuleType] = [
     exp6_abandoned_claim,
     exp7_duplicate_effect,
     exp8_query_plans,
+    exp9_schedule_firing,
+    exp10_hung_handler,
 ]
 
 
