@@ -16,7 +16,8 @@
 -- Decisions where the issue is silent (each as croniter, the reference of the tests, has it):
 --   * `a/n` runs from a to the field's last value; for day-of-week the last value is 6
 --     (Saturday): 7 is only a second name for Sunday, so `1/3` is MON,THU and `*/2` is SUN,TUE,
---     THU,SAT. In a range, SUN as the END means 7, so MON-SUN is the whole week.
+--     THU,SAT. In a range, SUN as the END means 7, so MON-SUN is the whole week (SUN-SUN is
+--     Sunday).
 --   * A step larger than its range is allowed and selects the range's first value (`*/90` in the
 --     minute field is minute 0). A step of 0 is an error.
 --   * A range does not wrap around: `22-2` is an error (reversed range), not 22,23,0,1,2.
@@ -30,7 +31,8 @@
 --   * `timezone` is any zone PostgreSQL's AT TIME ZONE accepts (IANA names such as
 --     'Europe/Berlin', see pg_timezone_names; also abbreviations and POSIX specs, with
 --     PostgreSQL's meaning). Unknown: 22023 naming `timezone`.
---   * `after` must be finite (22023); NULL arguments raise 22004 naming them.
+--   * `after` must be finite (22023); NULL arguments raise 22004 naming them. (A next firing
+--     past the end of the timestamp range, year 294276, fails as PostgreSQL does: 22008.)
 -- Daylight saving (the issue's rule, which is not croniter's): a local time that does not exist
 -- (skipped by a spring-forward transition) does not fire at all; a local time that happens twice
 -- (fall-back) fires once, at its first occurrence. So `0 * * * *` in Europe/Berlin fires at 01:00
@@ -142,6 +144,9 @@ BEGIN
                       WHEN steps IS NOT NULL THEN greatest(a, last)
                       ELSE a
                  END;
+            IF b = 7 AND a = 0 AND upper(split_part(body, '-', 2)) = 'SUN' THEN
+                b := 0;                                 -- SUN-SUN is Sunday, not the week
+            END IF;
         END IF;
         step := CASE WHEN steps IS NULL THEN 1
                      WHEN length(steps) > 4 THEN 9999  -- larger than any range: the first value only

@@ -366,6 +366,9 @@ def test_macros(db, macro, same_as):
     ("0 0 * * mon-fri", "0 0 * * 1-5"),
     ("0 0 * * SAT,sun", "0 0 * * 6,0"),
     ("0 0 * * MON-SUN", "0 0 * * *"),        # SUN ending a range is 7: the whole week
+    ("0 0 * * FRI-SUN", "0 0 * * 5,6,0"),
+    ("0 0 * * SUN-SUN", "0 0 * * 0"),
+    ("0 0 * * 0-7", "0 0 * * *"),
     ("0 0 * * 7", "0 0 * * 0"),              # 0 and 7 are both Sunday
     ("0 0 * * 5-7", "0 0 * * 5,6,0"),
     ("0 0 * * 1/3", "0 0 * * 1,4"),          # a/n stops at 6 (croniter's reading)
