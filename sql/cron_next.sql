@@ -13,16 +13,19 @@
 -- Each field is `*`, a number, `a-b`, `*/n`, `a-b/n`, `a/n` or a comma list of those; or the whole
 -- expression is a macro: @yearly = @annually (0 0 1 1 *), @monthly (0 0 1 * *), @weekly
 -- (0 0 * * 0), @daily = @midnight (0 0 * * *), @hourly (0 * * * *).
--- Decisions where the issue is silent (each as croniter, the reference of the tests, has it):
+-- Decisions where the issue is silent (as croniter, the tests' reference, has them unless said):
 --   * `a/n` runs from a to the field's last value; for day-of-week the last value is 6
 --     (Saturday): 7 is only a second name for Sunday, so `1/3` is MON,THU and `*/2` is SUN,TUE,
 --     THU,SAT. In a range, SUN as the END means 7, so MON-SUN is the whole week (SUN-SUN is
 --     Sunday).
 --   * A step larger than its range is allowed and selects the range's first value (`*/90` in the
 --     minute field is minute 0). A step of 0 is an error.
---   * A range does not wrap around: `22-2` is an error (reversed range), not 22,23,0,1,2.
+--   * A range does not wrap around: `22-2` is an error (reversed range, the issue's rule; croniter
+--     wraps it). A one-value range `5-5` is 5 (croniter reads it as `*`).
 --   * Day fields: when both are restricted (anything but a bare `*`; `*/2` is restricted) a day
 --     matches if EITHER matches; otherwise a day must match both (a bare `*` matches every day).
+--     So a list holding `*` (`*,1`) or a range covering every day (`1-31`, `0-7`) is restricted
+--     and, matching every day, makes every day match (croniter reads `*,1` and `0-7` as `*`).
 --   * An expression that can never match (`0 0 31 2 *`, `0 0 30 2 *`, `0 0 31 4,6,9,11 *`: a
 --     day-of-month no allowed month has, with day-of-week `*`) raises 22023 at once, the way
 --     croniter refuses it, instead of searching some bounded horizon and answering NULL: a
