@@ -8,14 +8,12 @@ the gap), a local time that happens twice fires once, at its first occurrence (c
 Where croniter has other quirks (a one-value range `a-a` means `*` to it; `7/n` in day-of-week) the
 generator leaves them out and hand-written tests pin pgq's meaning.
 
-The functions come from sql/cron_next.sql, loaded into the module's database when the migrations
-do not define pgq.cron_next yet (once they do, the schema's own definition is what is tested)."""
+The functions are the installed schema's (migration 0004, sql/schema.sql)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import psycopg
@@ -26,8 +24,6 @@ from hypothesis import strategies as st
 
 from sqlhelpers import fresh_database, one
 
-ROOT = Path(__file__).resolve().parent.parent
-CRON_SQL = ROOT / "sql" / "cron_next.sql"
 UTC = timezone.utc
 ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"]
 ROLES = ["pgq_producer", "pgq_worker", "pgq_admin", "pgq_monitor"]
@@ -37,13 +33,10 @@ HELPERS = ["_cron_next_bit", "_cron_bad_field", "_cron_value", "_cron_field", "_
 
 @pytest.fixture(scope="module")
 def cron_dsn(pg_server, admin_dsn: str, template_db: str) -> Iterator[str]:
-    """One migrated database for the module, with pgq.cron_next in it (nothing here writes)."""
+    """One migrated database for the module (nothing here writes): pgq.cron_next as installed."""
     for dsn in fresh_database(pg_server, admin_dsn, template_db, prefix="cron"):
         with psycopg.connect(dsn, autocommit=True) as c:
-            defined = one(c, "SELECT to_regprocedure('pgq.cron_next(text, timestamptz, text)') IS NOT NULL")
-            if not defined:
-                assert CRON_SQL.exists(), "pgq.cron_next is neither in the schema nor in sql/cron_next.sql"
-                c.execute(CRON_SQL.read_text())
+            assert one(c, "SELECT to_regprocedure('pgq.cron_next(text, timestamptz, text)') IS NOT NULL")
         yield dsn
 
 

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
+from croniter import croniter
 
 from clockdb import clock_module_dsn, dsn, set_clock  # noqa: F401  (fixtures)
 from sqlhelpers import claim, job, one
@@ -231,6 +232,64 @@ def test_a_repeatable_read_claim_leaves_schedules_to_others(conn, connect):
     assert len(claim(conn)) == 1
 
 
+def test_a_cron_schedule_runs_on_the_wall_clock_of_its_time_zone(conn):
+    set_clock(conn, T0)  # 12:34:56 UTC = 13:34:56 in Paris
+    s = schedule(conn, cron="30 2 * * *", timezone="Europe/Paris")
+    assert (s["cron"], s["every"], s["timezone"]) == ("30 2 * * *", None, "Europe/Paris")
+    assert s["next_run_at"] == utc("2030-01-02 01:30:00+00")
+    set_clock(conn, "2030-01-02 01:30:00.5+00")
+    (c,) = claim(conn)
+    assert c["run_at"] == utc("2030-01-02 01:30:00+00")
+    assert schedules(conn)["s"]["next_run_at"] == utc("2030-01-03 01:30:00+00")
+
+
+@pytest.mark.parametrize(("cron", "gap"), [
+    ("* * * * *", "3 days 00:00:30"),
+    ("*/5 * * * *", "7 days 00:02:10"),
+    ("0 9 * * MON-FRI", "10 days"),
+    ("15 0-1 * * *", "1 day 07:00:00"),
+    ("0 0 29 2 *", "3000 days"),
+    ("@hourly", "00:59:59"),
+    ("7 13 1,15 * 3", "400 days"),
+])
+def test_missed_cron_occurrences_collapse_into_the_latest_due_one(conn, cron, gap):
+    set_clock(conn, T0)
+    first = schedule(conn, cron=cron)["next_run_at"]
+    now = one(conn, "SELECT %s::timestamptz + %s::interval", (first, gap))
+    set_clock(conn, now.isoformat())
+    one(conn, "SELECT pgq.sweep()")
+    # The latest occurrence at or before now (an occurrence exactly now is due).
+    latest = croniter(cron, now.replace(tzinfo=None) + timedelta(seconds=1)).get_prev(datetime)
+    latest = latest.replace(tzinfo=timezone.utc)
+    assert [r[1] for r in scheduled_jobs(conn)] == [max(latest, first)]
+    expected_next = croniter(cron, now.replace(tzinfo=None)).get_next(datetime).replace(tzinfo=timezone.utc)
+    assert schedules(conn)["s"]["next_run_at"] == expected_next
+
+
+@pytest.mark.parametrize(("cron", "field"), [
+    ("* * * *", None), ("61 * * * *", "minute"), ("*/0 * * * *", "minute"),
+    ("* 5-2 * * *", "hour"), ("* * * FOO *", "month"),
+])
+def test_a_malformed_cron_is_22023_naming_cron_and_writes_nothing(conn, cron, field):
+    before = row_counts(conn)
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute("SELECT pgq.schedule('s', 'q', 'k', cron => %s)", (cron,))
+    assert info.value.sqlstate == "22023"
+    assert 'argument "cron"' in str(info.value)
+    if field:
+        assert field in str(info.value)
+    assert row_counts(conn) == before
+    assert one(conn, "SELECT count(*) FROM pgq.schedules") == 0
+
+
+def test_an_unknown_time_zone_is_22023_naming_timezone_for_cron_and_every(conn):
+    for kind in ("cron => '0 * * * *'", "every => '1 hour'"):
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(f"SELECT pgq.schedule('s', 'q', 'k', {kind}, timezone => 'Nowhere/Atlantis')")
+        assert info.value.sqlstate == "22023" and 'argument "timezone"' in str(info.value)
+    assert one(conn, "SELECT count(*) FROM pgq.schedules") == 0
+
+
 # Concurrency -------------------------------------------------------------------------------------
 
 
@@ -240,8 +299,11 @@ def test_many_concurrent_sweepers_and_claimers_never_enqueue_an_occurrence_twice
     inside a transaction that they keep open a moment. Every occurrence due is enqueued exactly
     once: one job per (schedule, fire time), none missing."""
     set_clock(conn, T0)
-    for i in range(20):
-        schedule(conn, f"s{i:02}", queue=f"q{i % 3}", every=f"{1 + i % 4} minutes")
+    for i in range(20):  # every k minutes, half of them spelled as cron
+        if i % 2:
+            schedule(conn, f"s{i:02}", queue=f"q{i % 3}", cron=f"*/{1 + i % 4} * * * *")
+        else:
+            schedule(conn, f"s{i:02}", queue=f"q{i % 3}", every=f"{1 + i % 4} minutes")
     sessions = [connect(autocommit=(i % 2 == 0)) for i in range(8)]
     rounds = 25
     barrier = threading.Barrier(len(sessions) + 1)

@@ -50,6 +50,7 @@ API: dict[str, tuple[str, set[str]]] = {
     "get_job": ("SELECT * FROM pgq.get_job(1)", MONITOR),
     "job_history": ("SELECT * FROM pgq.job_history(1)", MONITOR),
     "version": ("SELECT pgq.version()", {"pgq_producer", "pgq_worker", "pgq_monitor", "pgq_admin"}),
+    "cron_next": ("SELECT pgq.cron_next('0 * * * *', now())", {"pgq_producer", "pgq_worker", "pgq_monitor", "pgq_admin"}),
 }
 TABLE_STATEMENTS = [
     "SELECT * FROM pgq.{t}",
