@@ -833,3 +833,107 @@ def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
     if print_table:
         print(table)
     return 0
+
+
+# A/B: claims on a queue without schedules or timeouts, before and after migration 0004 ----------
+
+#: The last migration before schedules, timeouts and progress (the "A" database stops there).
+AB_BEFORE = "0002_cheaper_name_checks"
+AB_AFTER = "0004_schedules_timeouts_progress"
+
+
+def _migrate_to(dsn: str, last: str) -> list[str]:
+    """Apply pgq's migrations up to and including ``last``; returns the ids applied."""
+    from yoyo import get_backend, read_migrations
+
+    from pgq_thin.migrate import migrations_dir, yoyo_url
+
+    backend = get_backend(yoyo_url(dsn))
+    try:
+        wanted = read_migrations(str(migrations_dir())).filter(lambda m: m.id <= last)
+        with backend.lock():
+            todo = backend.to_apply(wanted)
+            backend.apply_migrations(todo)
+        return [m.id for m in wanted]
+    finally:
+        backend.connection.close()
+
+
+def _ab_drain(dsn: str, workers: int, n: int) -> float:
+    """Load n jobs into a plain queue, drain them with claim(batch 1) + complete from ``workers``
+    threads; jobs per second by the wall clock around the threads (connect and close included)."""
+    with _connect(dsn) as conn:
+        conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
+        conn.execute("SELECT pgq.enqueue_many(%s, 'noop', ARRAY(SELECT jsonb_build_object('n', g)"
+                     " FROM generate_series(1, %s) AS g))", (QUEUE, n))
+        conn.execute("VACUUM ANALYZE pgq.jobs")
+        conn.execute("VACUUM ANALYZE pgq.job_events")
+    claim = ("SELECT id, attempt FROM pgq.claim(worker => %(worker)s::text, queues => %(queues)s::text[],"
+             " batch => 1)")
+    complete = "SELECT pgq.complete(id => %(id)s::bigint, attempt => %(attempt)s::integer)"
+
+    def work(i: int) -> None:
+        with _connect(dsn) as conn:
+            params = {"worker": f"ab-{i}", "queues": [QUEUE]}
+            while True:
+                rows = conn.execute(claim, params, prepare=True).fetchall()
+                if not rows:
+                    return
+                conn.execute(complete, {"id": rows[0][0], "attempt": rows[0][1]}, prepare=True)
+
+    started = time.perf_counter()
+    _run_threads(workers, work)
+    elapsed = time.perf_counter() - started
+    with _connect(dsn) as conn:
+        done = conn.execute("SELECT count(*) FROM pgq.jobs WHERE state = 'done'").fetchone()[0]  # type: ignore[index]
+    if done != n:
+        raise RuntimeError(f"A/B drain: {done} jobs done, expected {n}")
+    return n / elapsed
+
+
+def schedules_timeouts_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 5,
+                          fsync: bool = True) -> dict[str, Any]:
+    """The claim+complete rate of a queue without schedules or timeouts on a database migrated to
+    AB_BEFORE (A) and one migrated to AB_AFTER (B), on one throwaway server, drained alternately
+    (A B, then B A, ...) so that both see the same machine; with fsync on or off. Returns the
+    rates, their medians and the ratio B/A of the medians."""
+    from pgq_thin import embedded
+
+    settings = embedded._SERVER_SETTINGS if not fsync else embedded._SERVER_SETTINGS.replace(" -F ", " ")
+    server = embedded.start(postgres_args=settings)
+    try:
+        admin = server.dsn_for("postgres")
+        dsns = {}
+        for label, last in (("A", AB_BEFORE), ("B", AB_AFTER)):
+            with _connect(admin) as conn:
+                conn.execute(f"CREATE DATABASE ab_{label.lower()}")
+            dsns[label] = server.dsn_for(f"ab_{label.lower()}")
+            _migrate_to(dsns[label], last)
+        with _connect(dsns["A"]) as a, _connect(dsns["B"]) as b:
+            has_schedules = [c.execute("SELECT to_regclass('pgq.schedules') IS NOT NULL").fetchone()[0]  # type: ignore[index]
+                             for c in (a, b)]
+            fsync_setting = a.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
+            version = a.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        if has_schedules != [False, True]:
+            raise RuntimeError(f"A/B databases are not at {AB_BEFORE} and {AB_AFTER}: {has_schedules}")
+        for dsn in dsns.values():  # warm-up, not counted
+            _ab_drain(dsn, workers, min(jobs, 500))
+        rates: dict[str, list[float]] = {"A": [], "B": []}
+        for r in range(repeats):
+            for label in (("A", "B") if r % 2 == 0 else ("B", "A")):
+                rates[label].append(_ab_drain(dsns[label], workers, jobs))
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        return {"server_version": version, "fsync": fsync_setting, "jobs": jobs, "workers": workers,
+                "repeats": repeats, "before": AB_BEFORE, "after": AB_AFTER, "rates": rates,
+                "median": med, "ratio_after_over_before": med["B"] / med["A"]}
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":  # python -m pgq_thin.bench [jobs workers repeats]: the A/B, fsync on and off
+    import sys
+
+    args = [int(x) for x in sys.argv[1:4]]
+    for on in (True, False):
+        result = schedules_timeouts_ab(**dict(zip(("jobs", "workers", "repeats"), args)), fsync=on)
+        print(json.dumps(result, indent=1))
