@@ -23,6 +23,8 @@ Where things happen (every state change is one pgq function, called through pgq_
   connection is down: those calls are idempotent for the same attempt.
 - ``Worker._renew_loop``: renews every running job's lease at about a third of the lease
   (pgq.renew); a job that is no longer ours gets ``ctx.lease_lost`` and its outcome is discarded.
+  At a job's deadline (max_run_time, ``ctx.deadline``) it stops renewing and sets
+  ``ctx.lease_lost`` too: the database's recovery ends that attempt as timed_out.
 - ``Worker._listen_loop``: LISTEN pgq on a dedicated connection; a payload naming one of our
   queues wakes the claim loop. Polling is the fallback (and the only mechanism with listen=False).
 - ``Worker._shutdown``: graceful stop: waits for running jobs up to shutdown_timeout, then gives
@@ -44,7 +46,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -79,15 +81,24 @@ class JobContext:
     ``lease_lost`` is set when the job is no longer ours (a renewal was refused, or the worker gave
     the job back at shutdown): stop, since whatever the handler returns will be discarded.
     ``shutting_down`` is set when the worker stops claiming: finish soon, or be released after
-    shutdown_timeout. A long handler should check ``should_stop`` between steps.
+    shutdown_timeout. ``deadline`` is when this attempt's max_run_time ends (the database's
+    claimed_at + max_run_time; None without a limit): from then on ``should_stop`` is true, the
+    lease is no longer renewed, ``lease_lost`` is set and the outcome is discarded (the database
+    ends the attempt as timed_out). A long handler should check ``should_stop`` between steps,
+    and may record a checkpoint with ``progress({...})`` that a retry finds in ``job.progress``.
     """
 
     def __init__(self, job: Job, client: Client, worker_name: str,
-                 shutting_down: threading.Event | None = None) -> None:
+                 shutting_down: threading.Event | None = None, *,
+                 deadline_monotonic: float | None = None) -> None:
         self.job = job
         self.client = client
         self.worker_name = worker_name
         self.shutting_down = shutting_down if shutting_down is not None else threading.Event()
+        #: This attempt's deadline by the database clock (Job.deadline), None without max_run_time.
+        self.deadline: datetime | None = job.deadline
+        # The same instant on this process's monotonic clock (the worker converts it at start).
+        self._deadline_monotonic = deadline_monotonic
         # Made on first use: most jobs never need one, and an Event costs more to make than
         # the rest of a job's bookkeeping together.
         self._lease_lost: threading.Event | None = None
@@ -104,12 +115,25 @@ class JobContext:
 
     @property
     def should_stop(self) -> bool:
-        return self._is_lost() or self.shutting_down.is_set()
+        return self._is_lost() or self.shutting_down.is_set() or self._past_deadline()
+
+    def progress(self, progress: dict[str, Any]) -> bool:
+        """pgq.progress: store a checkpoint of this attempt (a JSON object) on the job; the next
+        attempt finds it in ``job.progress``. False (and ``lease_lost`` set) when the job is no
+        longer ours."""
+        stored = self.client.progress(self.job.id, self.job.attempt, progress)
+        if not stored:
+            self.lease_lost.set()
+        return stored
 
     def _is_lost(self) -> bool:
         """lease_lost.is_set(), without making the Event."""
         event = self._lease_lost
         return event is not None and event.is_set()
+
+    def _past_deadline(self) -> bool:
+        deadline = self._deadline_monotonic
+        return deadline is not None and time.monotonic() >= deadline
 
     def __repr__(self) -> str:
         return f"JobContext(job={self.job!r}, worker_name={self.worker_name!r})"
@@ -523,8 +547,13 @@ class Worker:
             lease_seconds = job.lease_until.timestamp() - (time.time() + self._clock_offset)
         lease_seconds = max(lease_seconds, 0.3)
         assert self._client is not None
-        ctx = JobContext(job=job, client=self._client, worker_name=self.name, shutting_down=self._stopping)
-        running = _Running(job, ctx, _JobLog(job), lease_seconds, time.monotonic() + lease_seconds / 3)
+        now = time.monotonic()
+        deadline = None if job.deadline is None else (
+            now + job.deadline.timestamp() - (time.time() + self._clock_offset))  # by the database clock
+        ctx = JobContext(job=job, client=self._client, worker_name=self.name, shutting_down=self._stopping,
+                         deadline_monotonic=deadline)
+        running = _Running(job, ctx, _JobLog(job), lease_seconds,
+                           min(now + lease_seconds / 3, math.inf if deadline is None else deadline))
         with self._active_lock:
             self._active[job.id] = running
             self._assigned += 1
@@ -602,8 +631,9 @@ class Worker:
         """Queue the completion of a handler that returned None for the claim loop's next
         pgq.complete_many (fenced per job like pgq.complete). False when the job is no longer ours."""
         with running.lock:
-            if running.settled or running.ctx._is_lost():
-                running.log.warning("no longer ours: complete not sent, the handler's outcome is discarded")
+            if running.settled or running.ctx._is_lost() or running.ctx._past_deadline():
+                running.log.warning("no longer ours (or past its deadline): complete not sent, "
+                                    "the handler's outcome is discarded")
                 return False
             running.settled = True  # the renewer leaves it alone from now on
         with self._completions_lock:
@@ -668,8 +698,9 @@ class Worker:
         lost. (Renewing meanwhile would be pointless: it needs the same server.)"""
         jlog = running.log
         with running.lock:
-            if running.settled or running.ctx._is_lost():
-                jlog.warning("no longer ours: %s not sent, the handler's outcome is discarded", operation)
+            if running.settled or running.ctx._is_lost() or running.ctx._past_deadline():
+                jlog.warning("no longer ours (or past its deadline): %s not sent, the handler's outcome is discarded",
+                             operation)
                 return
             running.settled = True
             try:
@@ -764,6 +795,12 @@ class Worker:
         try:
             if running.settled or running.ctx._is_lost():
                 return
+            if running.ctx._past_deadline():
+                running.next_renew = math.inf
+                running.ctx.lease_lost.set()
+                jlog.warning("deadline reached (max_run_time): no more renewals; the handler should stop, "
+                             "its outcome will be discarded and the attempt ends as timed_out")
+                return
             try:
                 until = self._client.renew(job.id, job.attempt, lease=self.lease)
             except PgqError as exc:
@@ -777,6 +814,8 @@ class Worker:
             if self.lease is None:  # the queue's lease may have been reconfigured
                 running.lease_seconds = max(until.timestamp() - (time.time() + self._clock_offset), 0.3)
             running.next_renew = time.monotonic() + running.lease_seconds / 3
+            if running.ctx._deadline_monotonic is not None:  # wake at the deadline, not after it
+                running.next_renew = min(running.next_renew, running.ctx._deadline_monotonic)
             jlog.debug("lease renewed until %s", until.isoformat())
         finally:
             running.lock.release()
