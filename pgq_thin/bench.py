@@ -930,6 +930,59 @@ def schedules_timeouts_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 
         server.stop()
 
 
+#: The claim and complete of _ab_drain, n times in one server-side loop (each pair committed, as
+#: in autocommit, but no round trips): what the functions themselves cost, with less noise than a
+#: drain from client threads.
+AB_SERVER_LOOP = """
+DO $$
+DECLARE r record;
+BEGIN
+    FOR i IN 1..%s LOOP
+        SELECT c.id, c.attempt INTO r FROM pgq.claim('ab', ARRAY['bench'], 1) AS c;
+        COMMIT;
+        PERFORM pgq.complete(r.id, r.attempt);
+        COMMIT;
+    END LOOP;
+END $$"""
+
+
+def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12) -> dict[str, Any]:
+    """The same A/B as schedules_timeouts_ab, timed inside the server: jobs claim+complete pairs
+    per DO loop (AB_SERVER_LOOP) on A (AB_BEFORE) and B (AB_AFTER), alternately; microseconds per
+    pair and the ratio B/A of the medians."""
+    from pgq_thin import embedded
+
+    server = embedded.start()
+    try:
+        admin = server.dsn_for("postgres")
+        dsns = {}
+        for label, last in (("A", AB_BEFORE), ("B", AB_AFTER)):
+            with _connect(admin) as conn:
+                conn.execute(f"CREATE DATABASE ab_{label.lower()}")
+            dsns[label] = server.dsn_for(f"ab_{label.lower()}")
+            _migrate_to(dsns[label], last)
+        per_pair: dict[str, list[float]] = {"A": [], "B": []}
+        for r in range(repeats + 1):  # the first round warms up and is not counted
+            for label in (("A", "B") if r % 2 == 0 else ("B", "A")):
+                with _connect(dsns[label]) as conn:
+                    conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
+                    conn.execute("SELECT pgq.enqueue_many(%s, 'noop', array_fill('{}'::jsonb, ARRAY[%s]))",
+                                 (QUEUE, jobs))
+                    conn.execute("VACUUM ANALYZE pgq.jobs")
+                    started = time.perf_counter()
+                    conn.execute(AB_SERVER_LOOP % int(jobs))
+                    elapsed = time.perf_counter() - started
+                if r:
+                    per_pair[label].append(elapsed / jobs * 1e6)
+        med = {k: statistics.median(v) for k, v in per_pair.items()}
+        best = {k: min(v) for k, v in per_pair.items()}  # the least disturbed run, on a loaded machine
+        return {"jobs": jobs, "repeats": repeats, "before": AB_BEFORE, "after": AB_AFTER,
+                "us_per_claim_complete": per_pair, "median_us": med, "min_us": best,
+                "ratio_after_over_before": med["B"] / med["A"], "ratio_of_mins": best["B"] / best["A"]}
+    finally:
+        server.stop()
+
+
 if __name__ == "__main__":  # python -m pgq_thin.bench [jobs workers repeats]: the A/B, fsync on and off
     import sys
 
@@ -937,3 +990,4 @@ if __name__ == "__main__":  # python -m pgq_thin.bench [jobs workers repeats]: t
     for on in (True, False):
         result = schedules_timeouts_ab(**dict(zip(("jobs", "workers", "repeats"), args)), fsync=on)
         print(json.dumps(result, indent=1))
+    print(json.dumps(schedules_timeouts_ab_server(), indent=1))
