@@ -360,6 +360,39 @@ def test_many_concurrent_sweepers_and_claimers_never_enqueue_an_occurrence_twice
     assert sum(len(v) for v in got.values()) > 100
 
 
+def test_a_sweep_while_another_transaction_fires_the_schedule_skips_it_without_waiting(conn, connect):
+    """Step by step: A fires the schedule inside an open transaction; B's sweep and claim neither
+    wait for A nor enqueue the occurrence; after A commits, B finds nothing due."""
+    set_clock(conn, T0)
+    schedule(conn, every="1 minute")
+    set_clock(conn, "2030-01-01 12:35:00+00")
+    a, b = connect(autocommit=False), connect()
+    b.execute("SET lock_timeout = '2s'")  # a wait would fail the step instead of hanging it
+    a.execute("SELECT pgq.sweep()")       # A holds the schedule's row lock, its job uncommitted
+    assert one(b, "SELECT pgq.sweep()") == 0
+    assert claim(b) == []
+    assert scheduled_jobs(conn) == []     # A's job is not visible yet
+    a.commit()
+    assert one(b, "SELECT pgq.sweep()") == 0
+    assert len(scheduled_jobs(conn)) == 1
+    (c,) = claim(b)
+    assert c["run_at"] == utc("2030-01-01 12:35:00+00")
+
+
+def test_a_repeatable_read_sweep_whose_snapshot_predates_a_firing_fails_instead_of_repeating_it(conn, connect):
+    set_clock(conn, T0)
+    schedule(conn, every="1 minute")
+    set_clock(conn, "2030-01-01 12:35:00+00")
+    rr = connect(autocommit=False)
+    rr.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    assert one(rr, "SELECT count(*) FROM pgq.schedules() WHERE next_run_at <= '2030-01-01 12:35:00+00'") == 1
+    one(conn, "SELECT pgq.sweep()")        # fired and committed after rr's snapshot
+    with pytest.raises(psycopg.errors.SerializationFailure):
+        rr.execute("SELECT pgq.sweep()")
+    rr.rollback()
+    assert len(scheduled_jobs(conn)) == 1
+
+
 # Bad arguments -----------------------------------------------------------------------------------
 
 BAD = [
