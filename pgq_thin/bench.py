@@ -859,6 +859,22 @@ def _migrate_to(dsn: str, last: str) -> list[str]:
         backend.connection.close()
 
 
+def _ab_databases(server: Any) -> dict[str, str]:
+    """Databases ab_a (migrated to AB_BEFORE) and ab_b (to AB_AFTER) on ``server``: their DSNs."""
+    dsns = {}
+    for label, last in (("A", AB_BEFORE), ("B", AB_AFTER)):
+        with _connect(server.dsn_for("postgres")) as conn:
+            conn.execute(f"CREATE DATABASE ab_{label.lower()}")
+        dsns[label] = server.dsn_for(f"ab_{label.lower()}")
+        _migrate_to(dsns[label], last)
+    with _connect(dsns["A"]) as a, _connect(dsns["B"]) as b:
+        has_schedules = [c.execute("SELECT to_regclass('pgq.schedules') IS NOT NULL").fetchone()[0]  # type: ignore[index]
+                         for c in (a, b)]
+    if has_schedules != [False, True]:
+        raise RuntimeError(f"A/B databases are not at {AB_BEFORE} and {AB_AFTER}: {has_schedules}")
+    return dsns
+
+
 def _ab_drain(dsn: str, workers: int, n: int) -> float:
     """Load n jobs into a plain queue, drain them with claim(batch 1) + complete from ``workers``
     threads; jobs per second by the wall clock around the threads (connect and close included)."""
@@ -902,20 +918,10 @@ def schedules_timeouts_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 
     settings = embedded._SERVER_SETTINGS if not fsync else embedded._SERVER_SETTINGS.replace(" -F ", " ")
     server = embedded.start(postgres_args=settings)
     try:
-        admin = server.dsn_for("postgres")
-        dsns = {}
-        for label, last in (("A", AB_BEFORE), ("B", AB_AFTER)):
-            with _connect(admin) as conn:
-                conn.execute(f"CREATE DATABASE ab_{label.lower()}")
-            dsns[label] = server.dsn_for(f"ab_{label.lower()}")
-            _migrate_to(dsns[label], last)
-        with _connect(dsns["A"]) as a, _connect(dsns["B"]) as b:
-            has_schedules = [c.execute("SELECT to_regclass('pgq.schedules') IS NOT NULL").fetchone()[0]  # type: ignore[index]
-                             for c in (a, b)]
+        dsns = _ab_databases(server)
+        with _connect(dsns["A"]) as a:
             fsync_setting = a.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
             version = a.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-        if has_schedules != [False, True]:
-            raise RuntimeError(f"A/B databases are not at {AB_BEFORE} and {AB_AFTER}: {has_schedules}")
         for dsn in dsns.values():  # warm-up, not counted
             _ab_drain(dsn, workers, min(jobs, 500))
         rates: dict[str, list[float]] = {"A": [], "B": []}
@@ -954,13 +960,7 @@ def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12) -> dict
 
     server = embedded.start()
     try:
-        admin = server.dsn_for("postgres")
-        dsns = {}
-        for label, last in (("A", AB_BEFORE), ("B", AB_AFTER)):
-            with _connect(admin) as conn:
-                conn.execute(f"CREATE DATABASE ab_{label.lower()}")
-            dsns[label] = server.dsn_for(f"ab_{label.lower()}")
-            _migrate_to(dsns[label], last)
+        dsns = _ab_databases(server)
         per_pair: dict[str, list[float]] = {"A": [], "B": []}
         for r in range(repeats + 1):  # the first round warms up and is not counted
             for label in (("A", "B") if r % 2 == 0 else ("B", "A")):
