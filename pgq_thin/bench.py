@@ -12,9 +12,13 @@ References, measured in the same run on the same server:
 - the commit ceiling: pgbench, one single-row UPDATE per transaction, the same client counts.
 
 Workloads: 1 enqueue, 2 drain, 3 enqueue-to-start latency, 4 claim latency against finished rows,
-5 churn with pruning, 6 throughput while an old snapshot is held. Every drain is verified against
-the database's done count. Systems are alternated within each repetition and reported as median
-(min-max). Writes bench.md (the table), bench.json (every sample) and bench.png (the chart).
+5 churn with pruning, 6 throughput while an old snapshot is held. Every drain, pgq's and the
+references', is timed by one clock (``_timed_drain``): from starting its consumers to an outside
+observer counting N done jobs in the database; its done count is verified. Systems are alternated
+within each repetition and reported as median (min-max). The throwaway server runs with fsync on
+unless ``fsync=False``; every table states the server's fsync and synchronous_commit. Writes
+bench.md (the tables), bench.json (every sample) and bench.png (the chart); ``readme=`` also
+copies bench.md into a page's generated block (bench/README.md).
 
 The numbers are only meaningful as ratios to the references of the same run: absolute figures on a
 shared 2-core machine move by +-10% from run to run.
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import statistics
@@ -108,6 +113,7 @@ class BenchConfig:
     enqueue_jobs: int = 20_000               # workload 1, bulk
     single_enqueues: int = 2_000             # workload 1, one call per job
     latency_samples: int = 40                # workload 3, per mode
+    poll_interval: float = 1.0               # workload 3, the polling-only worker's poll_interval
     finished_levels: Sequence[int] = (10_000, 100_000, 1_000_000)  # workload 4
     claim_samples: int = 500                 # workload 4, claims timed per level
     churn_seconds: float = 150.0             # workload 5
@@ -117,7 +123,7 @@ class BenchConfig:
     @classmethod
     def quick(cls) -> BenchConfig:
         return cls(jobs=300, workers=(2,), repeats=1, enqueue_jobs=1_000, single_enqueues=100,
-                   latency_samples=4, finished_levels=(1_000, 5_000), claim_samples=30,
+                   latency_samples=4, poll_interval=0.2, finished_levels=(1_000, 5_000), claim_samples=30,
                    churn_seconds=1.5, snapshot_seconds=0.7, pgbench_seconds=1.0)
 
 
@@ -159,12 +165,14 @@ def _run_threads(n: int, target: Callable[[int], None]) -> None:
 class _Server:
     """The server under test: a throwaway PostgreSQL, or the database the caller names."""
 
-    def __init__(self, dsn: str | None) -> None:
+    def __init__(self, dsn: str | None, fsync: bool = True) -> None:
         self._embedded = None
         if dsn is None:
             from pgq_thin import embedded
 
-            self._embedded = embedded.start()
+            # The throwaway server's settings, with fsync as asked (a later -c wins over -F).
+            args = f"{embedded._SERVER_SETTINGS} -c fsync={'on' if fsync else 'off'}"
+            self._embedded = embedded.start(postgres_args=args)
             admin = self._embedded.dsn_for("postgres")
             with _connect(admin) as conn:
                 conn.execute("CREATE DATABASE pgq_bench")
@@ -258,8 +266,9 @@ def _drain_pgq(dsn: str, workers: int, batch: int) -> None:
     _run_threads(workers, work)
 
 
-def _drain_worker(dsn: str, workers: int, n: int, **settings: Any) -> None:
-    """The Worker runtime with its defaults (and ``concurrency=workers``), but for ``settings``."""
+def _drain_worker(dsn: str, workers: int, stop: threading.Event, **settings: Any) -> None:
+    """The Worker runtime with its defaults (and ``concurrency=workers``), but for ``settings``:
+    started here (pool, LISTEN and all), stopped when ``stop`` is set."""
     from pgq_thin.worker import Worker
 
     worker = Worker(queues=[QUEUE], concurrency=workers, name="bench-worker", **settings)
@@ -271,14 +280,7 @@ def _drain_worker(dsn: str, workers: int, n: int, **settings: Any) -> None:
     thread = threading.Thread(target=worker.run, args=(dsn,), kwargs={"install_signal_handlers": False}, daemon=True)
     thread.start()
     try:
-        with _connect(dsn) as conn:
-            deadline = time.monotonic() + 600
-            while time.monotonic() < deadline:
-                done = conn.execute("SELECT count(*) FROM pgq.jobs WHERE state = 'done'").fetchone()[0]  # type: ignore[index]
-                if done >= n:
-                    return
-                time.sleep(0.02)
-            raise RuntimeError("the worker did not drain the queue in 600 s")
+        stop.wait(600)
     finally:
         worker.stop()
         thread.join(timeout=30)
@@ -289,11 +291,73 @@ def _done_count(conn: psycopg.Connection, system: str) -> int:
         sql = "SELECT count(*) FROM bench_raw.jobs WHERE status = 'done'"
     else:
         sql = "SELECT count(*) FROM pgq.jobs WHERE state = 'done' AND queue = 'bench'"
-    return int(conn.execute(sql).fetchone()[0])  # type: ignore[index]
+    return int(conn.execute(sql, prepare=True).fetchone()[0])  # type: ignore[index]
 
 
 DRAIN_SYSTEMS = ("raw b1", "raw b10", "pgq b1", "pgq b10", "pgq b1 audit off", "pgq b10 audit off",
                  "pgq b10 fair", "pgq worker", "pgq worker prefetch")
+
+#: How often the outside observer of a drain counts the done jobs (the timing's resolution).
+OBSERVER_POLL = 0.005
+
+
+def _consumers(dsn: str, system: str, workers: int, stop: threading.Event) -> None:
+    """Run ``system``'s consumers until the queue is empty (threads) or ``stop`` is set (Worker)."""
+    if system == "raw b1":
+        _drain_raw(dsn, workers, 1)
+    elif system == "raw b10":
+        _drain_raw(dsn, workers, 10)
+    elif system.startswith("pgq b10"):
+        _drain_pgq(dsn, workers, 10)
+    elif system.startswith("pgq b1"):
+        _drain_pgq(dsn, workers, 1)
+    elif system == "pgq worker":
+        _drain_worker(dsn, workers, stop)
+    elif system == "pgq worker prefetch":
+        _drain_worker(dsn, workers, stop, prefetch=WORKER_PREFETCH)
+    else:
+        raise ValueError(f"unknown drain system {system!r}")
+
+
+def _timed_drain(dsn: str, system: str, workers: int, n: int) -> float:
+    """Seconds from starting ``system``'s consumers (connections, pools, LISTEN and all) to the
+    moment an outside observer's count of done jobs in the database first reaches ``n``. Every
+    system is timed this way: the same clock, the same observer, polling every OBSERVER_POLL s."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    ended = threading.Event()
+
+    def run() -> None:
+        try:
+            _consumers(dsn, system, workers, stop)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+        finally:
+            ended.set()
+
+    with _connect(dsn) as observer:
+        thread = threading.Thread(target=run, daemon=True)
+        started = time.perf_counter()
+        thread.start()
+        try:
+            while True:
+                done = _done_count(observer, system)
+                elapsed = time.perf_counter() - started
+                if done >= n:
+                    break
+                if errors:
+                    raise errors[0]
+                if ended.is_set() and _done_count(observer, system) < n:
+                    raise RuntimeError(f"{system}: the consumers stopped with {done} of {n} jobs done")
+                if elapsed > 600:
+                    raise RuntimeError(f"{system}: {done} of {n} jobs done after 600 s")
+                time.sleep(OBSERVER_POLL)
+        finally:
+            stop.set()
+            thread.join(timeout=60)
+    if errors:
+        raise errors[0]
+    return elapsed
 
 
 def _one_drain(dsn: str, system: str, workers: int, n: int) -> float:
@@ -306,28 +370,9 @@ def _one_drain(dsn: str, system: str, workers: int, n: int) -> float:
             _load_raw(conn, n)
         else:
             _load_pgq(conn, n, FAIR_TENANTS if fair else 0)
-    started = time.perf_counter()
-    if system == "raw b1":
-        _drain_raw(dsn, workers, 1)
-    elif system == "raw b10":
-        _drain_raw(dsn, workers, 10)
-    elif system.startswith("pgq b10"):
-        _drain_pgq(dsn, workers, 10)
-    elif system.startswith("pgq b1"):
-        _drain_pgq(dsn, workers, 1)
-    elif system == "pgq worker":
-        _drain_worker(dsn, workers, n)
-    elif system == "pgq worker prefetch":
-        _drain_worker(dsn, workers, n, prefetch=WORKER_PREFETCH)
-    elapsed = time.perf_counter() - started
+    elapsed = _timed_drain(dsn, system, workers, n)
     with _connect(dsn) as conn:
         done = _done_count(conn, system)
-        if system.startswith("pgq worker"):
-            # The worker's own span: from its first claim to its last completion (database clock),
-            # so that pool start-up and the done-count polling do not count against it.
-            span = conn.execute("SELECT extract(epoch FROM max(finished_at) - min(claimed_at)) FROM pgq.jobs"
-                                " WHERE queue = 'bench'").fetchone()[0]  # type: ignore[index]
-            elapsed = float(span) if span else elapsed
         _set_mode(conn, True)
     if done != n:
         raise RuntimeError(f"{system}: {done} jobs done in the database, expected {n}")
@@ -442,15 +487,35 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
 # Workload 3: enqueue-to-start latency -------------------------------------------------------------
 
 
+def _listening_backends(conn: psycopg.Connection) -> int:
+    return int(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                            " AND query = 'LISTEN pgq'").fetchone()[0])  # type: ignore[index]
+
+
+def latency_modes(cfg: BenchConfig) -> dict[str, dict[str, Any]]:
+    """The two latency rows; the table shows each one's poll_interval and idle time. With LISTEN, each job is
+    enqueued 50 ms after the previous one started (the worker is idle, waiting for a NOTIFY).
+    Polling only, each job is enqueued after the worker has been idle for twice its poll_interval
+    (its idle backoff has reached poll_interval by then) plus a random part of one interval, so
+    that the sample falls anywhere in a poll period."""
+    p = cfg.poll_interval
+    return {
+        "LISTEN": {"listen": True, "poll_interval": 1.0, "idle": 0.05, "spread": 0.0},
+        "polling only": {"listen": False, "poll_interval": p, "idle": 2 * p, "spread": p},
+    }
+
+
 def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
     from pgq_thin.worker import Worker
 
     results: dict[str, Any] = {}
-    for listen in (True, False):
+    rng = random.Random(7)
+    for key, mode in latency_modes(cfg).items():
         with _connect(dsn) as conn:
             _reset(conn)
         starts: dict[int, float] = {}
-        worker = Worker(queues=[QUEUE], concurrency=4, name="bench-latency", listen=listen)
+        worker = Worker(queues=[QUEUE], concurrency=4, name="bench-latency", listen=mode["listen"],
+                        poll_interval=mode["poll_interval"])
 
         @worker.handler("noop")
         def noop(job: Any, ctx: Any) -> None:
@@ -461,29 +526,32 @@ def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
         thread.start()
         committed: dict[int, float] = {}
         try:
-            # Let the worker start (and LISTEN) and go idle.
-            deadline = time.monotonic() + 10
-            while listen and not worker._listening.is_set() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            time.sleep(0.3)
             with _connect(dsn) as conn:
+                # A first job shows the worker is up (and, with LISTEN, listening): not a sample.
+                deadline = time.monotonic() + 30
+                while mode["listen"] and _listening_backends(conn) == 0 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                warm = conn.execute(queries.ENQUEUE, {
+                    "queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": -1}), "run_at": None, "priority": 0,
+                    "max_attempts": None, "unique_key": None, "tenant": None}).fetchone()[0]  # type: ignore[index]
+                while warm not in starts and time.monotonic() < deadline:
+                    time.sleep(0.001)
                 for i in range(cfg.latency_samples):
+                    # Idle again before the next one (a busy worker would claim it at once).
+                    time.sleep(mode["idle"] + rng.uniform(0, mode["spread"]))
                     job_id = conn.execute(queries.ENQUEUE, {
                         "queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}), "run_at": None, "priority": 0,
                         "max_attempts": None, "unique_key": None, "tenant": None, "max_run_time": None}).fetchone()[0]  # type: ignore[index]
                     committed[job_id] = time.time()  # autocommit: the COMMIT has returned
-                    # Idle again before the next one (a busy worker would claim it at once).
-                    deadline = time.monotonic() + 5
+                    deadline = time.monotonic() + 5 + 2 * mode["poll_interval"]
                     while job_id not in starts and time.monotonic() < deadline:
                         time.sleep(0.001)
-                    time.sleep(0.05)
         finally:
             worker.stop()
             thread.join(timeout=30)
         lat = [(starts[j] - committed[j]) * 1000 for j in committed if j in starts]
-        key = "LISTEN" if listen else "polling only (poll_interval 1 s)"
         results[key] = {"p50_ms": _pct(lat, 50), "p95_ms": _pct(lat, 95), "p99_ms": _pct(lat, 99),
-                        "max_ms": max(lat), "n": len(lat), "missing": len(committed) - len(lat)}
+                        "max_ms": max(lat), "n": len(lat), "missing": len(committed) - len(lat), **mode}
         log.info("latency %-34s p50 %.1f ms p95 %.1f ms", key, results[key]["p50_ms"], results[key]["p95_ms"])
     return results
 
@@ -666,10 +734,16 @@ def _fmt_rate(s: dict[str, float]) -> str:
 
 
 def _markdown(res: dict[str, Any]) -> str:
-    lines = [f"pgq benchmark, {res['started']}, PostgreSQL {res['server_version']}, {res['cpus']} CPUs, "
+    fs = f"fsync {res['fsync']}, synchronous_commit {res['synchronous_commit']}"
+    load = res.get("load_average", {})
+    lines = [f"pgq benchmark, started {res['started']}, finished {res.get('finished', '?')}, on "
+             f"{res.get('server', 'a server')}: PostgreSQL {res['server_version']}, **{fs}**, {res['cpus']} CPUs, "
+             f"load average {load.get('before', '?')} before the start and {load.get('after', '?')} at the end; "
              f"{res['config']['jobs']} jobs per drain, {res['config']['repeats']} repetitions (median (min–max))", ""]
     if "drain" in res:
-        lines += ["### Drain (jobs/s; pgbench: transactions/s)", "",
+        lines += [f"### Drain (jobs/s; pgbench: transactions/s; {fs})", "",
+                  "Every drain: wall clock from starting its consumers to an outside observer counting N done "
+                  f"jobs in the database (polled every {res.get('observer_poll_ms', OBSERVER_POLL * 1000):g} ms).", "",
                   "| system | W | jobs/s | × raw b1 | × raw b10 |", "|---|---:|---:|---:|---:|"]
         for w, systems in res["drain"].items():
             raw1 = systems.get("raw b1", {}).get("median")
@@ -680,7 +754,7 @@ def _markdown(res: dict[str, Any]) -> str:
                 lines.append(f"| {name} | {w} | {_fmt_rate(s)} | {r1} | {r10} |")
         lines.append("")
     if "enqueue" in res:
-        lines += ["### Enqueue (one connection unless stated)", "", "| how | jobs/s |", "|---|---:|"]
+        lines += [f"### Enqueue (one connection unless stated; {fs})", "", "| how | jobs/s |", "|---|---:|"]
         for k, s in res["enqueue"].items():
             lines.append(f"| {k} | {_fmt_rate(s)} |")
         e = res["enqueue"]
@@ -693,14 +767,17 @@ def _markdown(res: dict[str, Any]) -> str:
                       f"{e[PRODUCERS_ON]['median'] / e[PRODUCERS_OFF]['median']:.2f}"]
         lines += [""]
     if "latency" in res:
-        lines += ["### Enqueue COMMIT to handler start (worker with 4 idle slots)", "",
-                  "| mode | p50 ms | p95 ms | p99 ms | max ms | n |", "|---|---:|---:|---:|---:|---:|"]
+        lines += [f"### Enqueue COMMIT to handler start (worker with 4 idle slots; {fs})", "",
+                  "| mode | poll_interval | worker idle before each job | p50 ms | p95 ms | p99 ms | max ms | n |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|"]
         for k, s in res["latency"].items():
-            lines.append(f"| {k} | {s['p50_ms']:.1f} | {s['p95_ms']:.1f} | {s['p99_ms']:.1f} | {s['max_ms']:.1f} |"
-                         f" {s['n']} |")
+            idle = (f"{s['idle'] * 1000:.0f} ms" if not s.get("spread")
+                    else f"{s['idle']:g} s + random 0–{s['spread']:g} s")
+            lines.append(f"| {k} | {s['poll_interval']:g} s | {idle} | {s['p50_ms']:.1f} | {s['p95_ms']:.1f} |"
+                         f" {s['p99_ms']:.1f} | {s['max_ms']:.1f} | {s['n']} |")
         lines.append("")
     if "claim_latency" in res:
-        lines += ["### Claim latency (batch 1, one connection) against finished rows", "",
+        lines += [f"### Claim latency (batch 1, one connection) against finished rows ({fs})", "",
                   "| finished rows | claim ms | complete ms | jobs table |", "|---:|---:|---:|---:|"]
         levels = list(res["claim_latency"].items())
         for k, s in levels:
@@ -712,20 +789,75 @@ def _markdown(res: dict[str, Any]) -> str:
         c = res["churn"]
         s0, s1 = c["samples"][0], c["samples"][-1]
         peak = max(s["jobs_table_bytes"] + s["jobs_indexes_bytes"] for s in c["samples"])
-        lines += ["### Churn with pruning (4 claimers batch 10, producer, prune every 0.5 s)", "",
+        lines += [f"### Churn with pruning (4 claimers batch 10, producer, prune every 0.5 s; {fs})", "",
                   f"{c['jobs_per_s']:,.0f} jobs/s over {c['seconds']:.0f} s; jobs table + indexes "
                   f"{(s0['jobs_table_bytes'] + s0['jobs_indexes_bytes']) / 2**20:.1f} → "
                   f"{(s1['jobs_table_bytes'] + s1['jobs_indexes_bytes']) / 2**20:.1f} MiB (peak {peak / 2**20:.1f}); "
                   f"events {s1['events_total_bytes'] / 2**20:.1f} MiB; dead tuples at the end {s1['jobs_dead_tuples']}", ""]
     if "old_snapshot" in res:
-        lines += ["### Churn while a REPEATABLE READ snapshot is held, and after", "",
+        lines += [f"### Churn while a REPEATABLE READ snapshot is held, and after ({fs})", "",
                   "| phase | jobs/s | dead tuples at end | jobs table + indexes |", "|---|---:|---:|---:|"]
         for k, v in res["old_snapshot"].items():
             s = v["samples"][-1]
             lines.append(f"| {k} | {v['jobs_per_s']:,.0f} | {s['jobs_dead_tuples']} |"
                          f" {(s['jobs_table_bytes'] + s['jobs_indexes_bytes']) / 2**20:.1f} MiB |")
         lines.append("")
+    lines += _targets(res, fs)
     return "\n".join(lines)
+
+
+def _ratio(res: dict[str, Any], w: str, system: str, reference: str) -> float | None:
+    drain = res.get("drain", {}).get(w, {})
+    if system not in drain or reference not in drain:
+        return None
+    return float(drain[system]["median"] / drain[reference]["median"])
+
+
+def _targets(res: dict[str, Any], fs: str) -> list[str]:
+    """The issue's targets against this run's figures, each "met?" computed from them."""
+    rows: list[tuple[str, str, bool | None]] = []
+
+    def drain_row(label: str, system: str, reference: str, floor: float) -> None:
+        ratios = {w: _ratio(res, w, system, reference) for w in res.get("drain", {})}
+        got = {w: r for w, r in ratios.items() if r is not None}
+        if got:
+            rows.append((label, ", ".join(f"W = {w}: {r:.2f}" for w, r in got.items()),
+                         all(r >= floor for r in got.values())))
+
+    drain_row("batch-1 drain ≥ 0.8× raw b1", "pgq b1", "raw b1", 0.8)
+    drain_row("batch-10 drain ≥ 0.95× raw b10", "pgq b10", "raw b10", 0.95)
+    drain_row("worker defaults ≥ 1.3× raw b10", "pgq worker", "raw b10", 1.3)
+    e = res.get("enqueue", {})
+    if e:
+        bulk = e["enqueue_many (1000 per call)"]["median"]
+        rows.append(("bulk enqueue ≥ 100,000 jobs/s",
+                     f"{bulk:,.0f} jobs/s ({bulk / e['raw INSERT of 1000 rows']['median']:.2f}× a raw 1,000-row INSERT)",
+                     bulk >= 100_000))
+        single = e["enqueue (one per call)"]["median"] / e["raw single-row INSERT"]["median"]
+        rows.append(("single enqueue ≥ 0.9× raw INSERT", f"{single:.2f}", single >= 0.9))
+    if "LISTEN" in res.get("latency", {}):
+        lat = res["latency"]["LISTEN"]
+        rows.append(("enqueue-to-start p50 < 5 ms with LISTEN",
+                     f"{lat['p50_ms']:.1f} ms (p95 {lat['p95_ms']:.1f}, p99 {lat['p99_ms']:.1f})", lat["p50_ms"] < 5))
+    if res.get("claim_latency"):
+        levels = list(res["claim_latency"].items())
+        base, top = levels[0][1]["claim_ms"]["median"], levels[-1][1]["claim_ms"]["median"]
+        rows.append((f"claim at {int(levels[-1][0]):,} finished rows ≤ 1.2× at {int(levels[0][0]):,}",
+                     f"{top / base:.2f} ({top:.3f} vs {base:.3f} ms)", top / base <= 1.2))
+    if "churn" in res:
+        samples = res["churn"]["samples"]
+        size = [x["jobs_table_bytes"] + x["jobs_indexes_bytes"] for x in samples]
+        third = next(i for i, x in enumerate(samples) if x["t"] >= samples[-1]["t"] * 2 / 3)
+        growth = size[-1] / max(size[third], 1)
+        rows.append(("table + index size bounded under churn with pruning (here: the last third of the run "
+                     "grows it by ≤ 10%)",
+                     f"{size[third] / 2**20:.1f} MiB at {samples[third]['t']:.0f} s → {size[-1] / 2**20:.1f} MiB at "
+                     f"{samples[-1]['t']:.0f} s (×{growth:.2f})", growth <= 1.1))
+    if not rows:
+        return []
+    out = [f"### Against the targets (this run; {fs})", "", "| target | measured | met? |", "|---|---|---|"]
+    out += [f"| {label} | {measured} | {'**yes**' if met else '**no**'} |" for label, measured, met in rows]
+    return out + [""]
 
 
 def _chart(res: dict[str, Any], path: Path) -> bool:
@@ -776,6 +908,27 @@ def _chart(res: dict[str, Any], path: Path) -> bool:
 
 # Entry point --------------------------------------------------------------------------------------
 
+#: The markers around the generated block of bench/README.md.
+BENCH_BEGIN = "<!-- BEGIN bench.md: generated by pgq-thin bench --readme; do not edit -->"
+BENCH_END = "<!-- END bench.md -->"
+
+
+def update_readme(path: str, table: str) -> None:
+    """Replace the block between BENCH_BEGIN and BENCH_END of the file at ``path`` with ``table``."""
+    text = Path(path).read_text()
+    if BENCH_BEGIN not in text or BENCH_END not in text:
+        raise ValueError(f"{path} has no {BENCH_BEGIN!r} … {BENCH_END!r} block")
+    head, rest = text.split(BENCH_BEGIN, 1)
+    _, tail = rest.split(BENCH_END, 1)
+    Path(path).write_text(f"{head}{BENCH_BEGIN}\n{table.strip()}\n{BENCH_END}{tail}")
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
 WORKLOADS = ("enqueue", "drain", "latency", "claim_latency", "churn", "old_snapshot")
 
 
@@ -783,13 +936,16 @@ def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
               workloads: Sequence[str] = WORKLOADS, systems: Sequence[str] = DRAIN_SYSTEMS,
               config: BenchConfig | None = None, jobs: int | None = None,
               workers: Sequence[int] | None = None, repeats: int | None = None,
-              print_table: bool = True) -> int:
+              print_table: bool = True, fsync: bool = True, readme: str | None = None) -> int:
     """Run the benchmark; write bench.md, bench.json and bench.png into ``out_dir``; 0 on success.
 
     ``dsn`` None starts a throwaway PostgreSQL. A given ``dsn`` must name a scratch database: the
     benchmark installs pgq there, TRUNCATEs pgq.jobs and pgq.job_events, and creates the schema
     bench_raw and pgbench's tables. ``workloads`` picks a subset of WORKLOADS; ``systems`` a subset
-    of DRAIN_SYSTEMS. ``jobs``, ``workers`` and ``repeats`` override the drain sizes."""
+    of DRAIN_SYSTEMS. ``jobs``, ``workers`` and ``repeats`` override the drain sizes. ``fsync``
+    is the throwaway server's setting (on, as users run it, by default); with ``dsn`` the server's
+    own settings are used, and every table states them. ``readme`` names a Markdown file (such as
+    bench/README.md) whose block between BENCH_BEGIN and BENCH_END is replaced by bench.md."""
     cfg = config or (BenchConfig.quick() if quick else BenchConfig())
     if jobs is not None:
         cfg.jobs = jobs
@@ -802,13 +958,21 @@ def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
         raise ValueError(f"unknown workloads {sorted(unknown)}; choose from {WORKLOADS}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    server = _Server(dsn)
+    load_before = _loadavg()
+    server = _Server(dsn, fsync=fsync)
     try:
         _prepare_database(server.dsn)
         with _connect(server.dsn) as conn:
             version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+            fsync_now = conn.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
+            sync_commit = conn.execute("SHOW synchronous_commit").fetchone()[0]  # type: ignore[index]
         res: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "server_version": version, "cpus": os.cpu_count(),
+                               "fsync": fsync_now, "synchronous_commit": sync_commit,
+                               "server": "a throwaway PostgreSQL (pgq_thin.embedded)" if dsn is None
+                               else "the server given by dsn",
+                               "load_average": {"before": load_before},
+                               "observer_poll_ms": OBSERVER_POLL * 1000,
                                "config": {k: (list(v) if isinstance(v, tuple) else v)
                                           for k, v in cfg.__dict__.items()}}
         with tempfile.TemporaryDirectory() as tmp:
@@ -827,8 +991,12 @@ def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
             res["old_snapshot"] = _snapshot_workload(server.dsn, cfg)
     finally:
         server.stop()
+    res["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    res["load_average"]["after"] = _loadavg()
     table = _markdown(res)
     (out / "bench.md").write_text(table + "\n")
+    if readme is not None:
+        update_readme(readme, table)
     (out / "bench.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     _chart(res, out / "bench.png")
     if print_table:

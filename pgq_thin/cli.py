@@ -288,7 +288,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     logging.getLogger("pgq_thin.worker").setLevel(logging.WARNING)
     options = {"workloads": args.workloads} if args.workloads else {}
     return run_bench(args.out, dsn=args.dsn, quick=args.quick, jobs=args.jobs, workers=args.workers,
-                     repeats=args.repeats, **options)
+                     repeats=args.repeats, fsync=args.fsync == "on", readme=args.readme, **options)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -421,6 +421,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, help="repetitions per measurement")
     p.add_argument("--workloads", type=lambda t: tuple(w.strip() for w in t.split(",") if w.strip()),
                    help="comma-separated subset of enqueue,drain,latency,claim_latency,churn,old_snapshot")
+    p.add_argument("--fsync", choices=("on", "off"), default="on",
+                   help="the throwaway server's fsync (default on, as users run it; ignored with --dsn: "
+                        "the tables state the server's own setting)")
+    p.add_argument("--readme", metavar="FILE",
+                   help="also replace FILE's generated block (e.g. bench/README.md) with bench.md")
 
     p = command("demo", cmd_demo, "the tour: a throwaway PostgreSQL (or --dsn), workers, a crash, a recovery")
     p.add_argument("--jobs", type=int, default=3000, help="how many jobs (default 3000)")

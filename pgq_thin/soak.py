@@ -10,9 +10,13 @@ the queue with healthy workers, and checks from the database:
 - no job lost: every id an enqueue acknowledged is in pgq.jobs;
 - none completed twice: at most one 'completed' event per job;
 - every job terminal (done, failed or cancelled) after the drain;
-- no two live owners: at most one execution (ledger row) per (job, attempt);
+- no two live owners: each attempt's live interval, by the database clock (from its 'claimed'
+  event to the event that took the job out of its hands: completed, failed, released, ... or
+  lease_expired, which comes at or after its lease end), overlaps no other attempt's of the job;
+- at least once: every done job has a ledger row of the attempt that completed it, and no
+  attempt was executed twice (at most one ledger row per (job, attempt));
 - duplicate effects (more than one ledger row for a job) only where the earlier attempt's lease
-  expired: each such attempt has a 'lease_expired' or 'rejected' event in pgq.job_events.
+  expired: each such attempt has a 'lease_expired' event in pgq.job_events.
 
 ``run_old_snapshot``: a steady load while a REPEATABLE READ transaction holds a snapshot; it reports
 claim latency and pgq.jobs' dead tuples before, during and after, and checks that claims keep
@@ -203,6 +207,12 @@ class SoakCounts:
     completed_twice: int = 0
     not_terminal: int = 0
     double_owners: int = 0
+    attempts: int = 0
+    overlapping_attempts: int = 0
+    closest_handover_ms: float | None = None
+    attempts_without_end: int = 0
+    executed_twice: int = 0
+    not_executed: int = 0
     failed_jobs: int = 0
     states: dict[str, int] = field(default_factory=dict)
 
@@ -254,13 +264,50 @@ def _check(dsn: str, acknowledged: list[int], counts: SoakCounts) -> list[str]:
             "SELECT count(*) FROM pgq.job_events AS e JOIN pgq.jobs AS j ON j.id = e.job_id"
             " WHERE j.queue = %s AND e.event = 'rejected'", (QUEUE,)).fetchone()[0]
         counts.executions = conn.execute("SELECT count(*) FROM pgq_soak.effects").fetchone()[0]
-        counts.double_owners = conn.execute(
+        counts.executed_twice = conn.execute(
             "SELECT count(*) FROM (SELECT job_id, attempt FROM pgq_soak.effects"
             " GROUP BY job_id, attempt HAVING count(*) > 1) AS x").fetchone()[0]
+        # Two live owners: the live interval of every attempt, by the database clock, from its
+        # 'claimed' event to the first event of that attempt that moved the job out of 'running'
+        # (a 'rejected' write moves nothing). For an attempt whose lease expired that end is the
+        # recovery, at or after the lease end: the intervals can only be too long, so an overlap
+        # they miss is not there. No two attempts of one job may overlap.
+        conn.execute("""
+            CREATE TEMP TABLE attempt_live AS
+            SELECT e.job_id, e.attempt,
+                   min(e.at) FILTER (WHERE e.event = 'claimed') AS live_from,
+                   min(e.at) FILTER (WHERE e.from_state = 'running' AND e.to_state IS DISTINCT FROM 'running'
+                                       AND e.event <> 'rejected') AS live_to
+            FROM pgq.job_events AS e JOIN pgq.jobs AS j ON j.id = e.job_id
+            WHERE j.queue = %s
+            GROUP BY e.job_id, e.attempt
+            HAVING count(*) FILTER (WHERE e.event = 'claimed') > 0""", (QUEUE,))
+        counts.attempts, counts.attempts_without_end = conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE live_to IS NULL) FROM attempt_live").fetchone()
+        counts.overlapping_attempts, closest = conn.execute("""
+            SELECT count(*) FILTER (WHERE b.live_from < coalesce(a.live_to, 'infinity')
+                                      AND a.live_from < coalesce(b.live_to, 'infinity')),
+                   min(extract(epoch FROM b.live_from - a.live_to) * 1000) FILTER (WHERE b.attempt = a.attempt + 1)
+            FROM attempt_live AS a JOIN attempt_live AS b ON b.job_id = a.job_id AND b.attempt > a.attempt""").fetchone()
+        counts.closest_handover_ms = None if closest is None else float(closest)
+        counts.double_owners = counts.overlapping_attempts + counts.executed_twice
+        if counts.overlapping_attempts:
+            for job_id, a1, a2 in conn.execute("""
+                    SELECT a.job_id, a.attempt, b.attempt FROM attempt_live AS a JOIN attempt_live AS b
+                      ON b.job_id = a.job_id AND b.attempt > a.attempt
+                    WHERE b.live_from < coalesce(a.live_to, 'infinity') AND a.live_from < coalesce(b.live_to, 'infinity')
+                    ORDER BY 1, 2 LIMIT 5""").fetchall():
+                problems.append(f"two live owners: job {job_id} attempts {a1} and {a2} overlap while both live")
+        # At least once: the attempt that completed a done job executed it (wrote its ledger row).
+        counts.not_executed = conn.execute("""
+            SELECT count(*) FROM pgq.job_events AS e JOIN pgq.jobs AS j ON j.id = e.job_id
+            WHERE j.queue = %s AND j.state = 'done' AND e.event = 'completed'
+              AND NOT EXISTS (SELECT FROM pgq_soak.effects AS f WHERE f.job_id = e.job_id AND f.attempt = e.attempt)""",
+            (QUEUE,)).fetchone()[0]
         # A duplicate effect: a ledger row of a job that has more than one, other than the row of
         # the attempt that completed the job (or, for a job not done, its last attempt). Each is
-        # explained when pgq.job_events shows that attempt lost the job: its lease expired (the
-        # job was recovered) or a write of that attempt was rejected.
+        # explained when pgq.job_events shows that attempt's lease expired (the job was recovered
+        # from it): the soak cancels nothing, so no other way to lose a job exists here.
         counts.duplicates, counts.explained = conn.execute("""
             WITH multi AS (
                 SELECT job_id FROM pgq_soak.effects GROUP BY job_id HAVING count(DISTINCT attempt) > 1
@@ -280,7 +327,7 @@ def _check(dsn: str, acknowledged: list[int], counts: SoakCounts) -> list[str]:
                    count(*) FILTER (WHERE EXISTS (
                        SELECT FROM pgq.job_events AS e
                        WHERE e.job_id = d.job_id AND e.attempt = d.attempt
-                         AND e.event IN ('lease_expired', 'rejected')))
+                         AND e.event = 'lease_expired'))
             FROM dup AS d""").fetchone()
         counts.unexplained = counts.duplicates - counts.explained
         if counts.unexplained:
@@ -289,7 +336,7 @@ def _check(dsn: str, acknowledged: list[int], counts: SoakCounts) -> list[str]:
                     WHERE f.job_id IN (SELECT job_id FROM pgq_soak.effects GROUP BY job_id
                                        HAVING count(DISTINCT attempt) > 1)
                       AND NOT EXISTS (SELECT FROM pgq.job_events AS e WHERE e.job_id = f.job_id
-                                      AND e.attempt = f.attempt AND e.event IN ('lease_expired', 'rejected', 'completed'))
+                                      AND e.attempt = f.attempt AND e.event IN ('lease_expired', 'completed'))
                     ORDER BY 1, 2 LIMIT 5""").fetchall():
                 events = conn.execute("SELECT string_agg(event || '@' || attempt, ' ' ORDER BY id)"
                                       " FROM pgq.job_events WHERE job_id = %s", (job_id,)).fetchone()[0]
@@ -300,8 +347,14 @@ def _check(dsn: str, acknowledged: list[int], counts: SoakCounts) -> list[str]:
         problems.append(f"{counts.completed_twice} job(s) completed more than once")
     if counts.not_terminal:
         problems.append(f"{counts.not_terminal} job(s) not terminal after the drain")
-    if counts.double_owners:
-        problems.append(f"{counts.double_owners} (job, attempt) pair(s) executed twice: two live owners")
+    if counts.executed_twice:
+        problems.append(f"{counts.executed_twice} (job, attempt) pair(s) executed twice")
+    if counts.attempts_without_end:
+        problems.append(f"{counts.attempts_without_end} attempt(s) never ended after the drain")
+    if counts.attempts == 0:
+        problems.append("no attempt intervals recorded (is the queue's audit on?): the owner check proves nothing")
+    if counts.not_executed:
+        problems.append(f"{counts.not_executed} done job(s) without an execution of the completing attempt")
     if counts.unexplained:
         problems.append(f"{counts.unexplained} duplicate effect(s) not explained by an expired lease")
     return problems
@@ -432,8 +485,12 @@ def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None =
         print_fn(f"  reclaims               {c.reclaims} (lease_expired events)")
         print_fn(f"  stale writes rejected  {c.rejected}")
         print_fn(f"  duplicate effects      {c.duplicates}: {c.explained} explained, {c.unexplained} unexplained")
-        print_fn(f"  lost {c.lost}, completed twice {c.completed_twice}, not terminal {c.not_terminal}, "
-                 f"two live owners {c.double_owners}")
+        handover = "-" if c.closest_handover_ms is None else f"{c.closest_handover_ms:.3f} ms"
+        print_fn(f"  two live owners        {c.overlapping_attempts} overlapping live attempts among {c.attempts} "
+                 f"attempt intervals (database clock; closest hand-over {handover}); {c.executed_twice} attempts "
+                 "executed twice")
+        print_fn(f"  at least once          {c.not_executed} done jobs without an execution of their completing attempt")
+        print_fn(f"  lost {c.lost}, completed twice {c.completed_twice}, not terminal {c.not_terminal}")
         for problem in problems:
             print_fn(f"  FAILED: {problem}")
         print_fn("soak: OK, every invariant held" if not problems else "soak: FAILED")

@@ -4,7 +4,9 @@ was produced, never how fast: benchmarks are not timed tests."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ pytestmark = pytest.mark.skipif(shutil.which("pgbench") is None and not Path("/u
 
 def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp_path: Path) -> None:
     config = BenchConfig(jobs=40, workers=(2,), repeats=1, enqueue_jobs=1000, single_enqueues=20,
-                         latency_samples=2, finished_levels=(100, 200), claim_samples=5,
+                         latency_samples=2, poll_interval=0.2, finished_levels=(100, 200), claim_samples=5,
                          churn_seconds=0.5, snapshot_seconds=0.3, pgbench_seconds=1)
     assert run_bench(str(tmp_path), dsn=dsn, config=config, print_table=False) == 0
 
@@ -37,3 +39,71 @@ def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp
     except ImportError:
         return
     assert (tmp_path / "bench.png").stat().st_size > 0
+    # Every table states the server's fsync (the smoke test's server: whatever the test cluster has).
+    sections = [block for block in table.split("### ")[1:]]
+    assert sections and all(f"fsync {result['fsync']}" in block.splitlines()[0] for block in sections), \
+        [block.splitlines()[0] for block in sections]
+    # The polling row is labelled with what it measured: LISTEN off, the idle time before each job.
+    polling = result["latency"]["polling only"]
+    assert polling["listen"] is False and polling["poll_interval"] == 0.2 and polling["idle"] == 0.4
+    assert "| polling only | 0.2 s | 0.4 s + random 0–0.2 s |" in table
+    # The targets table is computed from the run's own figures.
+    drain_ratio = drain["pgq b1"]["median"] / drain["raw b1"]["median"]
+    assert f"| batch-1 drain ≥ 0.8× raw b1 | W = 2: {drain_ratio:.2f} |" in table
+
+
+def test_readme_block_is_replaced_by_the_runs_table(tmp_path: Path) -> None:
+    from pgq_thin.bench import BENCH_BEGIN, BENCH_END, update_readme
+
+    page = tmp_path / "README.md"
+    page.write_text(f"# title\n\nprose\n\n{BENCH_BEGIN}\nold figures\n{BENCH_END}\n\nmore prose\n")
+    update_readme(str(page), "| new | table |\n")
+    assert page.read_text() == f"# title\n\nprose\n\n{BENCH_BEGIN}\n| new | table |\n{BENCH_END}\n\nmore prose\n"
+    (tmp_path / "plain.md").write_text("no block\n")
+    with pytest.raises(ValueError, match="block"):
+        update_readme(str(tmp_path / "plain.md"), "x")
+
+
+def test_bench_readme_shows_exactly_the_committed_runs_tables() -> None:
+    """bench/README.md's generated block is bench/bench.md, byte for byte: the page's figures are
+    one run's output, not typed by hand."""
+    from pgq_thin.bench import BENCH_BEGIN, BENCH_END
+
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    page = (bench / "README.md").read_text()
+    block = page.split(BENCH_BEGIN, 1)[1].split(BENCH_END, 1)[0]
+    assert block.strip() == (bench / "bench.md").read_text().strip()
+    assert "fsync" in block.splitlines()[1]
+
+
+def test_readme_quotes_no_benchmark_figures() -> None:
+    """README.md links to the generated page instead of quoting figures that go stale."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    performance = readme.split("## Performance", 1)[1].split("\n## ", 1)[0]
+    assert "bench/README.md" in performance
+    assert not re.search(r"\d+(\.\d+)?\s*(×|x\b|ms\b|jobs/s)|\b0\.\d\d\b", performance), performance
+
+
+def test_every_drain_is_reported_by_the_one_clock_of_timed_drain(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each system's rate is N over _timed_drain's seconds (no system substitutes a kinder span of
+    its own), and that clock starts before the consumers do, so their start-up counts."""
+    from pgq_thin import bench
+
+    bench._prepare_database(dsn)
+    real_timed, real_consumers = bench._timed_drain, bench._consumers
+    measured: dict[str, float] = {}
+
+    def slow_start(dsn_: str, system: str, workers: int, stop) -> None:  # type: ignore[no-untyped-def]
+        time.sleep(0.2)  # a consumer's start-up (connections, pool, LISTEN)
+        real_consumers(dsn_, system, workers, stop)
+
+    def timed(dsn_: str, system: str, workers: int, n: int) -> float:
+        measured[system] = real_timed(dsn_, system, workers, n)
+        return 4.0  # what the report must use, whatever the system
+
+    monkeypatch.setattr(bench, "_consumers", slow_start)
+    monkeypatch.setattr(bench, "_timed_drain", timed)
+    for system in bench.DRAIN_SYSTEMS:
+        assert bench._one_drain(dsn, system, 2, 20) == 20 / 4.0, system
+    assert set(measured) == set(bench.DRAIN_SYSTEMS)
+    assert all(seconds >= 0.2 for seconds in measured.values()), measured

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import csv
 import re
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import ModuleType
 
 import psycopg
 import pytest
 
-from pgq_thin.lab import EXPERIMENTS, run_experiment, run_lab
-from pgq_thin.lab.report import COMMON_FILES, STEP_COLUMNS
+from pgq_thin.lab import (
+    EXPERIMENTS, exp2_lock_modes, exp4_starvation, exp5_long_work, exp6_abandoned_claim, run_experiment, run_lab,
+)
+from pgq_thin.lab.harness import Harness, Step
+from pgq_thin.lab.report import COMMON_FILES, STEP_COLUMNS, schema_line
+from pgq_thin.lab.statements import TEMPLATES
 
 
 @pytest.mark.parametrize("module", EXPERIMENTS, ids=lambda m: f"{m.NUMBER}-{m.SLUG}")
@@ -50,6 +55,8 @@ def test_run_lab_writes_the_evidence_package_with_a_pass_row_per_experiment(
     assert any("error 55P03" in r["outcome"] for r in log)
 
     assert "CREATE FUNCTION pgq.claim" in (out / "schema.sql").read_text()
+    # The evidence list says what schema.sql is (pg_dump works in the test clusters).
+    assert "pg_dump --schema-only --schema=pgq` of the migrated template" in acceptance
     assert "pgq.claim(worker =>" in (out / "claim.sql").read_text()
     assert "pgq.complete(id =>" in (out / "complete.sql").read_text()
     assert "pgq.sweep(max_jobs =>" in (out / "recover.sql").read_text()
@@ -62,3 +69,102 @@ def test_run_lab_writes_the_evidence_package_with_a_pass_row_per_experiment(
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         left = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'pgq_lab_%'").fetchall()
     assert left == []
+
+
+# Observations come from the data: fed another outcome, the text changes ---------------------------
+
+
+def _step(name: str, *, rows: list | None = None, blocked_by: list[str] | None = None,  # type: ignore[type-arg]
+          waits: list[str] | None = None, sqlstate: str | None = None, ms: float = 2.0) -> Step:
+    t0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+    step = Step(seq=1, session="s", name=name, sql="-- test", started_at=t0, ended_at=t0 + timedelta(milliseconds=ms))
+    step.columns, step.rows = ["id"], [(r,) for r in (rows or [])]
+    if blocked_by:
+        step.blocked_at, step.blocked_by, step.blocked_on = t0, blocked_by, "transactionid ShareLock"
+    step.lock_waits = waits or []
+    step.sqlstate = sqlstate
+    return step
+
+
+def test_experiment_2s_observation_says_blocked_when_pgq_claim_waited() -> None:
+    def text(claim: Step) -> str:
+        return " ".join(exp2_lock_modes.observation(
+            1, _step("for_update", rows=[1], blocked_by=["worker-a"], ms=40), _step("skip", rows=[2]), claim,
+            _step("nowait", sqlstate="55P03"), _step("after", rows=[1]),
+            _step("table", rows=[3], blocked_by=["admin"], ms=30)))
+
+    calm = text(_step("claim", rows=[2]))
+    assert "pgq.claim returned [2] in 2.0 ms and did not wait on a lock" in calm
+    waited = text(_step("claim", rows=[2], ms=9, waits=[
+        "process 1 still waiting for ShareLock on transaction 7 after 1.0 ms",
+        "process 1 acquired ShareLock on transaction 7 after 6.5 ms"]))
+    assert "pgq.claim returned [2] in 9.0 ms and waited 6 ms on a lock" in waited
+    assert "did not wait on a lock (ok); NOWAIT" not in waited
+
+
+def test_experiment_4s_observation_counts_what_the_rounds_took() -> None:
+    a = {"oldest": 5, "after": [5], "remaining": [5, 30], "blocked": 0, "rounds": 3, "calls": 6, "taken": 18,
+         "newer": 18, "workers": 2, "batch": 3}
+    b = {"rounds": 5, "oldest_round": 3, "min_depth": 30, "overtakes": 0, "originals": 30, "claimed_originals": 30,
+         "locked_rounds": 2, "arrivals": 6}
+    assert "(6 pgq.claim calls) took 18 jobs, 18 of them newer" in exp4_starvation.observation(a, b)[0]
+    short = exp4_starvation.observation({**a, "calls": 4, "taken": 7, "newer": 7, "rounds": 2, "blocked": 1},
+                                        {**b, "claimed_originals": 29, "locked_rounds": 1})
+    assert "2 rounds of 2 SKIP LOCKED claims of up to 3 (4 pgq.claim calls) took 7 jobs, 7 of them newer" in short[0]
+    assert "(1 calls waited on a lock)" in short[0]
+    assert "29 of 30 originals" in short[1] and "locked for round 1 was" in short[1]
+
+
+def test_experiment_5s_observation_reports_the_probes_measured_wait() -> None:
+    def mode(probe: Step, hold_open: bool) -> dict:  # type: ignore[type-arg]
+        return {"job": 1, "work_ms": 600.0, "state": "idle in transaction" if hold_open else "idle", "probe": probe,
+                "stats": {"running": 0 if hold_open else 1, "pending": 3 if hold_open else 2},
+                "other": _step("other", rows=[2]), "other_ids": [2], "hold_open": hold_open}
+
+    blocked = _step("probe", rows=[1], blocked_by=["worker-a-B"], ms=590, waits=[
+        "process 9 still waiting for ShareLock on transaction 8 after 1.0 ms",
+        "process 9 acquired ShareLock on transaction 8 after 587.3 ms"])
+    a_text, b_text = exp5_long_work.observation(mode(_step("probe", rows=[1]), False), mode(blocked, True))
+    assert "did not wait (no lock wait of 1 ms or more reported)" in a_text
+    assert "waited 587.3 ms for worker-a's lock" in b_text
+    # Mode A with a wait: the sentence says so.
+    a_text, _ = exp5_long_work.observation(mode(blocked, False), mode(blocked, True))
+    assert a_text.startswith("A (claim committed, then the work") and "waited 587.3 ms" in a_text
+
+
+def test_experiment_6s_observation_says_who_recovered_the_other_job() -> None:
+    facts = {"j1": 1, "j2": 2, "after_z": {"state": "pending", "attempt": 0}, "z_events": 0, "a_ids": [1, 2],
+             "early": [], "swept": 1, "sweeps": 1, "j2_by_claim": True, "j2_after_sweep": "running",
+             "b_rows": [(1, 2), (2, 2)], "late": [False, False], "late_renew": None, "rejected": 3,
+             "b_done": [True, True], "final": [(1, "done", 2), (2, "done", 2)]}
+    by_claim = exp6_abandoned_claim.observation(facts)[0]
+    assert "worker-b's pgq.claim recovered job 2" in by_claim and "(1 sweep call(s) in the run)" in by_claim
+    other = exp6_abandoned_claim.observation({**facts, "j2_by_claim": False, "sweeps": 2, "swept": 2,
+                                              "j2_after_sweep": "pending"})[0]
+    assert "recovered job 2" not in other and "NOT recovered by worker-b's claim" in other
+    assert "pgq.sweep recovered 2 (2 sweep call(s) in the run)" in other
+
+
+def test_experiment_4s_observation_matches_its_step_log(dsn: str) -> None:
+    """The counts in the sentence are the counts of the steps it ran."""
+    result = run_experiment(exp4_starvation, dsn)
+    part_a = [s for s in result.steps if s.template == "claim" and s.round.startswith("A")]
+    taken = sum(len(s.rows) for s in part_a)
+    text = " ".join(result.verdict.observation)
+    assert f"({len(part_a)} pgq.claim calls) took {taken} jobs" in text, text
+
+
+def test_experiment_5_fails_when_mode_a_holds_its_claim_transaction_open(dsn: str) -> None:
+    """The anti-pattern in the mode meant to avoid it must fail its checks."""
+    with Harness(dsn, experiment="5-anti-pattern", templates=TEMPLATES) as h:
+        verdict = exp5_long_work.run(h, a_holds_open=True)
+    failed = {c.label for c in verdict.checks if not c.passed}
+    assert "A: another session locking the claimed row during the work did not wait at all" in failed, verdict.checks
+    assert "A: during the work worker-a had no open transaction (pg_stat_activity state 'idle')" in failed
+    assert not verdict.passed
+
+
+def test_the_evidence_list_says_whether_schema_sql_is_a_dump_or_the_shipped_copy() -> None:
+    assert "pg_dump --schema-only" in schema_line("pg_dump")
+    shipped = schema_line("shipped")
+    assert "shipped" in shipped and "not a dump" in shipped and "pg_dump --schema-only" not in shipped

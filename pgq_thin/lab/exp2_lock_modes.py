@@ -8,7 +8,7 @@ skip, makes pgq.claim wait."""
 
 from __future__ import annotations
 
-from pgq_thin.lab.harness import Harness, Verdict
+from pgq_thin.lab.harness import Harness, Step, Verdict
 from pgq_thin.lab.statements import CLAIM, ENQUEUE_COHORT, EPOCH
 
 NUMBER = 2
@@ -112,12 +112,24 @@ def run(h: Harness) -> Verdict:
             f"{table_blocked.outcome}; waited {table_blocked.waited_ms:.0f} ms; returned "
             f"{table_blocked.col('id') if table_blocked.ok else '-'}")
 
-    v.observe(f"With job {oldest} row-locked by worker-a: FOR UPDATE {blocking.outcome} "
-              f"({blocking.waited_ms:.0f} ms, returned {blocking.value} after worker-a's ROLLBACK); "
-              f"SKIP LOCKED returned {skip.value} in {skip.duration_ms:.1f} ms; pgq.claim returned "
-              f"{pgq_claim.col('id') if pgq_claim.ok else '-'} in {pgq_claim.duration_ms:.1f} ms, not blocked; "
-              f"NOWAIT: {nowait.outcome}.")
-    v.observe(f"After release pgq.claim returned {after_release.col('id') if after_release.ok else '-'}. "
-              f"Under LOCK TABLE … IN EXCLUSIVE MODE pgq.claim was {table_blocked.outcome} "
-              f"({table_blocked.waited_ms:.0f} ms).")
+    for sentence in observation(oldest, blocking, skip, pgq_claim, nowait, after_release, table_blocked):
+        v.observe(sentence)
     return v
+
+
+def _waited(step: Step) -> str:
+    return (f"waited {step.lock_wait_ms:.0f} ms on a lock ({step.outcome})" if step.lock_wait
+            else f"did not wait on a lock ({step.outcome})")
+
+
+def observation(oldest: int, blocking: Step, skip: Step, pgq_claim: Step, nowait: Step, after_release: Step,
+                table_blocked: Step) -> list[str]:
+    """The observation, from the captured steps only (a test feeds it other outcomes)."""
+    claimed = pgq_claim.col("id") if pgq_claim.ok else "-"
+    return [
+        f"With job {oldest} row-locked by worker-a: FOR UPDATE {_waited(blocking)} and returned {blocking.value}; "
+        f"SKIP LOCKED returned {skip.value} in {skip.duration_ms:.1f} ms and {_waited(skip)}; pgq.claim returned "
+        f"{claimed} in {pgq_claim.duration_ms:.1f} ms and {_waited(pgq_claim)}; NOWAIT: {nowait.outcome}.",
+        f"After release pgq.claim returned {after_release.col('id') if after_release.ok else '-'}. "
+        f"Under LOCK TABLE … IN EXCLUSIVE MODE pgq.claim {_waited(table_blocked)}.",
+    ]

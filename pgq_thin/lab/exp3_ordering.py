@@ -33,7 +33,8 @@ PROCEDURE = (
 )
 CONDITION = (
     "Every single-worker claim equals rank 1 of its snapshot; every round's three claims are distinct and "
-    "equal the snapshot's ranks 1–3 as a set; no claim waits on a lock; all 24 jobs done, each claimed once."
+    "equal the snapshot's ranks 1–3 as a set; no claim waits on a lock (none seen by polling, none of 1 ms "
+    "or more reported by the server); all 24 jobs done, each claimed once (pgq.job_events)."
 )
 
 ENQUEUE_24 = (
@@ -60,7 +61,7 @@ def run(h: Harness) -> Verdict:
     h.note(f"total order (snapshot before the run): {initial}")
 
     # Part A: one worker.
-    single_ok, single_lines, claimed_seq = 0, [], []
+    single_ok, single_lines = 0, []
     for i in range(1, 7):
         snap = h.step(obs, f"A{i}_snapshot", READY_SNAPSHOT, {"queue": "lab"}).col("id")
         c = h.step(sessions["worker-a"], f"A{i}_claim", CLAIM, _claim_params("worker-a"))
@@ -68,22 +69,22 @@ def run(h: Harness) -> Verdict:
         good = c.ok and not c.lock_wait and got == snap[:1]
         single_ok += good
         single_lines.append(f"A{i}: expected rank 1 = {snap[:1]}, worker-a got {got} {'ok' if good else 'WRONG'}")
-        claimed_seq += got
         for row in c.dicts():
             h.step(sessions["worker-a"], f"A{i}_complete", COMPLETE, {"id": row["id"], "attempt": row["attempt"]})
     for line in single_lines:
         h.note(line)
 
     # Part B: three workers behind a barrier, one claim each per round.
-    rounds_ok, blocked, extend_waits, lines, per_worker = 0, 0, 0, [], Counter()
+    rounds_ok, blocked, extend_waits, concurrent, lines, per_worker = 0, 0, 0, 0, [], Counter()
     ranks_won: dict[str, Counter[int]] = {w: Counter() for w in WORKERS}
     for r in range(1, 7):
         snap = h.step(obs, f"B{r}_snapshot", READY_SNAPSHOT, {"queue": "lab"}).col("id")
         steps = h.round(f"B{r}", [(sessions[w], f"B{r}_{w}_claim", CLAIM, _claim_params(w)) for w in WORKERS])
         got = {s.session: (s.col("id") if s.ok else []) for s in steps}
         flat = [j for js in got.values() for j in js]
+        concurrent += len(steps)
         blocked += sum(s.lock_wait for s in steps)
-        extend_waits += sum(s.blocked and not s.lock_wait for s in steps)
+        extend_waits += sum((s.blocked or bool(s.logged_waits)) and not s.lock_wait for s in steps)
         good = (all(s.ok and len(got[s.session]) == 1 for s in steps)
                 and len(set(flat)) == 3 and set(flat) == set(snap[:3]))
         rounds_ok += good
@@ -95,7 +96,6 @@ def run(h: Harness) -> Verdict:
         lines.append(f"B{r}: expected ranks 1-3 = {snap[:3]}; "
                      + ", ".join(f"{w} got {got[w]} (rank {ranks[w]})" for w in WORKERS)
                      + (" ok" if good else " WRONG"))
-        claimed_seq += sorted(flat, key=snap.index) if set(flat) <= set(snap) else flat
         for s in steps:
             for row in s.dicts():
                 h.step(sessions[s.session], f"B{r}_{s.session}_complete", COMPLETE,
@@ -112,9 +112,8 @@ def run(h: Harness) -> Verdict:
     v.check("three workers: every round's claims were distinct and equal ranks 1–3 of the pre-round snapshot",
             rounds_ok == 6, f"{rounds_ok}/6 rounds matched")
     v.check("no claim waited on a lock", blocked == 0,
-            f"{blocked} of 18 concurrent claims waited on a lock ({extend_waits} brief relation-extension waits)")
-    v.check("over the whole run the jobs left in the total order of the initial snapshot",
-            claimed_seq == initial, f"claimed in order {claimed_seq}")
+            f"{blocked} of {concurrent} concurrent claims waited on a lock ({extend_waits} brief relation-extension "
+            "waits)")
     v.check("all 24 jobs were claimed exactly once and completed",
             sorted(claims) == sorted(ids) and set(claims.values()) == {1} and sorted(done) == sorted(ids),
             f"{len(claims)} jobs claimed (max {max(claims.values(), default=0)} claims per job), {len(done)} completed")

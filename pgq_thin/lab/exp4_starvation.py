@@ -66,9 +66,10 @@ def _part_a(h: Harness, v: Verdict) -> dict:  # type: ignore[type-arg]
     obs = h.session("observer")
     h.step(holder, "A_holder_begin", "BEGIN")
     h.step(holder, "A_holder_lock_oldest", "SELECT id FROM pgq.jobs WHERE id = %(id)s FOR UPDATE", {"id": oldest})
-    returned_locked, rounds_ok, blocked, batch_overflow = 0, 0, 0, 0
+    returned_locked, rounds_ok, blocked, batch_overflow, calls, taken = 0, 0, 0, 0, 0, []
     blocked_how: list[str] = []
-    for r in range(1, 4):
+    rounds = 3
+    for r in range(1, rounds + 1):
         snap = h.step(obs, f"A{r}_skip_probe", READY_SNAPSHOT, {"queue": "probe"})
         order = snap.col("id")
         h.note(f"A{r} skip-probe snapshot (pending, in claim order): {order}")
@@ -76,8 +77,10 @@ def _part_a(h: Harness, v: Verdict) -> dict:  # type: ignore[type-arg]
                                    {"worker": w.name, "queues": ["probe"], "batch": 3, "lease": "30 seconds"})
                                   for w in workers])
         got = [j for s in steps for j in _ids(s)]
+        calls += len(steps)
+        taken += got
         blocked += sum(s.lock_wait for s in steps)
-        blocked_how += [f"{s.name}: {s.outcome}" for s in steps if s.blocked]
+        blocked_how += [f"{s.name}: {s.outcome}" for s in steps if s.blocked or s.logged_waits]
         batch_overflow += sum(len(_ids(s)) > 3 for s in steps)
         returned_locked += oldest in got
         expected = [j for j in order if j != oldest][:6]
@@ -94,16 +97,20 @@ def _part_a(h: Harness, v: Verdict) -> dict:  # type: ignore[type-arg]
                  {"worker": "worker-b", "queues": ["probe"], "batch": 1, "lease": "30 seconds"})
 
     v.check("A: the locked oldest job was never returned while locked",
-            returned_locked == 0, f"returned in {returned_locked} of 3 rounds (18 claims)")
+            returned_locked == 0, f"returned in {returned_locked} of {rounds} rounds ({calls} claim calls returned "
+            f"{len(taken)} jobs)")
     v.check("A: while skipped it stayed pending at attempt 0",
             before == {"state": "pending", "attempt": 0}, f"state={before['state']} attempt={before['attempt']}")
     v.check("A: each round claimed exactly the top 6 unlocked jobs of its skip-probe snapshot, no batch over 3",
-            rounds_ok == 3 and batch_overflow == 0, f"{rounds_ok}/3 rounds matched; {batch_overflow} oversized batches")
+            rounds_ok == rounds and batch_overflow == 0,
+            f"{rounds_ok}/{rounds} rounds matched; {batch_overflow} oversized batches")
     v.check("A: no claimant waited on a lock (the held row lock is skipped, not waited for)", blocked == 0,
-            f"{blocked} of 6 claims waited on a lock" + (f"; waits seen: {blocked_how}" if blocked_how else ""))
+            f"{blocked} of {calls} claims waited on a lock" + (f"; waits seen: {blocked_how}" if blocked_how else ""))
     v.check("A: after release the next claim returned the oldest job",
             _ids(nxt) == [oldest], f"returned {_ids(nxt)}, oldest {oldest}")
-    return {"oldest": oldest, "after": _ids(nxt), "remaining": remaining, "blocked": blocked}
+    return {"oldest": oldest, "after": _ids(nxt), "remaining": remaining, "blocked": blocked, "rounds": rounds,
+            "calls": calls, "taken": len(taken), "newer": sum(j > oldest for j in taken),
+            "workers": len(workers), "batch": 3}
 
 
 def _part_b(h: Harness, v: Verdict) -> dict:  # type: ignore[type-arg]
@@ -168,17 +175,29 @@ def _part_b(h: Harness, v: Verdict) -> dict:  # type: ignore[type-arg]
     v.check("B: the queue depth stayed high (never below 30 claimable jobs before a round)",
             min_depth is not None and min_depth >= 30, f"minimum depth {min_depth}")
     return {"rounds": rounds, "oldest_round": claimed_round.get(oldest), "min_depth": min_depth,
-            "overtakes": overtakes}
+            "overtakes": overtakes, "originals": len(originals), "claimed_originals": len(claimed_round),
+            "locked_rounds": locked_rounds, "arrivals": 6}
 
 
 def run(h: Harness) -> Verdict:
     v = Verdict()
     a = _part_a(h, v)
     b = _part_b(h, v)
-    v.observe(f"A: with job {a['oldest']} row-locked, 3 rounds of 2×3 SKIP LOCKED claims took 18 newer jobs "
-              f"({a['blocked']} waited on a lock); the skip-probe before release still listed {a['remaining']}; the first "
-              f"claim after release returned {a['after']}.")
-    v.observe(f"B: with 6 arrivals per round the depth never fell below {b['min_depth']}; all 30 originals were "
-              f"claimed within {b['rounds']} rounds; the original locked for rounds 1–2 was claimed in round "
-              f"{b['oldest_round']}; {b['overtakes']} rounds where a new job overtook a waiting original.")
+    for sentence in observation(a, b):
+        v.observe(sentence)
     return v
+
+
+def observation(a: dict, b: dict) -> list[str]:  # type: ignore[type-arg]
+    """The observation, from the two parts' captured figures only (a test feeds it others)."""
+    locked = f"rounds 1–{b['locked_rounds']}" if b["locked_rounds"] > 1 else "round 1"
+    return [
+        f"A: with job {a['oldest']} row-locked, {a['rounds']} rounds of {a['workers']} SKIP LOCKED claims of up to "
+        f"{a['batch']} ({a['calls']} pgq.claim calls) took {a['taken']} jobs, {a['newer']} of them newer than it "
+        f"({a['blocked']} calls waited on a lock); the skip-probe before release still listed {a['remaining']}; "
+        f"the first claim after release returned {a['after']}.",
+        f"B: with {b['arrivals']} arrivals per round the depth never fell below {b['min_depth']}; "
+        f"{b['claimed_originals']} of {b['originals']} originals were claimed within {b['rounds']} rounds; the "
+        f"original locked for {locked} was claimed in round {b['oldest_round']}; {b['overtakes']} rounds where "
+        f"a new job overtook a waiting original.",
+    ]

@@ -3,7 +3,16 @@
 Named *sessions* (one psycopg connection each, plus a dedicated thread) run named *steps* in the
 order the experiment writes them. A step runs in its session's thread; the caller waits until the
 step either finishes or is seen waiting on a lock through ``pg_blocking_pids()`` from a separate
-*control* connection. A blocked step is recorded as "blocked" (with the sessions it waits for) and
+*control* connection.
+
+Waits too short for that polling to see are caught by the waiting backend itself: every session
+runs with ``log_lock_waits = on``, ``deadlock_timeout = 1ms`` and ``client_min_messages = log``
+(when the role may set them: a superuser), so a wait of 1 ms or more on any heavyweight lock sends
+the session "still waiting for … after … ms" and "acquired … after … ms" messages, which the
+step records (``Step.lock_waits``; ``Step.lock_wait`` counts them). The resolution is therefore
+1 ms (``deadlock_timeout``'s unit) whatever the polling interval; without the privilege it is the
+polling's (the first look after 20 ms, then every ``poll_interval``), and
+``Session.wait_logging`` says which. A blocked step is recorded as "blocked" (with the sessions it waits for) and
 the experiment goes on with its next step; ``wait()`` later collects the step once the blocker has
 let go. ``round()`` starts several steps behind a barrier so that they really run together.
 
@@ -16,6 +25,7 @@ server ran), wall-clock start and end (UTC), outcome and rows.
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -52,6 +62,15 @@ def sqlv(value: Any) -> str:
     return str(value)
 
 
+#: The server's log_lock_waits messages: "process N still waiting for <lock> after 1.1 ms" and
+#: "process N acquired <lock> after 5.1 ms".
+_WAITING = re.compile(r"still waiting for (.+?) after [\d.]+ ms")
+_ACQUIRED = re.compile(r"acquired .+? after ([\d.]+) ms")
+
+#: What every session sets so that the server reports each lock wait of 1 ms or more to it.
+WAIT_LOGGING = ("SET log_lock_waits = on", "SET deadlock_timeout = '1ms'", "SET client_min_messages = log")
+
+
 class StepHung(RuntimeError):
     """A step neither finished nor waited on a lock within its timeout."""
 
@@ -72,6 +91,8 @@ class Step:
     blocked_at: datetime | None = None
     blocked_by: list[str] = field(default_factory=list)
     blocked_on: str = ""  # the lock it was seen waiting for (pg_locks: locktype, mode, relation)
+    #: The lock-wait messages the server sent the step's session while it ran (log_lock_waits).
+    lock_waits: list[str] = field(default_factory=list)
     columns: list[str] = field(default_factory=list)
     rows: list[tuple[Any, ...]] = field(default_factory=list)
     rowcount: int = -1
@@ -88,14 +109,32 @@ class Step:
         return self.blocked_at is not None
 
     @property
+    def logged_waits(self) -> list[str]:
+        """The locks the server reported this step waiting for (1 ms or more), as "<mode> on <what>"."""
+        return [m.group(1) for m in map(_WAITING.search, self.lock_waits) if m]
+
+    @property
     def lock_wait(self) -> bool:
-        """Seen waiting on a lock other than a relation-extension lock: a row, transaction or
-        table lock — what SKIP LOCKED is about. A brief 'extend' wait (two sessions growing the
-        same table at once) is physical contention, recorded but not counted here."""
+        """Waited on a lock other than a relation-extension lock — a row, transaction or table
+        lock, what SKIP LOCKED is about — either seen in pg_blocking_pids() or reported by the
+        server (log_lock_waits). A brief 'extend' wait (two sessions growing the same table at
+        once) is physical contention, recorded but not counted here."""
+        if any(" on extension of relation " not in w for w in self.logged_waits):
+            return True
         if not self.blocked:
             return False
         waits = [w for w in self.blocked_on.split("; ") if w]
         return not (waits and all(w.startswith("extend") for w in waits))
+
+    @property
+    def lock_wait_ms(self) -> float:
+        """How long the server says this step waited for locks: the sum of its "acquired … after
+        N ms" reports; for a step seen blocked without one (the lock never came), its whole run;
+        else 0 (no wait of 1 ms or more, when wait logging is on)."""
+        acquired = [float(m.group(1)) for m in map(_ACQUIRED.search, self.lock_waits) if m]
+        if acquired:
+            return sum(acquired)
+        return self.waited_ms
 
     @property
     def ok(self) -> bool:
@@ -130,6 +169,8 @@ class Step:
     def outcome(self) -> str:
         on = f" ({self.blocked_on})" if self.blocked_on else ""
         prefix = f"blocked by {','.join(self.blocked_by)}{on} then " if self.blocked else ""
+        if not self.blocked and self.logged_waits:
+            prefix = f"waited {self.lock_wait_ms:.1f} ms on {'; '.join(self.logged_waits)} then "
         if not self.done:
             return "blocked" if self.blocked else "running"
         if self.sqlstate is not None:
@@ -178,6 +219,20 @@ class Session:
         self.notices: list[tuple[str, str]] = []
         self.conn.add_notice_handler(
             lambda d: self.notices.append((d.severity_nonlocalized or d.severity or "", d.message_primary or "")))
+        #: Whether the server reports this session's lock waits of 1 ms or more (WAIT_LOGGING needs
+        #: a role that may set log_lock_waits and deadlock_timeout: a superuser).
+        self.wait_logging = True
+        for setting in WAIT_LOGGING:
+            try:
+                self.conn.execute(setting)
+            except psycopg.Error:
+                self.wait_logging = False
+                if not autocommit:
+                    self.conn.rollback()
+        if not self.wait_logging:
+            self.conn.execute("RESET client_min_messages")
+        if not autocommit:
+            self.conn.commit()
         self.alive = True
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lab-{name}")
 
@@ -193,6 +248,7 @@ class Session:
              barrier: threading.Barrier | None) -> None:
         if barrier is not None:
             barrier.wait(timeout=DEFAULT_STEP_TIMEOUT)
+        mark = len(self.notices)
         step.started_at = utcnow()
         try:
             if callable(action):
@@ -210,6 +266,8 @@ class Session:
             step.message = (exc.diag.message_primary if exc.diag else None) or str(exc).strip()
         finally:
             step.ended_at = utcnow()
+            step.lock_waits = [m for sev, m in self.notices[mark:]
+                               if sev == "LOG" and (_WAITING.search(m) or _ACQUIRED.search(m))]
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

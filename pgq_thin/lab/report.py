@@ -26,7 +26,7 @@ COMMON_FILES = ("acceptance.md", "schema.sql", "seed.sql", "claim.sql", "complet
                 "query-plans.txt", "final-jobs.csv", "job-events.csv")
 
 STEP_COLUMNS = ("experiment", "seq", "session", "step", "kind", "round", "sql", "started_at", "ended_at",
-                "duration_ms", "outcome", "blocked_at", "blocked_by", "rows")
+                "duration_ms", "outcome", "blocked_at", "blocked_by", "lock_waits", "rows")
 
 _FUNCTIONS = ("pgq.claim(text,text[],integer,interval)", "pgq.complete(bigint,integer,jsonb)",
               "pgq.sweep(integer)", "pgq._recover_expired(integer)")
@@ -77,6 +77,7 @@ def collect_context(template_dsn: str) -> dict[str, Any]:
         functions = {f: conn.execute("SELECT pg_get_functiondef(%s::regprocedure)", (f,)).fetchone()[0]  # type: ignore[index]
                      for f in _FUNCTIONS}
     dump = _pg_dump_schema(template_dsn)
+    schema_source = "pg_dump" if dump is not None else "shipped"
     if dump is not None:
         schema = ("-- The pgq schema as installed by pgq_thin.migrate() in the lab's template database:\n"
                   "-- pg_dump --schema-only --schema=pgq --no-owner (roles are created by sql/schema.sql).\n"
@@ -85,7 +86,7 @@ def collect_context(template_dsn: str) -> dict[str, Any]:
         schema = ("-- pg_dump was not usable here: this is the package's sql/schema.sql, which the\n"
                   "-- migrations are tested to reproduce.\n" + _package_schema())
     return {"server_version": server_version, "version": version, "pgq_version": pgq_version,
-            "functions": functions, "schema": schema}
+            "functions": functions, "schema": schema, "schema_source": schema_source}
 
 
 # Helpers ---------------------------------------------------------------------------------------
@@ -120,7 +121,7 @@ def _step_rows(r: ExperimentResult) -> Iterable[list[Any]]:
     for s in sorted(r.steps, key=lambda s: s.seq):
         yield [r.name, s.seq, s.session, s.name, s.kind, s.round, s.sql, _iso(s.started_at), _iso(s.ended_at),
                f"{s.duration_ms:.3f}" if s.duration_ms is not None else "", s.outcome, _iso(s.blocked_at),
-               ",".join(s.blocked_by), _json(s.dicts())]
+               ",".join(s.blocked_by), " | ".join(s.lock_waits), _json(s.dicts())]
 
 
 def _transcript(r: ExperimentResult) -> str:
@@ -220,7 +221,7 @@ def _acceptance(results: Sequence[ExperimentResult], context: dict[str, Any]) ->
         out += [f"- {'PASS' if c.passed else '**FAIL**'} — {c.label}: {_cell(c.observed)}" for c in r.verdict.checks]
         out.append("")
     out += ["## Evidence files", "",
-            "- `schema.sql` — the pgq schema as installed (pg_dump of schema pgq in the migrated template).",
+            schema_line(context.get("schema_source")),
             "- `seed.sql` — every fixture statement, per experiment.",
             "- `claim.sql`, `complete.sql`, `recover.sql` — the statements the lab calls, as sent in this run, "
             "and the installed functions behind them.",
@@ -238,6 +239,15 @@ def _acceptance(results: Sequence[ExperimentResult], context: dict[str, Any]) ->
             "CSV/TXT files let anyone replay the exact interleaving. Passing shows consistency with the "
             "playbook's operational definitions under synthetic conditions; it is not a production benchmark.", ""]
     return "\n".join(out)
+
+
+def schema_line(source: str | None) -> str:
+    """The evidence list's line for schema.sql: what that file really is in this run."""
+    if source == "pg_dump":
+        return ("- `schema.sql` — the pgq schema as installed: `pg_dump --schema-only --schema=pgq` of the "
+                "migrated template database.")
+    return ("- `schema.sql` — pg_dump was not usable in this run, so this is a copy of the package's shipped "
+            "`sql/schema.sql` (which the migrations are tested to reproduce), not a dump of the installed schema.")
 
 
 def write(out_dir: str, results: Sequence[ExperimentResult], context: dict[str, Any]) -> Path:

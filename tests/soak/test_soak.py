@@ -35,8 +35,15 @@ def test_chaos_soak_loses_no_job_completes_none_twice_and_explains_every_duplica
     assert counts.lost == 0, report
     assert counts.completed_twice == 0, report
     assert counts.not_terminal == 0, report
-    assert counts.double_owners == 0, report
-    assert counts.unexplained == 0, report
+    # No two live owners: no two attempts of a job overlap while both are live (database clock),
+    # over every attempt interval the run recorded, and no attempt executed twice.
+    assert counts.attempts >= counts.jobs > 0, report
+    assert counts.overlapping_attempts == 0 and counts.attempts_without_end == 0, report
+    assert counts.executed_twice == 0 and counts.double_owners == 0, report
+    # At least once: every done job was executed by the attempt that completed it; every duplicate
+    # effect belongs to an attempt whose lease expired.
+    assert counts.not_executed == 0, report
+    assert counts.unexplained == 0 and counts.explained == counts.duplicates, report
     assert counts.acknowledged > 0 and counts.jobs >= counts.acknowledged, report
     # And the chaos happened: otherwise the run proves nothing.
     assert counts.kills > 0, report
