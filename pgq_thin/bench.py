@@ -533,7 +533,8 @@ def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                     time.sleep(0.01)
                 warm = conn.execute(queries.ENQUEUE, {
                     "queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": -1}), "run_at": None, "priority": 0,
-                    "max_attempts": None, "unique_key": None, "tenant": None}).fetchone()[0]  # type: ignore[index]
+                    "max_attempts": None, "unique_key": None, "tenant": None,
+                    "max_run_time": None}).fetchone()[0]  # type: ignore[index]
                 while warm not in starts and time.monotonic() < deadline:
                     time.sleep(0.001)
                 for i in range(cfg.latency_samples):
