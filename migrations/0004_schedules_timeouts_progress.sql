@@ -2,7 +2,7 @@
 --
 -- Schedules: pgq.schedules holds periodic jobs (cron or every); pgq.schedule / unschedule /
 -- schedules manage and list them; due occurrences are enqueued by pgq.sweep and by pgq.claim
--- (behind a probe of schedules_due_idx), at most once per (schedule, fire time)
+-- (of the queues they claim, which queues.next_schedule_at tells them), at most once per (schedule, fire time)
 -- (pgq._fire_schedules). Jobs keep the name of their schedule (jobs.schedule).
 -- Timeouts: queues.max_run_time (configure_queue) and jobs.max_run_time (enqueue, enqueue_many)
 -- bound an attempt: claim and renew never lease past jobs.deadline, and the recovery ends an
@@ -16,10 +16,15 @@
 -- Columns and types --------------------------------------------------------------------------------
 
 ALTER TABLE pgq.queues ADD COLUMN max_run_time interval;
+ALTER TABLE pgq.queues ADD COLUMN next_schedule_at timestamptz;
 ALTER TABLE pgq.queues ADD CONSTRAINT queues_max_run_time_check
     CHECK (max_run_time > '0' AND max_run_time <= '365 days');
 COMMENT ON COLUMN pgq.queues.max_run_time IS
     'How long an attempt may run from its claim (jobs.max_run_time overrides it); NULL: no limit.';
+COMMENT ON COLUMN pgq.queues.next_schedule_at IS
+    'The earliest next_run_at of the queue''s enabled schedules (NULL: none), kept by pgq.schedule, '
+    'pgq.unschedule and the firing: a claim reads it with the queue''s settings to know whether a '
+    'schedule is due, at no extra cost.';
 
 -- Nullable columns without a default: a catalog change, no rewrite of pgq.jobs.
 ALTER TABLE pgq.jobs ADD COLUMN max_run_time interval;
@@ -71,8 +76,10 @@ COMMENT ON COLUMN pgq.schedules.last_run_at IS
 COMMENT ON COLUMN pgq.schedules.skipped IS
     'Occurrences skipped by skip_if_running (the latest at last_skipped_at).';
 
--- The schedules' probe (claim, sweep) reads the earliest next_run_at of the enabled schedules.
+-- The sweep's probe and the firing read the enabled schedules by next_run_at; queues.next_schedule_at
+-- is kept from the earliest one per queue.
 CREATE INDEX schedules_due_idx ON pgq.schedules (next_run_at) WHERE enabled;
+CREATE INDEX schedules_queue_idx ON pgq.schedules (queue, next_run_at) WHERE enabled;
 
 -- Internal helpers ------------------------------------------------------------------------------
 
@@ -538,15 +545,47 @@ BEGIN
 END
 $$;
 
--- Fires up to max_schedules due schedules; returns how many jobs it enqueued. Each due schedule
+-- Sets queues.next_schedule_at of the given queues from their enabled schedules (the earliest
+-- next_run_at), writing only rows whose value changes. The queue rows are locked first, in name
+-- order (as capped claims lock them); with skip_locked, a row another transaction holds is left
+-- as it is instead of waited for: the firing, which holds schedule and job rows meanwhile, never
+-- waits here, so it can take part in no deadlock. A value left behind is at worst early: the next
+-- claim of that queue finds nothing due and corrects it.
+CREATE FUNCTION pgq._refresh_schedule_due(queues text[], skip_locked boolean) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    locked text[];
+BEGIN
+    IF skip_locked THEN
+        locked := ARRAY(SELECT u.name FROM pgq.queues AS u WHERE u.name = ANY (_refresh_schedule_due.queues)
+                        ORDER BY u.name FOR NO KEY UPDATE SKIP LOCKED);
+    ELSE
+        locked := ARRAY(SELECT u.name FROM pgq.queues AS u WHERE u.name = ANY (_refresh_schedule_due.queues)
+                        ORDER BY u.name FOR NO KEY UPDATE);
+    END IF;
+    -- A new statement, so its snapshot sees what the previous holders of these rows committed.
+    UPDATE pgq.queues AS q
+    SET next_schedule_at = d.at
+    FROM (SELECT n.name, (SELECT min(x.next_run_at) FROM pgq.schedules AS x
+                          WHERE x.queue = n.name AND x.enabled) AS at
+          FROM unnest(locked) AS n(name)) AS d
+    WHERE q.name = d.name AND q.next_schedule_at IS DISTINCT FROM d.at;
+END
+$$;
+
+-- Fires up to max_schedules due schedules (of `queues`, or of every queue when NULL); returns how
+-- many jobs it enqueued. Each due schedule
 -- is locked (FOR NO KEY UPDATE SKIP LOCKED: a schedule another session is firing is skipped, not
 -- waited for, and a row changed after this statement's snapshot is re-checked on its newest
 -- version, so a schedule just fired elsewhere is no longer due). Its latest due occurrence (the
 -- missed ones before it collapse into it) becomes one job whose run_at is the fire time, in the
 -- same transaction that moves next_run_at past now: at most one job per (schedule, fire time).
 -- With skip_if_running, an occurrence is skipped (counted in skipped) while the schedule's last
--- job is pending or running.
-CREATE FUNCTION pgq._fire_schedules(max_schedules integer) RETURNS integer
+-- job is pending or running. Then the queues' next_schedule_at is brought up to date: of the
+-- queues whose schedules it handled, and of those whose value says due (a value computed by a
+-- concurrent firing from an older snapshot is corrected here, by the next claim or sweep).
+CREATE FUNCTION pgq._fire_schedules(max_schedules integer, queues text[] DEFAULT NULL) RETURNS integer
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -559,14 +598,17 @@ DECLARE
     job_tenant text;
     new_id     bigint;
     fired      integer := 0;
+    touched    text[] := '{}';
 BEGIN
     FOR s IN
         SELECT * FROM pgq.schedules AS x
         WHERE x.enabled AND x.next_run_at <= at_now
+          AND (_fire_schedules.queues IS NULL OR x.queue = ANY (_fire_schedules.queues))
         ORDER BY x.next_run_at
         LIMIT _fire_schedules.max_schedules
         FOR NO KEY UPDATE SKIP LOCKED
     LOOP
+        touched := touched || s.queue;
         -- next_run_at is an occurrence, and due: find the latest one at or before now.
         fire := s.next_run_at;
         IF s.every IS NOT NULL THEN
@@ -619,6 +661,12 @@ BEGIN
         END IF;
         fired := fired + 1;
     END LOOP;
+    PERFORM pgq._refresh_schedule_due(ARRAY(
+        SELECT DISTINCT t.name FROM unnest(touched) AS t(name)
+        UNION
+        SELECT u.name FROM pgq.queues AS u
+        WHERE u.next_schedule_at <= at_now
+          AND (_fire_schedules.queues IS NULL OR u.name = ANY (_fire_schedules.queues))), true);
     RETURN fired;
 END
 $$;
@@ -782,8 +830,8 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- claimed job is never returned; a batch may hold fewer rows than asked.
 -- Expired leases are recovered first (a cheap index probe decides whether there are any), so a
 -- crashed worker's job is claimable again as soon as its lease ends, with or without a sweep.
--- Due schedules fire next, behind a probe of the same kind (the earliest next_run_at of the
--- enabled schedules, one index entry), so their jobs are claimable by this very claim.
+-- Due schedules of the claimed queues fire next: the queue rows read anyway say whether one is
+-- due (queues.next_schedule_at), so their jobs are claimable by this very claim.
 -- An attempt's lease never passes its deadline (claimed_at + max_run_time).
 -- Two queue settings change the pick: a queue with max_running > 0 is locked for the claim and
 -- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
@@ -806,7 +854,8 @@ DECLARE
     fair_ids bigint[] := '{}';
     capped   boolean;    -- whether any of them has max_running
     expired  boolean;    -- whether any lease has expired
-    due      boolean;    -- whether any schedule is due
+    due      boolean;    -- whether one of them has a schedule due
+    due_queues text[];   -- then: the eligible queues, whose due schedules fire
 BEGIN
     IF claim.worker IS NULL THEN
         PERFORM pgq._bad_argument('worker', 'must not be NULL');
@@ -838,12 +887,13 @@ BEGIN
         FROM unnest(claim.queues) WITH ORDINALITY AS q(name, n);
     END IF;
 
-    -- One statement reads the eligible queues and probes for expired leases and due schedules
-    -- (one index probe each).
+    -- One statement reads the eligible queues (and whether one of them has a schedule due: a
+    -- column of the rows read anyway, and bool_or, which allocates nothing, unlike array_agg) and
+    -- probes for expired leases (one index probe).
     SELECT array_agg(q.name ORDER BY q.name), array_agg(q.fair ORDER BY q.name),
            coalesce(bool_or(q.max_running > 0), false),
            EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
-           EXISTS (SELECT FROM pgq.schedules AS s WHERE s.enabled AND s.next_run_at <= pgq._now())
+           coalesce(bool_or(q.next_schedule_at <= pgq._now()), false)
     INTO names, fairs, capped, expired, due
     FROM pgq.queues AS q
     WHERE NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues));
@@ -852,14 +902,11 @@ BEGIN
     IF expired THEN
         PERFORM pgq._recover_expired(100);
     END IF;
-    -- Then due schedules fire (at most 10 per claim; a sweep fires the rest). Under REPEATABLE
-    -- READ a claim leaves them to READ COMMITTED claims and sweeps: its snapshot could make a
-    -- concurrent firing a serialization failure of the claim.
-    IF due AND current_setting('transaction_isolation') = 'read committed' THEN
-        PERFORM pgq._fire_schedules(10);
-    END IF;
     IF names IS NULL THEN
         RETURN;  -- no eligible queue
+    END IF;
+    IF due THEN
+        due_queues := names;  -- before the capped queues' rooms narrow names down
     END IF;
 
     IF NOT capped THEN
@@ -894,6 +941,15 @@ BEGIN
             WHERE NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues))
         ) AS e
         WHERE e.room > 0;
+    END IF;
+
+    -- Then the due schedules of these queues fire (at most 10 per claim; a sweep fires the rest),
+    -- after the capped queues are locked: the firing only ever skips locked queue rows, so a
+    -- claim waits for queue locks in name order alone. Under REPEATABLE READ a claim leaves them
+    -- to READ COMMITTED claims and sweeps: its snapshot could make a concurrent firing a
+    -- serialization failure of the claim.
+    IF due AND current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM pgq._fire_schedules(10, due_queues);
     END IF;
 
     IF true = ANY (fairs) THEN
@@ -1148,6 +1204,7 @@ CREATE FUNCTION pgq.schedule(name text, queue text, kind text, cron text DEFAULT
     AS $$
 DECLARE
     result_row pgq.schedules;
+    old_queue  text;  -- the queue of the schedule this call replaces, if any
 BEGIN
     PERFORM pgq._check_name('name', schedule.name);
     PERFORM pgq._check_enqueue(schedule.queue, schedule.kind, pgq._now(), schedule.priority,
@@ -1187,6 +1244,7 @@ BEGIN
     PERFORM pgq._next_fire(schedule.cron, schedule.every, schedule.timezone, pgq._now());
 
     PERFORM pgq._queue(schedule.queue);
+    SELECT x.queue INTO old_queue FROM pgq.schedules AS x WHERE x.name = schedule.name;
     -- A replaced schedule's next run comes after its last one, whatever this statement's clock.
     INSERT INTO pgq.schedules AS x (name, queue, kind, cron, every, payload, timezone, priority,
                                     max_attempts, tenant, skip_if_running, enabled, next_run_at)
@@ -1202,6 +1260,7 @@ BEGIN
         next_run_at = pgq._next_fire(excluded.cron, excluded.every, excluded.timezone,
                                      greatest(pgq._now(), x.last_run_at, x.last_skipped_at))
     RETURNING * INTO result_row;
+    PERFORM pgq._refresh_schedule_due(ARRAY[schedule.queue, old_queue], false);
     RETURN result_row;
 END
 $$;
@@ -1214,12 +1273,18 @@ CREATE FUNCTION pgq.unschedule(name text)
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
     AS $$
+DECLARE
+    gone_queue text;
 BEGIN
     IF unschedule.name IS NULL THEN
         PERFORM pgq._bad_argument('name', 'must not be NULL');
     END IF;
-    DELETE FROM pgq.schedules AS x WHERE x.name = unschedule.name;
-    RETURN FOUND;
+    DELETE FROM pgq.schedules AS x WHERE x.name = unschedule.name RETURNING x.queue INTO gone_queue;
+    IF gone_queue IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM pgq._refresh_schedule_due(ARRAY[gone_queue], false);
+    RETURN true;
 END
 $$;
 COMMENT ON FUNCTION pgq.unschedule(text) IS
@@ -1241,7 +1306,8 @@ COMMENT ON FUNCTION pgq.schedules() IS
 REVOKE ALL ON pgq.schedules FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION
     pgq._next_fire(text, interval, text, timestamptz),
-    pgq._fire_schedules(integer),
+    pgq._refresh_schedule_due(text[], boolean),
+    pgq._fire_schedules(integer, text[]),
     pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval),
     pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval),
     pgq.progress(bigint, integer, jsonb),

@@ -153,7 +153,7 @@ def owner_dsn(pg_server, admin_dsn: str) -> Iterator[str]:
 MIGRATION_SHA256 = {
     "0001_initial.sql": "6bb00e304d042f1795350dea4b6330bb8d0c6e9ed117ae428b19c3875c6b0966",
     "0002_cheaper_name_checks.sql": "e40c5560da4a1f1fc81c02d33afe62c74fd7cd7dd5a755a70b522b160fd0086c",
-    "0004_schedules_timeouts_progress.sql": "46f0e654118f34a0d73eb20c417f2eec04265b777385c0d8e0b42d813a708c7a",
+    "0004_schedules_timeouts_progress.sql": "1cfe0f5fe1f53dd95502dd4c34f8d6ff4bbd80c7137e0e9876c2bb5a461d6726",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 

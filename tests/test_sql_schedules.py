@@ -107,13 +107,51 @@ def test_a_claim_fires_a_due_schedule_and_can_claim_its_job_at_once(conn):
     set_clock(conn, T0)
     schedule(conn, every="1 minute", queue="reports")
     set_clock(conn, "2030-01-01 12:35:00+00")
-    (c,) = claim(conn, queues=["reports"])
+    (c,) = claim(conn, queues=["reports"], lease="1 hour")
     assert c["run_at"] == utc("2030-01-01 12:35:00+00")
     assert job(conn, c["id"])["schedule"] == "s"
-    # A claim of another queue fires schedules too: any worker's claims do.
+    # A claim of another queue leaves the schedule to the claims of its own queue and to sweeps.
     set_clock(conn, "2030-01-01 12:36:00+00")
     assert claim(conn, queues=["other"]) == []
+    assert [r[1] for r in scheduled_jobs(conn)] == [utc("2030-01-01 12:35:00+00")]
+    (c,) = claim(conn)  # a claim of every queue (reports included) fires it, and claims its job
+    assert c["run_at"] == utc("2030-01-01 12:36:00+00")
     assert [r[1] for r in scheduled_jobs(conn)] == [utc("2030-01-01 12:35:00+00"), utc("2030-01-01 12:36:00+00")]
+
+
+def queue_due(conn: psycopg.Connection, queue: str = "q"):  # type: ignore[no-untyped-def]
+    return one(conn, "SELECT next_schedule_at FROM pgq.queues WHERE name = %s", (queue,))
+
+
+def test_each_queue_keeps_the_earliest_next_run_at_of_its_enabled_schedules(conn):
+    """queues.next_schedule_at is what a claim reads (with the queue's settings, no other table)."""
+    set_clock(conn, T0)
+    schedule(conn, "hourly", every="1 hour")
+    assert queue_due(conn) == utc("2030-01-01 13:00:00+00")
+    schedule(conn, "often", every="10 minutes")
+    assert queue_due(conn) == utc("2030-01-01 12:40:00+00")
+    schedule(conn, "off", every="1 minute", enabled=False)
+    assert queue_due(conn) == utc("2030-01-01 12:40:00+00")
+    set_clock(conn, "2030-01-01 12:40:00+00")
+    (c,) = claim(conn)
+    assert job(conn, c["id"])["schedule"] == "often"
+    assert queue_due(conn) == utc("2030-01-01 12:50:00+00")
+    # Moved to another queue: both queues are brought up to date.
+    schedule(conn, "often", queue="other", every="10 minutes")
+    assert (queue_due(conn), queue_due(conn, "other")) == (utc("2030-01-01 13:00:00+00"), utc("2030-01-01 12:50:00+00"))
+    assert one(conn, "SELECT pgq.unschedule('hourly')") is True
+    assert queue_due(conn) is None
+    assert one(conn, "SELECT pgq.unschedule('often')") is True
+    assert queue_due(conn, "other") is None
+
+
+def test_a_stale_due_value_is_corrected_by_the_next_claim_and_fires_nothing(conn):
+    set_clock(conn, T0)
+    schedule(conn, every="1 hour")
+    conn.execute("UPDATE pgq.queues SET next_schedule_at = '2030-01-01 12:00:00+00' WHERE name = 'q'")
+    assert claim(conn) == []
+    assert scheduled_jobs(conn) == []
+    assert queue_due(conn) == utc("2030-01-01 13:00:00+00")
 
 
 def test_missed_occurrences_collapse_into_the_latest_one_and_next_run_at_moves_past_now(conn):
@@ -297,13 +335,15 @@ def test_many_concurrent_sweepers_and_claimers_never_enqueue_an_occurrence_twice
     """Each round moves the clock past the next occurrences of 20 schedules (some skipped, some
     missed several), then 8 sessions call pgq.sweep or pgq.claim at once behind a barrier, some
     inside a transaction that they keep open a moment. Every occurrence due is enqueued exactly
-    once: one job per (schedule, fire time), none missing."""
+    once: one job per (schedule, fire time), none missing; no call fails (no deadlock)."""
     set_clock(conn, T0)
     for i in range(20):  # every k minutes, half of them spelled as cron
         if i % 2:
             schedule(conn, f"s{i:02}", queue=f"q{i % 3}", cron=f"*/{1 + i % 4} * * * *")
         else:
             schedule(conn, f"s{i:02}", queue=f"q{i % 3}", every=f"{1 + i % 4} minutes")
+    # A capped queue: its claims lock its row (in name order) while schedules of it fire.
+    conn.execute("SELECT pgq.configure_queue('q0', max_running => 100000)")
     sessions = [connect(autocommit=(i % 2 == 0)) for i in range(8)]
     rounds = 25
     barrier = threading.Barrier(len(sessions) + 1)
@@ -445,7 +485,7 @@ def test_unschedule_of_null_is_22004(conn):
 # The probe ---------------------------------------------------------------------------------------
 
 
-def test_the_schedules_probe_reads_one_entry_of_schedules_due_idx(conn):
+def test_the_sweeps_schedules_probe_reads_one_entry_of_schedules_due_idx(conn):
     set_clock(conn, T0)
     conn.execute("""INSERT INTO pgq.schedules (name, queue, kind, every, next_run_at)
                     SELECT 's' || g, 'q', 'k', '1 day', pgq._now() + g * interval '1 minute'
