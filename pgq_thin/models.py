@@ -62,6 +62,8 @@ class QueueSettings:
     max_running: int
     created_at: datetime
     max_run_time: timedelta | None = None
+    #: The earliest next_run_at of the queue's enabled schedules (None: none).
+    next_schedule_at: datetime | None = None
 
 
 @dataclass(frozen=True)

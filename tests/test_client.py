@@ -209,6 +209,7 @@ def test_schedules_timeouts_and_progress_from_python(client: Client, conn: psyco
 
     settings = client.configure_queue("reports", max_run_time=timedelta(minutes=5))
     assert settings.max_run_time == timedelta(minutes=5)
+    assert settings.next_schedule_at is None  # its one schedule was removed above
     other = client.enqueue("reports", "build", max_run_time=2)
     many = client.enqueue_many("reports", "build", [{}], max_run_time=timedelta(seconds=3))
     jobs = {j.id: j for j in client.claim("w", ["reports"], batch=3, lease=60)}
