@@ -10,7 +10,7 @@ sql/schema.sql, and replaced by a ```text block with the statements and psql's r
 Each statement ends at a line ending in ";" (or is a psql meta-command such as \\echo); a
 statement may start with "--" comment lines, which are shown as they are.
 
-The script starts its own PostgreSQL server (pgq_thin.embedded), builds a template database from
+The script starts its own PostgreSQL server (pgq_thin.testing.server), builds a template database from
 sql/schema.sql, runs the blocks (independent chains of blocks in parallel), writes
 docs/sql-api.md and stops the server.
 
@@ -41,7 +41,7 @@ OUTPUT = DOCS / "sql-api.md"
 SCHEMA = ROOT / "sql" / "schema.sql"
 
 sys.path.insert(0, str(ROOT))
-from pgq_thin import embedded  # noqa: E402
+from pgq_thin.testing import server as embedded  # noqa: E402
 
 MARK = "@@@@pgq-doc-statement@@@@"
 BLOCK = re.compile(r"```psql( continue)?\n(.*?)```", re.S)

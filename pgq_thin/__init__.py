@@ -39,4 +39,6 @@ __all__ = [
     "WrongState",
     "migrate",
 ]
+#: The package version: written here only (pyproject.toml reads it from here). The schema has a
+#: version of its own, pgq.version(): the number of its newest migration.
 __version__ = "0.1.0"

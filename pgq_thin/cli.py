@@ -263,16 +263,31 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 2 if verdict == "critical" else 0
 
 
+class _NeedsDevExtra(Exception):
+    """A development tool was asked for, and the dev extra is not installed."""
+
+
+def _require_dev_extra(command: str) -> None:
+    from pgq_thin.tools import INSTALL, missing_dev_requirements
+
+    missing = missing_dev_requirements()
+    if missing:
+        raise _NeedsDevExtra(f"{command} is a development tool and needs the dev extra "
+                             f"(missing: {', '.join(missing)}): {INSTALL}")
+
+
 def cmd_lab(args: argparse.Namespace) -> int:
-    from pgq_thin.lab import run_lab
+    _require_dev_extra("lab")
+    from pgq_thin.tools.lab import run_lab
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("pgq_thin.lab").setLevel(logging.INFO)
+    logging.getLogger("pgq_thin.tools.lab").setLevel(logging.INFO)
     return run_lab(args.out, args.dsn)
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
-    from pgq_thin.soak import run_old_snapshot_check, run_soak
+    _require_dev_extra("soak")
+    from pgq_thin.tools.soak import run_old_snapshot_check, run_soak
 
     if args.old_snapshot is not None:
         return run_old_snapshot_check(args.old_snapshot, args.dsn)
@@ -281,10 +296,11 @@ def cmd_soak(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pgq_thin.bench import run_bench
+    _require_dev_extra("bench")
+    from pgq_thin.tools.bench import run_bench
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
-    logging.getLogger("pgq_thin.bench").setLevel(logging.INFO)
+    logging.getLogger("pgq_thin.tools.bench").setLevel(logging.INFO)
     logging.getLogger("pgq_thin.worker").setLevel(logging.WARNING)
     options = {"workloads": args.workloads} if args.workloads else {}
     return run_bench(args.out, dsn=args.dsn, quick=args.quick, jobs=args.jobs, workers=args.workers,
@@ -292,7 +308,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pgq_thin.demo import run_demo
+    _require_dev_extra("demo")
+    from pgq_thin.tools.demo import run_demo
 
     return run_demo(dsn=args.dsn, jobs=args.jobs, workers=args.workers, concurrency=args.concurrency)
 
@@ -441,6 +458,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PgqError as exc:
         print(f"pgq-thin: error: {exc}", file=sys.stderr)
         return 1
+    except _NeedsDevExtra as exc:
+        print(f"pgq-thin: {exc}", file=sys.stderr)
+        return 2
     except psycopg.Error as exc:
         print(f"pgq-thin: error: {translate(exc)}", file=sys.stderr)
         return 1

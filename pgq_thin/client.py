@@ -21,6 +21,7 @@ from psycopg_pool import ConnectionPool
 
 from pgq_thin import queries
 from pgq_thin.errors import InvalidArgument, PgqError, translate
+from pgq_thin.migrate import warn_if_schema_is_old
 from pgq_thin.models import (
     HealthFinding,
     Job,
@@ -117,6 +118,7 @@ class Client:
                 yield conn.cursor()
             else:
                 with self.pool.connection() as pooled:
+                    warn_if_schema_is_old(pooled)  # once per database and process
                     yield pooled.cursor()
         except psycopg.Error as exc:
             raise translate(exc) from exc
@@ -128,7 +130,7 @@ class Client:
         """The rows of ``query``: tuples, or what ``rows`` (a psycopg row factory) makes of them."""
         with self._cursor(conn) as cur:
             if rows is not None:
-                cur.row_factory = rows  # type: ignore[assignment]
+                cur.row_factory = rows
             cur.execute(query, params, prepare=self._prepare)
             return cur.fetchall()
 

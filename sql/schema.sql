@@ -2517,10 +2517,13 @@ $$;
 COMMENT ON FUNCTION pgq.job_history(bigint) IS
     'The events of one job (claims, transitions, rejected stale writes), oldest first.';
 
+-- The schema version: the number of the newest migration. Every migration redefines it (and
+-- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '0.1.0'::text $$;
-COMMENT ON FUNCTION pgq.version() IS 'The version of the installed pgq schema.';
+    AS $$ SELECT '5'::text $$;
+COMMENT ON FUNCTION pgq.version() IS
+    'The version of the installed pgq schema: the number of the newest migration applied.';
 
 -- Grants -----------------------------------------------------------------------------------------
 -- Nobody but the owner touches the tables: every role works through the functions.

@@ -16,8 +16,8 @@ from sqlhelpers import fresh_database
 
 
 @pytest.fixture(scope="module")
-def clock_module_dsn(pg_server, admin_dsn: str, template_db: str) -> Iterator[str]:
-    for dsn in fresh_database(pg_server, admin_dsn, template_db, prefix="clock"):
+def clock_module_dsn(databases, template_db: str) -> Iterator[str]:
+    for dsn in fresh_database(databases, template_db):
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE SCHEMA pgq_test")
             conn.execute("REVOKE ALL ON SCHEMA pgq_test FROM PUBLIC")

@@ -9,46 +9,48 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgq_thin import embedded, migrate
+from pgq_thin.testing.server import Databases, ThrowawayPostgres
+
 from sqlhelpers import fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent
-TEMPLATE = "pgq_template"
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[embedded.ThrowawayPostgres]:
-    server = embedded.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def databases() -> Iterator[Databases]:
+    """The session's throwaway server and the databases made on it."""
+    with Databases(prefix="t") as made:
+        yield made
 
 
 @pytest.fixture(scope="session")
-def admin_dsn(pg_server: embedded.ThrowawayPostgres) -> str:
+def pg_server(databases: Databases) -> ThrowawayPostgres:
+    assert databases.server is not None
+    return databases.server
+
+
+@pytest.fixture(scope="session")
+def admin_dsn(databases: Databases) -> str:
     """The superuser's maintenance database, for CREATE/DROP DATABASE."""
-    return pg_server.dsn_for("postgres")
+    return databases.admin_dsn
 
 
 @pytest.fixture(scope="session")
-def template_db(pg_server: embedded.ThrowawayPostgres, admin_dsn: str) -> str:
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {TEMPLATE}")
-    migrate(pg_server.dsn_for(TEMPLATE))
-    return TEMPLATE
+def template_db(databases: Databases) -> str:
+    """The database migrated once, that every test's database copies."""
+    return databases.migrated_template()
 
 
 @pytest.fixture
-def dsn(pg_server: embedded.ThrowawayPostgres, admin_dsn: str, template_db: str) -> Iterator[str]:
+def dsn(databases: Databases) -> Iterator[str]:
     """A fresh database with pgq installed, as a libpq URL for the superuser."""
-    yield from fresh_database(pg_server, admin_dsn, template_db)
+    yield from fresh_database(databases, databases.migrated_template())
 
 
 @pytest.fixture
-def empty_dsn(pg_server: embedded.ThrowawayPostgres, admin_dsn: str) -> Iterator[str]:
+def empty_dsn(databases: Databases) -> Iterator[str]:
     """A fresh database without pgq."""
-    yield from fresh_database(pg_server, admin_dsn, "template1")
+    yield from fresh_database(databases, "template1")
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,19 +10,19 @@ from typing import Any
 import psycopg
 import pytest
 
+from pgq_thin.testing.server import Databases
+
 _counter = itertools.count()
 
 
-def fresh_database(server: Any, admin_dsn: str, template: str, prefix: str = "t") -> Iterator[str]:
+def fresh_database(databases: Databases, template: str) -> Iterator[str]:
     """Yields the URL of a new database copied from ``template``; drops it afterwards."""
-    name = f"{prefix}_{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+    name = databases.new_name()
+    dsn = databases.create(name, template)
     try:
-        yield server.dsn_for(name)
+        yield dsn
     finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        databases.drop(name)
 
 
 def one(conn: psycopg.Connection, sql: str, params: Any = None) -> Any:

@@ -3,7 +3,7 @@ produced, never how fast: the ratio is for bench runs to report, not for a test 
 
 from __future__ import annotations
 
-from pgq_thin.bench import AB_AFTER, AB_BEFORE, schedules_timeouts_ab, schedules_timeouts_ab_server
+from pgq_thin.tools.bench import AB_AFTER, AB_BEFORE, schedules_timeouts_ab, schedules_timeouts_ab_server
 
 
 def test_the_ab_drains_a_database_before_and_one_after_migration_0004_alternately() -> None:

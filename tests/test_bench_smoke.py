@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from pgq_thin.bench import BenchConfig, run_bench
+from pgq_thin.tools.bench import BenchConfig, run_bench
 
 pytestmark = pytest.mark.skipif(shutil.which("pgbench") is None and not Path("/usr/bin/pgbench").exists(),
                                 reason="pgbench is not installed")
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp_path: Path) -> None:
     config = BenchConfig(jobs=40, workers=(2,), repeats=1, enqueue_jobs=1000, single_enqueues=20,
                          latency_samples=2, poll_interval=0.2, finished_levels=(100, 200), claim_samples=5,
@@ -53,7 +54,7 @@ def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp
 
 
 def test_readme_block_is_replaced_by_the_runs_table(tmp_path: Path) -> None:
-    from pgq_thin.bench import BENCH_BEGIN, BENCH_END, update_readme
+    from pgq_thin.tools.bench import BENCH_BEGIN, BENCH_END, update_readme
 
     page = tmp_path / "README.md"
     page.write_text(f"# title\n\nprose\n\n{BENCH_BEGIN}\nold figures\n{BENCH_END}\n\nmore prose\n")
@@ -67,7 +68,7 @@ def test_readme_block_is_replaced_by_the_runs_table(tmp_path: Path) -> None:
 def test_bench_readme_shows_exactly_the_committed_runs_tables() -> None:
     """bench/README.md's generated block is bench/bench.md, byte for byte: the page's figures are
     one run's output, not typed by hand."""
-    from pgq_thin.bench import BENCH_BEGIN, BENCH_END
+    from pgq_thin.tools.bench import BENCH_BEGIN, BENCH_END
 
     bench = Path(__file__).resolve().parent.parent / "bench"
     page = (bench / "README.md").read_text()
@@ -87,7 +88,7 @@ def test_readme_quotes_no_benchmark_figures() -> None:
 def test_every_drain_is_reported_by_the_one_clock_of_timed_drain(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each system's rate is N over _timed_drain's seconds (no system substitutes a kinder span of
     its own), and that clock starts before the consumers do, so their start-up counts."""
-    from pgq_thin import bench
+    from pgq_thin.tools import bench
 
     bench._prepare_database(dsn)
     real_timed, real_consumers = bench._timed_drain, bench._consumers

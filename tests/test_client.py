@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -10,6 +11,8 @@ import pytest
 from pgq_thin import Client, InvalidArgument, Job, JobNotFound, QueueSettings, QueueStats, WrongState
 from pgq_thin.client import resolve_dsn
 from pgq_thin.errors import PermissionDenied
+from pgq_thin.migrate import shipped_schema_version
+
 from sqlhelpers import expire_lease, job
 
 
@@ -113,7 +116,7 @@ def test_admin_calls(client: Client, conn: psycopg.Connection) -> None:
     client.complete(claimed.id, claimed.attempt)
     conn.execute("UPDATE pgq.jobs SET finished_at = now() - interval '2 days' WHERE id = %s", (job_id,))
     assert client.prune(older_than=timedelta(days=1)) == 1
-    assert client.version() == "0.1.0"
+    assert client.version() == str(shipped_schema_version())
 
 
 def test_stats_are_typed_per_queue(client: Client) -> None:
@@ -157,7 +160,7 @@ def test_dsn_comes_from_the_environment(dsn: str, monkeypatch: pytest.MonkeyPatc
     monkeypatch.delenv("PGQ_DSN", raising=False)
     monkeypatch.setenv("DATABASE_URL", dsn)
     with Client() as client:
-        assert client.version() == "0.1.0"
+        assert client.version() == str(shipped_schema_version())
     # PGQ_DSN wins over DATABASE_URL.
     monkeypatch.setenv("PGQ_DSN", "postgresql://nobody@127.0.0.1:1/none")
     assert resolve_dsn() == "postgresql://nobody@127.0.0.1:1/none"
@@ -229,3 +232,30 @@ def test_schedules_timeouts_and_progress_from_python(client: Client, conn: psyco
     conn.execute("UPDATE pgq.jobs SET run_at = now() - interval '1 second' WHERE id = %s", (j.id,))
     (again,) = client.claim("w", ["reports"])
     assert (again.id, again.attempt, again.progress) == (j.id, 2, {"done": 10})
+
+
+def test_the_client_warns_once_when_the_schema_is_older_than_its_migrations(
+        empty_dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    from yoyo import get_backend, read_migrations
+
+    from pgq_thin.migrate import migrations_dir, yoyo_url
+
+    backend = get_backend(yoyo_url(empty_dsn))
+    try:  # the schema as it was before pgq.version() told the migration number
+        backend.apply_migrations(read_migrations(str(migrations_dir())).filter(lambda m: m.id < "0005"))
+    finally:
+        backend.connection.close()
+    with caplog.at_level(logging.WARNING, logger="pgq_thin"), Client(empty_dsn) as client:
+        assert client.version() == "0.1.0"
+        client.stats()
+        with Client(empty_dsn) as other:
+            other.stats()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"this database's pgq schema (version 0.1.0) is older than the migrations this "
+                        f"pgq-thin ships (up to {shipped_schema_version()}): run `pgq-thin migrate`"]
+
+
+def test_the_client_says_nothing_about_an_up_to_date_schema(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="pgq_thin"), Client(dsn) as client:
+        client.stats()
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []

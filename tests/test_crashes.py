@@ -21,7 +21,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgq_thin import embedded, migrate
+from pgq_thin import migrate
+from pgq_thin.testing import server as embedded
+
 from sqlhelpers import claim, events, job, one, wait_for
 from workerprocess import DEADLINE, ROOT, WorkerProcess, spawner
 
@@ -71,6 +73,7 @@ def assert_done_exactly_once(conn: psycopg.Connection, ids: list[int]) -> None:
 
 # 12 -----------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_job_whose_worker_was_killed_mid_job_is_reclaimed_after_its_lease_with_a_new_attempt_and_completes_once(
         spawn, conn: psycopg.Connection) -> None:
     # The job runs 4 s: the victim is surely still at it when the kill comes, however late the test
@@ -193,6 +196,7 @@ class Producer(threading.Thread):
             self.error = exc
 
 
+@pytest.mark.slow
 def test_workers_survive_every_client_backend_terminated_twice_under_load_and_do_every_job_once(
         spawn, dsn: str, conn: psycopg.Connection) -> None:
     workers = [spawn(STEADY_LEASE="2", STEADY_CONCURRENCY="3", STEADY_POLL="0.5") for _ in range(3)]
@@ -238,13 +242,12 @@ def own_server() -> Iterator[embedded.ThrowawayPostgres]:
 
 
 def restart(server: embedded.ThrowawayPostgres) -> None:
-    """Start the server again on the same data directory and port (crash recovery runs first).
-    testing.postgresql's start() launches the postmaster on base_dir/data without initdb: the
-    data directory is only created in setup(), at construction."""
+    """Start the server again on the same data directory and port (crash recovery runs first)."""
     assert server.child_process is None, "crash() it first"
     server.start()
 
 
+@pytest.mark.slow
 def test_committed_enqueues_and_completions_survive_an_immediate_shutdown_of_postgres(
         own_server: embedded.ThrowawayPostgres, spawn) -> None:
     with psycopg.connect(own_server.dsn_for("postgres"), autocommit=True) as admin:
@@ -291,6 +294,7 @@ def test_committed_enqueues_and_completions_survive_an_immediate_shutdown_of_pos
 POLL = 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["listen_off", "notify_off", "listener_killed_again_and_again"])
 def test_workers_pick_up_jobs_by_polling_without_notifications(
         spawn, conn: psycopg.Connection, how: str) -> None:
@@ -326,7 +330,7 @@ def test_workers_pick_up_jobs_by_polling_without_notifications(
             for _ in range(4):
                 time.sleep(random.uniform(0.1, 0.6))  # enqueue at a random point of the poll period
                 job_id = enqueue(conn)
-                wait_for(lambda: job(conn, job_id)["state"] == "done", f"job {job_id} to be done")
+                wait_for(lambda job_id=job_id: job(conn, job_id)["state"] == "done", f"job {job_id} to be done")
                 heard += [n.payload for n in ear.notifies(timeout=0.01)]
                 if how == "listen_off":
                     assert client_backends(conn, "pgq-listen%") == [], "a LISTEN connection exists"
@@ -343,6 +347,7 @@ def test_workers_pick_up_jobs_by_polling_without_notifications(
 
 # 27 -----------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_worker_whose_clock_is_skewed_by_minutes_behaves_exactly_like_one_whose_clock_is_right(
         spawn, conn: psycopg.Connection) -> None:
     """Leases are measured by the database clock only. Each worker takes a job that runs 2.5 times
@@ -369,7 +374,7 @@ def test_a_worker_whose_clock_is_skewed_by_minutes_behaves_exactly_like_one_whos
     for queue, ids in jobs.items():
         for job_id in ids:
             # Done, or claimed a second time (its lease ran out): the histories below tell which.
-            wait_for(lambda: job(conn, job_id)["state"] == "done" or job(conn, job_id)["attempt"] > 1,
+            wait_for(lambda job_id=job_id: job(conn, job_id)["state"] == "done" or job(conn, job_id)["attempt"] > 1,
                      f"job {job_id} of {queue} to be done")
     histories = {queue: [[(e[0], e[1]) for e in events(conn, i)] for i in ids] for queue, ids in jobs.items()}
     assert histories["behind"] == histories["ahead"] == histories["right"] == [

@@ -123,6 +123,7 @@ def test_the_payload_reaches_the_database_byte_for_byte(
     assert one(conn, "SELECT count(*) FROM pgq.jobs") == 1
 
 
+@pytest.mark.slow
 def test_a_worker_whose_lease_ran_out_cannot_complete_the_job(
         worker_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
     """The stale completion is fenced off by the attempt: the new owner keeps the job."""
@@ -161,6 +162,7 @@ def test_a_worker_whose_lease_ran_out_cannot_complete_the_job(
     assert one(conn, "SELECT pgq.complete(%s, 2)", (job_id,)) is True
 
 
+@pytest.mark.slow
 def test_a_stopping_worker_finishes_the_job_at_hand_and_releases_the_rest(
         worker_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
     # SIGTERM must arrive while the first job runs (else the worker does the rest too): 5 s of

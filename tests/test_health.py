@@ -12,7 +12,8 @@ import psycopg
 from sqlhelpers import claim, expire_lease
 
 
-def findings(conn: psycopg.Connection, snapshot: str = "5 minutes", ready: str = "5 minutes") -> dict[str, list[tuple[str, str]]]:
+def findings(conn: psycopg.Connection, snapshot: str = "5 minutes",
+             ready: str = "5 minutes") -> dict[str, list[tuple[str, str]]]:
     out: dict[str, list[tuple[str, str]]] = {}
     for severity, check, detail, _hint in conn.execute(
             "SELECT * FROM pgq.health(%s::interval, %s::interval)", (snapshot, ready)):

@@ -19,7 +19,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from pgq_thin.lab.harness import Harness, Step
+from pgq_thin.tools.lab.harness import Harness, Step
+
 from sqlhelpers import events, expire_lease, job, one
 
 DEADLINE = 30.0
@@ -407,13 +408,15 @@ def test_two_sessions_completing_the_same_pairs_in_opposite_orders_never_deadloc
         ids, attempts = [p[0] for p in pairs], [p[1] for p in pairs]
         start = threading.Barrier(2)
 
+        # The threads are joined within the iteration: this round's ids, attempts and start it is.
         def complete(reverse: bool) -> None:
             with psycopg.connect(dsn, autocommit=True) as c:
                 c.execute("SET deadlock_timeout = '10ms'")
-                start.wait(DEADLINE)
+                start.wait(DEADLINE)  # noqa: B023
                 try:
                     got = c.execute("SELECT * FROM pgq.complete_many(%s::bigint[], %s::integer[])",
-                                    (ids[::-1], attempts[::-1]) if reverse else (ids, attempts)).fetchall()
+                                    (ids[::-1], attempts[::-1]) if reverse else (ids, attempts),  # noqa: B023
+                                    ).fetchall()
                     with lock:
                         answers.append(sorted(r[0] for r in got))
                 except psycopg.Error as exc:
@@ -433,6 +436,7 @@ def test_two_sessions_completing_the_same_pairs_in_opposite_orders_never_deadloc
     assert one(conn, "SELECT count(DISTINCT job_id) FROM pgq.job_events WHERE event = 'completed'") == 1000
 
 
+@pytest.mark.slow
 def test_many_sessions_claiming_completing_sweeping_and_cancelling_never_deadlock(
         dsn: str, conn: psycopg.Connection) -> None:
     conn.execute("SELECT pgq.configure_queue('q', lease => interval '50 milliseconds')")

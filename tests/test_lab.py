@@ -12,12 +12,18 @@ from types import ModuleType
 import psycopg
 import pytest
 
-from pgq_thin.lab import (
-    EXPERIMENTS, exp2_lock_modes, exp4_starvation, exp5_long_work, exp6_abandoned_claim, run_experiment, run_lab,
+from pgq_thin.tools.lab import (
+    EXPERIMENTS,
+    exp2_lock_modes,
+    exp4_starvation,
+    exp5_long_work,
+    exp6_abandoned_claim,
+    run_experiment,
+    run_lab,
 )
-from pgq_thin.lab.harness import Harness, Step
-from pgq_thin.lab.report import COMMON_FILES, STEP_COLUMNS, schema_line
-from pgq_thin.lab.statements import TEMPLATES
+from pgq_thin.tools.lab.harness import Harness, Step
+from pgq_thin.tools.lab.report import COMMON_FILES, STEP_COLUMNS, schema_line
+from pgq_thin.tools.lab.statements import TEMPLATES
 
 
 @pytest.mark.parametrize("module", EXPERIMENTS, ids=lambda m: f"{m.NUMBER}-{m.SLUG}")
@@ -29,6 +35,7 @@ def test_experiment_passes(module: ModuleType, dsn: str) -> None:
     assert result.verdict.observation, "an experiment must write its observation from the data"
 
 
+@pytest.mark.slow
 def test_run_lab_writes_the_evidence_package_with_a_pass_row_per_experiment(
         tmp_path: Path, pg_server, admin_dsn: str) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "evidence"

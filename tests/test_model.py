@@ -26,8 +26,14 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
-                                 run_state_machine_as_test)
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from sqlhelpers import one
 
@@ -304,6 +310,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.retried, self.swept = None, False
 
 
+@pytest.mark.slow
 def test_the_sql_api_behaves_like_the_model_queue_step_by_step(dsn: str, conn: psycopg.Connection) -> None:
     install_test_clock(conn)
     conn.execute("SELECT pgq.configure_queue('q', lease => make_interval(mins => %s), "

@@ -154,6 +154,7 @@ MIGRATION_SHA256 = {
     "0001_initial.sql": "6bb00e304d042f1795350dea4b6330bb8d0c6e9ed117ae428b19c3875c6b0966",
     "0002_cheaper_name_checks.sql": "e40c5560da4a1f1fc81c02d33afe62c74fd7cd7dd5a755a70b522b160fd0086c",
     "0004_schedules_timeouts_progress.sql": "1cfe0f5fe1f53dd95502dd4c34f8d6ff4bbd80c7137e0e9876c2bb5a461d6726",
+    "0005_version.sql": "6fabb054b17a18a925555afe60edb2a640bb73da8cbb43017d8d76c7b84da496",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 
@@ -171,6 +172,15 @@ def test_schema_sql_and_migrations_build_the_same_catalog(schema_sql_catalog, ds
     names = {row[0] for row in schema_sql_catalog["functions"]}
     assert {"enqueue", "claim", "complete", "sweep", "stats"} <= names
     assert {row[0] for row in schema_sql_catalog["indexes"]} >= {"jobs_ready_idx", "jobs_lease_idx"}
+
+
+def test_pgq_version_is_the_number_of_the_newest_migration_file(schema_sql_catalog, empty_dsn, dsn):
+    """Every migration redefines pgq.version() to return its own number, and sql/schema.sql says the
+    same: a new migration that forgets it fails here (and the client would not know the schema)."""
+    newest = max(int(f.name.split("_", 1)[0]) for f in MIGRATIONS.glob("*.sql"))
+    for database in (empty_dsn, dsn):  # empty_dsn: built from sql/schema.sql by the fixture
+        with psycopg.connect(database, autocommit=True) as conn:
+            assert conn.execute("SELECT pgq.version()").fetchone() == (str(newest),), database
 
 
 def test_migrations_applied_twice_are_a_no_op(dsn):

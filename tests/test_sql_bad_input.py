@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
 from sqlhelpers import job, one
-from test_sql_support import dsn, module_dsn  # noqa: F401  (one database per module, emptied per test)
-from test_sql_support import row_counts, running_job
+from test_sql_support import dsn, module_dsn, row_counts, running_job  # noqa: F401  (one database per module, emptied per test)
 
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}")
 HYPOTHESIS = settings(max_examples=50, deadline=None,

@@ -8,8 +8,7 @@ from datetime import timedelta
 from psycopg.types.json import Jsonb
 
 from sqlhelpers import claim, job, notifications_until_marker, one
-from test_sql_support import dsn, module_dsn  # noqa: F401  (one database per module, emptied per test)
-from test_sql_support import wait_until_blocked
+from test_sql_support import dsn, module_dsn, wait_until_blocked  # noqa: F401  (one database per module, emptied per test)
 
 
 def test_enqueue_takes_max_attempts_from_the_queue_and_fills_defaults(conn):

@@ -12,9 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sqlhelpers import claim, events, expire_lease, job, one
-from test_sql_support import dsn, module_dsn  # noqa: F401  (one database per module, emptied per test)
-from test_sql_support import make_due, running_job
-
+from test_sql_support import dsn, make_due, module_dsn, running_job  # noqa: F401  (one database per module, emptied per test)
 
 # Every owner operation, as (name, SQL taking id and attempt, the "not yours" answer).
 OWNER_OPS = [
@@ -24,7 +22,8 @@ OWNER_OPS = [
     ("release", "SELECT pgq.release(%s, %s)", False),
     ("snooze", "SELECT pgq.snooze(%s, %s, interval '1 hour')", None),
     ("mark_unknown", "SELECT pgq.mark_unknown(%s, %s, 'stale note')", False),
-    ("complete_many", "SELECT coalesce(array_agg(x), '{}') FROM pgq.complete_many(ARRAY[%s]::bigint[], ARRAY[%s]::int[]) AS x", []),
+    ("complete_many",
+     "SELECT coalesce(array_agg(x), '{}') FROM pgq.complete_many(ARRAY[%s]::bigint[], ARRAY[%s]::int[]) AS x", []),
 ]
 OWNER_OP_IDS = [op[0] for op in OWNER_OPS]
 

@@ -9,8 +9,6 @@ the stale-statistics case that follows a quiet period or an outage.
 
 from __future__ import annotations
 
-import itertools
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,8 +18,10 @@ import pytest
 
 from sqlhelpers import claim
 
+# The module's fixture builds a database of 1.1 million jobs (about 13 s).
+pytestmark = pytest.mark.slow
+
 WARMUP = 8
-_counter = itertools.count()
 
 SCAN_RE = re.compile(
     r"(?P<kind>Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan)(?: Backward)?"
@@ -51,11 +51,9 @@ class Plan:
 
 
 @pytest.fixture(scope="module")
-def big_dsn(pg_server, admin_dsn: str, template_db: str) -> Iterator[str]:
-    name = f"plans_{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
-    dsn = pg_server.dsn_for(name)
+def big_dsn(databases, template_db: str) -> Iterator[str]:
+    name = databases.new_name()
+    dsn = databases.create(name, template_db)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO pgq.queues (name) VALUES ('q')")
         conn.execute("""
@@ -80,8 +78,7 @@ def big_dsn(pg_server, admin_dsn: str, template_db: str) -> Iterator[str]:
     try:
         yield dsn
     finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        databases.drop(name)
 
 
 @pytest.fixture

@@ -374,7 +374,7 @@ def test_many_concurrent_sweepers_and_claimers_never_enqueue_an_occurrence_twice
         t.start()
     now = utc(T0)
     expected: dict[str, list[datetime]] = {f"s{i:02}": [] for i in range(20)}
-    for r in range(rounds):
+    for _ in range(rounds):
         now += timedelta(seconds=rng.choice([30, 60, 90, 300]))
         set_clock(conn, now.isoformat())
         for i in range(20):
@@ -461,7 +461,8 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("override", "sqlstate", "argument"), BAD, ids=[b[2] + "-" + repr(list(b[0].values())[0]) for b in BAD])
+@pytest.mark.parametrize(("override", "sqlstate", "argument"), BAD,
+                         ids=[b[2] + "-" + repr(list(b[0].values())[0]) for b in BAD])
 def test_a_bad_argument_to_schedule_is_a_clear_error_naming_it_and_writes_nothing(conn, override, sqlstate, argument):
     args = {"name": "s", "queue": "q", "kind": "k", "cron": None, "every": "1 hour", "payload": "{}",
             "timezone": "UTC", "priority": 0, "max_attempts": None, "tenant": None,

@@ -50,7 +50,8 @@ API: dict[str, tuple[str, set[str]]] = {
     "get_job": ("SELECT * FROM pgq.get_job(1)", MONITOR),
     "job_history": ("SELECT * FROM pgq.job_history(1)", MONITOR),
     "version": ("SELECT pgq.version()", {"pgq_producer", "pgq_worker", "pgq_monitor", "pgq_admin"}),
-    "cron_next": ("SELECT pgq.cron_next('0 * * * *', now())", {"pgq_producer", "pgq_worker", "pgq_monitor", "pgq_admin"}),
+    "cron_next": ("SELECT pgq.cron_next('0 * * * *', now())",
+                  {"pgq_producer", "pgq_worker", "pgq_monitor", "pgq_admin"}),
 }
 TABLE_STATEMENTS = [
     "SELECT * FROM pgq.{t}",
@@ -195,7 +196,8 @@ SHADOWS = [
     "CREATE FUNCTION public.cardinality(text[]) RETURNS int LANGUAGE plpgsql AS $$BEGIN RAISE 'hijacked'; END$$",
     "CREATE FUNCTION public.text_eq(text, text) RETURNS boolean LANGUAGE plpgsql AS $$BEGIN RAISE 'hijacked'; END$$",
     "CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.text_eq)",
-    "CREATE FUNCTION public.int_lt(integer, integer) RETURNS boolean LANGUAGE plpgsql AS $$BEGIN RAISE 'hijacked'; END$$",
+    "CREATE FUNCTION public.int_lt(integer, integer) RETURNS boolean LANGUAGE plpgsql"
+    " AS $$BEGIN RAISE 'hijacked'; END$$",
     "CREATE OPERATOR public.< (LEFTARG = integer, RIGHTARG = integer, FUNCTION = public.int_lt)",
 ]
 

@@ -20,10 +20,9 @@ import pytest
 from sqlhelpers import claim, fresh_database, one
 
 
-
 @pytest.fixture(scope="module")
-def module_dsn(pg_server, admin_dsn: str, template_db: str) -> Iterator[str]:
-    yield from fresh_database(pg_server, admin_dsn, template_db, prefix="m")
+def module_dsn(databases, template_db: str) -> Iterator[str]:
+    yield from fresh_database(databases, template_db)
 
 
 @pytest.fixture

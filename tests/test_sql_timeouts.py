@@ -34,7 +34,8 @@ def utc(seconds: float) -> datetime:
 
 def test_a_queues_max_run_time_caps_the_claims_lease_and_sets_the_attempts_deadline(conn):
     set_clock(conn, T0)
-    settings = conn.execute("SELECT max_run_time FROM pgq.configure_queue('q', max_run_time => '10 seconds')").fetchone()
+    settings = conn.execute(
+        "SELECT max_run_time FROM pgq.configure_queue('q', max_run_time => '10 seconds')").fetchone()
     assert settings == (timedelta(seconds=10),)
     a = one(conn, "SELECT pgq.enqueue('q', 'k')")
     (c,) = claim(conn)  # the queue's lease is 30 s: capped at the deadline

@@ -21,6 +21,7 @@ import pytest
 from pgq_thin import Client, Job
 from pgq_thin.errors import PgqError
 from pgq_thin.worker import JobContext, OutcomeUnknown, Retry, Snooze, Worker, _JobLog, _Running, _transient
+
 from sqlhelpers import events, expire_lease, job, one, wait_for
 
 # Generous deadlines that only keep a broken test from hanging; nothing here measures speed.
@@ -724,6 +725,7 @@ def test_a_completion_batch_that_meets_a_dead_connection_stays_queued_and_is_rep
     assert [e[0] for e in events(conn, mine.id)] == ["claimed", "completed"]
 
 
+@pytest.mark.slow
 def test_a_worker_whose_database_is_unreachable_keeps_trying_and_still_stops_cleanly(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="pgq_thin.worker")

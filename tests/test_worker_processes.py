@@ -14,8 +14,8 @@ import pytest
 
 from pgq_thin import Job
 from pgq_thin.worker import JobContext, Worker
-from sqlhelpers import events, job, one
-from sqlhelpers import wait_for
+
+from sqlhelpers import events, job, one, wait_for
 from test_worker import enqueue, finished, running
 from workerprocess import ROOT, WorkerProcess, spawner
 

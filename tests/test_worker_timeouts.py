@@ -17,6 +17,7 @@ import psycopg
 
 from pgq_thin import Client, Job
 from pgq_thin.worker import JobContext
+
 from sqlhelpers import events, job, one, wait_for
 from test_worker import enqueue, fast_worker, finished, running
 from workerprocess import ROOT, spawner

@@ -4,7 +4,6 @@ kills whatever is still running at the end of the test."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -14,44 +13,29 @@ from pathlib import Path
 
 import pytest
 
+from pgq_thin.tools import fleet
+
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE = 30.0
 
 
-class WorkerProcess:
+class WorkerProcess(fleet.WorkerProcess):
+    """pgq_thin.tools.fleet's WorkerProcess, failing the test when it does not exit in time."""
+
     def __init__(self, app: Path, dsn: str, log: Path, prefix: list[str] | None = None, **settings: str) -> None:
-        env = {**os.environ, "PGQ_DSN": dsn, "PYTHONUNBUFFERED": "1", **settings}
-        self.log = log
-        self._log_file = log.open("w")
-        self.process = subprocess.Popen([*(prefix or []), sys.executable, str(app)], env=env, cwd=ROOT,
-                                        stdout=self._log_file, stderr=subprocess.STDOUT)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def logged(self, text: str) -> bool:
-        return text in self.log.read_text()
-
-    def signal(self, signum: int) -> None:
-        self.process.send_signal(signum)
+        super().__init__([*(prefix or []), sys.executable, str(app)], log, cwd=ROOT,
+                         env={"PGQ_DSN": dsn, "PYTHONUNBUFFERED": "1", **settings})
 
     def wait_exit(self, timeout: float = DEADLINE) -> int:
         try:
-            return self.process.wait(timeout)
+            return super().wait_exit(timeout)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the worker did not exit within {timeout}s; its log:\n{self.log.read_text()}")
+            pytest.fail(f"the worker did not exit within {timeout}s; its log:\n{self.log_text()}")
 
-    def stop(self) -> int:
+    def stop(self, timeout: float = DEADLINE) -> int:
         """SIGTERM, then wait: a graceful exit returns 0."""
         self.signal(signal.SIGTERM)
-        return self.wait_exit()
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self._log_file.close()
+        return self.wait_exit(timeout)
 
 
 @contextmanager

@@ -10,7 +10,9 @@ import os
 
 import pytest
 
-from pgq_thin.soak import old_snapshot_problems, run_old_snapshot
+from pgq_thin.tools.soak import old_snapshot_problems, run_old_snapshot
+
+pytestmark = [pytest.mark.soak, pytest.mark.slow]
 
 
 def test_claims_keep_working_under_an_old_snapshot_and_dead_tuples_fall_after_it_ends(

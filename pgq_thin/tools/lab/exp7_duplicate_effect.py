@@ -9,9 +9,16 @@ silently records the effect twice. worker-b then completes the job."""
 
 from __future__ import annotations
 
-from pgq_thin.lab.harness import Harness, Verdict, sqlv
-from pgq_thin.lab.statements import (
-    CLAIM, COMPLETE, ENQUEUE_COHORT, EPOCH, EVENTS, JOB, RECOVER, WAIT_LEASE_EXPIRY,
+from pgq_thin.tools.lab.harness import Harness, Verdict, sqlv
+from pgq_thin.tools.lab.statements import (
+    CLAIM,
+    COMPLETE,
+    ENQUEUE_COHORT,
+    EPOCH,
+    EVENTS,
+    JOB,
+    RECOVER,
+    WAIT_LEASE_EXPIRY,
 )
 
 NUMBER = 7
@@ -76,8 +83,10 @@ def run(h: Harness) -> Verdict:
                   {"id": job, "worker": "worker-b", "attempt": b_attempt})
     h.step(b, "b_log_effect", LOG, {"id": job, "worker": "worker-b", "attempt": b_attempt})
     done = h.step(b, "b_complete", COMPLETE, {"id": job, "attempt": b_attempt})
-    effects = h.step(obs, "obs_effects", "SELECT job_id, first_worker, first_attempt FROM lab_effects ORDER BY job_id").dicts()
-    log = h.step(obs, "obs_effect_log", "SELECT job_id, worker, attempt FROM lab_effect_log ORDER BY recorded_at").dicts()
+    effects = h.step(obs, "obs_effects",
+                     "SELECT job_id, first_worker, first_attempt FROM lab_effects ORDER BY job_id").dicts()
+    log = h.step(obs, "obs_effect_log",
+                 "SELECT job_id, worker, attempt FROM lab_effect_log ORDER BY recorded_at").dicts()
     final = h.step(obs, "obs_job_final", JOB, {"id": job}).dicts()[0]
     events = h.step(obs, "obs_events", EVENTS, {"ids": [job]}).dicts()
     history = [(e["event"], e["attempt"], e["worker"]) for e in events]
@@ -87,13 +96,15 @@ def run(h: Harness) -> Verdict:
             a_effect.ok and a_attempt == 1, f"effect insert {a_effect.outcome}; attempt {a_attempt}")
     v.check("after the lease expired the job was recovered and re-run by worker-b as attempt 2",
             swept.value == 1 and retry.col("id") == [job] and b_attempt == 2,
-            f"sweep recovered {swept.value}; worker-b claimed {retry.col('id') if retry.ok else '-'} at attempt {b_attempt}")
+            f"sweep recovered {swept.value}; "
+            f"worker-b claimed {retry.col('id') if retry.ok else '-'} at attempt {b_attempt}")
     v.check("the retry's keyed effect insert was detected as a duplicate (23505 unique_violation)",
             dup.sqlstate == "23505", dup.outcome)
     v.check("the idempotent form (ON CONFLICT DO NOTHING) applied nothing",
             idem.ok and idem.rows == [], f"{idem.outcome}; {len(idem.rows)} row(s) returned")
     v.check("the keyed effect exists exactly once, from the first attempt",
-            effects == [{"job_id": job, "first_worker": "worker-a", "first_attempt": 1}], "lab_effects = " + ", ".join(sqlv(tuple(e.values())) for e in effects))
+            effects == [{"job_id": job, "first_worker": "worker-a", "first_attempt": 1}],
+            "lab_effects = " + ", ".join(sqlv(tuple(e.values())) for e in effects))
     v.check("control: without a unique key the effect was silently recorded twice",
             len(log) == 2 and [r["attempt"] for r in log] == [1, 2],
             "lab_effect_log (worker, attempt) = " + ", ".join(sqlv((r["worker"], r["attempt"])) for r in log))

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
-from pgq_thin.lab.harness import Harness, Verdict, sqlv
-from pgq_thin.lab.statements import CLAIM, COMPLETE, ENQUEUE_COHORT, EPOCH
+from pgq_thin.tools.lab.harness import Harness, Verdict, sqlv
+from pgq_thin.tools.lab.statements import CLAIM, COMPLETE, ENQUEUE_COHORT, EPOCH
 
 NUMBER = 5
 SLUG = "long-work"
@@ -56,7 +56,8 @@ def _mode(h: Harness, v: Verdict, mode: str, queue: str, hold_open: bool) -> dic
     prober = h.session(f"prober-{mode}")
     if hold_open:
         h.step(a, f"{mode}_a_begin", "BEGIN")
-    claim = h.step(a, f"{mode}_a_claim", CLAIM, {"worker": a.name, "queues": [queue], "batch": 1, "lease": "30 seconds"})
+    claim = h.step(a, f"{mode}_a_claim", CLAIM,
+                   {"worker": a.name, "queues": [queue], "batch": 1, "lease": "30 seconds"})
     row = claim.dicts()[0]
     work = h.start(a, f"{mode}_a_work", fn=lambda: time.sleep(WORK_SECONDS),
                    describe=f"synthetic work: sleep {WORK_SECONDS}s"
@@ -64,7 +65,8 @@ def _mode(h: Harness, v: Verdict, mode: str, queue: str, hold_open: bool) -> dic
     activity = h.step(obs, f"{mode}_obs_activity", ACTIVITY, {"pid": a.pid}).dicts()[0]
     stats = h.step(obs, f"{mode}_obs_stats", STATS, {"queue": queue}).dicts()[0]
     probe = h.step(prober, f"{mode}_probe_row_lock", PROBE, {"id": row["id"]})
-    other = h.step(b, f"{mode}_b_claim", CLAIM, {"worker": b.name, "queues": [queue], "batch": 1, "lease": "30 seconds"})
+    other = h.step(b, f"{mode}_b_claim", CLAIM,
+                   {"worker": b.name, "queues": [queue], "batch": 1, "lease": "30 seconds"})
     h.wait(work)
     done = h.step(a, f"{mode}_a_complete", COMPLETE, {"id": row["id"], "attempt": row["attempt"]})
     end = h.step(a, f"{mode}_a_commit", "COMMIT") if hold_open else done
@@ -100,12 +102,14 @@ def run(h: Harness, *, a_holds_open: bool = False) -> Verdict:
             and b["end"].started_at is not None and pb.ended_at >= b["end"].started_at,
             f"{pb.outcome}; waited {pb.lock_wait_ms:.0f} ms on the lock; the work took {b['work_ms']:.0f} ms")
     v.check("B: monitoring could not see the claim (job still pending, none running)",
-            b["stats"]["running"] == 0, f"pgq.stats(): pending {b['stats']['pending']}, running {b['stats']['running']}")
+            b["stats"]["running"] == 0,
+            f"pgq.stats(): pending {b['stats']['pending']}, running {b['stats']['running']}")
     for m, r in (("A", a), ("B", b)):
         v.check(f"{m}: the other claimant was not blocked and got another job",
                 r["other"].ok and not r["other"].lock_wait and r["other_ids"] and r["job"] not in r["other_ids"],
                 f"{r['other'].outcome}; got {r['other_ids']} (worker-a holds {r['job']})")
-        v.check(f"{m}: worker-a's pgq.complete returned true", r["completed"] is True, f"returned {sqlv(r['completed'])}")
+        v.check(f"{m}: worker-a's pgq.complete returned true", r["completed"] is True,
+                f"returned {sqlv(r['completed'])}")
     for sentence in observation(a, b):
         v.observe(sentence)
     return v

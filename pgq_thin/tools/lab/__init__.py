@@ -10,7 +10,6 @@ one it creates (and drops) its own databases on that server, so the role needs C
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 import traceback
@@ -20,10 +19,9 @@ from types import ModuleType
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
-from pgq_thin.lab import (
+from pgq_thin.testing.server import Databases
+from pgq_thin.tools.lab import (
     exp1_claim_boundary,
     exp2_lock_modes,
     exp3_ordering,
@@ -35,12 +33,12 @@ from pgq_thin.lab import (
     exp9_schedule_firing,
     exp10_hung_handler,
 )
-from pgq_thin.lab.harness import Check, Harness, Step, Verdict, utcnow
-from pgq_thin.lab.statements import TEMPLATES
+from pgq_thin.tools.lab.harness import Check, Harness, Step, Verdict, utcnow
+from pgq_thin.tools.lab.statements import TEMPLATES
 
 __all__ = ["EXPERIMENTS", "ExperimentResult", "run_experiment", "run_lab"]
 
-log = logging.getLogger("pgq_thin.lab")
+log = logging.getLogger("pgq_thin.tools.lab")
 
 #: Every experiment, in order. Each module has NUMBER, SLUG, TITLE, BASIS, HYPOTHESIS, PROCEDURE,
 #: CONDITION and run(harness) -> Verdict.
@@ -113,62 +111,18 @@ def run_experiment(module: ModuleType, dsn: str, *, database: str = "") -> Exper
                             error, jobs, events)
 
 
-class _Server:
-    """Where the lab's databases live: a throwaway server, or the one a dsn points at."""
-
-    def __init__(self, dsn: str | None) -> None:
-        self.embedded = None
-        if dsn is None:
-            from pgq_thin import embedded
-
-            self.embedded = embedded.start()
-            dsn = self.embedded.dsn_for("postgres")
-        self.admin_dsn = dsn
-        self.prefix = f"pgq_lab_{os.getpid()}_{int(time.time())}"
-        self.created: list[str] = []
-
-    def dsn_for(self, database: str) -> str:
-        return make_conninfo(self.admin_dsn, dbname=database)
-
-    def create(self, name: str, template: str | None = None) -> str:
-        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-            if template:
-                stmt = sql.SQL("{} TEMPLATE {}").format(stmt, sql.Identifier(template))
-            conn.execute(stmt)
-        self.created.append(name)
-        return self.dsn_for(name)
-
-    def drop(self, name: str) -> None:
-        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        if name in self.created:
-            self.created.remove(name)
-
-    def close(self) -> None:
-        try:
-            for name in list(reversed(self.created)):
-                try:
-                    self.drop(name)
-                except psycopg.Error:
-                    pass
-        finally:
-            if self.embedded is not None:
-                self.embedded.stop()
-
-
 def run_lab(out_dir: str, dsn: str | None = None, *, experiments: list[ModuleType] | None = None) -> int:
     """Run the lab and write the evidence directory. Returns the process exit code: 0 when every
     experiment passed, 1 when one failed, 2 when the lab itself could not run (the traceback is
     printed to stderr)."""
-    from pgq_thin.lab import report
     from pgq_thin.migrate import migrate
+    from pgq_thin.tools.lab import report
 
     t0 = time.monotonic()
     started = utcnow()
     results: list[ExperimentResult] = []
     try:
-        server = _Server(dsn)
+        server = Databases(dsn, prefix=f"pgq_lab_{int(time.time())}")
     except Exception:  # noqa: BLE001 - no server: report it, as an exit code
         traceback.print_exc(file=sys.stderr)
         return 2
@@ -188,7 +142,7 @@ def run_lab(out_dir: str, dsn: str | None = None, *, experiments: list[ModuleTyp
             log.info("experiment %s %s: %s (%.1fs)", module.NUMBER, module.SLUG,
                      "PASS" if result.passed else "FAIL", (result.ended_at - result.started_at).total_seconds())
         context.update(started_at=started, duration_s=time.monotonic() - t0,
-                       server_mode="throwaway server (pgq_thin.embedded)" if dsn is None
+                       server_mode="throwaway server (pgq_thin.testing.server)" if dsn is None
                        else "the server given by --dsn (databases created and dropped by the lab)",
                        template=template)
         report.write(out_dir, results, context)

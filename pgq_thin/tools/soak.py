@@ -1,6 +1,6 @@
 """pgq-thin soak: the chaos soak (TESTING.md 20) and the old-snapshot run (TESTING.md 21).
 
-``run_soak``: producer threads enqueue jobs while worker processes (pgq_thin.soak_app) run them,
+``run_soak``: producer threads enqueue jobs while worker processes (pgq_thin.tools.soak_app) run them,
 each execution writing one row to a synthetic effects ledger. Meanwhile the soak kill -9s workers
 (and starts new ones), freezes workers (SIGSTOP) past their lease and thaws them, terminates
 client connections (pg_terminate_backend), and restarts the server once in immediate mode
@@ -28,10 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import random
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -42,11 +39,11 @@ from typing import Any
 import psycopg
 import psycopg.conninfo
 
-from pgq_thin import embedded
-from pgq_thin._processes import stop_processes
 from pgq_thin.client import Client
 from pgq_thin.migrate import migrate
-from pgq_thin.soak_app import QUEUE
+from pgq_thin.testing import server as embedded
+from pgq_thin.tools.fleet import WorkerProcess, stop_processes, worker_command
+from pgq_thin.tools.soak_app import QUEUE
 
 __all__ = ["SoakCounts", "old_snapshot_problems", "run_old_snapshot", "run_old_snapshot_check", "run_soak",
            "soak_report"]
@@ -81,6 +78,13 @@ def _connect(dsn: str, patience: float = 30.0) -> psycopg.Connection[Any]:
             time.sleep(0.2)
 
 
+def _fetch(cursor: psycopg.Cursor[Any]) -> Any:
+    """The one row a query returns (an aggregate's, say)."""
+    row = cursor.fetchone()
+    assert row is not None, "the query returned no row"
+    return row
+
+
 def _one(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> Any:
     with _connect(dsn) as conn:
         row = conn.execute(sql, params).fetchone()
@@ -94,42 +98,37 @@ class _Fleet:
     dsn: str
     log_dir: str
     concurrency: int
-    procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)  # slot -> process
+    procs: dict[int, WorkerProcess] = field(default_factory=dict)  # slot -> process
     generation: int = 0
     frozen: dict[int, float] = field(default_factory=dict)  # slot -> monotonic time to thaw
 
     def start(self, slot: int) -> None:
         self.generation += 1
         name = f"soak-w{slot}-g{self.generation}"
-        log = open(os.path.join(self.log_dir, f"{name}.log"), "wb")
-        self.procs[slot] = subprocess.Popen(
-            [sys.executable, "-m", "pgq_thin", "worker", "--app", "pgq_thin.soak_app:worker",
-             "--dsn", self.dsn, "--queues", QUEUE, "--concurrency", str(self.concurrency), "--quiet"],
-            stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PGQ_SOAK_WORKER": name, "PGQ_SOAK_LEASE": str(LEASE_SECONDS),
+        self.procs[slot] = WorkerProcess(
+            worker_command("pgq_thin.tools.soak_app:worker", self.dsn, queues=[QUEUE], concurrency=self.concurrency),
+            os.path.join(self.log_dir, f"{name}.log"),
+            env={"PGQ_SOAK_WORKER": name, "PGQ_SOAK_LEASE": str(LEASE_SECONDS),
                  "PGQ_SOAK_CONCURRENCY": str(self.concurrency)})
-        log.close()
 
     def kill(self, slot: int) -> None:
-        proc = self.procs[slot]
-        proc.kill()
-        proc.wait()
+        self.procs[slot].kill()
         self.frozen.pop(slot, None)
 
     def freeze(self, slot: int, seconds: float) -> None:
-        self.procs[slot].send_signal(signal.SIGSTOP)
+        self.procs[slot].freeze()
         self.frozen[slot] = time.monotonic() + seconds
 
     def thaw_due(self, everything: bool = False) -> None:
         now = time.monotonic()
         for slot, until in list(self.frozen.items()):
             if everything or until <= now:
-                self.procs[slot].send_signal(signal.SIGCONT)
+                self.procs[slot].thaw()
                 del self.frozen[slot]
 
     def revive_dead(self) -> int:
         """Start a replacement for each worker that exited on its own; returns how many."""
-        dead = [slot for slot, proc in self.procs.items() if proc.poll() is not None]
+        dead = [slot for slot, proc in self.procs.items() if not proc.alive]
         for slot in dead:
             self.start(slot)
         return len(dead)
@@ -231,7 +230,7 @@ def _terminate_connections(dsn: str, rng: random.Random) -> int:
             return 0
         chosen = pids if rng.random() < 0.2 else rng.sample(pids, max(1, len(pids) // 4))
         return sum(1 for pid in chosen
-                   if conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0])
+                   if _fetch(conn.execute("SELECT pg_terminate_backend(%s)", (pid,)))[0])
 
 
 def _check(dsn: str, acknowledged: list[int], counts: SoakCounts) -> list[str]:
@@ -243,30 +242,30 @@ def _check(dsn: str, acknowledged: list[int], counts: SoakCounts) -> list[str]:
             for job_id in acknowledged:
                 copy.write_row((job_id,))
         counts.acknowledged = len(acknowledged)
-        counts.jobs = conn.execute("SELECT count(*) FROM pgq.jobs WHERE queue = %s", (QUEUE,)).fetchone()[0]
+        counts.jobs = _fetch(conn.execute("SELECT count(*) FROM pgq.jobs WHERE queue = %s", (QUEUE,)))[0]
         counts.states = dict(conn.execute(
             "SELECT state::text, count(*) FROM pgq.jobs WHERE queue = %s GROUP BY 1 ORDER BY 1",
             (QUEUE,)).fetchall())
         counts.failed_jobs = counts.states.get("failed", 0)
-        counts.lost = conn.execute(
+        counts.lost = _fetch(conn.execute(
             "SELECT count(*) FROM acked AS a WHERE NOT EXISTS (SELECT FROM pgq.jobs AS j WHERE j.id = a.id)"
-        ).fetchone()[0]
-        counts.completed_twice = conn.execute(
+        ))[0]
+        counts.completed_twice = _fetch(conn.execute(
             "SELECT count(*) FROM (SELECT e.job_id FROM pgq.job_events AS e WHERE e.event = 'completed'"
-            " GROUP BY e.job_id HAVING count(*) > 1) AS x").fetchone()[0]
-        counts.not_terminal = conn.execute(
+            " GROUP BY e.job_id HAVING count(*) > 1) AS x"))[0]
+        counts.not_terminal = _fetch(conn.execute(
             "SELECT count(*) FROM pgq.jobs WHERE queue = %s AND state NOT IN ('done', 'failed', 'cancelled')",
-            (QUEUE,)).fetchone()[0]
-        counts.reclaims = conn.execute(
+            (QUEUE,)))[0]
+        counts.reclaims = _fetch(conn.execute(
             "SELECT count(*) FROM pgq.job_events AS e JOIN pgq.jobs AS j ON j.id = e.job_id"
-            " WHERE j.queue = %s AND e.event = 'lease_expired'", (QUEUE,)).fetchone()[0]
-        counts.rejected = conn.execute(
+            " WHERE j.queue = %s AND e.event = 'lease_expired'", (QUEUE,)))[0]
+        counts.rejected = _fetch(conn.execute(
             "SELECT count(*) FROM pgq.job_events AS e JOIN pgq.jobs AS j ON j.id = e.job_id"
-            " WHERE j.queue = %s AND e.event = 'rejected'", (QUEUE,)).fetchone()[0]
-        counts.executions = conn.execute("SELECT count(*) FROM pgq_soak.effects").fetchone()[0]
-        counts.executed_twice = conn.execute(
+            " WHERE j.queue = %s AND e.event = 'rejected'", (QUEUE,)))[0]
+        counts.executions = _fetch(conn.execute("SELECT count(*) FROM pgq_soak.effects"))[0]
+        counts.executed_twice = _fetch(conn.execute(
             "SELECT count(*) FROM (SELECT job_id, attempt FROM pgq_soak.effects"
-            " GROUP BY job_id, attempt HAVING count(*) > 1) AS x").fetchone()[0]
+            " GROUP BY job_id, attempt HAVING count(*) > 1) AS x"))[0]
         # Two live owners: the live interval of every attempt, by the database clock, from its
         # 'claimed' event to the first event of that attempt that moved the job out of 'running'
         # (a 'rejected' write moves nothing). For an attempt whose lease expired that end is the
@@ -282,33 +281,34 @@ def _check(dsn: str, acknowledged: list[int], counts: SoakCounts) -> list[str]:
             WHERE j.queue = %s
             GROUP BY e.job_id, e.attempt
             HAVING count(*) FILTER (WHERE e.event = 'claimed') > 0""", (QUEUE,))
-        counts.attempts, counts.attempts_without_end = conn.execute(
-            "SELECT count(*), count(*) FILTER (WHERE live_to IS NULL) FROM attempt_live").fetchone()
-        counts.overlapping_attempts, closest = conn.execute("""
+        counts.attempts, counts.attempts_without_end = _fetch(conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE live_to IS NULL) FROM attempt_live"))
+        counts.overlapping_attempts, closest = _fetch(conn.execute("""
             SELECT count(*) FILTER (WHERE b.live_from < coalesce(a.live_to, 'infinity')
                                       AND a.live_from < coalesce(b.live_to, 'infinity')),
                    min(extract(epoch FROM b.live_from - a.live_to) * 1000) FILTER (WHERE b.attempt = a.attempt + 1)
-            FROM attempt_live AS a JOIN attempt_live AS b ON b.job_id = a.job_id AND b.attempt > a.attempt""").fetchone()
+            FROM attempt_live AS a JOIN attempt_live AS b ON b.job_id = a.job_id AND b.attempt > a.attempt"""))
         counts.closest_handover_ms = None if closest is None else float(closest)
         counts.double_owners = counts.overlapping_attempts + counts.executed_twice
         if counts.overlapping_attempts:
             for job_id, a1, a2 in conn.execute("""
                     SELECT a.job_id, a.attempt, b.attempt FROM attempt_live AS a JOIN attempt_live AS b
                       ON b.job_id = a.job_id AND b.attempt > a.attempt
-                    WHERE b.live_from < coalesce(a.live_to, 'infinity') AND a.live_from < coalesce(b.live_to, 'infinity')
+                    WHERE b.live_from < coalesce(a.live_to, 'infinity')
+                      AND a.live_from < coalesce(b.live_to, 'infinity')
                     ORDER BY 1, 2 LIMIT 5""").fetchall():
                 problems.append(f"two live owners: job {job_id} attempts {a1} and {a2} overlap while both live")
         # At least once: the attempt that completed a done job executed it (wrote its ledger row).
-        counts.not_executed = conn.execute("""
+        counts.not_executed = _fetch(conn.execute("""
             SELECT count(*) FROM pgq.job_events AS e JOIN pgq.jobs AS j ON j.id = e.job_id
             WHERE j.queue = %s AND j.state = 'done' AND e.event = 'completed'
               AND NOT EXISTS (SELECT FROM pgq_soak.effects AS f WHERE f.job_id = e.job_id AND f.attempt = e.attempt)""",
-            (QUEUE,)).fetchone()[0]
+            (QUEUE,)))[0]
         # A duplicate effect: a ledger row of a job that has more than one, other than the row of
         # the attempt that completed the job (or, for a job not done, its last attempt). Each is
         # explained when pgq.job_events shows that attempt's lease expired (the job was recovered
         # from it): the soak cancels nothing, so no other way to lose a job exists here.
-        counts.duplicates, counts.explained = conn.execute("""
+        counts.duplicates, counts.explained = _fetch(conn.execute("""
             WITH multi AS (
                 SELECT job_id FROM pgq_soak.effects GROUP BY job_id HAVING count(DISTINCT attempt) > 1
             ), final AS (
@@ -328,7 +328,7 @@ def _check(dsn: str, acknowledged: list[int], counts: SoakCounts) -> list[str]:
                        SELECT FROM pgq.job_events AS e
                        WHERE e.job_id = d.job_id AND e.attempt = d.attempt
                          AND e.event = 'lease_expired'))
-            FROM dup AS d""").fetchone()
+            FROM dup AS d"""))
         counts.unexplained = counts.duplicates - counts.explained
         if counts.unexplained:
             for job_id, attempt in conn.execute("""
@@ -338,8 +338,8 @@ def _check(dsn: str, acknowledged: list[int], counts: SoakCounts) -> list[str]:
                       AND NOT EXISTS (SELECT FROM pgq.job_events AS e WHERE e.job_id = f.job_id
                                       AND e.attempt = f.attempt AND e.event IN ('lease_expired', 'completed'))
                     ORDER BY 1, 2 LIMIT 5""").fetchall():
-                events = conn.execute("SELECT string_agg(event || '@' || attempt, ' ' ORDER BY id)"
-                                      " FROM pgq.job_events WHERE job_id = %s", (job_id,)).fetchone()[0]
+                events = _fetch(conn.execute("SELECT string_agg(event || '@' || attempt, ' ' ORDER BY id)"
+                                      " FROM pgq.job_events WHERE job_id = %s", (job_id,)))[0]
                 problems.append(f"unexplained duplicate: job {job_id} attempt {attempt}; events: {events}")
     if counts.lost:
         problems.append(f"{counts.lost} acknowledged job(s) missing from pgq.jobs")
@@ -368,7 +368,7 @@ def _prepare(dsn: str) -> None:
         conn.execute("SELECT pgq.configure_queue(%s, lease => %s::interval, max_attempts => 1000,"
                      " backoff_base => '100 ms', backoff_cap => '1 s', audit => true)",
                      (QUEUE, f"{LEASE_SECONDS} seconds"))
-        left = conn.execute("SELECT count(*) FROM pgq.jobs WHERE queue = %s", (QUEUE,)).fetchone()[0]
+        left = _fetch(conn.execute("SELECT count(*) FROM pgq.jobs WHERE queue = %s", (QUEUE,)))[0]
         if left:
             raise RuntimeError(f"queue {QUEUE!r} already holds {left} job(s): the soak needs it empty "
                                "(use a fresh database, or prune/delete those jobs)")
@@ -438,7 +438,7 @@ def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None =
                 print_fn(f"soak: t={now - started:.0f}s server restarted in immediate mode (SIGQUIT)")
             elif now >= next_action:
                 action = rng.choices(["kill", "freeze", "connections"], weights=[3, 2, 3])[0]
-                running = [s for s, p in fleet.procs.items() if p.poll() is None and s not in fleet.frozen]
+                running = [s for s, p in fleet.procs.items() if p.alive and s not in fleet.frozen]
                 if action == "kill" and len(running) > 1:
                     slot = rng.choice(running)
                     fleet.kill(slot)
@@ -489,7 +489,8 @@ def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None =
         print_fn(f"  two live owners        {c.overlapping_attempts} overlapping live attempts among {c.attempts} "
                  f"attempt intervals (database clock; closest hand-over {handover}); {c.executed_twice} attempts "
                  "executed twice")
-        print_fn(f"  at least once          {c.not_executed} done jobs without an execution of their completing attempt")
+        print_fn(f"  at least once          {c.not_executed} done jobs without an execution of their "
+                 "completing attempt")
         print_fn(f"  lost {c.lost}, completed twice {c.completed_twice}, not terminal {c.not_terminal}")
         for problem in problems:
             print_fn(f"  FAILED: {problem}")
@@ -510,8 +511,8 @@ def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None =
 def _dead_tuples(dsn: str) -> int:
     with _connect(dsn) as conn:
         conn.execute("SELECT pg_stat_clear_snapshot()")
-        return int(conn.execute("SELECT coalesce(n_dead_tup, 0) FROM pg_stat_user_tables"
-                                " WHERE schemaname = 'pgq' AND relname = 'jobs'").fetchone()[0])
+        return int(_fetch(conn.execute("SELECT coalesce(n_dead_tup, 0) FROM pg_stat_user_tables"
+                                " WHERE schemaname = 'pgq' AND relname = 'jobs'"))[0])
 
 
 def _vacuum(dsn: str) -> None:
@@ -574,7 +575,7 @@ def run_old_snapshot(seconds: float = 20.0, dsn: str | None = None, print_fn: Pr
             load(phases["before"], max(3.0, seconds / 4))
             with _connect(dsn) as holder:
                 holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-                held = holder.execute("SELECT count(*) FROM pgq.jobs").fetchone()[0]
+                held = _fetch(holder.execute("SELECT count(*) FROM pgq.jobs"))[0]
                 print_fn(f"  a REPEATABLE READ transaction took its snapshot ({held} jobs visible to it)")
                 load(phases["during"], seconds)
                 before_vacuum = _dead_tuples(dsn)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pgq_thin.lab.harness import Harness, Verdict
-from pgq_thin.lab.statements import CLAIM, COMPLETE, EVENTS, READY_SNAPSHOT
+from pgq_thin.tools.lab.harness import Harness, Verdict
+from pgq_thin.tools.lab.statements import CLAIM, COMPLETE, EVENTS, READY_SNAPSHOT
 
 NUMBER = 3
 SLUG = "ordering"
@@ -65,17 +65,18 @@ def run(h: Harness) -> Verdict:
     for i in range(1, 7):
         snap = h.step(obs, f"A{i}_snapshot", READY_SNAPSHOT, {"queue": "lab"}).col("id")
         c = h.step(sessions["worker-a"], f"A{i}_claim", CLAIM, _claim_params("worker-a"))
-        got = c.col("id") if c.ok else []
-        good = c.ok and not c.lock_wait and got == snap[:1]
+        claimed = c.col("id") if c.ok else []
+        good = c.ok and not c.lock_wait and claimed == snap[:1]
         single_ok += good
-        single_lines.append(f"A{i}: expected rank 1 = {snap[:1]}, worker-a got {got} {'ok' if good else 'WRONG'}")
+        single_lines.append(f"A{i}: expected rank 1 = {snap[:1]}, worker-a got {claimed} {'ok' if good else 'WRONG'}")
         for row in c.dicts():
             h.step(sessions["worker-a"], f"A{i}_complete", COMPLETE, {"id": row["id"], "attempt": row["attempt"]})
     for line in single_lines:
         h.note(line)
 
     # Part B: three workers behind a barrier, one claim each per round.
-    rounds_ok, blocked, extend_waits, concurrent, lines, per_worker = 0, 0, 0, 0, [], Counter()
+    rounds_ok, blocked, extend_waits, concurrent, lines = 0, 0, 0, 0, []
+    per_worker: Counter[str] = Counter()
     ranks_won: dict[str, Counter[int]] = {w: Counter() for w in WORKERS}
     for r in range(1, 7):
         snap = h.step(obs, f"B{r}_snapshot", READY_SNAPSHOT, {"queue": "lab"}).col("id")
@@ -124,6 +125,7 @@ def run(h: Harness) -> Verdict:
               f"Worker distribution (not a criterion): "
               + ", ".join(f"{w} {per_worker[w]}" for w in WORKERS)
               + "; ranks won per worker: "
-              + "; ".join(f"{w} " + ", ".join(f"rank {k}×{n}" for k, n in sorted(ranks_won[w].items())) for w in WORKERS)
+              + "; ".join(f"{w} " + ", ".join(f"rank {k}×{n}" for k, n in sorted(ranks_won[w].items()))
+                          for w in WORKERS)
               + ".")
     return v

@@ -5,21 +5,18 @@ expired and the job was finished by someone else (its late write is rejected by 
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from pgq_thin import embedded
-from pgq_thin._processes import stop_processes
 from pgq_thin.client import Client
 from pgq_thin.migrate import migrate
+from pgq_thin.testing import server as embedded
+from pgq_thin.tools.fleet import Fleet, worker_command
 
 QUEUE = "demo"
 LEASE = timedelta(seconds=3)
@@ -27,34 +24,6 @@ LEASE = timedelta(seconds=3)
 
 def say(text: str) -> None:
     print(text, flush=True)
-
-
-@dataclass
-class Fleet:
-    """The worker processes, by the name each one claims with."""
-
-    dsn: str
-    concurrency: int
-    log_dir: str
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def start(self, count: int) -> None:
-        for i in range(1, count + 1):
-            name = f"demo-worker-{i}"
-            log = open(os.path.join(self.log_dir, f"{name}.log"), "wb")
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "pgq_thin", "worker", "--app", "pgq_thin.demo_app:worker",
-                 "--dsn", self.dsn, "--queues", QUEUE, "--concurrency", str(self.concurrency), "--quiet"],
-                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PGQ_DEMO_WORKER": name},
-            )
-
-    def signal(self, name: str, sig: signal.Signals) -> int:
-        proc = self.procs[name]
-        proc.send_signal(sig)
-        return proc.pid
-
-    def stop(self) -> None:
-        stop_processes(self.procs.values())
 
 
 class Progress:
@@ -122,9 +91,12 @@ def run_demo(dsn: str | None = None, jobs: int = 3000, workers: int = 3, concurr
                 f"lease {LEASE.total_seconds():g}s.")
 
             log_dir = tempfile.mkdtemp(prefix="pgq-demo-")
-            fleet = Fleet(dsn, concurrency, log_dir)
+            fleet = Fleet(log_dir)
             started = time.monotonic()
-            fleet.start(workers)
+            for i in range(1, workers + 1):
+                name = f"demo-worker-{i}"
+                fleet.start(name, worker_command("pgq_thin.tools.demo_app:worker", dsn, queues=[QUEUE],
+                                                 concurrency=concurrency), env={"PGQ_DEMO_WORKER": name})
             say(f"4. Started {workers} worker processes x {concurrency} slots (logs in {log_dir}).")
 
             progress = Progress(jobs)
@@ -144,8 +116,10 @@ def run_demo(dsn: str | None = None, jobs: int = 3000, workers: int = 3, concurr
                     if row:
                         time.sleep(0.3)  # let it get properly under way
                         killed = row[0]
-                        pid = fleet.signal(killed, signal.SIGKILL)
-                        notes.append(f"   killed {killed} (pid {pid}, kill -9) while it ran job {crash_id}, attempt {row[1]}")
+                        fleet[killed].signal(signal.SIGKILL)
+                        pid = fleet[killed].pid
+                        notes.append(f"   killed {killed} (pid {pid}, kill -9) while it ran job {crash_id}, "
+                                     f"attempt {row[1]}")
                         step = "killed"
                 elif step == "killed":
                     # A claim the killed worker sent just before it died may still commit: wait
@@ -160,14 +134,17 @@ def run_demo(dsn: str | None = None, jobs: int = 3000, workers: int = 3, concurr
                     if row and row[0] != killed:
                         time.sleep(0.3)
                         frozen = row[0]
-                        pid = fleet.signal(frozen, signal.SIGSTOP)
-                        notes.append(f"   froze {frozen} (pid {pid}, SIGSTOP) while it ran job {freeze_id}, attempt {row[1]}")
+                        fleet[frozen].freeze()
+                        pid = fleet[frozen].pid
+                        notes.append(f"   froze {frozen} (pid {pid}, SIGSTOP) while it ran job {freeze_id}, "
+                                     f"attempt {row[1]}")
                         step = "thaw"
                 elif step == "thaw":
-                    row = _row(client, "SELECT state::text, attempt, claimed_by FROM pgq.jobs WHERE id = %s", (freeze_id,))
+                    row = _row(client, "SELECT state::text, attempt, claimed_by FROM pgq.jobs WHERE id = %s",
+                               (freeze_id,))
                     if row[0] == "done":
                         assert frozen is not None
-                        fleet.signal(frozen, signal.SIGCONT)
+                        fleet[frozen].thaw()
                         notes.append(f"   job {freeze_id} was recovered and finished by {row[2]} (attempt {row[1]}); "
                                      f"thawed {frozen}")
                         step = "rejected"

@@ -8,9 +8,17 @@ worker-a's late completions (and renew) are rejected and leave 'rejected' events
 
 from __future__ import annotations
 
-from pgq_thin.lab.harness import Harness, Verdict, sqlv
-from pgq_thin.lab.statements import (
-    CLAIM, COMPLETE, ENQUEUE_COHORT, EPOCH, EVENTS, JOB, RECOVER, RENEW, WAIT_LEASE_EXPIRY,
+from pgq_thin.tools.lab.harness import Harness, Session, Step, Verdict, sqlv
+from pgq_thin.tools.lab.statements import (
+    CLAIM,
+    COMPLETE,
+    ENQUEUE_COHORT,
+    EPOCH,
+    EVENTS,
+    JOB,
+    RECOVER,
+    RENEW,
+    WAIT_LEASE_EXPIRY,
 )
 
 NUMBER = 6
@@ -51,7 +59,7 @@ def run(h: Harness) -> Verdict:
     j1, j2 = jobs
     z, a, b, obs = h.session("worker-z"), h.session("worker-a"), h.session("worker-b"), h.session("observer")
 
-    def claim(session, name):  # type: ignore[no-untyped-def]
+    def claim(session: Session, name: str) -> Step:
         return h.step(session, name, CLAIM, {"worker": session.name, "queues": ["lab"], "batch": 1, "lease": LEASE})
 
     # The worker dies before its claim commits.
@@ -90,9 +98,11 @@ def run(h: Harness) -> Verdict:
             f"attempt {after_z['attempt']}, {len(z_events)} events")
     v.check("worker-a's committed claims took both jobs at attempt 1",
             sorted(r["id"] for r in a_rows) == jobs and {r["attempt"] for r in a_rows} == {1},
-            ", ".join(f"job {r['id']} attempt {r['attempt']} lease_until {r['lease_until']:%H:%M:%S.%f}" for r in a_rows))
+            ", ".join(f"job {r['id']} attempt {r['attempt']} lease_until {r['lease_until']:%H:%M:%S.%f}"
+                      for r in a_rows))
     v.check("before the leases expired, nobody could claim the abandoned jobs",
-            early.ok and early.rows == [], f"worker-b's claim returned {early.col('id') if early.ok else early.outcome}")
+            early.ok and early.rows == [],
+            f"worker-b's claim returned {early.col('id') if early.ok else early.outcome}")
     v.check("after expiry pgq.sweep(max_jobs 1) recovered exactly one job (the earliest lease)",
             swept.value == 1 and after_sweep[0]["state"] == "pending" and after_sweep[1]["state"] == "running",
             f"sweep returned {swept.value}; job {j1} {after_sweep[0]['state']}, job {j2} {after_sweep[1]['state']}")

@@ -444,7 +444,7 @@ class Harness:
         """Terminate a session's backend from the control connection, as a crash would."""
         s = self._session(session)
         step = self._new_step(s, name or f"{s.name}_crash",
-                              "SELECT pg_terminate_backend(%s)" % s.pid, None, "control")
+                              f"SELECT pg_terminate_backend({s.pid})", None, "control")
         step.started_at = utcnow()
         row = self.control.execute(step.sql).fetchone()
         step.columns, step.rows = ["pg_terminate_backend"], [tuple(row) if row else (None,)]

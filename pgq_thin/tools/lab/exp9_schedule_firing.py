@@ -7,8 +7,10 @@ calling pgq.claim) start together behind a barrier. Then no session calls anythi
 
 from __future__ import annotations
 
-from pgq_thin.lab.harness import Harness, Verdict, sqlv
-from pgq_thin.lab.statements import CLAIM, RECOVER
+from typing import Any
+
+from pgq_thin.tools.lab.harness import Harness, Session, Step, Verdict, sqlv
+from pgq_thin.tools.lab.statements import CLAIM, RECOVER
 
 NUMBER = 9
 SLUG = "schedule-firing"
@@ -55,14 +57,16 @@ def run(h: Harness) -> Verdict:
     claimers = [h.session(f"claimer-{i}") for i in (1, 2, 3)]
     obs = h.session("observer")
 
-    def one_round(label: str) -> list:  # type: ignore[type-arg]
-        items = [(s, f"{label}_{s.name}", RECOVER, {"max_jobs": 100}) for s in sweepers]
-        items += [(c, f"{label}_{c.name}", CLAIM, {"worker": c.name, "queues": ["lab"], "batch": 1, "lease": "1 minute"})
+    def one_round(label: str) -> list[Step]:
+        items: list[tuple[Session | str, str, str, Any]] = [
+            (s, f"{label}_{s.name}", RECOVER, {"max_jobs": 100}) for s in sweepers]
+        items += [(c, f"{label}_{c.name}", CLAIM,
+                   {"worker": c.name, "queues": ["lab"], "batch": 1, "lease": "1 minute"})
                   for c in claimers]
         return h.round(label, items)
 
-    all_steps = []
-    counts = []
+    all_steps: list[Step] = []
+    counts: list[int] = []
     for r in range(1, ROUNDS + 1):
         h.step(obs, f"wait_due_{r}", WAIT_DUE, {"name": name})
         all_steps += one_round(f"round_{r}")
@@ -92,7 +96,8 @@ def run(h: Harness) -> Verdict:
             f"the last two fire times are {gap:.0f} s apart; next_run_at {last['next_run_at']:%H:%M:%S} "
             f"(after now: {sqlv(last['next_after_now'])})")
     v.check("no sweeper or claimer failed or waited on a lock", not failed and not waited,
-            f"{len(all_steps)} concurrent calls; failed: {[s.name for s in failed]}; waited: {[s.name for s in waited]}")
+            f"{len(all_steps)} concurrent calls; failed: {[s.name for s in failed]}; "
+            f"waited: {[s.name for s in waited]}")
     v.observe(f"{len(all_steps)} calls in {ROUNDS + 1} rounds of 3 pgq.sweep + 3 pgq.claim behind a barrier enqueued "
               f"{sum(f['jobs'] for f in fired)} jobs for {len(fired)} fire times (jobs per fire time: "
               f"{sqlv(sorted({f['jobs'] for f in fired}))}); cumulative jobs after each round {sqlv(counts)}; "

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pgq_thin.lab.harness import Harness, Session, Step, Verdict
-from pgq_thin.lab.statements import CLAIM, EPOCH, RECOVER
+from pgq_thin.tools.lab.harness import Harness, Session, Step, Verdict
+from pgq_thin.tools.lab.statements import CLAIM, EPOCH, RECOVER
 
 NUMBER = 8
 SLUG = "query-plans"
@@ -164,13 +164,16 @@ def run(h: Harness) -> Verdict:
                                "session_preload_libraries = 'auto_explain')")
     claim_params = {"worker": "lab-plan", "queues": None, "batch": BATCH, "lease": None}
     runs = []
-    runs.append(("pgq.claim — plan as chosen (no ANALYZE), rolled back",) + _capture(h, p, "claim_plan", CLAIM, claim_params))
-    runs.append(("pgq.sweep — plan as chosen (no ANALYZE), rolled back",) + _capture(h, p, "sweep_plan", RECOVER, {"max_jobs": 1000}))
+    runs.append(("pgq.claim — plan as chosen (no ANALYZE), rolled back",)
+                + _capture(h, p, "claim_plan", CLAIM, claim_params))
+    runs.append(("pgq.sweep — plan as chosen (no ANALYZE), rolled back",)
+                + _capture(h, p, "sweep_plan", RECOVER, {"max_jobs": 1000}))
     for setting in ("SET auto_explain.log_analyze = on", "SET auto_explain.log_buffers = on",
                     "SET auto_explain.log_timing = on"):
         h.step(p, "setup", setting)
     runs.append(("pgq.claim — ANALYZE, BUFFERS, rolled back",) + _capture(h, p, "claim_analyze", CLAIM, claim_params))
-    runs.append(("pgq.sweep — ANALYZE, BUFFERS, rolled back",) + _capture(h, p, "sweep_analyze", RECOVER, {"max_jobs": 1000}))
+    runs.append(("pgq.sweep — ANALYZE, BUFFERS, rolled back",)
+                + _capture(h, p, "sweep_analyze", RECOVER, {"max_jobs": 1000}))
     counts_after = h.step(obs, "counts_after", COUNTS).dicts()
     events_after = h.step(obs, "events_after", "SELECT count(*) FROM pgq.job_events").value
     version = h.step(obs, "server_version", "SELECT version()").value
@@ -182,7 +185,8 @@ def run(h: Harness) -> Verdict:
                 out += [s for s in found if s["kind"] == kind]
         return out
 
-    pick, probe, recover = stmts("claim: pick and mark"), stmts("claim: expired-lease probe"), stmts("recovery of expired leases")
+    pick, probe = stmts("claim: pick and mark"), stmts("claim: expired-lease probe")
+    recover = stmts("recovery of expired leases")
     seq = "Seq Scan on jobs"
     v.check("the claim's pick statement was captured and uses jobs_ready_idx, with no sequential scan of pgq.jobs",
             len(pick) == 2 and all(_uses(s["plan"], "jobs_ready_idx") and seq not in s["plan"] for s in pick),
@@ -194,9 +198,11 @@ def run(h: Harness) -> Verdict:
             len(recover) == 4 and all(_uses(s["plan"], "jobs_lease_idx") and seq not in s["plan"] for s in recover),
             f"{len(recover)} captured; " + "; ".join(_scans(s["plan"]) for s in recover[:1]))
     ready_rows = [r for s in stmts("claim: pick and mark", True) for r in _index_rows(s["plan"], "jobs_ready_idx")]
-    lease_rows = [r for s in stmts("recovery of expired leases", True) for r in _index_rows(s["plan"], "jobs_lease_idx")]
+    lease_rows = [r for s in stmts("recovery of expired leases", True)
+                  for r in _index_rows(s["plan"], "jobs_lease_idx")]
     v.check(f"ANALYZE: the claim read at most batch ({BATCH}) rows per queue from jobs_ready_idx",
-            bool(ready_rows) and max(ready_rows) <= BATCH, f"rows per loop {ready_rows}, on {sum(r['n'] for r in counts_before):,} rows")
+            bool(ready_rows) and max(ready_rows) <= BATCH,
+            f"rows per loop {ready_rows}, on {sum(r['n'] for r in counts_before):,} rows")
     v.check(f"ANALYZE: recovery read at most the {EXPIRED} expired leases from jobs_lease_idx (not the 200 live ones)",
             bool(lease_rows) and max(lease_rows) <= EXPIRED, f"rows {lease_rows}")
     claim_rows = [len(step.rows) for title, step, _ in runs if title.startswith("pgq.claim")]
@@ -215,10 +221,11 @@ def run(h: Harness) -> Verdict:
              "plans below are the generic plans it executes ($n are its parameters).", ""]
     for title, step, found in runs:
         text += ["=" * 100, f"== {title}", f"== {step.sql}", f"== returned {len(step.rows)} row(s): "
-                 + (str(step.value) if step.columns and step.columns[0] == 'recovered' else f"{[r[0] for r in step.rows]}"),
+                 + (str(step.value) if step.columns and step.columns[0] == 'recovered'
+                    else f"{[r[0] for r in step.rows]}"),
                  "=" * 100]
-        for s in found:
-            text += ["", f"-- [{s['kind']}] duration {s['duration_ms']} ms", s["query"], s["plan"]]
+        for plan in found:
+            text += ["", f"-- [{plan['kind']}] duration {plan['duration_ms']} ms", plan["query"], plan["plan"]]
         text.append("")
     v.extra["query-plans.txt"] = "\n".join(text) + "\n"
 

@@ -7,8 +7,8 @@ worker-b claims attempt 2 and completes it; worker-a's late completion is refuse
 
 from __future__ import annotations
 
-from pgq_thin.lab.harness import Harness, Verdict, sqlv
-from pgq_thin.lab.statements import CLAIM, COMPLETE, EVENTS, RECOVER, RENEW
+from pgq_thin.tools.lab.harness import Harness, Verdict, sqlv
+from pgq_thin.tools.lab.statements import CLAIM, COMPLETE, EVENTS, RECOVER, RENEW
 
 NUMBER = 10
 SLUG = "hung-handler"
@@ -64,7 +64,8 @@ def run(h: Harness) -> Verdict:
     swept = h.step(sweeper, "sweep", RECOVER, {"max_jobs": 10})
     after = h.step(obs, "obs_after_sweep", JOB, {"id": job_id}).dicts()[0]
     h.step(obs, "wait_backoff", "SELECT pg_sleep(0.05)")
-    b_claim = h.step(b, "b_claim", CLAIM, {"worker": "worker-b", "queues": ["lab-hung"], "batch": 1, "lease": "1 minute"}).dicts()
+    b_claim = h.step(b, "b_claim", CLAIM,
+                     {"worker": "worker-b", "queues": ["lab-hung"], "batch": 1, "lease": "1 minute"}).dicts()
     b_done = h.step(b, "b_complete", COMPLETE, {"id": job_id, "attempt": 2}) if b_claim else None
     late = h.step(a, "a_late_complete", COMPLETE, {"id": job_id, "attempt": 1})
     final = h.step(obs, "obs_final", JOB, {"id": job_id}).dicts()[0]

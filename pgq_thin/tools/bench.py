@@ -1,6 +1,6 @@
 """The benchmark: pgq measured beside the physical references of the same server, same run.
 
-    from pgq_thin.bench import run_bench
+    from pgq_thin.tools.bench import run_bench
     run_bench("bench/results")            # throwaway PostgreSQL, default sizes (about 10 minutes)
     run_bench("out", quick=True)          # seconds: what CI runs (tests/test_bench_smoke.py)
 
@@ -46,10 +46,11 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from pgq_thin import queries
+from pgq_thin.testing.server import SERVER_SETTINGS, Databases
 
 __all__ = ["run_bench", "BenchConfig"]
 
-log = logging.getLogger("pgq_thin.bench")
+log = logging.getLogger("pgq_thin.tools.bench")
 
 QUEUE = "bench"
 
@@ -100,7 +101,8 @@ RAW_INSERT_MANY = ("INSERT INTO bench_raw.jobs (payload) SELECT p FROM unnest(%(
 #: The prefetch of the "pgq worker prefetch" drain: claimed jobs that may wait for a slot.
 WORKER_PREFETCH = 100
 
-PGBENCH_SCRIPT = "\\set aid random(1, 100000 * :scale)\nUPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n"
+PGBENCH_SCRIPT = ("\\set aid random(1, 100000 * :scale)\n"
+                  "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n")
 
 
 @dataclass
@@ -163,26 +165,21 @@ def _run_threads(n: int, target: Callable[[int], None]) -> None:
 
 
 class _Server:
-    """The server under test: a throwaway PostgreSQL, or the database the caller names."""
+    """The server under test: a database on a throwaway PostgreSQL, or the database the caller names."""
 
     def __init__(self, dsn: str | None, fsync: bool = True) -> None:
-        self._embedded = None
+        self._databases: Databases | None = None
         if dsn is None:
-            from pgq_thin import embedded
-
             # The throwaway server's settings, with fsync as asked (a later -c wins over -F).
-            args = f"{embedded._SERVER_SETTINGS} -c fsync={'on' if fsync else 'off'}"
-            self._embedded = embedded.start(postgres_args=args)
-            admin = self._embedded.dsn_for("postgres")
-            with _connect(admin) as conn:
-                conn.execute("CREATE DATABASE pgq_bench")
-            self.dsn = self._embedded.dsn_for("pgq_bench")
+            args = f"{SERVER_SETTINGS} -c fsync={'on' if fsync else 'off'}"
+            self._databases = Databases(postgres_args=args)
+            self.dsn = self._databases.create("pgq_bench")
         else:
             self.dsn = dsn
 
     def stop(self) -> None:
-        if self._embedded is not None:
-            self._embedded.stop()
+        if self._databases is not None:
+            self._databases.close()
 
 
 # Setup --------------------------------------------------------------------------------------------
@@ -466,7 +463,8 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                     else:
                         conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}),
                                                        "run_at": None, "priority": 0, "max_attempts": None,
-                                                       "unique_key": None, "tenant": None, "max_run_time": None}, prepare=True)
+                                                       "unique_key": None, "tenant": None, "max_run_time": None},
+                                     prepare=True)
                 out[label].append(cfg.single_enqueues / (time.perf_counter() - t))
             # TESTING.md 17: the commit-lock cost of NOTIFY. A transaction that notifies takes a
             # global lock at commit; with many producers committing one enqueue each, compare the
@@ -518,7 +516,7 @@ def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                         poll_interval=mode["poll_interval"])
 
         @worker.handler("noop")
-        def noop(job: Any, ctx: Any) -> None:
+        def noop(job: Any, ctx: Any, starts: dict[int, float] = starts) -> None:  # this iteration's dict
             starts[job.id] = time.time()
 
         thread = threading.Thread(target=worker.run, args=(dsn,), kwargs={"install_signal_handlers": False},
@@ -794,7 +792,8 @@ def _markdown(res: dict[str, Any]) -> str:
                   f"{c['jobs_per_s']:,.0f} jobs/s over {c['seconds']:.0f} s; jobs table + indexes "
                   f"{(s0['jobs_table_bytes'] + s0['jobs_indexes_bytes']) / 2**20:.1f} → "
                   f"{(s1['jobs_table_bytes'] + s1['jobs_indexes_bytes']) / 2**20:.1f} MiB (peak {peak / 2**20:.1f}); "
-                  f"events {s1['events_total_bytes'] / 2**20:.1f} MiB; dead tuples at the end {s1['jobs_dead_tuples']}", ""]
+                  f"events {s1['events_total_bytes'] / 2**20:.1f} MiB; "
+                  f"dead tuples at the end {s1['jobs_dead_tuples']}", ""]
     if "old_snapshot" in res:
         lines += [f"### Churn while a REPEATABLE READ snapshot is held, and after ({fs})", "",
                   "| phase | jobs/s | dead tuples at end | jobs table + indexes |", "|---|---:|---:|---:|"]
@@ -832,7 +831,8 @@ def _targets(res: dict[str, Any], fs: str) -> list[str]:
     if e:
         bulk = e["enqueue_many (1000 per call)"]["median"]
         rows.append(("bulk enqueue ≥ 100,000 jobs/s",
-                     f"{bulk:,.0f} jobs/s ({bulk / e['raw INSERT of 1000 rows']['median']:.2f}× a raw 1,000-row INSERT)",
+                     f"{bulk:,.0f} jobs/s "
+                     f"({bulk / e['raw INSERT of 1000 rows']['median']:.2f}× a raw 1,000-row INSERT)",
                      bulk >= 100_000))
         single = e["enqueue (one per call)"]["median"] / e["raw single-row INSERT"]["median"]
         rows.append(("single enqueue ≥ 0.9× raw INSERT", f"{single:.2f}", single >= 0.9))
@@ -970,7 +970,7 @@ def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
         res: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "server_version": version, "cpus": os.cpu_count(),
                                "fsync": fsync_now, "synchronous_commit": sync_commit,
-                               "server": "a throwaway PostgreSQL (pgq_thin.embedded)" if dsn is None
+                               "server": "a throwaway PostgreSQL (pgq_thin.testing.server)" if dsn is None
                                else "the server given by dsn",
                                "load_average": {"before": load_before},
                                "observer_poll_ms": OBSERVER_POLL * 1000,
@@ -1029,13 +1029,11 @@ def _migrate_to(dsn: str, last: str) -> list[str]:
         backend.connection.close()
 
 
-def _ab_databases(server: Any) -> dict[str, str]:
-    """Databases ab_a (migrated to AB_BEFORE) and ab_b (to AB_AFTER) on ``server``: their DSNs."""
+def _ab_databases(databases: Databases) -> dict[str, str]:
+    """Databases ab_a (migrated to AB_BEFORE) and ab_b (to AB_AFTER) on one server: their DSNs."""
     dsns = {}
     for label, last in (("A", AB_BEFORE), ("B", AB_AFTER)):
-        with _connect(server.dsn_for("postgres")) as conn:
-            conn.execute(f"CREATE DATABASE ab_{label.lower()}")
-        dsns[label] = server.dsn_for(f"ab_{label.lower()}")
+        dsns[label] = databases.create(f"ab_{label.lower()}")
         _migrate_to(dsns[label], last)
     with _connect(dsns["A"]) as a, _connect(dsns["B"]) as b:
         has_schedules = [c.execute("SELECT to_regclass('pgq.schedules') IS NOT NULL").fetchone()[0]  # type: ignore[index]
@@ -1083,12 +1081,10 @@ def schedules_timeouts_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 
     AB_BEFORE (A) and one migrated to AB_AFTER (B), on one throwaway server, drained alternately
     (A B, then B A, ...) so that both see the same machine; with fsync on or off. Returns the
     rates, their medians and the ratio B/A of the medians."""
-    from pgq_thin import embedded
-
-    settings = embedded._SERVER_SETTINGS if not fsync else embedded._SERVER_SETTINGS.replace(" -F ", " ")
-    server = embedded.start(postgres_args=settings)
+    # The throwaway server's settings, with fsync as asked (a later -c wins over -F).
+    databases = Databases(postgres_args=f"{SERVER_SETTINGS} -c fsync={'on' if fsync else 'off'}")
     try:
-        dsns = _ab_databases(server)
+        dsns = _ab_databases(databases)
         with _connect(dsns["A"]) as a:
             fsync_setting = a.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
             version = a.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
@@ -1103,7 +1099,7 @@ def schedules_timeouts_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 
                 "repeats": repeats, "before": AB_BEFORE, "after": AB_AFTER, "rates": rates,
                 "median": med, "ratio_after_over_before": med["B"] / med["A"]}
     finally:
-        server.stop()
+        databases.close()
 
 
 #: The claim and complete of _ab_drain, n times in one server-side loop (each pair committed, as
@@ -1126,11 +1122,9 @@ def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12) -> dict
     """The same A/B as schedules_timeouts_ab, timed inside the server: jobs claim+complete pairs
     per DO loop (AB_SERVER_LOOP) on A (AB_BEFORE) and B (AB_AFTER), alternately; microseconds per
     pair and the ratio B/A of the medians."""
-    from pgq_thin import embedded
-
-    server = embedded.start()
+    databases = Databases()
     try:
-        dsns = _ab_databases(server)
+        dsns = _ab_databases(databases)
         per_pair: dict[str, list[float]] = {"A": [], "B": []}
         for r in range(repeats + 1):  # the first round warms up and is not counted
             for label in (("A", "B") if r % 2 == 0 else ("B", "A")):
@@ -1150,7 +1144,7 @@ def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12) -> dict
                 "us_per_claim_complete": per_pair, "median_us": med, "min_us": best,
                 "ratio_after_over_before": med["B"] / med["A"], "ratio_of_mins": best["B"] / best["A"]}
     finally:
-        server.stop()
+        databases.close()
 
 
 if __name__ == "__main__":  # python -m pgq_thin.bench [jobs workers repeats]: the A/B, fsync on and off

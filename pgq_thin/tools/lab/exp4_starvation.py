@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-from pgq_thin.lab.harness import Harness, Verdict
-from pgq_thin.lab.statements import CLAIM, COMPLETE, ENQUEUE_COHORT, EPOCH, READY_SNAPSHOT
+from pgq_thin.tools.lab.harness import Harness, Verdict
+from pgq_thin.tools.lab.statements import CLAIM, COMPLETE, ENQUEUE_COHORT, EPOCH, READY_SNAPSHOT
 
 NUMBER = 4
 SLUG = "starvation"
@@ -88,7 +88,8 @@ def _part_a(h: Harness, v: Verdict) -> dict:  # type: ignore[type-arg]
         h.note(f"A{r} claims: " + ", ".join(f"{s.session} {_ids(s)}" for s in steps)
                + f"; expected (top 6 unlocked) {expected}")
         _complete_all(h, steps, f"A{r}")
-    before = h.step(obs, "A_oldest_before_release", "SELECT state::text AS state, attempt FROM pgq.jobs WHERE id = %(id)s",
+    before = h.step(obs, "A_oldest_before_release",
+                    "SELECT state::text AS state, attempt FROM pgq.jobs WHERE id = %(id)s",
                     {"id": oldest}).dicts()[0]
     remaining = h.step(obs, "A_skip_probe_final", READY_SNAPSHOT, {"queue": "probe"}).col("id")
     h.note(f"A skip-probe before release: {remaining}")

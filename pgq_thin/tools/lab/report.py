@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgq_thin.lab import statements
-from pgq_thin.lab.harness import Step
+from pgq_thin.tools.lab import statements
+from pgq_thin.tools.lab.harness import Step
 
 if TYPE_CHECKING:
-    from pgq_thin.lab import ExperimentResult
+    from pgq_thin.tools.lab import ExperimentResult
 
 #: The files every evidence directory holds, besides one experiment-N-<slug>.csv/.txt pair each.
 COMMON_FILES = ("acceptance.md", "schema.sql", "seed.sql", "claim.sql", "complete.sql", "recover.sql",
@@ -130,7 +130,8 @@ def _transcript(r: ExperimentResult) -> str:
     out = [f"Experiment {m.NUMBER}: {m.TITLE}", f"Database: {r.database or '(test database)'}",
            f"Started {_iso(r.started_at)}, ended {_iso(r.ended_at)} "
            f"({(r.ended_at - r.started_at).total_seconds():.3f}s). Offsets below are from the start.", "",
-           "Steps (in the order they were issued; a blocked step shows when it was seen waiting and when it ended):", ""]
+           "Steps (in the order they were issued; a blocked step shows when it was seen waiting and when it "
+           "ended):", ""]
     for s in sorted(r.steps, key=lambda s: s.seq):
         where = f"[{s.session}]" + (f" round {s.round}" if s.round else "")
         out.append(f"{_offset(s.started_at, t0):>9}  {where} {s.name}: {' '.join(s.sql.split())}")
@@ -198,7 +199,8 @@ def _acceptance(results: Sequence[ExperimentResult], context: dict[str, Any]) ->
            "Every “actual observation” below was written by the lab from the data it captured in this run "
            "(step results, pgq.jobs, pgq.job_events, captured plans); none is typed in by hand. The documented "
            "basis quotes the PostgreSQL documentation (current, 18) that the acceptance playbook cites.", "",
-           "| # | Experiment | Documented basis | Hypothesis (engineering inference) | Procedure | Acceptance condition "
+           "| # | Experiment | Documented basis | Hypothesis (engineering inference) | Procedure "
+           "| Acceptance condition "
            "| Actual observation (this run) | Result |",
            "|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -230,7 +232,8 @@ def _acceptance(results: Sequence[ExperimentResult], context: dict[str, Any]) ->
             "- `experiment-N-<name>.txt` — the same as a timeline, with snapshots and per-round notes and the checks.",
             "- `query-plans.txt` — the plans auto_explain captured inside pgq.claim and pgq.sweep.",
             "- `final-jobs.csv`, `job-events.csv` — pgq.jobs and pgq.job_events at the end of each experiment "
-            "(column `experiment`). Experiment 8's fixture (over 100,000 rows) is summarized by state in query-plans.txt "
+            "(column `experiment`). Experiment 8's fixture (over 100,000 rows) is summarized by state in "
+            "query-plans.txt "
             "instead: all its calls were rolled back, which it checks.", "",
             "## How to read this file", "",
             "Each row states what PostgreSQL documents (basis), what pgq infers from it (hypothesis), what the "
@@ -266,7 +269,8 @@ def write(out_dir: str, results: Sequence[ExperimentResult], context: dict[str, 
         "recover.sql — how expired leases are recovered: pgq.sweep", "recover", statements.RECOVER, results,
         functions, ["pgq.sweep(integer)", "pgq._recover_expired(integer)"],
         trailer="-- pgq.claim also recovers expired leases itself before claiming (see claim.sql):\n"
-                "-- IF EXISTS (… state = 'running' AND lease_until < pgq._now()) THEN PERFORM pgq._recover_expired(100);"))
+                "-- IF EXISTS (… state = 'running' AND lease_until < pgq._now()) "
+                "THEN PERFORM pgq._recover_expired(100);"))
     plans = "query plans were not captured: experiment 8 did not run\n"
     for r in results:
         _write_csv(out / f"{r.name}.csv", STEP_COLUMNS, _step_rows(r))

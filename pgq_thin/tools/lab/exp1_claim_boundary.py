@@ -7,8 +7,8 @@ ignore it."""
 
 from __future__ import annotations
 
-from pgq_thin.lab.harness import Harness, Verdict
-from pgq_thin.lab.statements import CLAIM, ENQUEUE_COHORT, EPOCH, EVENTS, JOB
+from pgq_thin.tools.lab.harness import Harness, Session, Step, Verdict
+from pgq_thin.tools.lab.statements import CLAIM, ENQUEUE_COHORT, EPOCH, EVENTS, JOB
 
 NUMBER = 1
 SLUG = "claim-boundary"
@@ -46,7 +46,7 @@ def run(h: Harness) -> Verdict:
                      {"queue": "lab", "kind": "synthetic", "cohort": "exp1", "n": 3, "run_at": EPOCH}).col("id")
     a, b, obs = h.session("worker-a"), h.session("worker-b"), h.session("observer")
 
-    def claim(session, name):  # type: ignore[no-untyped-def]
+    def claim(session: Session, name: str) -> Step:
         return h.step(session, name, CLAIM,
                       {"worker": session.name, "queues": ["lab"], "batch": 1, "lease": "30 seconds"})
 
@@ -83,7 +83,8 @@ def run(h: Harness) -> Verdict:
             f"next claims returned {_ids(b_after1)} then {_ids(b_after2) or 'nothing'}")
     claimed = [e for e in events.dicts() if e["event"] == "claimed"]
     v.check("the job was claimed exactly once", len(claimed) == 1,
-            f"{len(claimed)} 'claimed' event(s): " + ", ".join(f"attempt {e['attempt']} by {e['worker']}" for e in claimed))
+            f"{len(claimed)} 'claimed' event(s): "
+            + ", ".join(f"attempt {e['attempt']} by {e['worker']}" for e in claimed))
 
     v.observe(f"While worker-a's pgq.claim of job {held} was uncommitted, the observer read it as "
               f"{d.get('state')}/attempt {d.get('attempt')} ({during.outcome}) and worker-b's pgq.claim returned "
