@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from test_worker import enqueue, fast_worker, finished, running
 
 from pgq_thin import Client, Job
 from pgq_thin.worker import JobContext
 
 from sqlhelpers import events, job, one, wait_for
+from test_worker import enqueue, fast_worker, finished, running
 from workerprocess import ROOT, spawner
 
 SLEEPY = ROOT / "tests" / "apps" / "sleepy.py"

@@ -464,7 +464,7 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                         conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}),
                                                        "run_at": None, "priority": 0, "max_attempts": None,
                                                        "unique_key": None, "tenant": None, "max_run_time": None},
-                                       prepare=True)
+                                     prepare=True)
                 out[label].append(cfg.single_enqueues / (time.perf_counter() - t))
             # TESTING.md 17: the commit-lock cost of NOTIFY. A transaction that notifies takes a
             # global lock at commit; with many producers committing one enqueue each, compare the
@@ -1029,13 +1029,11 @@ def _migrate_to(dsn: str, last: str) -> list[str]:
         backend.connection.close()
 
 
-def _ab_databases(server: Any) -> dict[str, str]:
-    """Databases ab_a (migrated to AB_BEFORE) and ab_b (to AB_AFTER) on ``server``: their DSNs."""
+def _ab_databases(databases: Databases) -> dict[str, str]:
+    """Databases ab_a (migrated to AB_BEFORE) and ab_b (to AB_AFTER) on one server: their DSNs."""
     dsns = {}
     for label, last in (("A", AB_BEFORE), ("B", AB_AFTER)):
-        with _connect(server.dsn_for("postgres")) as conn:
-            conn.execute(f"CREATE DATABASE ab_{label.lower()}")
-        dsns[label] = server.dsn_for(f"ab_{label.lower()}")
+        dsns[label] = databases.create(f"ab_{label.lower()}")
         _migrate_to(dsns[label], last)
     with _connect(dsns["A"]) as a, _connect(dsns["B"]) as b:
         has_schedules = [c.execute("SELECT to_regclass('pgq.schedules') IS NOT NULL").fetchone()[0]  # type: ignore[index]
@@ -1083,12 +1081,10 @@ def schedules_timeouts_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 
     AB_BEFORE (A) and one migrated to AB_AFTER (B), on one throwaway server, drained alternately
     (A B, then B A, ...) so that both see the same machine; with fsync on or off. Returns the
     rates, their medians and the ratio B/A of the medians."""
-    from pgq_thin.testing import server as embedded
-
-    settings = embedded.SERVER_SETTINGS if not fsync else embedded.SERVER_SETTINGS.replace(" -F ", " ")
-    server = embedded.start(postgres_args=settings)
+    # The throwaway server's settings, with fsync as asked (a later -c wins over -F).
+    databases = Databases(postgres_args=f"{SERVER_SETTINGS} -c fsync={'on' if fsync else 'off'}")
     try:
-        dsns = _ab_databases(server)
+        dsns = _ab_databases(databases)
         with _connect(dsns["A"]) as a:
             fsync_setting = a.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
             version = a.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
@@ -1103,7 +1099,7 @@ def schedules_timeouts_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 
                 "repeats": repeats, "before": AB_BEFORE, "after": AB_AFTER, "rates": rates,
                 "median": med, "ratio_after_over_before": med["B"] / med["A"]}
     finally:
-        server.stop()
+        databases.close()
 
 
 #: The claim and complete of _ab_drain, n times in one server-side loop (each pair committed, as
@@ -1126,11 +1122,9 @@ def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12) -> dict
     """The same A/B as schedules_timeouts_ab, timed inside the server: jobs claim+complete pairs
     per DO loop (AB_SERVER_LOOP) on A (AB_BEFORE) and B (AB_AFTER), alternately; microseconds per
     pair and the ratio B/A of the medians."""
-    from pgq_thin.testing import server as embedded
-
-    server = embedded.start()
+    databases = Databases()
     try:
-        dsns = _ab_databases(server)
+        dsns = _ab_databases(databases)
         per_pair: dict[str, list[float]] = {"A": [], "B": []}
         for r in range(repeats + 1):  # the first round warms up and is not counted
             for label in (("A", "B") if r % 2 == 0 else ("B", "A")):
@@ -1150,10 +1144,10 @@ def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12) -> dict
                 "us_per_claim_complete": per_pair, "median_us": med, "min_us": best,
                 "ratio_after_over_before": med["B"] / med["A"], "ratio_of_mins": best["B"] / best["A"]}
     finally:
-        server.stop()
+        databases.close()
 
 
-if __name__ == "__main__":  # python -m pgq_thin.tools.bench [jobs workers repeats]: the A/B, fsync on and off
+if __name__ == "__main__":  # python -m pgq_thin.bench [jobs workers repeats]: the A/B, fsync on and off
     import sys
 
     args = [int(x) for x in sys.argv[1:4]]
