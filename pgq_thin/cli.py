@@ -52,7 +52,9 @@ def _client(args: argparse.Namespace) -> Client:
     dsn = resolve_dsn(args.dsn)
     # Connect once directly first: an unreachable server then fails at once, with libpq's own
     # message, instead of the pool retrying in the background.
-    psycopg.connect(dsn, connect_timeout=10).close()
+    with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
+        if conn.execute("SELECT to_regnamespace('pgq') IS NULL").fetchone() == (True,):
+            raise PgqError('schema "pgq" does not exist', "3F000", _NOT_INSTALLED)
     return Client(dsn, min_size=1, max_size=2)
 
 
@@ -71,6 +73,27 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     out = [line, "  ".join("-" * w for w in widths)]
     out += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
     return "\n".join(out)
+
+
+# The hints pgq's functions give name SQL; a CLI user is told the command instead.
+_CLI_HINTS = {
+    "Use pgq.resolve for outcome_unknown jobs.": "Settle it with pgq-thin resolve {id} done|pending|failed|cancelled.",
+    "No worker is claiming or sweeping: run pgq.sweep() and check the workers.":
+        "No worker is claiming or sweeping: run pgq-thin sweep and check the workers.",
+    "Find out what happened, then pgq.resolve(id, 'done' | 'pending' | 'failed' | 'cancelled').":
+        "Find out what happened, then pgq-thin resolve ID done|pending|failed|cancelled.",
+}
+_NOT_INSTALLED = "pgq is not installed in this database: run pgq-thin migrate."
+
+
+def _for_cli(exc: PgqError, job_id: int | None = None) -> PgqError:
+    """The error with a hint for a command-line user: commands, not SQL."""
+    hint = exc.hint
+    if exc.sqlstate == "3F000" and '"pgq"' in exc.message:  # invalid_schema_name: no schema pgq
+        hint = _NOT_INSTALLED
+    elif hint in _CLI_HINTS:
+        hint = _CLI_HINTS[hint].replace("{id}", str(job_id) if job_id is not None else "ID")
+    return type(exc)(exc.message, exc.sqlstate, hint)
 
 
 # Commands ------------------------------------------------------------------------------------------
@@ -94,11 +117,21 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         payload = json.loads(raw) if raw.strip() else {}
     except json.JSONDecodeError as exc:
         raise PgqError(f"payload is not valid JSON: {exc}") from None
+    settings = {"run_at": args.run_at, "priority": args.priority, "max_attempts": args.max_attempts,
+                "unique_key": args.unique_key, "tenant": args.tenant}
     with _client(args) as client:
-        job_id = client.enqueue(args.queue, args.kind, payload, run_at=args.run_at,
-                                priority=args.priority, max_attempts=args.max_attempts,
-                                unique_key=args.unique_key, tenant=args.tenant)
+        if args.unique_key is None:
+            job_id = client.enqueue(args.queue, args.kind, payload, **settings)
+            existing = False
+        else:
+            # pgq.enqueue answers a live job's id for a key it holds, and then writes nothing: a
+            # transaction that wrote nothing has no transaction id.
+            with client.pool.connection() as conn, conn.transaction():
+                job_id = client.enqueue(args.queue, args.kind, payload, conn=conn, **settings)
+                existing = conn.execute("SELECT pg_current_xact_id_if_assigned() IS NULL").fetchone() == (True,)
     print(job_id)
+    if existing:
+        print(f"pgq-thin: existing job {job_id} (unique key {args.unique_key}): nothing enqueued", file=sys.stderr)
     return 0
 
 
@@ -120,19 +153,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_stats(client: Client) -> None:
-    rows = client.stats()
-    headers = ["queue", "paused", "pending", "scheduled", "running", "expired", "done", "failed",
-               "cancelled", "unknown", "oldest ready"]
-    print(_table(headers, [[r.queue, "yes" if r.paused else "no", r.pending, r.scheduled, r.running,
-                            r.expired, r.done, r.failed, r.cancelled, r.outcome_unknown,
-                            r.oldest_ready_age] for r in rows]) if rows else "no queues yet")
+_STATS_HEADERS = ["queue", "paused", "pending", "scheduled", "running", "expired", "done", "failed",
+                  "cancelled", "unknown", "oldest ready"]
+
+
+def _stats_row(r: Any) -> list[Any]:
+    return [r.queue, "yes" if r.paused else "no", r.pending, r.scheduled, r.running, r.expired, r.done,
+            r.failed, r.cancelled, r.outcome_unknown, r.oldest_ready_age]
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
     with _client(args) as client:
         if not args.watch:
-            _print_stats(client)
+            rows = client.stats()
+            print(_table(_STATS_HEADERS, [_stats_row(r) for r in rows]) if rows else "no queues yet")
             return 0
         previous: dict[str, int] = {}
         try:
@@ -140,14 +174,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 rows = client.stats()
                 sys.stdout.write("\x1b[2J\x1b[H" if sys.stdout.isatty() else "\n")
                 print(f"pgq stats at {datetime.now():%H:%M:%S} (every {args.watch:g}s, Ctrl-C to stop)")
-                headers = ["queue", "paused", "pending", "scheduled", "running", "done", "failed", "done/s"]
                 table = []
                 for r in rows:
                     rate = (r.done - previous[r.queue]) / args.watch if r.queue in previous else None
                     previous[r.queue] = r.done
-                    table.append([r.queue, "yes" if r.paused else "no", r.pending, r.scheduled,
-                                  r.running, r.done, r.failed, None if rate is None else f"{rate:.1f}"])
-                print(_table(headers, table) if table else "no queues yet")
+                    table.append(_stats_row(r) + [None if rate is None else f"{rate:.1f}"])
+                print(_table(_STATS_HEADERS + ["done/s"], table) if table else "no queues yet")
                 sys.stdout.flush()
                 time.sleep(args.watch)
         except KeyboardInterrupt:
@@ -176,19 +208,58 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _each_job(ids: Sequence[int], act: Any) -> int:
+    """Act on every id, report each (errors on stderr), and fail when any failed."""
+    failed = 0
+    for job_id in ids:
+        try:
+            print(f"job {job_id}: {act(job_id)}", flush=True)
+        except PgqError as exc:
+            failed += 1
+            print(f"pgq-thin: error: job {job_id}: {_for_cli(exc, job_id)}", file=sys.stderr, flush=True)
+    if failed and len(ids) > 1:
+        print(f"pgq-thin: {failed} of {len(ids)} jobs failed; the others were acted on", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def cmd_retry(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        for job_id in args.ids:
-            client.retry(job_id)
-            print(f"job {job_id}: pending again")
-    return 0
+        return _each_job(args.ids, lambda job_id: client.retry(job_id) and "pending again")
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        for job_id in args.ids:
-            done = client.cancel(job_id)
-            print(f"job {job_id}: {'cancelled' if done else 'had already finished, unchanged'}")
+        return _each_job(args.ids, lambda job_id: "cancelled" if client.cancel(job_id)
+                         else "had already finished, unchanged")
+
+
+def cmd_resolve(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        return _each_job([args.id], lambda job_id: client.resolve(job_id, args.state)
+                         and f"resolved as {args.state}")
+
+
+def _json(value: Any) -> str:
+    return "-" if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        j = client.get_job(args.id)
+        history = client.job_history(args.id)
+    print(f"job {j.id}: {j.state} (attempt {j.attempt} of {j.max_attempts}), queue {j.queue}, kind {j.kind}")
+    fields = [("payload", _json(j.payload)), ("result", _json(j.result)), ("last error", j.last_error),
+              ("priority", j.priority), ("tenant", j.tenant), ("unique key", j.unique_key),
+              ("created at", j.created_at), ("run at", j.run_at), ("claimed by", j.claimed_by),
+              ("claimed at", j.claimed_at), ("lease until", j.lease_until), ("finished at", j.finished_at)]
+    for name, value in fields:
+        text = _fmt(value)
+        print(f"{name:<12} {text}" if "\n" not in text else f"{name:<12} " + text.replace("\n", "\n" + " " * 13))
+    print()
+    print("history (oldest first)")
+    print(_table(["at", "attempt", "event", "worker", "from", "to", "note"],
+                 [[f"{e.at:%Y-%m-%d %H:%M:%S}", e.attempt, e.event, e.worker, e.from_state, e.to_state, e.note]
+                  for e in history]) if history else "no events (the queue's audit is off, or they were pruned)")
     return 0
 
 
@@ -215,7 +286,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for f in findings:
         print(f"[{_MARK.get(f.severity, f.severity)}] {f.check:<20} {f.detail}")
         if f.hint and f.severity != "ok":
-            print(f"       {'':<20} hint: {f.hint}")
+            print(f"       {'':<20} hint: {_CLI_HINTS.get(f.hint, f.hint)}")
     worst = {f.severity for f in findings}
     verdict = "critical" if "critical" in worst else "warning" if "warning" in worst else "ok"
     counts = ", ".join(f"{sum(f.severity == s for f in findings)} {s}" for s in ("critical", "warning", "ok"))
@@ -328,6 +399,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("cancel", cmd_cancel, "cancel jobs that have not finished")
     p.add_argument("ids", type=int, nargs="+")
 
+    p = command("resolve", cmd_resolve, "settle an outcome_unknown job: done, pending (run it again), failed "
+                "or cancelled")
+    p.add_argument("id", type=int)
+    p.add_argument("state", help="done, pending, failed or cancelled")
+
+    p = command("job", cmd_job, "one job: its state, payload, result, last error and attempt history")
+    p.add_argument("id", type=int)
+
     p = command("pause", cmd_pause, "stop workers claiming from a queue")
     p.add_argument("queue")
 
@@ -386,13 +465,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except PgqError as exc:
-        print(f"pgq-thin: error: {exc}", file=sys.stderr)
+        print(f"pgq-thin: error: {_for_cli(exc)}", file=sys.stderr)
         return 1
     except _NeedsDevExtra as exc:
         print(f"pgq-thin: {exc}", file=sys.stderr)
         return 2
     except psycopg.Error as exc:
-        print(f"pgq-thin: error: {translate(exc)}", file=sys.stderr)
+        print(f"pgq-thin: error: {_for_cli(translate(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
