@@ -323,7 +323,8 @@ def cmd_soak(args: argparse.Namespace) -> int:
     if args.old_snapshot is not None:
         return run_old_snapshot_check(args.old_snapshot, args.dsn)
     return run_soak(args.minutes, args.dsn, args.seed, print, workers=args.workers,
-                    concurrency=args.concurrency, producers=args.producers, rate=args.rate)
+                    concurrency=args.concurrency, producers=args.producers, rate=args.rate,
+                    keep_logs=args.keep_logs)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -432,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=4, help="slots per worker (default 4)")
     p.add_argument("--producers", type=int, default=2, help="producer threads (default 2)")
     p.add_argument("--rate", type=float, default=150, help="jobs per second, all producers (default 150)")
+    p.add_argument("--keep-logs", action="store_true",
+                   help="keep the worker processes' logs (a failed run always keeps them)")
     p.add_argument("--old-snapshot", type=float, metavar="SECONDS",
                    help="instead: load while a REPEATABLE READ transaction holds a snapshot this long")
 
