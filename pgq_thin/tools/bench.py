@@ -736,6 +736,9 @@ def _markdown(res: dict[str, Any]) -> str:
              f"{res.get('server', 'a server')}: PostgreSQL {res['server_version']}, **{fs}**, {res['cpus']} CPUs, "
              f"load average {load.get('before', '?')} before the start and {load.get('after', '?')} at the end; "
              f"{res['config']['jobs']} jobs per drain, {res['config']['repeats']} repetitions (median (min–max))", ""]
+    if "machine" in res:  # runs recorded before the machine was written down lack these
+        lines += [f"Machine: {res['machine']}; the server and the benchmark's clients share it.", "",
+                  f"Server settings: {res['server_settings']}.", ""]
     if "drain" in res:
         lines += [f"### Drain (jobs/s; pgbench: transactions/s; {fs})", "",
                   "Every drain: wall clock from starting its consumers to an outside observer counting N done "
@@ -921,6 +924,35 @@ def update_readme(path: str, table: str) -> None:
     Path(path).write_text(f"{head}{BENCH_BEGIN}\n{table.strip()}\n{BENCH_END}{tail}")
 
 
+def _machine() -> str:
+    """What the run ran on: the CPU model and count, the memory and the operating system."""
+    import platform
+
+    model = memory = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+        with open("/proc/meminfo") as f:
+            kib = next((int(line.split()[1]) for line in f if line.startswith("MemTotal:")), None)
+            memory = None if kib is None else f"{kib / 1024 / 1024:.1f} GiB RAM"
+    except OSError:
+        pass
+    parts = [f"{os.cpu_count()} CPUs" + (f" ({model})" if model else ""), memory,
+             f"{platform.system()} {platform.release()}", f"Python {platform.python_version()}"]
+    return ", ".join(p for p in parts if p)
+
+
+#: The server settings a reader needs to compare a run with their own server.
+REPORTED_SETTINGS = ("shared_buffers", "max_connections", "work_mem", "wal_level", "max_wal_size",
+                     "checkpoint_timeout", "autovacuum_naptime", "jit")
+
+
+def _server_settings(conn: psycopg.Connection[Any]) -> str:
+    rows = conn.execute("SELECT name, current_setting(name) FROM unnest(%s::text[]) AS s(name)",
+                        (list(REPORTED_SETTINGS),)).fetchall()
+    return ", ".join(f"{name} {value}" for name, value in rows)
+
+
 def _loadavg() -> str:
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -964,8 +996,10 @@ def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
             version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
             fsync_now = conn.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
             sync_commit = conn.execute("SHOW synchronous_commit").fetchone()[0]  # type: ignore[index]
+            settings = _server_settings(conn)
         res: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "server_version": version, "cpus": os.cpu_count(),
+                               "machine": _machine(), "server_settings": settings,
                                "fsync": fsync_now, "synchronous_commit": sync_commit,
                                "server": "a throwaway PostgreSQL (pgq_thin.testing.server)" if dsn is None
                                else "the server given by dsn",
