@@ -158,7 +158,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             worker.run(resolve_dsn(args.dsn), **settings)
     except ValueError as exc:  # a setting out of range (run() checks them before it connects)
         raise PgqError(str(exc)) from None
-    return 0
+    return 1 if worker.stopped_at_once else 0  # a second signal: its running jobs were left to their leases
 
 
 _STATS_HEADERS = ["queue", "paused", "pending", "scheduled", "running", "expired", "done", "failed",

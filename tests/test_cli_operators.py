@@ -146,3 +146,32 @@ def test_stats_watch_shows_the_columns_of_stats(dsn: str, conn: psycopg.Connecti
         proc.wait()
     watched = [h for h in header.rstrip("\n").split("  ") if h]
     assert watched == [h for h in plain if h] + ["done/s"]
+
+
+def test_worker_command_exits_non_zero_when_a_second_signal_stops_it_at_once(
+        dsn: str, conn: psycopg.Connection, tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from sqlhelpers import wait_for
+
+    root = Path(__file__).resolve().parent.parent
+    job_id = one(conn, """SELECT pgq.enqueue('default', 'sleep', '{"seconds": 60}')""")
+    log = tmp_path / "worker.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pgq_thin", "worker", "--app", "tests.apps.sleepy:worker",
+                                 "--dsn", dsn], cwd=root, stdout=out, stderr=subprocess.STDOUT,
+                                env={**__import__("os").environ, "SLEEPY_SHUTDOWN_TIMEOUT": "60"})
+    try:
+        wait_for(lambda: f"sleeping 60s for job {job_id}" in log.read_text(), "the handler to start")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "shutting down gracefully" in log.read_text(), "the graceful shutdown to begin")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 1, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "stopping at once" in log.read_text()
+    assert job(conn, job_id)["state"] == "running"  # left to its lease

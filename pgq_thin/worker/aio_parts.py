@@ -95,7 +95,7 @@ class AsyncOwnerCalls:
             return
         try:
             state = await self.until_answered("fail", held.log, lambda: instead.send(self.client, held.job))
-            held.log.info("failed instead, now %s", state)
+            held.log.info("recorded as a failure instead: %s", outcomes.failed_as(state))
         except Exception as again:  # noqa: BLE001
             held.log.error("fail refused too (%s); the lease will recover the job", again)
 

@@ -72,6 +72,13 @@ class WorkerBase:
         self._flags = Flags()  # stop() before run() makes run() return at once
         self._listening = threading.Event()  # set while LISTEN works
 
+    @property
+    def stopped_at_once(self) -> bool:
+        """Whether the run ended by a stop at once (a second SIGTERM / SIGINT, or
+        stop(graceful=False)): running jobs were left to their leases. ``pgq-thin worker`` then
+        exits with status 1."""
+        return self._flags.hard_stop.is_set()
+
     def handler(self, kind: str) -> Callable[[_H], _H]:
         """Register the decorated function for jobs of ``kind``; returns it unchanged."""
 
