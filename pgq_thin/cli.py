@@ -83,7 +83,10 @@ _CLI_HINTS = {
     "No worker is claiming or sweeping: run pgq.sweep() and check the workers.":
         "No worker is claiming or sweeping: run pgq-thin sweep and check the workers.",
     "Find out what happened, then pgq.resolve(id, 'done' | 'pending' | 'failed' | 'cancelled').":
-        "Find out what happened, then pgq-thin resolve ID done|pending|failed|cancelled.",
+        "Find out what happened (pgq-thin jobs --state outcome_unknown lists them), then "
+        "pgq-thin resolve ID done|pending|failed|cancelled.",
+    "A queue is created by its first job or by pgq.configure_queue; pgq.stats() lists them.":
+        "A queue is created by its first job; pgq-thin stats lists them.",
 }
 _NOT_INSTALLED = "pgq is not installed in this database: run pgq-thin migrate."
 
@@ -286,6 +289,31 @@ def cmd_resolve(args: argparse.Namespace) -> int:
                          and f"resolved as {args.state}")
 
 
+def _when_short(value: datetime | None) -> str | None:
+    return None if value is None else f"{value:%Y-%m-%d %H:%M:%S}"
+
+
+def _first_line(text: str | None, width: int = 60) -> str | None:
+    if not text:
+        return None
+    line = text.strip().splitlines()[-1] if text.strip() else ""  # a traceback's last line says what
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        rows = client.list_jobs(args.queue, args.state, args.kind, limit_rows=args.limit, before_id=args.before)
+    if not rows:
+        print("no jobs" + (f" before id {args.before}" if args.before else "") + " match")
+        return 0
+    print(_table(["id", "queue", "kind", "state", "attempt", "created", "finished", "last error"],
+                 [[j.id, j.queue, j.kind, j.state, f"{j.attempt}/{j.max_attempts}", _when_short(j.created_at),
+                   _when_short(j.finished_at), _first_line(j.last_error)] for j in rows]))
+    if len(rows) == args.limit:
+        print(f"(the newest {len(rows)}; older ones: the same command with --before {rows[-1].id})")
+    return 0
+
+
 def _json(value: Any) -> str:
     return "-" if value is None else json.dumps(value, ensure_ascii=False)
 
@@ -481,6 +509,14 @@ def build_parser() -> argparse.ArgumentParser:
                 "or cancelled")
     p.add_argument("id", type=int)
     p.add_argument("state", help="done, pending, failed or cancelled")
+
+    p = command("jobs", cmd_jobs, "list jobs, newest first (pgq.list_jobs)")
+    p.add_argument("--queue", help="only this queue's jobs")
+    p.add_argument("--state", help="only jobs in this state: pending, running, done, failed, cancelled, "
+                   "outcome_unknown")
+    p.add_argument("--kind", help="only jobs of this kind")
+    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50, at most 1000)")
+    p.add_argument("--before", type=int, metavar="ID", help="only jobs older than this id (the next page)")
 
     p = command("job", cmd_job, "one job: its state, payload, result, last error and attempt history")
     p.add_argument("id", type=int)

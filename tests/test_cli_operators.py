@@ -124,7 +124,8 @@ def test_doctor_hints_name_commands_not_sql(dsn: str, conn: psycopg.Connection) 
     doctor = pgq("doctor", dsn=dsn)
     hints = [line.split("hint: ", 1)[1] for line in doctor.stdout.splitlines() if "hint: " in line]
     assert "No worker is claiming or sweeping: run pgq-thin sweep and check the workers." in hints
-    assert "Find out what happened, then pgq-thin resolve ID done|pending|failed|cancelled." in hints
+    assert ("Find out what happened (pgq-thin jobs --state outcome_unknown lists them), then "
+            "pgq-thin resolve ID done|pending|failed|cancelled.") in hints
     assert not any("pgq." in h for h in hints), hints
 
 
@@ -175,3 +176,41 @@ def test_worker_command_exits_non_zero_when_a_second_signal_stops_it_at_once(
             proc.kill()
     assert "stopping at once" in log.read_text()
     assert job(conn, job_id)["state"] == "running"  # left to its lease
+
+
+def test_jobs_lists_newest_first_with_filters_and_says_how_to_get_the_next_page(
+        dsn: str, conn: psycopg.Connection) -> None:
+    ids = [one(conn, "SELECT pgq.enqueue('emails', %s)", (kind,)) for kind in ("welcome", "digest", "welcome")]
+    [claimed] = claim(conn, queues=["emails"])
+    conn.execute("SELECT pgq.fail(%s, %s, 'Traceback (most recent call last):\n  ...\nValueError: no such user',"
+                 " retryable => false)", (claimed["id"], claimed["attempt"]))
+    listed = pgq("jobs", dsn=dsn)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split() == ["id", "queue", "kind", "state", "attempt", "created", "finished", "last", "error"]
+    assert [int(line.split()[0]) for line in lines[2:]] == ids[::-1]
+    failed = pgq("jobs", "--queue", "emails", "--state", "failed", dsn=dsn)
+    [row] = failed.stdout.splitlines()[2:]
+    assert row.split()[:5] == [str(ids[0]), "emails", "welcome", "failed", "1/25"]
+    assert row.endswith("ValueError: no such user")
+    kinds = pgq("jobs", "--kind", "welcome", "--limit", "1", dsn=dsn).stdout.splitlines()
+    assert int(kinds[2].split()[0]) == ids[2]
+    assert kinds[3] == f"(the newest 1; older ones: the same command with --before {ids[2]})"
+    older = pgq("jobs", "--kind", "welcome", "--before", str(ids[2]), dsn=dsn).stdout.splitlines()
+    assert [int(line.split()[0]) for line in older[2:]] == [ids[0]]
+    typo = pgq("jobs", "--queue", "emials", dsn=dsn)
+    assert typo.returncode == 1
+    assert typo.stderr == ("pgq-thin: error: pgq: argument \"queue\" names no queue: 'emials' [SQLSTATE 22023] "
+                           "(hint: A queue is created by its first job; pgq-thin stats lists them.)\n")
+    bad_state = pgq("jobs", "--state", "finished", dsn=dsn)
+    assert bad_state.returncode == 1 and "must be one of pending, running, done" in bad_state.stderr
+
+
+def test_pause_of_a_queue_that_does_not_exist_is_refused_and_creates_nothing(
+        dsn: str, conn: psycopg.Connection) -> None:
+    typo = pgq("pause", "emials", dsn=dsn)
+    assert typo.returncode == 1
+    assert typo.stderr.startswith("pgq-thin: error: pgq: argument \"queue\" names no queue: 'emials'")
+    assert "pgq.configure_queue" not in typo.stderr and typo.stdout == ""
+    assert one(conn, "SELECT count(*) FROM pgq.queues") == 0
+    assert pgq("resume", "emials", dsn=dsn).returncode == 1

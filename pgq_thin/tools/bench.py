@@ -248,7 +248,7 @@ def _drain_raw(dsn: str, workers: int, batch: int) -> None:
 def _drain_pgq(dsn: str, workers: int, batch: int) -> None:
     def work(i: int) -> None:
         with _connect(dsn) as conn:
-            params = {"worker": f"bench-{i}", "queues": [QUEUE], "batch": batch, "lease": None}
+            params = {"worker": f"bench-{i}", "queues": [QUEUE], "batch": batch, "lease": None, "kinds": None}
             while True:
                 rows = conn.execute(queries.CLAIM, params, prepare=True).fetchall()
                 if not rows:
@@ -603,7 +603,7 @@ def _claim_latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                 conn.execute("CHECKPOINT")
             except psycopg.Error:
                 pass  # not a superuser (--dsn): the checkpointer will get there
-            params = {"worker": "bench-claim", "queues": [QUEUE], "batch": 1, "lease": None}
+            params = {"worker": "bench-claim", "queues": [QUEUE], "batch": 1, "lease": None, "kinds": None}
             claim_ms, complete_ms = [], []
             for _ in range(cfg.claim_samples):
                 t = time.perf_counter()
@@ -657,7 +657,7 @@ def _churn(dsn: str, seconds: float, workers: int = 4, sample_every: float = 2.0
 
     def consumer(i: int) -> None:
         with _connect(dsn) as conn:
-            params = {"worker": f"churn-{i}", "queues": [QUEUE], "batch": 10, "lease": None}
+            params = {"worker": f"churn-{i}", "queues": [QUEUE], "batch": 10, "lease": None, "kinds": None}
             while not stop.is_set():
                 rows = conn.execute(queries.CLAIM, params, prepare=True).fetchall()
                 if not rows:
