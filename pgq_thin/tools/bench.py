@@ -1063,25 +1063,26 @@ def _migrate_to(dsn: str, last: str) -> list[str]:
         backend.connection.close()
 
 
-def _ab_databases(server: Any) -> dict[str, str]:
-    """Databases ab_a (migrated to AB_BEFORE) and ab_b (to AB_AFTER) on ``server``: their DSNs."""
+def _ab_databases(server: Any, before: str = AB_BEFORE, after: str = AB_AFTER) -> dict[str, str]:
+    """Databases ab_a (migrated to ``before``) and ab_b (to ``after``) on ``server``: their DSNs."""
     dsns = {}
-    for label, last in (("A", AB_BEFORE), ("B", AB_AFTER)):
+    for label, last in (("A", before), ("B", after)):
         with _connect(server.dsn_for("postgres")) as conn:
             conn.execute(f"CREATE DATABASE ab_{label.lower()}")
         dsns[label] = server.dsn_for(f"ab_{label.lower()}")
         _migrate_to(dsns[label], last)
     with _connect(dsns["A"]) as a, _connect(dsns["B"]) as b:
-        has_schedules = [c.execute("SELECT to_regclass('pgq.schedules') IS NOT NULL").fetchone()[0]  # type: ignore[index]
-                         for c in (a, b)]
-    if has_schedules != [False, True]:
-        raise RuntimeError(f"A/B databases are not at {AB_BEFORE} and {AB_AFTER}: {has_schedules}")
+        newest = [c.execute("SELECT max(migration_id) FROM _yoyo_migration").fetchone()[0]  # type: ignore[index]
+                  for c in (a, b)]
+    if newest != [before, after]:
+        raise RuntimeError(f"A/B databases are not at {before} and {after}: {newest}")
     return dsns
 
 
-def _ab_drain(dsn: str, workers: int, n: int) -> float:
+def _ab_drain(dsn: str, workers: int, n: int, kinds: list[str] | None = None) -> float:
     """Load n jobs into a plain queue, drain them with claim(batch 1) + complete from ``workers``
-    threads; jobs per second by the wall clock around the threads (connect and close included)."""
+    threads; jobs per second by the wall clock around the threads (connect and close included).
+    ``kinds``: the claims name them (as a Worker names its handlers' kinds); None: they do not."""
     with _connect(dsn) as conn:
         conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
         conn.execute("SELECT pgq.enqueue_many(%s, 'noop', ARRAY(SELECT jsonb_build_object('n', g)"
@@ -1089,12 +1090,12 @@ def _ab_drain(dsn: str, workers: int, n: int) -> float:
         conn.execute("VACUUM ANALYZE pgq.jobs")
         conn.execute("VACUUM ANALYZE pgq.job_events")
     claim = ("SELECT id, attempt FROM pgq.claim(worker => %(worker)s::text, queues => %(queues)s::text[],"
-             " batch => 1)")
+             " batch => 1" + (", kinds => %(kinds)s::text[])" if kinds is not None else ")"))
     complete = "SELECT pgq.complete(id => %(id)s::bigint, attempt => %(attempt)s::integer)"
 
     def work(i: int) -> None:
         with _connect(dsn) as conn:
-            params = {"worker": f"ab-{i}", "queues": [QUEUE]}
+            params = {"worker": f"ab-{i}", "queues": [QUEUE], "kinds": kinds}
             while True:
                 rows = conn.execute(claim, params, prepare=True).fetchall()
                 if not rows:
@@ -1183,6 +1184,45 @@ def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12) -> dict
         return {"jobs": jobs, "repeats": repeats, "before": AB_BEFORE, "after": AB_AFTER,
                 "us_per_claim_complete": per_pair, "median_us": med, "min_us": best,
                 "ratio_after_over_before": med["B"] / med["A"], "ratio_of_mins": best["B"] / best["A"]}
+    finally:
+        server.stop()
+
+
+# A/B: the claim before and after migration 0006 (kinds, list_jobs' and the kinds' indexes) ---------
+
+OPERATORS_BEFORE = "0005_version"
+OPERATORS_AFTER = "0006_operators_day"
+
+
+def operators_day_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 5, fsync: bool = True) -> dict[str, Any]:
+    """The claim+complete rate of a plain queue on a database migrated to 0005 (A) and one migrated
+    to 0006 (B: claims with kinds => NULL, as before; and "B kinds": claims naming the job's kind,
+    as a Worker does), one throwaway server, drained in turn (each repetition starts with another
+    one); fsync on or off. Rates, medians and the ratios of the medians to A's."""
+    from pgq_thin.testing import server as embedded
+
+    settings = embedded.SERVER_SETTINGS if not fsync else embedded.SERVER_SETTINGS.replace(" -F ", " ")
+    server = embedded.start(postgres_args=settings)
+    try:
+        dsns = _ab_databases(server, OPERATORS_BEFORE, OPERATORS_AFTER)
+        with _connect(dsns["A"]) as a:
+            fsync_setting = a.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
+            version = a.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        series: dict[str, tuple[str, list[str] | None]] = {"A": (dsns["A"], None), "B": (dsns["B"], None),
+                                                            "B kinds": (dsns["B"], ["noop"])}
+        for dsn, kinds in series.values():  # warm-up, not counted
+            _ab_drain(dsn, workers, min(jobs, 500), kinds)
+        rates: dict[str, list[float]] = {k: [] for k in series}
+        labels = list(series)
+        for r in range(repeats):
+            for label in labels[r % 3:] + labels[:r % 3]:
+                dsn, kinds = series[label]
+                rates[label].append(_ab_drain(dsn, workers, jobs, kinds))
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        return {"server_version": version, "fsync": fsync_setting, "jobs": jobs, "workers": workers,
+                "repeats": repeats, "before": OPERATORS_BEFORE, "after": OPERATORS_AFTER, "rates": rates,
+                "median": med, "ratio_B_over_A": med["B"] / med["A"],
+                "ratio_B_kinds_over_A": med["B kinds"] / med["A"]}
     finally:
         server.stop()
 
