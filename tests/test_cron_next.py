@@ -32,9 +32,9 @@ HELPERS = ["_cron_next_bit", "_cron_bad_field", "_cron_value", "_cron_field", "_
 
 
 @pytest.fixture(scope="module")
-def cron_dsn(pg_server, admin_dsn: str, template_db: str) -> Iterator[str]:
+def cron_dsn(databases, template_db: str) -> Iterator[str]:
     """One migrated database for the module (nothing here writes): pgq.cron_next as installed."""
-    for dsn in fresh_database(pg_server, admin_dsn, template_db, prefix="cron"):
+    for dsn in fresh_database(databases, template_db):
         with psycopg.connect(dsn, autocommit=True) as c:
             assert one(c, "SELECT to_regprocedure('pgq.cron_next(text, timestamptz, text)') IS NOT NULL")
         yield dsn
