@@ -87,6 +87,8 @@ _CLI_HINTS = {
         "pgq-thin resolve ID done|pending|failed|cancelled.",
     "A queue is created by its first job or by pgq.configure_queue; pgq.stats() lists them.":
         "A queue is created by its first job; pgq-thin stats lists them.",
+    "Use a name from pg_timezone_names, such as 'Europe/Paris' or 'UTC'.":
+        "Use an IANA time zone name, such as Europe/Paris, or UTC.",
 }
 _NOT_INSTALLED = "pgq is not installed in this database: run pgq-thin migrate."
 

@@ -214,3 +214,11 @@ def test_pause_of_a_queue_that_does_not_exist_is_refused_and_creates_nothing(
     assert "pgq.configure_queue" not in typo.stderr and typo.stdout == ""
     assert one(conn, "SELECT count(*) FROM pgq.queues") == 0
     assert pgq("resume", "emials", dsn=dsn).returncode == 1
+
+
+def test_a_schedule_with_an_unknown_time_zone_gets_a_hint_for_the_command_line(dsn: str) -> None:
+    result = pgq("schedule", "add", "nightly", "q", "k", "--cron", "0 3 * * *", "--timezone", "Mars/Olympus",
+                 dsn=dsn)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert "(hint: Use an IANA time zone name, such as Europe/Paris, or UTC.)" in result.stderr
+    assert "pg_timezone_names" not in result.stderr

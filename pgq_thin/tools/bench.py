@@ -1219,6 +1219,41 @@ def operators_day_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 5, fs
         databases.close()
 
 
+def operators_day_ab_server(*, jobs: int = 1000, repeats: int = 8) -> dict[str, Any]:
+    """operators_day_ab timed inside the server (AB_SERVER_LOOP; "B kinds" claims with kinds =>
+    ARRAY['noop']): microseconds per claim+complete pair, medians, minimums and their ratios to A's."""
+    from pgq_thin.testing import server as embedded
+
+    server = embedded.start()
+    try:
+        dsns = _ab_databases(server, OPERATORS_BEFORE, OPERATORS_AFTER)
+        with_kinds = AB_SERVER_LOOP.replace("ARRAY['bench'], 1)", "ARRAY['bench'], 1, kinds => ARRAY['noop'])")
+        assert with_kinds != AB_SERVER_LOOP
+        loops = {"A": (dsns["A"], AB_SERVER_LOOP), "B": (dsns["B"], AB_SERVER_LOOP), "B kinds": (dsns["B"], with_kinds)}
+        per_pair: dict[str, list[float]] = {k: [] for k in loops}
+        labels = list(loops)
+        for r in range(repeats + 1):  # the first round warms up and is not counted
+            for label in labels[r % 3:] + labels[:r % 3]:
+                dsn, loop = loops[label]
+                with _connect(dsn) as conn:
+                    conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
+                    conn.execute("SELECT pgq.enqueue_many(%s, 'noop', array_fill('{}'::jsonb, ARRAY[%s]))",
+                                 (QUEUE, jobs))
+                    conn.execute("VACUUM ANALYZE pgq.jobs")
+                    started = time.perf_counter()
+                    conn.execute(loop % int(jobs))
+                    elapsed = time.perf_counter() - started
+                if r:
+                    per_pair[label].append(elapsed / jobs * 1e6)
+        med = {k: statistics.median(v) for k, v in per_pair.items()}
+        best = {k: min(v) for k, v in per_pair.items()}
+        return {"jobs": jobs, "repeats": repeats, "us_per_claim_complete": per_pair, "median_us": med,
+                "min_us": best, "ratio_of_medians_to_A": {k: med[k] / med["A"] for k in med},
+                "ratio_of_mins_to_A": {k: best[k] / best["A"] for k in best}}
+    finally:
+        server.stop()
+
+
 if __name__ == "__main__":  # python -m pgq_thin.tools.bench [jobs workers repeats]: the A/B, fsync on and off
     import sys
 
