@@ -167,6 +167,7 @@ class ReplicatedPair:
     def __init__(self, *, synchronous: bool = True, postgres_args: str = REPLICATION_SETTINGS) -> None:
         self.synchronous = synchronous
         self.failovers = 0
+        self.ports: list[int] = []
         self.primary: ThrowawayPostgres = ThrowawayPostgres(postgres_args=postgres_args)
         self.standby: Standby | None = None
         try:

@@ -1,0 +1,117 @@
+"""pgq through a real PgBouncer in pool_mode = transaction (pgq_thin.testing.topology.PgBouncer, in
+front of a throwaway server): consecutive transactions of one client connection may run on
+different server connections, so nothing may rely on session state or server-side prepared
+statements. ``pooled=True`` is the one switch; without it the error says so."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from pgq_thin import Client
+from pgq_thin.errors import PgqError
+from pgq_thin.testing.server import Databases
+from pgq_thin.testing.topology import PgBouncer, pgbouncer_program
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(pgbouncer_program() is None, reason="pgbouncer is not installed "
+                                 "(scripts/test.sh installs Debian's package when run as root)")]
+
+
+@pytest.fixture(scope="module")
+def bounced() -> Iterator[tuple[Databases, PgBouncer]]:
+    with Databases(prefix="pgb") as dbs:
+        assert dbs.server is not None
+        with PgBouncer(dbs.server.port, pool_mode="transaction", pool_size=10) as bouncer:
+            yield dbs, bouncer
+
+
+@pytest.fixture
+def through(bounced: tuple[Databases, PgBouncer]) -> Iterator[tuple[str, str]]:
+    """(the DSN through PgBouncer, the direct DSN) of a fresh pgq database."""
+    dbs, bouncer = bounced
+    name = dbs.new_name()
+    direct = dbs.migrated(name)
+    yield bouncer.dsn(name), direct
+    dbs.drop(name)
+
+
+def test_the_client_works_through_transaction_pooling(through: tuple[str, str]) -> None:
+    dsn, _ = through
+    with Client(dsn, pooled=True, max_size=4) as client:
+        assert client.version().isdigit()
+        first = client.enqueue("mail", "send", {"n": 0})
+        more = client.enqueue_many("mail", "send", [{"n": i} for i in range(1, 6)])
+        jobs = client.claim("w1", ["mail"], batch=6)
+        assert sorted(j.id for j in jobs) == sorted([first, *more])
+        by_id = {j.id: j for j in jobs}
+        assert client.renew(first, by_id[first].attempt) is not None
+        assert client.complete(first, by_id[first].attempt, {"ok": True})
+        assert client.fail(more[0], by_id[more[0]].attempt, "boom", retry_in=3600) == "pending"
+        assert client.snooze(more[1], by_id[more[1]].attempt, 3600) is not None
+        assert client.release(more[2], by_id[more[2]].attempt)
+        assert client.complete_many(more[3:], [by_id[i].attempt for i in more[3:]]) == more[3:]
+        assert client.get_job(first).result == {"ok": True}
+        assert [e.event for e in client.job_history(first)] == ["claimed", "completed"]
+        (stats,) = client.stats()
+        assert (stats.queue, stats.done) == ("mail", 3)
+        # Many calls, over whichever server connections PgBouncer picks: the released job once.
+        claimed = [j.id for _ in range(20) for j in client.claim("w1", ["mail"])]
+        assert claimed == [more[2]]
+
+
+def test_without_pooled_a_prepared_statement_error_names_the_switch(through: tuple[str, str]) -> None:
+    """A prepared statement lives on one server connection; the next transaction of the same client
+    connection runs on another one (the first is held by someone else), where it does not exist."""
+    dsn, _ = through
+    for pooled in (False, True):
+        with Client(dsn, pooled=pooled, max_size=1) as client:
+            client.enqueue("q", "k")                       # prepared on server connection X
+            with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as holder:
+                holder.execute("BEGIN")
+                holder.execute("SELECT 1")                 # holds X (the only idle one) ...
+                if pooled:
+                    assert client.enqueue("q", "k") > 0    # ... so this runs on a new one: fine
+                else:
+                    with pytest.raises(PgqError) as caught:
+                        client.enqueue("q", "k")
+                    assert "pooled=True" in str(caught.value)
+                    assert "transaction-pooling" in str(caught.value)
+                    assert caught.value.sqlstate in ("26000", "42P05")
+                holder.execute("ROLLBACK")
+
+
+def test_producers_enqueue_in_their_own_transactions_through_the_pooler(through: tuple[str, str]) -> None:
+    dsn, direct = through
+    with psycopg.connect(direct, autocommit=True) as admin:
+        admin.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+    with Client(dsn, pooled=True) as client, \
+            psycopg.connect(dsn, prepare_threshold=None) as conn:
+        with conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (1)")
+            kept = client.enqueue("orders", "ship", {"order": 1}, conn=conn)
+        with pytest.raises(RuntimeError), conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (2)")
+            lost = client.enqueue("orders", "ship", {"order": 2}, conn=conn)
+            raise RuntimeError("the business transaction fails")
+        with psycopg.connect(direct) as check:
+            assert check.execute("SELECT array_agg(id) FROM orders").fetchone() == ([1],)
+            assert check.execute("SELECT array_agg(id) FROM pgq.jobs").fetchone() == ([kept],)
+        assert lost != kept
+
+
+def test_owner_writes_stay_fenced_through_the_pooler(through: tuple[str, str]) -> None:
+    dsn, direct = through
+    with Client(dsn, pooled=True) as client:
+        job_id = client.enqueue("q", "k")
+        (old,) = client.claim("old", ["q"])
+        with psycopg.connect(direct, autocommit=True) as admin:  # the old owner's lease runs out
+            admin.execute("UPDATE pgq.jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (job_id,))
+        (new,) = client.claim("new", ["q"])                      # recovered and claimed again
+        assert new.id == job_id and new.attempt == old.attempt + 1
+        assert client.complete(job_id, old.attempt, {"by": "old"}) is False
+        assert client.renew(job_id, old.attempt) is None
+        assert client.complete(job_id, new.attempt, {"by": "new"}) is True
+        assert client.get_job(job_id).result == {"by": "new"}
