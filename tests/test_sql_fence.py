@@ -22,7 +22,8 @@ def promoted(conn: psycopg.Connection, timelines: int = 1) -> None:
 
 
 def test_the_fence_remembers_the_servers_timeline_from_the_install(conn):
-    assert conn.execute("SELECT timeline, moves FROM pgq.fence").fetchall() == [(one(conn, "SELECT pgq._timeline()"), 0)]
+    expected = [(one(conn, "SELECT pgq._timeline()"), 0)]
+    assert conn.execute("SELECT timeline, moves FROM pgq.fence").fetchall() == expected
 
 
 def test_after_a_promotion_every_unfinished_job_skips_the_old_primarys_numbers(conn, connect):
