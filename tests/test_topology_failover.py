@@ -84,3 +84,89 @@ def test_async_failover_an_old_attempt_is_refused_and_the_new_owners_result_kept
         assert events == ["fenced", "claimed", "rejected", "completed", "rejected"]
         fence = new_worker.execute("SELECT timeline, moves, jobs_moved FROM pgq.fence").fetchone()
         assert fence == (one(new_worker, "SELECT pgq._timeline()"), 1, 1)
+
+
+def test_a_claim_on_a_standby_is_refused_with_a_clear_error() -> None:
+    with ReplicatedPair(synchronous=False) as pair:
+        migrate(pair.primary.dsn_for("test"))
+        assert pair.standby is not None
+        pair.wait_caught_up()
+        with psycopg.connect(pair.standby.dsn_for("test"), autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction) as caught:
+                conn.execute("SELECT * FROM pgq.claim('w')")
+            assert "standby" in str(caught.value)
+            assert "target_session_attrs=read-write" in (caught.value.diag.message_hint or "")
+
+
+def test_sync_failover_mid_drain_loses_nothing_acknowledged_and_fences_stale_writes(tmp_path) -> None:
+    """Synchronous replication, real worker processes on a multi-host DSN: mid-drain the primary is
+    killed with -9 and the standby promoted; the workers reconnect by themselves. Afterwards every
+    acknowledged enqueue is done, none completed twice, no two live owners (the soak's checks), the
+    lease of a job claimed on the old primary expired and the job was recovered, and that old
+    owner's write is refused on the new primary."""
+    import random
+
+    from pgq_thin.tools import soak
+    from pgq_thin.tools.fleet import Fleet, worker_command
+
+    with ReplicatedPair(synchronous=True) as pair:
+        direct = pair.primary.dsn_for("test")
+        migrate(direct)
+        dsn = pair.dsn("test")
+        with psycopg.connect(direct, autocommit=True) as conn:
+            conn.execute(soak._LEDGER_DDL)
+            conn.execute("SELECT pgq.configure_queue(%s, lease => '2 seconds', max_attempts => 1000,"
+                         " backoff_base => '100 ms', backoff_cap => '1 s')", (soak.QUEUE,))
+            acknowledged = [r[0] for r in conn.execute(
+                "SELECT id FROM pgq.enqueue_many(%s, 'soak.work', array_fill('{\"ms\": 20}'::jsonb, ARRAY[400]))"
+                " AS t(id)", (soak.QUEUE,))]
+        producers = soak._Producers(dsn, threads=1, rate=30, rng=random.Random(13))
+        fleet = Fleet(tmp_path)
+        try:
+            for n in range(3):
+                fleet.start(f"w{n}", worker_command("pgq_thin.tools.soak_app:worker", dsn),
+                            env={"PGQ_SOAK_WORKER": f"w{n}", "PGQ_SOAK_CONCURRENCY": "4"})
+            producers.start()
+            with psycopg.connect(direct, autocommit=True) as conn:
+                soak_wait(lambda: one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'done'") >= 100,
+                          "100 jobs done before the failover")
+                # A worker that claims a job on the old primary and never comes back.
+                zombie = conn.execute("SELECT id, attempt FROM pgq.claim('zombie', lease => '3 seconds')").fetchone()
+                assert zombie is not None
+            pair.fail_over(rebuild=False)                    # mid-drain: kill -9, promote
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                soak_wait(lambda: one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'done'"
+                                            " AND finished_at > (SELECT moved_at FROM pgq.fence)") >= 100,
+                          "100 jobs done on the new primary")
+            producers.stop()
+            acknowledged += producers.acknowledged
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                soak_wait(lambda: one(conn, "SELECT count(*) FROM pgq.jobs WHERE state NOT IN"
+                                            " ('done', 'failed', 'cancelled')") == 0,
+                          "every job finished", timeout=120)
+                # The job claimed on the old primary by a worker that never came back: its lease
+                # expired, it was recovered and done by a worker past the fence; the old owner's
+                # write is refused.
+                events = conn.execute("SELECT event, attempt, at > (SELECT moved_at FROM pgq.fence)"
+                                      " FROM pgq.job_events WHERE job_id = %s ORDER BY id", (zombie[0],)).fetchall()
+                assert ("lease_expired", zombie[1], True) in events, events
+                assert one(conn, "SELECT pgq.complete(%s, %s)", zombie) is False
+                assert one(conn, "SELECT attempt FROM pgq.jobs WHERE id = %s", (zombie[0],)) > 100000
+                assert one(conn, "SELECT moves FROM pgq.fence") == 1
+        finally:
+            producers.stop()
+            fleet.stop()
+        counts = soak.SoakCounts()
+        problems = soak._check(dsn, acknowledged, counts)
+        assert problems == [], problems
+        assert (counts.lost, counts.completed_twice, counts.not_terminal) == (0, 0, 0)
+        assert counts.states == {"done": counts.jobs} and counts.acknowledged > 400
+        print(f"sync failover: {counts.jobs} jobs, {counts.executions} executions, {counts.reclaims} reclaims, "
+              f"{counts.rejected} stale writes rejected, {counts.duplicates} duplicate effects "
+              f"({counts.explained} explained)")
+
+
+def soak_wait(condition, what: str, timeout: float = 60.0) -> None:
+    from pgq_thin.testing.topology import wait_for
+
+    wait_for(condition, what, timeout=timeout, interval=0.2)
