@@ -252,7 +252,8 @@ def cmd_soak(args: argparse.Namespace) -> int:
     if args.old_snapshot is not None:
         return run_old_snapshot_check(args.old_snapshot, args.dsn)
     return run_soak(args.minutes, args.dsn, args.seed, print, workers=args.workers,
-                    concurrency=args.concurrency, producers=args.producers, rate=args.rate)
+                    concurrency=args.concurrency, producers=args.producers, rate=args.rate,
+                    failover=args.failover)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -355,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=150, help="jobs per second, all producers (default 150)")
     p.add_argument("--old-snapshot", type=float, metavar="SECONDS",
                    help="instead: load while a REPEATABLE READ transaction holds a snapshot this long")
+    p.add_argument("--failover", action="store_true",
+                   help="on a throwaway primary with a synchronous standby (multi-host DSN): repeated "
+                        "failovers (kill -9 of the primary, standby promoted) instead of the restart")
 
     p = command("bench", cmd_bench, "benchmark pgq against the raw SQL floor and pgbench, in the same run",
                 dsn=False)
