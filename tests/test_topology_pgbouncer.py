@@ -115,3 +115,33 @@ def test_owner_writes_stay_fenced_through_the_pooler(through: tuple[str, str]) -
         assert client.renew(job_id, old.attempt) is None
         assert client.complete(job_id, new.attempt, {"by": "new"}) is True
         assert client.get_job(job_id).result == {"by": "new"}
+
+
+@pytest.mark.parametrize("mode", ["session", "statement"])
+def test_what_works_in_the_other_pooling_modes(bounced: tuple[Databases, PgBouncer], mode: str) -> None:
+    """Session mode: a client keeps its server connection, so everything works, prepared
+    statements and LISTEN included. Statement mode: every call of the client works (each is one
+    autocommit statement), but a producer's own transaction is refused by PgBouncer."""
+    dbs, _ = bounced
+    assert dbs.server is not None
+    name = dbs.new_name()
+    dbs.migrated(name)
+    try:
+        with PgBouncer(dbs.server.port, pool_mode=mode, pool_size=4) as bouncer:
+            dsn = bouncer.dsn(name)
+            with Client(dsn, pooled=(mode == "statement")) as client:
+                job_id = client.enqueue("q", "k")
+                (job,) = client.claim("w", ["q"])
+                assert client.complete(job.id, job.attempt) and client.get_job(job_id).state == "done"
+            with psycopg.connect(dsn, prepare_threshold=None, autocommit=True) as conn:
+                if mode == "session":
+                    conn.execute("LISTEN pgq")
+                    with Client(dsn) as client:
+                        client.enqueue("q", "k")
+                    assert [n.payload for n in conn.notifies(timeout=10, stop_after=1)] == ["q"]
+                else:
+                    with pytest.raises(psycopg.Error, match="transaction blocks not allowed"):
+                        with conn.transaction():
+                            conn.execute("SELECT pgq.enqueue('q', 'k')")
+    finally:
+        dbs.drop(name)
