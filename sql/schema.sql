@@ -527,8 +527,12 @@ BEGIN
                 FROM skipped AS s JOIN pgq.queues AS q ON q.name = s.queue AND q.audit
             )
             SELECT count(*) INTO moved FROM skipped;
-            UPDATE pgq.fence AS f
-            SET timeline = current_timeline, moves = f.moves + 1, moved_at = now(), jobs_moved = moved;
+            -- (An upsert: were the row ever deleted, the next session would otherwise move again.)
+            INSERT INTO pgq.fence AS f (timeline, moves, moved_at, jobs_moved)
+            VALUES (current_timeline, 1, now(), moved)
+            ON CONFLICT (one) DO UPDATE
+            SET timeline = excluded.timeline, moves = f.moves + 1, moved_at = excluded.moved_at,
+                jobs_moved = excluded.jobs_moved;
             RAISE LOG 'pgq: timeline % -> %: fences of % unfinished jobs moved by % attempts',
                 fenced.timeline, current_timeline, moved, step;
         END IF;

@@ -154,7 +154,7 @@ MIGRATION_SHA256 = {
     "0001_initial.sql": "6bb00e304d042f1795350dea4b6330bb8d0c6e9ed117ae428b19c3875c6b0966",
     "0002_cheaper_name_checks.sql": "e40c5560da4a1f1fc81c02d33afe62c74fd7cd7dd5a755a70b522b160fd0086c",
     "0005_version.sql": "6fabb054b17a18a925555afe60edb2a640bb73da8cbb43017d8d76c7b84da496",
-    "0006_failover_fence.sql": "18738e8c6b52ce2758884297c973e65745a801723910ec19b0b18eed2d0d2aab",
+    "0006_failover_fence.sql": "574d0ab4561e4df75a8a414089fa2a3563a12c2eb810f767ad9777e28545224e",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 

@@ -133,3 +133,13 @@ def test_a_worker_role_gets_the_fence_moved_by_its_claim(conn, connect, role):
     promoted(conn)
     worker = connect(role=role)
     assert [r["attempt"] for r in claim(worker, "w")] == [1 + STEP]
+
+
+def test_a_deleted_fence_row_is_recreated_by_the_next_move(conn, connect):
+    job_id = one(conn, "SELECT pgq.enqueue('q', 'k')")
+    conn.execute("DELETE FROM pgq.fence")
+    assert [r["attempt"] for r in claim(connect(), "w")] == [1 + STEP]
+    assert conn.execute("SELECT timeline, moves FROM pgq.fence").fetchone() == (one(conn, "SELECT pgq._timeline()"), 1)
+    assert job(conn, job_id)["attempt_offset"] == STEP
+    claim(connect(), "w")  # a later session finds the fence in place: no second move
+    assert one(conn, "SELECT moves FROM pgq.fence") == 1
