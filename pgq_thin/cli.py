@@ -114,7 +114,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if not args.quiet else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        worker.run(resolve_dsn(args.dsn), queues=args.queues, concurrency=args.concurrency, prefetch=args.prefetch)
+        worker.run(resolve_dsn(args.dsn), queues=args.queues, concurrency=args.concurrency, prefetch=args.prefetch,
+                   pooled=args.pooled or None)
     except ValueError as exc:  # a setting out of range (run() checks them before it connects)
         raise PgqError(str(exc)) from None
     return 0
@@ -309,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefetch", type=prefetch_setting, metavar="N|auto",
                    help="claimed jobs that may wait for a slot, for bigger claims: auto (sized by the "
                         "jobs' run time) or N; 0 claims free slots only (default: the app's)")
+    p.add_argument("--pooled", action="store_true",
+                   help="behind a transaction-pooling proxy (PgBouncer pool_mode=transaction): no LISTEN, "
+                        "no prepared statements, no session state; polls every 0.25 s")
     p.add_argument("--quiet", action="store_true", help="log warnings only")
 
     p = command("stats", cmd_stats, "jobs per queue and state")

@@ -68,6 +68,8 @@ CHANNEL = "pgq"
 #: AUTO_PREFETCH_MAX of them.
 AUTO_PREFETCH_WAIT = 0.1
 AUTO_PREFETCH_MAX = 100
+#: How often a pooled worker (no LISTEN) polls when poll_interval is not given.
+POOLED_POLL_INTERVAL = 0.25
 
 
 # What a handler sees ---------------------------------------------------------------------------
@@ -240,7 +242,10 @@ class Worker:
 
     ``lease`` (seconds or timedelta) overrides the queues' lease for the jobs this worker claims.
     ``poll_interval`` bounds how long an idle worker waits before it claims again when no NOTIFY
-    arrives; ``listen=False`` relies on polling alone (e.g. behind a transaction-pooling proxy).
+    arrives (default 1 s); ``listen=False`` relies on polling alone. ``pooled=True`` is the switch
+    for a transaction-pooling proxy (PgBouncer ``pool_mode = transaction``): no LISTEN (it would
+    hold no server connection of its own), no server-side prepared statements, no session state,
+    and polling every POOLED_POLL_INTERVAL (0.25 s) unless ``poll_interval`` says otherwise.
     ``sweep_interval`` is how often (jittered; <= 0 turns it off) pgq.sweep recovers expired
     leases. ``shutdown_timeout`` is how long a graceful stop waits for running jobs.
 
@@ -261,13 +266,14 @@ class Worker:
         *,
         name: str | None = None,
         lease: float | timedelta | None = None,
-        poll_interval: float = 1.0,
+        poll_interval: float | None = None,
         listen: bool = True,
+        pooled: bool = False,
         sweep_interval: float = 30.0,
         shutdown_timeout: float = 30.0,
         prefetch: int | str = "auto",
     ) -> None:
-        if poll_interval <= 0:
+        if poll_interval is not None and poll_interval <= 0:
             raise ValueError(f"poll_interval must be positive, got {poll_interval}")
         if lease is not None and _seconds(lease) <= 0:
             raise ValueError(f"lease must be positive, got {lease!r}")
@@ -276,8 +282,12 @@ class Worker:
         self.prefetch = self._check_prefetch(prefetch)
         self.name = name or _default_name()
         self.lease = lease
-        self.poll_interval = poll_interval
+        self._poll_interval = poll_interval
+        self.poll_interval = 1.0 if poll_interval is None else poll_interval
         self.listen = listen
+        self.pooled = False
+        if pooled:
+            self._set_pooled()
         self.sweep_interval = sweep_interval
         self.shutdown_timeout = shutdown_timeout
         self._handlers: dict[str, Handler] = {}
@@ -322,6 +332,12 @@ class Worker:
         """The kinds this worker has handlers for."""
         return sorted(self._handlers)
 
+    def _set_pooled(self) -> None:
+        self.pooled = True
+        self.listen = False
+        if self._poll_interval is None:
+            self.poll_interval = POOLED_POLL_INTERVAL
+
     # Running ------------------------------------------------------------------------------------
 
     def run(
@@ -332,9 +348,11 @@ class Worker:
         concurrency: int | None = None,
         prefetch: int | str | None = None,
         install_signal_handlers: bool = True,
+        pooled: bool | None = None,
     ) -> None:
         """Work until stop() or SIGTERM / SIGINT. ``dsn`` None: $PGQ_DSN, then $DATABASE_URL.
-        ``queues``, ``concurrency`` and ``prefetch`` replace the constructor's values. Connection
+        ``queues``, ``concurrency`` and ``prefetch`` replace the constructor's values; ``pooled=True``
+        turns the constructor's switch on. Connection
         loss never ends it; errors that retrying cannot fix (bad arguments, missing privileges) do,
         after a graceful shutdown. A Worker runs once; stop() before run() makes run() return at once."""
         if self._ran:
@@ -350,6 +368,8 @@ class Worker:
             self.concurrency = self._check_concurrency(concurrency)
         if prefetch is not None:
             self.prefetch = self._check_prefetch(prefetch)
+        if pooled:
+            self._set_pooled()
         self._ran = True
         if not self._handlers:
             log.warning("no handlers registered: every job claimed will fail", extra={"worker": self.name})
@@ -366,14 +386,15 @@ class Worker:
             self._dsn,
             min_size=1,
             max_size=self.concurrency + 3,  # the slots, the claim loop, the completer, the renewer
-            kwargs={"autocommit": True, "application_name": f"pgq-worker {self.name}"[:63], **_KEEPALIVES},
+            kwargs={"autocommit": True, "application_name": f"pgq-worker {self.name}"[:63], **_KEEPALIVES,
+                    **({"prepare_threshold": None} if self.pooled else {})},
             # Each of our threads can always have a connection (max_size), so a call that waits
             # this long means the server is unreachable: it raises ConnectionLost and we back off.
             timeout=2.0,
             name=f"pgq-worker {self.name}",
             open=True,
         )
-        self._client = Client(pool=pool)
+        self._client = Client(pool=pool, pooled=self.pooled)
         self._read_database_clock()
         slots = [threading.Thread(target=self._slot_loop, name=f"pgq-slot-{n}", daemon=True)
                  for n in range(1, self.concurrency + 1)]
@@ -387,7 +408,8 @@ class Worker:
             thread.start()
         log.info("worker %s started: queues %s, %d slots, %s", self.name,
                  ", ".join(self.queues) if self.queues else "(all)", self.concurrency,
-                 "LISTEN and polling" if self.listen else "polling only",
+                 "LISTEN and polling" if self.listen
+                 else f"polling only (every {self.poll_interval:g} s{', pooled' if self.pooled else ''})",
                  extra={"worker": self.name, "queues": self.queues, "concurrency": self.concurrency})
         try:
             self._claim_loop()

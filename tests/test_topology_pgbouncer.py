@@ -145,3 +145,72 @@ def test_what_works_in_the_other_pooling_modes(bounced: tuple[Databases, PgBounc
                             conn.execute("SELECT pgq.enqueue('q', 'k')")
     finally:
         dbs.drop(name)
+
+
+def _ledger(direct: str, lease: str = "2 seconds") -> None:
+    from pgq_thin.tools import soak
+
+    with psycopg.connect(direct, autocommit=True) as conn:
+        conn.execute(soak._LEDGER_DDL)
+        conn.execute("SELECT pgq.configure_queue(%s, lease => %s::interval, backoff_base => '100 ms')",
+                     (soak.QUEUE, lease))
+
+
+def test_worker_processes_drain_through_the_pooler_and_a_killed_workers_job_is_recovered(
+        through: tuple[str, str], tmp_path) -> None:
+    """Real `pgq-thin worker --pooled` processes through PgBouncer in transaction mode: they drain
+    the queue; one is killed with -9 while it runs a job, whose lease then expires and another
+    worker runs it; every job is done once, no attempt executed twice, and the killed attempt's
+    late write would be refused."""
+    from pgq_thin.testing.topology import wait_for
+    from pgq_thin.tools.fleet import Fleet, worker_command
+    from pgq_thin.tools.soak import QUEUE
+
+    dsn, direct = through
+    _ledger(direct)
+    with psycopg.connect(direct, autocommit=True) as conn:
+        long_job = conn.execute("SELECT pgq.enqueue(%s, 'soak.work', '{\"ms\": 3000}', priority => 1)",
+                                (QUEUE,)).fetchone()[0]  # type: ignore[index]
+        conn.execute("SELECT pgq.enqueue_many(%s, 'soak.work', array_fill('{\"ms\": 5}'::jsonb, ARRAY[200]))",
+                     (QUEUE,))
+    fleet = Fleet(tmp_path)
+    try:
+        def start(name: str) -> None:
+            fleet.start(name, worker_command("pgq_thin.tools.soak_app:worker", dsn) + ["--pooled"],
+                        env={"PGQ_SOAK_WORKER": name, "PGQ_SOAK_LEASE": "2"})
+
+        start("victim")
+        with psycopg.connect(direct, autocommit=True) as conn:
+            victim = wait_for(lambda: conn.execute(
+                "SELECT attempt FROM pgq.jobs WHERE id = %s AND state = 'running' AND claimed_by = 'victim'",
+                (long_job,)).fetchone(), "the victim to run the long job", timeout=60)[0]
+            wait_for(lambda: conn.execute("SELECT count(*) FROM pgq_soak.effects WHERE job_id = %s",
+                                          (long_job,)).fetchone()[0], "its effect")  # type: ignore[index]
+            fleet["victim"].kill()                                   # kill -9 mid-job
+            start("w1")
+            start("w2")
+            wait_for(lambda: conn.execute("SELECT count(*) = 0 FROM pgq.jobs WHERE state <> 'done'").fetchone()[0],
+                     "every job done", timeout=120)  # type: ignore[index]
+            events = [r[0] for r in conn.execute(
+                "SELECT event FROM pgq.job_events WHERE job_id = %s AND attempt = %s ORDER BY id", (long_job, victim))]
+            assert events[:2] == ["claimed", "lease_expired"], events
+            assert conn.execute("SELECT pgq.complete(%s, %s)", (long_job, victim)).fetchone() == (False,)
+            assert conn.execute("SELECT count(*) FROM pgq.jobs").fetchone() == (201,)
+            twice = conn.execute("SELECT count(*) FROM (SELECT job_id, attempt FROM pgq_soak.effects"
+                                 " GROUP BY 1, 2 HAVING count(*) > 1) AS x").fetchone()
+            assert twice == (0,)
+            completed_twice = conn.execute("SELECT count(*) FROM (SELECT job_id FROM pgq.job_events"
+                                           " WHERE event = 'completed' GROUP BY 1 HAVING count(*) > 1) AS x").fetchone()
+            assert completed_twice == (0,)
+    finally:
+        fleet.stop()
+
+
+def test_the_pooled_switch_of_the_worker() -> None:
+    from pgq_thin.worker import POOLED_POLL_INTERVAL, Worker
+
+    pooled = Worker(["q"], pooled=True)
+    assert (pooled.pooled, pooled.listen, pooled.poll_interval) == (True, False, POOLED_POLL_INTERVAL)
+    assert Worker(["q"], pooled=True, poll_interval=2.0).poll_interval == 2.0
+    plain = Worker(["q"])
+    assert (plain.pooled, plain.listen, plain.poll_interval) == (False, True, 1.0)

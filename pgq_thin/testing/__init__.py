@@ -122,7 +122,8 @@ def _fresh_copy(worker: Any) -> Any:
     copy = type(worker)(queues=worker.queues, concurrency=worker.concurrency, name=worker.name,
                         lease=worker.lease, poll_interval=worker.poll_interval, listen=worker.listen,
                         sweep_interval=worker.sweep_interval, shutdown_timeout=worker.shutdown_timeout,
-                        prefetch=worker.prefetch)
+                        prefetch=worker.prefetch,
+                        **({"pooled": True} if getattr(worker, "pooled", False) else {}))
     for kind, function in handlers.items():
         copy.handler(kind)(function)
     return copy
