@@ -1,5 +1,6 @@
 """pgq_thin: the thin Python side of pgq. Every state change is one call of a pgq.* function."""
 
+from pgq_thin.async_client import AsyncClient
 from pgq_thin.client import Client
 from pgq_thin.errors import (
     ConnectionLost,
@@ -11,8 +12,11 @@ from pgq_thin.errors import (
 )
 from pgq_thin.migrate import migrate
 from pgq_thin.models import HealthFinding, Job, JobEvent, JobRecord, QueueSettings, QueueStats, TenantSettings
+from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Retry, Snooze, Worker
 
 __all__ = [
+    "AsyncClient",
+    "AsyncWorker",
     "Client",
     "HealthFinding",
     "JobEvent",
@@ -21,11 +25,16 @@ __all__ = [
     "ConnectionLost",
     "InvalidArgument",
     "Job",
+    "JobContext",
     "JobNotFound",
+    "OutcomeUnknown",
     "PermissionDenied",
     "PgqError",
     "QueueSettings",
     "QueueStats",
+    "Retry",
+    "Snooze",
+    "Worker",
     "WrongState",
     "migrate",
 ]

@@ -4,6 +4,7 @@ small loop of them; errors print one line and exit non-zero."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import json
 import logging
@@ -19,6 +20,7 @@ import psycopg
 from pgq_thin import __version__
 from pgq_thin.client import Client, resolve_dsn
 from pgq_thin.errors import PgqError, translate
+from pgq_thin.worker import AsyncWorker, Worker
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -111,11 +113,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise PgqError(f"cannot load the worker {args.app!r}: {exc}") from None
+    if not isinstance(worker, (Worker, AsyncWorker)):
+        raise PgqError(f"--app must name a pgq_thin Worker or AsyncWorker; {args.app!r} is a {type(worker).__name__}")
     logging.basicConfig(level=logging.INFO if not args.quiet else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings: dict[str, Any] = {"queues": args.queues, "concurrency": args.concurrency, "prefetch": args.prefetch}
+    if args.pooled:
+        settings["pooled"] = True
     try:
-        worker.run(resolve_dsn(args.dsn), queues=args.queues, concurrency=args.concurrency, prefetch=args.prefetch,
-                   pooled=args.pooled or None)
+        if isinstance(worker, AsyncWorker):
+            asyncio.run(worker.run(resolve_dsn(args.dsn), **settings))
+        else:
+            worker.run(resolve_dsn(args.dsn), **settings)
     except ValueError as exc:  # a setting out of range (run() checks them before it connects)
         raise PgqError(str(exc)) from None
     return 0
@@ -304,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant")
 
     p = command("worker", cmd_worker, "run a worker until SIGTERM/SIGINT")
-    p.add_argument("--app", required=True, help="module:attribute of a pgq_thin.worker.Worker")
+    p.add_argument("--app", required=True, help="module:attribute of a pgq_thin Worker or AsyncWorker")
     p.add_argument("--queues", type=queue_list, help="comma-separated queues (default: the app's)")
     p.add_argument("--concurrency", type=int, help="parallel jobs (default: the app's)")
     p.add_argument("--prefetch", type=prefetch_setting, metavar="N|auto",

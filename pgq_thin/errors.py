@@ -7,6 +7,9 @@ bad input (InvalidArgument), unknown ids (JobNotFound), admin calls on a job in 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import psycopg
 
 __all__ = [
@@ -17,6 +20,7 @@ __all__ = [
     "PgqError",
     "WrongState",
     "translate",
+    "translated",
 ]
 
 
@@ -93,3 +97,15 @@ def translate(exc: psycopg.Error) -> PgqError:
     else:
         cls = PgqError
     return cls(message, sqlstate, hint)
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """Around sending a statement: a psycopg error becomes the pgq_thin exception for its
+    SQLSTATE, and arguments that cannot be sent (a payload json cannot serialise) InvalidArgument."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise translate(exc) from exc
+    except TypeError as exc:
+        raise InvalidArgument(f"cannot send the arguments: {exc}") from exc

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -117,3 +119,9 @@ class HealthFinding:
     check: str
     detail: str
     hint: str | None
+
+
+def record(cls: type[T], row: dict[str, Any]) -> T:
+    """A dataclass from a row, ignoring columns it does not know (added by later migrations)."""
+    fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
+    return cls(**{k: v for k, v in row.items() if k in fields})

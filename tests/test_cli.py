@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from sqlhelpers import job, one
+from sqlhelpers import job, one, wait_for
 
 
 def pgq(*args: str, dsn: str | None = None, stdin: str | None = None, env: dict[str, str] | None = None,
@@ -118,3 +119,26 @@ def test_durations_on_the_command_line(text: str, seconds: float) -> None:
     from pgq_thin.cli import duration
 
     assert duration(text).total_seconds() == seconds
+
+
+def test_worker_command_runs_an_async_app_until_sigterm_and_refuses_what_is_not_a_worker(
+        dsn: str, conn: psycopg.Connection) -> None:
+    root = Path(__file__).resolve().parent.parent
+    conn.execute("SELECT pgq.enqueue_many('default', 'sleep', array_fill('{\"seconds\": 0}'::jsonb, ARRAY[5]))")
+    proc = subprocess.Popen([sys.executable, "-m", "pgq_thin", "worker", "--app", "tests.apps.sleepy_async:worker",
+                             "--dsn", dsn, "--quiet"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        wait_for(lambda: one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'done'") == 5
+                 or proc.poll() is not None, "the async worker to do the jobs")
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert one(conn, "SELECT count(DISTINCT claimed_by) FROM pgq.jobs") == 1
+    not_a_worker = pgq("worker", "--app", "pgq_thin.queries:CLAIM", dsn=dsn)
+    assert not_a_worker.returncode == 1
+    assert not_a_worker.stderr == ("pgq-thin: error: --app must name a pgq_thin Worker or AsyncWorker; "
+                                   "'pgq_thin.queries:CLAIM' is a str\n")

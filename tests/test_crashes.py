@@ -1,5 +1,6 @@
 """Crashes, cut connections, a server restart, missing notifications and a skewed clock, with real
-worker processes (tests/apps/steady.py) - TESTING.md scenarios 12-16 and 27.
+worker processes (tests/apps/steady.py, and steady_async.py: each scenario runs on both runtimes) -
+TESTING.md scenarios 12-16 and 27.
 
 Every test checks, from the database, the invariants that matter after a failure: each job
 reaches a terminal state, is completed at most once (pgq.job_events), and every extra claim of a
@@ -27,13 +28,14 @@ from pgq_thin.testing import server as embedded
 from sqlhelpers import claim, events, job, one, wait_for
 from workerprocess import DEADLINE, ROOT, WorkerProcess, spawner
 
-STEADY = ROOT / "tests" / "apps" / "steady.py"
+#: The app, on either runtime: every scenario runs against both.
+STEADY = {"threads": ROOT / "tests" / "apps" / "steady.py", "asyncio": ROOT / "tests" / "apps" / "steady_async.py"}
 LIBFAKETIME = ["/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1"]
 
 
-@pytest.fixture
-def spawn(dsn: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    with spawner(STEADY, dsn, tmp_path) as start:
+@pytest.fixture(params=sorted(STEADY))
+def spawn(request: pytest.FixtureRequest, dsn: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    with spawner(STEADY[request.param], dsn, tmp_path) as start:
         yield start
 
 

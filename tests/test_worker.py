@@ -1,12 +1,15 @@
-"""The worker runtime against a real PostgreSQL, with the worker running in a thread of the test.
+"""The worker runtimes against a real PostgreSQL, with the worker running in a thread of the test.
 
-Each test runs a Worker with ``run(install_signal_handlers=False)`` in a background thread and
-watches the database from the test's own connection. The crash and signal scenarios, which need
-a real process, are in test_worker_processes.py.
+Each test runs a Worker with ``run(install_signal_handlers=False)`` (or an AsyncWorker, in an
+event loop of its own) in a background thread and watches the database from the test's own
+connection. Every test runs against both runtimes: the handlers here are plain functions, which
+an AsyncWorker runs in threads; test_async_worker.py has the ``async def`` handlers. The crash and
+signal scenarios, which need a real process, are in test_worker_processes.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import threading
@@ -20,7 +23,11 @@ import pytest
 
 from pgq_thin import Client, Job
 from pgq_thin.errors import PgqError
-from pgq_thin.worker import JobContext, OutcomeUnknown, Retry, Snooze, Worker, _JobLog, _Running, _transient
+from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Retry, Snooze, Worker
+from pgq_thin.worker.completer import Completer
+from pgq_thin.worker.held import HeldJobs
+from pgq_thin.worker.owner import OwnerCalls
+from pgq_thin.worker.support import Flags, transient
 
 from sqlhelpers import events, expire_lease, job, one, wait_for
 
@@ -28,15 +35,33 @@ from sqlhelpers import events, expire_lease, job, one, wait_for
 DEADLINE = 20.0
 
 
+#: The runtimes every test here runs against; fast_worker() makes the one of the current test.
+RUNTIMES = {"threads": Worker, "asyncio": AsyncWorker}
+_current = ["threads"]
+
+
+@pytest.fixture(autouse=True, params=sorted(RUNTIMES))
+def runtime(request: pytest.FixtureRequest) -> Iterator[str]:
+    _current[0] = request.param
+    yield request.param
+    _current[0] = "threads"
+
+
+AnyWorker = Worker | AsyncWorker
+
+
 @contextmanager
-def running(worker: Worker, dsn: str, **run_options: Any) -> Iterator[Worker]:
-    """Run ``worker`` in a thread; on exit stop it gracefully and require that run() returned
-    without raising."""
+def running(worker: AnyWorker, dsn: str, **run_options: Any) -> Iterator[AnyWorker]:
+    """Run ``worker`` in a thread (an AsyncWorker in an event loop of that thread); on exit stop
+    it gracefully and require that run() returned without raising."""
     failure: list[BaseException] = []
 
     def target() -> None:
         try:
-            worker.run(dsn, install_signal_handlers=False, **run_options)
+            if isinstance(worker, AsyncWorker):
+                asyncio.run(worker.run(dsn, install_signal_handlers=False, **run_options))
+            else:
+                worker.run(dsn, install_signal_handlers=False, **run_options)
         except BaseException as exc:  # noqa: BLE001 - reported to the test below
             failure.append(exc)
 
@@ -47,8 +72,8 @@ def running(worker: Worker, dsn: str, **run_options: Any) -> Iterator[Worker]:
     finally:
         worker.stop()
         thread.join(timeout=DEADLINE)
-    assert not thread.is_alive(), "Worker.run did not return after stop()"
-    assert not failure, f"Worker.run raised {failure[0]!r}"
+    assert not thread.is_alive(), f"{type(worker).__name__}.run did not return after stop()"
+    assert not failure, f"{type(worker).__name__}.run raised {failure[0]!r}"
 
 
 def state_counts(conn: psycopg.Connection) -> dict[str, int]:
@@ -61,11 +86,11 @@ def enqueue(conn: psycopg.Connection, kind: str, payload: str = "{}", queue: str
                    {"queue": queue, "kind": kind, "payload": payload, **more}))
 
 
-def fast_worker(**settings: Any) -> Worker:
-    """A worker with short intervals, for tests."""
+def fast_worker(**settings: Any) -> AnyWorker:
+    """A worker of the current test's runtime with short intervals, for tests."""
     defaults: dict[str, Any] = {"concurrency": 2, "poll_interval": 0.1, "sweep_interval": 1.0,
                                 "shutdown_timeout": 10.0}
-    return Worker(["default"], **{**defaults, **settings})
+    return RUNTIMES[_current[0]](["default"], **{**defaults, **settings})
 
 
 def finished(conn: psycopg.Connection, job_id: int) -> Callable[[], bool]:
@@ -495,6 +520,12 @@ def test_a_worker_whose_attempt_was_taken_over_is_told_and_writes_no_completion(
     assert one(conn, "SELECT pgq.complete(%s, 2)", (job_id,)) is True
 
 
+def completer_on(client: Client) -> tuple[Completer, HeldJobs]:
+    """A completer of its own (no worker around it) and the registry it records into."""
+    held, flags = HeldJobs(), Flags()
+    return Completer(OwnerCalls(client, held, flags, "w"), held, flags), held
+
+
 def test_completions_queued_together_are_recorded_by_one_complete_many_fenced_per_job(
         dsn: str, conn: psycopg.Connection, caplog: pytest.LogCaptureFixture) -> None:
     # A handler that returns None does not call pgq.complete itself: its completion waits for the
@@ -503,24 +534,22 @@ def test_completions_queued_together_are_recorded_by_one_complete_many_fenced_pe
     # claimed the job), and one flush records them.
     caplog.set_level(logging.INFO, logger="pgq_thin.worker")
     conn.execute("SELECT pgq.enqueue_many('default', 'k', array_fill('{}'::jsonb, array[3]))")
-    worker = fast_worker()
     client = Client(dsn)
     try:
-        worker._client = client
-        mine = client.claim(worker.name, ["default"], batch=3)
+        completer, held = completer_on(client)
+        mine = client.claim("w", ["default"], batch=3)
         assert len(mine) == 3
         with conn.transaction():
             expire_lease(conn, mine[2].id)
             assert conn.execute("SELECT id FROM pgq.claim('thief')").fetchall() == [(mine[2].id,)]
         for j in mine:
-            held = _Running(j, JobContext(job=j, client=client, worker_name=worker.name), _JobLog(j), 30.0, 0.0)
-            worker._active[j.id] = held
-            assert worker._complete_later(held) is True
-        worker._flush_completions()
+            assert completer.add(held.hold(j, JobContext(job=j, client=client, worker_name="w"), 30.0)) is True
+        assert completer.queued == 3
+        completer.flush()
     finally:
         client.close()
 
-    assert worker._active == {} and worker._completions == []
+    assert len(held) == 0 and completer.queued == 0
     done = conn.execute("SELECT id, finished_at FROM pgq.jobs WHERE state = 'done' ORDER BY id").fetchall()
     assert [r[0] for r in done] == [mine[0].id, mine[1].id]
     assert done[0][1] == done[1][1]  # one statement: one statement_timestamp()
@@ -697,29 +726,26 @@ def test_a_completion_batch_that_meets_a_dead_connection_stays_queued_and_is_rep
     # The completer's side of a connection loss, step by step (in a running worker the claim loop
     # may replace the dead connections first, so the end-to-end test above cannot force it).
     enqueue(conn, "k")
-    worker = fast_worker()
     client = Client(dsn, min_size=1, max_size=1)
     try:
-        worker._client = client
-        [mine] = client.claim(worker.name, ["default"], batch=1)
-        held = _Running(mine, JobContext(job=mine, client=client, worker_name=worker.name), _JobLog(mine), 30.0, 0.0)
-        worker._active[mine.id] = held
-        assert worker._complete_later(held) is True
+        completer, held = completer_on(client)
+        [mine] = client.claim("w", ["default"], batch=1)
+        assert completer.add(held.hold(mine, JobContext(job=mine, client=client, worker_name="w"), 30.0)) is True
         killed = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname ="
                               " current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
                               ).fetchall()
         assert len(killed) == 1  # the client's one connection
 
         with pytest.raises(PgqError) as lost:
-            worker._flush_completions()
-        assert _transient(lost.value)
-        assert worker._completions == [held] and mine.id in worker._active  # kept for the next try
+            completer.flush()
+        assert transient(lost.value)
+        assert completer.queued == 1 and len(held) == 1  # kept for the next try
         assert job(conn, mine.id)["state"] == "running"
 
-        worker._flush_completions()  # the pool has replaced the connection: same pair, answered
+        completer.flush()  # the pool has replaced the connection: same pair, answered
     finally:
         client.close()
-    assert worker._completions == [] and worker._active == {}
+    assert completer.queued == 0 and len(held) == 0
     row = job(conn, mine.id)
     assert (row["state"], row["attempt"]) == ("done", 1)
     assert [e[0] for e in events(conn, mine.id)] == ["claimed", "completed"]

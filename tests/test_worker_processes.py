@@ -1,5 +1,6 @@
 """Worker processes that get signals or are killed: real subprocesses running tests/apps/sleepy.py
-(one kind, ``sleep``, that sleeps payload["seconds"] without cooperating with shutdown)."""
+(one kind, ``sleep``, that sleeps payload["seconds"] without cooperating with shutdown), or the
+same app on an AsyncWorker (tests/apps/sleepy_async.py): each scenario runs against both."""
 
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ from pgq_thin.worker import JobContext, Worker
 from sqlhelpers import events, job, one, wait_for
 from workerprocess import ROOT, WorkerProcess, spawner
 
-SLEEPY = ROOT / "tests" / "apps" / "sleepy.py"
+SLEEPY = {"threads": ROOT / "tests" / "apps" / "sleepy.py", "asyncio": ROOT / "tests" / "apps" / "sleepy_async.py"}
 
 
-@pytest.fixture
-def spawn(dsn: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    with spawner(SLEEPY, dsn, tmp_path) as start:
+@pytest.fixture(params=sorted(SLEEPY))
+def spawn(request: pytest.FixtureRequest, dsn: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    with spawner(SLEEPY[request.param], dsn, tmp_path) as start:
         yield start
 
 
@@ -112,21 +113,27 @@ def test_a_job_whose_worker_was_killed_is_reclaimed_after_its_lease_and_complete
 
 
 # A signal handler runs in the main thread between two bytecodes: possibly while that thread holds
-# the lock of one of the worker's Events (the claim loop waits on and clears ``_wake``). Setting
-# that Event from the handler would then wait for the main thread itself, forever. The script
-# holds the lock while the signals arrive; the stop must still happen once it lets go.
+# a lock that stopping needs (the lock of an Event the claimer waits on and clears). Stopping from
+# the handler would then wait for the main thread itself, forever. The script holds such a lock
+# while the signals arrive; the stop must still happen once it lets go.
 SIGNAL_WHILE_LOCKED = """
-import os, signal, sys
-from pgq_thin.worker import Worker
-worker = Worker(["default"])
-worker._install_signal_handlers()
-with worker._wake._cond:  # what the claim loop holds for a moment in every _sleep
+import os, signal, sys, threading
+from pgq_thin.worker.signals import Signals
+lock = threading.Lock()  # what the claimer's wake-up Event holds for a moment in every sleep
+asked, both = [], threading.Event()
+def stop(graceful):
+    with lock:
+        asked.append(graceful)
+        if len(asked) == 2:
+            both.set()
+signals = Signals(stop, lambda: bool(asked), "w")
+assert signals.install()
+with lock:
     os.kill(os.getpid(), signal.SIGTERM)
     os.kill(os.getpid(), signal.SIGTERM)
     for _ in range(1000):  # bytecodes: the handlers run here, in this thread
         pass
-stopped = worker._hard_stop.wait(10) and worker._wake.wait(10)
-sys.exit(0 if stopped and worker._stopping.is_set() else 3)
+sys.exit(0 if both.wait(10) and sorted(asked) == [False, True] else 3)  # two threads: either order
 """
 
 

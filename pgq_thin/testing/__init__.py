@@ -117,8 +117,7 @@ def _resolve(dsn: str | None) -> str:
 def _fresh_copy(worker: Any) -> Any:
     """A new worker of the same class with the same settings and handlers: a worker object runs
     once, and a test drains the application's worker (a module global) as often as it likes."""
-    # TODO(lead): use a public accessor of the registered handlers once the worker split lands.
-    handlers: dict[str, Callable[..., Any]] = dict(getattr(worker, "handlers", None) or worker._handlers)
+    handlers: dict[str, Callable[..., Any]] = worker.handlers
     copy = type(worker)(queues=worker.queues, concurrency=worker.concurrency, name=worker.name,
                         lease=worker.lease, poll_interval=worker.poll_interval, listen=worker.listen,
                         sweep_interval=worker.sweep_interval, shutdown_timeout=worker.shutdown_timeout,

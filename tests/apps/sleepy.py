@@ -3,6 +3,7 @@
 Run it as a script (``python tests/apps/sleepy.py``) with PGQ_DSN set; ``pgq-thin worker --app``
 can load ``worker`` from it too. Settings come from the environment so each test can pick them:
 SLEEPY_LEASE (seconds, default 2), SLEEPY_SHUTDOWN_TIMEOUT (default 30), SLEEPY_CONCURRENCY (2).
+sleepy_async.py is the same app on an AsyncWorker.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from typing import Any
 from pgq_thin import Job
 from pgq_thin.worker import JobContext, Worker
 
-worker = Worker(
-    ["default"],
-    concurrency=int(os.environ.get("SLEEPY_CONCURRENCY", "2")),
-    name=f"sleepy-{os.getpid()}",
-    lease=float(os.environ.get("SLEEPY_LEASE", "2")),
-    poll_interval=0.2,
-    sweep_interval=1.0,
-    shutdown_timeout=float(os.environ.get("SLEEPY_SHUTDOWN_TIMEOUT", "30")),
-)
+#: The worker's settings, for either runtime.
+SETTINGS: dict[str, Any] = {
+    "concurrency": int(os.environ.get("SLEEPY_CONCURRENCY", "2")),
+    "name": f"sleepy-{os.getpid()}",
+    "lease": float(os.environ.get("SLEEPY_LEASE", "2")),
+    "poll_interval": 0.2,
+    "sweep_interval": 1.0,
+    "shutdown_timeout": float(os.environ.get("SLEEPY_SHUTDOWN_TIMEOUT", "30")),
+}
+worker = Worker(["default"], **SETTINGS)
 
 
 @worker.handler("sleep")

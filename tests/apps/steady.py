@@ -4,7 +4,8 @@
 STEADY_QUEUES (comma-separated, default "default"), STEADY_CONCURRENCY (2), STEADY_LEASE (seconds;
 empty: the queue's lease), STEADY_POLL (poll interval, 0.2), STEADY_LISTEN ("1"; "0" polls only),
 STEADY_SWEEP (sweep interval, 1.0), STEADY_SKEW (seconds added to this process's time.time(), for
-a machine whose clock is wrong when faketime is not available).
+a machine whose clock is wrong when faketime is not available). steady_async.py is the same app
+on an AsyncWorker.
 """
 
 from __future__ import annotations
@@ -24,16 +25,18 @@ from pgq_thin import Job  # noqa: E402
 from pgq_thin.worker import JobContext, Worker  # noqa: E402
 
 _lease = os.environ.get("STEADY_LEASE", "")
-worker = Worker(
-    os.environ.get("STEADY_QUEUES", "default"),
-    concurrency=int(os.environ.get("STEADY_CONCURRENCY", "2")),
-    name=f"steady-{os.getpid()}",
-    lease=float(_lease) if _lease else None,
-    poll_interval=float(os.environ.get("STEADY_POLL", "0.2")),
-    listen=os.environ.get("STEADY_LISTEN", "1") == "1",
-    sweep_interval=float(os.environ.get("STEADY_SWEEP", "1.0")),
-    shutdown_timeout=10.0,
-)
+#: The worker's settings, for either runtime.
+SETTINGS: dict[str, Any] = {
+    "queues": os.environ.get("STEADY_QUEUES", "default"),
+    "concurrency": int(os.environ.get("STEADY_CONCURRENCY", "2")),
+    "name": f"steady-{os.getpid()}",
+    "lease": float(_lease) if _lease else None,
+    "poll_interval": float(os.environ.get("STEADY_POLL", "0.2")),
+    "listen": os.environ.get("STEADY_LISTEN", "1") == "1",
+    "sweep_interval": float(os.environ.get("STEADY_SWEEP", "1.0")),
+    "shutdown_timeout": 10.0,
+}
+worker = Worker(**SETTINGS)
 
 
 @worker.handler("work")

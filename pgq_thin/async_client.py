@@ -1,0 +1,81 @@
+"""The asyncio client: one ``async def`` method per pgq SQL function, over a
+psycopg_pool.AsyncConnectionPool; the same names, arguments and typed results as Client, since
+both send the descriptions in pgq_thin.calls.
+
+    async with AsyncClient(dsn) as client:
+        job_id = await client.enqueue("default", "send_email", {"to": "a@example.com"})
+
+Producers can pass ``conn=`` (a psycopg.AsyncConnection) to enqueue inside their own transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from pgq_thin.calls import Call, PgqCalls
+from pgq_thin.client import resolve_dsn
+from pgq_thin.errors import InvalidArgument, translated
+
+__all__ = ["AsyncClient"]
+
+T = TypeVar("T")
+
+
+class AsyncClient(PgqCalls):
+    """A pgq client for asyncio: one ``async`` method per pgq function (pgq_thin.calls describes
+    each; awaiting ``client.name(...)`` gives what Client.name returns). Each call borrows a
+    pooled connection (or uses ``conn=``). The pool opens on first use (or with
+    ``await client.open()`` / ``async with``)."""
+
+    def __init__(self, dsn: str | None = None, *, pool: AsyncConnectionPool | None = None,
+                 min_size: int = 1, max_size: int = 8, prepare: bool = True) -> None:
+        """The arguments of Client. A ``pool`` passed in (autocommit connections) is the
+        caller's to open and close."""
+        self._prepare = prepare
+        self._owns_pool = pool is None
+        self._opened = not self._owns_pool
+        self.pool = pool if pool is not None else AsyncConnectionPool(
+            resolve_dsn(dsn), min_size=min_size, max_size=max_size, kwargs={"autocommit": True},
+            name="pgq_thin", open=False)
+        self.dsn = self.pool.conninfo
+
+    async def open(self) -> None:
+        """Open the pool (a pool passed in is the caller's to open)."""
+        if not self._opened:
+            await self.pool.open()
+            self._opened = True
+
+    async def close(self) -> None:
+        if self._owns_pool:
+            await self.pool.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # The one place a statement is sent ----------------------------------------------------------
+
+    async def _send(self, call: Call[T]) -> T:
+        """Send one call and read its result."""
+        conn = call.conn
+        if conn is not None and not isinstance(conn, psycopg.AsyncConnection):
+            raise InvalidArgument("conn must be a psycopg.AsyncConnection (a Connection goes with Client)")
+        await self.open()
+        with translated():
+            if conn is not None:
+                return await self._execute(conn, call)
+            async with self.pool.connection() as pooled:
+                return await self._execute(pooled, call)
+
+    async def _execute(self, conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
+        cur = conn.cursor()
+        if call.rows is not None:
+            cur.row_factory = call.rows  # type: ignore[assignment]  # psycopg's factories serve both cursors
+        await cur.execute(call.query, call.params, prepare=self._prepare)
+        return call.read(await cur.fetchall())

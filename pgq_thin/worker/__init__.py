@@ -1,0 +1,46 @@
+"""The worker runtimes: run registered handlers on claimed jobs, in N threads (Worker) or N
+asyncio tasks (AsyncWorker).
+
+    worker = Worker(queues=["default"], concurrency=4)
+
+    @worker.handler("send_email")
+    def send_email(job, ctx):
+        ...                      # return a JSON-serializable result (or None)
+
+    worker.run()                 # blocks until SIGTERM / SIGINT or worker.stop()
+
+A worker is made of parts, each a module of its own with one job (every state change is one pgq
+function, called through pgq_thin.Client):
+
+- ``claimer``: THE CLAIM LOOP. Claims with pgq.claim as many jobs as the ``prefetch`` policy
+  allows (free slots, plus places for jobs that wait for a slot), hands them to the ``slots``,
+  sweeps now and then (pgq.sweep), and sleeps until a NOTIFY, a freed slot or the next poll.
+- ``executor``: runs one handler and turns its outcome into exactly one owner call
+  (``outcomes`` maps returned / raised to the call): a handler that returns None joins the
+  ``completer``'s next pgq.complete_many batch; any other outcome is one call of pgq.complete,
+  pgq.fail, pgq.snooze or pgq.mark_unknown (``owner``), repeated with the same attempt while the
+  connection is down.
+- ``held``: the registry of the jobs we hold, and the one place that decides that a job is
+  settled once.
+- ``renewer``: renews every held job's lease at about a third of the lease, by the database
+  clock; a job that is no longer ours gets ``ctx.lease_lost`` and its outcome is discarded.
+- ``listener``: LISTEN pgq on a dedicated connection; a payload naming one of our queues wakes
+  the claimer. Polling is the fallback (and the only mechanism with listen=False).
+- ``signals``: the first SIGTERM / SIGINT stops gracefully, the second at once.
+- ``threaded`` (Worker) wires the parts together; the shutdown waits for running jobs up to
+  shutdown_timeout, then gives back what is left (pgq.release).
+- ``aio`` (AsyncWorker) wires the same rules for asyncio: ``aio_parts`` holds the claimer,
+  slots, completer, renewer, listener and owner calls as tasks; the registry, prefetch policy,
+  outcomes, poll timer, database clock and signal rule are the very objects Worker uses.
+"""
+
+from pgq_thin.worker.aio import AsyncWorker
+from pgq_thin.worker.base import POOLED_POLL_INTERVAL
+from pgq_thin.worker.context import Handler, JobContext
+from pgq_thin.worker.outcomes import OutcomeUnknown, Retry, Snooze
+from pgq_thin.worker.prefetch import AUTO_PREFETCH_MAX, AUTO_PREFETCH_WAIT
+from pgq_thin.worker.support import CHANNEL
+from pgq_thin.worker.threaded import Worker
+
+__all__ = ["AUTO_PREFETCH_MAX", "AUTO_PREFETCH_WAIT", "CHANNEL", "POOLED_POLL_INTERVAL", "AsyncWorker", "Handler",
+           "JobContext", "OutcomeUnknown", "Retry", "Snooze", "Worker"]

@@ -1,0 +1,162 @@
+"""AsyncWorker: the asyncio runtime. It only wires the parts together (aio_parts.py, and the
+registry, the prefetch policy, the outcomes and the signal rule the thread runtime uses too)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from psycopg_pool import AsyncConnectionPool
+
+from pgq_thin.async_client import AsyncClient
+from pgq_thin.worker.aio_parts import (
+    AsyncClaimer,
+    AsyncCompleter,
+    AsyncListener,
+    AsyncOwnerCalls,
+    AsyncRenewer,
+    AsyncSlots,
+    nap,
+    read_clock,
+)
+from pgq_thin.worker.base import WorkerBase
+from pgq_thin.worker.claimer import PollTimer
+from pgq_thin.worker.held import HeldJobs, Verdict
+from pgq_thin.worker.prefetch import PrefetchPolicy
+from pgq_thin.worker.renewer import DatabaseClock
+from pgq_thin.worker.signals import Signals
+from pgq_thin.worker.support import KEEPALIVES, log
+
+__all__ = ["AsyncWorker"]
+
+
+class AsyncWorker(WorkerBase):
+    """Runs handlers for the jobs of ``queues`` as asyncio tasks, ``concurrency`` at once; the
+    settings are Worker's, and so are the semantics (batched completions, lease renewal, LISTEN
+    with polling as the fallback, prefetch, graceful shutdown, reconnecting). An ``async def``
+    handler runs in its task; a plain one in a thread (a pool of ``concurrency`` threads, as
+    asyncio.to_thread would), so that it never blocks the loop. ``ctx.client`` is an AsyncClient.
+
+        worker = AsyncWorker(queues=["default"], concurrency=20)
+
+        @worker.handler("send_email")
+        async def send_email(job, ctx):
+            ...
+
+        await worker.run()       # until SIGTERM / SIGINT or worker.stop()
+    """
+
+    _loop: asyncio.AbstractEventLoop | None = None
+    _claimer: AsyncClaimer | None = None
+
+    async def run(
+        self,
+        dsn: str | None = None,
+        *,
+        queues: Sequence[str] | str | None = None,
+        concurrency: int | None = None,
+        prefetch: int | str | None = None,
+        install_signal_handlers: bool = True,
+    ) -> None:
+        """Work until stop() or SIGTERM / SIGINT (the second one: stop at once), as Worker.run."""
+        address = self._begin(dsn, queues, concurrency, prefetch)
+        self._loop = asyncio.get_running_loop()
+        signals = Signals(lambda graceful: self.stop(graceful=graceful), self._flags.stopping.is_set, self.name)
+        if install_signal_handlers:
+            signals.install_on(self._loop)
+        try:
+            await self._serve(address)
+        finally:
+            signals.restore()
+
+    def stop(self, graceful: bool = True) -> None:
+        """Stop claiming and shut down; from any thread. ``graceful=False``: run() returns at
+        once, running jobs are left to their leases (their handler tasks are cancelled)."""
+        self._flags.stopping.set()
+        if not graceful:
+            self._flags.hard_stop.set()
+        claimer, loop = self._claimer, self._loop
+        if claimer is not None and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(claimer.wake)
+
+    async def _serve(self, dsn: str) -> None:
+        flags = self._flags
+        pool = AsyncConnectionPool(
+            dsn, min_size=1, max_size=self.concurrency + 3,
+            kwargs={"autocommit": True, "application_name": f"pgq-worker {self.name}"[:63], **KEEPALIVES},
+            timeout=2.0, name=f"pgq-worker {self.name}", open=False)
+        await pool.open()
+        client = AsyncClient(pool=pool)
+        held, clock = HeldJobs(), DatabaseClock()
+        await read_clock(clock, client)
+        policy = PrefetchPolicy(self.prefetch, self.concurrency)
+        owner = AsyncOwnerCalls(client, held, flags, self.name)
+        completer = AsyncCompleter(owner, held, flags)
+        wake = asyncio.Event()  # the claimer's: set when a slot frees, a NOTIFY comes, stop()
+        slots = AsyncSlots(self.concurrency, self._handlers, owner, completer, policy, flags, freed=wake.set)
+        renewer = AsyncRenewer(client, held, clock, flags, self.lease)
+        self._claimer = claimer = AsyncClaimer(
+            client, self.name, self.queues, self.lease, PollTimer(self.poll_interval, self.sweep_interval),
+            policy, slots, held, owner, clock, flags, self._listening, wake)
+        listener = AsyncListener(dsn, self.queues, claimer.wake, self.name, self._listening)
+        if flags.stopping.is_set():
+            claimer.wake()
+        slot_tasks = [asyncio.create_task(slots.run_slot(), name=f"pgq-slot-{n}")
+                      for n in range(1, self.concurrency + 1)]
+        background = [asyncio.create_task(renewer.run(), name="pgq-renew"),
+                      asyncio.create_task(completer.run(), name="pgq-complete")]
+        listening = asyncio.create_task(listener.run(), name="pgq-listen") if self.listen else None
+        self._started()
+        try:
+            await claimer.run()
+        finally:
+            listener.stop()
+            await self._shutdown(slots, held, owner, completer)
+            flags.done.set()
+            renewer.stop()
+            completer.stop()
+            # A slot still in an async handler is cancelled; one in a thread finishes on its own.
+            # Either way its job is ours no longer: the release above, or the lease, covers it.
+            for task in slot_tasks:
+                task.cancel()
+            if listening is not None:
+                listening.cancel()
+            if not flags.hard_stop.is_set():
+                await asyncio.wait(background, timeout=5.0)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*slot_tasks, *background, *([listening] if listening else []),
+                                 return_exceptions=True)
+            slots.close()
+            await pool.close(timeout=1.0)
+            self._claimer = None
+            log.info("worker %s stopped", self.name, extra={"worker": self.name})
+
+    async def _shutdown(self, slots: AsyncSlots, held: HeldJobs, owner: AsyncOwnerCalls,
+                        completer: AsyncCompleter) -> None:
+        """As Worker's: give back what no slot started, wait up to shutdown_timeout recording
+        completions, give back what still runs; after a hard stop, one quick try to record."""
+        hard_stop = self._flags.hard_stop
+        if hard_stop.is_set():
+            await completer.try_flush()
+            return
+        for waiting in slots.take_waiting():
+            await owner.give_back_unstarted(waiting, "claimed before shutdown, never started")
+        deadline = time.monotonic() + self.shutdown_timeout
+        if held:
+            log.info("waiting up to %.0fs for %d running jobs", self.shutdown_timeout, len(held),
+                     extra={"worker": self.name})
+        while held and time.monotonic() < deadline:
+            await completer.try_flush()
+            await nap(0.05, self._flags)
+            if hard_stop.is_set():
+                await completer.try_flush()
+                return
+        await completer.try_flush()
+        for left in held.jobs():
+            verdict = held.take_over(left)
+            if verdict is Verdict.BUSY:
+                left.log.warning("still renewing its lease at exit; its lease covers it")
+            elif verdict is Verdict.GRANTED:
+                await owner.give_back(left.job, f"still running after shutdown_timeout ({self.shutdown_timeout}s)")

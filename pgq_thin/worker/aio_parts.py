@@ -1,0 +1,482 @@
+"""The parts of AsyncWorker that wait for the database, as asyncio tasks. Their rules are the
+thread runtime's, from the same objects: the held-jobs registry decides what is settled, the
+prefetch policy how much to claim, outcomes.py which call records a handler's outcome, the poll
+timer when to look again, Repeat when to repeat a call, the database clock how long a lease is.
+What differs is only how each part waits (await instead of a blocked thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import queue
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+
+from pgq_thin.async_client import AsyncClient
+from pgq_thin.errors import PgqError
+from pgq_thin.models import Job
+from pgq_thin.worker import outcomes
+from pgq_thin.worker.claimer import PollTimer
+from pgq_thin.worker.completer import report
+from pgq_thin.worker.context import Handler, JobContext
+from pgq_thin.worker.held import Held, HeldJobs, Verdict
+from pgq_thin.worker.listener import Reconnects, concerns
+from pgq_thin.worker.owner import released
+from pgq_thin.worker.prefetch import PrefetchPolicy
+from pgq_thin.worker.renewer import DatabaseClock, renewal_failed, renewed, until_next
+from pgq_thin.worker.support import CHANNEL, KEEPALIVES, Backoff, Delay, Flags, JobLog, Repeat, log, transient
+
+__all__ = ["AsyncClaimer", "AsyncCompleter", "AsyncListener", "AsyncOwnerCalls", "AsyncRenewer", "AsyncSlots"]
+
+
+async def nap(seconds: float, flags: Flags, until: asyncio.Event | None = None) -> None:
+    """Sleep ``seconds``, or less: until ``until`` is set, or a hard stop."""
+    deadline = time.monotonic() + seconds
+    while not flags.hard_stop.is_set() and (left := deadline - time.monotonic()) > 0:
+        if until is None:
+            await asyncio.sleep(min(left, 0.05))
+            continue
+        try:
+            await asyncio.wait_for(until.wait(), min(left, 0.05))
+            return
+        except TimeoutError:
+            continue
+
+
+class AsyncOwnerCalls:
+    """OwnerCalls for asyncio (see pgq_thin.worker.owner for what each call means)."""
+
+    def __init__(self, client: AsyncClient, held: HeldJobs, flags: Flags, worker_name: str) -> None:
+        self.client = client
+        self.held = held
+        self.flags = flags
+        self.worker_name = worker_name
+
+    async def granted(self, held: Held) -> bool:
+        while (verdict := self.held.settle(held)) is Verdict.BUSY:
+            await asyncio.sleep(0.002)  # a renewal answers within one round trip
+        return verdict is Verdict.GRANTED
+
+    async def settle(self, held: Held, outcome: outcomes.Outcome) -> None:
+        try:
+            if not await self.granted(held):
+                held.log.warning("no longer ours: %s not sent, the handler's outcome is discarded",
+                                 outcome.operation)
+                return
+            try:
+                answer = await self.until_answered(outcome.operation, held.log,
+                                                   lambda: outcome.send(self.client, held.job))
+            except Exception as exc:  # noqa: BLE001
+                await self.refused(outcome.operation, held, exc)
+                return
+            outcome.answered(held.log, answer)
+        finally:
+            self.held.forget([held])
+
+    async def until_answered(self, operation: str, jlog: JobLog, call: Callable[[], Awaitable[Any]]) -> Any:
+        repeat = Repeat(operation, jlog, self.flags)
+        while True:
+            try:
+                return await call()
+            except Exception as exc:
+                delay = repeat.after(exc)
+                await self.drop_broken_connections()
+                await nap(delay, self.flags)
+
+    async def refused(self, operation: str, held: Held, exc: Exception) -> None:
+        instead = outcomes.refused_instead(operation, exc, held.log)
+        if instead is None:
+            return
+        try:
+            state = await self.until_answered("fail", held.log, lambda: instead.send(self.client, held.job))
+            held.log.info("failed instead, now %s", state)
+        except Exception as again:  # noqa: BLE001
+            held.log.error("fail refused too (%s); the lease will recover the job", again)
+
+    async def give_back(self, job: Job, why: str) -> None:
+        try:
+            released(job, await self.client.release(job.id, job.attempt), why)
+        except PgqError as exc:
+            JobLog(job).warning("release failed (%s); the lease will recover the job", exc)
+
+    async def give_back_unstarted(self, held: Held, why: str) -> None:
+        if await self.granted(held):
+            await self.give_back(held.job, why)
+        self.held.forget([held])
+
+    async def drop_broken_connections(self) -> None:
+        if not self.flags.done.is_set():
+            try:
+                await self.client.pool.check()
+            except Exception as exc:  # noqa: BLE001 - best effort; the next call reports real trouble
+                log.debug("pool check failed: %s", exc, extra={"worker": self.worker_name})
+
+
+class AsyncCompleter:
+    """Completer for asyncio: ``add()`` queues, its task records all that is queued in one
+    pgq.complete_many."""
+
+    def __init__(self, owner: AsyncOwnerCalls, held: HeldJobs, flags: Flags) -> None:
+        self.owner = owner
+        self.held = held
+        self.flags = flags
+        self._queue: list[Held] = []
+        self._queued = asyncio.Event()
+        self._stopped = False
+
+    async def add(self, held: Held) -> bool:
+        if not await self.owner.granted(held):
+            held.log.warning("no longer ours: complete not sent, the handler's outcome is discarded")
+            return False
+        self._queue.append(held)
+        self._queued.set()
+        return True
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    async def flush(self) -> None:
+        batch, self._queue = self._queue, []
+        if not batch:
+            return
+        try:
+            done = set(await self.owner.client.complete_many([h.job.id for h in batch],
+                                                             [h.job.attempt for h in batch]))
+        except Exception as exc:
+            if transient(exc) and not self.flags.done.is_set():
+                self._queue[:0] = batch
+                raise
+            for held in batch:
+                await self.owner.refused("complete", held, exc)
+            self.held.forget(batch)
+            return
+        self.held.forget(batch)
+        report(batch, done)
+
+    async def try_flush(self) -> None:
+        try:
+            await self.flush()
+        except PgqError as exc:
+            log.warning("complete_many did not reach the server at shutdown (%s); the leases cover "
+                        "those jobs", exc, extra={"worker": self.owner.worker_name})
+
+    async def run(self) -> None:
+        errors = Backoff(first=0.1, cap=10.0)
+        while not self._stopped and not self.flags.hard_stop.is_set():
+            await nap(0.5, self.flags, self._queued)
+            if not self._queued.is_set():
+                continue
+            self._queued.clear()
+            try:
+                await self.flush()
+            except PgqError as exc:  # a connection error: the batch stays queued; try again
+                delay = errors.next()
+                log.warning("complete_many did not reach the server (%s); repeating it in %.1fs", exc, delay,
+                            extra={"worker": self.owner.worker_name})
+                await self.owner.drop_broken_connections()
+                self._queued.set()
+                await nap(delay, self.flags)
+                continue
+            errors.reset()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._queued.set()
+
+
+class AsyncRenewer:
+    """Renewer for asyncio: renews each held job at about a third of its lease."""
+
+    def __init__(self, client: AsyncClient, held: HeldJobs, clock: DatabaseClock, flags: Flags,
+                 lease: Delay | None) -> None:
+        self.client = client
+        self.held = held
+        self.clock = clock
+        self.flags = flags
+        self.lease = lease
+        self._stopped = asyncio.Event()
+
+    async def renew(self, held: Held) -> None:
+        if not self.held.begin_renewal(held):
+            return
+        lost = False
+        try:
+            lost = renewed(held, await self.client.renew(held.job.id, held.job.attempt, lease=self.lease),
+                           self.clock, self.lease)
+        except PgqError as exc:
+            renewal_failed(held, exc)
+        finally:
+            self.held.end_renewal(held, lost=lost)
+
+    async def run(self) -> None:
+        while not self._stopped.is_set() and not self.flags.hard_stop.is_set():
+            now = time.monotonic()
+            await asyncio.gather(*(self.renew(h) for h in self.held.jobs() if h.next_renew <= now))
+            await nap(until_next(self.held, now), self.flags, self._stopped)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+async def read_clock(clock: DatabaseClock, client: AsyncClient) -> None:
+    """DatabaseClock.read for an AsyncClient."""
+    try:
+        async with client.pool.connection() as conn:
+            before = time.time()
+            row = await (await conn.execute("SELECT clock_timestamp()")).fetchone()
+            after = time.time()
+    except psycopg.Error as exc:
+        log.debug("could not read the database clock: %s", exc)
+        return
+    if row is not None:
+        clock.observe(before, row[0], after)
+
+
+class AsyncListener:
+    """Listener for asyncio: LISTEN on a connection of its own, ``wake()`` for our queues."""
+
+    def __init__(self, dsn: str, queues: Sequence[str] | None, wake: Callable[[], None], worker_name: str,
+                 listening: Any) -> None:
+        self.dsn = dsn
+        self.queues = queues
+        self.wake = wake
+        self.worker_name = worker_name
+        self.listening = listening  # a threading.Event: readable from any thread
+        self._stopped = False
+
+    async def run(self) -> None:
+        reconnects = Reconnects(self.worker_name)
+        while not self._stopped:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                        self.dsn, autocommit=True, connect_timeout=5,
+                        application_name=f"pgq-listen {self.worker_name}"[:63], **KEEPALIVES) as conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    self.listening.set()
+                    self.wake()
+                    reconnects.listening()
+                    while not self._stopped:
+                        async for notify in conn.notifies(timeout=0.25):
+                            if concerns(notify.payload, self.queues):
+                                self.wake()
+            except psycopg.Error as exc:
+                self.listening.clear()
+                if self._stopped:
+                    break
+                await asyncio.sleep(reconnects.broke(exc))
+        self.listening.clear()
+
+    def stop(self) -> None:
+        self._stopped = True
+
+
+class HandlerThreads:
+    """Up to ``size`` daemon threads that run plain handlers for the loop, as asyncio.to_thread
+    would (in a copy of the caller's context). Daemon threads, as Worker's slots: a stop at once
+    does not wait for a handler that never returns, and neither does the interpreter's exit."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._calls: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any],
+                                             Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+
+    def run(self, call: Callable[[], Any]) -> asyncio.Future[Any]:
+        """Run ``call`` in one of the threads; its result (or exception) is the future's."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if len(self._threads) < self.size:
+            thread = threading.Thread(target=self._work, name=f"pgq-handler-{len(self._threads) + 1}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        self._calls.put((loop, future, functools.partial(contextvars.copy_context().run, call)))
+        return future
+
+    def _work(self) -> None:
+        while (item := self._calls.get()) is not None:
+            loop, future, call = item
+            try:
+                result = call()
+            except BaseException as exc:  # noqa: BLE001 - the handler's outcome, for the loop
+                loop.call_soon_threadsafe(_resolve, future, None, exc)
+            else:
+                loop.call_soon_threadsafe(_resolve, future, result, None)
+
+    def close(self) -> None:
+        """Each thread ends after its current handler."""
+        for _ in self._threads:
+            self._calls.put(None)
+
+
+def _resolve(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.cancelled():
+        return  # its task was cancelled (a stop at once): nobody waits for this outcome
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
+class AsyncSlots:
+    """Slots for asyncio: ``concurrency`` tasks, each running the held jobs handed to it one at a
+    time: an ``async def`` handler is awaited in the task, a plain one runs in a thread of a pool
+    of ``concurrency`` threads (never blocking the loop). Also the executor: one handler run,
+    one owner call."""
+
+    def __init__(self, concurrency: int, handlers: Mapping[str, Handler], owner: AsyncOwnerCalls,
+                 completer: AsyncCompleter, policy: PrefetchPolicy, flags: Flags, freed: Callable[[], None]) -> None:
+        self.concurrency = concurrency
+        self.handlers = handlers
+        self.owner = owner
+        self.completer = completer
+        self.policy = policy
+        self.flags = flags
+        self.freed = freed
+        self.assigned = 0
+        self._ready: asyncio.Queue[Held] = asyncio.Queue()
+        self._threads = HandlerThreads(concurrency)
+
+    def submit(self, held: Held) -> None:
+        self.assigned += 1
+        self._ready.put_nowait(held)
+
+    def take_waiting(self) -> list[Held]:
+        waiting: list[Held] = []
+        while not self._ready.empty():
+            waiting.append(self._ready.get_nowait())
+        self.assigned -= len(waiting)
+        return waiting
+
+    async def execute(self, held: Held) -> None:
+        """Run the handler; record its outcome with exactly one owner call. A cancelled run
+        (a stop at once) records nothing: the lease covers the job."""
+        job, jlog = held.job, held.log
+        jlog.debug("started")
+        function = self.handlers.get(job.kind)
+        if function is None:
+            outcome = outcomes.no_handler(job, self.owner.worker_name, sorted(self.handlers), jlog)
+        else:
+            try:
+                outcome = outcomes.of_result(await self._call(function, job, held.ctx))
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - any handler failure is an outcome
+                outcome = outcomes.of_exception(exc, jlog)
+        if not outcome.batched:
+            await self.owner.settle(held, outcome)
+        elif not await self.completer.add(held):
+            self.owner.held.forget([held])
+
+    async def _call(self, function: Handler, job: Job, ctx: JobContext) -> Any:
+        if inspect.iscoroutinefunction(function):
+            return await function(job, ctx)
+        result = await self._threads.run(functools.partial(function, job, ctx))
+        return await result if inspect.isawaitable(result) else result
+
+    async def run_slot(self) -> None:
+        while True:
+            held = await self._ready.get()
+            started: float | None = None
+            try:
+                if self.flags.stopping.is_set():
+                    await self.owner.give_back_unstarted(held, "claimed before shutdown, never started")
+                else:
+                    started = time.monotonic()
+                    await self.execute(held)
+            except asyncio.CancelledError:
+                raise
+            except BaseException:  # noqa: BLE001 - a slot must survive anything; the lease covers the job
+                held.log.exception("the slot failed while running this job")
+                self.owner.held.forget([held])
+            finally:
+                if started is not None:
+                    self.policy.timed(time.monotonic() - started)
+                self.assigned -= 1
+                self.freed()
+
+    def close(self) -> None:
+        """Let go of the handler threads (one still in a handler finishes on its own)."""
+        self._threads.close()
+
+
+class AsyncClaimer:
+    """Claimer for asyncio: the claim loop (see pgq_thin.worker.claimer)."""
+
+    def __init__(self, client: AsyncClient, name: str, queues: Sequence[str] | None, lease: Delay | None,
+                 timer: PollTimer, policy: PrefetchPolicy, slots: AsyncSlots, held: HeldJobs,
+                 owner: AsyncOwnerCalls, clock: DatabaseClock, flags: Flags, listening: Any,
+                 wake: asyncio.Event) -> None:
+        self.client = client
+        self.name = name
+        self.queues = queues
+        self.lease = lease
+        self.timer = timer
+        self.policy = policy
+        self.slots = slots
+        self.held = held
+        self.owner = owner
+        self.clock = clock
+        self.flags = flags
+        self.listening = listening
+        self._wake = wake
+
+    def wake(self) -> None:
+        """Look again at once (call in the loop's thread)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        timer = self.timer
+        while not self.flags.stopping.is_set():
+            if timer.sweep_due():
+                await self.sweep()
+                timer.swept()
+                continue
+            batch = self.policy.claim_size(self.slots.assigned)
+            if batch == 0:
+                await self.sleep(timer.poll_interval)
+                continue
+            try:
+                jobs = await self.client.claim(self.name, self.queues, batch=batch, lease=self.lease)
+            except PgqError as exc:
+                delay = timer.claim_failed(exc, self.name)
+                await self.owner.drop_broken_connections()
+                await self.sleep(delay)
+                continue
+            for job in jobs:
+                await self.hand_over(job)
+            if wait := timer.claimed(len(jobs), batch, self.name, self.listening.is_set()):
+                await self.sleep(wait)
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait until woken, ``seconds`` pass or the next sweep is due; the wake-up is cleared
+        before the next claim."""
+        try:
+            await asyncio.wait_for(self._wake.wait(), self.timer.until(seconds))
+        except TimeoutError:
+            pass
+        self._wake.clear()
+
+    async def hand_over(self, job: Job) -> None:
+        if self.flags.stopping.is_set():
+            await self.owner.give_back(job, "claimed during shutdown, never started")
+            return
+        ctx = JobContext(job=job, client=self.client, worker_name=self.name, shutting_down=self.flags.stopping)
+        self.slots.submit(self.held.hold(job, ctx, self.clock.lease_of(job, self.lease)))
+
+    async def sweep(self) -> None:
+        try:
+            recovered = await self.client.sweep()
+        except PgqError as exc:
+            log.warning("sweep failed: %s", exc, extra={"worker": self.name})
+            return
+        if recovered:
+            log.info("sweep recovered %d jobs with expired leases", recovered,
+                     extra={"worker": self.name, "recovered": recovered})
+        await read_clock(self.clock, self.client)

@@ -1,0 +1,147 @@
+"""What Worker and AsyncWorker share before they connect: their settings, checked once, and the
+registration of handlers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import psycopg.conninfo
+
+from pgq_thin.client import resolve_dsn
+from pgq_thin.errors import PgqError
+from pgq_thin.worker.context import Handler
+from pgq_thin.worker.prefetch import check_prefetch
+from pgq_thin.worker.support import KEEPALIVES, Flags, default_name, log, seconds
+
+__all__ = ["POOLED_POLL_INTERVAL", "WorkerBase"]
+
+#: How often a pooled worker (no LISTEN) polls when poll_interval is not given.
+POOLED_POLL_INTERVAL = 0.25
+
+_H = TypeVar("_H", bound=Handler)
+
+
+def check_queues(queues: Sequence[str] | str | None) -> list[str] | None:
+    """A list of queue names; a string is split on commas; None means every queue."""
+    if queues is None:
+        return None
+    names: Iterable[str] = queues.split(",") if isinstance(queues, str) else queues
+    cleaned = [q.strip() for q in names if q and q.strip()]
+    if not cleaned:
+        raise ValueError("queues must name at least one queue (or be None for all queues)")
+    return cleaned
+
+
+def check_concurrency(concurrency: int) -> int:
+    if not isinstance(concurrency, int) or concurrency < 1 or concurrency > 1000:
+        raise ValueError(f"concurrency must be an integer from 1 to 1000, got {concurrency!r}")
+    return concurrency
+
+
+class WorkerBase:
+    """The settings and handlers of a worker (see Worker for what each setting means)."""
+
+    def __init__(
+        self,
+        queues: Sequence[str] | str | None = ("default",),
+        concurrency: int = 4,
+        *,
+        name: str | None = None,
+        lease: float | timedelta | None = None,
+        poll_interval: float | None = None,
+        listen: bool = True,
+        pooled: bool = False,
+        sweep_interval: float = 30.0,
+        shutdown_timeout: float = 30.0,
+        prefetch: int | str = "auto",
+    ) -> None:
+        if poll_interval is not None and poll_interval <= 0:
+            raise ValueError(f"poll_interval must be positive, got {poll_interval}")
+        if lease is not None and seconds(lease) <= 0:
+            raise ValueError(f"lease must be positive, got {lease!r}")
+        self.queues = check_queues(queues)
+        self.concurrency = check_concurrency(concurrency)
+        self.prefetch = check_prefetch(prefetch)
+        self.name = name or default_name()
+        self.lease = lease
+        self._poll_interval = poll_interval
+        self.poll_interval = 1.0 if poll_interval is None else poll_interval
+        self.listen = listen
+        self.pooled = False
+        if pooled:
+            self._set_pooled()
+        self.sweep_interval = sweep_interval
+        self.shutdown_timeout = shutdown_timeout
+        self._handlers: dict[str, Handler] = {}
+        self._ran = False
+        self._flags = Flags()  # stop() before run() makes run() return at once
+        self._listening = threading.Event()  # set while LISTEN works
+
+    def handler(self, kind: str) -> Callable[[_H], _H]:
+        """Register the decorated function for jobs of ``kind``; returns it unchanged."""
+
+        def register(function: _H) -> _H:
+            if kind in self._handlers:
+                raise ValueError(f"a handler for kind {kind!r} is already registered")
+            self._handlers[kind] = function
+            return function
+
+        return register
+
+    @property
+    def kinds(self) -> list[str]:
+        """The kinds this worker has handlers for."""
+        return sorted(self._handlers)
+
+    @property
+    def handlers(self) -> dict[str, Handler]:
+        """The registered handlers by kind (a copy: register with ``handler``)."""
+        return dict(self._handlers)
+
+    def _set_pooled(self) -> None:
+        """Behind a transaction-pooling proxy: no LISTEN (it needs a server connection of its own),
+        no server-side prepared statements (connection_settings()), polling every
+        POOLED_POLL_INTERVAL unless poll_interval was given."""
+        self.pooled = True
+        self.listen = False
+        if self._poll_interval is None:
+            self.poll_interval = POOLED_POLL_INTERVAL
+
+    def connection_settings(self) -> dict[str, Any]:
+        """The keyword arguments of the worker's pooled connections."""
+        return {"autocommit": True, "application_name": f"pgq-worker {self.name}"[:63], **KEEPALIVES,
+                **({"prepare_threshold": None} if self.pooled else {})}
+
+    def _begin(self, dsn: str | None, queues: Sequence[str] | str | None, concurrency: int | None,
+               prefetch: int | str | None, pooled: bool | None = None) -> str:
+        """Check run()'s arguments and mark this worker as run; the database address to use."""
+        kind = type(self).__name__
+        if self._ran:
+            raise RuntimeError(f"this {kind} has already run; create a new one")
+        address = resolve_dsn(dsn)
+        try:
+            psycopg.conninfo.conninfo_to_dict(address)  # a malformed DSN fails here, not in a loop
+        except psycopg.ProgrammingError as exc:
+            raise PgqError(f"invalid database address: {str(exc).strip()}") from exc
+        if queues is not None:
+            self.queues = check_queues(queues)
+        if concurrency is not None:
+            self.concurrency = check_concurrency(concurrency)
+        if prefetch is not None:
+            self.prefetch = check_prefetch(prefetch)
+        if pooled:
+            self._set_pooled()
+        self._ran = True
+        if not self._handlers:
+            log.warning("no handlers registered: every job claimed will fail", extra={"worker": self.name})
+        return address
+
+    def _started(self) -> None:
+        log.info("worker %s started: queues %s, %d slots, %s", self.name,
+                 ", ".join(self.queues) if self.queues else "(all)", self.concurrency,
+                 "LISTEN and polling" if self.listen
+                 else f"polling only (every {self.poll_interval:g} s{', pooled' if self.pooled else ''})",
+                 extra={"worker": self.name, "queues": self.queues, "concurrency": self.concurrency})

@@ -1,0 +1,163 @@
+"""The claimer: THE CLAIM LOOP. It claims as many jobs as the prefetch policy allows (free slots,
+plus places for jobs that wait for a slot) with pgq.claim, hands them to the slots, sweeps now and
+then (pgq.sweep), and sleeps until woken (a NOTIFY, a freed slot, stop) or the next poll."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Sequence
+
+from pgq_thin.client import Client
+from pgq_thin.errors import PgqError
+from pgq_thin.models import Job
+from pgq_thin.worker.context import JobContext
+from pgq_thin.worker.held import HeldJobs
+from pgq_thin.worker.owner import OwnerCalls
+from pgq_thin.worker.prefetch import PrefetchPolicy
+from pgq_thin.worker.renewer import DatabaseClock
+from pgq_thin.worker.slots import Slots
+from pgq_thin.worker.support import Backoff, Delay, Flags, ThreadPart, jitter, log, transient
+
+__all__ = ["Claimer", "PollTimer"]
+
+
+class PollTimer:
+    """How long an idle claimer sleeps when a claim found nothing: while LISTEN works, about
+    ``poll_interval`` (jittered; a NOTIFY wakes it sooner); without it, backing off from quick
+    retries to poll_interval. And when the next sweep is due (``sweep_interval`` jittered; <= 0:
+    never; none at start: every claim recovers expired leases first)."""
+
+    def __init__(self, poll_interval: float, sweep_interval: float) -> None:
+        self.poll_interval = poll_interval
+        self.sweep_interval = sweep_interval
+        self.idle = Backoff(first=min(0.05, poll_interval), cap=poll_interval)
+        self.errors = Backoff(first=0.2, cap=15.0)
+        self.next_sweep = math.inf
+        self.swept()
+
+    def swept(self) -> None:
+        self.next_sweep = (time.monotonic() + jitter(self.sweep_interval) if self.sweep_interval > 0
+                           else math.inf)
+
+    def sweep_due(self) -> bool:
+        return time.monotonic() >= self.next_sweep
+
+    def claim_failed(self, exc: PgqError, worker_name: str) -> float:
+        """How long to wait after a claim that raised ``exc`` (an error retrying cannot fix is
+        raised: it ends the run)."""
+        if not transient(exc):
+            raise exc
+        delay = self.errors.next()
+        log.warning("claim failed (%s); retrying in %.1fs", exc, delay, extra={"worker": worker_name})
+        return delay
+
+    def claimed(self, jobs: int, batch: int, worker_name: str, listening: bool) -> float:
+        """How long to wait after a claim that took ``jobs`` of ``batch``: none when it took some
+        (there may be more: a batch can come back short when other workers claim at the same
+        moment). When nothing is due, a NOTIFY wakes us for new work; polling finds scheduled
+        jobs and covers a missing or broken LISTEN."""
+        log.debug("claimed %d of %d", jobs, batch, extra={"worker": worker_name, "batch": batch, "claimed": jobs})
+        self.errors.reset()
+        if jobs:
+            self.idle.reset()
+            return 0.0
+        return min(self.poll_interval, jitter(self.poll_interval)) if listening else self.idle.next()
+
+    def until(self, wait: float) -> float:
+        """``wait``, cut short by the next sweep."""
+        return max(0.0, min(wait, self.next_sweep - time.monotonic()))
+
+
+class Claimer(ThreadPart):
+    """Claims for ``queues`` as ``name`` until ``flags.stopping``; ``wake()`` (or setting the
+    ``wake`` Event it was given) makes it look again at once. An error that retrying cannot fix
+    ends it: ``error`` holds it (after ``join()``)."""
+
+    def __init__(self, client: Client, name: str, queues: Sequence[str] | None, lease: Delay | None,
+                 timer: PollTimer, policy: PrefetchPolicy, slots: Slots, held: HeldJobs, owner: OwnerCalls,
+                 clock: DatabaseClock, flags: Flags, listening: threading.Event, wake: threading.Event) -> None:
+        self.client = client
+        self.name = name
+        self.queues = queues
+        self.lease = lease
+        self.timer = timer
+        self.policy = policy
+        self.slots = slots
+        self.held = held
+        self.owner = owner
+        self.clock = clock
+        self.flags = flags
+        self.listening = listening
+        self.error: BaseException | None = None
+        self._wake = wake  # set to look again at once; the slots set it as each job finishes
+        super().__init__()
+
+    thread_name = "pgq-claim"
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def run(self) -> None:
+        """The claim loop, in the calling thread."""
+        timer = self.timer
+        while not self.flags.stopping.is_set():
+            if timer.sweep_due():
+                self.sweep()
+                timer.swept()
+                continue  # look at the stop flag again: the sweep may have waited for a connection
+            batch = self.policy.claim_size(self.slots.assigned)
+            if batch == 0:  # every place taken: a finishing job wakes us
+                self.sleep(timer.poll_interval)
+                continue
+            try:
+                jobs = self.client.claim(self.name, self.queues, batch=batch, lease=self.lease)
+            except PgqError as exc:
+                delay = timer.claim_failed(exc, self.name)
+                self.owner.drop_broken_connections()
+                self.sleep(delay)
+                continue
+            for job in jobs:
+                self.hand_over(job)
+            if wait := timer.claimed(len(jobs), batch, self.name, self.listening.is_set()):
+                self.sleep(wait)
+
+    def sleep(self, seconds: float) -> None:
+        """Wait until woken, ``seconds`` pass or the next sweep is due. The wake-up is cleared
+        *before* the next claim, so a job committed before the clear is seen by that claim."""
+        self._wake.wait(self.timer.until(seconds))
+        self._wake.clear()
+
+    def hand_over(self, job: Job) -> None:
+        """Hold ``job`` and hand it to the slots, or give it back if we are stopping."""
+        if self.flags.stopping.is_set():
+            self.owner.give_back(job, "claimed during shutdown, never started")
+            return
+        ctx = JobContext(job=job, client=self.client, worker_name=self.name, shutting_down=self.flags.stopping)
+        self.slots.submit(self.held.hold(job, ctx, self.clock.lease_of(job, self.lease)))
+
+    def sweep(self) -> None:
+        """pgq.sweep, so expired leases recover even when nobody claims; and re-read the database
+        clock, which leases are measured by."""
+        try:
+            recovered = self.client.sweep()
+        except PgqError as exc:
+            log.warning("sweep failed: %s", exc, extra={"worker": self.name})
+            return
+        if recovered:
+            log.info("sweep recovered %d jobs with expired leases", recovered,
+                     extra={"worker": self.name, "recovered": recovered})
+        self.clock.read(self.client)
+
+    def _loop(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever joins
+            self.error = exc
+            self.flags.stopping.set()
+
+    def stop(self) -> None:
+        """Stop claiming (sets flags.stopping: the graceful stop of everything that watches it)."""
+        self.flags.stopping.set()
+        self._wake.set()

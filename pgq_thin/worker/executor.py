@@ -1,0 +1,41 @@
+"""The executor: runs one handler on one held job and turns its outcome into exactly one owner
+call: a completion without result joins the completer's next batch, anything else is one call
+of pgq.complete, pgq.fail, pgq.snooze or pgq.mark_unknown (outcomes.py says which)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pgq_thin.worker import outcomes
+from pgq_thin.worker.completer import Completer
+from pgq_thin.worker.context import Handler
+from pgq_thin.worker.held import Held
+from pgq_thin.worker.owner import OwnerCalls
+
+__all__ = ["Executor"]
+
+
+class Executor:
+    """Runs the handler ``handlers`` has for a job's kind, in the calling thread."""
+
+    def __init__(self, handlers: Mapping[str, Handler], owner: OwnerCalls, completer: Completer) -> None:
+        self.handlers = handlers
+        self.owner = owner
+        self.completer = completer
+
+    def run(self, held: Held) -> None:
+        """Run the handler; record its outcome with exactly one owner call."""
+        job, jlog = held.job, held.log
+        jlog.debug("started")
+        function = self.handlers.get(job.kind)
+        if function is None:
+            outcome = outcomes.no_handler(job, self.owner.worker_name, sorted(self.handlers), jlog)
+        else:
+            try:
+                outcome = outcomes.of_result(function(job, held.ctx))
+            except BaseException as exc:  # noqa: BLE001 - any handler failure is an outcome
+                outcome = outcomes.of_exception(exc, jlog)
+        if not outcome.batched:
+            self.owner.settle(held, outcome)
+        elif not self.completer.add(held):
+            self.owner.held.forget([held])

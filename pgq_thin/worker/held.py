@@ -1,0 +1,116 @@
+"""The held-jobs registry: every job this worker holds (claimed, and not yet recorded: waiting
+for a slot, running, or its completion waiting for the next complete_many), and the one place
+that decides that a job is settled once.
+
+A held job is in one of four states. ``held``: ours, nobody is calling the server for it.
+``renewing``: the renewer is extending its lease right now. ``settled``: one call that ends this
+attempt (complete, fail, snooze, mark_unknown, release) was granted; nobody else gets one, and the
+renewer leaves it alone. ``lost``: a renewal was refused, another attempt owns the job; whatever
+the handler returns is discarded. ``settle`` is the only way into ``settled``, so a job is settled
+exactly once whoever asks (the executor, the completer, the shutdown, a slot that never started
+it). The registry makes no calls and never waits: a thread runtime and an asyncio one both use it.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pgq_thin.models import Job
+from pgq_thin.worker.context import JobContext
+from pgq_thin.worker.support import JobLog
+
+__all__ = ["Held", "HeldJobs", "Verdict"]
+
+
+class Verdict(enum.Enum):
+    """The answer to "may I make the call that ends this attempt?"."""
+
+    GRANTED = "granted"  # yes, and nobody else will be
+    GONE = "gone"        # no: it is settled already, or no longer ours; its outcome is discarded
+    BUSY = "busy"        # not now: a renewal is in flight; ask again in a moment
+
+
+@dataclass(eq=False)
+class Held:
+    """One job while we hold it. ``lease_seconds`` and ``next_renew`` (time.monotonic()) belong
+    to the renewer."""
+
+    job: Job
+    ctx: JobContext
+    log: JobLog
+    lease_seconds: float
+    next_renew: float
+    state: str = "held"
+
+
+class HeldJobs:
+    """Thread-safe: one short lock guards every decision; no call to the server happens under it."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[int, Held] = {}
+        self._lock = threading.Lock()
+
+    def hold(self, job: Job, ctx: JobContext, lease_seconds: float) -> Held:
+        """Register a claimed job; its first renewal is due at a third of its lease."""
+        held = Held(job, ctx, JobLog(job), lease_seconds, time.monotonic() + lease_seconds / 3)
+        with self._lock:
+            self._jobs[job.id] = held
+        return held
+
+    def settle(self, held: Held) -> Verdict:
+        """Ask for the one call that ends this attempt (see Verdict)."""
+        with self._lock:
+            if held.state == "held" and not held.ctx.is_lost():
+                held.state = "settled"
+                return Verdict.GRANTED
+            return Verdict.BUSY if held.state == "renewing" else Verdict.GONE
+
+    def take_over(self, held: Held) -> Verdict:
+        """settle() for the shutdown: when granted, the handler is told that its job is no longer
+        ours (ctx.lease_lost), so that its outcome is discarded."""
+        verdict = self.settle(held)
+        if verdict is Verdict.GRANTED:
+            held.ctx.lease_lost.set()
+        return verdict
+
+    def begin_renewal(self, held: Held) -> bool:
+        """The renewer may extend this lease now (nobody settles it meanwhile)."""
+        with self._lock:
+            if held.state != "held" or held.ctx.is_lost():
+                return False
+            held.state = "renewing"
+            return True
+
+    def end_renewal(self, held: Held, *, lost: bool = False) -> None:
+        """The renewal answered; ``lost``: it was refused, the job is no longer ours, and the
+        handler is told (ctx.lease_lost)."""
+        with self._lock:
+            held.state = "lost" if lost else "held"
+        if lost:
+            held.ctx.lease_lost.set()
+
+    def forget(self, helds: Iterable[Held]) -> None:
+        """No longer held: recorded, given back, or given up to its lease."""
+        with self._lock:
+            for held in helds:
+                if self._jobs.get(held.job.id) is held:
+                    del self._jobs[held.job.id]
+
+    def jobs(self) -> list[Held]:
+        with self._lock:
+            return list(self._jobs.values())
+
+    def next_renewal(self) -> float | None:
+        """When the earliest renewal of a job not yet settled is due (time.monotonic())."""
+        with self._lock:
+            return min((h.next_renew for h in self._jobs.values() if h.state == "held"), default=None)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __bool__(self) -> bool:
+        return bool(self._jobs)

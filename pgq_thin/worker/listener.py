@@ -1,0 +1,81 @@
+"""The listener: LISTEN pgq on a connection of its own; a NOTIFY naming one of our queues wakes
+the claimer. While it is down the claimer polls faster; it reconnects with backoff."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+import psycopg
+
+from pgq_thin.worker.support import CHANNEL, KEEPALIVES, Backoff, ThreadPart, log
+
+__all__ = ["Listener", "concerns"]
+
+
+def concerns(payload: str, queues: Sequence[str] | None) -> bool:
+    """A NOTIFY with this payload (a queue name) is news for a worker of ``queues`` (None: all)."""
+    return queues is None or payload in queues
+
+
+class Reconnects:
+    """What the listener does when its connection comes and goes (both runtimes): LISTEN works
+    (reset the backoff; say so once after a loss), or the connection broke (how long to wait
+    before reconnecting; a warning for the first loss, quieter while it stays down)."""
+
+    def __init__(self, worker_name: str) -> None:
+        self.worker_name = worker_name
+        self.backoff = Backoff(first=0.2, cap=15.0)
+        self.lost = False
+
+    def listening(self) -> None:
+        self.backoff.reset()
+        if self.lost:
+            log.info("LISTEN restored", extra={"worker": self.worker_name})
+            self.lost = False
+
+    def broke(self, exc: BaseException) -> float:
+        delay = self.backoff.next()
+        log.log(logging.DEBUG if self.lost else logging.WARNING,
+                "LISTEN connection lost (%s); polling until it is back, reconnecting in %.1fs",
+                exc, delay, extra={"worker": self.worker_name})
+        self.lost = True
+        return delay
+
+
+class Listener(ThreadPart):
+    """Calls ``wake()`` for each NOTIFY that concerns ``queues`` and once each time LISTEN starts
+    (anything enqueued while we were not listening). ``listening`` is set while LISTEN works."""
+
+    def __init__(self, dsn: str, queues: Sequence[str] | None, wake: Callable[[], None], worker_name: str,
+                 listening: threading.Event | None = None) -> None:
+        self.dsn = dsn
+        self.queues = queues
+        self.wake = wake
+        self.worker_name = worker_name
+        self.listening = listening if listening is not None else threading.Event()
+        super().__init__()
+
+    thread_name = "pgq-listen"
+
+    def _loop(self) -> None:
+        reconnects = Reconnects(self.worker_name)
+        while not self._stopped.is_set():
+            try:
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5,
+                                     application_name=f"pgq-listen {self.worker_name}"[:63], **KEEPALIVES) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self.listening.set()
+                    self.wake()  # anything enqueued while we were not listening
+                    reconnects.listening()
+                    while not self._stopped.is_set():
+                        for notify in conn.notifies(timeout=0.25):
+                            if concerns(notify.payload, self.queues):
+                                self.wake()
+            except psycopg.Error as exc:
+                self.listening.clear()
+                if self._stopped.is_set():
+                    break
+                self._stopped.wait(reconnects.broke(exc))
+        self.listening.clear()

@@ -1,0 +1,127 @@
+"""How a handler's outcome becomes exactly one owner call: what the handler may raise (Retry,
+Snooze, OutcomeUnknown) and the one mapping from "returned this" / "raised that" to the pgq
+function that records it. Both runtimes use it; neither decides this anywhere else."""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal
+
+from pgq_thin.models import Job
+from pgq_thin.worker.support import JobLog, seconds, transient
+
+__all__ = ["Outcome", "OutcomeUnknown", "Retry", "Snooze", "no_handler", "of_exception", "of_result"]
+
+
+class Retry(Exception):
+    """Raise in a handler to fail this attempt and retry after ``delay`` (pgq.fail with retry_in).
+    ``delay=None`` uses the queue's backoff. Counts as an attempt."""
+
+    def __init__(self, delay: float | timedelta | None = None, reason: str = "retry requested") -> None:
+        if delay is not None and seconds(delay) <= 0:
+            raise ValueError(f"Retry delay must be positive, got {delay!r}")
+        super().__init__(reason)
+        self.delay = delay
+        self.reason = reason
+
+
+class Snooze(Exception):
+    """Raise in a handler to run the job again after ``delay`` without using up an attempt
+    (pgq.snooze)."""
+
+    def __init__(self, delay: float | timedelta) -> None:
+        if seconds(delay) <= 0:
+            raise ValueError(f"Snooze delay must be positive, got {delay!r}")
+        super().__init__(f"snoozed for {delay}")
+        self.delay = delay
+
+
+class OutcomeUnknown(Exception):
+    """Raise in a handler when the outside effect may or may not have happened (a timeout after
+    the request was sent): the job is parked as outcome_unknown until pgq.resolve settles it."""
+
+    def __init__(self, note: str) -> None:
+        super().__init__(note)
+        self.note = note
+
+
+Operation = Literal["complete", "fail", "snooze", "mark_unknown"]
+
+_DONE_MESSAGE = {"complete": "completed", "fail": "failed, now {}", "snooze": "snoozed until {}",
+                 "mark_unknown": "marked outcome_unknown"}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One owner call: ``operation`` is the name of the Client / AsyncClient method (and of the pgq
+    function), ``arguments`` what it takes after (id, attempt). ``batched``: a completion without
+    result, which joins the next pgq.complete_many instead."""
+
+    operation: Operation
+    arguments: dict[str, Any] = field(default_factory=dict)
+    batched: bool = False
+
+    def send(self, client: Any, job: Job) -> Any:
+        """Make the call (a Client answers; an AsyncClient returns the awaitable)."""
+        return getattr(client, self.operation)(job.id, job.attempt, **self.arguments)
+
+    def answered(self, jlog: JobLog, answer: Any) -> None:
+        """Log what the server answered."""
+        if answer is None or answer is False:
+            jlog.warning("%s rejected: the job is no longer ours (its lease expired, or it was cancelled)",
+                         self.operation)
+        else:
+            jlog.info(_DONE_MESSAGE[self.operation].format(answer))
+
+
+#: A handler returned None: its completion joins the next complete_many batch (the common case:
+#: one shared object, nothing made per job).
+BATCHED = Outcome("complete", batched=True)
+
+
+def of_result(result: Any) -> Outcome:
+    """The handler returned: complete (None joins the next complete_many batch)."""
+    if result is None:
+        return BATCHED
+    return Outcome("complete", {"result": result})
+
+
+def of_exception(exc: BaseException, jlog: JobLog) -> Outcome:
+    """The handler raised ``exc`` (call this inside the ``except`` block: a failure keeps its
+    traceback)."""
+    if isinstance(exc, Retry):
+        jlog.info("retry requested: %s", exc.reason)
+        return Outcome("fail", {"error": exc.reason, "retry_in": exc.delay})
+    if isinstance(exc, Snooze):
+        jlog.info("snoozed for %s", exc.delay)
+        return Outcome("snooze", {"delay": exc.delay})
+    if isinstance(exc, OutcomeUnknown):
+        jlog.warning("outcome unknown: %s", exc.note)
+        return Outcome("mark_unknown", {"note": exc.note})
+    jlog.warning("handler raised %r", exc, exc_info=True)
+    return Outcome("fail", {"error": traceback.format_exc()})
+
+
+def no_handler(job: Job, worker_name: str, kinds: list[str], jlog: JobLog) -> Outcome:
+    """No handler for the job's kind: fail at once, not retryable."""
+    jlog.error("no handler for this kind")
+    error = (f"no handler for kind {job.kind!r} in worker {worker_name!r} "
+             f"(it handles: {', '.join(kinds) or 'nothing'})")
+    return Outcome("fail", {"error": error, "retryable": False})
+
+
+def refused_instead(operation: str, exc: BaseException, jlog: JobLog) -> Outcome | None:
+    """What to send when the outcome call ``operation`` failed for good with ``exc``: None when
+    we are exiting (a transient error: the lease recovers the job) or it was a fail already; for
+    a call the server refused (a snooze delay out of range, a result that is not JSON), a fail of
+    the attempt, not retryable, so that someone looks at it."""
+    if transient(exc):
+        jlog.warning("%s abandoned at exit; the lease will recover the job", operation)
+        return None
+    jlog.error("%s refused: %s", operation, exc)
+    if operation == "fail":
+        return None
+    return Outcome("fail", {"error": f"pgq_thin worker: {operation} of this attempt was refused: "
+                                     f"{type(exc).__name__}: {exc}", "retryable": False})

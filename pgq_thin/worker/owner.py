@@ -1,0 +1,111 @@
+"""The owner calls of a thread runtime: the one call that records a job's outcome (repeated with
+the same attempt while the connection is down), the fallback when the server refuses it, and
+giving a job back (pgq.release)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pgq_thin.client import Client
+from pgq_thin.errors import PgqError
+from pgq_thin.models import Job
+from pgq_thin.worker.held import Held, HeldJobs, Verdict
+from pgq_thin.worker.outcomes import Outcome, refused_instead
+from pgq_thin.worker.support import Flags, JobLog, Repeat, log
+
+__all__ = ["OwnerCalls"]
+
+
+def released(job: Job, answer: bool, why: str) -> None:
+    """Log what pgq.release answered."""
+    if answer:
+        JobLog(job).info("released (%s): pending again", why)
+    else:
+        JobLog(job).warning("release rejected: the job is no longer ours")
+
+
+class OwnerCalls:
+    """Makes owner calls for the jobs in ``held`` through ``client``. ``flags``: a hard stop or
+    the end of the run ends the repeating."""
+
+    def __init__(self, client: Client, held: HeldJobs, flags: Flags, worker_name: str) -> None:
+        self.client = client
+        self.held = held
+        self.flags = flags
+        self.worker_name = worker_name
+
+    def settle(self, held: Held, outcome: Outcome) -> None:
+        """Record ``outcome`` with one call, unless the job is no longer ours (or a renewal is in
+        flight: then wait for it). While the connection is down the call is repeated with the
+        same attempt (every owner operation is idempotent for its attempt) until it answers, so a
+        finished job is never lost. (Renewing meanwhile would be pointless: it needs the same
+        server.) The job is forgotten afterwards."""
+        try:
+            if not self.granted(held):
+                held.log.warning("no longer ours: %s not sent, the handler's outcome is discarded",
+                                 outcome.operation)
+                return
+            try:
+                answer = self.until_answered(outcome.operation, held.log, lambda: outcome.send(self.client, held.job))
+            except Exception as exc:  # noqa: BLE001
+                self.refused(outcome.operation, held, exc)
+                return
+            outcome.answered(held.log, answer)
+        finally:
+            self.held.forget([held])
+
+    def granted(self, held: Held) -> bool:
+        """The registry's settle(), waiting out a renewal in flight."""
+        while (verdict := self.held.settle(held)) is Verdict.BUSY:
+            time.sleep(0.002)  # a renewal answers within one round trip
+        return verdict is Verdict.GRANTED
+
+    def until_answered(self, operation: str, jlog: JobLog, call: Callable[[], Any]) -> Any:
+        repeat = Repeat(operation, jlog, self.flags)
+        while True:
+            try:
+                return call()
+            except Exception as exc:
+                delay = repeat.after(exc)
+                self.drop_broken_connections()
+                self.flags.hard_stop.wait(delay)
+
+    def refused(self, operation: str, held: Held, exc: Exception) -> None:
+        """The outcome call failed for good: we are exiting, or it was refused. Then fail the
+        attempt, not retryable, so that someone looks at it (refused_instead). If nothing
+        answers, the lease recovers the job."""
+        jlog, job = held.log, held.job
+        instead = refused_instead(operation, exc, jlog)
+        if instead is None:
+            return
+        try:
+            state = self.until_answered("fail", jlog, lambda: instead.send(self.client, job))
+            jlog.info("failed instead, now %s", state)
+        except Exception as again:  # noqa: BLE001
+            jlog.error("fail refused too (%s); the lease will recover the job", again)
+
+    def give_back(self, job: Job, why: str) -> None:
+        """pgq.release: pending again now, the attempt not counted. One try: if it does not
+        answer, the lease expires and the job is recovered anyway."""
+        try:
+            released(job, self.client.release(job.id, job.attempt), why)
+        except PgqError as exc:
+            JobLog(job).warning("release failed (%s); the lease will recover the job", exc)
+
+    def give_back_unstarted(self, held: Held, why: str) -> None:
+        """A held job that no slot started: give it back (unless it is settled already) and
+        forget it."""
+        if self.granted(held):
+            self.give_back(held.job, why)
+        self.held.forget([held])
+
+    def drop_broken_connections(self) -> None:
+        """After a connection error, test the pool's idle connections and replace the dead ones,
+        so that the next call does not pick another connection the server has already closed."""
+        if not self.flags.done.is_set():
+            try:
+                self.client.pool.check()
+            except Exception as exc:  # noqa: BLE001 - best effort; the next call reports real trouble
+                log.debug("pool check failed: %s", exc, extra={"worker": self.worker_name})

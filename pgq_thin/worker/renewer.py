@@ -1,0 +1,118 @@
+"""The renewer: extends the lease of every held job at about a third of its lease (pgq.renew), by
+the database clock; a refusal means the job is no longer ours: the handler is told."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import psycopg
+
+from pgq_thin.client import Client
+from pgq_thin.errors import PgqError
+from pgq_thin.models import Job
+from pgq_thin.worker.held import Held, HeldJobs
+from pgq_thin.worker.support import Delay, Flags, ThreadPart, log, seconds
+
+__all__ = ["DatabaseClock", "Renewer"]
+
+#: The shortest lease the worker plans with (a lease nearly run out when the job was claimed).
+MIN_LEASE = 0.3
+
+
+class DatabaseClock:
+    """Leases are measured by the database clock, so a worker whose clock is off by minutes must
+    not renew by its own: keep the offset between the two (read at start and at each sweep)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0  # database clock minus local clock, in seconds
+
+    def observe(self, before: float, database_now: datetime, after: float) -> None:
+        """Account one reading: time.time() before and after, and what the database said."""
+        self.offset = database_now.timestamp() - (before + after) / 2
+
+    def read(self, client: Client) -> None:
+        try:
+            with client.pool.connection() as conn:
+                before = time.time()
+                row = conn.execute("SELECT clock_timestamp()").fetchone()
+                after = time.time()
+        except psycopg.Error as exc:
+            log.debug("could not read the database clock: %s", exc)
+            return
+        if row is not None:
+            self.observe(before, row[0], after)
+
+    def seconds_until(self, when: datetime) -> float:
+        """How long, by the database clock, until ``when`` (at least MIN_LEASE)."""
+        return max(when.timestamp() - (time.time() + self.offset), MIN_LEASE)
+
+    def lease_of(self, job: Job, lease: Delay | None) -> float:
+        """The lease a just-claimed job has: the worker's own, or what is left of the queue's."""
+        left = seconds(lease) if lease is not None else job.lease_until.timestamp() - (time.time() + self.offset)
+        return max(left, MIN_LEASE)
+
+
+def renewed(held: Held, until: datetime | None, clock: DatabaseClock, lease: Delay | None) -> bool:
+    """Account what pgq.renew answered for ``held``: True when the job is no longer ours."""
+    if until is None:
+        held.log.warning("lease lost: the job is no longer ours; the handler's outcome will be discarded")
+        return True
+    if lease is None:  # the queue's lease may have been reconfigured
+        held.lease_seconds = clock.seconds_until(until)
+    held.next_renew = time.monotonic() + held.lease_seconds / 3
+    held.log.debug("lease renewed until %s", until.isoformat())
+    return False
+
+
+def renewal_failed(held: Held, exc: PgqError) -> None:
+    """pgq.renew did not answer: try again soon, well within the lease."""
+    held.next_renew = time.monotonic() + min(1.0, held.lease_seconds / 6)
+    held.log.warning("lease renewal failed (%s); trying again", exc)
+
+
+def until_next(held: HeldJobs, now: float) -> float:
+    """How long the renewer may wait for the next renewal due (0.05 s to 0.5 s)."""
+    upcoming = held.next_renewal()
+    wait = (upcoming if upcoming is not None else now + 0.5) - time.monotonic()
+    return min(max(wait, 0.05), 0.5)
+
+
+class Renewer(ThreadPart):
+    """Renews the jobs in ``held`` through ``client`` (``lease``: the worker's own, or None for
+    the queues'), until ``stop()``, a hard stop or the end of the run."""
+
+    def __init__(self, client: Client, held: HeldJobs, clock: DatabaseClock, flags: Flags,
+                 lease: Delay | None) -> None:
+        self.client = client
+        self.held = held
+        self.clock = clock
+        self.flags = flags
+        self.lease = lease
+        super().__init__()
+
+    thread_name = "pgq-renew"
+
+    def renew_due(self) -> float:
+        """Renew every job whose renewal is due; how long until the next one is (capped at 0.5 s)."""
+        now = time.monotonic()
+        for held in self.held.jobs():
+            if held.next_renew <= now:
+                self.renew(held)
+        return until_next(self.held, now)
+
+    def renew(self, held: Held) -> None:
+        if not self.held.begin_renewal(held):
+            return  # settled (its outcome is being recorded), or lost
+        lost = False
+        try:
+            lost = renewed(held, self.client.renew(held.job.id, held.job.attempt, lease=self.lease),
+                           self.clock, self.lease)
+        except PgqError as exc:
+            renewal_failed(held, exc)
+        finally:
+            self.held.end_renewal(held, lost=lost)
+
+    def _loop(self) -> None:
+        while not self._stopped.is_set() and not self.flags.hard_stop.is_set():
+            self._stopped.wait(self.renew_due())
