@@ -214,3 +214,32 @@ def test_the_pooled_switch_of_the_worker() -> None:
     assert Worker(["q"], pooled=True, poll_interval=2.0).poll_interval == 2.0
     plain = Worker(["q"])
     assert (plain.pooled, plain.listen, plain.poll_interval) == (False, True, 1.0)
+
+
+@pytest.mark.parametrize("runtime", ["Worker", "AsyncWorker"])
+def test_a_pooled_worker_drains_through_transaction_pooling_in_process(through: tuple[str, str], runtime: str) -> None:
+    """Worker(pooled=True) and AsyncWorker(pooled=True), run in-process by the test kit's drain,
+    through PgBouncer in transaction mode: every job done, by polling (no LISTEN)."""
+    import asyncio
+
+    from pgq_thin import AsyncWorker, Worker
+    from pgq_thin.testing import adrain, drain
+
+    dsn, direct = through
+    cls = Worker if runtime == "Worker" else AsyncWorker
+    worker = cls(["q"], concurrency=2, pooled=True, prefetch=0)
+    assert (worker.listen, worker.pooled) == (False, True)
+    seen: list[int] = []
+
+    @worker.handler("k")
+    def handle(job, ctx):  # type: ignore[no-untyped-def]
+        seen.append(job.payload["n"])
+        return {"n": job.payload["n"]} if job.payload["n"] % 2 else None
+
+    with psycopg.connect(direct, autocommit=True) as conn:
+        ids = [r[0] for r in conn.execute(
+            "SELECT id FROM pgq.enqueue_many('q', 'k', ARRAY(SELECT jsonb_build_object('n', n)"
+            " FROM generate_series(1, 30) AS n)) AS t(id)")]
+    result = drain(worker, dsn) if runtime == "Worker" else asyncio.run(adrain(worker, dsn))
+    assert result.outcomes == {i: "done" for i in ids}
+    assert sorted(seen) == list(range(1, 31))
