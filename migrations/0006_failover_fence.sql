@@ -7,7 +7,9 @@
 -- (two live owners with one token). Now the first claim on a new timeline (detected from the
 -- current WAL file's name) moves every unfinished job's next attempt past anything the old
 -- primary could have issued, with no operator step; see pgq._check_timeline and docs/ha.md.
--- pgq.fail's backoff counts attempts without the numbers a fence move skipped (attempt_offset).
+-- The backoff (pgq.fail, and a timed-out attempt in pgq._recover_expired) counts attempts
+-- without the numbers a fence move skipped (attempt_offset).
+-- pgq.claim, pgq.fail and pgq._recover_expired are 0004's with those changes.
 -- sql/schema.sql holds the same definitions (tests/test_schema_matches_migrations.py).
 
 ALTER TABLE pgq.jobs
@@ -118,6 +120,47 @@ END
 $$;
 REVOKE EXECUTE ON FUNCTION pgq._timeline(), pgq._fence_step(), pgq._check_timeline() FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION pgq._recover_expired(max_jobs integer)
+    RETURNS TABLE (queue text, recovered bigint)
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan
+    AS $$
+BEGIN
+    RETURN QUERY
+    WITH expired AS (
+        SELECT j.id, j.attempt
+        FROM pgq.jobs AS j
+        WHERE j.state = 'running' AND j.lease_until < pgq._now()
+        ORDER BY j.lease_until
+        LIMIT _recover_expired.max_jobs
+        FOR NO KEY UPDATE SKIP LOCKED
+    ), recovered AS (
+        UPDATE pgq.jobs AS j
+        SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'pending' END::pgq.job_state,
+            lease_until = NULL,
+            finished_at = CASE WHEN j.attempt >= j.max_attempts THEN pgq._now() END,
+            run_at = CASE WHEN j.lease_until >= j.deadline AND j.attempt < j.max_attempts
+                          THEN pgq._now() + pgq._backoff(j.attempt - j.attempt_offset, q.backoff_base, q.backoff_cap)
+                          ELSE j.run_at END,
+            last_event = CASE WHEN j.lease_until >= j.deadline THEN 'timed_out' ELSE 'lease_expired' END,
+            last_error = CASE WHEN j.lease_until >= j.deadline
+                              THEN format('timed out after %s', j.deadline - j.claimed_at)
+                              ELSE format('lease expired at %s (attempt %s, worker %s)',
+                                          j.lease_until, j.attempt, j.claimed_by) END
+        FROM expired AS e, pgq.queues AS q
+        WHERE j.id = e.id AND j.state = 'running' AND j.attempt = e.attempt AND q.name = j.queue
+        RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.state, j.last_event, j.last_error, q.audit
+    ), events AS (
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+        SELECT r.id, r.attempt, r.claimed_by, r.last_event, 'running', r.state,
+               CASE WHEN r.last_event = 'timed_out' THEN r.last_error ELSE 'recovered' END
+        FROM recovered AS r
+        WHERE r.audit
+    )
+    SELECT r.queue, count(*) FROM recovered AS r GROUP BY r.queue;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, batch integer DEFAULT 1,
                           lease interval DEFAULT NULL)
     RETURNS SETOF pgq.claimed_job
@@ -136,6 +179,8 @@ DECLARE
     fair_ids bigint[] := '{}';
     capped   boolean;    -- whether any of them has max_running
     expired  boolean;    -- whether any lease has expired
+    due      boolean;    -- whether one of them has a schedule due
+    due_queues text[];   -- then: the eligible queues, whose due schedules fire
 BEGIN
     IF claim.worker IS NULL THEN
         PERFORM pgq._bad_argument('worker', 'must not be NULL');
@@ -172,11 +217,14 @@ BEGIN
         PERFORM pgq._check_timeline();
     END IF;
 
-    -- One statement reads the eligible queues and probes for expired leases (one index probe).
+    -- One statement reads the eligible queues (and whether one of them has a schedule due: a
+    -- column of the rows read anyway, and bool_or, which allocates nothing, unlike array_agg) and
+    -- probes for expired leases (one index probe).
     SELECT array_agg(q.name ORDER BY q.name), array_agg(q.fair ORDER BY q.name),
            coalesce(bool_or(q.max_running > 0), false),
-           EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now())
-    INTO names, fairs, capped, expired
+           EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
+           coalesce(bool_or(q.next_schedule_at <= pgq._now()), false)
+    INTO names, fairs, capped, expired, due
     FROM pgq.queues AS q
     WHERE NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues));
 
@@ -186,6 +234,9 @@ BEGIN
     END IF;
     IF names IS NULL THEN
         RETURN;  -- no eligible queue
+    END IF;
+    IF due THEN
+        due_queues := names;  -- before the capped queues' rooms narrow names down
     END IF;
 
     IF NOT capped THEN
@@ -220,6 +271,15 @@ BEGIN
             WHERE NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues))
         ) AS e
         WHERE e.room > 0;
+    END IF;
+
+    -- Then the due schedules of these queues fire (at most 10 per claim; a sweep fires the rest),
+    -- after the capped queues are locked: the firing only ever skips locked queue rows, so a
+    -- claim waits for queue locks in name order alone. Under REPEATABLE READ a claim leaves them
+    -- to READ COMMITTED claims and sweeps: its snapshot could make a concurrent firing a
+    -- serialization failure of the claim.
+    IF due AND current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM pgq._fire_schedules(10, due_queues);
     END IF;
 
     IF true = ANY (fairs) THEN
@@ -261,7 +321,9 @@ BEGIN
             max_attempts = j.max_attempts + j.attempt_skip,
             attempt_offset = j.attempt_offset + j.attempt_skip,
             attempt_skip = 0,
-            lease_until = pgq._now() + coalesce(claim.lease, q.lease),
+            lease_until = least(pgq._now() + coalesce(claim.lease, q.lease),
+                                pgq._now() + coalesce(j.max_run_time, q.max_run_time)),
+            deadline = pgq._now() + coalesce(j.max_run_time, q.max_run_time),
             claimed_by = claim.worker,
             claimed_at = pgq._now(),
             last_event = 'claimed'
@@ -271,14 +333,14 @@ BEGIN
         -- enqueued and not yet pruned) on every claim.
         WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p)) AND q.name = j.queue
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
-                  j.run_at, j.created_at, j.lease_until, j.tenant, q.audit
+                  j.run_at, j.created_at, j.lease_until, j.tenant, j.progress, j.deadline, q.audit
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, claim.worker, 'claimed', 'pending', 'running'
         FROM claimed AS c WHERE c.audit
     )
     SELECT c.id, c.queue, c.kind, c.payload, c.priority, c.attempt, c.max_attempts,
-           c.run_at, c.created_at, c.lease_until, c.tenant
+           c.run_at, c.created_at, c.lease_until, c.tenant, c.progress, c.deadline
     FROM claimed AS c
     ORDER BY c.priority DESC, c.run_at, c.id;
 END

@@ -11,7 +11,16 @@ from pgq_thin.errors import (
     WrongState,
 )
 from pgq_thin.migrate import migrate
-from pgq_thin.models import HealthFinding, Job, JobEvent, JobRecord, QueueSettings, QueueStats, TenantSettings
+from pgq_thin.models import (
+    HealthFinding,
+    Job,
+    JobEvent,
+    JobRecord,
+    QueueSettings,
+    QueueStats,
+    Schedule,
+    TenantSettings,
+)
 from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Retry, Snooze, Worker
 
 __all__ = [
@@ -33,6 +42,7 @@ __all__ = [
     "QueueSettings",
     "QueueStats",
     "Retry",
+    "Schedule",
     "Snooze",
     "Worker",
     "WrongState",

@@ -24,6 +24,7 @@ from pgq_thin.models import (
     JobRecord,
     QueueSettings,
     QueueStats,
+    Schedule,
     TenantSettings,
     record,
 )
@@ -94,10 +95,12 @@ def enqueue(
     max_attempts: int | None = None,
     unique_key: str | None = None,
     tenant: str | None = None,
+    max_run_time: Interval | None = None,
     conn: CallerConnection | None = None,
 ) -> Call[int]:
     """pgq.enqueue: add one job, now or at ``run_at``; returns its id. With ``conn``, the job
-    is part of that connection's current transaction."""
+    is part of that connection's current transaction. ``max_run_time`` caps each attempt
+    (default: the queue's)."""
 
     def read(rows: list[Any]) -> int:
         job_id = int(rows[0][0])
@@ -107,7 +110,7 @@ def enqueue(
     return Call(queries.ENQUEUE, {
         "queue": queue, "kind": kind, "payload": Jsonb({} if payload is None else payload),
         "run_at": run_at, "priority": priority, "max_attempts": max_attempts,
-        "unique_key": unique_key, "tenant": tenant,
+        "unique_key": unique_key, "tenant": tenant, "max_run_time": _interval(max_run_time),
     }, read, conn=conn)
 
 
@@ -120,12 +123,14 @@ def enqueue_many(
     priority: int = 0,
     max_attempts: int | None = None,
     tenant: str | None = None,
+    max_run_time: Interval | None = None,
     conn: CallerConnection | None = None,
 ) -> Call[list[int]]:
     """pgq.enqueue_many: add one job per payload in one statement; ids in payload order."""
     return Call(queries.ENQUEUE_MANY, {
         "queue": queue, "kind": kind, "payloads": [Jsonb(p) for p in payloads],
         "run_at": run_at, "priority": priority, "max_attempts": max_attempts, "tenant": tenant,
+        "max_run_time": _interval(max_run_time),
     }, _ids, conn=conn)
 
 
@@ -183,8 +188,15 @@ def mark_unknown(job_id: int, attempt: int, note: str) -> Call[bool]:
     return Call(queries.MARK_UNKNOWN, {"id": job_id, "attempt": attempt, "note": note}, _flag)
 
 
+def progress(job_id: int, attempt: int, progress: dict[str, Any]) -> Call[bool]:
+    """pgq.progress: store our attempt's checkpoint (the next attempt gets it as
+    ``Job.progress``); False when the job is no longer ours."""
+    return Call(queries.PROGRESS, {"id": job_id, "attempt": attempt, "progress": Jsonb(progress)}, _flag)
+
+
 def sweep(max_jobs: int = 1000) -> Call[int]:
-    """pgq.sweep: recover jobs whose lease expired; returns how many."""
+    """pgq.sweep: recover jobs whose lease expired or whose attempt timed out (returns how
+    many), and fire due schedules."""
     return Call(queries.SWEEP, {"max_jobs": max_jobs}, _count)
 
 
@@ -233,13 +245,15 @@ def configure_queue(
     audit: bool | None = None,
     fair: bool | None = None,
     max_running: int | None = None,
+    max_run_time: Interval | None = None,
 ) -> Call[QueueSettings]:
-    """pgq.configure_queue: change the given settings (None leaves one unchanged)."""
+    """pgq.configure_queue: change the given settings (None leaves one unchanged;
+    ``max_run_time=0`` removes the limit)."""
     return Call(queries.CONFIGURE_QUEUE, {
         "queue": queue, "lease": _interval(lease), "max_attempts": max_attempts,
         "backoff_base": _interval(backoff_base), "backoff_cap": _interval(backoff_cap),
         "retention": _interval(retention), "notify": notify, "audit": audit,
-        "fair": fair, "max_running": max_running,
+        "fair": fair, "max_running": max_running, "max_run_time": _interval(max_run_time),
     }, _settings, rows=dict_row)
 
 
@@ -247,6 +261,44 @@ def set_tenant_weight(queue: str, tenant: str, weight: int) -> Call[TenantSettin
     """pgq.set_tenant_weight: a tenant of a fair queue gets `weight` turns per round."""
     return Call(queries.SET_TENANT_WEIGHT, {"queue": queue, "tenant": tenant, "weight": weight},
                 lambda rows: record(TenantSettings, rows[0]), rows=dict_row)
+
+
+# Schedules ----------------------------------------------------------------------------------------
+
+
+def schedule(
+    name: str,
+    queue: str,
+    kind: str,
+    *,
+    cron: str | None = None,
+    every: Interval | None = None,
+    payload: dict[str, Any] | None = None,
+    timezone: str = "UTC",
+    priority: int = 0,
+    max_attempts: int | None = None,
+    tenant: str | None = None,
+    skip_if_running: bool = False,
+    enabled: bool = True,
+) -> Call[Schedule]:
+    """pgq.schedule: create or replace the schedule ``name`` (exactly one of ``cron`` and
+    ``every``); returns it, with its next_run_at. Claims and sweeps fire it."""
+    return Call(queries.SCHEDULE, {
+        "name": name, "queue": queue, "kind": kind, "cron": cron, "every": _interval(every),
+        "payload": Jsonb({} if payload is None else payload), "timezone": timezone,
+        "priority": priority, "max_attempts": max_attempts, "tenant": tenant,
+        "skip_if_running": skip_if_running, "enabled": enabled,
+    }, lambda rows: record(Schedule, rows[0]), rows=dict_row)
+
+
+def unschedule(name: str) -> Call[bool]:
+    """pgq.unschedule: delete the schedule (its jobs stay); False when there was none."""
+    return Call(queries.UNSCHEDULE, {"name": name}, _flag)
+
+
+def schedules() -> Call[list[Schedule]]:
+    """pgq.schedules: every schedule, by name."""
+    return Call(queries.SCHEDULES, {}, lambda rows: [record(Schedule, r) for r in rows], rows=dict_row)
 
 
 # Observe ------------------------------------------------------------------------------------------
@@ -342,6 +394,7 @@ class PgqCalls:
     release = Method(release)
     snooze = Method(snooze)
     mark_unknown = Method(mark_unknown)
+    progress = Method(progress)
     sweep = Method(sweep)
     cancel = Method(cancel)
     retry = Method(retry)
@@ -351,6 +404,9 @@ class PgqCalls:
     resume = Method(resume)
     configure_queue = Method(configure_queue)
     set_tenant_weight = Method(set_tenant_weight)
+    schedule = Method(schedule)
+    unschedule = Method(unschedule)
+    schedules = Method(schedules)
     stats = Method(stats)
     health = Method(health)
     get_job = Method(get_job)

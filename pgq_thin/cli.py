@@ -90,16 +90,21 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_enqueue(args: argparse.Namespace) -> int:
-    raw = sys.stdin.read() if args.payload == "-" else args.payload
+def _payload(text: str) -> Any:
+    raw = sys.stdin.read() if text == "-" else text
     try:
-        payload = json.loads(raw) if raw.strip() else {}
+        return json.loads(raw) if raw.strip() else {}
     except json.JSONDecodeError as exc:
         raise PgqError(f"payload is not valid JSON: {exc}") from None
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    payload = _payload(args.payload)
     with _client(args) as client:
         job_id = client.enqueue(args.queue, args.kind, payload, run_at=args.run_at,
                                 priority=args.priority, max_attempts=args.max_attempts,
-                                unique_key=args.unique_key, tenant=args.tenant)
+                                unique_key=args.unique_key, tenant=args.tenant,
+                                max_run_time=args.max_run_time)
     print(job_id)
     return 0
 
@@ -166,7 +171,42 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        print(f"recovered {client.sweep(args.max_jobs)} job(s) with an expired lease")
+        print(f"recovered {client.sweep(args.max_jobs)} job(s) with an expired lease or a timed-out attempt; "
+              "fired the due schedules")
+    return 0
+
+
+def _when(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def cmd_schedule_add(args: argparse.Namespace) -> int:
+    payload = _payload(args.payload)
+    with _client(args) as client:
+        s = client.schedule(args.name, args.queue, args.kind, cron=args.cron, every=args.every,
+                            payload=payload, timezone=args.timezone, priority=args.priority,
+                            max_attempts=args.max_attempts, tenant=args.tenant,
+                            skip_if_running=args.skip_if_running, enabled=not args.disabled)
+    print(f"schedule {s.name}: next run at {_when(s.next_run_at)}")
+    return 0
+
+
+def cmd_schedule_list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        rows = client.schedules()
+    headers = ["name", "queue", "kind", "when", "timezone", "enabled", "next run", "last run", "last job", "skipped"]
+    print(_table(headers, [[s.name, s.queue, s.kind, s.cron if s.cron is not None else f"every {_fmt(s.every)}",
+                            s.timezone, "yes" if s.enabled else "no", _when(s.next_run_at),
+                            _when(s.last_run_at), s.last_job_id, s.skipped] for s in rows])
+          if rows else "no schedules")
+    return 0
+
+
+def cmd_schedule_rm(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if not client.unschedule(args.name):
+            raise PgqError(f"no schedule named {args.name!r}")
+    print(f"schedule {args.name}: removed")
     return 0
 
 
@@ -311,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=int)
     p.add_argument("--unique-key")
     p.add_argument("--tenant")
+    p.add_argument("--max-run-time", type=duration, help="cap each attempt (e.g. 10m); default: the queue's")
 
     p = command("worker", cmd_worker, "run a worker until SIGTERM/SIGINT")
     p.add_argument("--app", required=True, help="module:attribute of a pgq_thin Worker or AsyncWorker")
@@ -328,8 +369,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
                    help="refresh every SECONDS (default 2) and show throughput")
 
-    p = command("sweep", cmd_sweep, "recover jobs whose lease expired")
+    p = command("sweep", cmd_sweep, "recover jobs whose lease expired or timed out, and fire due schedules")
     p.add_argument("--max-jobs", type=int, default=1000)
+
+    p = sub.add_parser("schedule", help="periodic jobs: add, list, rm", description="periodic jobs (pgq.schedule)")
+    schedule_sub = p.add_subparsers(dest="schedule_command", required=True, metavar="ACTION")
+
+    def schedule_command(name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
+        sp = schedule_sub.add_parser(name, help=help_text, description=help_text)
+        sp.add_argument("--dsn", help="database URL (default: $PGQ_DSN, then $DATABASE_URL)")
+        sp.set_defaults(func=func)
+        return sp
+
+    sp = schedule_command("add", cmd_schedule_add, "create or replace a schedule; prints its next run")
+    sp.add_argument("name")
+    sp.add_argument("queue")
+    sp.add_argument("kind")
+    when = sp.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", metavar="EXPR", help="a 5-field cron expression or @hourly, @daily, ...")
+    when.add_argument("--every", type=duration, help="an interval: fires at the multiples of it since "
+                      "the epoch (e.g. 30s, 5m, 1h)")
+    sp.add_argument("--payload", default="{}", help="a JSON object, or - to read it from stdin")
+    sp.add_argument("--timezone", default="UTC", help="the time zone the cron expression is read in (default UTC)")
+    sp.add_argument("--priority", type=int, default=0)
+    sp.add_argument("--max-attempts", type=int)
+    sp.add_argument("--tenant")
+    sp.add_argument("--skip-if-running", action="store_true",
+                    help="skip an occurrence while the schedule's last job is pending or running")
+    sp.add_argument("--disabled", action="store_true", help="create it disabled")
+    schedule_command("list", cmd_schedule_list, "every schedule and its next run")
+    sp = schedule_command("rm", cmd_schedule_rm, "delete a schedule (its jobs stay)")
+    sp.add_argument("name")
 
     p = command("prune", cmd_prune, "delete finished jobs older than a duration (default: each queue's retention)")
     p.add_argument("--older-than", type=duration, help="e.g. 7d, 12h; default: the queue's retention")

@@ -24,6 +24,10 @@ class Job:
     created_at: datetime
     lease_until: datetime
     tenant: str | None
+    #: The checkpoint an earlier attempt stored with pgq.progress (None: none yet).
+    progress: dict[str, Any] | None = None
+    #: This attempt's deadline (claimed_at + max_run_time) by the database clock; None: no limit.
+    deadline: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,9 @@ class QueueSettings:
     fair: bool
     max_running: int
     created_at: datetime
+    max_run_time: timedelta | None = None
+    #: The earliest next_run_at of the queue's enabled schedules (None: none).
+    next_schedule_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,10 @@ class JobRecord:
     unique_key: str | None
     tenant: str | None
     last_event: str
+    max_run_time: timedelta | None = None
+    deadline: datetime | None = None
+    progress: dict[str, Any] | None = None
+    schedule: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,30 @@ class JobEvent:
     to_state: str | None
     at: datetime
     note: str | None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A row of pgq.schedules: a periodic job and when it runs next."""
+
+    name: str
+    queue: str
+    kind: str
+    cron: str | None
+    every: timedelta | None
+    payload: dict[str, Any]
+    timezone: str
+    priority: int
+    max_attempts: int | None
+    tenant: str | None
+    skip_if_running: bool
+    enabled: bool
+    next_run_at: datetime
+    last_run_at: datetime | None
+    last_job_id: int | None
+    last_skipped_at: datetime | None
+    skipped: int
+    created_at: datetime
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ ENQUEUE = (
     "SELECT pgq.enqueue(queue => %(queue)s::text, kind => %(kind)s::text,"
     " payload => %(payload)s::jsonb, run_at => coalesce(%(run_at)s::timestamptz, now()),"
     " priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,"
-    " unique_key => %(unique_key)s::text, tenant => %(tenant)s::text)"
+    " unique_key => %(unique_key)s::text, tenant => %(tenant)s::text,"
+    " max_run_time => %(max_run_time)s::interval)"
 )
 
 #: Add one job per payload in one INSERT; returns the ids in payload order. The payloads go in
@@ -20,7 +21,7 @@ ENQUEUE_MANY = (
     "SELECT id FROM pgq.enqueue_many(queue => %(queue)s::text, kind => %(kind)s::text,"
     " payloads => %(payloads)b::jsonb[], run_at => coalesce(%(run_at)s::timestamptz, now()),"
     " priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,"
-    " tenant => %(tenant)s::text) AS t(id)"
+    " tenant => %(tenant)s::text, max_run_time => %(max_run_time)s::interval) AS t(id)"
 )
 
 # Workers -----------------------------------------------------------------------------------------
@@ -28,7 +29,7 @@ ENQUEUE_MANY = (
 #: Claim up to batch due jobs; each row carries its fencing token (attempt).
 CLAIM = (
     "SELECT id, queue, kind, payload, priority, attempt, max_attempts, run_at, created_at,"
-    " lease_until, tenant"
+    " lease_until, tenant, progress, deadline"
     " FROM pgq.claim(worker => %(worker)s::text, queues => %(queues)s::text[],"
     " batch => %(batch)s::integer, lease => %(lease)s::interval)"
 )
@@ -59,7 +60,11 @@ SNOOZE = "SELECT pgq.snooze(id => %(id)s::bigint, attempt => %(attempt)s::intege
 #: Park our attempt as outcome_unknown.
 MARK_UNKNOWN = "SELECT pgq.mark_unknown(id => %(id)s::bigint, attempt => %(attempt)s::integer, note => %(note)s::text)"
 
-#: Recover running jobs whose lease expired; returns how many.
+#: Store our attempt's checkpoint (kept across retries); false when the job is no longer ours.
+PROGRESS = "SELECT pgq.progress(id => %(id)s::bigint, attempt => %(attempt)s::integer, progress => %(progress)s::jsonb)"
+
+#: Recover running jobs whose lease expired or whose attempt timed out (returns how many), and
+#: fire due schedules.
 SWEEP = "SELECT pgq.sweep(max_jobs => %(max_jobs)s::integer)"
 
 # Admin -------------------------------------------------------------------------------------------
@@ -75,12 +80,24 @@ CONFIGURE_QUEUE = (
     " max_attempts => %(max_attempts)s::integer, backoff_base => %(backoff_base)s::interval,"
     " backoff_cap => %(backoff_cap)s::interval, retention => %(retention)s::interval,"
     " notify => %(notify)s::boolean, audit => %(audit)s::boolean, fair => %(fair)s::boolean,"
-    " max_running => %(max_running)s::integer)"
+    " max_running => %(max_running)s::integer, max_run_time => %(max_run_time)s::interval)"
 )
 SET_TENANT_WEIGHT = (
     "SELECT * FROM pgq.set_tenant_weight(queue => %(queue)s::text, tenant => %(tenant)s::text,"
     " weight => %(weight)s::integer)"
 )
+
+# Schedules ---------------------------------------------------------------------------------------
+
+SCHEDULE = (
+    "SELECT * FROM pgq.schedule(name => %(name)s::text, queue => %(queue)s::text, kind => %(kind)s::text,"
+    " cron => %(cron)s::text, every => %(every)s::interval, payload => %(payload)s::jsonb,"
+    " timezone => %(timezone)s::text, priority => %(priority)s::integer,"
+    " max_attempts => %(max_attempts)s::integer, tenant => %(tenant)s::text,"
+    " skip_if_running => %(skip_if_running)s::boolean, enabled => %(enabled)s::boolean)"
+)
+UNSCHEDULE = "SELECT pgq.unschedule(name => %(name)s::text)"
+SCHEDULES = "SELECT * FROM pgq.schedules()"
 
 # Observe -----------------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg
@@ -142,3 +143,26 @@ def test_worker_command_runs_an_async_app_until_sigterm_and_refuses_what_is_not_
     assert not_a_worker.returncode == 1
     assert not_a_worker.stderr == ("pgq-thin: error: --app must name a pgq_thin Worker or AsyncWorker; "
                                    "'pgq_thin.queries:CLAIM' is a str\n")
+
+
+def test_schedule_add_list_rm(dsn: str, conn: psycopg.Connection) -> None:
+    added = pgq("schedule", "add", "hourly-report", "reports", "build", "--every", "1h",
+                "--payload", '{"r": 1}', "--skip-if-running", dsn=dsn)
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.startswith("schedule hourly-report: next run at ")
+    row = conn.execute("SELECT queue, kind, every, payload, skip_if_running FROM pgq.schedules").fetchone()
+    assert row == ("reports", "build", timedelta(hours=1), {"r": 1}, True)
+    listed = pgq("schedule", "list", dsn=dsn)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split()[:4] == ["name", "queue", "kind", "when"]
+    assert lines[2].split()[:5] == ["hourly-report", "reports", "build", "every", "3600.0s"]
+    neither = pgq("schedule", "add", "x", "q", "k", dsn=dsn)
+    assert neither.returncode == 2 and "one of the arguments --cron --every is required" in neither.stderr
+    bad = pgq("schedule", "add", "x", "q", "k", "--every", "0.5s", dsn=dsn)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and 'argument "every"' in bad.stderr
+    removed = pgq("schedule", "rm", "hourly-report", dsn=dsn)
+    assert removed.returncode == 0 and "removed" in removed.stdout
+    again = pgq("schedule", "rm", "hourly-report", dsn=dsn)
+    assert again.returncode == 1 and "no schedule named 'hourly-report'" in again.stderr
+    assert pgq("schedule", "list", dsn=dsn).stdout.strip() == "no schedules"

@@ -214,3 +214,48 @@ def test_the_client_says_nothing_about_an_up_to_date_schema(dsn: str, caplog: py
     with caplog.at_level(logging.WARNING, logger="pgq_thin"), Client(dsn) as client:
         client.stats()
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_schedules_timeouts_and_progress_from_python(client: Client, conn: psycopg.Connection) -> None:
+    from pgq_thin import Schedule
+
+    s = client.schedule("nightly", "reports", "build", every=timedelta(hours=1), payload={"r": 1},
+                        skip_if_running=True)
+    assert isinstance(s, Schedule)
+    assert (s.name, s.queue, s.kind, s.every, s.cron, s.payload, s.skip_if_running) == (
+        "nightly", "reports", "build", timedelta(hours=1), None, {"r": 1}, True)
+    assert s.next_run_at.minute == 0 and s.next_run_at.second == 0 and s.next_run_at > datetime.now(timezone.utc)
+    assert [x.name for x in client.schedules()] == ["nightly"]
+    # Fire it by moving next_run_at into the past (as superuser): the next sweep enqueues one job.
+    conn.execute("UPDATE pgq.schedules SET next_run_at = next_run_at - interval '1 hour'")
+    client.sweep()
+    (fired,) = client.schedules()
+    assert fired.last_job_id is not None and fired.next_run_at == s.next_run_at
+    assert client.get_job(fired.last_job_id).schedule == "nightly"
+    with pytest.raises(InvalidArgument) as info:
+        client.schedule("bad", "q", "k", every=0.5)
+    assert info.value.sqlstate == "22023" and 'argument "every"' in str(info.value)
+    assert client.unschedule("nightly") is True and client.unschedule("nightly") is False
+
+    settings = client.configure_queue("reports", max_run_time=timedelta(minutes=5))
+    assert settings.max_run_time == timedelta(minutes=5)
+    assert settings.next_schedule_at is None  # its one schedule was removed above
+    other = client.enqueue("reports", "build", max_run_time=2)
+    many = client.enqueue_many("reports", "build", [{}], max_run_time=timedelta(seconds=3))
+    jobs = {j.id: j for j in client.claim("w", ["reports"], batch=3, lease=60)}
+    assert set(jobs) == {fired.last_job_id, other, *many}
+    assert jobs[other].deadline is not None
+    assert (jobs[other].deadline - jobs[other].lease_until) == timedelta(0)
+    assert jobs[fired.last_job_id].deadline - jobs[fired.last_job_id].lease_until == timedelta(minutes=4)
+    assert client.get_job(other).max_run_time == timedelta(seconds=2)
+    assert client.configure_queue("reports", max_run_time=0).max_run_time is None
+
+    j = jobs[many[0]]
+    assert j.progress is None
+    assert client.progress(j.id, j.attempt, {"done": 10}) is True
+    assert client.progress(j.id, j.attempt + 1, {"done": 11}) is False
+    assert client.get_job(j.id).progress == {"done": 10}
+    assert client.fail(j.id, j.attempt, "boom", retry_in=0.001) == "pending"
+    conn.execute("UPDATE pgq.jobs SET run_at = now() - interval '1 second' WHERE id = %s", (j.id,))
+    (again,) = client.claim("w", ["reports"])
+    assert (again.id, again.attempt, again.progress) == (j.id, 2, {"done": 10})

@@ -153,8 +153,9 @@ def owner_dsn(pg_server, admin_dsn: str) -> Iterator[str]:
 MIGRATION_SHA256 = {
     "0001_initial.sql": "6bb00e304d042f1795350dea4b6330bb8d0c6e9ed117ae428b19c3875c6b0966",
     "0002_cheaper_name_checks.sql": "e40c5560da4a1f1fc81c02d33afe62c74fd7cd7dd5a755a70b522b160fd0086c",
+    "0004_schedules_timeouts_progress.sql": "1cfe0f5fe1f53dd95502dd4c34f8d6ff4bbd80c7137e0e9876c2bb5a461d6726",
     "0005_version.sql": "6fabb054b17a18a925555afe60edb2a640bb73da8cbb43017d8d76c7b84da496",
-    "0006_failover_fence.sql": "574d0ab4561e4df75a8a414089fa2a3563a12c2eb810f767ad9777e28545224e",
+    "0006_failover_fence.sql": "fbe4b92b4c50725c6898e2eb78f31bc85806a510c3e00364bf2d3274512a38c6",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 

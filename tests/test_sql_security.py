@@ -32,6 +32,7 @@ API: dict[str, tuple[str, set[str]]] = {
     "release": ("SELECT pgq.release(1, 1)", WORKER),
     "snooze": ("SELECT pgq.snooze(1, 1, '1 minute')", WORKER),
     "mark_unknown": ("SELECT pgq.mark_unknown(1, 1, 'n')", WORKER),
+    "progress": ("SELECT pgq.progress(1, 1, '{}')", WORKER),
     "sweep": ("SELECT pgq.sweep()", WORKER),
     "cancel": ("SELECT pgq.cancel(1)", ADMIN),
     "retry": ("SELECT pgq.retry(1)", ADMIN),
@@ -43,9 +44,14 @@ API: dict[str, tuple[str, set[str]]] = {
     "stats": ("SELECT * FROM pgq.stats()", MONITOR),
     "health": ("SELECT * FROM pgq.health()", MONITOR),
     "set_tenant_weight": ("SELECT pgq.set_tenant_weight('q', 't', 2)", ADMIN),
+    "schedule": ("SELECT pgq.schedule('s', 'q', 'k', every => '1 hour')", ADMIN),
+    "unschedule": ("SELECT pgq.unschedule('s')", ADMIN),
+    "schedules": ("SELECT * FROM pgq.schedules()", MONITOR),
     "get_job": ("SELECT * FROM pgq.get_job(1)", MONITOR),
     "job_history": ("SELECT * FROM pgq.job_history(1)", MONITOR),
     "version": ("SELECT pgq.version()", {"pgq_producer", "pgq_worker", "pgq_monitor", "pgq_admin"}),
+    "cron_next": ("SELECT pgq.cron_next('0 * * * *', now())",
+                  {"pgq_producer", "pgq_worker", "pgq_monitor", "pgq_admin"}),
 }
 TABLE_STATEMENTS = [
     "SELECT * FROM pgq.{t}",
@@ -55,7 +61,7 @@ TABLE_STATEMENTS = [
     "TRUNCATE pgq.{t}",
     "SELECT 1 FROM pgq.{t} FOR KEY SHARE",
 ]
-TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "tenant"}
+TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "tenant", "schedules": "name"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:
@@ -111,7 +117,8 @@ def test_each_role_may_call_exactly_its_functions_and_gets_42501_for_the_others(
 @pytest.mark.parametrize("role", ROLES)
 def test_no_role_may_call_an_internal_helper(roles, conn, connect, role):
     calls = internal_calls(conn)
-    assert {"_now", "_queue", "_reject", "_recover_expired", "_backoff", "_check_fence"} <= set(calls)
+    assert {"_now", "_queue", "_reject", "_recover_expired", "_backoff", "_check_fence",
+            "_next_fire", "_fire_schedules"} <= set(calls)
     c = connect(role=role)
     for name, sql in calls.items():
         assert sqlstate_of(c, sql) == "42501", f"{role} called pgq.{name}"
@@ -214,6 +221,7 @@ def scenario(c: psycopg.Connection, su: psycopg.Connection, queue: str) -> list[
     out.append(claimed())
     # The test's own SQL qualifies pg_catalog: the intruder's session resolves now() and = to its shadows.
     out.append(one(c, "SELECT pgq.renew(%s, 1) > pg_catalog.now()", (a,)))
+    out.append(one(c, "SELECT pgq.progress(%s, 1, '{\"step\": 1}')", (a,)))
     out.append(one(c, "SELECT pgq.complete(%s, 1, '{\"r\": 1}')", (a,)))
     out.append(one(c, "SELECT pgq.complete(%s, 1)", (a,)))
     out.append(one(c, "SELECT pgq.complete(%s, 2)", (a,)))
@@ -233,6 +241,22 @@ def scenario(c: psycopg.Connection, su: psycopg.Connection, queue: str) -> list[
     out.append(claimed())
     out.append(sorted(name[r[0]] for r in c.execute(
         "SELECT * FROM pgq.complete_many(%s, %s)", ([b, d], [2, 5]))))
+    out.append(c.execute("SELECT kind, every, next_run_at > pg_catalog.now() FROM pgq.schedule(%s, %s, 'k', "
+                         "every => '1 minute', payload => '{\"s\": 1}')", (queue, queue)).fetchone())
+    su.execute("UPDATE pgq.schedules SET next_run_at = next_run_at - interval '1 minute' WHERE name = %s", (queue,))
+    out.append(one(c, "SELECT pgq.sweep()"))
+    out.append([(x["kind"], x["payload"]) for x in claim(c, worker="w", queues=[queue], batch=3)])
+    out.append([(r[1], r[2]) for r in c.execute("SELECT name, kind, skipped FROM pgq.schedules()") if r[0] == queue])
+    out.append(one(c, "SELECT pgq.unschedule(%s)", (queue,)))
+    out.append(c.execute("SELECT max_run_time FROM pgq.configure_queue(%s, max_run_time => '1 hour')",
+                         (queue,)).fetchone())
+    t = one(c, "SELECT pgq.enqueue(%s, 'k', '{\"n\": 4}', max_run_time => '10 minutes')", (queue,))
+    (tc,) = claim(c, worker="w", queues=[queue], lease="1 hour")
+    out.append((tc["id"] == t, tc["deadline"] - tc["lease_until"]))
+    su.execute("UPDATE pgq.jobs SET lease_until = pg_catalog.now() - interval '1 second', "
+               "deadline = pg_catalog.now() - interval '1 second' WHERE id = %s", (t,))
+    out.append(one(c, "SELECT pgq.sweep()"))
+    out.append(c.execute("SELECT state::text, last_event FROM pgq.get_job(%s)", (t,)).fetchone())
     out.append(c.execute("SELECT paused FROM pgq.pause(%s)", (queue,)).fetchone())
     out.append(c.execute("SELECT paused FROM pgq.resume(%s)", (queue,)).fetchone())
     out.append(one(c, "SELECT pgq.prune(interval '1 day')"))
@@ -271,4 +295,6 @@ def test_a_role_shadowing_names_in_pg_temp_and_public_changes_no_result(roles, c
     # Sanity: the scenario did real work.
     assert clean[2] == [("a", 1, {"n": 1}, 1, 6), ("b", 1, {"n": 2}, 0, 6), ("d", 1, {"n": 3}, 0, 6)]
     assert ("a", "done", 1, 6, "completed", "", {"n": 1}, {"r": 1}) in clean
+    assert [("k", {"s": 1})] in clean  # the schedule fired, and its job was claimed
+    assert ("pending", "timed_out") in clean  # the attempt with max_run_time timed out
     assert ("d", "done", 5, 8, "completed", "lease expired at <time> (attempt 2, worker w)", {"n": 3}, None) in clean

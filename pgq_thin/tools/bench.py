@@ -193,7 +193,8 @@ def _prepare_database(dsn: str) -> None:
         conn.execute(RAW_SCHEMA)
         conn.execute(queries.CONFIGURE_QUEUE, {
             "queue": QUEUE, "lease": None, "max_attempts": None, "backoff_base": None, "backoff_cap": None,
-            "retention": None, "notify": True, "audit": True, "fair": False, "max_running": None})
+            "retention": None, "notify": True, "audit": True, "fair": False, "max_running": None,
+            "max_run_time": None})
 
 
 def _reset(conn: psycopg.Connection) -> None:
@@ -217,7 +218,7 @@ def _load_pgq(conn: psycopg.Connection, n: int, tenants: int = 0) -> None:
         for tenant, ids in groups:
             conn.execute(queries.ENQUEUE_MANY, {
                 "queue": QUEUE, "kind": "noop", "payloads": [Jsonb({"n": i}) for i in ids],
-                "run_at": None, "priority": 0, "max_attempts": None, "tenant": tenant})
+                "run_at": None, "priority": 0, "max_attempts": None, "tenant": tenant, "max_run_time": None})
     conn.execute("VACUUM ANALYZE pgq.jobs")
     conn.execute("VACUUM ANALYZE pgq.job_events")
 
@@ -428,7 +429,7 @@ def _concurrent_enqueues(dsn: str, producers: int, total: int) -> float:
             for n in range(each):
                 conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": n}),
                                                "run_at": None, "priority": 0, "max_attempts": None,
-                                               "unique_key": None, "tenant": None}, prepare=True)
+                                               "unique_key": None, "tenant": None, "max_run_time": None}, prepare=True)
 
     t = time.perf_counter()
     _run_threads(producers, work)
@@ -446,7 +447,7 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
             for _ in range(cfg.enqueue_jobs // 1000):
                 conn.execute(queries.ENQUEUE_MANY, {"queue": QUEUE, "kind": "noop", "payloads": payloads,
                                                     "run_at": None, "priority": 0, "max_attempts": None,
-                                                    "tenant": None}, prepare=True)
+                                                    "tenant": None, "max_run_time": None}, prepare=True)
             out["enqueue_many (1000 per call)"].append((cfg.enqueue_jobs // 1000) * 1000 / (time.perf_counter() - t))
             _reset(conn)
             t = time.perf_counter()
@@ -462,7 +463,8 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                     else:
                         conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}),
                                                        "run_at": None, "priority": 0, "max_attempts": None,
-                                                       "unique_key": None, "tenant": None}, prepare=True)
+                                                       "unique_key": None, "tenant": None, "max_run_time": None},
+                                       prepare=True)
                 out[label].append(cfg.single_enqueues / (time.perf_counter() - t))
             # TESTING.md 17: the commit-lock cost of NOTIFY. A transaction that notifies takes a
             # global lock at commit; with many producers committing one enqueue each, compare the
@@ -529,7 +531,8 @@ def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                     time.sleep(0.01)
                 warm = conn.execute(queries.ENQUEUE, {
                     "queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": -1}), "run_at": None, "priority": 0,
-                    "max_attempts": None, "unique_key": None, "tenant": None}).fetchone()[0]  # type: ignore[index]
+                    "max_attempts": None, "unique_key": None, "tenant": None,
+                    "max_run_time": None}).fetchone()[0]  # type: ignore[index]
                 while warm not in starts and time.monotonic() < deadline:
                     time.sleep(0.001)
                 for i in range(cfg.latency_samples):
@@ -537,7 +540,7 @@ def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                     time.sleep(mode["idle"] + rng.uniform(0, mode["spread"]))
                     job_id = conn.execute(queries.ENQUEUE, {
                         "queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}), "run_at": None, "priority": 0,
-                        "max_attempts": None, "unique_key": None, "tenant": None}).fetchone()[0]  # type: ignore[index]
+                        "max_attempts": None, "unique_key": None, "tenant": None, "max_run_time": None}).fetchone()[0]  # type: ignore[index]
                     committed[job_id] = time.time()  # autocommit: the COMMIT has returned
                     deadline = time.monotonic() + 5 + 2 * mode["poll_interval"]
                     while job_id not in starts and time.monotonic() < deadline:
@@ -648,7 +651,7 @@ def _churn(dsn: str, seconds: float, workers: int = 4, sample_every: float = 2.0
                 if pending < 2000:
                     conn.execute(queries.ENQUEUE_MANY, {"queue": QUEUE, "kind": "noop", "payloads": payloads,
                                                         "run_at": None, "priority": 0, "max_attempts": None,
-                                                        "tenant": None}, prepare=True)
+                                                        "tenant": None, "max_run_time": None}, prepare=True)
                 else:
                     time.sleep(0.005)
 
@@ -1000,3 +1003,161 @@ def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
     if print_table:
         print(table)
     return 0
+
+
+# A/B: claims on a queue without schedules or timeouts, before and after migration 0004 ----------
+
+#: The last migration before schedules, timeouts and progress (the "A" database stops there).
+AB_BEFORE = "0002_cheaper_name_checks"
+AB_AFTER = "0004_schedules_timeouts_progress"
+
+
+def _migrate_to(dsn: str, last: str) -> list[str]:
+    """Apply pgq's migrations up to and including ``last``; returns the ids applied."""
+    from yoyo import get_backend, read_migrations
+
+    from pgq_thin.migrate import migrations_dir, yoyo_url
+
+    backend = get_backend(yoyo_url(dsn))
+    try:
+        wanted = read_migrations(str(migrations_dir())).filter(lambda m: m.id <= last)
+        with backend.lock():
+            todo = backend.to_apply(wanted)
+            backend.apply_migrations(todo)
+        return [m.id for m in wanted]
+    finally:
+        backend.connection.close()
+
+
+def _ab_databases(server: Any) -> dict[str, str]:
+    """Databases ab_a (migrated to AB_BEFORE) and ab_b (to AB_AFTER) on ``server``: their DSNs."""
+    dsns = {}
+    for label, last in (("A", AB_BEFORE), ("B", AB_AFTER)):
+        with _connect(server.dsn_for("postgres")) as conn:
+            conn.execute(f"CREATE DATABASE ab_{label.lower()}")
+        dsns[label] = server.dsn_for(f"ab_{label.lower()}")
+        _migrate_to(dsns[label], last)
+    with _connect(dsns["A"]) as a, _connect(dsns["B"]) as b:
+        has_schedules = [c.execute("SELECT to_regclass('pgq.schedules') IS NOT NULL").fetchone()[0]  # type: ignore[index]
+                         for c in (a, b)]
+    if has_schedules != [False, True]:
+        raise RuntimeError(f"A/B databases are not at {AB_BEFORE} and {AB_AFTER}: {has_schedules}")
+    return dsns
+
+
+def _ab_drain(dsn: str, workers: int, n: int) -> float:
+    """Load n jobs into a plain queue, drain them with claim(batch 1) + complete from ``workers``
+    threads; jobs per second by the wall clock around the threads (connect and close included)."""
+    with _connect(dsn) as conn:
+        conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
+        conn.execute("SELECT pgq.enqueue_many(%s, 'noop', ARRAY(SELECT jsonb_build_object('n', g)"
+                     " FROM generate_series(1, %s) AS g))", (QUEUE, n))
+        conn.execute("VACUUM ANALYZE pgq.jobs")
+        conn.execute("VACUUM ANALYZE pgq.job_events")
+    claim = ("SELECT id, attempt FROM pgq.claim(worker => %(worker)s::text, queues => %(queues)s::text[],"
+             " batch => 1)")
+    complete = "SELECT pgq.complete(id => %(id)s::bigint, attempt => %(attempt)s::integer)"
+
+    def work(i: int) -> None:
+        with _connect(dsn) as conn:
+            params = {"worker": f"ab-{i}", "queues": [QUEUE]}
+            while True:
+                rows = conn.execute(claim, params, prepare=True).fetchall()
+                if not rows:
+                    return
+                conn.execute(complete, {"id": rows[0][0], "attempt": rows[0][1]}, prepare=True)
+
+    started = time.perf_counter()
+    _run_threads(workers, work)
+    elapsed = time.perf_counter() - started
+    with _connect(dsn) as conn:
+        done = conn.execute("SELECT count(*) FROM pgq.jobs WHERE state = 'done'").fetchone()[0]  # type: ignore[index]
+    if done != n:
+        raise RuntimeError(f"A/B drain: {done} jobs done, expected {n}")
+    return n / elapsed
+
+
+def schedules_timeouts_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 5,
+                          fsync: bool = True) -> dict[str, Any]:
+    """The claim+complete rate of a queue without schedules or timeouts on a database migrated to
+    AB_BEFORE (A) and one migrated to AB_AFTER (B), on one throwaway server, drained alternately
+    (A B, then B A, ...) so that both see the same machine; with fsync on or off. Returns the
+    rates, their medians and the ratio B/A of the medians."""
+    from pgq_thin.testing import server as embedded
+
+    settings = embedded.SERVER_SETTINGS if not fsync else embedded.SERVER_SETTINGS.replace(" -F ", " ")
+    server = embedded.start(postgres_args=settings)
+    try:
+        dsns = _ab_databases(server)
+        with _connect(dsns["A"]) as a:
+            fsync_setting = a.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
+            version = a.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        for dsn in dsns.values():  # warm-up, not counted
+            _ab_drain(dsn, workers, min(jobs, 500))
+        rates: dict[str, list[float]] = {"A": [], "B": []}
+        for r in range(repeats):
+            for label in (("A", "B") if r % 2 == 0 else ("B", "A")):
+                rates[label].append(_ab_drain(dsns[label], workers, jobs))
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        return {"server_version": version, "fsync": fsync_setting, "jobs": jobs, "workers": workers,
+                "repeats": repeats, "before": AB_BEFORE, "after": AB_AFTER, "rates": rates,
+                "median": med, "ratio_after_over_before": med["B"] / med["A"]}
+    finally:
+        server.stop()
+
+
+#: The claim and complete of _ab_drain, n times in one server-side loop (each pair committed, as
+#: in autocommit, but no round trips): what the functions themselves cost, with less noise than a
+#: drain from client threads.
+AB_SERVER_LOOP = """
+DO $$
+DECLARE r record;
+BEGIN
+    FOR i IN 1..%s LOOP
+        SELECT c.id, c.attempt INTO r FROM pgq.claim('ab', ARRAY['bench'], 1) AS c;
+        COMMIT;
+        PERFORM pgq.complete(r.id, r.attempt);
+        COMMIT;
+    END LOOP;
+END $$"""
+
+
+def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12) -> dict[str, Any]:
+    """The same A/B as schedules_timeouts_ab, timed inside the server: jobs claim+complete pairs
+    per DO loop (AB_SERVER_LOOP) on A (AB_BEFORE) and B (AB_AFTER), alternately; microseconds per
+    pair and the ratio B/A of the medians."""
+    from pgq_thin.testing import server as embedded
+
+    server = embedded.start()
+    try:
+        dsns = _ab_databases(server)
+        per_pair: dict[str, list[float]] = {"A": [], "B": []}
+        for r in range(repeats + 1):  # the first round warms up and is not counted
+            for label in (("A", "B") if r % 2 == 0 else ("B", "A")):
+                with _connect(dsns[label]) as conn:
+                    conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
+                    conn.execute("SELECT pgq.enqueue_many(%s, 'noop', array_fill('{}'::jsonb, ARRAY[%s]))",
+                                 (QUEUE, jobs))
+                    conn.execute("VACUUM ANALYZE pgq.jobs")
+                    started = time.perf_counter()
+                    conn.execute(AB_SERVER_LOOP % int(jobs))
+                    elapsed = time.perf_counter() - started
+                if r:
+                    per_pair[label].append(elapsed / jobs * 1e6)
+        med = {k: statistics.median(v) for k, v in per_pair.items()}
+        best = {k: min(v) for k, v in per_pair.items()}  # the least disturbed run, on a loaded machine
+        return {"jobs": jobs, "repeats": repeats, "before": AB_BEFORE, "after": AB_AFTER,
+                "us_per_claim_complete": per_pair, "median_us": med, "min_us": best,
+                "ratio_after_over_before": med["B"] / med["A"], "ratio_of_mins": best["B"] / best["A"]}
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":  # python -m pgq_thin.tools.bench [jobs workers repeats]: the A/B, fsync on and off
+    import sys
+
+    args = [int(x) for x in sys.argv[1:4]]
+    for on in (True, False):
+        result = schedules_timeouts_ab(**dict(zip(("jobs", "workers", "repeats"), args)), fsync=on)
+        print(json.dumps(result, indent=1))
+    print(json.dumps(schedules_timeouts_ab_server(), indent=1))

@@ -467,7 +467,8 @@ class AsyncClaimer:
         if self.flags.stopping.is_set():
             await self.owner.give_back(job, "claimed during shutdown, never started")
             return
-        ctx = JobContext(job=job, client=self.client, worker_name=self.name, shutting_down=self.flags.stopping)
+        ctx = JobContext(job=job, client=self.client, worker_name=self.name, shutting_down=self.flags.stopping,
+                         deadline_monotonic=self.clock.monotonic_of(job.deadline))
         self.slots.submit(self.held.hold(job, ctx, self.clock.lease_of(job, self.lease)))
 
     async def sweep(self) -> None:

@@ -134,7 +134,8 @@ class Claimer(ThreadPart):
         if self.flags.stopping.is_set():
             self.owner.give_back(job, "claimed during shutdown, never started")
             return
-        ctx = JobContext(job=job, client=self.client, worker_name=self.name, shutting_down=self.flags.stopping)
+        ctx = JobContext(job=job, client=self.client, worker_name=self.name, shutting_down=self.flags.stopping,
+                         deadline_monotonic=self.clock.monotonic_of(job.deadline))
         self.slots.submit(self.held.hold(job, ctx, self.clock.lease_of(job, self.lease)))
 
     def sweep(self) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
+import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from pgq_thin.models import Job
@@ -17,22 +20,31 @@ class JobContext:
     ``lease_lost`` is set when the job is no longer ours (a renewal was refused, or the worker gave
     the job back at shutdown): stop, since whatever the handler returns will be discarded.
     ``shutting_down`` is set when the worker stops claiming: finish soon, or be released after
-    shutdown_timeout. A long handler should check ``should_stop`` between steps.
+    shutdown_timeout. ``deadline`` is when this attempt's max_run_time ends (the database's
+    claimed_at + max_run_time; None without a limit): from then on ``should_stop`` is true, the
+    lease is no longer renewed, ``lease_lost`` is set and the outcome is discarded (the database
+    ends the attempt as timed_out). A long handler should check ``should_stop`` between steps,
+    and may record a checkpoint with ``progress({...})`` that a retry finds in ``job.progress``.
 
     ``client`` is the worker's client: a Client for a Worker, an AsyncClient for an AsyncWorker.
 
-    A per-job facility (a deadline from the claimed row, a progress report) belongs here: both
+    A per-job facility (the deadline from the claimed row, a progress report) belongs here: both
     runtimes make the context in one way, from the claimed Job, the client and the stop flag
     (Claimer.hand_over, AsyncClaimer.hand_over); a method that calls ``client`` answers on a
     Worker and is awaited on an AsyncWorker, as the client's own methods are.
     """
 
     def __init__(self, job: Job, client: Any, worker_name: str,
-                 shutting_down: threading.Event | None = None) -> None:
+                 shutting_down: threading.Event | None = None, *,
+                 deadline_monotonic: float | None = None) -> None:
         self.job = job
         self.client = client
         self.worker_name = worker_name
         self.shutting_down = shutting_down if shutting_down is not None else threading.Event()
+        #: This attempt's deadline by the database clock (Job.deadline), None without max_run_time.
+        self.deadline: datetime | None = job.deadline
+        #: The same instant on this process's monotonic clock (the claimer converts it).
+        self.deadline_monotonic = deadline_monotonic
         # Made on first use: most jobs never need one, and an Event costs more to make than
         # the rest of a job's bookkeeping together.
         self._lease_lost: threading.Event | None = None
@@ -49,7 +61,29 @@ class JobContext:
 
     @property
     def should_stop(self) -> bool:
-        return self.is_lost() or self.shutting_down.is_set()
+        return self.is_lost() or self.shutting_down.is_set() or self.past_deadline()
+
+    def past_deadline(self) -> bool:
+        """Whether this attempt's max_run_time has run out (by the database clock)."""
+        deadline = self.deadline_monotonic
+        return deadline is not None and time.monotonic() >= deadline
+
+    def progress(self, progress: dict[str, Any]) -> Any:
+        """pgq.progress: store a checkpoint of this attempt (a JSON object) on the job; the next
+        attempt finds it in ``job.progress``. True when stored; False (and ``lease_lost`` set) when
+        the job is no longer ours. On an AsyncWorker, await it."""
+        answer = self.client.progress(self.job.id, self.job.attempt, progress)
+        if inspect.isawaitable(answer):
+            return self._checked(answer)
+        return self._stored(bool(answer))
+
+    async def _checked(self, answer: Any) -> bool:
+        return self._stored(bool(await answer))
+
+    def _stored(self, stored: bool) -> bool:
+        if not stored:
+            self.lease_lost.set()
+        return stored
 
     def is_lost(self) -> bool:
         """lease_lost.is_set(), without making the Event."""

@@ -56,7 +56,10 @@ class HeldJobs:
 
     def hold(self, job: Job, ctx: JobContext, lease_seconds: float) -> Held:
         """Register a claimed job; its first renewal is due at a third of its lease."""
-        held = Held(job, ctx, JobLog(job), lease_seconds, time.monotonic() + lease_seconds / 3)
+        first = time.monotonic() + lease_seconds / 3
+        if ctx.deadline_monotonic is not None:  # the renewer wakes at the deadline, at the latest
+            first = min(first, ctx.deadline_monotonic)
+        held = Held(job, ctx, JobLog(job), lease_seconds, first)
         with self._lock:
             self._jobs[job.id] = held
         return held
@@ -64,7 +67,7 @@ class HeldJobs:
     def settle(self, held: Held) -> Verdict:
         """Ask for the one call that ends this attempt (see Verdict)."""
         with self._lock:
-            if held.state == "held" and not held.ctx.is_lost():
+            if held.state == "held" and not held.ctx.is_lost() and not held.ctx.past_deadline():
                 held.state = "settled"
                 return Verdict.GRANTED
             return Verdict.BUSY if held.state == "renewing" else Verdict.GONE
@@ -82,8 +85,14 @@ class HeldJobs:
         with self._lock:
             if held.state != "held" or held.ctx.is_lost():
                 return False
-            held.state = "renewing"
-            return True
+            if not held.ctx.past_deadline():
+                held.state = "renewing"
+                return True
+            held.state = "lost"  # max_run_time is up: no more renewals, ever
+        held.ctx.lease_lost.set()
+        held.log.warning("deadline reached (max_run_time): no more renewals; the handler should stop, "
+                         "its outcome will be discarded and the attempt ends as timed_out")
+        return False
 
     def end_renewal(self, held: Held, *, lost: bool = False) -> None:
         """The renewal answered; ``lost``: it was refused, the job is no longer ours, and the

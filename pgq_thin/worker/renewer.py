@@ -47,6 +47,12 @@ class DatabaseClock:
         """How long, by the database clock, until ``when`` (at least MIN_LEASE)."""
         return max(when.timestamp() - (time.time() + self.offset), MIN_LEASE)
 
+    def monotonic_of(self, when: datetime | None) -> float | None:
+        """``when`` (by the database clock) on this process's time.monotonic() clock."""
+        if when is None:
+            return None
+        return time.monotonic() + when.timestamp() - (time.time() + self.offset)
+
     def lease_of(self, job: Job, lease: Delay | None) -> float:
         """The lease a just-claimed job has: the worker's own, or what is left of the queue's."""
         left = seconds(lease) if lease is not None else job.lease_until.timestamp() - (time.time() + self.offset)
@@ -61,6 +67,9 @@ def renewed(held: Held, until: datetime | None, clock: DatabaseClock, lease: Del
     if lease is None:  # the queue's lease may have been reconfigured
         held.lease_seconds = clock.seconds_until(until)
     held.next_renew = time.monotonic() + held.lease_seconds / 3
+    deadline = held.ctx.deadline_monotonic
+    if deadline is not None:  # wake at the deadline (max_run_time), not after it
+        held.next_renew = min(held.next_renew, deadline)
     held.log.debug("lease renewed until %s", until.isoformat())
     return False
 

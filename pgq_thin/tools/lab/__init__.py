@@ -30,6 +30,8 @@ from pgq_thin.tools.lab import (
     exp6_abandoned_claim,
     exp7_duplicate_effect,
     exp8_query_plans,
+    exp9_schedule_firing,
+    exp10_hung_handler,
 )
 from pgq_thin.tools.lab.harness import Check, Harness, Step, Verdict, utcnow
 from pgq_thin.tools.lab.statements import TEMPLATES
@@ -49,6 +51,8 @@ EXPERIMENTS: list[ModuleType] = [
     exp6_abandoned_claim,
     exp7_duplicate_effect,
     exp8_query_plans,
+    exp9_schedule_firing,
+    exp10_hung_handler,
 ]
 
 

@@ -1,0 +1,20 @@
+"""The schedules/timeouts A/B of the benchmark still runs (tiny sizes). It asserts what was
+produced, never how fast: the ratio is for bench runs to report, not for a test to judge."""
+
+from __future__ import annotations
+
+from pgq_thin.tools.bench import AB_AFTER, AB_BEFORE, schedules_timeouts_ab, schedules_timeouts_ab_server
+
+
+def test_the_ab_drains_a_database_before_and_one_after_migration_0004_alternately() -> None:
+    result = schedules_timeouts_ab(jobs=60, workers=2, repeats=2, fsync=False)
+    assert (result["before"], result["after"], result["fsync"]) == (AB_BEFORE, AB_AFTER, "off")
+    assert [len(result["rates"][k]) for k in ("A", "B")] == [2, 2]
+    assert all(rate > 0 for rates in result["rates"].values() for rate in rates)  # each drain's done count matched
+    assert result["ratio_after_over_before"] > 0
+
+
+def test_the_server_side_ab_times_both_databases() -> None:
+    result = schedules_timeouts_ab_server(jobs=30, repeats=2)
+    assert [len(result["us_per_claim_complete"][k]) for k in ("A", "B")] == [2, 2]
+    assert result["ratio_of_mins"] > 0 and result["ratio_after_over_before"] > 0
