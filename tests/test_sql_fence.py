@@ -143,3 +143,18 @@ def test_a_deleted_fence_row_is_recreated_by_the_next_move(conn, connect):
     assert job(conn, job_id)["attempt_offset"] == STEP
     claim(connect(), "w")  # a later session finds the fence in place: no second move
     assert one(conn, "SELECT moves FROM pgq.fence") == 1
+
+
+def test_a_timed_out_attempt_backs_off_from_the_real_attempt_count_too(conn, connect):
+    conn.execute("SELECT pgq.configure_queue('q', backoff_base => '10 seconds', backoff_cap => '1 day')")
+    job_id = one(conn, "SELECT pgq.enqueue('q', 'k', max_run_time => '1 hour')")
+    promoted(conn)
+    (row,) = claim(connect(), "w")
+    assert row["attempt"] == 1 + STEP
+    conn.execute("UPDATE pgq.jobs SET deadline = now() - interval '1 second', lease_until = now() - interval '1 second'"
+                 " WHERE id = %s", (job_id,))  # as if the hour had passed
+    before = one(conn, "SELECT now()")
+    assert one(conn, "SELECT pgq.sweep()") == 1
+    after = job(conn, job_id)
+    assert (after["state"], after["last_event"]) == ("pending", "timed_out")
+    assert timedelta(seconds=9) <= after["run_at"] - before <= timedelta(seconds=11), after["run_at"] - before
