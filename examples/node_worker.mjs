@@ -101,7 +101,7 @@ async function main() {
         const tag = `job ${job.id} attempt ${job.attempt}`;
         if (stopping) {
           const { rows } = await client.query(SQL.release, [job.id, job.attempt]);
-          log(`${tag}: released (${rows[0].ok})`);
+          log(rows[0].ok ? `${tag}: released unstarted, pending again` : `${tag}: not ours any more, nothing to release`);
           continue;
         }
         let result;
@@ -111,7 +111,9 @@ async function main() {
           const error = err instanceof Error ? (err.stack ?? err.message) : String(err);
           const { rows } = await client.query(SQL.fail, [job.id, job.attempt, error, config.retryIn]);
           const state = rows[0].state;
-          log(state === null ? `${tag}: not ours any more, failure rejected` : `${tag}: failed, now ${state}`);
+          log(state === null ? `${tag}: not ours any more, failure rejected`
+            : state === "pending" ? `${tag}: failed; it will be retried after its backoff`
+            : `${tag}: failed for good (no attempts left)`);
           handled += 1;
           continue;
         }
@@ -126,7 +128,14 @@ async function main() {
   log(`exiting after ${handled} jobs`);
 }
 
+// The server's errors carry a SQLSTATE (pg.DatabaseError); the others (a refused connection, say)
+// carry Node's own error code, such as ECONNREFUSED.
+function describe(err) {
+  if (err instanceof pg.DatabaseError) return `${err.message} (SQLSTATE ${err.code})`;
+  return err?.code ? `${err.message} (Node error code ${err.code})` : String(err?.message ?? err);
+}
+
 main().catch((err) => {
-  log(`fatal: ${err.message}${err.code ? ` (SQLSTATE ${err.code})` : ""}`);
+  log(`fatal: ${describe(err)}`);
   process.exit(1);
 });

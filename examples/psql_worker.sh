@@ -130,7 +130,11 @@ while ! $stopping; do
     while IFS=$SEP read -r id attempt kind fail pause payload; do
         if $stopping; then
             answer=$(release_job "$id" "$attempt") || answer=error
-            log "job $id attempt $attempt: released ($answer)"
+            case $answer in
+                t) log "job $id attempt $attempt: released unstarted, pending again" ;;
+                f) log "job $id attempt $attempt: not ours any more, nothing to release" ;;
+                *) log "job $id attempt $attempt: the release did not reach the server; the lease will recover the job" ;;
+            esac
             continue
         fi
         if error=$(handle_job "$id" "$kind" "$fail" "$pause" "$payload"); then
@@ -138,14 +142,15 @@ while ! $stopping; do
             case $answer in
                 t) log "job $id attempt $attempt: done" ;;
                 f) log "job $id attempt $attempt: not ours any more, completion rejected" ;;
-                *) log "job $id attempt $attempt: complete failed" ;;
+                *) log "job $id attempt $attempt: the completion did not reach the server; the lease will recover the job" ;;
             esac
         else
             answer=$(fail_job "$id" "$attempt" "$error") || answer=error
             case $answer in
                 '') log "job $id attempt $attempt: not ours any more, failure rejected" ;;
-                error) log "job $id attempt $attempt: fail failed" ;;
-                *) log "job $id attempt $attempt: failed, now $answer" ;;
+                error) log "job $id attempt $attempt: the failure did not reach the server; the lease will recover the job" ;;
+                pending) log "job $id attempt $attempt: failed; it will be retried after its backoff" ;;
+                *) log "job $id attempt $attempt: failed for good (no attempts left)" ;;
             esac
         fi
         handled=$((handled + 1))

@@ -24,6 +24,7 @@ from pgq_thin.models import (
     JobRecord,
     QueueSettings,
     QueueStats,
+    QueueStatus,
     Schedule,
     TenantSettings,
     record,
@@ -138,13 +139,19 @@ def enqueue_many(
 
 
 def claim(worker: str, queues: Sequence[str] | None = None, batch: int = 1,
-          lease: Interval | None = None) -> Call[list[Job]]:
-    """pgq.claim: up to ``batch`` due jobs of ``queues`` (None: all), each with its attempt."""
+          lease: Interval | None = None, kinds: Sequence[str] | None = None) -> Call[list[Job]]:
+    """pgq.claim: up to ``batch`` due jobs of ``queues`` (None: all) and of ``kinds`` (None: any
+    kind), each with its attempt."""
     # queries.CLAIM returns Job's fields in order: each row is built straight into a Job.
     return Call(queries.CLAIM, {
         "worker": worker, "queues": list(queues) if queues is not None else None,
-        "batch": batch, "lease": _interval(lease),
+        "batch": batch, "lease": _interval(lease), "kinds": list(kinds) if kinds is not None else None,
     }, list, rows=args_row(Job))
+
+
+def queue_status(queues: Sequence[str]) -> Call[list[QueueStatus]]:
+    """pgq.queue_status: whether each queue exists and is paused, in the order given."""
+    return Call(queries.QUEUE_STATUS, {"queues": list(queues)}, lambda rows: [QueueStatus(*r) for r in rows])
 
 
 def renew(job_id: int, attempt: int, lease: Interval | None = None) -> Call[datetime | None]:
@@ -317,6 +324,14 @@ def health(max_snapshot_age: Interval = timedelta(minutes=5),
     }, lambda rows: [HealthFinding(**r) for r in rows], rows=dict_row)
 
 
+def list_jobs(queue: str | None = None, state: str | None = None, kind: str | None = None,
+              limit_rows: int = 50, before_id: int | None = None) -> Call[list[JobRecord]]:
+    """pgq.list_jobs: jobs newest first, filtered; pass a page's last id as ``before_id`` for the next."""
+    return Call(queries.LIST_JOBS, {
+        "queue": queue, "state": state, "kind": kind, "limit_rows": limit_rows, "before_id": before_id,
+    }, lambda rows: [record(JobRecord, r) for r in rows], rows=dict_row)
+
+
 def get_job(job_id: int) -> Call[JobRecord]:
     """pgq.get_job: the whole job row; JobNotFound when there is no such job."""
     return Call(queries.GET_JOB, {"id": job_id}, lambda rows: record(JobRecord, rows[0]), rows=dict_row)
@@ -409,6 +424,8 @@ class PgqCalls:
     schedules = Method(schedules)
     stats = Method(stats)
     health = Method(health)
+    list_jobs = Method(list_jobs)
+    queue_status = Method(queue_status)
     get_job = Method(get_job)
     job_history = Method(job_history)
     version = Method(version)

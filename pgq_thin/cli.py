@@ -54,7 +54,9 @@ def _client(args: argparse.Namespace) -> Client:
     dsn = resolve_dsn(args.dsn)
     # Connect once directly first: an unreachable server then fails at once, with libpq's own
     # message, instead of the pool retrying in the background.
-    psycopg.connect(dsn, connect_timeout=10).close()
+    with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
+        if conn.execute("SELECT to_regnamespace('pgq') IS NULL").fetchone() == (True,):
+            raise PgqError('schema "pgq" does not exist', "3F000", _NOT_INSTALLED)
     return Client(dsn, min_size=1, max_size=2)
 
 
@@ -73,6 +75,30 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     out = [line, "  ".join("-" * w for w in widths)]
     out += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
     return "\n".join(out)
+
+
+# The hints pgq's functions give name SQL; a CLI user is told the command instead.
+_CLI_HINTS = {
+    "Use pgq.resolve for outcome_unknown jobs.": "Settle it with pgq-thin resolve {id} done|pending|failed|cancelled.",
+    "No worker is claiming or sweeping: run pgq.sweep() and check the workers.":
+        "No worker is claiming or sweeping: run pgq-thin sweep and check the workers.",
+    "Find out what happened, then pgq.resolve(id, 'done' | 'pending' | 'failed' | 'cancelled').":
+        "Find out what happened (pgq-thin jobs --state outcome_unknown lists them), then "
+        "pgq-thin resolve ID done|pending|failed|cancelled.",
+    "A queue is created by its first job or by pgq.configure_queue; pgq.stats() lists them.":
+        "A queue is created by its first job; pgq-thin stats lists them.",
+}
+_NOT_INSTALLED = "pgq is not installed in this database: run pgq-thin migrate."
+
+
+def _for_cli(exc: PgqError, job_id: int | None = None) -> PgqError:
+    """The error with a hint for a command-line user: commands, not SQL."""
+    hint = exc.hint
+    if exc.sqlstate == "3F000" and '"pgq"' in exc.message:  # invalid_schema_name: no schema pgq
+        hint = _NOT_INSTALLED
+    elif hint in _CLI_HINTS:
+        hint = _CLI_HINTS[hint].replace("{id}", str(job_id) if job_id is not None else "ID")
+    return type(exc)(exc.message, exc.sqlstate, hint)
 
 
 # Commands ------------------------------------------------------------------------------------------
@@ -100,12 +126,21 @@ def _payload(text: str) -> Any:
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = _payload(args.payload)
+    settings = {"run_at": args.run_at, "priority": args.priority, "max_attempts": args.max_attempts,
+                "unique_key": args.unique_key, "tenant": args.tenant, "max_run_time": args.max_run_time}
     with _client(args) as client:
-        job_id = client.enqueue(args.queue, args.kind, payload, run_at=args.run_at,
-                                priority=args.priority, max_attempts=args.max_attempts,
-                                unique_key=args.unique_key, tenant=args.tenant,
-                                max_run_time=args.max_run_time)
+        if args.unique_key is None:
+            job_id = client.enqueue(args.queue, args.kind, payload, **settings)
+            existing = False
+        else:
+            # pgq.enqueue answers a live job's id for a key it holds, and then writes nothing: a
+            # transaction that wrote nothing has no transaction id.
+            with client.pool.connection() as conn, conn.transaction():
+                job_id = client.enqueue(args.queue, args.kind, payload, conn=conn, **settings)
+                existing = conn.execute("SELECT pg_current_xact_id_if_assigned() IS NULL").fetchone() == (True,)
     print(job_id)
+    if existing:
+        print(f"pgq-thin: existing job {job_id} (unique key {args.unique_key}): nothing enqueued", file=sys.stderr)
     return 0
 
 
@@ -132,22 +167,23 @@ def cmd_worker(args: argparse.Namespace) -> int:
             worker.run(resolve_dsn(args.dsn), **settings)
     except ValueError as exc:  # a setting out of range (run() checks them before it connects)
         raise PgqError(str(exc)) from None
-    return 0
+    return 1 if worker.stopped_at_once else 0  # a second signal: its running jobs were left to their leases
 
 
-def _print_stats(client: Client) -> None:
-    rows = client.stats()
-    headers = ["queue", "paused", "pending", "scheduled", "running", "expired", "done", "failed",
-               "cancelled", "unknown", "oldest ready"]
-    print(_table(headers, [[r.queue, "yes" if r.paused else "no", r.pending, r.scheduled, r.running,
-                            r.expired, r.done, r.failed, r.cancelled, r.outcome_unknown,
-                            r.oldest_ready_age] for r in rows]) if rows else "no queues yet")
+_STATS_HEADERS = ["queue", "paused", "pending", "scheduled", "running", "expired", "done", "failed",
+                  "cancelled", "unknown", "oldest ready"]
+
+
+def _stats_row(r: Any) -> list[Any]:
+    return [r.queue, "yes" if r.paused else "no", r.pending, r.scheduled, r.running, r.expired, r.done,
+            r.failed, r.cancelled, r.outcome_unknown, r.oldest_ready_age]
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
     with _client(args) as client:
         if not args.watch:
-            _print_stats(client)
+            rows = client.stats()
+            print(_table(_STATS_HEADERS, [_stats_row(r) for r in rows]) if rows else "no queues yet")
             return 0
         previous: dict[str, int] = {}
         try:
@@ -155,14 +191,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 rows = client.stats()
                 sys.stdout.write("\x1b[2J\x1b[H" if sys.stdout.isatty() else "\n")
                 print(f"pgq stats at {datetime.now():%H:%M:%S} (every {args.watch:g}s, Ctrl-C to stop)")
-                headers = ["queue", "paused", "pending", "scheduled", "running", "done", "failed", "done/s"]
                 table = []
                 for r in rows:
                     rate = (r.done - previous[r.queue]) / args.watch if r.queue in previous else None
                     previous[r.queue] = r.done
-                    table.append([r.queue, "yes" if r.paused else "no", r.pending, r.scheduled,
-                                  r.running, r.done, r.failed, None if rate is None else f"{rate:.1f}"])
-                print(_table(headers, table) if table else "no queues yet")
+                    table.append(_stats_row(r) + [None if rate is None else f"{rate:.1f}"])
+                print(_table(_STATS_HEADERS + ["done/s"], table) if table else "no queues yet")
                 sys.stdout.flush()
                 time.sleep(args.watch)
         except KeyboardInterrupt:
@@ -226,19 +260,83 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _each_job(ids: Sequence[int], act: Any) -> int:
+    """Act on every id, report each (errors on stderr), and fail when any failed."""
+    failed = 0
+    for job_id in ids:
+        try:
+            print(f"job {job_id}: {act(job_id)}", flush=True)
+        except PgqError as exc:
+            failed += 1
+            print(f"pgq-thin: error: job {job_id}: {_for_cli(exc, job_id)}", file=sys.stderr, flush=True)
+    if failed and len(ids) > 1:
+        print(f"pgq-thin: {failed} of {len(ids)} jobs failed; the others were acted on", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def cmd_retry(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        for job_id in args.ids:
-            client.retry(job_id)
-            print(f"job {job_id}: pending again")
-    return 0
+        return _each_job(args.ids, lambda job_id: client.retry(job_id) and "pending again")
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        for job_id in args.ids:
-            done = client.cancel(job_id)
-            print(f"job {job_id}: {'cancelled' if done else 'had already finished, unchanged'}")
+        return _each_job(args.ids, lambda job_id: "cancelled" if client.cancel(job_id)
+                         else "had already finished, unchanged")
+
+
+def cmd_resolve(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        return _each_job([args.id], lambda job_id: client.resolve(job_id, args.state)
+                         and f"resolved as {args.state}")
+
+
+def _when_short(value: datetime | None) -> str | None:
+    return None if value is None else f"{value:%Y-%m-%d %H:%M:%S}"
+
+
+def _first_line(text: str | None, width: int = 60) -> str | None:
+    if not text:
+        return None
+    line = text.strip().splitlines()[-1] if text.strip() else ""  # a traceback's last line says what
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        rows = client.list_jobs(args.queue, args.state, args.kind, limit_rows=args.limit, before_id=args.before)
+    if not rows:
+        print("no jobs" + (f" before id {args.before}" if args.before else "") + " match")
+        return 0
+    print(_table(["id", "queue", "kind", "state", "attempt", "created", "finished", "last error"],
+                 [[j.id, j.queue, j.kind, j.state, f"{j.attempt}/{j.max_attempts}", _when_short(j.created_at),
+                   _when_short(j.finished_at), _first_line(j.last_error)] for j in rows]))
+    if len(rows) == args.limit:
+        print(f"(the newest {len(rows)}; older ones: the same command with --before {rows[-1].id})")
+    return 0
+
+
+def _json(value: Any) -> str:
+    return "-" if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        j = client.get_job(args.id)
+        history = client.job_history(args.id)
+    print(f"job {j.id}: {j.state} (attempt {j.attempt} of {j.max_attempts}), queue {j.queue}, kind {j.kind}")
+    fields = [("payload", _json(j.payload)), ("result", _json(j.result)), ("last error", j.last_error),
+              ("priority", j.priority), ("tenant", j.tenant), ("unique key", j.unique_key),
+              ("created at", j.created_at), ("run at", j.run_at), ("claimed by", j.claimed_by),
+              ("claimed at", j.claimed_at), ("lease until", j.lease_until), ("finished at", j.finished_at)]
+    for name, value in fields:
+        text = _fmt(value)
+        print(f"{name:<12} {text}" if "\n" not in text else f"{name:<12} " + text.replace("\n", "\n" + " " * 13))
+    print()
+    print("history (oldest first)")
+    print(_table(["at", "attempt", "event", "worker", "from", "to", "note"],
+                 [[f"{e.at:%Y-%m-%d %H:%M:%S}", e.attempt, e.event, e.worker, e.from_state, e.to_state, e.note]
+                  for e in history]) if history else "no events (the queue's audit is off, or they were pruned)")
     return 0
 
 
@@ -265,7 +363,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for f in findings:
         print(f"[{_MARK.get(f.severity, f.severity)}] {f.check:<20} {f.detail}")
         if f.hint and f.severity != "ok":
-            print(f"       {'':<20} hint: {f.hint}")
+            print(f"       {'':<20} hint: {_CLI_HINTS.get(f.hint, f.hint)}")
     worst = {f.severity for f in findings}
     verdict = "critical" if "critical" in worst else "warning" if "warning" in worst else "ok"
     counts = ", ".join(f"{sum(f.severity == s for f in findings)} {s}" for s in ("critical", "warning", "ok"))
@@ -303,7 +401,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
         return run_old_snapshot_check(args.old_snapshot, args.dsn)
     return run_soak(args.minutes, args.dsn, args.seed, print, workers=args.workers,
                     concurrency=args.concurrency, producers=args.producers, rate=args.rate,
-                    failover=args.failover)
+                    keep_logs=args.keep_logs, failover=args.failover)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -412,6 +510,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("cancel", cmd_cancel, "cancel jobs that have not finished")
     p.add_argument("ids", type=int, nargs="+")
 
+    p = command("resolve", cmd_resolve, "settle an outcome_unknown job: done, pending (run it again), failed "
+                "or cancelled")
+    p.add_argument("id", type=int)
+    p.add_argument("state", help="done, pending, failed or cancelled")
+
+    p = command("jobs", cmd_jobs, "list jobs, newest first (pgq.list_jobs)")
+    p.add_argument("--queue", help="only this queue's jobs")
+    p.add_argument("--state", help="only jobs in this state: pending, running, done, failed, cancelled, "
+                   "outcome_unknown")
+    p.add_argument("--kind", help="only jobs of this kind")
+    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50, at most 1000)")
+    p.add_argument("--before", type=int, metavar="ID", help="only jobs older than this id (the next page)")
+
+    p = command("job", cmd_job, "one job: its state, payload, result, last error and attempt history")
+    p.add_argument("id", type=int)
+
     p = command("pause", cmd_pause, "stop workers claiming from a queue")
     p.add_argument("queue")
 
@@ -437,6 +551,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=4, help="slots per worker (default 4)")
     p.add_argument("--producers", type=int, default=2, help="producer threads (default 2)")
     p.add_argument("--rate", type=float, default=150, help="jobs per second, all producers (default 150)")
+    p.add_argument("--keep-logs", action="store_true",
+                   help="keep the worker processes' logs (a failed run always keeps them)")
     p.add_argument("--old-snapshot", type=float, metavar="SECONDS",
                    help="instead: load while a REPEATABLE READ transaction holds a snapshot this long")
     p.add_argument("--failover", action="store_true",
@@ -473,13 +589,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except PgqError as exc:
-        print(f"pgq-thin: error: {exc}", file=sys.stderr)
+        print(f"pgq-thin: error: {_for_cli(exc)}", file=sys.stderr)
         return 1
     except _NeedsDevExtra as exc:
         print(f"pgq-thin: {exc}", file=sys.stderr)
         return 2
     except psycopg.Error as exc:
-        print(f"pgq-thin: error: {translate(exc)}", file=sys.stderr)
+        print(f"pgq-thin: error: {_for_cli(translate(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

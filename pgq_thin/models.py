@@ -156,6 +156,15 @@ class HealthFinding:
     hint: str | None
 
 
+@dataclass(frozen=True)
+class QueueStatus:
+    """One row of pgq.queue_status(): whether a queue exists and whether it is paused."""
+
+    queue: str
+    known: bool
+    paused: bool
+
+
 def record(cls: type[T], row: dict[str, Any]) -> T:
     """A dataclass from a row, ignoring columns it does not know (added by later migrations)."""
     fields = cls.__dataclass_fields__  # type: ignore[attr-defined]

@@ -26,13 +26,16 @@ ENQUEUE_MANY = (
 
 # Workers -----------------------------------------------------------------------------------------
 
-#: Claim up to batch due jobs; each row carries its fencing token (attempt).
+#: Claim up to batch due jobs (of kinds, when given); each row carries its fencing token (attempt).
 CLAIM = (
     "SELECT id, queue, kind, payload, priority, attempt, max_attempts, run_at, created_at,"
     " lease_until, tenant, progress, deadline"
     " FROM pgq.claim(worker => %(worker)s::text, queues => %(queues)s::text[],"
-    " batch => %(batch)s::integer, lease => %(lease)s::interval)"
+    " batch => %(batch)s::integer, lease => %(lease)s::interval, kinds => %(kinds)s::text[])"
 )
+
+#: Whether each of a worker's queues exists and is paused.
+QUEUE_STATUS = "SELECT queue, known, paused FROM pgq.queue_status(queues => %(queues)s::text[])"
 
 #: Extend the lease of our attempt; NULL when the job is no longer ours.
 RENEW = "SELECT pgq.renew(id => %(id)s::bigint, attempt => %(attempt)s::integer, lease => %(lease)s::interval)"
@@ -105,6 +108,10 @@ STATS = "SELECT * FROM pgq.stats()"
 HEALTH = (
     "SELECT * FROM pgq.health(max_snapshot_age => %(max_snapshot_age)s::interval,"
     " max_ready_age => %(max_ready_age)s::interval)"
+)
+LIST_JOBS = (
+    "SELECT * FROM pgq.list_jobs(queue => %(queue)s::text, state => %(state)s::text, kind => %(kind)s::text,"
+    " limit_rows => %(limit_rows)s::integer, before_id => %(before_id)s::bigint)"
 )
 GET_JOB = "SELECT * FROM pgq.get_job(id => %(id)s::bigint)"
 JOB_HISTORY = "SELECT * FROM pgq.job_history(id => %(id)s::bigint)"

@@ -267,6 +267,20 @@ CREATE UNIQUE INDEX jobs_unique_key_idx ON pgq.jobs (queue, unique_key)
 CREATE INDEX schedules_due_idx ON pgq.schedules (next_run_at) WHERE enabled;
 CREATE INDEX schedules_queue_idx ON pgq.schedules (queue, next_run_at) WHERE enabled;
 
+-- A claim that names its kinds walks each (queue, kind)'s claimable jobs in the total order: jobs
+-- of other kinds ahead of them are never read. Only pending jobs are in it (an enqueue, a retry
+-- or a snooze writes an entry; a claim and a completion do not).
+CREATE INDEX jobs_kind_ready_idx ON pgq.jobs (queue, kind, priority DESC, run_at, id)
+    WHERE state = 'pending' AND attempt < max_attempts;
+
+-- pgq.list_jobs pages newest first by id within each queue and state. Running jobs are not in it
+-- (a claim writes no entry here; list_jobs reads the few running jobs through jobs_lease_idx).
+-- The key is -id, not id: ordered by -id, a page can only come from this index, where ordered by
+-- id the generic plan could walk jobs_pkey backwards and filter, reading every newer job of other
+-- queues and states (all the finished history) to find a page of a rare one.
+CREATE INDEX jobs_list_idx ON pgq.jobs (queue, state, (-id))
+    WHERE state <> 'running';
+
 -- Pruning finds finished rows by age.
 CREATE INDEX jobs_finished_idx ON pgq.jobs (finished_at)
     WHERE state IN ('done', 'failed', 'cancelled');
@@ -414,6 +428,24 @@ BEGIN
         PERFORM pgq._check_name('queue', _queue.name);
         INSERT INTO pgq.queues AS s (name) VALUES (_queue.name) ON CONFLICT DO NOTHING;
         SELECT * INTO q FROM pgq.queues AS s WHERE s.name = _queue.name;
+    END IF;
+    RETURN q;
+END
+$$;
+
+-- The settings row of a queue that must exist: 22023 naming the argument and the queue otherwise
+-- (a typo must not create a queue, nor act on nothing).
+CREATE FUNCTION pgq._existing_queue(argument text, name text) RETURNS pgq.queues
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    q pgq.queues;
+BEGIN
+    SELECT * INTO q FROM pgq.queues AS s WHERE s.name = _existing_queue.name;
+    IF NOT FOUND THEN
+        PERFORM pgq._check_name(argument, name);
+        PERFORM pgq._bad_argument(argument, format('names no queue: %s', quote_literal(name)),
+            'A queue is created by its first job or by pgq.configure_queue; pgq.stats() lists them.');
     END IF;
     RETURN q;
 END
@@ -1317,8 +1349,9 @@ COMMENT ON TYPE pgq.claimed_job IS
 -- vtime + k/weight, and the earliest finishers win (ties: the total order). The winners' tenants
 -- then advance their virtual time. A tenant that was idle restarts no further behind the busiest
 -- one than one round, so it gets its share, not a burst. Tenant rows are locked in name order
--- only for that last update, so concurrent claimers never deadlock.
-CREATE FUNCTION pgq._fair_pick(queue text, room integer) RETURNS SETOF bigint
+-- only for that last update, so concurrent claimers never deadlock. With `kinds`, only jobs of
+-- those kinds count (a filter within each tenant's jobs).
+CREATE FUNCTION pgq._fair_pick(queue text, room integer, kinds text[] DEFAULT NULL) RETURNS SETOF bigint
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
     AS $$
@@ -1332,7 +1365,8 @@ BEGIN
       AND EXISTS (SELECT FROM pgq.jobs AS j
                   WHERE j.queue = t.queue AND j.tenant = t.tenant
                     AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.tenant IS NOT NULL
-                    AND j.run_at <= pgq._now());
+                    AND j.run_at <= pgq._now()
+                    AND (_fair_pick.kinds IS NULL OR j.kind = ANY (_fair_pick.kinds)));
     IF busiest IS NULL THEN
         RETURN;  -- no tenant has a claimable job
     END IF;
@@ -1345,7 +1379,8 @@ BEGIN
               AND EXISTS (SELECT FROM pgq.jobs AS j
                           WHERE j.queue = t.queue AND j.tenant = t.tenant
                             AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.tenant IS NOT NULL
-                            AND j.run_at <= pgq._now())
+                            AND j.run_at <= pgq._now()
+                            AND (_fair_pick.kinds IS NULL OR j.kind = ANY (_fair_pick.kinds)))
             ORDER BY greatest(t.vtime, busiest - 1), t.tenant
             LIMIT _fair_pick.room
         )
@@ -1360,6 +1395,7 @@ BEGIN
                 WHERE j.queue = _fair_pick.queue AND j.tenant = r.tenant
                   AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.tenant IS NOT NULL
                   AND j.run_at <= pgq._now()
+                  AND (_fair_pick.kinds IS NULL OR j.kind = ANY (_fair_pick.kinds))
                 ORDER BY j.priority DESC, j.run_at, j.id
                 LIMIT _fair_pick.room
                 FOR NO KEY UPDATE SKIP LOCKED
@@ -1394,13 +1430,15 @@ $$;
 -- Due schedules of the claimed queues fire next: the queue rows read anyway say whether one is
 -- due (queues.next_schedule_at), so their jobs are claimable by this very claim.
 -- An attempt's lease never passes its deadline (claimed_at + max_run_time).
+-- A worker that names its `kinds` gets only jobs of those kinds (NULL: any kind), read per kind
+-- from jobs_kind_ready_idx, so jobs of kinds it cannot run wait untouched for a worker that can.
 -- Two queue settings change the pick: a queue with max_running > 0 is locked for the claim and
 -- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
 -- and a fair queue's candidates come from pgq._fair_pick. Queues with neither pay nothing for them.
 -- Before any of that, the failover fence: the first claim of a session checks that the fences
 -- were moved on this server's timeline (pgq._check_timeline); later ones read one setting.
 CREATE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, batch integer DEFAULT 1,
-                          lease interval DEFAULT NULL)
+                          lease interval DEFAULT NULL, kinds text[] DEFAULT NULL)
     RETURNS SETOF pgq.claimed_job
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -1417,6 +1455,7 @@ DECLARE
     fair_ids bigint[] := '{}';
     capped   boolean;    -- whether any of them has max_running
     expired  boolean;    -- whether any lease has expired
+    wanted   text[];     -- the kinds asked for, each once (NULL: any kind)
     due      boolean;    -- whether one of them has a schedule due
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
 BEGIN
@@ -1448,6 +1487,22 @@ BEGIN
                 OR array_to_string(claim.queues, ',') !~ '[^,]{129}'), false) THEN
         PERFORM pgq._check_name(format('queues[%s]', q.n), q.name)
         FROM unnest(claim.queues) WITH ORDINALITY AS q(name, n);
+    END IF;
+    -- The kinds are checked the same way, and only when given.
+    IF claim.kinds IS NOT NULL THEN
+        IF cardinality(claim.kinds) NOT BETWEEN 1 AND 1000 OR array_position(claim.kinds, NULL) IS NOT NULL THEN
+            PERFORM pgq._bad_argument('kinds',
+                'must be NULL (any kind) or an array of 1 to 1000 kinds without NULLs');
+        END IF;
+        IF NOT coalesce(
+               array_to_string(claim.kinds, ',')
+                   ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]*(,[A-Za-z0-9_][A-Za-z0-9_.:/-]*)*$'
+               AND (length(array_to_string(claim.kinds, ',')) <= 128
+                    OR array_to_string(claim.kinds, ',') !~ '[^,]{129}'), false) THEN
+            PERFORM pgq._check_name(format('kinds[%s]', k.n), k.name)
+            FROM unnest(claim.kinds) WITH ORDINALITY AS k(name, n);
+        END IF;
+        wanted := ARRAY(SELECT DISTINCT k.name FROM unnest(claim.kinds) AS k(name));
     END IF;
 
     -- The failover fence, checked once per session (a session never outlives a promotion).
@@ -1523,7 +1578,7 @@ BEGIN
     IF true = ANY (fairs) THEN
         fair_ids := ARRAY(SELECT f.id
                           FROM unnest(names, rooms, fairs) AS e(name, room, fair)
-                          CROSS JOIN LATERAL pgq._fair_pick(e.name, e.room) AS f(id)
+                          CROSS JOIN LATERAL pgq._fair_pick(e.name, e.room, wanted) AS f(id)
                           WHERE e.fair);
     END IF;
 
@@ -1539,6 +1594,22 @@ BEGIN
                 SELECT j.id, j.priority, j.run_at
                 FROM pgq.jobs AS j
                 WHERE j.queue = e.queue
+                  AND j.state = 'pending' AND j.attempt < j.max_attempts
+                  AND j.run_at <= pgq._now()
+                ORDER BY j.priority DESC, j.run_at, j.id
+                LIMIT e.room
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) AS c
+            WHERE NOT e.fair AND wanted IS NULL
+            UNION ALL
+            -- The same per (queue, kind) when the worker named its kinds (unnest(NULL) is empty).
+            SELECT c.id, c.priority, c.run_at
+            FROM unnest(names, rooms, fairs) AS e(queue, room, fair)
+            CROSS JOIN unnest(wanted) AS k(kind)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at
+                FROM pgq.jobs AS j
+                WHERE j.queue = e.queue AND j.kind = k.kind
                   AND j.state = 'pending' AND j.attempt < j.max_attempts
                   AND j.run_at <= pgq._now()
                 ORDER BY j.priority DESC, j.run_at, j.id
@@ -1583,8 +1654,9 @@ BEGIN
     ORDER BY c.priority DESC, c.run_at, c.id;
 END
 $$;
-COMMENT ON FUNCTION pgq.claim(text, text[], integer, interval) IS
-    'Claims up to batch due jobs for worker, in order priority DESC, run_at, id. The returned '
+COMMENT ON FUNCTION pgq.claim(text, text[], integer, interval, text[]) IS
+    'Claims up to batch due jobs (of kinds, when given) for worker, in order priority DESC, run_at, '
+    'id. The returned '
     'attempt is the fencing token for renew, complete, fail, release, snooze and mark_unknown.';
 
 CREATE FUNCTION pgq.renew(id bigint, attempt integer, lease interval DEFAULT NULL)
@@ -2276,6 +2348,7 @@ $$;
 COMMENT ON FUNCTION pgq.set_tenant_weight(text, text, integer) IS
     'Sets the weight (1 to 1000, default 1) of a tenant of a fair queue and returns its row.';
 
+-- Pausing or resuming a queue that does not exist is refused (22023): a typo creates nothing.
 CREATE FUNCTION pgq.pause(queue text)
     RETURNS pgq.queues
     LANGUAGE plpgsql
@@ -2283,14 +2356,15 @@ CREATE FUNCTION pgq.pause(queue text)
     SET search_path = pgq, pg_temp
     AS $$
 DECLARE
-    q pgq.queues := pgq._queue(pause.queue);
+    q pgq.queues := pgq._existing_queue('queue', pause.queue);
 BEGIN
     UPDATE pgq.queues AS s SET paused = true WHERE s.name = pause.queue RETURNING * INTO q;
     RETURN q;
 END
 $$;
 COMMENT ON FUNCTION pgq.pause(text) IS
-    'Stops claims from the queue (running jobs go on); enqueue still works. Returns its settings.';
+    'Stops claims from the queue (running jobs go on); enqueue still works. Returns its settings; '
+    '22023 when there is no such queue.';
 
 CREATE FUNCTION pgq.resume(queue text)
     RETURNS pgq.queues
@@ -2299,7 +2373,7 @@ CREATE FUNCTION pgq.resume(queue text)
     SET search_path = pgq, pg_temp
     AS $$
 DECLARE
-    q pgq.queues := pgq._queue(resume.queue);
+    q pgq.queues := pgq._existing_queue('queue', resume.queue);
 BEGIN
     UPDATE pgq.queues AS s SET paused = false WHERE s.name = resume.queue RETURNING * INTO q;
     IF q.notify THEN
@@ -2308,7 +2382,7 @@ BEGIN
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.resume(text) IS 'Lets workers claim from the queue again. Returns its settings.';
+COMMENT ON FUNCTION pgq.resume(text) IS 'Lets workers claim from the queue again. Returns its settings; 22023 when there is no such queue.';
 
 -- Functions: schedules ----------------------------------------------------------------------------
 
@@ -2508,6 +2582,47 @@ BEGIN
             format('no due job has waited more than %s', health.max_ready_age / 2), NULL::text;
     END IF;
 
+    -- 2b. A kind whose due jobs wait much longer than the rest of its queue while workers claim
+    -- the queue's other kinds: no running worker handles it (a Worker claims only the kinds it has
+    -- handlers for). "Much longer": past half of max_ready_age, and ten times the oldest due job of
+    -- the queue's other kinds; "workers claim": a job of another kind of the queue was claimed
+    -- after this kind's oldest due job came due (running now, or finished since).
+    found_any := false;
+    FOR r IN
+        WITH due AS (
+            SELECT j.queue, j.kind, min(j.run_at) AS oldest, count(*) AS n
+            FROM pgq.queues AS q JOIN pgq.jobs AS j ON j.queue = q.name
+            WHERE NOT q.paused AND j.state = 'pending' AND j.attempt < j.max_attempts
+              AND j.run_at <= pgq._now()
+            GROUP BY j.queue, j.kind
+        )
+        SELECT d.queue, d.kind, d.n, pgq._now() - d.oldest AS age,
+               coalesce((SELECT pgq._now() - min(o.oldest) FROM due AS o
+                         WHERE o.queue = d.queue AND o.kind <> d.kind), interval '0') AS others
+        FROM due AS d
+        WHERE pgq._now() - d.oldest > health.max_ready_age / 2
+          AND (EXISTS (SELECT FROM pgq.jobs AS w
+                       WHERE w.lease_until IS NOT NULL AND w.queue = d.queue AND w.kind <> d.kind
+                         AND w.claimed_at > d.oldest)
+               OR EXISTS (SELECT FROM pgq.jobs AS w
+                          WHERE w.state IN ('done', 'failed', 'cancelled') AND w.finished_at > d.oldest
+                            AND w.queue = d.queue AND w.kind <> d.kind AND w.claimed_at > d.oldest))
+        ORDER BY d.queue, d.kind
+    LOOP
+        CONTINUE WHEN r.age <= r.others * 10;
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.age > health.max_ready_age THEN 'critical' ELSE 'warning' END,
+            'unclaimed_kind',
+            format('queue %s: %s due job(s) of kind %s have waited up to %s while workers claim its other '
+                   'kinds (whose due jobs waited at most %s)', r.queue, r.n, r.kind,
+                   date_trunc('second', r.age), date_trunc('second', r.others)),
+            'No running worker handles this kind: start one that does, or cancel these jobs.';
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'unclaimed_kind', 'no kind waits much longer than the rest of its queue', NULL::text;
+    END IF;
+
     -- 3. Jobs parked as outcome_unknown wait for a person.
     SELECT count(*) AS n, min(j.claimed_at) AS oldest INTO r
     FROM pgq.jobs AS j WHERE j.state = 'outcome_unknown';
@@ -2590,7 +2705,8 @@ END
 $$;
 COMMENT ON FUNCTION pgq.health(interval, interval) IS
     'One row per finding (severity ok / warning / critical, check, detail, hint): expired leases, '
-    'waiting jobs, outcome_unknown jobs, blocked sessions, old snapshots, dead tuples, index sizes.';
+    'waiting jobs, kinds no worker claims, outcome_unknown jobs, blocked sessions, old snapshots, dead '
+    'tuples, index sizes.';
 
 -- One job, as stored: what an operator needs before cancel, retry or resolve. P0002 when unknown.
 CREATE FUNCTION pgq.get_job(id bigint)
@@ -2632,11 +2748,96 @@ $$;
 COMMENT ON FUNCTION pgq.job_history(bigint) IS
     'The events of one job (claims, transitions, rejected stale writes), oldest first.';
 
+-- Operators find jobs here: newest first (by id), keyset-paged (pass the last id of a page as
+-- before_id for the next), filtered by queue, state and kind. A page reads at most limit_rows rows
+-- per (queue, state) through jobs_list_idx (keyed by -id), and the running jobs through
+-- jobs_lease_idx, however much finished history the table holds; kind is a filter within those
+-- (a rare kind among many jobs of its queue and state reads past the others). An unknown queue or state
+-- is refused (22023), like a malformed kind.
+CREATE FUNCTION pgq.list_jobs(queue text DEFAULT NULL, state text DEFAULT NULL, kind text DEFAULT NULL,
+                              limit_rows integer DEFAULT 50, before_id bigint DEFAULT NULL)
+    RETURNS SETOF pgq.jobs
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET plan_cache_mode = force_generic_plan
+    SET jit = off
+    AS $$
+DECLARE
+    states pgq.job_state[] := enum_range(NULL::pgq.job_state);
+    below  bigint := coalesce(list_jobs.before_id, 9223372036854775807);
+BEGIN
+    IF list_jobs.state IS NOT NULL THEN
+        IF NOT list_jobs.state = ANY (states::text[]) THEN
+            PERFORM pgq._bad_argument('state', format('must be one of %s, got %s',
+                array_to_string(states, ', '), left(quote_literal(list_jobs.state), 40)));
+        END IF;
+        states := ARRAY[list_jobs.state::pgq.job_state];
+    END IF;
+    IF list_jobs.queue IS NOT NULL THEN
+        PERFORM pgq._existing_queue('queue', list_jobs.queue);
+    END IF;
+    IF list_jobs.kind IS NOT NULL THEN
+        PERFORM pgq._check_name('kind', list_jobs.kind);
+    END IF;
+    IF list_jobs.limit_rows IS NULL THEN
+        PERFORM pgq._bad_argument('limit_rows', 'must not be NULL');
+    ELSIF list_jobs.limit_rows NOT BETWEEN 1 AND 1000 THEN
+        PERFORM pgq._bad_argument('limit_rows', format('must be between 1 and 1000, got %s', list_jobs.limit_rows));
+    END IF;
+
+    RETURN QUERY
+    SELECT p.*
+    FROM (
+        SELECT c.*
+        FROM pgq.queues AS q
+        CROSS JOIN unnest(states) AS s(state)
+        CROSS JOIN LATERAL (
+            SELECT j.*
+            FROM pgq.jobs AS j
+            WHERE j.queue = q.name AND j.state = s.state AND j.state <> 'running' AND -j.id > -below
+              AND (list_jobs.kind IS NULL OR j.kind = list_jobs.kind)
+            ORDER BY -j.id
+            LIMIT list_jobs.limit_rows
+        ) AS c
+        WHERE (list_jobs.queue IS NULL OR q.name = list_jobs.queue) AND s.state <> 'running'
+        UNION ALL
+        SELECT j.*
+        FROM pgq.jobs AS j
+        WHERE j.lease_until IS NOT NULL AND j.state = 'running' AND 'running' = ANY (states)
+          AND j.id < below
+          AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
+          AND (list_jobs.kind IS NULL OR j.kind = list_jobs.kind)
+    ) AS p
+    ORDER BY p.id DESC
+    LIMIT list_jobs.limit_rows;
+END
+$$;
+COMMENT ON FUNCTION pgq.list_jobs(text, text, text, integer, bigint) IS
+    'Jobs newest first (by id), filtered by queue, state and kind; at most limit_rows, all older than '
+    'before_id when given (keyset paging).';
+
+-- For a worker at start: whether each of its queues exists and is paused (a worker may not read
+-- pgq.stats).
+CREATE FUNCTION pgq.queue_status(queues text[])
+    RETURNS TABLE (queue text, known boolean, paused boolean)
+    LANGUAGE sql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+    SELECT n.name, q.name IS NOT NULL, coalesce(q.paused, false)
+    FROM unnest(queue_status.queues) WITH ORDINALITY AS n(name, i)
+    LEFT JOIN pgq.queues AS q ON q.name = n.name
+    ORDER BY n.i
+$$;
+COMMENT ON FUNCTION pgq.queue_status(text[]) IS
+    'For each named queue, in order: whether it exists and whether it is paused.';
+
 -- The schema version: the number of the newest migration. Every migration redefines it (and
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '6'::text $$;
+    AS $$ SELECT '7'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -2656,7 +2857,8 @@ GRANT EXECUTE ON FUNCTION
     TO pgq_producer;
 
 GRANT EXECUTE ON FUNCTION
-    pgq.claim(text, text[], integer, interval),
+    pgq.claim(text, text[], integer, interval, text[]),
+    pgq.queue_status(text[]),
     pgq.renew(bigint, integer, interval),
     pgq.complete(bigint, integer, jsonb),
     pgq.complete_many(bigint[], integer[]),
@@ -2686,6 +2888,8 @@ GRANT EXECUTE ON FUNCTION
     pgq.health(interval, interval),
     pgq.get_job(bigint),
     pgq.job_history(bigint),
+    pgq.list_jobs(text, text, text, integer, bigint),
+    pgq.queue_status(text[]),
     pgq.schedules(),
     pgq.version()
     TO pgq_monitor;

@@ -18,3 +18,12 @@ def test_the_server_side_ab_times_both_databases() -> None:
     result = schedules_timeouts_ab_server(jobs=30, repeats=2)
     assert [len(result["us_per_claim_complete"][k]) for k in ("A", "B")] == [2, 2]
     assert result["ratio_of_mins"] > 0 and result["ratio_after_over_before"] > 0
+
+
+def test_the_operators_day_ab_drains_0005_and_0006_with_and_without_kinds() -> None:
+    from pgq_thin.tools.bench import OPERATORS_AFTER, OPERATORS_BEFORE, operators_day_ab
+
+    result = operators_day_ab(jobs=60, workers=2, repeats=3, fsync=False)
+    assert (result["before"], result["after"]) == (OPERATORS_BEFORE, OPERATORS_AFTER)
+    assert {k: len(v) for k, v in result["rates"].items()} == {"A": 3, "B": 3, "B kinds": 3}
+    assert all(rate > 0 for rates in result["rates"].values() for rate in rates)  # each drain's count matched

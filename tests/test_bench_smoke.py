@@ -4,6 +4,7 @@ was produced, never how fast: benchmarks are not timed tests."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -35,6 +36,9 @@ def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp
     assert any("jobs_ready_idx" in plan for plan in result["claim_latency"]["200"]["plans"])
     table = (tmp_path / "bench.md").read_text()
     assert "| raw b1 | 2 |" in table and "× raw b10" in table
+    # The page says what it measured on: the machine and the server's settings.
+    assert f"Machine: {os.cpu_count()} CPUs" in table and "RAM" in table, table[:600]
+    assert re.search(r"Server settings: shared_buffers \S+, max_connections \d+, work_mem", table), table[:600]
     try:
         import matplotlib  # noqa: F401
     except ImportError:

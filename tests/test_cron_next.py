@@ -32,9 +32,9 @@ HELPERS = ["_cron_next_bit", "_cron_bad_field", "_cron_value", "_cron_field", "_
 
 
 @pytest.fixture(scope="module")
-def cron_dsn(pg_server, admin_dsn: str, template_db: str) -> Iterator[str]:
+def cron_dsn(databases, template_db: str) -> Iterator[str]:
     """One migrated database for the module (nothing here writes): pgq.cron_next as installed."""
-    for dsn in fresh_database(pg_server, admin_dsn, template_db, prefix="cron"):
+    for dsn in fresh_database(databases, template_db):
         with psycopg.connect(dsn, autocommit=True) as c:
             assert one(c, "SELECT to_regprocedure('pgq.cron_next(text, timestamptz, text)') IS NOT NULL")
         yield dsn
@@ -490,7 +490,7 @@ def test_an_expression_that_never_matches(db, cron):
     e = error_of(db, "SELECT pgq.cron_next(%s, now())", (cron,))
     assert e.sqlstate == "22023"
     assert 'argument "cron" never matches' in str(e) and "day-of-month" in str(e)
-    with pytest.raises(Exception):  # noqa: B017 (croniter's error class differs between its versions)
+    with pytest.raises(Exception):  # noqa: B017 - croniter's own error types differ between its versions
         croniter(cron, datetime(2026, 1, 1)).get_next(datetime)
 
 

@@ -29,6 +29,15 @@ def test_demo_on_a_throwaway_server_recovers_the_crash_and_rejects_the_stale_wri
     assert re.search(r"stale writes\s+[1-9]\d* rejected by the fence", out), out
     assert "rejected" in out.split("(its worker was frozen past its lease)")[1]
     assert "result           OK" in out
+    # Every job it shows is introduced before it is shown, and nothing is left behind.
+    crash_id = re.search(r"and job (\d+), a slow one \(30 s, claimed first\): its worker will be killed", out)
+    freeze_id = re.search(r"enqueued job (\d+), a slow one \(4 s, claimed next\): its worker will be frozen", out)
+    assert crash_id and freeze_id, out
+    assert f"job {crash_id[1]} (its worker was killed)" in out and f"job {freeze_id[1]} (its worker was frozen" in out
+    assert "Each claim is an attempt" in out
+    log_dir = re.search(r"their logs in (\S+), removed at the end", out)
+    assert log_dir, out
+    assert not os.path.exists(log_dir[1])
 
 
 def test_worker_command_runs_an_app_until_sigterm(dsn: str, conn: psycopg.Connection) -> None:

@@ -87,6 +87,9 @@ def test_a_worker_completes_good_jobs_and_fails_bad_ones(
 
     proc = run_worker(worker_command, dsn, QUEUE="examples", WORKER="w-example", BATCH="3")
     assert proc.returncode == 0, proc.stderr
+    # The log says what became of each failure, in words.
+    assert f"job {retryable} attempt 1: failed; it will be retried after its backoff" in proc.stderr
+    assert f"job {final} attempt 1: failed for good (no attempts left)" in proc.stderr
 
     for job_id in good + [nasty, not_really]:
         row = job(conn, job_id)
@@ -222,6 +225,15 @@ def test_a_bad_setting_is_refused_by_pgq_and_the_worker_exits_non_zero(
     proc = run_worker(worker_command, dsn, QUEUE="examples", BATCH="5000")
     assert proc.returncode != 0
     assert 'argument "batch" must be between 1 and 1000' in proc.stderr
+    if worker_command[0] == "node":
+        assert "(SQLSTATE 22023)" in proc.stderr
+
+
+def test_the_node_worker_labels_a_connection_error_as_node_s_own_code(node_example: Path) -> None:
+    proc = run_worker(["node", str(node_example / "node_worker.mjs"), "--drain"],
+                      "postgresql://nobody@127.0.0.1:1/nowhere")
+    assert proc.returncode == 1
+    assert "(Node error code ECONNREFUSED)" in proc.stderr and "SQLSTATE" not in proc.stderr
 
 
 def test_the_psql_worker_reads_its_database_from_pgq_dsn_first(dsn: str) -> None:

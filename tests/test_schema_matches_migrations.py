@@ -155,7 +155,8 @@ MIGRATION_SHA256 = {
     "0002_cheaper_name_checks.sql": "e40c5560da4a1f1fc81c02d33afe62c74fd7cd7dd5a755a70b522b160fd0086c",
     "0004_schedules_timeouts_progress.sql": "1cfe0f5fe1f53dd95502dd4c34f8d6ff4bbd80c7137e0e9876c2bb5a461d6726",
     "0005_version.sql": "6fabb054b17a18a925555afe60edb2a640bb73da8cbb43017d8d76c7b84da496",
-    "0006_failover_fence.sql": "fbe4b92b4c50725c6898e2eb78f31bc85806a510c3e00364bf2d3274512a38c6",
+    "0006_operators_day.sql": "a0903450ca8213f5335f707413cb6d4894a1125d0f97264d8037d5f6e1245986",
+    "0007_failover_fence.sql": "51220a088d73b74e55bb1e8423aaba48a0b47877fbe3e65d02a31eedfba84ebb",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 

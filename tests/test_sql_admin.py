@@ -275,7 +275,21 @@ def test_pause_stops_claims_and_resume_lets_them_go_on(conn):
     assert claim(conn)[0]["id"] == job_id
 
 
-def test_pause_of_a_new_queue_creates_it_paused(conn):
+def test_pause_and_resume_of_a_queue_that_does_not_exist_are_refused_and_create_nothing(conn):
+    for call in ("pause", "resume"):
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as err:
+            conn.execute(f"SELECT pgq.{call}('emials')")
+        assert err.value.diag.message_primary == 'pgq: argument "queue" names no queue: \'emials\''
+        assert "pgq.configure_queue" in err.value.diag.message_hint
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match='argument "queue" is not a valid name'):
+        conn.execute("SELECT pgq.pause('bad queue!')")
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match='argument "queue" must not be NULL'):
+        conn.execute("SELECT pgq.pause(NULL)")
+    assert one(conn, "SELECT count(*) FROM pgq.queues WHERE name IN ('emials', 'bad queue!')") == 0
+
+
+def test_a_queue_made_by_configure_queue_can_be_paused_before_its_first_job(conn):
+    conn.execute("SELECT pgq.configure_queue('later')")  # configure_queue still creates a queue
     assert conn.execute("SELECT paused FROM pgq.pause('later')").fetchone() == (True,)
     job_id = one(conn, "SELECT pgq.enqueue('later', 'k')")
     assert claim(conn) == []
@@ -293,6 +307,7 @@ def test_resume_notifies_and_pause_does_not(connect):
     c = connect()
     listener = connect()
     listener.execute("LISTEN pgq")
+    c.execute("SELECT pgq.configure_queue('q')")
     c.execute("SELECT pgq.pause('q')")
     c.execute("SELECT pgq.resume('q')")
     assert notifications_until_marker(listener, c) == ["q"]
@@ -361,6 +376,7 @@ def test_stats_counts_every_state_per_queue(conn):
             add(state)
     conn.execute("UPDATE pgq.jobs SET run_at = now() - interval '10 minutes' WHERE state = 'pending' "
                  "AND run_at <= now()")
+    conn.execute("SELECT pgq.configure_queue('idle')")
     conn.execute("SELECT pgq.pause('idle')")
     cur = conn.execute("SELECT * FROM pgq.stats()")
     rows = {r[0]: dict(zip([d.name for d in cur.description], r)) for r in cur.fetchall()}

@@ -158,3 +158,10 @@ def test_a_timed_out_attempt_backs_off_from_the_real_attempt_count_too(conn, con
     after = job(conn, job_id)
     assert (after["state"], after["last_event"]) == ("pending", "timed_out")
     assert timedelta(seconds=9) <= after["run_at"] - before <= timedelta(seconds=11), after["run_at"] - before
+
+
+def test_a_claim_by_kinds_checks_the_fence_too(conn, connect):
+    one(conn, "SELECT pgq.enqueue('q', 'mail')")
+    promoted(conn)
+    rows = connect().execute("SELECT kind, attempt FROM pgq.claim('w', kinds => ARRAY['mail'])").fetchall()
+    assert rows == [("mail", 1 + STEP)]

@@ -49,6 +49,8 @@ API: dict[str, tuple[str, set[str]]] = {
     "schedules": ("SELECT * FROM pgq.schedules()", MONITOR),
     "get_job": ("SELECT * FROM pgq.get_job(1)", MONITOR),
     "job_history": ("SELECT * FROM pgq.job_history(1)", MONITOR),
+    "list_jobs": ("SELECT * FROM pgq.list_jobs()", MONITOR),
+    "queue_status": ("SELECT * FROM pgq.queue_status('{q}')", {"pgq_worker", "pgq_monitor", "pgq_admin"}),
     "version": ("SELECT pgq.version()", {"pgq_producer", "pgq_worker", "pgq_monitor", "pgq_admin"}),
     "cron_next": ("SELECT pgq.cron_next('0 * * * *', now())",
                   {"pgq_producer", "pgq_worker", "pgq_monitor", "pgq_admin"}),

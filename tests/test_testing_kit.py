@@ -61,6 +61,13 @@ def test_failures_and_retries_are_told_apart(pgq_client):
     assert pgq_client.get_job(later).state == "pending"
 
 
+def test_a_job_of_a_kind_the_worker_has_no_handler_for_is_left_alone(pgq_client):
+    other = pgq_client.enqueue("mail", "newsletter", {})  # another worker's kind
+    mine = pgq_client.enqueue("mail", "welcome", {"to": "eve"})
+    assert drain(worker).outcomes == {mine: "done"}
+    assert pgq_client.get_job(other).state == "pending" and pgq_client.get_job(other).attempt == 0
+
+
 def test_the_dsn_fixture_is_a_migrated_database(pgq_dsn):
     import psycopg
 
@@ -90,7 +97,7 @@ def test_a_drain_that_cannot_finish_says_what_was_left(pgq_client):
 def test_a_users_tests_enqueue_drain_and_assert(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_user=USER_TESTS)
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=6)
 
 
 @pytest.mark.slow  # a pytest process and a throwaway server of its own

@@ -4,6 +4,7 @@ The behaviour of a whole worker is in test_worker.py; these tests pin each part'
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -171,6 +172,25 @@ def test_each_handler_outcome_maps_to_one_owner_call_with_its_arguments() -> Non
     client = Recorder()
     outcome_of(Snooze(7)).send(client, a_job(9, attempt=3))
     assert client.calls == [("snooze", 9, 3, {"delay": 7})]
+
+
+def test_the_log_says_what_became_of_each_outcome_in_a_sentence(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="pgq_thin.worker")
+    outcome_of(Retry())
+    outcome_of(Retry(5, "the API said 429"))
+    outcome_of(Snooze(timedelta(minutes=1)))
+    job = JobLog(a_job(4, attempt=2))
+    outcomes.Outcome("fail").answered(job, "pending")
+    outcomes.Outcome("fail").answered(job, "failed")
+    messages = [r.getMessage().split(": ", 1)[1] for r in caplog.records]
+    assert messages == [
+        "the handler asked for a retry after the queue's backoff",
+        "the handler asked for a retry in 5 s: the API said 429",
+        "the handler snoozed the job for 60 s (no attempt used)",
+        "failed; it will be retried after its backoff",
+        "failed for good: no attempts left, or not retryable",
+    ]
+    assert str(Snooze(90)) == "snoozed for 90 s"
 
 
 # The signal rule (no database; the real signals are in test_worker_processes.py) ---------------------

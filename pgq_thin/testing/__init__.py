@@ -10,10 +10,11 @@ enqueue, drain and assert without sleeping.
 
 ``drain(worker)`` runs a copy of ``worker`` (same settings, same handlers: a Worker runs once, and a
 test may drain the app's worker many times) in a thread, on the test's database, until none of the
-worker's queues has a job that is due or running, then stops it and reads what became of every job
-it claimed from the database (pgq.get_job). ``await adrain(worker)`` does the same for an
-``AsyncWorker`` on the running event loop. The rules of the queue (what is due, backoff, caps) are
-pgq's own: the kit only watches pgq.stats.
+worker's queues has a job of the worker's kinds that is due, nor one running (a worker claims only
+the kinds it has handlers for: a job of another kind is left for another worker), then stops it
+and reads what became of every job it claimed from the database (pgq.get_job). ``await
+adrain(worker)`` does the same for an ``AsyncWorker`` on the running event loop. The rules of
+the queue (what is due, backoff, caps) are pgq's own: the kit only counts what is due and running.
 
 The pytest plugin (``pgq_thin.testing.plugin``, on whenever pgq-thin is installed) provides the
 fixtures ``pgq_dsn`` and ``pgq_client``; ``pgq_thin.testing.server`` is the throwaway PostgreSQL
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgq_thin.client import Client
-from pgq_thin.models import JobRecord, QueueStats
+from pgq_thin.models import JobRecord
 
 __all__ = ["DrainResult", "DrainTimeout", "DrainedJob", "adrain", "current_dsn", "drain"]
 
@@ -128,15 +129,30 @@ def _fresh_copy(worker: Any) -> Any:
     return copy
 
 
-def _settled(stats: Sequence[QueueStats], queues: Sequence[str] | None) -> bool:
-    """Nothing of ``queues`` (None: every queue) is due (in an unpaused queue) or running."""
-    mine = [s for s in stats if queues is None or s.queue in queues]
-    return all(s.running == 0 and (s.pending == 0 or s.paused) for s in mine)
+#: Per queue of the worker's (all when NULL): its due jobs of the worker's kinds in an unpaused
+#: queue (the jobs the worker would claim: it claims only the kinds it has handlers for), and its
+#: running jobs.
+_BUSY = """
+    SELECT q.name,
+           count(*) FILTER (WHERE j.state = 'pending' AND j.run_at <= now() AND NOT q.paused
+                              AND j.kind = ANY (%(kinds)s::text[])),
+           count(*) FILTER (WHERE j.state = 'running')
+    FROM pgq.queues AS q JOIN pgq.jobs AS j ON j.queue = q.name
+    WHERE (%(queues)s::text[] IS NULL OR q.name = ANY (%(queues)s::text[])) AND j.state IN ('pending', 'running')
+    GROUP BY q.name ORDER BY q.name"""
+
+Busy = list[tuple[str, int, int]]  # (queue, due jobs of the worker's kinds, running jobs)
+
+
+def _settled(busy: Busy) -> bool:
+    """Nothing the worker would claim is due, and nothing of its queues is running."""
+    return all(due == 0 and running == 0 for _, due, running in busy)
 
 
 class _Observer:
-    """The drain's view of the database: pgq.stats while the worker runs, then pgq.get_job for each
-    job the worker claimed (pgq.jobs.claimed_by names it, claimed_at is after the drain began)."""
+    """The drain's view of the database: what is due and running while the worker runs, then
+    pgq.get_job for each job the worker claimed (pgq.jobs.claimed_by names it, claimed_at is after
+    the drain began)."""
 
     def __init__(self, dsn: str, pooled: bool = False) -> None:
         # pooled: the drained worker's switch (a transaction-pooling proxy), the observer's too.
@@ -150,8 +166,10 @@ class _Observer:
             self.client.close()
             raise
 
-    def stats(self) -> list[QueueStats]:
-        return self.client.stats()
+    def busy(self, queues: Sequence[str] | None, kinds: Sequence[str]) -> Busy:
+        with self.client.pool.connection() as conn:
+            return [(str(q), int(due), int(running)) for q, due, running in conn.execute(
+                _BUSY, {"queues": None if queues is None else list(queues), "kinds": list(kinds)}).fetchall()]
 
     def result(self, worker_name: str) -> DrainResult:
         with self.client.pool.connection() as conn:
@@ -170,10 +188,9 @@ def _drained_job(record: JobRecord) -> DrainedJob:
                       error=record.last_error, result=record.result, record=record)
 
 
-def _timeout_message(timeout: float, stats: Sequence[QueueStats], queues: Sequence[str] | None) -> str:
-    busy = [f"{s.queue}: {s.pending} due, {s.running} running" for s in stats
-            if (queues is None or s.queue in queues) and (s.running or (s.pending and not s.paused))]
-    return f"drain: jobs were still due or running after {timeout:g}s ({'; '.join(busy)})"
+def _timeout_message(timeout: float, busy: Busy) -> str:
+    left = [f"{queue}: {due} due, {running} running" for queue, due, running in busy if due or running]
+    return f"drain: jobs were still due or running after {timeout:g}s ({'; '.join(left)})"
 
 
 def drain(worker: Any, dsn: str | None = None, timeout: float = 30.0) -> DrainResult:
@@ -201,11 +218,11 @@ def drain(worker: Any, dsn: str | None = None, timeout: float = 30.0) -> DrainRe
         deadline = time.monotonic() + timeout
         try:
             while True:
-                stats = observer.stats()
-                if _settled(stats, runner.queues) or not thread.is_alive():
+                busy = observer.busy(runner.queues, runner.kinds)
+                if _settled(busy) or not thread.is_alive():
                     break
                 if time.monotonic() > deadline:
-                    raise DrainTimeout(_timeout_message(timeout, stats, runner.queues))
+                    raise DrainTimeout(_timeout_message(timeout, busy))
                 time.sleep(0.02)
         finally:
             runner.stop()
@@ -219,7 +236,7 @@ def drain(worker: Any, dsn: str | None = None, timeout: float = 30.0) -> DrainRe
 
 async def adrain(worker: Any, dsn: str | None = None, timeout: float = 30.0) -> DrainResult:
     """``drain`` for an ``AsyncWorker``: runs ``await worker.run(dsn, install_signal_handlers=False)``
-    (on a copy of it) as a task of the running loop, watches pgq.stats until none of its queues has
+    (on a copy of it) as a task of the running loop, watches the database until none of its queues has
     a job that is due or running, stops it and returns what became of each job it claimed."""
     dsn = _resolve(dsn)
     runner = _fresh_copy(worker)
@@ -229,11 +246,11 @@ async def adrain(worker: Any, dsn: str | None = None, timeout: float = 30.0) -> 
         deadline = time.monotonic() + timeout
         try:
             while True:
-                stats = await asyncio.to_thread(observer.stats)
-                if _settled(stats, runner.queues) or task.done():
+                busy = await asyncio.to_thread(observer.busy, runner.queues, runner.kinds)
+                if _settled(busy) or task.done():
                     break
                 if time.monotonic() > deadline:
-                    raise DrainTimeout(_timeout_message(timeout, stats, runner.queues))
+                    raise DrainTimeout(_timeout_message(timeout, busy))
                 await asyncio.sleep(0.02)
         finally:
             runner.stop()

@@ -248,7 +248,7 @@ def _drain_raw(dsn: str, workers: int, batch: int) -> None:
 def _drain_pgq(dsn: str, workers: int, batch: int) -> None:
     def work(i: int) -> None:
         with _connect(dsn) as conn:
-            params = {"worker": f"bench-{i}", "queues": [QUEUE], "batch": batch, "lease": None}
+            params = {"worker": f"bench-{i}", "queues": [QUEUE], "batch": batch, "lease": None, "kinds": None}
             while True:
                 rows = conn.execute(queries.CLAIM, params, prepare=True).fetchall()
                 if not rows:
@@ -464,7 +464,7 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                         conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}),
                                                        "run_at": None, "priority": 0, "max_attempts": None,
                                                        "unique_key": None, "tenant": None, "max_run_time": None},
-                                       prepare=True)
+                                     prepare=True)
                 out[label].append(cfg.single_enqueues / (time.perf_counter() - t))
             # TESTING.md 17: the commit-lock cost of NOTIFY. A transaction that notifies takes a
             # global lock at commit; with many producers committing one enqueue each, compare the
@@ -603,7 +603,7 @@ def _claim_latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                 conn.execute("CHECKPOINT")
             except psycopg.Error:
                 pass  # not a superuser (--dsn): the checkpointer will get there
-            params = {"worker": "bench-claim", "queues": [QUEUE], "batch": 1, "lease": None}
+            params = {"worker": "bench-claim", "queues": [QUEUE], "batch": 1, "lease": None, "kinds": None}
             claim_ms, complete_ms = [], []
             for _ in range(cfg.claim_samples):
                 t = time.perf_counter()
@@ -657,7 +657,7 @@ def _churn(dsn: str, seconds: float, workers: int = 4, sample_every: float = 2.0
 
     def consumer(i: int) -> None:
         with _connect(dsn) as conn:
-            params = {"worker": f"churn-{i}", "queues": [QUEUE], "batch": 10, "lease": None}
+            params = {"worker": f"churn-{i}", "queues": [QUEUE], "batch": 10, "lease": None, "kinds": None}
             while not stop.is_set():
                 rows = conn.execute(queries.CLAIM, params, prepare=True).fetchall()
                 if not rows:
@@ -739,6 +739,9 @@ def _markdown(res: dict[str, Any]) -> str:
              f"{res.get('server', 'a server')}: PostgreSQL {res['server_version']}, **{fs}**, {res['cpus']} CPUs, "
              f"load average {load.get('before', '?')} before the start and {load.get('after', '?')} at the end; "
              f"{res['config']['jobs']} jobs per drain, {res['config']['repeats']} repetitions (median (min–max))", ""]
+    if "machine" in res:  # runs recorded before the machine was written down lack these
+        lines += [f"Machine: {res['machine']}; the server and the benchmark's clients share it.", "",
+                  f"Server settings: {res['server_settings']}.", ""]
     if "drain" in res:
         lines += [f"### Drain (jobs/s; pgbench: transactions/s; {fs})", "",
                   "Every drain: wall clock from starting its consumers to an outside observer counting N done "
@@ -924,6 +927,35 @@ def update_readme(path: str, table: str) -> None:
     Path(path).write_text(f"{head}{BENCH_BEGIN}\n{table.strip()}\n{BENCH_END}{tail}")
 
 
+def _machine() -> str:
+    """What the run ran on: the CPU model and count, the memory and the operating system."""
+    import platform
+
+    model = memory = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+        with open("/proc/meminfo") as f:
+            kib = next((int(line.split()[1]) for line in f if line.startswith("MemTotal:")), None)
+            memory = None if kib is None else f"{kib / 1024 / 1024:.1f} GiB RAM"
+    except OSError:
+        pass
+    parts = [f"{os.cpu_count()} CPUs" + (f" ({model})" if model else ""), memory,
+             f"{platform.system()} {platform.release()}", f"Python {platform.python_version()}"]
+    return ", ".join(p for p in parts if p)
+
+
+#: The server settings a reader needs to compare a run with their own server.
+REPORTED_SETTINGS = ("shared_buffers", "max_connections", "work_mem", "wal_level", "max_wal_size",
+                     "checkpoint_timeout", "autovacuum_naptime", "jit")
+
+
+def _server_settings(conn: psycopg.Connection[Any]) -> str:
+    rows = conn.execute("SELECT name, current_setting(name) FROM unnest(%s::text[]) AS s(name)",
+                        (list(REPORTED_SETTINGS),)).fetchall()
+    return ", ".join(f"{name} {value}" for name, value in rows)
+
+
 def _loadavg() -> str:
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -967,8 +999,10 @@ def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
             version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
             fsync_now = conn.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
             sync_commit = conn.execute("SHOW synchronous_commit").fetchone()[0]  # type: ignore[index]
+            settings = _server_settings(conn)
         res: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "server_version": version, "cpus": os.cpu_count(),
+                               "machine": _machine(), "server_settings": settings,
                                "fsync": fsync_now, "synchronous_commit": sync_commit,
                                "server": "a throwaway PostgreSQL (pgq_thin.testing.server)" if dsn is None
                                else "the server given by dsn",
@@ -1029,25 +1063,24 @@ def _migrate_to(dsn: str, last: str) -> list[str]:
         backend.connection.close()
 
 
-def _ab_databases(server: Any) -> dict[str, str]:
-    """Databases ab_a (migrated to AB_BEFORE) and ab_b (to AB_AFTER) on ``server``: their DSNs."""
+def _ab_databases(databases: Databases, before: str = AB_BEFORE, after: str = AB_AFTER) -> dict[str, str]:
+    """Databases ab_a (migrated to ``before``) and ab_b (to ``after``) on one server: their DSNs."""
     dsns = {}
-    for label, last in (("A", AB_BEFORE), ("B", AB_AFTER)):
-        with _connect(server.dsn_for("postgres")) as conn:
-            conn.execute(f"CREATE DATABASE ab_{label.lower()}")
-        dsns[label] = server.dsn_for(f"ab_{label.lower()}")
+    for label, last in (("A", before), ("B", after)):
+        dsns[label] = databases.create(f"ab_{label.lower()}")
         _migrate_to(dsns[label], last)
     with _connect(dsns["A"]) as a, _connect(dsns["B"]) as b:
-        has_schedules = [c.execute("SELECT to_regclass('pgq.schedules') IS NOT NULL").fetchone()[0]  # type: ignore[index]
-                         for c in (a, b)]
-    if has_schedules != [False, True]:
-        raise RuntimeError(f"A/B databases are not at {AB_BEFORE} and {AB_AFTER}: {has_schedules}")
+        newest = [c.execute("SELECT max(migration_id) FROM _yoyo_migration").fetchone()[0]  # type: ignore[index]
+                  for c in (a, b)]
+    if newest != [before, after]:
+        raise RuntimeError(f"A/B databases are not at {before} and {after}: {newest}")
     return dsns
 
 
-def _ab_drain(dsn: str, workers: int, n: int) -> float:
+def _ab_drain(dsn: str, workers: int, n: int, kinds: list[str] | None = None) -> float:
     """Load n jobs into a plain queue, drain them with claim(batch 1) + complete from ``workers``
-    threads; jobs per second by the wall clock around the threads (connect and close included)."""
+    threads; jobs per second by the wall clock around the threads (connect and close included).
+    ``kinds``: the claims name them (as a Worker names its handlers' kinds); None: they do not."""
     with _connect(dsn) as conn:
         conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
         conn.execute("SELECT pgq.enqueue_many(%s, 'noop', ARRAY(SELECT jsonb_build_object('n', g)"
@@ -1055,12 +1088,12 @@ def _ab_drain(dsn: str, workers: int, n: int) -> float:
         conn.execute("VACUUM ANALYZE pgq.jobs")
         conn.execute("VACUUM ANALYZE pgq.job_events")
     claim = ("SELECT id, attempt FROM pgq.claim(worker => %(worker)s::text, queues => %(queues)s::text[],"
-             " batch => 1)")
+             " batch => 1" + (", kinds => %(kinds)s::text[])" if kinds is not None else ")"))
     complete = "SELECT pgq.complete(id => %(id)s::bigint, attempt => %(attempt)s::integer)"
 
     def work(i: int) -> None:
         with _connect(dsn) as conn:
-            params = {"worker": f"ab-{i}", "queues": [QUEUE]}
+            params = {"worker": f"ab-{i}", "queues": [QUEUE], "kinds": kinds}
             while True:
                 rows = conn.execute(claim, params, prepare=True).fetchall()
                 if not rows:
@@ -1083,12 +1116,10 @@ def schedules_timeouts_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 
     AB_BEFORE (A) and one migrated to AB_AFTER (B), on one throwaway server, drained alternately
     (A B, then B A, ...) so that both see the same machine; with fsync on or off. Returns the
     rates, their medians and the ratio B/A of the medians."""
-    from pgq_thin.testing import server as embedded
-
-    settings = embedded.SERVER_SETTINGS if not fsync else embedded.SERVER_SETTINGS.replace(" -F ", " ")
-    server = embedded.start(postgres_args=settings)
+    # The throwaway server's settings, with fsync as asked (a later -c wins over -F).
+    databases = Databases(postgres_args=f"{SERVER_SETTINGS} -c fsync={'on' if fsync else 'off'}")
     try:
-        dsns = _ab_databases(server)
+        dsns = _ab_databases(databases)
         with _connect(dsns["A"]) as a:
             fsync_setting = a.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
             version = a.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
@@ -1103,7 +1134,7 @@ def schedules_timeouts_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 
                 "repeats": repeats, "before": AB_BEFORE, "after": AB_AFTER, "rates": rates,
                 "median": med, "ratio_after_over_before": med["B"] / med["A"]}
     finally:
-        server.stop()
+        databases.close()
 
 
 #: The claim and complete of _ab_drain, n times in one server-side loop (each pair committed, as
@@ -1126,11 +1157,9 @@ def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12) -> dict
     """The same A/B as schedules_timeouts_ab, timed inside the server: jobs claim+complete pairs
     per DO loop (AB_SERVER_LOOP) on A (AB_BEFORE) and B (AB_AFTER), alternately; microseconds per
     pair and the ratio B/A of the medians."""
-    from pgq_thin.testing import server as embedded
-
-    server = embedded.start()
+    databases = Databases()
     try:
-        dsns = _ab_databases(server)
+        dsns = _ab_databases(databases)
         per_pair: dict[str, list[float]] = {"A": [], "B": []}
         for r in range(repeats + 1):  # the first round warms up and is not counted
             for label in (("A", "B") if r % 2 == 0 else ("B", "A")):
@@ -1150,7 +1179,44 @@ def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12) -> dict
                 "us_per_claim_complete": per_pair, "median_us": med, "min_us": best,
                 "ratio_after_over_before": med["B"] / med["A"], "ratio_of_mins": best["B"] / best["A"]}
     finally:
-        server.stop()
+        databases.close()
+
+
+# A/B: the claim before and after migration 0006 (kinds, list_jobs' and the kinds' indexes) ---------
+
+OPERATORS_BEFORE = "0005_version"
+OPERATORS_AFTER = "0006_operators_day"
+
+
+def operators_day_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 5, fsync: bool = True) -> dict[str, Any]:
+    """The claim+complete rate of a plain queue on a database migrated to 0005 (A) and one migrated
+    to 0006 (B: claims with kinds => NULL, as before; and "B kinds": claims naming the job's kind,
+    as a Worker does), one throwaway server, drained in turn (each repetition starts with another
+    one); fsync on or off. Rates, medians and the ratios of the medians to A's."""
+    # The throwaway server's settings, with fsync as asked (a later -c wins over -F).
+    databases = Databases(postgres_args=f"{SERVER_SETTINGS} -c fsync={'on' if fsync else 'off'}")
+    try:
+        dsns = _ab_databases(databases, OPERATORS_BEFORE, OPERATORS_AFTER)
+        with _connect(dsns["A"]) as a:
+            fsync_setting = a.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
+            version = a.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        series: dict[str, tuple[str, list[str] | None]] = {"A": (dsns["A"], None), "B": (dsns["B"], None),
+                                                            "B kinds": (dsns["B"], ["noop"])}
+        for dsn, kinds in series.values():  # warm-up, not counted
+            _ab_drain(dsn, workers, min(jobs, 500), kinds)
+        rates: dict[str, list[float]] = {k: [] for k in series}
+        labels = list(series)
+        for r in range(repeats):
+            for label in labels[r % 3:] + labels[:r % 3]:
+                dsn, kinds = series[label]
+                rates[label].append(_ab_drain(dsn, workers, jobs, kinds))
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        return {"server_version": version, "fsync": fsync_setting, "jobs": jobs, "workers": workers,
+                "repeats": repeats, "before": OPERATORS_BEFORE, "after": OPERATORS_AFTER, "rates": rates,
+                "median": med, "ratio_B_over_A": med["B"] / med["A"],
+                "ratio_B_kinds_over_A": med["B kinds"] / med["A"]}
+    finally:
+        databases.close()
 
 
 if __name__ == "__main__":  # python -m pgq_thin.tools.bench [jobs workers repeats]: the A/B, fsync on and off

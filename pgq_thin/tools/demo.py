@@ -6,6 +6,7 @@ expired and the job was finished by someone else (its late write is rejected by 
 from __future__ import annotations
 
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -71,6 +72,8 @@ def run_demo(dsn: str | None = None, jobs: int = 3000, workers: int = 3, concurr
         return 2
     server = None
     fleet = None
+    log_dir: str | None = None
+    keep_logs = False  # a failed run keeps the workers' logs, and says where
     try:
         if dsn is None:
             say("1. Starting a throwaway PostgreSQL (removed at the end)...")
@@ -87,8 +90,9 @@ def run_demo(dsn: str | None = None, jobs: int = 3000, workers: int = 3, concurr
             ids = client.enqueue_many(QUEUE, "demo.work",
                                       [{"n": i, "ms": random.randint(1, 8)} for i in range(jobs)])
             first, last = ids[0], ids[-1]
-            say(f"3. Enqueued {jobs} jobs (ids {first}..{last}) and one slow job {crash_id}, "
-                f"lease {LEASE.total_seconds():g}s.")
+            say(f"3. Enqueued {jobs} short jobs (ids {first}..{last}) and job {crash_id}, a slow one (30 s, "
+                f"claimed first): its worker will be killed while it runs. Every claim holds a job for a "
+                f"lease of {LEASE.total_seconds():g}s, renewed while its worker is alive.")
 
             log_dir = tempfile.mkdtemp(prefix="pgq-demo-")
             fleet = Fleet(log_dir)
@@ -97,7 +101,8 @@ def run_demo(dsn: str | None = None, jobs: int = 3000, workers: int = 3, concurr
                 name = f"demo-worker-{i}"
                 fleet.start(name, worker_command("pgq_thin.tools.demo_app:worker", dsn, queues=[QUEUE],
                                                  concurrency=concurrency), env={"PGQ_DEMO_WORKER": name})
-            say(f"4. Started {workers} worker processes x {concurrency} slots (logs in {log_dir}).")
+            say(f"4. Started {workers} worker processes x {concurrency} slots (their logs in {log_dir}, "
+                "removed at the end).")
 
             progress = Progress(jobs)
             freeze_id = None
@@ -127,6 +132,8 @@ def run_demo(dsn: str | None = None, jobs: int = 3000, workers: int = 3, concurr
                     if not _row(client, "SELECT count(*) FROM pg_stat_activity WHERE application_name"
                                         " IN (%s, %s)", (f"pgq-worker {killed}", f"pgq-listen {killed}"))[0]:
                         freeze_id = client.enqueue(QUEUE, "demo.slow", {"seconds": 4}, priority=10)
+                        notes.append(f"   enqueued job {freeze_id}, a slow one (4 s, claimed next): its worker "
+                                     "will be frozen while it runs")
                         step = "freeze"
                 elif step == "freeze":
                     row = _row(client, "SELECT claimed_by, attempt FROM pgq.jobs WHERE id = %s AND state = 'running'",
@@ -180,16 +187,22 @@ def run_demo(dsn: str | None = None, jobs: int = 3000, workers: int = 3, concurr
                                     " WHERE j.queue = %s AND e.event = 'rejected'", (QUEUE,))[0]
             say("6. Summary:")
             say(f"   jobs done        {done}/{jobs} (+ the slow job: {crash[0]})")
-            say(f"   attempts         {attempts} ({retried} job(s) needed more than one)")
+            say(f"   attempts         {attempts} for the {jobs} short jobs: {retried} needed more than one. Each "
+                "claim is an attempt; the jobs the killed or frozen worker held (running, or claimed and "
+                "waiting for a slot) were claimed again after their lease")
             say(f"   stale writes     {rejected} rejected by the fence")
             say(f"   elapsed          {elapsed:.1f}s, {jobs / elapsed:,.0f} jobs/s")
             ok = (done == jobs and crash[0] == "done" and crash[1] >= 2 and rejected >= 1 and step == "finish")
             say("   result           OK: every job done, the crash recovered, the stale write rejected" if ok
-                else f"   result           FAILED (stopped at step {step!r})")
+                else f"   result           FAILED (stopped at step {step!r}); the workers' logs are kept in "
+                     f"{log_dir}")
+            keep_logs = not ok
             return 0 if ok else 1
     finally:
         if fleet is not None:
             fleet.stop()
+        if log_dir is not None and not keep_logs:
+            shutil.rmtree(log_dir, ignore_errors=True)
         if server is not None:
             server.stop()
             say("7. Stopped the throwaway PostgreSQL.")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
 import statistics
 import tempfile
 import threading
@@ -378,14 +379,15 @@ def _prepare(dsn: str, migrate_dsn: str | None = None) -> None:
 
 def run_soak(minutes: float = 1.0, dsn: str | None = None, seed: int | None = None,
              print_fn: PrintFn = print, workers: int = 4, concurrency: int = 4,
-             producers: int = 2, rate: float = 150.0, failover: bool = False) -> int:
+             producers: int = 2, rate: float = 150.0, keep_logs: bool = False, failover: bool = False) -> int:
     """The chaos soak. Returns 0 when every invariant held, 1 otherwise (2 for bad arguments).
     ``rate`` is the producers' target in jobs per second. ``dsn`` None: a throwaway server
-    (started with $PGQ_PG_BIN's programs when set), restarted once mid-run. ``failover``: a
-    throwaway primary with a synchronous standby instead, everyone on a multi-host DSN, and
-    instead of the restart FAILOVERS failovers (the primary killed with -9, the standby
-    promoted, a new standby made of the new primary)."""
-    return soak_report(minutes, dsn, seed, print_fn, workers, concurrency, producers, rate, failover)[0]
+    (started with $PGQ_PG_BIN's programs when set), restarted once mid-run. The workers' logs are
+    removed at the end unless ``keep_logs`` or the run failed. ``failover``: a throwaway primary
+    with a synchronous standby instead, everyone on a multi-host DSN, and instead of the restart
+    FAILOVERS failovers (the primary killed with -9, the standby promoted, a new standby made of
+    the new primary)."""
+    return soak_report(minutes, dsn, seed, print_fn, workers, concurrency, producers, rate, keep_logs, failover)[0]
 
 
 #: How many failovers ``soak --failover`` makes, spread over the chaos.
@@ -394,7 +396,8 @@ FAILOVERS = 3
 
 def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None = None,
                 print_fn: PrintFn = print, workers: int = 4, concurrency: int = 4,
-                producers: int = 2, rate: float = 150.0, failover: bool = False) -> tuple[int, SoakCounts]:
+                producers: int = 2, rate: float = 150.0, keep_logs: bool = False,
+                failover: bool = False) -> tuple[int, SoakCounts]:
     """run_soak, also returning the counts (for the tests)."""
     counts = SoakCounts()
     if minutes <= 0 or workers < 2 or concurrency < 1 or producers < 1 or rate <= 0:
@@ -413,6 +416,7 @@ def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None =
     migrate_dsn: str | None = None
     fleet = None
     prod = None
+    log_dir: str | None = None
     try:
         if failover:
             pair = ReplicatedPair(synchronous=True)
@@ -438,7 +442,8 @@ def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None =
         prod = _Producers(dsn, producers, rate, rng)
         prod.start()
         print_fn(f"soak: {workers} workers x {concurrency} slots, {producers} producers (~{rate:g} jobs/s), "
-                 f"lease {LEASE_SECONDS:g}s; worker logs in {log_dir}")
+                 f"lease {LEASE_SECONDS:g}s; worker logs in {log_dir}"
+                 + (" (kept)" if keep_logs else " (removed at the end unless the run fails)"))
 
         started = time.monotonic()
         chaos_end = started + minutes * 60
@@ -527,12 +532,17 @@ def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None =
         for problem in problems:
             print_fn(f"  FAILED: {problem}")
         print_fn("soak: OK, every invariant held" if not problems else "soak: FAILED")
+        if problems or keep_logs:
+            print_fn(f"soak: the worker logs are kept in {log_dir}")
+            keep_logs = True
         return (0 if not problems else 1), counts
     finally:
         if prod is not None:
             prod.stop()
         if fleet is not None:
             fleet.stop()
+        if log_dir is not None and not keep_logs:
+            shutil.rmtree(log_dir, ignore_errors=True)
         if server is not None:
             server.stop()
         if pair is not None:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from psycopg_pool import AsyncConnectionPool
 
 from pgq_thin.async_client import AsyncClient
+from pgq_thin.errors import PgqError
 from pgq_thin.worker.aio_parts import (
     AsyncClaimer,
     AsyncCompleter,
@@ -91,6 +92,10 @@ class AsyncWorker(WorkerBase):
         client = AsyncClient(pool=pool, pooled=self.pooled)
         held, clock = HeldJobs(), DatabaseClock()
         await read_clock(clock, client)
+        try:
+            self._warn_about_queues(await client.queue_status(self.queues) if self.queues else [])
+        except PgqError as exc:
+            self._queues_not_checked(exc)
         policy = PrefetchPolicy(self.prefetch, self.concurrency)
         owner = AsyncOwnerCalls(client, held, flags, self.name)
         completer = AsyncCompleter(owner, held, flags)
@@ -99,7 +104,7 @@ class AsyncWorker(WorkerBase):
         renewer = AsyncRenewer(client, held, clock, flags, self.lease)
         self._claimer = claimer = AsyncClaimer(
             client, self.name, self.queues, self.lease, PollTimer(self.poll_interval, self.sweep_interval),
-            policy, slots, held, owner, clock, flags, self._listening, wake)
+            policy, slots, held, owner, clock, flags, self._listening, wake, kinds=self.kinds)
         listener = AsyncListener(dsn, self.queues, claimer.wake, self.name, self._listening)
         if flags.stopping.is_set():
             claimer.wake()

@@ -95,7 +95,7 @@ class AsyncOwnerCalls:
             return
         try:
             state = await self.until_answered("fail", held.log, lambda: instead.send(self.client, held.job))
-            held.log.info("failed instead, now %s", state)
+            held.log.info("recorded as a failure instead: %s", outcomes.failed_as(state))
         except Exception as again:  # noqa: BLE001
             held.log.error("fail refused too (%s); the lease will recover the job", again)
 
@@ -412,10 +412,11 @@ class AsyncClaimer:
     def __init__(self, client: AsyncClient, name: str, queues: Sequence[str] | None, lease: Delay | None,
                  timer: PollTimer, policy: PrefetchPolicy, slots: AsyncSlots, held: HeldJobs,
                  owner: AsyncOwnerCalls, clock: DatabaseClock, flags: Flags, listening: Any,
-                 wake: asyncio.Event) -> None:
+                 wake: asyncio.Event, kinds: Sequence[str] | None = None) -> None:
         self.client = client
         self.name = name
         self.queues = queues
+        self.kinds = kinds  # claim only these (the worker's handlers); None: any kind
         self.lease = lease
         self.timer = timer
         self.policy = policy
@@ -443,7 +444,9 @@ class AsyncClaimer:
                 await self.sleep(timer.poll_interval)
                 continue
             try:
-                jobs = await self.client.claim(self.name, self.queues, batch=batch, lease=self.lease)
+                jobs = (await self.client.claim(self.name, self.queues, batch=batch, lease=self.lease,
+                                                kinds=self.kinds)
+                        if self.kinds != [] else [])  # no handler: nothing here could run a job
             except PgqError as exc:
                 delay = timer.claim_failed(exc, self.name)
                 await self.owner.drop_broken_connections()

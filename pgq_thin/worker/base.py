@@ -12,6 +12,7 @@ import psycopg.conninfo
 
 from pgq_thin.client import resolve_dsn
 from pgq_thin.errors import PgqError
+from pgq_thin.models import QueueStatus
 from pgq_thin.worker.context import Handler
 from pgq_thin.worker.prefetch import check_prefetch
 from pgq_thin.worker.support import KEEPALIVES, Flags, default_name, log, seconds
@@ -80,6 +81,13 @@ class WorkerBase:
         self._flags = Flags()  # stop() before run() makes run() return at once
         self._listening = threading.Event()  # set while LISTEN works
 
+    @property
+    def stopped_at_once(self) -> bool:
+        """Whether the run ended by a stop at once (a second SIGTERM / SIGINT, or
+        stop(graceful=False)): running jobs were left to their leases. ``pgq-thin worker`` then
+        exits with status 1."""
+        return self._flags.hard_stop.is_set()
+
     def handler(self, kind: str) -> Callable[[_H], _H]:
         """Register the decorated function for jobs of ``kind``; returns it unchanged."""
 
@@ -136,8 +144,28 @@ class WorkerBase:
             self._set_pooled()
         self._ran = True
         if not self._handlers:
-            log.warning("no handlers registered: every job claimed will fail", extra={"worker": self.name})
+            log.warning("no handlers registered: this worker claims nothing (it claims only the kinds it "
+                        "has handlers for)", extra={"worker": self.name})
         return address
+
+    def _check_queues(self, queue_status: Callable[[Sequence[str]], list[QueueStatus]]) -> None:
+        """At start: warn about the worker's queues that do not exist or are paused."""
+        try:
+            self._warn_about_queues(queue_status(self.queues) if self.queues else [])
+        except PgqError as exc:  # a login without pgq_worker's grant, a lost connection: not fatal here
+            self._queues_not_checked(exc)
+
+    def _warn_about_queues(self, statuses: Sequence[QueueStatus]) -> None:
+        for s in statuses:
+            if not s.known:
+                log.warning("queue %s does not exist (yet): nothing is claimed from it until a job is enqueued "
+                            "there; is the name right?", s.queue, extra={"worker": self.name, "queue": s.queue})
+            elif s.paused:
+                log.warning("queue %s is paused: nothing is claimed from it until pgq.resume (pgq-thin resume %s)",
+                            s.queue, s.queue, extra={"worker": self.name, "queue": s.queue})
+
+    def _queues_not_checked(self, exc: Exception) -> None:
+        log.debug("could not check the queues (%s)", exc, extra={"worker": self.name})
 
     def _started(self) -> None:
         log.info("worker %s started: queues %s, %d slots, %s", self.name,

@@ -77,10 +77,12 @@ class Claimer(ThreadPart):
 
     def __init__(self, client: Client, name: str, queues: Sequence[str] | None, lease: Delay | None,
                  timer: PollTimer, policy: PrefetchPolicy, slots: Slots, held: HeldJobs, owner: OwnerCalls,
-                 clock: DatabaseClock, flags: Flags, listening: threading.Event, wake: threading.Event) -> None:
+                 clock: DatabaseClock, flags: Flags, listening: threading.Event, wake: threading.Event,
+                 kinds: Sequence[str] | None = None) -> None:
         self.client = client
         self.name = name
         self.queues = queues
+        self.kinds = kinds  # claim only these (the worker's handlers); None: any kind
         self.lease = lease
         self.timer = timer
         self.policy = policy
@@ -112,7 +114,8 @@ class Claimer(ThreadPart):
                 self.sleep(timer.poll_interval)
                 continue
             try:
-                jobs = self.client.claim(self.name, self.queues, batch=batch, lease=self.lease)
+                jobs = (self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
+                        if self.kinds != [] else [])  # no handler: nothing here could run a job
             except PgqError as exc:
                 delay = timer.claim_failed(exc, self.name)
                 self.owner.drop_broken_connections()

@@ -5,6 +5,7 @@ function that records it. Both runtimes use it; neither decides this anywhere el
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
@@ -34,7 +35,7 @@ class Snooze(Exception):
     def __init__(self, delay: float | timedelta) -> None:
         if seconds(delay) <= 0:
             raise ValueError(f"Snooze delay must be positive, got {delay!r}")
-        super().__init__(f"snoozed for {delay}")
+        super().__init__(f"snoozed for {seconds(delay):g} s")
         self.delay = delay
 
 
@@ -49,8 +50,20 @@ class OutcomeUnknown(Exception):
 
 Operation = Literal["complete", "fail", "snooze", "mark_unknown"]
 
-_DONE_MESSAGE = {"complete": "completed", "fail": "failed, now {}", "snooze": "snoozed until {}",
-                 "mark_unknown": "marked outcome_unknown"}
+def failed_as(state: Any) -> str:
+    """What pgq.fail's answer (the job's new state) means, as a sentence."""
+    if state == "pending":
+        return "failed; it will be retried after its backoff"
+    return "failed for good: no attempts left, or not retryable"
+
+
+def _after(delay: float | timedelta | None) -> str:
+    return "after the queue's backoff" if delay is None else f"in {seconds(delay):g} s"
+
+
+_DONE_MESSAGE: dict[str, Callable[[Any], str]] = {"complete": lambda _: "completed", "fail": failed_as,
+                 "snooze": lambda until: f"snoozed: due again at {until}",
+                 "mark_unknown": lambda _: "parked as outcome_unknown, until pgq.resolve settles it"}
 
 
 @dataclass(frozen=True)
@@ -73,7 +86,7 @@ class Outcome:
             jlog.warning("%s rejected: the job is no longer ours (its lease expired, or it was cancelled)",
                          self.operation)
         else:
-            jlog.info(_DONE_MESSAGE[self.operation].format(answer))
+            jlog.info(_DONE_MESSAGE[self.operation](answer))
 
 
 #: A handler returned None: its completion joins the next complete_many batch (the common case:
@@ -92,21 +105,24 @@ def of_exception(exc: BaseException, jlog: JobLog) -> Outcome:
     """The handler raised ``exc`` (call this inside the ``except`` block: a failure keeps its
     traceback)."""
     if isinstance(exc, Retry):
-        jlog.info("retry requested: %s", exc.reason)
+        if exc.reason == "retry requested":
+            jlog.info("the handler asked for a retry %s", _after(exc.delay))
+        else:
+            jlog.info("the handler asked for a retry %s: %s", _after(exc.delay), exc.reason)
         return Outcome("fail", {"error": exc.reason, "retry_in": exc.delay})
     if isinstance(exc, Snooze):
-        jlog.info("snoozed for %s", exc.delay)
+        jlog.info("the handler snoozed the job for %g s (no attempt used)", seconds(exc.delay))
         return Outcome("snooze", {"delay": exc.delay})
     if isinstance(exc, OutcomeUnknown):
-        jlog.warning("outcome unknown: %s", exc.note)
+        jlog.warning("the handler cannot tell whether the job's effect happened: %s", exc.note)
         return Outcome("mark_unknown", {"note": exc.note})
-    jlog.warning("handler raised %r", exc, exc_info=True)
+    jlog.warning("the handler raised %r", exc, exc_info=True)
     return Outcome("fail", {"error": traceback.format_exc()})
 
 
 def no_handler(job: Job, worker_name: str, kinds: list[str], jlog: JobLog) -> Outcome:
     """No handler for the job's kind: fail at once, not retryable."""
-    jlog.error("no handler for this kind")
+    jlog.error("this worker has no handler for kind %r: the job fails for good", job.kind)
     error = (f"no handler for kind {job.kind!r} in worker {worker_name!r} "
              f"(it handles: {', '.join(kinds) or 'nothing'})")
     return Outcome("fail", {"error": error, "retryable": False})

@@ -12,7 +12,7 @@ from pgq_thin.client import Client
 from pgq_thin.errors import PgqError
 from pgq_thin.models import Job
 from pgq_thin.worker.held import BUSY, GRANTED, Held, HeldJobs
-from pgq_thin.worker.outcomes import Outcome, refused_instead
+from pgq_thin.worker.outcomes import Outcome, failed_as, refused_instead
 from pgq_thin.worker.support import Flags, JobLog, Repeat, log
 
 __all__ = ["OwnerCalls"]
@@ -82,7 +82,7 @@ class OwnerCalls:
             return
         try:
             state = self.until_answered("fail", jlog, lambda: instead.send(self.client, job))
-            jlog.info("failed instead, now %s", state)
+            jlog.info("recorded as a failure instead: %s", failed_as(state))
         except Exception as again:  # noqa: BLE001
             jlog.error("fail refused too (%s); the lease will recover the job", again)
 

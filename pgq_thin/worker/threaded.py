@@ -101,6 +101,7 @@ class Worker(WorkerBase):
         held = HeldJobs()
         clock = DatabaseClock()
         clock.read(client)
+        self._check_queues(client.queue_status)
         policy = PrefetchPolicy(self.prefetch, self.concurrency)
         owner = OwnerCalls(client, held, flags, self.name)
         completer = Completer(owner, held, flags)
@@ -110,7 +111,7 @@ class Worker(WorkerBase):
         renewer = Renewer(client, held, clock, flags, self.lease)
         self._claimer = claimer = Claimer(
             client, self.name, self.queues, self.lease, PollTimer(self.poll_interval, self.sweep_interval),
-            policy, slots, held, owner, clock, flags, self._listening, wake)
+            policy, slots, held, owner, clock, flags, self._listening, wake, kinds=self.kinds)
         listener = Listener(dsn, self.queues, claimer.wake, self.name, self._listening)
         background: list[Part] = [renewer, completer, *([listener] if self.listen else [])]
         slots.start()

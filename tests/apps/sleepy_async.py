@@ -28,3 +28,4 @@ async def sleep(job: Job, ctx: JobContext) -> dict[str, Any]:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(worker.run())
+    raise SystemExit(1 if worker.stopped_at_once else 0)  # as pgq-thin worker exits

@@ -33,6 +33,9 @@ def test_chaos_soak_loses_no_job_completes_none_twice_and_explains_every_duplica
     report = "\n".join(lines)
 
     assert code == 0, report
+    # The workers' logs are gone, as a passing run leaves them.
+    [log_dir] = [line.split("worker logs in ")[1].split(" (")[0] for line in lines if "worker logs in " in line]
+    assert not os.path.exists(log_dir), report
     # The invariants, each stated once more on its own.
     assert counts.lost == 0, report
     assert counts.completed_twice == 0, report

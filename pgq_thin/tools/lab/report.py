@@ -28,7 +28,7 @@ COMMON_FILES = ("acceptance.md", "schema.sql", "seed.sql", "claim.sql", "complet
 STEP_COLUMNS = ("experiment", "seq", "session", "step", "kind", "round", "sql", "started_at", "ended_at",
                 "duration_ms", "outcome", "blocked_at", "blocked_by", "lock_waits", "rows")
 
-_FUNCTIONS = ("pgq.claim(text,text[],integer,interval)", "pgq.complete(bigint,integer,jsonb)",
+_FUNCTIONS = ("pgq.claim(text,text[],integer,interval,text[])", "pgq.complete(bigint,integer,jsonb)",
               "pgq.sweep(integer)", "pgq._recover_expired(integer)")
 
 
@@ -261,7 +261,7 @@ def write(out_dir: str, results: Sequence[ExperimentResult], context: dict[str, 
     functions = context.get("functions", {})
     (out / "claim.sql").write_text(_statement_file(
         "claim.sql — how the lab claims jobs: pgq.claim", "claim", statements.CLAIM, results, functions,
-        ["pgq.claim(text,text[],integer,interval)"]))
+        ["pgq.claim(text,text[],integer,interval,text[])"]))
     (out / "complete.sql").write_text(_statement_file(
         "complete.sql — how the lab completes an attempt: pgq.complete (fenced by attempt)", "complete",
         statements.COMPLETE, results, functions, ["pgq.complete(bigint,integer,jsonb)"]))

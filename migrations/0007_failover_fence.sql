@@ -1,4 +1,4 @@
--- pgq migration 0006: the failover fence. After a promotion, no attempt number the old primary
+-- pgq migration 0007: the failover fence. After a promotion, no attempt number the old primary
 -- handed out is issued again.
 --
 -- With asynchronous replication a standby may be promoted without the old primary's last claims:
@@ -9,7 +9,7 @@
 -- primary could have issued, with no operator step; see pgq._check_timeline and docs/ha.md.
 -- The backoff (pgq.fail, and a timed-out attempt in pgq._recover_expired) counts attempts
 -- without the numbers a fence move skipped (attempt_offset).
--- pgq.claim, pgq.fail and pgq._recover_expired are 0004's with those changes.
+-- pgq.claim is 0006's, pgq._recover_expired 0004's and pgq.fail 0001's, each with those changes.
 -- sql/schema.sql holds the same definitions (tests/test_schema_matches_migrations.py).
 
 ALTER TABLE pgq.jobs
@@ -162,7 +162,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, batch integer DEFAULT 1,
-                          lease interval DEFAULT NULL)
+                          lease interval DEFAULT NULL, kinds text[] DEFAULT NULL)
     RETURNS SETOF pgq.claimed_job
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -179,6 +179,7 @@ DECLARE
     fair_ids bigint[] := '{}';
     capped   boolean;    -- whether any of them has max_running
     expired  boolean;    -- whether any lease has expired
+    wanted   text[];     -- the kinds asked for, each once (NULL: any kind)
     due      boolean;    -- whether one of them has a schedule due
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
 BEGIN
@@ -210,6 +211,22 @@ BEGIN
                 OR array_to_string(claim.queues, ',') !~ '[^,]{129}'), false) THEN
         PERFORM pgq._check_name(format('queues[%s]', q.n), q.name)
         FROM unnest(claim.queues) WITH ORDINALITY AS q(name, n);
+    END IF;
+    -- The kinds are checked the same way, and only when given.
+    IF claim.kinds IS NOT NULL THEN
+        IF cardinality(claim.kinds) NOT BETWEEN 1 AND 1000 OR array_position(claim.kinds, NULL) IS NOT NULL THEN
+            PERFORM pgq._bad_argument('kinds',
+                'must be NULL (any kind) or an array of 1 to 1000 kinds without NULLs');
+        END IF;
+        IF NOT coalesce(
+               array_to_string(claim.kinds, ',')
+                   ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]*(,[A-Za-z0-9_][A-Za-z0-9_.:/-]*)*$'
+               AND (length(array_to_string(claim.kinds, ',')) <= 128
+                    OR array_to_string(claim.kinds, ',') !~ '[^,]{129}'), false) THEN
+            PERFORM pgq._check_name(format('kinds[%s]', k.n), k.name)
+            FROM unnest(claim.kinds) WITH ORDINALITY AS k(name, n);
+        END IF;
+        wanted := ARRAY(SELECT DISTINCT k.name FROM unnest(claim.kinds) AS k(name));
     END IF;
 
     -- The failover fence, checked once per session (a session never outlives a promotion).
@@ -285,7 +302,7 @@ BEGIN
     IF true = ANY (fairs) THEN
         fair_ids := ARRAY(SELECT f.id
                           FROM unnest(names, rooms, fairs) AS e(name, room, fair)
-                          CROSS JOIN LATERAL pgq._fair_pick(e.name, e.room) AS f(id)
+                          CROSS JOIN LATERAL pgq._fair_pick(e.name, e.room, wanted) AS f(id)
                           WHERE e.fair);
     END IF;
 
@@ -301,6 +318,22 @@ BEGIN
                 SELECT j.id, j.priority, j.run_at
                 FROM pgq.jobs AS j
                 WHERE j.queue = e.queue
+                  AND j.state = 'pending' AND j.attempt < j.max_attempts
+                  AND j.run_at <= pgq._now()
+                ORDER BY j.priority DESC, j.run_at, j.id
+                LIMIT e.room
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) AS c
+            WHERE NOT e.fair AND wanted IS NULL
+            UNION ALL
+            -- The same per (queue, kind) when the worker named its kinds (unnest(NULL) is empty).
+            SELECT c.id, c.priority, c.run_at
+            FROM unnest(names, rooms, fairs) AS e(queue, room, fair)
+            CROSS JOIN unnest(wanted) AS k(kind)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at
+                FROM pgq.jobs AS j
+                WHERE j.queue = e.queue AND j.kind = k.kind
                   AND j.state = 'pending' AND j.attempt < j.max_attempts
                   AND j.run_at <= pgq._now()
                 ORDER BY j.priority DESC, j.run_at, j.id
@@ -408,4 +441,4 @@ $$;
 
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '6'::text $$;
+    AS $$ SELECT '7'::text $$;
