@@ -38,7 +38,7 @@ from pgq_thin.testing.server import (
     _unprivileged_prefix,
 )
 
-__all__ = ["PgBouncer", "ReplicatedPair", "Standby", "kill_server", "pgbouncer_program", "wait_for"]
+__all__ = ["PgBouncer", "ReplicatedPair", "Standby", "kill_server", "pgbouncer_program", "timeline", "wait_for"]
 
 #: A primary that a standby can stream from (wal_level replica and wal senders are the defaults);
 #: the standby reports its position every second, so pg_stat_replication is fresh.
