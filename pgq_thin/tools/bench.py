@@ -1222,11 +1222,9 @@ def operators_day_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 5, fs
 def operators_day_ab_server(*, jobs: int = 1000, repeats: int = 8) -> dict[str, Any]:
     """operators_day_ab timed inside the server (AB_SERVER_LOOP; "B kinds" claims with kinds =>
     ARRAY['noop']): microseconds per claim+complete pair, medians, minimums and their ratios to A's."""
-    from pgq_thin.testing import server as embedded
-
-    server = embedded.start()
+    databases = Databases()
     try:
-        dsns = _ab_databases(server, OPERATORS_BEFORE, OPERATORS_AFTER)
+        dsns = _ab_databases(databases, OPERATORS_BEFORE, OPERATORS_AFTER)
         with_kinds = AB_SERVER_LOOP.replace("ARRAY['bench'], 1)", "ARRAY['bench'], 1, kinds => ARRAY['noop'])")
         assert with_kinds != AB_SERVER_LOOP
         loops = {"A": (dsns["A"], AB_SERVER_LOOP), "B": (dsns["B"], AB_SERVER_LOOP), "B kinds": (dsns["B"], with_kinds)}
@@ -1251,7 +1249,7 @@ def operators_day_ab_server(*, jobs: int = 1000, repeats: int = 8) -> dict[str, 
                 "min_us": best, "ratio_of_medians_to_A": {k: med[k] / med["A"] for k in med},
                 "ratio_of_mins_to_A": {k: best[k] / best["A"] for k in best}}
     finally:
-        server.stop()
+        databases.close()
 
 
 if __name__ == "__main__":  # python -m pgq_thin.tools.bench [jobs workers repeats]: the A/B, fsync on and off
