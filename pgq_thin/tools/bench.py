@@ -1111,15 +1111,16 @@ def _ab_drain(dsn: str, workers: int, n: int, kinds: list[str] | None = None) ->
 
 
 def schedules_timeouts_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 5,
-                          fsync: bool = True) -> dict[str, Any]:
+                          fsync: bool = True, before: str = AB_BEFORE, after: str = AB_AFTER) -> dict[str, Any]:
     """The claim+complete rate of a queue without schedules or timeouts on a database migrated to
     AB_BEFORE (A) and one migrated to AB_AFTER (B), on one throwaway server, drained alternately
     (A B, then B A, ...) so that both see the same machine; with fsync on or off. Returns the
-    rates, their medians and the ratio B/A of the medians."""
+    rates, their medians and the ratio B/A of the medians. ``before`` / ``after`` name other
+    migrations to compare (e.g. the last one before and the newest)."""
     # The throwaway server's settings, with fsync as asked (a later -c wins over -F).
     databases = Databases(postgres_args=f"{SERVER_SETTINGS} -c fsync={'on' if fsync else 'off'}")
     try:
-        dsns = _ab_databases(databases)
+        dsns = _ab_databases(databases, before, after)
         with _connect(dsns["A"]) as a:
             fsync_setting = a.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
             version = a.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
@@ -1131,7 +1132,7 @@ def schedules_timeouts_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 
                 rates[label].append(_ab_drain(dsns[label], workers, jobs))
         med = {k: statistics.median(v) for k, v in rates.items()}
         return {"server_version": version, "fsync": fsync_setting, "jobs": jobs, "workers": workers,
-                "repeats": repeats, "before": AB_BEFORE, "after": AB_AFTER, "rates": rates,
+                "repeats": repeats, "before": before, "after": after, "rates": rates,
                 "median": med, "ratio_after_over_before": med["B"] / med["A"]}
     finally:
         databases.close()
@@ -1153,13 +1154,14 @@ BEGIN
 END $$"""
 
 
-def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12) -> dict[str, Any]:
+def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12, before: str = AB_BEFORE,
+                                 after: str = AB_AFTER) -> dict[str, Any]:
     """The same A/B as schedules_timeouts_ab, timed inside the server: jobs claim+complete pairs
     per DO loop (AB_SERVER_LOOP) on A (AB_BEFORE) and B (AB_AFTER), alternately; microseconds per
     pair and the ratio B/A of the medians."""
     databases = Databases()
     try:
-        dsns = _ab_databases(databases)
+        dsns = _ab_databases(databases, before, after)
         per_pair: dict[str, list[float]] = {"A": [], "B": []}
         for r in range(repeats + 1):  # the first round warms up and is not counted
             for label in (("A", "B") if r % 2 == 0 else ("B", "A")):
@@ -1175,7 +1177,7 @@ def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12) -> dict
                     per_pair[label].append(elapsed / jobs * 1e6)
         med = {k: statistics.median(v) for k, v in per_pair.items()}
         best = {k: min(v) for k, v in per_pair.items()}  # the least disturbed run, on a loaded machine
-        return {"jobs": jobs, "repeats": repeats, "before": AB_BEFORE, "after": AB_AFTER,
+        return {"jobs": jobs, "repeats": repeats, "before": before, "after": after,
                 "us_per_claim_complete": per_pair, "median_us": med, "min_us": best,
                 "ratio_after_over_before": med["B"] / med["A"], "ratio_of_mins": best["B"] / best["A"]}
     finally:
@@ -1252,11 +1254,14 @@ def operators_day_ab_server(*, jobs: int = 1000, repeats: int = 8) -> dict[str, 
         databases.close()
 
 
-if __name__ == "__main__":  # python -m pgq_thin.tools.bench [jobs workers repeats]: the A/B, fsync on and off
+if __name__ == "__main__":
+    # python -m pgq_thin.tools.bench [jobs workers repeats [before after]]: the A/B of two migrations
+    # (default: AB_BEFORE and AB_AFTER), client drains with fsync on and off, then the server loop.
     import sys
 
-    args = [int(x) for x in sys.argv[1:4]]
+    sizes: dict[str, Any] = dict(zip(("jobs", "workers", "repeats"), (int(x) for x in sys.argv[1:4])))
+    pair: dict[str, Any] = dict(zip(("before", "after"), sys.argv[4:6]))
     for on in (True, False):
-        result = schedules_timeouts_ab(**dict(zip(("jobs", "workers", "repeats"), args)), fsync=on)
+        result = schedules_timeouts_ab(**sizes, **pair, fsync=on)
         print(json.dumps(result, indent=1))
-    print(json.dumps(schedules_timeouts_ab_server(), indent=1))
+    print(json.dumps(schedules_timeouts_ab_server(**pair), indent=1))
