@@ -806,6 +806,7 @@ def test_a_worker_whose_database_is_unreachable_keeps_trying_and_still_stops_cle
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     worker = fast_worker()
+    worker.handler("k")(lambda job, ctx: None)  # a worker without handlers would not even claim
     with running(worker, f"postgresql://nobody@127.0.0.1:{port}/nothing?connect_timeout=1"):
         wait_for(lambda: any("claim failed" in r.getMessage() for r in caplog.records), "a failed claim")
         time.sleep(0.5)  # still running: run() neither raised nor returned (checked on exit)
