@@ -154,7 +154,6 @@ DECLARE
     fair_ids bigint[] := '{}';
     capped   boolean;    -- whether any of them has max_running
     expired  boolean;    -- whether any lease has expired
-    wanted   text[];     -- the kinds asked for, each once (NULL: any kind)
     due      boolean;    -- whether one of them has a schedule due
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
 BEGIN
@@ -201,7 +200,6 @@ BEGIN
             PERFORM pgq._check_name(format('kinds[%s]', k.n), k.name)
             FROM unnest(claim.kinds) WITH ORDINALITY AS k(name, n);
         END IF;
-        wanted := ARRAY(SELECT DISTINCT k.name FROM unnest(claim.kinds) AS k(name));
     END IF;
 
     -- One statement reads the eligible queues (and whether one of them has a schedule due: a
@@ -272,7 +270,7 @@ BEGIN
     IF true = ANY (fairs) THEN
         fair_ids := ARRAY(SELECT f.id
                           FROM unnest(names, rooms, fairs) AS e(name, room, fair)
-                          CROSS JOIN LATERAL pgq._fair_pick(e.name, e.room, wanted) AS f(id)
+                          CROSS JOIN LATERAL pgq._fair_pick(e.name, e.room, claim.kinds) AS f(id)
                           WHERE e.fair);
     END IF;
 
@@ -294,12 +292,14 @@ BEGIN
                 LIMIT e.room
                 FOR NO KEY UPDATE SKIP LOCKED
             ) AS c
-            WHERE NOT e.fair AND wanted IS NULL
+            WHERE NOT e.fair AND claim.kinds IS NULL
             UNION ALL
-            -- The same per (queue, kind) when the worker named its kinds (unnest(NULL) is empty).
+            -- The same per (queue, kind) when the worker named its kinds (each kind once; no
+            -- rows for NULL). Inside this one statement: a query of its own would cost a claim
+            -- more than the per-kind picks do.
             SELECT c.id, c.priority, c.run_at
             FROM unnest(names, rooms, fairs) AS e(queue, room, fair)
-            CROSS JOIN unnest(wanted) AS k(kind)
+            CROSS JOIN (SELECT DISTINCT w.kind FROM unnest(claim.kinds) AS w(kind)) AS k
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at
                 FROM pgq.jobs AS j

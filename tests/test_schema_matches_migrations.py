@@ -155,8 +155,7 @@ MIGRATION_SHA256 = {
     "0002_cheaper_name_checks.sql": "e40c5560da4a1f1fc81c02d33afe62c74fd7cd7dd5a755a70b522b160fd0086c",
     "0004_schedules_timeouts_progress.sql": "1cfe0f5fe1f53dd95502dd4c34f8d6ff4bbd80c7137e0e9876c2bb5a461d6726",
     "0005_version.sql": "6fabb054b17a18a925555afe60edb2a640bb73da8cbb43017d8d76c7b84da496",
-    "0006_operators_day.sql": "a0903450ca8213f5335f707413cb6d4894a1125d0f97264d8037d5f6e1245986",
-    "0007_claim_kinds_in_one_statement.sql": "e5e8cb71d177dd529e47ecf3f692c45d6ba6430ae8f8afa0eed3359035d9a8f7",
+    "0006_operators_day.sql": "07ceb712c09bd7e17bc0638ea8093366bb9cbc7a9c8b7ecc28ed555bbd442c37",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 

@@ -1188,16 +1188,16 @@ def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12) -> dict
         server.stop()
 
 
-# A/B: the claim before and after migrations 0006 and 0007 (kinds, list_jobs' and the kinds' indexes) --
+# A/B: the claim before and after migration 0006 (kinds, list_jobs' and the kinds' indexes) ---------
 
 OPERATORS_BEFORE = "0005_version"
-OPERATORS_AFTER = "0007_claim_kinds_in_one_statement"  # 0006, with its kinds claim in one statement
+OPERATORS_AFTER = "0006_operators_day"
 
 
 def operators_day_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 5, fsync: bool = True) -> dict[str, Any]:
     """The claim+complete rate of a plain queue on a database migrated to 0005 (A) and one migrated
-    to 0007 (B, with 0006's kinds and indexes: claims with kinds => NULL, as before; and "B kinds":
-    claims naming the job's kind, as a Worker does), one throwaway server, drained in turn (each
+    to 0006 (B: claims with kinds => NULL, as before; and "B kinds": claims naming the job's kind,
+    as a Worker does), one throwaway server, drained in turn (each
     repetition starts with another one); fsync on or off. Rates, medians and the ratios of the medians to A's."""
     from pgq_thin.testing import server as embedded
 
