@@ -31,14 +31,17 @@ class AsyncClient(PgqCalls):
     ``await client.open()`` / ``async with``)."""
 
     def __init__(self, dsn: str | None = None, *, pool: AsyncConnectionPool | None = None,
-                 min_size: int = 1, max_size: int = 8, prepare: bool = True) -> None:
-        """The arguments of Client. A ``pool`` passed in (autocommit connections) is the
+                 min_size: int = 1, max_size: int = 8, prepare: bool = True, pooled: bool = False) -> None:
+        """The arguments of Client (``pooled=True``: behind a transaction-pooling proxy, no
+        server-side prepared statements). A ``pool`` passed in (autocommit connections) is the
         caller's to open and close."""
-        self._prepare = prepare
+        self.pooled = pooled
+        self._prepare = prepare and not pooled
         self._owns_pool = pool is None
         self._opened = not self._owns_pool
         self.pool = pool if pool is not None else AsyncConnectionPool(
-            resolve_dsn(dsn), min_size=min_size, max_size=max_size, kwargs={"autocommit": True},
+            resolve_dsn(dsn), min_size=min_size, max_size=max_size,
+            kwargs={"autocommit": True, **({"prepare_threshold": None} if pooled else {})},
             name="pgq_thin", open=False)
         self.dsn = self.pool.conninfo
 

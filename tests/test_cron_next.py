@@ -490,7 +490,7 @@ def test_an_expression_that_never_matches(db, cron):
     e = error_of(db, "SELECT pgq.cron_next(%s, now())", (cron,))
     assert e.sqlstate == "22023"
     assert 'argument "cron" never matches' in str(e) and "day-of-month" in str(e)
-    with pytest.raises(Exception):  # noqa: B017 (croniter's error class differs between its versions)
+    with pytest.raises(Exception):  # noqa: B017 - croniter's own error types differ between its versions
         croniter(cron, datetime(2026, 1, 1)).get_next(datetime)
 
 

@@ -13,9 +13,9 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
-from clockdb import clock_module_dsn, dsn, set_clock  # noqa: F401  (fixtures)
 from croniter import croniter
 
+from clockdb import clock_module_dsn, dsn, set_clock  # noqa: F401  (fixtures)
 from sqlhelpers import claim, job, one
 from test_sql_support import row_counts, sqlstate_of
 

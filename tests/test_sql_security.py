@@ -63,7 +63,8 @@ TABLE_STATEMENTS = [
     "TRUNCATE pgq.{t}",
     "SELECT 1 FROM pgq.{t} FOR KEY SHARE",
 ]
-TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "tenant", "schedules": "name"}
+TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "tenant", "schedules": "name",
+          "fence": "timeline"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:

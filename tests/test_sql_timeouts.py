@@ -13,8 +13,8 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
-from clockdb import clock_module_dsn, dsn, set_clock  # noqa: F401  (fixtures)
 
+from clockdb import clock_module_dsn, dsn, set_clock  # noqa: F401  (fixtures)
 from sqlhelpers import claim, events, job, one
 from test_sql_support import row_counts, sqlstate_of
 

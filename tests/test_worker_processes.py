@@ -12,12 +12,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from test_worker import enqueue, finished, running
 
 from pgq_thin import Job
 from pgq_thin.worker import JobContext, Worker
 
 from sqlhelpers import events, job, one, wait_for
+from test_worker import enqueue, finished, running
 from workerprocess import ROOT, WorkerProcess, spawner
 
 SLEEPY = {"threads": ROOT / "tests" / "apps" / "sleepy.py", "asyncio": ROOT / "tests" / "apps" / "sleepy_async.py"}

@@ -9,22 +9,33 @@ stores a checkpoint that the next attempt finds in job.progress.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from test_worker import enqueue, fast_worker, finished, running
+import pytest
 
 from pgq_thin import Client, Job
 from pgq_thin.worker import JobContext
 
 from sqlhelpers import events, job, one, wait_for
+from test_worker import RUNTIMES, _current, enqueue, fast_worker, finished, running
 from workerprocess import ROOT, spawner
 
 SLEEPY = ROOT / "tests" / "apps" / "sleepy.py"
 
 
+@pytest.fixture(params=sorted(RUNTIMES))
+def both_runtimes(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The deadline lives in the parts both runtimes share: run the test on each."""
+    _current[0] = request.param
+    yield request.param
+    _current[0] = "threads"
+
+
+@pytest.mark.usefixtures("both_runtimes")
 def test_the_handler_knows_its_deadline_should_stop_turns_true_at_it_and_the_late_outcome_is_discarded(
         dsn: str, conn: psycopg.Connection) -> None:
     worker = fast_worker(lease=5)
@@ -58,6 +69,7 @@ def test_the_handler_knows_its_deadline_should_stop_turns_true_at_it_and_the_lat
     assert [e[0] for e in events(conn, job_id)] == ["claimed", "timed_out"]
 
 
+@pytest.mark.usefixtures("both_runtimes")
 def test_a_job_without_max_run_time_has_no_deadline_and_is_renewed_as_before(
         dsn: str, conn: psycopg.Connection) -> None:
     worker = fast_worker(lease=0.6)

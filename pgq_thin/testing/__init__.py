@@ -122,7 +122,8 @@ def _fresh_copy(worker: Any) -> Any:
     copy = type(worker)(queues=worker.queues, concurrency=worker.concurrency, name=worker.name,
                         lease=worker.lease, poll_interval=worker.poll_interval, listen=worker.listen,
                         sweep_interval=worker.sweep_interval, shutdown_timeout=worker.shutdown_timeout,
-                        prefetch=worker.prefetch)
+                        prefetch=worker.prefetch,
+                        **({"pooled": True} if getattr(worker, "pooled", False) else {}))
     for kind, function in handlers.items():
         copy.handler(kind)(function)
     return copy
@@ -153,8 +154,9 @@ class _Observer:
     pgq.get_job for each job the worker claimed (pgq.jobs.claimed_by names it, claimed_at is after
     the drain began)."""
 
-    def __init__(self, dsn: str) -> None:
-        self.client = Client(dsn, min_size=1, max_size=1)
+    def __init__(self, dsn: str, pooled: bool = False) -> None:
+        # pooled: the drained worker's switch (a transaction-pooling proxy), the observer's too.
+        self.client = Client(dsn, min_size=1, max_size=1, pooled=pooled)
         try:
             with self.client.pool.connection() as conn:
                 row = conn.execute("SELECT clock_timestamp()").fetchone()
@@ -209,7 +211,7 @@ def drain(worker: Any, dsn: str | None = None, timeout: float = 30.0) -> DrainRe
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             failure.append(exc)
 
-    observer = _Observer(dsn)
+    observer = _Observer(dsn, getattr(worker, "pooled", False))
     try:
         thread = threading.Thread(target=run, name="pgq-drain", daemon=True)
         thread.start()
@@ -238,7 +240,7 @@ async def adrain(worker: Any, dsn: str | None = None, timeout: float = 30.0) -> 
     a job that is due or running, stops it and returns what became of each job it claimed."""
     dsn = _resolve(dsn)
     runner = _fresh_copy(worker)
-    observer = await asyncio.to_thread(_Observer, dsn)
+    observer = await asyncio.to_thread(_Observer, dsn, getattr(worker, "pooled", False))
     try:
         task = asyncio.ensure_future(runner.run(dsn, install_signal_handlers=False))
         deadline = time.monotonic() + timeout

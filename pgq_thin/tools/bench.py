@@ -464,7 +464,7 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                         conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}),
                                                        "run_at": None, "priority": 0, "max_attempts": None,
                                                        "unique_key": None, "tenant": None, "max_run_time": None},
-                                       prepare=True)
+                                     prepare=True)
                 out[label].append(cfg.single_enqueues / (time.perf_counter() - t))
             # TESTING.md 17: the commit-lock cost of NOTIFY. A transaction that notifies takes a
             # global lock at commit; with many producers committing one enqueue each, compare the
@@ -1063,13 +1063,11 @@ def _migrate_to(dsn: str, last: str) -> list[str]:
         backend.connection.close()
 
 
-def _ab_databases(server: Any, before: str = AB_BEFORE, after: str = AB_AFTER) -> dict[str, str]:
-    """Databases ab_a (migrated to ``before``) and ab_b (to ``after``) on ``server``: their DSNs."""
+def _ab_databases(databases: Databases, before: str = AB_BEFORE, after: str = AB_AFTER) -> dict[str, str]:
+    """Databases ab_a (migrated to ``before``) and ab_b (to ``after``) on one server: their DSNs."""
     dsns = {}
     for label, last in (("A", before), ("B", after)):
-        with _connect(server.dsn_for("postgres")) as conn:
-            conn.execute(f"CREATE DATABASE ab_{label.lower()}")
-        dsns[label] = server.dsn_for(f"ab_{label.lower()}")
+        dsns[label] = databases.create(f"ab_{label.lower()}")
         _migrate_to(dsns[label], last)
     with _connect(dsns["A"]) as a, _connect(dsns["B"]) as b:
         newest = [c.execute("SELECT max(migration_id) FROM _yoyo_migration").fetchone()[0]  # type: ignore[index]
@@ -1113,17 +1111,16 @@ def _ab_drain(dsn: str, workers: int, n: int, kinds: list[str] | None = None) ->
 
 
 def schedules_timeouts_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 5,
-                          fsync: bool = True) -> dict[str, Any]:
+                          fsync: bool = True, before: str = AB_BEFORE, after: str = AB_AFTER) -> dict[str, Any]:
     """The claim+complete rate of a queue without schedules or timeouts on a database migrated to
     AB_BEFORE (A) and one migrated to AB_AFTER (B), on one throwaway server, drained alternately
     (A B, then B A, ...) so that both see the same machine; with fsync on or off. Returns the
-    rates, their medians and the ratio B/A of the medians."""
-    from pgq_thin.testing import server as embedded
-
-    settings = embedded.SERVER_SETTINGS if not fsync else embedded.SERVER_SETTINGS.replace(" -F ", " ")
-    server = embedded.start(postgres_args=settings)
+    rates, their medians and the ratio B/A of the medians. ``before`` / ``after`` name other
+    migrations to compare (e.g. the last one before and the newest)."""
+    # The throwaway server's settings, with fsync as asked (a later -c wins over -F).
+    databases = Databases(postgres_args=f"{SERVER_SETTINGS} -c fsync={'on' if fsync else 'off'}")
     try:
-        dsns = _ab_databases(server)
+        dsns = _ab_databases(databases, before, after)
         with _connect(dsns["A"]) as a:
             fsync_setting = a.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
             version = a.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
@@ -1135,10 +1132,10 @@ def schedules_timeouts_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 
                 rates[label].append(_ab_drain(dsns[label], workers, jobs))
         med = {k: statistics.median(v) for k, v in rates.items()}
         return {"server_version": version, "fsync": fsync_setting, "jobs": jobs, "workers": workers,
-                "repeats": repeats, "before": AB_BEFORE, "after": AB_AFTER, "rates": rates,
+                "repeats": repeats, "before": before, "after": after, "rates": rates,
                 "median": med, "ratio_after_over_before": med["B"] / med["A"]}
     finally:
-        server.stop()
+        databases.close()
 
 
 #: The claim and complete of _ab_drain, n times in one server-side loop (each pair committed, as
@@ -1157,15 +1154,14 @@ BEGIN
 END $$"""
 
 
-def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12) -> dict[str, Any]:
+def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12, before: str = AB_BEFORE,
+                                 after: str = AB_AFTER) -> dict[str, Any]:
     """The same A/B as schedules_timeouts_ab, timed inside the server: jobs claim+complete pairs
     per DO loop (AB_SERVER_LOOP) on A (AB_BEFORE) and B (AB_AFTER), alternately; microseconds per
     pair and the ratio B/A of the medians."""
-    from pgq_thin.testing import server as embedded
-
-    server = embedded.start()
+    databases = Databases()
     try:
-        dsns = _ab_databases(server)
+        dsns = _ab_databases(databases, before, after)
         per_pair: dict[str, list[float]] = {"A": [], "B": []}
         for r in range(repeats + 1):  # the first round warms up and is not counted
             for label in (("A", "B") if r % 2 == 0 else ("B", "A")):
@@ -1181,11 +1177,11 @@ def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12) -> dict
                     per_pair[label].append(elapsed / jobs * 1e6)
         med = {k: statistics.median(v) for k, v in per_pair.items()}
         best = {k: min(v) for k, v in per_pair.items()}  # the least disturbed run, on a loaded machine
-        return {"jobs": jobs, "repeats": repeats, "before": AB_BEFORE, "after": AB_AFTER,
+        return {"jobs": jobs, "repeats": repeats, "before": before, "after": after,
                 "us_per_claim_complete": per_pair, "median_us": med, "min_us": best,
                 "ratio_after_over_before": med["B"] / med["A"], "ratio_of_mins": best["B"] / best["A"]}
     finally:
-        server.stop()
+        databases.close()
 
 
 # A/B: the claim before and after migration 0006 (kinds, list_jobs' and the kinds' indexes) ---------
@@ -1197,14 +1193,12 @@ OPERATORS_AFTER = "0006_operators_day"
 def operators_day_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 5, fsync: bool = True) -> dict[str, Any]:
     """The claim+complete rate of a plain queue on a database migrated to 0005 (A) and one migrated
     to 0006 (B: claims with kinds => NULL, as before; and "B kinds": claims naming the job's kind,
-    as a Worker does), one throwaway server, drained in turn (each
-    repetition starts with another one); fsync on or off. Rates, medians and the ratios of the medians to A's."""
-    from pgq_thin.testing import server as embedded
-
-    settings = embedded.SERVER_SETTINGS if not fsync else embedded.SERVER_SETTINGS.replace(" -F ", " ")
-    server = embedded.start(postgres_args=settings)
+    as a Worker does), one throwaway server, drained in turn (each repetition starts with another
+    one); fsync on or off. Rates, medians and the ratios of the medians to A's."""
+    # The throwaway server's settings, with fsync as asked (a later -c wins over -F).
+    databases = Databases(postgres_args=f"{SERVER_SETTINGS} -c fsync={'on' if fsync else 'off'}")
     try:
-        dsns = _ab_databases(server, OPERATORS_BEFORE, OPERATORS_AFTER)
+        dsns = _ab_databases(databases, OPERATORS_BEFORE, OPERATORS_AFTER)
         with _connect(dsns["A"]) as a:
             fsync_setting = a.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
             version = a.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
@@ -1224,17 +1218,15 @@ def operators_day_ab(*, jobs: int = 3000, workers: int = 4, repeats: int = 5, fs
                 "median": med, "ratio_B_over_A": med["B"] / med["A"],
                 "ratio_B_kinds_over_A": med["B kinds"] / med["A"]}
     finally:
-        server.stop()
+        databases.close()
 
 
 def operators_day_ab_server(*, jobs: int = 1000, repeats: int = 8) -> dict[str, Any]:
     """operators_day_ab timed inside the server (AB_SERVER_LOOP; "B kinds" claims with kinds =>
     ARRAY['noop']): microseconds per claim+complete pair, medians, minimums and their ratios to A's."""
-    from pgq_thin.testing import server as embedded
-
-    server = embedded.start()
+    databases = Databases()
     try:
-        dsns = _ab_databases(server, OPERATORS_BEFORE, OPERATORS_AFTER)
+        dsns = _ab_databases(databases, OPERATORS_BEFORE, OPERATORS_AFTER)
         with_kinds = AB_SERVER_LOOP.replace("ARRAY['bench'], 1)", "ARRAY['bench'], 1, kinds => ARRAY['noop'])")
         assert with_kinds != AB_SERVER_LOOP
         loops = {"A": (dsns["A"], AB_SERVER_LOOP), "B": (dsns["B"], AB_SERVER_LOOP), "B kinds": (dsns["B"], with_kinds)}
@@ -1259,14 +1251,17 @@ def operators_day_ab_server(*, jobs: int = 1000, repeats: int = 8) -> dict[str, 
                 "min_us": best, "ratio_of_medians_to_A": {k: med[k] / med["A"] for k in med},
                 "ratio_of_mins_to_A": {k: best[k] / best["A"] for k in best}}
     finally:
-        server.stop()
+        databases.close()
 
 
-if __name__ == "__main__":  # python -m pgq_thin.tools.bench [jobs workers repeats]: the A/B, fsync on and off
+if __name__ == "__main__":
+    # python -m pgq_thin.tools.bench [jobs workers repeats [before after]]: the A/B of two migrations
+    # (default: AB_BEFORE and AB_AFTER), client drains with fsync on and off, then the server loop.
     import sys
 
-    args = [int(x) for x in sys.argv[1:4]]
+    sizes: dict[str, Any] = dict(zip(("jobs", "workers", "repeats"), (int(x) for x in sys.argv[1:4])))
+    pair: dict[str, Any] = dict(zip(("before", "after"), sys.argv[4:6]))
     for on in (True, False):
-        result = schedules_timeouts_ab(**dict(zip(("jobs", "workers", "repeats"), args)), fsync=on)
+        result = schedules_timeouts_ab(**sizes, **pair, fsync=on)
         print(json.dumps(result, indent=1))
-    print(json.dumps(schedules_timeouts_ab_server(), indent=1))
+    print(json.dumps(schedules_timeouts_ab_server(**pair), indent=1))

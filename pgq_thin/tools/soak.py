@@ -43,6 +43,7 @@ import psycopg.conninfo
 from pgq_thin.client import Client
 from pgq_thin.migrate import migrate
 from pgq_thin.testing import server as embedded
+from pgq_thin.testing.topology import ReplicatedPair
 from pgq_thin.tools.fleet import WorkerProcess, stop_processes, worker_command
 from pgq_thin.tools.soak_app import QUEUE
 
@@ -197,6 +198,7 @@ class SoakCounts:
     freezes: int = 0
     connection_kills: int = 0
     restarts: int = 0
+    failovers: int = 0
     reclaims: int = 0
     rejected: int = 0
     executions: int = 0
@@ -361,8 +363,8 @@ def _check(dsn: str, acknowledged: list[int], counts: SoakCounts) -> list[str]:
     return problems
 
 
-def _prepare(dsn: str) -> None:
-    migrate(dsn)
+def _prepare(dsn: str, migrate_dsn: str | None = None) -> None:
+    migrate(migrate_dsn or dsn)  # (yoyo reads one host: a multi-host DSN is migrated on the primary)
     with _connect(dsn) as conn:
         conn.execute(_LEDGER_DDL)
         conn.execute("TRUNCATE pgq_soak.effects")
@@ -377,33 +379,51 @@ def _prepare(dsn: str) -> None:
 
 def run_soak(minutes: float = 1.0, dsn: str | None = None, seed: int | None = None,
              print_fn: PrintFn = print, workers: int = 4, concurrency: int = 4,
-             producers: int = 2, rate: float = 150.0, keep_logs: bool = False) -> int:
+             producers: int = 2, rate: float = 150.0, keep_logs: bool = False, failover: bool = False) -> int:
     """The chaos soak. Returns 0 when every invariant held, 1 otherwise (2 for bad arguments).
     ``rate`` is the producers' target in jobs per second. ``dsn`` None: a throwaway server
     (started with $PGQ_PG_BIN's programs when set), restarted once mid-run. The workers' logs are
-    removed at the end unless ``keep_logs`` or the run failed."""
-    return soak_report(minutes, dsn, seed, print_fn, workers, concurrency, producers, rate, keep_logs)[0]
+    removed at the end unless ``keep_logs`` or the run failed. ``failover``: a throwaway primary
+    with a synchronous standby instead, everyone on a multi-host DSN, and instead of the restart
+    FAILOVERS failovers (the primary killed with -9, the standby promoted, a new standby made of
+    the new primary)."""
+    return soak_report(minutes, dsn, seed, print_fn, workers, concurrency, producers, rate, keep_logs, failover)[0]
+
+
+#: How many failovers ``soak --failover`` makes, spread over the chaos.
+FAILOVERS = 3
 
 
 def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None = None,
                 print_fn: PrintFn = print, workers: int = 4, concurrency: int = 4,
-                producers: int = 2, rate: float = 150.0, keep_logs: bool = False) -> tuple[int, SoakCounts]:
+                producers: int = 2, rate: float = 150.0, keep_logs: bool = False,
+                failover: bool = False) -> tuple[int, SoakCounts]:
     """run_soak, also returning the counts (for the tests)."""
     counts = SoakCounts()
     if minutes <= 0 or workers < 2 or concurrency < 1 or producers < 1 or rate <= 0:
         print_fn("pgq-thin soak: error: needs minutes > 0, at least 2 workers, and concurrency, producers "
                  "and rate > 0")
         return 2, counts
+    if failover and dsn is not None:
+        print_fn("pgq-thin soak: error: --failover runs on a throwaway primary and standby of its own, not --dsn")
+        return 2, counts
     # The pool's complaints about connections the chaos broke are expected: keep them quiet.
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     seed = seed if seed is not None else random.randrange(2**31)
     rng = random.Random(seed)
     server = None
+    pair: ReplicatedPair | None = None
+    migrate_dsn: str | None = None
     fleet = None
     prod = None
     log_dir: str | None = None
     try:
-        if dsn is None:
+        if failover:
+            pair = ReplicatedPair(synchronous=True)
+            dsn, migrate_dsn = pair.dsn("test"), pair.primary.dsn_for("test")
+            print_fn(f"soak: throwaway primary and synchronous standby ({embedded.server_version()}), seed {seed}, "
+                     f"{minutes:g} min of chaos with {FAILOVERS} failovers")
+        elif dsn is None:
             server = embedded.start()
             dsn = server.url()
             print_fn(f"soak: throwaway {embedded.server_version()}, seed {seed}, {minutes:g} min of chaos")
@@ -411,7 +431,7 @@ def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None =
             print_fn(f"soak: your database (--dsn), queue {QUEUE!r}, seed {seed}, {minutes:g} min of chaos; "
                      "the server restart is skipped (no control over your server)")
         try:
-            _prepare(dsn)
+            _prepare(dsn, migrate_dsn)
         except RuntimeError as exc:
             print_fn(f"pgq-thin soak: error: {exc}")
             return 2, counts
@@ -428,6 +448,8 @@ def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None =
         started = time.monotonic()
         chaos_end = started + minutes * 60
         restart_at = started + minutes * 60 * rng.uniform(0.35, 0.6) if server is not None else None
+        failover_at = [started + minutes * 60 * (k + rng.uniform(0.3, 0.7)) / FAILOVERS
+                       for k in range(FAILOVERS)] if pair is not None else []
         next_action = started + rng.uniform(1.0, 2.0)
         while time.monotonic() < chaos_end:
             fleet.thaw_due()
@@ -440,6 +462,13 @@ def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None =
                 counts.restarts += 1
                 restart_at = None
                 print_fn(f"soak: t={now - started:.0f}s server restarted in immediate mode (SIGQUIT)")
+            elif failover_at and now >= failover_at[0]:
+                assert pair is not None
+                failover_at.pop(0)
+                pair.fail_over()  # kill -9, pg_promote(), a new synchronous standby
+                counts.failovers += 1
+                print_fn(f"soak: t={now - started:.0f}s failover {counts.failovers}: primary killed (-9), standby "
+                         f"promoted ({time.monotonic() - now:.1f}s with the new standby)")
             elif now >= next_action:
                 action = rng.choices(["kill", "freeze", "connections"], weights=[3, 2, 3])[0]
                 running = [s for s, p in fleet.procs.items() if p.alive and s not in fleet.frozen]
@@ -485,7 +514,11 @@ def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None =
         print_fn(f"  worker kills (-9)      {c.kills}")
         print_fn(f"  worker freezes         {c.freezes} (SIGSTOP past the lease)")
         print_fn(f"  connection kills       {c.connection_kills}")
-        print_fn(f"  server restarts        {c.restarts}" + ("" if server is not None else " (skipped: --dsn)"))
+        if pair is not None:
+            print_fn(f"  failovers              {c.failovers} (kill -9 of the primary, standby promoted); "
+                     f"fence moves {_one(dsn, 'SELECT moves FROM pgq.fence')}")
+        else:
+            print_fn(f"  server restarts        {c.restarts}" + ("" if server is not None else " (skipped: --dsn)"))
         print_fn(f"  reclaims               {c.reclaims} (lease_expired events)")
         print_fn(f"  stale writes rejected  {c.rejected}")
         print_fn(f"  duplicate effects      {c.duplicates}: {c.explained} explained, {c.unexplained} unexplained")
@@ -512,6 +545,8 @@ def soak_report(minutes: float = 1.0, dsn: str | None = None, seed: int | None =
             shutil.rmtree(log_dir, ignore_errors=True)
         if server is not None:
             server.stop()
+        if pair is not None:
+            pair.close()
 
 
 # The old-snapshot run --------------------------------------------------------------------------------

@@ -35,11 +35,12 @@ function, called through pgq_thin.Client):
 """
 
 from pgq_thin.worker.aio import AsyncWorker
+from pgq_thin.worker.base import POOLED_POLL_INTERVAL
 from pgq_thin.worker.context import Handler, JobContext
 from pgq_thin.worker.outcomes import OutcomeUnknown, Retry, Snooze
 from pgq_thin.worker.prefetch import AUTO_PREFETCH_MAX, AUTO_PREFETCH_WAIT
 from pgq_thin.worker.support import CHANNEL
 from pgq_thin.worker.threaded import Worker
 
-__all__ = ["AUTO_PREFETCH_MAX", "AUTO_PREFETCH_WAIT", "CHANNEL", "AsyncWorker", "Handler", "JobContext",
-           "OutcomeUnknown", "Retry", "Snooze", "Worker"]
+__all__ = ["AUTO_PREFETCH_MAX", "AUTO_PREFETCH_WAIT", "CHANNEL", "POOLED_POLL_INTERVAL", "AsyncWorker", "Handler",
+           "JobContext", "OutcomeUnknown", "Retry", "Snooze", "Worker"]

@@ -27,7 +27,7 @@ from pgq_thin.worker.held import HeldJobs, Verdict
 from pgq_thin.worker.prefetch import PrefetchPolicy
 from pgq_thin.worker.renewer import DatabaseClock
 from pgq_thin.worker.signals import Signals
-from pgq_thin.worker.support import KEEPALIVES, log
+from pgq_thin.worker.support import log
 
 __all__ = ["AsyncWorker"]
 
@@ -59,9 +59,10 @@ class AsyncWorker(WorkerBase):
         concurrency: int | None = None,
         prefetch: int | str | None = None,
         install_signal_handlers: bool = True,
+        pooled: bool | None = None,
     ) -> None:
         """Work until stop() or SIGTERM / SIGINT (the second one: stop at once), as Worker.run."""
-        address = self._begin(dsn, queues, concurrency, prefetch)
+        address = self._begin(dsn, queues, concurrency, prefetch, pooled)
         self._loop = asyncio.get_running_loop()
         signals = Signals(lambda graceful: self.stop(graceful=graceful), self._flags.stopping.is_set, self.name)
         if install_signal_handlers:
@@ -85,10 +86,10 @@ class AsyncWorker(WorkerBase):
         flags = self._flags
         pool = AsyncConnectionPool(
             dsn, min_size=1, max_size=self.concurrency + 3,
-            kwargs={"autocommit": True, "application_name": f"pgq-worker {self.name}"[:63], **KEEPALIVES},
+            kwargs=self.connection_settings(),
             timeout=2.0, name=f"pgq-worker {self.name}", open=False)
         await pool.open()
-        client = AsyncClient(pool=pool)
+        client = AsyncClient(pool=pool, pooled=self.pooled)
         held, clock = HeldJobs(), DatabaseClock()
         await read_clock(clock, client)
         try:

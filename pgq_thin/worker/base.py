@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg.conninfo
 
@@ -15,9 +15,12 @@ from pgq_thin.errors import PgqError
 from pgq_thin.models import QueueStatus
 from pgq_thin.worker.context import Handler
 from pgq_thin.worker.prefetch import check_prefetch
-from pgq_thin.worker.support import Flags, default_name, log, seconds
+from pgq_thin.worker.support import KEEPALIVES, Flags, default_name, log, seconds
 
-__all__ = ["WorkerBase"]
+__all__ = ["POOLED_POLL_INTERVAL", "WorkerBase"]
+
+#: How often a pooled worker (no LISTEN) polls when poll_interval is not given.
+POOLED_POLL_INTERVAL = 0.25
 
 _H = TypeVar("_H", bound=Handler)
 
@@ -49,13 +52,14 @@ class WorkerBase:
         *,
         name: str | None = None,
         lease: float | timedelta | None = None,
-        poll_interval: float = 1.0,
+        poll_interval: float | None = None,
         listen: bool = True,
+        pooled: bool = False,
         sweep_interval: float = 30.0,
         shutdown_timeout: float = 30.0,
         prefetch: int | str = "auto",
     ) -> None:
-        if poll_interval <= 0:
+        if poll_interval is not None and poll_interval <= 0:
             raise ValueError(f"poll_interval must be positive, got {poll_interval}")
         if lease is not None and seconds(lease) <= 0:
             raise ValueError(f"lease must be positive, got {lease!r}")
@@ -64,8 +68,12 @@ class WorkerBase:
         self.prefetch = check_prefetch(prefetch)
         self.name = name or default_name()
         self.lease = lease
-        self.poll_interval = poll_interval
+        self._poll_interval = poll_interval
+        self.poll_interval = 1.0 if poll_interval is None else poll_interval
         self.listen = listen
+        self.pooled = False
+        if pooled:
+            self._set_pooled()
         self.sweep_interval = sweep_interval
         self.shutdown_timeout = shutdown_timeout
         self._handlers: dict[str, Handler] = {}
@@ -101,8 +109,22 @@ class WorkerBase:
         """The registered handlers by kind (a copy: register with ``handler``)."""
         return dict(self._handlers)
 
+    def _set_pooled(self) -> None:
+        """Behind a transaction-pooling proxy: no LISTEN (it needs a server connection of its own),
+        no server-side prepared statements (connection_settings()), polling every
+        POOLED_POLL_INTERVAL unless poll_interval was given."""
+        self.pooled = True
+        self.listen = False
+        if self._poll_interval is None:
+            self.poll_interval = POOLED_POLL_INTERVAL
+
+    def connection_settings(self) -> dict[str, Any]:
+        """The keyword arguments of the worker's pooled connections."""
+        return {"autocommit": True, "application_name": f"pgq-worker {self.name}"[:63], **KEEPALIVES,
+                **({"prepare_threshold": None} if self.pooled else {})}
+
     def _begin(self, dsn: str | None, queues: Sequence[str] | str | None, concurrency: int | None,
-               prefetch: int | str | None) -> str:
+               prefetch: int | str | None, pooled: bool | None = None) -> str:
         """Check run()'s arguments and mark this worker as run; the database address to use."""
         kind = type(self).__name__
         if self._ran:
@@ -118,6 +140,8 @@ class WorkerBase:
             self.concurrency = check_concurrency(concurrency)
         if prefetch is not None:
             self.prefetch = check_prefetch(prefetch)
+        if pooled:
+            self._set_pooled()
         self._ran = True
         if not self._handlers:
             log.warning("no handlers registered: this worker claims nothing (it claims only the kinds it "
@@ -146,5 +170,6 @@ class WorkerBase:
     def _started(self) -> None:
         log.info("worker %s started: queues %s, %d slots, %s", self.name,
                  ", ".join(self.queues) if self.queues else "(all)", self.concurrency,
-                 "LISTEN and polling" if self.listen else "polling only",
+                 "LISTEN and polling" if self.listen
+                 else f"polling only (every {self.poll_interval:g} s{', pooled' if self.pooled else ''})",
                  extra={"worker": self.name, "queues": self.queues, "concurrency": self.concurrency})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 from pgq_thin.errors import PgqError
-from pgq_thin.worker.held import Held, HeldJobs, Verdict
+from pgq_thin.worker.held import BUSY, GONE, Held, HeldJobs
 from pgq_thin.worker.owner import OwnerCalls
 from pgq_thin.worker.support import Backoff, Flags, ThreadPart, log, transient
 
@@ -42,7 +42,7 @@ class Completer(ThreadPart):
         """Queue the completion of ``held`` for the next pgq.complete_many: its one settling call.
         False (and nothing queued) when the job is settled already or no longer ours."""
         verdict = self.held.settle(held)
-        if verdict is Verdict.GONE or (verdict is Verdict.BUSY and not self.owner.granted(held)):
+        if verdict is GONE or (verdict is BUSY and not self.owner.granted(held)):
             held.log.warning("no longer ours: complete not sent, the handler's outcome is discarded")
             return False
         with self._lock:

@@ -11,7 +11,7 @@ from typing import Any
 from pgq_thin.client import Client
 from pgq_thin.errors import PgqError
 from pgq_thin.models import Job
-from pgq_thin.worker.held import Held, HeldJobs, Verdict
+from pgq_thin.worker.held import BUSY, GRANTED, Held, HeldJobs
 from pgq_thin.worker.outcomes import Outcome, failed_as, refused_instead
 from pgq_thin.worker.support import Flags, JobLog, Repeat, log
 
@@ -58,9 +58,9 @@ class OwnerCalls:
 
     def granted(self, held: Held) -> bool:
         """The registry's settle(), waiting out a renewal in flight."""
-        while (verdict := self.held.settle(held)) is Verdict.BUSY:
+        while (verdict := self.held.settle(held)) is BUSY:
             time.sleep(0.002)  # a renewal answers within one round trip
-        return verdict is Verdict.GRANTED
+        return verdict is GRANTED
 
     def until_answered(self, operation: str, jlog: JobLog, call: Callable[[], Any]) -> Any:
         repeat = Repeat(operation, jlog, self.flags)

@@ -20,7 +20,7 @@ from pgq_thin.worker.prefetch import PrefetchPolicy
 from pgq_thin.worker.renewer import DatabaseClock, Renewer
 from pgq_thin.worker.signals import Signals
 from pgq_thin.worker.slots import Slots
-from pgq_thin.worker.support import KEEPALIVES, Part, log
+from pgq_thin.worker.support import Part, log
 
 __all__ = ["Worker"]
 
@@ -31,7 +31,10 @@ class Worker(WorkerBase):
 
     ``lease`` (seconds or timedelta) overrides the queues' lease for the jobs this worker claims.
     ``poll_interval`` bounds how long an idle worker waits before it claims again when no NOTIFY
-    arrives; ``listen=False`` relies on polling alone (e.g. behind a transaction-pooling proxy).
+    arrives (default 1 s); ``listen=False`` relies on polling alone. ``pooled=True`` is the switch
+    for a transaction-pooling proxy (PgBouncer ``pool_mode = transaction``): no LISTEN (it needs a
+    server connection of its own), no server-side prepared statements, no session state, and
+    polling every POOLED_POLL_INTERVAL (0.25 s) unless ``poll_interval`` says otherwise.
     ``sweep_interval`` is how often (jittered; <= 0 turns it off) pgq.sweep recovers expired
     leases. ``shutdown_timeout`` is how long a graceful stop waits for running jobs.
 
@@ -55,12 +58,14 @@ class Worker(WorkerBase):
         concurrency: int | None = None,
         prefetch: int | str | None = None,
         install_signal_handlers: bool = True,
+        pooled: bool | None = None,
     ) -> None:
         """Work until stop() or SIGTERM / SIGINT. ``dsn`` None: $PGQ_DSN, then $DATABASE_URL.
-        ``queues``, ``concurrency`` and ``prefetch`` replace the constructor's values. Connection
+        ``queues``, ``concurrency`` and ``prefetch`` replace the constructor's values;
+        ``pooled=True`` turns the constructor's switch on. Connection
         loss never ends it; errors that retrying cannot fix (bad arguments, missing privileges) do,
         after a graceful shutdown. A Worker runs once; stop() before run() makes run() return at once."""
-        address = self._begin(dsn, queues, concurrency, prefetch)
+        address = self._begin(dsn, queues, concurrency, prefetch, pooled)
         signals = Signals(lambda graceful: self.stop(graceful=graceful), self._flags.stopping.is_set, self.name)
         if install_signal_handlers:
             signals.install()
@@ -85,14 +90,14 @@ class Worker(WorkerBase):
             dsn,
             min_size=1,
             max_size=self.concurrency + 3,  # the slots, the claimer, the completer, the renewer
-            kwargs={"autocommit": True, "application_name": f"pgq-worker {self.name}"[:63], **KEEPALIVES},
+            kwargs=self.connection_settings(),
             # Each of our threads can always have a connection (max_size), so a call that waits
             # this long means the server is unreachable: it raises ConnectionLost and we back off.
             timeout=2.0,
             name=f"pgq-worker {self.name}",
             open=True,
         )
-        client = Client(pool=pool)
+        client = Client(pool=pool, pooled=self.pooled)
         held = HeldJobs()
         clock = DatabaseClock()
         clock.read(client)

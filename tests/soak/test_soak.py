@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from pgq_thin.tools.soak import soak_report
+from pgq_thin.tools.soak import FAILOVERS, soak_report
 
 pytestmark = [pytest.mark.soak, pytest.mark.slow]
 
@@ -55,3 +55,28 @@ def test_chaos_soak_loses_no_job_completes_none_twice_and_explains_every_duplica
     assert counts.connection_kills > 0, report
     assert counts.restarts == 1, report
     assert counts.reclaims > 0, report
+
+
+def test_chaos_soak_across_repeated_failovers_keeps_every_invariant(capsys: pytest.CaptureFixture[str]) -> None:
+    """``pgq-thin soak --failover``: the same chaos on a primary with a synchronous standby, with
+    FAILOVERS kill -9s of the primary and promotions instead of the restart (half the soak's time,
+    at least 40 s so that every failover has room)."""
+    minutes = max(float(os.environ.get("PGQ_SOAK_MINUTES", "1")) / 2, 40 / 60)
+    seed = int(os.environ["PGQ_SOAK_SEED"]) if os.environ.get("PGQ_SOAK_SEED") else None
+    lines: list[str] = []
+
+    def show(line: str) -> None:
+        lines.append(line)
+        with capsys.disabled():
+            print(line, flush=True)
+
+    with capsys.disabled():
+        print()
+    code, counts = soak_report(minutes=minutes, seed=seed, print_fn=show, failover=True)
+    report = "\n".join(lines)
+    assert code == 0, report
+    assert (counts.lost, counts.completed_twice, counts.not_terminal) == (0, 0, 0), report
+    assert counts.overlapping_attempts == 0 and counts.executed_twice == 0, report
+    assert counts.unexplained == 0 and counts.not_executed == 0, report
+    assert counts.failovers == FAILOVERS and counts.restarts == 0, report
+    assert counts.acknowledged > 0 and counts.jobs >= counts.acknowledged, report

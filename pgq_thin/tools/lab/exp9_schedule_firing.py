@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pgq_thin.tools.lab.harness import Harness, Verdict, sqlv
+from pgq_thin.tools.lab.harness import Harness, Session, Step, Verdict, sqlv
 from pgq_thin.tools.lab.statements import CLAIM, RECOVER
 
 NUMBER = 9
@@ -57,15 +57,16 @@ def run(h: Harness) -> Verdict:
     claimers = [h.session(f"claimer-{i}") for i in (1, 2, 3)]
     obs = h.session("observer")
 
-    def one_round(label: str) -> list:  # type: ignore[type-arg]
-        items: list[tuple[Any, str, str, dict[str, Any]]] = [
+    def one_round(label: str) -> list[Step]:
+        items: list[tuple[Session | str, str, str, Any]] = [
             (s, f"{label}_{s.name}", RECOVER, {"max_jobs": 100}) for s in sweepers]
         items += [(c, f"{label}_{c.name}", CLAIM,
-                   {"worker": c.name, "queues": ["lab"], "batch": 1, "lease": "1 minute"}) for c in claimers]
+                   {"worker": c.name, "queues": ["lab"], "batch": 1, "lease": "1 minute"})
+                  for c in claimers]
         return h.round(label, items)
 
-    all_steps = []
-    counts = []
+    all_steps: list[Step] = []
+    counts: list[int] = []
     for r in range(1, ROUNDS + 1):
         h.step(obs, f"wait_due_{r}", WAIT_DUE, {"name": name})
         all_steps += one_round(f"round_{r}")
