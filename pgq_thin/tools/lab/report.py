@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from pgq_thin.testing.server import server_programs
 from pgq_thin.tools.lab import statements
 from pgq_thin.tools.lab.harness import Step
 
@@ -43,7 +44,10 @@ def evidence_files(results: Iterable[ExperimentResult]) -> list[str]:
 
 def _pg_dump_schema(dsn: str) -> str | None:
     """pg_dump -s -n pgq of the installed schema, or None when pg_dump is unusable."""
-    pg_dump = shutil.which("pg_dump")
+    # The pg_dump beside the server's own programs ($PGQ_PG_BIN's, or the system's newest), so that
+    # its version is the server's; else the one on PATH.
+    beside = os.path.join(os.path.dirname(server_programs()["postgres"]), "pg_dump")
+    pg_dump = beside if os.access(beside, os.X_OK) else shutil.which("pg_dump")
     if pg_dump is None:
         return None
     params = conninfo_to_dict(dsn)
@@ -62,8 +66,8 @@ def _pg_dump_schema(dsn: str) -> str | None:
 
 
 def _package_schema() -> str:
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here / "_sql" / "schema.sql", here.parent / "sql" / "schema.sql"):
+    package = Path(__file__).resolve().parent.parent.parent  # pgq_thin/ (this file: pgq_thin/tools/lab/)
+    for candidate in (package / "_sql" / "schema.sql", package.parent / "sql" / "schema.sql"):
         if candidate.is_file():
             return candidate.read_text()
     return "-- pgq's schema.sql was not found in this installation\n"
