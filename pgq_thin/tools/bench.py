@@ -1154,6 +1154,18 @@ BEGIN
 END $$"""
 
 
+def _server_loop_us(dsn: str, loop: str, jobs: int) -> float:
+    """Load ``jobs`` jobs into a plain queue and time ``loop`` (AB_SERVER_LOOP or a variant) over
+    them: microseconds per claim+complete pair."""
+    with _connect(dsn) as conn:
+        conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
+        conn.execute("SELECT pgq.enqueue_many(%s, 'noop', array_fill('{}'::jsonb, ARRAY[%s]))", (QUEUE, jobs))
+        conn.execute("VACUUM ANALYZE pgq.jobs")
+        started = time.perf_counter()
+        conn.execute(loop % int(jobs))
+        return (time.perf_counter() - started) / jobs * 1e6
+
+
 def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12, before: str = AB_BEFORE,
                                  after: str = AB_AFTER) -> dict[str, Any]:
     """The same A/B as schedules_timeouts_ab, timed inside the server: jobs claim+complete pairs
@@ -1165,16 +1177,9 @@ def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12, before:
         per_pair: dict[str, list[float]] = {"A": [], "B": []}
         for r in range(repeats + 1):  # the first round warms up and is not counted
             for label in (("A", "B") if r % 2 == 0 else ("B", "A")):
-                with _connect(dsns[label]) as conn:
-                    conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
-                    conn.execute("SELECT pgq.enqueue_many(%s, 'noop', array_fill('{}'::jsonb, ARRAY[%s]))",
-                                 (QUEUE, jobs))
-                    conn.execute("VACUUM ANALYZE pgq.jobs")
-                    started = time.perf_counter()
-                    conn.execute(AB_SERVER_LOOP % int(jobs))
-                    elapsed = time.perf_counter() - started
+                us = _server_loop_us(dsns[label], AB_SERVER_LOOP, jobs)
                 if r:
-                    per_pair[label].append(elapsed / jobs * 1e6)
+                    per_pair[label].append(us)
         med = {k: statistics.median(v) for k, v in per_pair.items()}
         best = {k: min(v) for k, v in per_pair.items()}  # the least disturbed run, on a loaded machine
         return {"jobs": jobs, "repeats": repeats, "before": before, "after": after,
@@ -1234,17 +1239,9 @@ def operators_day_ab_server(*, jobs: int = 1000, repeats: int = 8) -> dict[str, 
         labels = list(loops)
         for r in range(repeats + 1):  # the first round warms up and is not counted
             for label in labels[r % 3:] + labels[:r % 3]:
-                dsn, loop = loops[label]
-                with _connect(dsn) as conn:
-                    conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
-                    conn.execute("SELECT pgq.enqueue_many(%s, 'noop', array_fill('{}'::jsonb, ARRAY[%s]))",
-                                 (QUEUE, jobs))
-                    conn.execute("VACUUM ANALYZE pgq.jobs")
-                    started = time.perf_counter()
-                    conn.execute(loop % int(jobs))
-                    elapsed = time.perf_counter() - started
+                us = _server_loop_us(*loops[label], jobs)
                 if r:
-                    per_pair[label].append(elapsed / jobs * 1e6)
+                    per_pair[label].append(us)
         med = {k: statistics.median(v) for k, v in per_pair.items()}
         best = {k: min(v) for k, v in per_pair.items()}
         return {"jobs": jobs, "repeats": repeats, "us_per_claim_complete": per_pair, "median_us": med,
