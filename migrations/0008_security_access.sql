@@ -12,15 +12,16 @@
 --   that caused it (job_events.session_role, shown by pgq.job_history).
 -- * Per-queue grants: pgq.grant_queue / pgq.revoke_queue / pgq.queue_grants and the table
 --   pgq.grants. A queue's restricted column names the privileges that have grants, so a queue
---   without grants costs a claim or an enqueue one NULL test.
+--   without grants costs a claim or an enqueue one NULL test. get_job, job_history, list_jobs and
+--   schedules show a queue whose read grants do not admit the login as if it had no jobs.
 -- * pgq.health shows a session's statement text only where the caller could read it in
 --   pg_stat_activity itself.
 -- * No function ever gets PUBLIC EXECUTE: besides this file's REVOKEs, migrations/post-apply.sql
 --   (a yoyo post-apply hook, run after every migration run) revokes EXECUTE on every pgq
 --   function from PUBLIC, so a later migration that forgets to cannot expose a function.
 -- The changed functions are 0007's (claim), 0006's (list_jobs, health, enqueue) and 0001's/0004's
--- (the owner operations, enqueue_many, _reject, get_job, job_history), each with the lines this
--- issue adds. sql/schema.sql holds the same definitions (tests/test_schema_matches_migrations.py).
+-- (the owner operations, enqueue_many, _reject, get_job, job_history, schedules), each with the
+-- lines this issue adds. sql/schema.sql holds the same definitions (tests/test_schema_matches_migrations.py).
 
 ALTER TABLE pgq.jobs ADD COLUMN session_role text;
 COMMENT ON COLUMN pgq.jobs.session_role IS
@@ -1344,8 +1345,8 @@ BEGIN
             PERFORM pgq._denied(named.name, 'read');
         END IF;
     END IF;
-    hidden := ARRAY(SELECT q.name FROM pgq.queues AS q
-                    WHERE q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'read'));
+    hidden := ARRAY(SELECT h.name FROM pgq.queues AS h
+                    WHERE h.restricted IS NOT NULL AND NOT pgq._may(h.name, h.restricted, 'read'));
     IF list_jobs.kind IS NOT NULL THEN
         PERFORM pgq._check_name('kind', list_jobs.kind);
     END IF;
@@ -1395,6 +1396,19 @@ CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     AS $$ SELECT '8'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
+
+CREATE OR REPLACE FUNCTION pgq.schedules()
+    RETURNS SETOF pgq.schedules
+    LANGUAGE sql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+    -- (Not the schedules of a queue whose read grants do not admit the login: their payloads are
+    -- the queue's future jobs.)
+    SELECT * FROM pgq.schedules AS x WHERE pgq._may_read(x.queue) ORDER BY x.name
+$$;
+COMMENT ON FUNCTION pgq.schedules() IS
+    'Every schedule, by name, with next_run_at, last_run_at, last_job_id and skipped.';
 
 -- Grants -----------------------------------------------------------------------------------------
 

@@ -2774,7 +2774,9 @@ CREATE FUNCTION pgq.schedules()
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
     AS $$
-    SELECT * FROM pgq.schedules AS x ORDER BY x.name
+    -- (Not the schedules of a queue whose read grants do not admit the login: their payloads are
+    -- the queue's future jobs.)
+    SELECT * FROM pgq.schedules AS x WHERE pgq._may_read(x.queue) ORDER BY x.name
 $$;
 COMMENT ON FUNCTION pgq.schedules() IS
     'Every schedule, by name, with next_run_at, last_run_at, last_job_id and skipped.';
@@ -3071,8 +3073,8 @@ BEGIN
             PERFORM pgq._denied(named.name, 'read');
         END IF;
     END IF;
-    hidden := ARRAY(SELECT q.name FROM pgq.queues AS q
-                    WHERE q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'read'));
+    hidden := ARRAY(SELECT h.name FROM pgq.queues AS h
+                    WHERE h.restricted IS NOT NULL AND NOT pgq._may(h.name, h.restricted, 'read'));
     IF list_jobs.kind IS NOT NULL THEN
         PERFORM pgq._check_name('kind', list_jobs.kind);
     END IF;

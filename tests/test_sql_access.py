@@ -282,6 +282,8 @@ def test_read_grants_hide_a_queues_jobs_from_other_monitors_but_not_its_counts(c
     public = one(conn, "SELECT pgq.enqueue('open', 'k')")
     claim(alice, queues=["secret"])
     one(conn, "SELECT pgq.enqueue('secret', 'k')")  # a pending one too
+    one(boss, "SELECT pgq.schedule('nightly', 'secret', 'k', every => '1 day', payload => '{\"card\": 1}')")
+    one(boss, "SELECT pgq.schedule('hourly', 'open', 'k', every => '1 hour')")
     one(boss, "SELECT pgq.grant_queue('secret', %s, 'read')", (READERS,))
 
     assert sqlstate_of(watch, "SELECT * FROM pgq.get_job(%s)", (secret,)) == "P0002"  # as if there were none
@@ -292,6 +294,8 @@ def test_read_grants_hide_a_queues_jobs_from_other_monitors_but_not_its_counts(c
     stats = {r[0]: r for r in watch.execute("SELECT queue, pending, running FROM pgq.stats()")}
     assert stats["secret"][1:] == (1, 1)  # stats keeps its counts
     assert one(watch, "SELECT (pgq.get_job(%s)).id", (public,)) == public
+    assert [r[0] for r in watch.execute("SELECT name FROM pgq.schedules()")] == ["hourly"]
+    assert [r[0] for r in boss.execute("SELECT name FROM pgq.schedules()")] == ["hourly", "nightly"]
 
     # A member of the read group, a holder of a claim grant, and pgq_admin read it.
     conn.execute(f"GRANT {READERS} TO {WATCH}")
