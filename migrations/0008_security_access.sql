@@ -19,9 +19,10 @@
 -- * No function ever gets PUBLIC EXECUTE: besides this file's REVOKEs, migrations/post-apply.sql
 --   (a yoyo post-apply hook, run after every migration run) revokes EXECUTE on every pgq
 --   function from PUBLIC, so a later migration that forgets to cannot expose a function.
--- The changed functions are 0007's (claim), 0006's (list_jobs, health, enqueue) and 0001's/0004's
--- (the owner operations, enqueue_many, _reject, get_job, job_history, schedules), each with the
--- lines this issue adds. sql/schema.sql holds the same definitions (tests/test_schema_matches_migrations.py).
+-- The changed functions are as 0007 (claim, fail), 0006 (list_jobs, health), 0004 (enqueue,
+-- enqueue_many, renew, progress, schedules) and 0001 (_reject, complete, complete_many, release,
+-- snooze, mark_unknown, get_job, job_history) left them, each with the lines this issue adds.
+-- sql/schema.sql holds the same definitions (tests/test_schema_matches_migrations.py).
 
 ALTER TABLE pgq.jobs ADD COLUMN session_role text;
 COMMENT ON COLUMN pgq.jobs.session_role IS

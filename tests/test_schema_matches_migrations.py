@@ -157,7 +157,7 @@ MIGRATION_SHA256 = {
     "0005_version.sql": "6fabb054b17a18a925555afe60edb2a640bb73da8cbb43017d8d76c7b84da496",
     "0006_operators_day.sql": "07ceb712c09bd7e17bc0638ea8093366bb9cbc7a9c8b7ecc28ed555bbd442c37",
     "0007_failover_fence.sql": "68dece3ca49b3aa294ca6666356e3f39c0de7f5959068a03ddb8f01162974825",
-    "0008_security_access.sql": "c74a98edce92954ea0f8f6699c585163eec1eb9e677903945f698047f52b1cf4",
+    "0008_security_access.sql": "33462f9928786fbdc87f92a865e69b1577bd268793e68c5e285dadd0241dd92a",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 
