@@ -427,6 +427,32 @@ def test_health_shows_another_roles_sql_only_to_who_may_read_it_in_pg_stat_activ
     holder.rollback()
 
 
+def test_health_hides_a_blocked_sessions_sql_from_a_monitor_of_another_role(conn, login):
+    job_id = one(conn, "SELECT pgq.enqueue('q', 'k')")
+    locker = login(ALICE, autocommit=False)
+    locker.execute("SELECT pgq.claim('w', '{q}')")  # holds the job's row lock until rollback
+    boss = login(BOSS)
+    waiter = threading.Thread(target=lambda: boss.execute("SELECT pgq.cancel(%s) /* token s3cr3t */", (job_id,)))
+    waiter.start()
+    watch, stats_watch = login(WATCH), login(STATS_WATCH)
+    try:
+        deadline = time.monotonic() + 10
+        shown: list[str] = []
+        while not shown and time.monotonic() < deadline:
+            shown = [r[0] for r in watch.execute("SELECT detail FROM pgq.health() WHERE \"check\" = 'blocked_sessions'")
+                     if "has waited" in r[0]]
+            time.sleep(0.02)
+        [detail] = shown
+        assert f"pid {boss.info.backend_pid} has waited" in detail and f"role {BOSS}" in detail
+        assert "s3cr3t" not in detail and "query not shown" in detail
+        [seen] = [r[0] for r in stats_watch.execute(
+            "SELECT detail FROM pgq.health() WHERE \"check\" = 'blocked_sessions'") if "has waited" in r[0]]
+        assert "s3cr3t" in seen
+    finally:
+        locker.rollback()
+        waiter.join(timeout=10)
+
+
 # No later function gets PUBLIC EXECUTE ------------------------------------------------------------
 
 LATER = """
