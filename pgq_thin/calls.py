@@ -22,6 +22,7 @@ from pgq_thin.models import (
     Job,
     JobEvent,
     JobRecord,
+    QueueGrant,
     QueueSettings,
     QueueStats,
     QueueStatus,
@@ -303,6 +304,25 @@ def unschedule(name: str) -> Call[bool]:
     return Call(queries.UNSCHEDULE, {"name": name}, _flag)
 
 
+def grant_queue(queue: str, role: str, privilege: str) -> Call[bool]:
+    """pgq.grant_queue (admin): let members of ``role`` use ``privilege`` (enqueue, claim or read) on
+    ``queue``. Once a queue has a grant of a privilege, only granted roles (and pgq_admin) have it.
+    True when the grant is new."""
+    return Call(queries.GRANT_QUEUE, {"queue": queue, "role": role, "privilege": privilege}, _flag)
+
+
+def revoke_queue(queue: str, role: str, privilege: str) -> Call[bool]:
+    """pgq.revoke_queue (admin): take a grant back; True when there was one. Without a grant of the
+    privilege left, the queue is open for it again to every holder of the pgq role."""
+    return Call(queries.REVOKE_QUEUE, {"queue": queue, "role": role, "privilege": privilege}, _flag)
+
+
+def queue_grants(queue: str | None = None) -> Call[list[QueueGrant]]:
+    """pgq.queue_grants: the per-queue grants of ``queue`` (None: of every queue)."""
+    return Call(queries.QUEUE_GRANTS, {"queue": queue}, lambda rows: [record(QueueGrant, r) for r in rows],
+                rows=dict_row)
+
+
 def schedules() -> Call[list[Schedule]]:
     """pgq.schedules: every schedule, by name."""
     return Call(queries.SCHEDULES, {}, lambda rows: [record(Schedule, r) for r in rows], rows=dict_row)
@@ -339,7 +359,7 @@ def get_job(job_id: int) -> Call[JobRecord]:
 
 def job_history(job_id: int) -> Call[list[JobEvent]]:
     """pgq.job_history: the job's claims, transitions and rejected stale writes, oldest first."""
-    return Call(queries.JOB_HISTORY, {"id": job_id}, lambda rows: [JobEvent(**r) for r in rows], rows=dict_row)
+    return Call(queries.JOB_HISTORY, {"id": job_id}, lambda rows: [record(JobEvent, r) for r in rows], rows=dict_row)
 
 
 def version() -> Call[str]:
@@ -422,6 +442,9 @@ class PgqCalls:
     schedule = Method(schedule)
     unschedule = Method(unschedule)
     schedules = Method(schedules)
+    grant_queue = Method(grant_queue)
+    revoke_queue = Method(revoke_queue)
+    queue_grants = Method(queue_grants)
     stats = Method(stats)
     health = Method(health)
     list_jobs = Method(list_jobs)

@@ -330,15 +330,50 @@ def cmd_job(args: argparse.Namespace) -> int:
     fields = [("payload", _json(j.payload)), ("result", _json(j.result)), ("last error", j.last_error),
               ("priority", j.priority), ("tenant", j.tenant), ("unique key", j.unique_key),
               ("created at", j.created_at), ("run at", j.run_at), ("claimed by", j.claimed_by),
-              ("claimed at", j.claimed_at), ("lease until", j.lease_until), ("finished at", j.finished_at)]
+              ("claimed at", j.claimed_at), ("login", j.session_role), ("lease until", j.lease_until),
+              ("finished at", j.finished_at)]
     for name, value in fields:
         text = _fmt(value)
         print(f"{name:<12} {text}" if "\n" not in text else f"{name:<12} " + text.replace("\n", "\n" + " " * 13))
     print()
     print("history (oldest first)")
-    print(_table(["at", "attempt", "event", "worker", "from", "to", "note"],
-                 [[f"{e.at:%Y-%m-%d %H:%M:%S}", e.attempt, e.event, e.worker, e.from_state, e.to_state, e.note]
+    print(_table(["at", "attempt", "event", "worker", "login", "from", "to", "note"],
+                 [[f"{e.at:%Y-%m-%d %H:%M:%S}", e.attempt, e.event, e.worker, e.session_role, e.from_state,
+                   e.to_state, e.note]
                   for e in history]) if history else "no events (the queue's audit is off, or they were pruned)")
+    return 0
+
+
+def cmd_grant(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        added = client.grant_queue(args.queue, args.role, args.privilege)
+    print(f"{args.role} may {args.privilege} on queue {args.queue}" + ("" if added else " (already granted)"))
+    return 0
+
+
+def cmd_revoke(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        removed = client.revoke_queue(args.queue, args.role, args.privilege)
+        still = {g.privilege for g in client.queue_grants(args.queue)}
+    if not removed:
+        print(f"{args.role} had no {args.privilege} grant on queue {args.queue}: unchanged")
+    elif args.privilege in still:
+        print(f"revoked: {args.role} may no longer {args.privilege} on queue {args.queue}")
+    else:
+        print(f"revoked; queue {args.queue} has no {args.privilege} grant left, so every holder of the pgq role "
+              f"may {args.privilege} on it again")
+    return 0
+
+
+def cmd_grants(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        rows = client.queue_grants(args.queue)
+    if not rows:
+        print("no grants: every queue is open to every holder of the pgq roles" if args.queue is None
+              else f"queue {args.queue} has no grants: it is open to every holder of the pgq roles")
+        return 0
+    print(_table(["queue", "privilege", "role", "granted at", "by"],
+                 [[g.queue, g.privilege, g.role, _when_short(g.granted_at), g.granted_by] for g in rows]))
     return 0
 
 
@@ -527,6 +562,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("job", cmd_job, "one job: its state, payload, result, last error and attempt history")
     p.add_argument("id", type=int)
+
+    for name, func, text in (("grant", cmd_grant, "let a role enqueue into, claim from or read a queue (once a "
+                              "queue has a grant of a privilege, only granted roles and pgq_admin have it)"),
+                             ("revoke", cmd_revoke, "take back a grant of pgq-thin grant")):
+        p = command(name, func, text)
+        p.add_argument("queue")
+        p.add_argument("role")
+        p.add_argument("privilege", choices=["enqueue", "claim", "read"])
+
+    p = command("grants", cmd_grants, "the per-queue grants (pgq.queue_grants)")
+    p.add_argument("--queue", help="only this queue's grants")
 
     p = command("pause", cmd_pause, "stop workers claiming from a queue")
     p.add_argument("queue")

@@ -55,7 +55,7 @@ class WrongState(PgqError):
 
 
 class PermissionDenied(PgqError):
-    """The role may not call this function (42501)."""
+    """The role may not call this function, or a queue's grants do not admit the login (42501)."""
 
 
 class ConnectionLost(PgqError):

@@ -95,6 +95,9 @@ class JobRecord:
     deadline: datetime | None = None
     progress: dict[str, Any] | None = None
     schedule: str | None = None
+    #: The database login of the latest claim or owner operation: the owner operations of a running
+    #: attempt are accepted only from it (or a pgq_admin member). None: claimed before migration 0008.
+    session_role: str | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ class JobEvent:
     to_state: str | None
     at: datetime
     note: str | None
+    #: The database login whose call caused the event (worker is the name the caller gave).
+    session_role: str | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,17 @@ class QueueStatus:
     queue: str
     known: bool
     paused: bool
+
+
+@dataclass(frozen=True)
+class QueueGrant:
+    """One row of pgq.queue_grants(): members of ``role`` may use ``privilege`` on ``queue``."""
+
+    queue: str
+    privilege: str
+    role: str
+    granted_at: datetime
+    granted_by: str
 
 
 def record(cls: type[T], row: dict[str, Any]) -> T:

@@ -101,6 +101,11 @@ SCHEDULE = (
 )
 UNSCHEDULE = "SELECT pgq.unschedule(name => %(name)s::text)"
 SCHEDULES = "SELECT * FROM pgq.schedules()"
+GRANT_QUEUE = ("SELECT pgq.grant_queue(queue => %(queue)s::text, role => %(role)s::text,"
+               " privilege => %(privilege)s::text)")
+REVOKE_QUEUE = ("SELECT pgq.revoke_queue(queue => %(queue)s::text, role => %(role)s::text,"
+                " privilege => %(privilege)s::text)")
+QUEUE_GRANTS = "SELECT * FROM pgq.queue_grants(queue => %(queue)s::text)"
 
 # Observe -----------------------------------------------------------------------------------------
 

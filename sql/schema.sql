@@ -17,7 +17,9 @@
 --   22023 invalid_parameter_value          an argument is out of range or malformed
 --   P0002 no_data_found                    an admin call names a job that does not exist
 --   55000 object_not_in_prerequisite_state an admin call on a job in the wrong state
--- Owner operations never raise for lost ownership: they answer false / NULL ("not yours").
+--   42501 insufficient_privilege           a queue's grants (pgq.grant_queue) do not admit the login
+-- Owner operations never raise for lost ownership: they answer false / NULL ("not yours"), also
+-- to a login other than the one that claimed the job (see pgq._owns).
 
 CREATE SCHEMA pgq;
 COMMENT ON SCHEMA pgq IS 'pgq: a SQL-first job queue. See docs/sql-api.md.';
@@ -72,6 +74,7 @@ CREATE TABLE pgq.queues (
     created_at    timestamptz NOT NULL DEFAULT now(),
     max_run_time  interval,
     next_schedule_at timestamptz,
+    restricted    text[],
     CONSTRAINT queues_max_running_check CHECK (max_running BETWEEN 0 AND 100000),
     CONSTRAINT queues_lease_check CHECK (lease > '0' AND lease <= '1 day'),
     CONSTRAINT queues_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 10000),
@@ -92,6 +95,9 @@ COMMENT ON COLUMN pgq.queues.next_schedule_at IS
     'The earliest next_run_at of the queue''s enabled schedules (NULL: none), kept by pgq.schedule, '
     'pgq.unschedule and the firing: a claim reads it with the queue''s settings to know whether a '
     'schedule is due, at no extra cost.';
+COMMENT ON COLUMN pgq.queues.restricted IS
+    'The privileges (enqueue, claim, read) that have grants on this queue (pgq.grant_queue), in '
+    'name order; NULL when it has none. Only a restricted queue pays for a look at pgq.grants.';
 
 -- Fair mode's bookkeeping: one row per (queue, tenant) of a fair queue. A claim serves the
 -- tenants with the least virtual time first and advances a served tenant's virtual time by
@@ -134,6 +140,7 @@ CREATE TABLE pgq.jobs (
     schedule      text,
     attempt_skip  integer       NOT NULL DEFAULT 0,
     attempt_offset integer      NOT NULL DEFAULT 0,
+    session_role  text,
     -- The attempt number is the fencing token: it only grows, and never past max_attempts.
     CONSTRAINT jobs_attempt_check CHECK (attempt >= 0 AND attempt <= max_attempts),
     -- Exactly the running jobs hold a lease.
@@ -155,6 +162,10 @@ COMMENT ON COLUMN pgq.jobs.attempt_skip IS
     'Attempt numbers the next claim skips: set when a promotion moved the job''s fence (pgq.fence).';
 COMMENT ON COLUMN pgq.jobs.attempt_offset IS
     'Attempt numbers skipped by fence moves so far: attempt - attempt_offset is the number of attempts.';
+COMMENT ON COLUMN pgq.jobs.session_role IS
+    'The database login (session_user) of the job''s latest claim or owner operation: the owner '
+    'operations of a running attempt are accepted only from this login (or a member of pgq_admin), '
+    'and a repeated one is recognised only from the login that made it. NULL: claimed before 0008.';
 COMMENT ON COLUMN pgq.jobs.lease_until IS
     'While running: the database time after which the job may be recovered by claim or sweep.';
 COMMENT ON COLUMN pgq.jobs.max_run_time IS
@@ -177,6 +188,7 @@ CREATE TABLE pgq.job_events (
     to_state    pgq.job_state,
     at          timestamptz   NOT NULL DEFAULT clock_timestamp(),
     note        text,
+    session_role text         DEFAULT session_user,
     -- One index, read by job (history, prune) and written by every event: a second index on id
     -- alone cost about a third of the event log's write time.
     PRIMARY KEY (job_id, id)
@@ -184,6 +196,9 @@ CREATE TABLE pgq.job_events (
 COMMENT ON TABLE pgq.job_events IS
     'The attempt history: every claim and state change, and every rejected stale write (event '
     '''rejected'', to_state NULL), for queues with audit on.';
+COMMENT ON COLUMN pgq.job_events.session_role IS
+    'The database login (session_user) whose call caused the event; worker is the name the caller '
+    'gave, which any login can give. NULL for events written before migration 0008.';
 
 -- Periodic schedules: each due occurrence becomes one job (pgq._fire_schedules).
 CREATE TABLE pgq.schedules (
@@ -235,6 +250,26 @@ COMMENT ON TABLE pgq.fence IS
 INSERT INTO pgq.fence (timeline)
 VALUES (('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer);
 
+-- Per-queue grants (pgq.grant_queue). Once a queue has a grant of a privilege (enqueue, claim,
+-- read), only members of the granted roles, and of pgq_admin, may use that privilege on that
+-- queue; each privilege is restricted on its own. A queue without grants stays open to every
+-- holder of the pgq role and pays nothing for this table: queues.restricted (read with the
+-- queue's settings anyway) names the privileges that have grants, and only those are looked up
+-- here. Roles are kept by oid: a renamed role keeps its grants, a dropped one matches nobody
+-- (the queue stays restricted), and a new role of the same name gets none.
+CREATE TABLE pgq.grants (
+    queue       text        NOT NULL REFERENCES pgq.queues (name) ON DELETE CASCADE,
+    privilege   text        NOT NULL,
+    role        oid         NOT NULL,
+    granted_at  timestamptz NOT NULL DEFAULT now(),
+    granted_by  text        NOT NULL DEFAULT session_user,
+    PRIMARY KEY (queue, privilege, role),
+    CONSTRAINT grants_privilege_check CHECK (privilege IN ('enqueue', 'claim', 'read'))
+);
+COMMENT ON TABLE pgq.grants IS
+    'Per-queue grants: which roles may enqueue into, claim from or read a queue that has grants of '
+    'that privilege (pgq.grant_queue, pgq.revoke_queue, pgq.queue_grants).';
+
 -- Indexes ----------------------------------------------------------------------------------------
 
 -- The claim walks this index in the total order priority DESC, run_at, id, one queue at a time.
@@ -280,6 +315,9 @@ CREATE INDEX jobs_kind_ready_idx ON pgq.jobs (queue, kind, priority DESC, run_at
 -- queues and states (all the finished history) to find a page of a rare one.
 CREATE INDEX jobs_list_idx ON pgq.jobs (queue, state, (-id))
     WHERE state <> 'running';
+
+-- pgq.list_jobs finds the queues with grants (few, if any) without reading the others.
+CREATE INDEX queues_restricted_idx ON pgq.queues (name) WHERE restricted IS NOT NULL;
 
 -- Pruning finds finished rows by age.
 CREATE INDEX jobs_finished_idx ON pgq.jobs (finished_at)
@@ -503,8 +541,9 @@ CREATE FUNCTION pgq._reject(job_id bigint, attempt integer, operation text) RETU
 BEGIN
     INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
     SELECT j.id, _reject.attempt, NULL, 'rejected', j.state, NULL,
-           format('%s from attempt %s rejected: the job is %s at attempt %s (last claimed by %s)',
-                  _reject.operation, _reject.attempt, j.state, j.attempt, j.claimed_by)
+           format('%s from attempt %s rejected: the job is %s at attempt %s (last claimed by %s%s)',
+                  _reject.operation, _reject.attempt, j.state, j.attempt, j.claimed_by,
+                  CASE WHEN NOT pgq._same_login(j.session_role) THEN ', login ' || j.session_role END)
     FROM pgq.jobs AS j
     JOIN pgq.queues AS q ON q.name = j.queue AND q.audit
     WHERE j.id = _reject.job_id;
@@ -562,6 +601,96 @@ BEGIN
     )
     SELECT r.queue, count(*) FROM recovered AS r GROUP BY r.queue;
 END
+$$;
+
+-- Functions: who may act ------------------------------------------------------------------------
+--
+-- A job is bound to the database login that claimed it (session_user, kept in
+-- jobs.session_role): worker names are whatever a caller says, logins are what PostgreSQL
+-- authenticated. The owner operations accept a running attempt's writes only from that login or
+-- from a member of pgq_admin, and recognise a repeated call only from the login that made it.
+-- Per-queue grants (pgq.grants) restrict enqueue, claim and read per queue. Both are decided on
+-- session_user, not current_user: inside these SECURITY DEFINER functions current_user is the
+-- schema's owner, and a SET ROLE does not change who logged in.
+
+-- Whether the session's login may write to a running attempt whose job's session_role is
+-- `owner`: it is the login that claimed it, or a member of pgq_admin (superusers are members of
+-- every role); NULL (claimed before migration 0008) admits any login. One expression, inlined
+-- into the owner operations' UPDATE: the common case costs one comparison, and pg_has_role runs
+-- only for another login.
+CREATE FUNCTION pgq._owns(owner text) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$ SELECT $1 = session_user::text OR $1 IS NULL OR pg_has_role(session_user, 'pgq_admin', 'MEMBER') $$;
+
+-- Whether the session's login made the latest owner operation of a job whose session_role is
+-- `actor` (NULL: before migration 0008): only then is a repeated call answered as the first one.
+CREATE FUNCTION pgq._same_login(actor text) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$ SELECT $1 = session_user::text OR $1 IS NULL $$;
+
+-- Whether the session's login may use `privilege` on `queue`, whose queues.restricted is
+-- `restricted`: always when that privilege has no grant on the queue; otherwise for members of a
+-- role granted it (read: granted read or claim, since a worker reads the jobs it may claim) and
+-- of pgq_admin.
+CREATE FUNCTION pgq._may(queue text, restricted text[], privilege text) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT _may.restricted IS NULL OR NOT _may.privilege = ANY (_may.restricted)
+        OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')
+        OR EXISTS (SELECT FROM pgq.grants AS g
+                   WHERE g.queue = _may.queue
+                     AND (g.privilege = _may.privilege OR (_may.privilege = 'read' AND g.privilege = 'claim'))
+                     AND pg_has_role(session_user, g.role, 'MEMBER'))
+$$;
+
+-- Whether the session's login may read the jobs of `queue` (true for a queue that does not exist).
+CREATE FUNCTION pgq._may_read(queue text) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce((SELECT pgq._may(q.name, q.restricted, 'read') FROM pgq.queues AS q
+                     WHERE q.name = _may_read.queue), true)
+$$;
+
+-- Raises 42501: the queue's grants of `privilege` do not admit the session's login.
+CREATE FUNCTION pgq._denied(queue text, privilege text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'pgq: login % may not % queue %', quote_ident(session_user),
+        CASE _denied.privilege WHEN 'enqueue' THEN 'enqueue into' WHEN 'claim' THEN 'claim from' ELSE 'read' END,
+        quote_literal(_denied.queue)
+        USING ERRCODE = 'insufficient_privilege',
+              HINT = format('The queue has %s grants, none to a role of this login: an admin adds one '
+                            'with pgq.grant_queue(%L, <role>, %L).', _denied.privilege, _denied.queue,
+                            _denied.privilege);
+END
+$$;
+
+-- For pgq.claim's reads of the eligible queues, called only for a queue with grants: whether the
+-- login may claim from it; a queue the claim named and may not claim from raises 42501 (a claim
+-- of all queues skips it).
+CREATE FUNCTION pgq._may_claim(queue text, restricted text[], named boolean) RETURNS boolean
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    IF pgq._may(_may_claim.queue, _may_claim.restricted, 'claim') THEN
+        RETURN true;
+    END IF;
+    IF _may_claim.named THEN
+        PERFORM pgq._denied(_may_claim.queue, 'claim');
+    END IF;
+    RETURN false;
+END
+$$;
+
+-- Whether a session may read another session's statement text in pg_stat_activity itself: its
+-- login has the privileges of that session's role, or of pg_read_all_stats (superusers have
+-- both). pgq.health runs as the schema's owner, who may read more.
+CREATE FUNCTION pgq._may_see_query(usesysid oid) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(pg_has_role(session_user, _may_see_query.usesysid, 'USAGE'), false)
+        OR pg_has_role(session_user, 'pg_read_all_stats', 'USAGE')
 $$;
 
 -- Functions: cron expressions ---------------------------------------------------------------------
@@ -1222,6 +1351,9 @@ BEGIN
     IF NOT FOUND THEN
         q := pgq._queue(enqueue.queue);  -- first use: created with the defaults
     END IF;
+    IF q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'enqueue') THEN
+        PERFORM pgq._denied(q.name, 'enqueue');
+    END IF;
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
@@ -1296,6 +1428,9 @@ BEGIN
         PERFORM pgq._check_payload(format('payloads[%s]', bad.n), bad.value);
     END IF;
     q := pgq._queue(enqueue_many.queue);
+    IF q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'enqueue') THEN
+        PERFORM pgq._denied(q.name, 'enqueue');
+    END IF;
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
@@ -1517,7 +1652,9 @@ BEGIN
            coalesce(bool_or(q.next_schedule_at <= pgq._now()), false)
     INTO names, fairs, capped, expired, due
     FROM pgq.queues AS q
-    WHERE NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues));
+    WHERE NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues))
+      -- A queue with grants admits only some logins (a named one raises 42501 for the others).
+      AND (q.restricted IS NULL OR pgq._may_claim(q.name, q.restricted, claim.queues IS NOT NULL));
 
     -- Expired leases are recovered first, so their jobs are claimable by this very claim.
     IF expired THEN
@@ -1539,6 +1676,7 @@ BEGIN
         -- could pass the cap: such a claim of a capped queue is refused.)
         PERFORM FROM pgq.queues AS q
         WHERE q.max_running > 0 AND NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues))
+          AND (q.restricted IS NULL OR pgq._may_claim(q.name, q.restricted, claim.queues IS NOT NULL))
         ORDER BY q.name
         FOR NO KEY UPDATE;
         IF FOUND AND current_setting('transaction_isolation') <> 'read committed' THEN
@@ -1560,6 +1698,7 @@ BEGIN
                    END AS room
             FROM pgq.queues AS q
             WHERE NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues))
+              AND (q.restricted IS NULL OR pgq._may_claim(q.name, q.restricted, claim.queues IS NOT NULL))
         ) AS e
         WHERE e.room > 0;
     END IF;
@@ -1635,6 +1774,7 @@ BEGIN
             deadline = pgq._now() + coalesce(j.max_run_time, q.max_run_time),
             claimed_by = claim.worker,
             claimed_at = pgq._now(),
+            session_role = session_user,
             last_event = 'claimed'
         FROM pgq.queues AS q
         -- The picked ids as an array: the generic plan then reads them by primary key. Joined
@@ -1678,11 +1818,12 @@ BEGIN
                                                   (SELECT q.lease FROM pgq.queues AS q WHERE q.name = j.queue)),
                             j.deadline)
     WHERE j.id = renew.id AND j.attempt = renew.attempt AND j.state = 'running'
-      AND (j.deadline IS NULL OR j.deadline > pgq._now())
+      AND (j.deadline IS NULL OR j.deadline > pgq._now()) AND pgq._owns(j.session_role)
     RETURNING j.lease_until INTO new_lease;
     IF NOT FOUND AND NOT EXISTS (SELECT FROM pgq.jobs AS j
                                  WHERE j.id = renew.id AND j.attempt = renew.attempt
-                                   AND j.state = 'running' AND j.deadline <= pgq._now()) THEN
+                                   AND j.state = 'running' AND j.deadline <= pgq._now()
+                                   AND pgq._owns(j.session_role)) THEN
         PERFORM pgq._reject(renew.id, renew.attempt, 'renew');
     END IF;
     RETURN new_lease;
@@ -1712,8 +1853,9 @@ BEGIN
     WITH completed AS (
         UPDATE pgq.jobs AS j
         SET state = 'done', result = complete.result, lease_until = NULL, finished_at = pgq._now(),
-            last_event = 'completed'
+            last_event = 'completed', session_role = session_user
         WHERE j.id = complete.id AND j.attempt = complete.attempt AND j.state = 'running'
+          AND pgq._owns(j.session_role)
         RETURNING j.id, j.queue, j.attempt, j.claimed_by
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
@@ -1724,10 +1866,11 @@ BEGIN
     IF changed > 0 THEN
         RETURN true;
     END IF;
-    -- Idempotent: the same attempt already completed it (a retry after an ambiguous commit).
+    -- Idempotent: the same attempt already completed it (a retry after an ambiguous commit), by
+    -- this login.
     IF EXISTS (SELECT FROM pgq.jobs AS j
                WHERE j.id = complete.id AND j.attempt = complete.attempt AND j.state = 'done'
-                 AND j.last_event = 'completed') THEN
+                 AND j.last_event = 'completed' AND pgq._same_login(j.session_role)) THEN
         RETURN true;
     END IF;
     PERFORM pgq._reject(complete.id, complete.attempt, 'complete');
@@ -1768,14 +1911,16 @@ BEGIN
         -- Lock in id order, so concurrent batches never deadlock.
         SELECT j.id
         FROM pgq.jobs AS j JOIN wanted AS w ON w.id = j.id AND w.attempt = j.attempt
-        WHERE j.state = 'running'
+        WHERE j.state = 'running' AND pgq._owns(j.session_role)
         ORDER BY j.id
         FOR NO KEY UPDATE OF j
     ), completed AS (
         UPDATE pgq.jobs AS j
-        SET state = 'done', lease_until = NULL, finished_at = pgq._now(), last_event = 'completed'
+        SET state = 'done', lease_until = NULL, finished_at = pgq._now(), last_event = 'completed',
+            session_role = session_user
         FROM owned AS o, wanted AS w
         WHERE j.id = o.id AND w.id = j.id AND j.attempt = w.attempt AND j.state = 'running'
+          AND pgq._owns(j.session_role)
         RETURNING j.id, j.queue, j.attempt, j.claimed_by
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
@@ -1796,12 +1941,14 @@ BEGIN
     -- diagnosed from pgq.job_events whichever call the worker used.
     INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
     SELECT j.id, w.attempt, NULL, 'rejected', j.state, NULL,
-           format('complete_many from attempt %s rejected: the job is %s at attempt %s (last claimed by %s)',
-                  w.attempt, j.state, j.attempt, j.claimed_by)
+           format('complete_many from attempt %s rejected: the job is %s at attempt %s (last claimed by %s%s)',
+                  w.attempt, j.state, j.attempt, j.claimed_by,
+                  CASE WHEN NOT pgq._same_login(j.session_role) THEN ', login ' || j.session_role END)
     FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)
     JOIN pgq.jobs AS j ON j.id = w.id AND j.id = ANY (complete_many.ids)
     JOIN pgq.queues AS q ON q.name = j.queue AND q.audit
-    WHERE NOT (j.attempt = w.attempt AND j.state = 'done' AND j.last_event = 'completed');
+    WHERE NOT (j.attempt = w.attempt AND j.state = 'done' AND j.last_event = 'completed'
+               AND pgq._same_login(j.session_role));
 
     -- The ids drive both statements by primary key (= ANY): a join to the pairs let the generic
     -- plan read every finished job through jobs_finished_idx instead.
@@ -1811,6 +1958,7 @@ BEGIN
     SELECT j.id
     FROM pgq.jobs AS j
     WHERE j.id = ANY (complete_many.ids) AND j.state = 'done' AND j.last_event = 'completed'
+      AND pgq._same_login(j.session_role)
       AND (j.id, j.attempt) IN (SELECT w.id, w.attempt
                                 FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt));
 END
@@ -1853,9 +2001,11 @@ BEGIN
                                THEN pgq._now() END,
             last_error = stored_error,
             last_event = 'failed',
+            session_role = session_user,
             lease_until = NULL
         FROM pgq.queues AS q
         WHERE j.id = fail.id AND j.attempt = fail.attempt AND j.state = 'running'
+          AND pgq._owns(j.session_role)
           AND q.name = j.queue
         RETURNING j.id, j.attempt, j.claimed_by, j.state, q.audit
     ), events AS (
@@ -1869,7 +2019,8 @@ BEGIN
     END IF;
     -- Idempotent: this attempt already failed (a retry after an ambiguous commit).
     SELECT j.state INTO new_state FROM pgq.jobs AS j
-    WHERE j.id = fail.id AND j.attempt = fail.attempt AND j.last_event = 'failed';
+    WHERE j.id = fail.id AND j.attempt = fail.attempt AND j.last_event = 'failed'
+      AND pgq._same_login(j.session_role);
     IF FOUND THEN
         RETURN new_state::text;
     END IF;
@@ -1896,8 +2047,9 @@ BEGIN
     WITH released AS (
         UPDATE pgq.jobs AS j
         SET state = 'pending', lease_until = NULL, run_at = pgq._now(),
-            max_attempts = j.max_attempts + 1, last_event = 'released'
+            max_attempts = j.max_attempts + 1, last_event = 'released', session_role = session_user
         WHERE j.id = release.id AND j.attempt = release.attempt AND j.state = 'running'
+          AND pgq._owns(j.session_role)
         RETURNING j.id, j.queue, j.attempt, j.claimed_by
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
@@ -1910,7 +2062,8 @@ BEGIN
         RETURN true;
     END IF;
     IF EXISTS (SELECT FROM pgq.jobs AS j
-               WHERE j.id = release.id AND j.attempt = release.attempt AND j.last_event = 'released') THEN
+               WHERE j.id = release.id AND j.attempt = release.attempt AND j.last_event = 'released'
+                 AND pgq._same_login(j.session_role)) THEN
         RETURN true;
     END IF;
     PERFORM pgq._reject(release.id, release.attempt, 'release');
@@ -1935,8 +2088,9 @@ BEGIN
     WITH snoozed AS (
         UPDATE pgq.jobs AS j
         SET state = 'pending', lease_until = NULL, run_at = pgq._now() + snooze.delay,
-            max_attempts = j.max_attempts + 1, last_event = 'snoozed'
+            max_attempts = j.max_attempts + 1, last_event = 'snoozed', session_role = session_user
         WHERE j.id = snooze.id AND j.attempt = snooze.attempt AND j.state = 'running'
+          AND pgq._owns(j.session_role)
         RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.run_at
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
@@ -1949,7 +2103,8 @@ BEGIN
         RETURN new_run_at;
     END IF;
     SELECT j.run_at INTO new_run_at FROM pgq.jobs AS j
-    WHERE j.id = snooze.id AND j.attempt = snooze.attempt AND j.last_event = 'snoozed';
+    WHERE j.id = snooze.id AND j.attempt = snooze.attempt AND j.last_event = 'snoozed'
+      AND pgq._same_login(j.session_role);
     IF FOUND THEN
         RETURN new_run_at;
     END IF;
@@ -1978,8 +2133,9 @@ BEGIN
     WITH marked AS (
         UPDATE pgq.jobs AS j
         SET state = 'outcome_unknown', lease_until = NULL, last_error = left(mark_unknown.note, 65536),
-            last_event = 'marked_unknown'
+            last_event = 'marked_unknown', session_role = session_user
         WHERE j.id = mark_unknown.id AND j.attempt = mark_unknown.attempt AND j.state = 'running'
+          AND pgq._owns(j.session_role)
         RETURNING j.id, j.queue, j.attempt, j.claimed_by
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
@@ -1993,7 +2149,7 @@ BEGIN
     END IF;
     IF EXISTS (SELECT FROM pgq.jobs AS j
                WHERE j.id = mark_unknown.id AND j.attempt = mark_unknown.attempt
-                 AND j.last_event = 'marked_unknown') THEN
+                 AND j.last_event = 'marked_unknown' AND pgq._same_login(j.session_role)) THEN
         RETURN true;
     END IF;
     PERFORM pgq._reject(mark_unknown.id, mark_unknown.attempt, 'mark_unknown');
@@ -2017,7 +2173,8 @@ BEGIN
     PERFORM pgq._check_payload('progress', progress.progress);
     UPDATE pgq.jobs AS j
     SET progress = progress.progress
-    WHERE j.id = progress.id AND j.attempt = progress.attempt AND j.state = 'running';
+    WHERE j.id = progress.id AND j.attempt = progress.attempt AND j.state = 'running'
+      AND pgq._owns(j.session_role);
     IF FOUND THEN
         RETURN true;
     END IF;
@@ -2384,6 +2541,130 @@ END
 $$;
 COMMENT ON FUNCTION pgq.resume(text) IS 'Lets workers claim from the queue again. Returns its settings; 22023 when there is no such queue.';
 
+-- Functions: per-queue grants ---------------------------------------------------------------------
+
+-- Validates the arguments of pgq.grant_queue and pgq.revoke_queue (in this order: queue, role,
+-- privilege) and locks the queue's row, so that the grants and revokes of one queue take turns;
+-- returns the role's oid. For a revoke (dropped_ok), a role that no longer exists may be named by
+-- the oid pgq.queue_grants lists for it.
+CREATE FUNCTION pgq._grant_target(queue text, role text, privilege text, dropped_ok boolean)
+    RETURNS oid
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    role_oid oid;
+BEGIN
+    PERFORM pgq._existing_queue('queue', _grant_target.queue);
+    IF _grant_target.role IS NULL THEN
+        PERFORM pgq._bad_argument('role', 'must not be NULL', 'Name a role: a group role the logins are members of, say.');
+    END IF;
+    SELECT r.oid INTO role_oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = _grant_target.role;
+    IF NOT FOUND AND _grant_target.dropped_ok AND _grant_target.role ~ '^[0-9]{1,10}$' THEN
+        SELECT g.role INTO role_oid FROM pgq.grants AS g
+        WHERE g.queue = _grant_target.queue AND g.role = _grant_target.role::bigint
+          AND NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.oid = g.role)
+        LIMIT 1;
+    END IF;
+    IF role_oid IS NULL THEN
+        PERFORM pgq._bad_argument('role', format('names no role: %s', left(quote_literal(_grant_target.role), 80)),
+            'Roles are cluster-wide: CREATE ROLE it first. PUBLIC is not a role here: a queue without '
+            'grants is open to every holder of the pgq roles.');
+    END IF;
+    IF _grant_target.privilege IS NULL THEN
+        PERFORM pgq._bad_argument('privilege', 'must not be NULL');
+    ELSIF _grant_target.privilege NOT IN ('enqueue', 'claim', 'read') THEN
+        PERFORM pgq._bad_argument('privilege',
+            format('must be one of enqueue, claim, read, got %s', left(quote_literal(_grant_target.privilege), 40)));
+    END IF;
+    PERFORM FROM pgq.queues AS q WHERE q.name = _grant_target.queue FOR NO KEY UPDATE;
+    RETURN role_oid;
+END
+$$;
+
+-- Keeps queues.restricted equal to the privileges that have grants on the queue.
+CREATE FUNCTION pgq._refresh_restricted(queue text) RETURNS text[]
+    LANGUAGE sql
+    AS $$
+    UPDATE pgq.queues AS q
+    SET restricted = (SELECT array_agg(DISTINCT g.privilege ORDER BY g.privilege) FROM pgq.grants AS g
+                      WHERE g.queue = _refresh_restricted.queue)
+    WHERE q.name = _refresh_restricted.queue
+    RETURNING q.restricted
+$$;
+
+-- Lets the members of `role` use `privilege` (enqueue, claim or read) on an existing queue. The
+-- queue's first grant of a privilege restricts that privilege to the granted roles (and
+-- pgq_admin) from the grant's commit on. Returns true when the grant is new, false when it was
+-- there already.
+CREATE FUNCTION pgq.grant_queue(queue text, role text, privilege text)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    role_oid oid := pgq._grant_target(grant_queue.queue, grant_queue.role, grant_queue.privilege, false);
+    added boolean;
+BEGIN
+    INSERT INTO pgq.grants AS g (queue, privilege, role)
+    VALUES (grant_queue.queue, grant_queue.privilege, role_oid)
+    ON CONFLICT DO NOTHING;
+    added := FOUND;
+    PERFORM pgq._refresh_restricted(grant_queue.queue);
+    RETURN added;
+END
+$$;
+COMMENT ON FUNCTION pgq.grant_queue(text, text, text) IS
+    'Lets members of role enqueue into, claim from or read (privilege) the queue; once a queue has a '
+    'grant of a privilege, only granted roles and pgq_admin have it. True when new.';
+
+-- Takes a grant back. When it was the queue's last grant of that privilege, the privilege is open
+-- again to every holder of the pgq role (a NOTICE says so): to keep a queue closed, grant the
+-- privilege to another role (pgq_admin, say) first. Returns true when there was such a grant.
+CREATE FUNCTION pgq.revoke_queue(queue text, role text, privilege text)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    role_oid oid := pgq._grant_target(revoke_queue.queue, revoke_queue.role, revoke_queue.privilege, true);
+    removed boolean;
+    restricted text[];
+BEGIN
+    DELETE FROM pgq.grants AS g
+    WHERE g.queue = revoke_queue.queue AND g.privilege = revoke_queue.privilege AND g.role = role_oid;
+    removed := FOUND;
+    restricted := pgq._refresh_restricted(revoke_queue.queue);
+    IF removed AND NOT revoke_queue.privilege = ANY (coalesce(restricted, '{}')) THEN
+        RAISE NOTICE 'pgq: queue % has no % grant left: every holder of the pgq role has that privilege again',
+            quote_literal(revoke_queue.queue), revoke_queue.privilege;
+    END IF;
+    RETURN removed;
+END
+$$;
+COMMENT ON FUNCTION pgq.revoke_queue(text, text, text) IS
+    'Takes back a grant of pgq.grant_queue; true when there was one. Without grants of a privilege '
+    'left, the queue is open for it again.';
+
+-- The grants of one queue (or of all queues), by queue, privilege and role. A dropped role is
+-- listed by its former oid.
+CREATE FUNCTION pgq.queue_grants(queue text DEFAULT NULL)
+    RETURNS TABLE (queue text, privilege text, role text, granted_at timestamptz, granted_by text)
+    LANGUAGE sql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+    SELECT pgq._existing_queue('queue', queue_grants.queue) WHERE queue_grants.queue IS NOT NULL;
+    SELECT g.queue, g.privilege, coalesce(r.rolname::text, g.role::text), g.granted_at, g.granted_by
+    FROM pgq.grants AS g
+    LEFT JOIN pg_catalog.pg_roles AS r ON r.oid = g.role
+    WHERE queue_grants.queue IS NULL OR g.queue = queue_grants.queue
+    ORDER BY 1, 2, 3;
+$$;
+COMMENT ON FUNCTION pgq.queue_grants(text) IS
+    'The per-queue grants (of one queue, or all): queue, privilege, role, when and by whom.';
+
 -- Functions: schedules ----------------------------------------------------------------------------
 
 -- Creates or replaces the schedule `name`: exactly one of cron (pgq.cron_next's grammar, read in
@@ -2493,7 +2774,9 @@ CREATE FUNCTION pgq.schedules()
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
     AS $$
-    SELECT * FROM pgq.schedules AS x ORDER BY x.name
+    -- (Not the schedules of a queue whose read grants do not admit the login: their payloads are
+    -- the queue's future jobs.)
+    SELECT * FROM pgq.schedules AS x WHERE pgq._may_read(x.queue) ORDER BY x.name
 $$;
 COMMENT ON FUNCTION pgq.schedules() IS
     'Every schedule, by name, with next_run_at, last_run_at, last_job_id and skipped.';
@@ -2638,8 +2921,10 @@ BEGIN
     -- 4. Sessions blocked by others (lock waits: a long transaction holding a job's row, say).
     found_any := false;
     FOR r IN
-        SELECT a.pid, pg_blocking_pids(a.pid) AS blockers, clock_timestamp() - a.query_start AS waited,
-               left(a.query, 80) AS query
+        SELECT a.pid, a.usename, pg_blocking_pids(a.pid) AS blockers,
+               clock_timestamp() - a.query_start AS waited,
+               CASE WHEN pgq._may_see_query(a.usesysid) THEN left(a.query, 80)
+                    ELSE '(query not shown: another role''s session)' END AS query
         FROM pg_stat_activity AS a
         WHERE a.datname = current_database() AND cardinality(pg_blocking_pids(a.pid)) > 0
         ORDER BY a.query_start
@@ -2648,8 +2933,8 @@ BEGIN
         RETURN QUERY SELECT
             CASE WHEN r.waited > health.max_snapshot_age THEN 'critical' ELSE 'warning' END,
             'blocked_sessions',
-            format('pid %s has waited %s for pid(s) %s: %s', r.pid, date_trunc('second', r.waited),
-                   array_to_string(r.blockers, ', '), r.query),
+            format('pid %s has waited %s for pid(s) %s (role %s): %s', r.pid, date_trunc('second', r.waited),
+                   array_to_string(r.blockers, ', '), r.usename, r.query),
             'Look at what the blocking session is doing (pg_stat_activity); end it if it is stuck.';
     END LOOP;
     IF NOT found_any THEN
@@ -2661,7 +2946,9 @@ BEGIN
     found_any := false;
     FOR r IN
         SELECT a.pid, a.state, a.usename, clock_timestamp() - a.xact_start AS age,
-               age(a.backend_xmin) AS xmin_age, left(a.query, 80) AS query
+               age(a.backend_xmin) AS xmin_age,
+               CASE WHEN pgq._may_see_query(a.usesysid) THEN left(a.query, 80)
+                    ELSE '(query not shown: another role''s session)' END AS query
         FROM pg_stat_activity AS a
         -- Only this database's sessions hold back vacuum of its tables.
         WHERE a.datname = current_database() AND a.xact_start IS NOT NULL
@@ -2722,7 +3009,8 @@ BEGIN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
     SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = get_job.id;
-    IF NOT FOUND THEN
+    -- A job of a queue the login may not read is answered as if there were none.
+    IF NOT FOUND OR NOT pgq._may_read(job.queue) THEN
         RAISE EXCEPTION 'pgq: no job with id %', get_job.id
             USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
     END IF;
@@ -2741,6 +3029,9 @@ CREATE FUNCTION pgq.job_history(id bigint)
 BEGIN
     IF job_history.id IS NULL THEN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    IF NOT pgq._may_read((SELECT j.queue FROM pgq.jobs AS j WHERE j.id = job_history.id)) THEN
+        RETURN;  -- a job of a queue the login may not read has no history it can see
     END IF;
     RETURN QUERY SELECT * FROM pgq.job_events AS e WHERE e.job_id = job_history.id ORDER BY e.id;
 END
@@ -2766,6 +3057,8 @@ CREATE FUNCTION pgq.list_jobs(queue text DEFAULT NULL, state text DEFAULT NULL, 
 DECLARE
     states pgq.job_state[] := enum_range(NULL::pgq.job_state);
     below  bigint := coalesce(list_jobs.before_id, 9223372036854775807);
+    hidden text[];  -- the queues whose jobs this login may not read
+    named  pgq.queues;
 BEGIN
     IF list_jobs.state IS NOT NULL THEN
         IF NOT list_jobs.state = ANY (states::text[]) THEN
@@ -2775,8 +3068,13 @@ BEGIN
         states := ARRAY[list_jobs.state::pgq.job_state];
     END IF;
     IF list_jobs.queue IS NOT NULL THEN
-        PERFORM pgq._existing_queue('queue', list_jobs.queue);
+        named := pgq._existing_queue('queue', list_jobs.queue);
+        IF NOT pgq._may(named.name, named.restricted, 'read') THEN
+            PERFORM pgq._denied(named.name, 'read');
+        END IF;
     END IF;
+    hidden := ARRAY(SELECT h.name FROM pgq.queues AS h
+                    WHERE h.restricted IS NOT NULL AND NOT pgq._may(h.name, h.restricted, 'read'));
     IF list_jobs.kind IS NOT NULL THEN
         PERFORM pgq._check_name('kind', list_jobs.kind);
     END IF;
@@ -2801,6 +3099,7 @@ BEGIN
             LIMIT list_jobs.limit_rows
         ) AS c
         WHERE (list_jobs.queue IS NULL OR q.name = list_jobs.queue) AND s.state <> 'running'
+          AND q.name <> ALL (hidden)
         UNION ALL
         SELECT j.*
         FROM pgq.jobs AS j
@@ -2808,6 +3107,7 @@ BEGIN
           AND j.id < below
           AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
           AND (list_jobs.kind IS NULL OR j.kind = list_jobs.kind)
+          AND j.queue <> ALL (hidden)
     ) AS p
     ORDER BY p.id DESC
     LIMIT list_jobs.limit_rows;
@@ -2837,7 +3137,7 @@ COMMENT ON FUNCTION pgq.queue_status(text[]) IS
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '7'::text $$;
+    AS $$ SELECT '8'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -2880,7 +3180,9 @@ GRANT EXECUTE ON FUNCTION
     pgq.pause(text),
     pgq.resume(text),
     pgq.schedule(text, text, text, text, interval, jsonb, text, integer, integer, text, boolean, boolean),
-    pgq.unschedule(text)
+    pgq.unschedule(text),
+    pgq.grant_queue(text, text, text),
+    pgq.revoke_queue(text, text, text)
     TO pgq_admin;
 
 GRANT EXECUTE ON FUNCTION
@@ -2891,6 +3193,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.list_jobs(text, text, text, integer, bigint),
     pgq.queue_status(text[]),
     pgq.schedules(),
+    pgq.queue_grants(text),
     pgq.version()
     TO pgq_monitor;
 

@@ -27,3 +27,14 @@ def test_the_operators_day_ab_drains_0005_and_0006_with_and_without_kinds() -> N
     assert (result["before"], result["after"]) == (OPERATORS_BEFORE, OPERATORS_AFTER)
     assert {k: len(v) for k, v in result["rates"].items()} == {"A": 3, "B": 3, "B kinds": 3}
     assert all(rate > 0 for rates in result["rates"].values() for rate in rates)  # each drain's count matched
+
+
+def test_the_server_side_ab_by_backend_cpu_time_compares_any_two_migrations() -> None:
+    from pgq_thin.tools.bench import server_loop_cpu_ab
+
+    result = server_loop_cpu_ab(jobs=1000, repeats=2, before="0007_failover_fence", after="0008_security_access")
+    assert (result["before"], result["after"]) == ("0007_failover_fence", "0008_security_access")
+    assert [len(result["cpu_us_per_claim_complete"][k]) for k in ("A", "B")] == [2, 2]
+    # 1,000 claim + complete pairs take far more than one clock tick of CPU.
+    assert all(us > 0 for v in result["cpu_us_per_claim_complete"].values() for us in v)
+    assert result["ratio_after_over_before"] > 0

@@ -222,3 +222,36 @@ def test_a_schedule_with_an_unknown_time_zone_gets_a_hint_for_the_command_line(d
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
     assert "(hint: Use an IANA time zone name, such as Europe/Paris, or UTC.)" in result.stderr
     assert "pg_timezone_names" not in result.stderr
+
+
+def test_job_history_shows_the_login_of_each_event(dsn: str, conn: psycopg.Connection) -> None:
+    job_id = one(conn, "SELECT pgq.enqueue('q', 'k')")
+    [c] = claim(conn, "worker-a", ["q"])
+    conn.execute("SELECT pgq.complete(%s, %s)", (job_id, c["attempt"]))
+    shown = pgq("job", str(job_id), dsn=dsn)
+    assert shown.returncode == 0, shown.stderr
+    login = one(conn, "SELECT session_user")
+    assert f"login        {login}" in shown.stdout
+    history = shown.stdout[shown.stdout.index("history"):].splitlines()
+    assert history[1].split()[:5] == ["at", "attempt", "event", "worker", "login"]
+    assert [line.split()[5] for line in history[3:]] == [login, login]  # date, time, attempt, event, worker
+
+
+def test_grant_revoke_and_grants_commands(dsn: str, conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('payments')")
+    assert pgq("grants", dsn=dsn).stdout.startswith("no grants")
+    granted = pgq("grant", "payments", "pgq_worker", "claim", dsn=dsn)
+    assert granted.returncode == 0 and granted.stdout == "pgq_worker may claim on queue payments\n"
+    again = pgq("grant", "payments", "pgq_worker", "claim", dsn=dsn)
+    assert again.stdout == "pgq_worker may claim on queue payments (already granted)\n"
+    listed = pgq("grants", "--queue", "payments", dsn=dsn)
+    assert listed.returncode == 0
+    assert listed.stdout.splitlines()[2].split()[:3] == ["payments", "claim", "pgq_worker"]
+    bad = pgq("grant", "payments", "pgq_no_such_role", "claim", dsn=dsn)
+    assert bad.returncode == 1 and 'argument "role" names no role' in bad.stderr and "Traceback" not in bad.stderr
+    wrong = pgq("grant", "payments", "pgq_worker", "delete", dsn=dsn)
+    assert wrong.returncode == 2 and "invalid choice" in wrong.stderr
+    revoked = pgq("revoke", "payments", "pgq_worker", "claim", dsn=dsn)
+    assert revoked.returncode == 0 and "no claim grant left" in revoked.stdout
+    assert pgq("revoke", "payments", "pgq_worker", "claim", dsn=dsn).stdout.endswith(": unchanged\n")
+    assert one(conn, "SELECT count(*) FROM pgq.grants") == 0

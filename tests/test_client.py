@@ -178,6 +178,24 @@ def test_get_job_and_job_history_for_operators(client: Client) -> None:
         client.get_job(987654)
 
 
+def test_per_queue_grants_and_the_logins_of_a_job_from_python(client: Client, conn: psycopg.Connection) -> None:
+    login = conn.execute("SELECT session_user").fetchone()[0]  # type: ignore[index]
+    job_id = client.enqueue("payments", "charge", {"order": 7})
+    [claimed] = client.claim("w1", ["payments"])
+    client.complete(claimed.id, claimed.attempt)
+    assert client.get_job(job_id).session_role == login
+    assert [e.session_role for e in client.job_history(job_id)] == [login, login]
+    assert client.grant_queue("payments", "pgq_worker", "claim") is True
+    assert client.grant_queue("payments", "pgq_worker", "claim") is False
+    [grant] = client.queue_grants("payments")
+    assert (grant.queue, grant.privilege, grant.role, grant.granted_by) == ("payments", "claim", "pgq_worker", login)
+    assert client.queue_grants() == [grant]
+    with pytest.raises(InvalidArgument, match='argument "privilege"'):
+        client.grant_queue("payments", "pgq_worker", "delete")
+    assert client.revoke_queue("payments", "pgq_worker", "claim") is True
+    assert client.queue_grants("payments") == []
+
+
 def test_fair_mode_caps_and_health_from_python(client: Client) -> None:
     settings = client.configure_queue("f", fair=True, max_running=2)
     assert (settings.fair, settings.max_running) == (True, 2)

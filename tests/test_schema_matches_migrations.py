@@ -157,12 +157,13 @@ MIGRATION_SHA256 = {
     "0005_version.sql": "6fabb054b17a18a925555afe60edb2a640bb73da8cbb43017d8d76c7b84da496",
     "0006_operators_day.sql": "07ceb712c09bd7e17bc0638ea8093366bb9cbc7a9c8b7ecc28ed555bbd442c37",
     "0007_failover_fence.sql": "68dece3ca49b3aa294ca6666356e3f39c0de7f5959068a03ddb8f01162974825",
+    "0008_security_access.sql": "33462f9928786fbdc87f92a865e69b1577bd268793e68c5e285dadd0241dd92a",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 
 
 def test_migrations_are_never_edited_once_written():
-    files = {f.name: f for f in MIGRATIONS.glob("*.sql")}
+    files = {f.name: f for f in MIGRATIONS.glob("[0-9]*.sql")}
     assert sorted(files) == sorted(MIGRATION_SHA256), "a migration was added or removed: update MIGRATION_SHA256"
     for name, sha256 in MIGRATION_SHA256.items():
         assert hashlib.sha256(files[name].read_bytes()).hexdigest() == sha256, f"{name} was edited"
@@ -179,7 +180,7 @@ def test_schema_sql_and_migrations_build_the_same_catalog(schema_sql_catalog, ds
 def test_pgq_version_is_the_number_of_the_newest_migration_file(schema_sql_catalog, empty_dsn, dsn):
     """Every migration redefines pgq.version() to return its own number, and sql/schema.sql says the
     same: a new migration that forgets it fails here (and the client would not know the schema)."""
-    newest = max(int(f.name.split("_", 1)[0]) for f in MIGRATIONS.glob("*.sql"))
+    newest = max(int(f.name.split("_", 1)[0]) for f in MIGRATIONS.glob("[0-9]*.sql"))
     for database in (empty_dsn, dsn):  # empty_dsn: built from sql/schema.sql by the fixture
         with psycopg.connect(database, autocommit=True) as conn:
             assert conn.execute("SELECT pgq.version()").fetchone() == (str(newest),), database

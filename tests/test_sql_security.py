@@ -46,6 +46,9 @@ API: dict[str, tuple[str, set[str]]] = {
     "set_tenant_weight": ("SELECT pgq.set_tenant_weight('q', 't', 2)", ADMIN),
     "schedule": ("SELECT pgq.schedule('s', 'q', 'k', every => '1 hour')", ADMIN),
     "unschedule": ("SELECT pgq.unschedule('s')", ADMIN),
+    "grant_queue": ("SELECT pgq.grant_queue('q', 'pgq_worker', 'claim')", ADMIN),
+    "revoke_queue": ("SELECT pgq.revoke_queue('q', 'pgq_worker', 'claim')", ADMIN),
+    "queue_grants": ("SELECT * FROM pgq.queue_grants()", MONITOR),
     "schedules": ("SELECT * FROM pgq.schedules()", MONITOR),
     "get_job": ("SELECT * FROM pgq.get_job(1)", MONITOR),
     "job_history": ("SELECT * FROM pgq.job_history(1)", MONITOR),
@@ -64,7 +67,7 @@ TABLE_STATEMENTS = [
     "SELECT 1 FROM pgq.{t} FOR KEY SHARE",
 ]
 TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "tenant", "schedules": "name",
-          "fence": "timeline"}
+          "fence": "timeline", "grants": "queue"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:

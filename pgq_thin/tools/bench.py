@@ -1189,6 +1189,45 @@ def schedules_timeouts_ab_server(*, jobs: int = 1000, repeats: int = 12, before:
         databases.close()
 
 
+def _backend_cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) a local server process has used so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_loop_cpu_ab(*, jobs: int = 3000, repeats: int = 12, before: str = AB_BEFORE,
+                       after: str = AB_AFTER) -> dict[str, Any]:
+    """The server-side A/B of schedules_timeouts_ab_server, measured by the CPU time the backend
+    running the loop used (from /proc, so the server must be local) instead of the wall clock: on
+    a machine other processes load, the wall clock counts the time they took the CPU away, the
+    backend's CPU time does not (resolution: one clock tick, 10 ms, over the whole loop).
+    Microseconds of backend CPU per claim+complete pair, medians, minimums and the ratios B/A."""
+    databases = Databases()
+    try:
+        dsns = _ab_databases(databases, before, after)
+        per_pair: dict[str, list[float]] = {"A": [], "B": []}
+        for r in range(repeats + 1):  # the first round warms up and is not counted
+            for label in (("A", "B") if r % 2 == 0 else ("B", "A")):
+                with _connect(dsns[label]) as conn:
+                    conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
+                    conn.execute("SELECT pgq.enqueue_many(%s, 'noop', array_fill('{}'::jsonb, ARRAY[%s]))",
+                                 (QUEUE, jobs))
+                    conn.execute("VACUUM ANALYZE pgq.jobs")
+                    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+                    used = _backend_cpu_seconds(pid)
+                    conn.execute(AB_SERVER_LOOP % int(jobs))
+                    used = _backend_cpu_seconds(pid) - used
+                if r:
+                    per_pair[label].append(used / jobs * 1e6)
+        med = {k: statistics.median(v) for k, v in per_pair.items()}
+        best = {k: min(v) for k, v in per_pair.items()}
+        return {"jobs": jobs, "repeats": repeats, "before": before, "after": after,
+                "cpu_us_per_claim_complete": per_pair, "median_us": med, "min_us": best,
+                "ratio_after_over_before": med["B"] / med["A"], "ratio_of_mins": best["B"] / best["A"]}
+    finally:
+        databases.close()
+
+
 # A/B: the claim before and after migration 0006 (kinds, list_jobs' and the kinds' indexes) ---------
 
 OPERATORS_BEFORE = "0005_version"
@@ -1262,3 +1301,4 @@ if __name__ == "__main__":
         result = schedules_timeouts_ab(**sizes, **pair, fsync=on)
         print(json.dumps(result, indent=1))
     print(json.dumps(schedules_timeouts_ab_server(**pair), indent=1))
+    print(json.dumps(server_loop_cpu_ab(**pair), indent=1))

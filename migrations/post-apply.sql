@@ -1,0 +1,14 @@
+-- yoyo's post-apply hook: run after every run that applied a migration (pgq-thin migrate, and
+-- yoyo apply), in a transaction of its own, and not recorded as a migration.
+--
+-- A function that a migration creates gets PostgreSQL's default ACL, which lets PUBLIC execute
+-- it, and no role may call a pgq function it was not granted (tests/test_sql_security.py). Each
+-- migration revokes for its own functions; this hook makes sure a migration that forgets does
+-- not expose its functions past the end of the run. (Until this hook runs, only the pgq roles
+-- could call such a function at all: PUBLIC has no USAGE on schema pgq.)
+--
+-- Chosen over ALTER DEFAULT PRIVILEGES: the per-schema form (IN SCHEMA pgq) cannot take back
+-- PUBLIC's EXECUTE, which is granted by the global default; the global form changes the
+-- migrating role's defaults for every schema of the database (for extensions a superuser creates
+-- later, say) and binds the protection to whichever role ran 0008. See docs/security.md.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC;
