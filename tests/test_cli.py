@@ -58,7 +58,7 @@ def test_errors_print_one_clear_line_and_exit_non_zero(dsn: str, conn: psycopg.C
     assert bad.returncode == 1
     assert bad.stderr.count("\n") == 1 and 'argument "queue"' in bad.stderr and "22023" in bad.stderr
     not_json = pgq("enqueue", "q", "k", "{nope", dsn=dsn)
-    assert not_json.returncode == 1 and "not valid JSON" in not_json.stderr
+    assert not_json.returncode == 2 and "not valid JSON" in not_json.stderr  # refused before anything is sent
     unknown = pgq("cancel", "999999", dsn=dsn)
     assert unknown.returncode == 1 and "no job with id 999999" in unknown.stderr
     unreachable = pgq("stats", dsn="postgresql://nobody@127.0.0.1:1/none")

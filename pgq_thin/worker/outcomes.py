@@ -101,6 +101,14 @@ def of_result(result: Any) -> Outcome:
     return Outcome("complete", {"result": result})
 
 
+def sendable(text: str) -> str:
+    """``text`` as PostgreSQL text can hold it: a NUL or a lone surrogate (an exception's message
+    made of undecodable bytes) shown as its escape, so that the failure is still recorded."""
+    if text.isascii() and "\x00" not in text:
+        return text
+    return text.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
+
+
 def of_exception(exc: BaseException, jlog: JobLog) -> Outcome:
     """The handler raised ``exc`` (call this inside the ``except`` block: a failure keeps its
     traceback)."""
@@ -109,15 +117,15 @@ def of_exception(exc: BaseException, jlog: JobLog) -> Outcome:
             jlog.info("the handler asked for a retry %s", _after(exc.delay))
         else:
             jlog.info("the handler asked for a retry %s: %s", _after(exc.delay), exc.reason)
-        return Outcome("fail", {"error": exc.reason, "retry_in": exc.delay})
+        return Outcome("fail", {"error": sendable(str(exc.reason)), "retry_in": exc.delay})
     if isinstance(exc, Snooze):
         jlog.info("the handler snoozed the job for %g s (no attempt used)", seconds(exc.delay))
         return Outcome("snooze", {"delay": exc.delay})
     if isinstance(exc, OutcomeUnknown):
         jlog.warning("the handler cannot tell whether the job's effect happened: %s", exc.note)
-        return Outcome("mark_unknown", {"note": exc.note})
+        return Outcome("mark_unknown", {"note": sendable(str(exc.note))})
     jlog.warning("the handler raised %r", exc, exc_info=True)
-    return Outcome("fail", {"error": traceback.format_exc()})
+    return Outcome("fail", {"error": sendable(traceback.format_exc())})
 
 
 def no_handler(job: Job, worker_name: str, kinds: list[str], jlog: JobLog) -> Outcome:
@@ -139,5 +147,5 @@ def refused_instead(operation: str, exc: BaseException, jlog: JobLog) -> Outcome
     jlog.error("%s refused: %s", operation, exc)
     if operation == "fail":
         return None
-    return Outcome("fail", {"error": f"pgq_thin worker: {operation} of this attempt was refused: "
-                                     f"{type(exc).__name__}: {exc}", "retryable": False})
+    return Outcome("fail", {"error": sendable(f"pgq_thin worker: {operation} of this attempt was refused: "
+                                              f"{type(exc).__name__}: {exc}"), "retryable": False})
