@@ -96,7 +96,8 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def _refused(name: str, message: str, type_error: bool = False) -> BadArgument:
-    shown = _PYTHON_NAMES.get(name, name)
+    base, bracket, index = name.partition("[")
+    shown = _PYTHON_NAMES.get(base, base) + bracket + index  # ids[2] is job_ids[2]
     return (BadArgumentType if type_error else BadArgument)(f'argument "{shown}" {message}', "22023")
 
 
@@ -174,7 +175,10 @@ def _interval(name: str, value: Interval | None) -> timedelta | None:
     if not (math.isfinite(seconds) and abs(seconds) <= _MAX_SECONDS):
         raise _refused(name, f"must be a finite number of seconds, at most {timedelta.max.days} days "
                        f"either way (a timedelta's range), got {_shown(value)}")
-    return timedelta(seconds=seconds)
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:  # within a rounding of the limit
+        raise _refused(name, f"must be at most {timedelta.max.days} days either way, got {_shown(value)}") from None
 
 
 def _names(name: str, value: Sequence[str] | None) -> list[str] | None:
