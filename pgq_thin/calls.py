@@ -181,24 +181,32 @@ def _interval(name: str, value: Interval | None) -> timedelta | None:
         raise _refused(name, f"must be at most {timedelta.max.days} days either way, got {_shown(value)}") from None
 
 
+def _listed(name: str, value: Any, what: str) -> list[Any]:
+    """``value`` as a list (a str, bytes or a dict is not a list of anything here)."""
+    if not isinstance(value, (str, bytes, dict)):
+        try:
+            return list(value)
+        except TypeError:
+            pass
+    shown = f" {value!r:.40} (one name: [{value!r:.40}])" if isinstance(value, str) and what == "names" else ""
+    raise _refused(name, f"must be a list of {what}, got {_type_name(value)}{shown}", type_error=True)
+
+
 def _names(name: str, value: Sequence[str] | None) -> list[str] | None:
     """A list of names (a str alone would be split into its characters)."""
     if value is None:
         return None
-    if isinstance(value, (str, bytes)):
-        raise _refused(name, f"must be a list of names, got {_type_name(value)} {value!r:.40} "
-                       f"(one name: [{value!r:.40}])", type_error=True)
-    names = list(value)
+    names = _listed(name, value, "names")
     for n, element in enumerate(names, 1):
         if not isinstance(element, str):
             raise _refused(f"{name}[{n}]", f"must be a str, got {_type_name(element)}", type_error=True)
     return names
 
 
-def _ints(name: str, value: Sequence[int]) -> list[int]:
-    if isinstance(value, (str, bytes)):
-        raise _refused(name, f"must be a list of ints, got {_type_name(value)}", type_error=True)
-    numbers = list(value)
+def _ints(name: str, value: Sequence[int] | None) -> list[int] | None:
+    if value is None:
+        return None
+    numbers = _listed(name, value, "ints")
     for n, element in enumerate(numbers, 1):
         if not isinstance(element, int) or isinstance(element, bool):
             raise _refused(f"{name}[{n}]", f"must be an int, got {_type_name(element)}", type_error=True)
@@ -232,10 +240,10 @@ def _json(name: str, value: Any) -> Jsonb:
     return Jsonb(data, dumps=_as_is)
 
 
-def _jsons(name: str, values: Sequence[Any]) -> list[Jsonb]:
-    if isinstance(values, (str, bytes, dict)):
-        raise _refused(name, f"must be a list of JSON objects, got {_type_name(values)}", type_error=True)
-    return [_json(f"{name}[{n}]", value) for n, value in enumerate(values, 1)]
+def _jsons(name: str, values: Sequence[Any] | None) -> list[Jsonb] | None:
+    if values is None:
+        return None
+    return [_json(f"{name}[{n}]", value) for n, value in enumerate(_listed(name, values, "JSON objects"), 1)]
 
 
 def _value(rows: list[Any]) -> Any:

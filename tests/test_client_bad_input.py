@@ -198,3 +198,29 @@ def test_what_the_check_lets_through_reaches_the_database_unchanged(dsn: str, te
         assert record.payload == {"text": text, text: [text]}
         assert (record.unique_key, record.last_error) == (text or None, text)
         assert record.claimed_by == "w\x1b" + text
+
+
+_ANYTHING = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.integers(min_value=2 ** 62, max_value=2 ** 70),
+    st.floats(), st.text(), TEXTS, st.binary(max_size=4), st.datetimes(), st.timedeltas(),
+    st.datetimes(timezones=st.timezones()) if hasattr(st, "timezones") else st.datetimes(),
+    st.lists(st.one_of(st.integers(), st.text(max_size=5), st.floats()), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.floats(), TEXTS), max_size=3),
+    st.decimals(), st.just(object()), st.just(_deep(2000)))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_value_for_any_argument_is_answered_or_refused_with_a_pgq_error(dsn: str, data: st.DataObject) -> None:
+    """Whatever a caller passes, a call returns or raises a PgqError (BadArgument before sending,
+    InvalidArgument and the others from the server), never psycopg's or Python's own exceptions."""
+    method = data.draw(st.sampled_from(calls.ALL))
+    name, _ = data.draw(st.sampled_from(_parameters(method) or [("", "")]))
+    arguments = _arguments(method)
+    if name and name != "conn":
+        arguments[name] = data.draw(_ANYTHING, label=name)
+    with Client(dsn, max_size=1) as client:
+        try:
+            getattr(client, method.__name__)(**arguments)
+        except PgqError:
+            pass
