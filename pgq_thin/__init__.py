@@ -3,6 +3,8 @@
 from pgq_thin.async_client import AsyncClient
 from pgq_thin.client import Client
 from pgq_thin.errors import (
+    BadArgument,
+    BadArgumentType,
     ConnectionLost,
     InvalidArgument,
     JobNotFound,
@@ -20,6 +22,7 @@ from pgq_thin.models import (
     QueueStats,
     Schedule,
     TenantSettings,
+    UnreadableJson,
 )
 from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Retry, Snooze, Worker
 
@@ -31,7 +34,10 @@ __all__ = [
     "JobEvent",
     "JobRecord",
     "TenantSettings",
+    "BadArgument",
+    "BadArgumentType",
     "ConnectionLost",
+    "UnreadableJson",
     "InvalidArgument",
     "Job",
     "JobContext",

@@ -16,8 +16,9 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 import psycopg
+from psycopg.adapt import AdaptersMap, Buffer
 from psycopg.rows import RowFactory, args_row, dict_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, JsonbBinaryLoader, JsonbLoader
 
 from pgq_thin import queries
 from pgq_thin.errors import BadArgument, BadArgumentType
@@ -31,10 +32,11 @@ from pgq_thin.models import (
     QueueStatus,
     Schedule,
     TenantSettings,
+    UnreadableJson,
     record,
 )
 
-__all__ = ["ALL", "Call", "Interval", "Method", "PgqCalls"]
+__all__ = ["ALL", "READING", "Call", "Interval", "Method", "PgqCalls"]
 
 log = logging.getLogger("pgq_thin.client")
 
@@ -244,6 +246,34 @@ def _jsons(name: str, values: Sequence[Any] | None) -> list[Jsonb] | None:
     if values is None:
         return None
     return [_json(f"{name}[{n}]", value) for n, value in enumerate(_listed(name, values, "JSON objects"), 1)]
+
+
+# Reading results --------------------------------------------------------------------------------
+# A jsonb value nested deeper than Python's recursion limit would make reading its whole row raise
+# RecursionError: a job enqueued so from another language would stop every Python worker that
+# claims it, again after each lease. Such a value is read as an UnreadableJson instead.
+
+class _Jsonb(JsonbLoader):
+    def load(self, data: Buffer) -> Any:
+        try:
+            return super().load(data)
+        except RecursionError:
+            return UnreadableJson(bytes(data))
+
+
+class _JsonbBinary(JsonbBinaryLoader):
+    def load(self, data: Buffer) -> Any:
+        try:
+            return super().load(data)
+        except RecursionError:
+            return UnreadableJson(bytes(data)[1:])
+
+
+#: The adapters of the connections pgq_thin opens (``context=`` of psycopg's connect): psycopg's,
+#: with jsonb read as above.
+READING = AdaptersMap(psycopg.adapters)
+READING.register_loader("jsonb", _Jsonb)
+READING.register_loader("jsonb", _JsonbBinary)
 
 
 def _value(rows: list[Any]) -> Any:

@@ -21,6 +21,7 @@ import psycopg
 from pgq_thin import __version__
 from pgq_thin.client import Client, resolve_dsn
 from pgq_thin.errors import BadArgument, PgqError, translate
+from pgq_thin.models import UnreadableJson
 from pgq_thin.worker import AsyncWorker, Worker
 
 # What the command prints ---------------------------------------------------------------------------
@@ -410,7 +411,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def _json(value: Any) -> str:
-    return "-" if value is None else json.dumps(value, ensure_ascii=False)
+    if value is None or isinstance(value, UnreadableJson):
+        return "-" if value is None else str(value)
+    return json.dumps(value, ensure_ascii=False)
 
 
 def cmd_job(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from pgq_thin.calls import Call, Interval, PgqCalls
+from pgq_thin.calls import READING, Call, Interval, PgqCalls
 from pgq_thin.errors import BadArgument, InvalidArgument, PgqError, translated
 from pgq_thin.migrate import warn_if_schema_is_old
 
@@ -75,7 +75,7 @@ class Client(PgqCalls):
                 self.dsn,
                 min_size=min_size,
                 max_size=max_size,
-                kwargs={"autocommit": True, **({"prepare_threshold": None} if pooled else {})},
+                kwargs={"autocommit": True, "context": READING, **({"prepare_threshold": None} if pooled else {})},
                 name="pgq_thin",
                 open=True,
             )

@@ -24,6 +24,7 @@ from pgq_thin import calls
 from pgq_thin.async_client import AsyncClient
 from pgq_thin.client import Client, resolve_dsn
 from pgq_thin.errors import BadArgument, BadArgumentType, InvalidArgument, PgqError
+from pgq_thin.models import UnreadableJson
 
 from sqlhelpers import one
 
@@ -224,3 +225,30 @@ def test_any_value_for_any_argument_is_answered_or_refused_with_a_pgq_error(dsn:
             getattr(client, method.__name__)(**arguments)
         except PgqError:
             pass
+
+
+# Reading: a value the server holds but Python's json cannot read -----------------------------------
+
+DEEP = "[" * 5000 + "]" * 5000  # jsonb takes it; Python's json stops at its recursion limit
+
+
+@pytest.mark.parametrize("runtime", ["thread", "async"])
+def test_a_job_whose_payload_python_cannot_read_fails_for_good_and_the_worker_goes_on(
+        dsn: str, conn: psycopg.Connection, runtime: str) -> None:
+    """A job enqueued from another language with a deeply nested payload: claiming it used to raise
+    RecursionError in the claimer, which stopped the worker, and every worker after its lease."""
+    from pgq_thin.testing import adrain, drain
+    from pgq_thin.worker import AsyncWorker, Worker
+
+    deep = one(conn, "SELECT pgq.enqueue('q', 'k', jsonb_build_object('x', %s::jsonb))", (DEEP,))
+    fine = one(conn, "SELECT pgq.enqueue('q', 'k', '{\"x\": 1}')")
+    worker = (Worker if runtime == "thread" else AsyncWorker)(queues=["q"], concurrency=1, prefetch=0)
+    ran: list[int] = []
+    worker.handler("k")(lambda job, ctx: ran.append(job.id))
+    result = drain(worker, dsn) if runtime == "thread" else asyncio.run(adrain(worker, dsn))
+    assert result.outcomes == {deep: "failed", fine: "done"} and ran == [fine]
+    with Client(dsn) as client:
+        record = client.get_job(deep)
+        assert isinstance(record.payload, UnreadableJson) and record.payload.text.startswith(b'{"x": [[[')
+        assert record.state == "failed" and "nested too deeply" in (record.last_error or "")
+        assert record.attempt == 1  # failed at once, not retryable

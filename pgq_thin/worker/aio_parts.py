@@ -362,6 +362,8 @@ class AsyncSlots:
         function = self.handlers.get(job.kind)
         if function is None:
             outcome = outcomes.no_handler(job, self.owner.worker_name, sorted(self.handlers), jlog)
+        elif (refused := outcomes.unreadable(job, jlog)) is not None:
+            outcome = refused
         else:
             try:
                 outcome = outcomes.of_result(await self._call(function, job, held.ctx))

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import psycopg.conninfo
 
+from pgq_thin.calls import READING
 from pgq_thin.client import resolve_dsn
 from pgq_thin.errors import PgqError
 from pgq_thin.models import QueueStatus
@@ -120,8 +121,8 @@ class WorkerBase:
 
     def connection_settings(self) -> dict[str, Any]:
         """The keyword arguments of the worker's pooled connections."""
-        return {"autocommit": True, "application_name": f"pgq-worker {self.name}"[:63], **KEEPALIVES,
-                **({"prepare_threshold": None} if self.pooled else {})}
+        return {"autocommit": True, "application_name": f"pgq-worker {self.name}"[:63], "context": READING,
+                **KEEPALIVES, **({"prepare_threshold": None} if self.pooled else {})}
 
     def _begin(self, dsn: str | None, queues: Sequence[str] | str | None, concurrency: int | None,
                prefetch: int | str | None, pooled: bool | None = None) -> str:

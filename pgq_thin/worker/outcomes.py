@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
-from pgq_thin.models import Job
+from pgq_thin.models import Job, UnreadableJson
 from pgq_thin.worker.support import JobLog, seconds, transient
 
-__all__ = ["Outcome", "OutcomeUnknown", "Retry", "Snooze", "no_handler", "of_exception", "of_result"]
+__all__ = ["Outcome", "OutcomeUnknown", "Retry", "Snooze", "no_handler", "of_exception", "of_result", "unreadable"]
 
 
 class Retry(Exception):
@@ -126,6 +126,17 @@ def of_exception(exc: BaseException, jlog: JobLog) -> Outcome:
         return Outcome("mark_unknown", {"note": sendable(str(exc.note))})
     jlog.warning("the handler raised %r", exc, exc_info=True)
     return Outcome("fail", {"error": sendable(traceback.format_exc())})
+
+
+def unreadable(job: Job, jlog: JobLog) -> Outcome | None:
+    """A job whose payload or checkpoint Python cannot read (UnreadableJson): it fails at once,
+    not retryable (no attempt of it could run); None for any other job."""
+    what = [name for name in ("payload", "progress") if isinstance(getattr(job, name), UnreadableJson)]
+    if not what:
+        return None
+    jlog.error("its %s is nested too deeply for Python's json to read: the job fails for good", " and ".join(what))
+    return Outcome("fail", {"error": f"pgq_thin worker: the job's {' and '.join(what)} is nested too deeply for "
+                                     "Python's json to read (its recursion limit)", "retryable": False})
 
 
 def no_handler(job: Job, worker_name: str, kinds: list[str], jlog: JobLog) -> Outcome:
