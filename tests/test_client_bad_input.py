@@ -252,3 +252,27 @@ def test_a_job_whose_payload_python_cannot_read_fails_for_good_and_the_worker_go
         assert isinstance(record.payload, UnreadableJson) and record.payload.text.startswith(b'{"x": [[[')
         assert record.state == "failed" and "nested too deeply" in (record.last_error or "")
         assert record.attempt == 1  # failed at once, not retryable
+
+
+@pytest.mark.parametrize("setting", ["lease", "poll_interval", "sweep_interval", "shutdown_timeout"])
+def test_a_worker_refuses_a_nan_infinite_or_huge_setting_in_seconds_naming_it(setting: str) -> None:
+    from pgq_thin.worker import AsyncWorker, Worker
+
+    for runtime in (Worker, AsyncWorker):
+        for value in (math.nan, math.inf, 1e300, 10 ** 400):
+            with pytest.raises(ValueError, match=f"^{setting} must be a finite number of seconds"):
+                runtime(**{setting: value})
+        with pytest.raises(TypeError, match=f"^{setting} must be a number of seconds, got str"):
+            runtime(**{setting: "30"})
+        runtime(**{setting: 30})  # a sane value is fine
+
+
+def test_retry_and_snooze_refuse_a_nan_infinite_or_huge_delay() -> None:
+    from pgq_thin import Retry, Snooze
+
+    for value in (math.nan, math.inf, 1e300, 10 ** 400, -1, 0, True):
+        with pytest.raises(ValueError, match="Retry delay must be a positive finite number"):
+            Retry(delay=value)
+        with pytest.raises(ValueError, match="Snooze delay must be a positive finite number"):
+            Snooze(value)
+    assert Retry(delay=5).delay == 5 and Snooze(timedelta(minutes=1)).delay == timedelta(minutes=1)

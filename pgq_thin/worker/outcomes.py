@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from pgq_thin.models import Job, UnreadableJson
-from pgq_thin.worker.support import JobLog, seconds, transient
+from pgq_thin.worker.support import JobLog, sane_seconds, seconds, transient
 
 __all__ = ["Outcome", "OutcomeUnknown", "Retry", "Snooze", "no_handler", "of_exception", "of_result", "unreadable"]
 
@@ -21,8 +21,8 @@ class Retry(Exception):
     ``delay=None`` uses the queue's backoff. Counts as an attempt."""
 
     def __init__(self, delay: float | timedelta | None = None, reason: str = "retry requested") -> None:
-        if delay is not None and seconds(delay) <= 0:
-            raise ValueError(f"Retry delay must be positive, got {delay!r}")
+        if delay is not None and not sane_seconds(delay):
+            raise ValueError(f"Retry delay must be a positive finite number of seconds or a timedelta, got {delay!r}")
         super().__init__(reason)
         self.delay = delay
         self.reason = reason
@@ -33,8 +33,8 @@ class Snooze(Exception):
     (pgq.snooze)."""
 
     def __init__(self, delay: float | timedelta) -> None:
-        if seconds(delay) <= 0:
-            raise ValueError(f"Snooze delay must be positive, got {delay!r}")
+        if not sane_seconds(delay):
+            raise ValueError(f"Snooze delay must be a positive finite number of seconds or a timedelta, got {delay!r}")
         super().__init__(f"snoozed for {seconds(delay):g} s")
         self.delay = delay
 
