@@ -153,14 +153,7 @@ def check_params(params: dict[str, Any]) -> None:
         if want is not None and cls is not want and (cls is bool or not isinstance(value, want)):
             raise _refused(name, f"must be {'an' if want is int else 'a'} {want.__name__}, got {cls.__name__}",
                            type_error=True)
-        if cls is str:
-            _check_text(name, value)
-        elif cls is int:
-            _check_int(name, value)
-        elif cls is list:
-            for n, element in enumerate(value, 1):
-                if element is not None:
-                    _check_value(f"{name}[{n}]", element)
+        _check_value(name, value)
 
 
 def _interval(name: str, value: Interval | None) -> timedelta | None:
