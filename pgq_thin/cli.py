@@ -240,14 +240,15 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     module_name, _, attr = args.app.partition(":")
     if not module_name or not attr:
-        raise PgqError(f"--app must look like module:attribute, got {args.app!r}")
+        raise BadArgument(f"--app must look like module:attribute, got {args.app!r}")
     sys.path.insert(0, ".")
     try:
         worker = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise PgqError(f"cannot load the worker {args.app!r}: {exc}") from None
     if not isinstance(worker, (Worker, AsyncWorker)):
-        raise PgqError(f"--app must name a pgq_thin Worker or AsyncWorker; {args.app!r} is a {type(worker).__name__}")
+        raise BadArgument(f"--app must name a pgq_thin Worker or AsyncWorker; {args.app!r} is a "
+                          f"{type(worker).__name__}")
     logs = logging.StreamHandler()
     logs.setFormatter(_CleanFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO if not args.quiet else logging.WARNING, handlers=[logs])
@@ -260,7 +261,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         else:
             worker.run(resolve_dsn(args.dsn), **settings)
     except ValueError as exc:  # a setting out of range (run() checks them before it connects)
-        raise PgqError(str(exc)) from None
+        raise BadArgument(str(exc)) from None
     return 1 if worker.stopped_at_once else 0  # a second signal: its running jobs were left to their leases
 
 
