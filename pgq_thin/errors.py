@@ -122,3 +122,7 @@ def translated() -> Iterator[None]:
         raise translate(exc) from exc
     except TypeError as exc:
         raise InvalidArgument(f"cannot send the arguments: {exc}") from exc
+    except RecursionError as exc:  # a jsonb value nested deeper than Python's json reads
+        raise PgqError("a JSON value of the result is nested too deeply for Python's json to read", None,
+                       "the connections pgq_thin opens read it as an UnreadableJson: give a pool of your own "
+                       "kwargs={'context': pgq_thin.calls.READING}") from exc

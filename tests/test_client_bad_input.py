@@ -276,3 +276,12 @@ def test_retry_and_snooze_refuse_a_nan_infinite_or_huge_delay() -> None:
         with pytest.raises(ValueError, match="Snooze delay must be a positive finite number"):
             Snooze(value)
     assert Retry(delay=5).delay == 5 and Snooze(timedelta(minutes=1)).delay == timedelta(minutes=1)
+
+
+def test_a_pool_of_the_callers_own_gets_a_pgq_error_for_what_python_cannot_read(
+        dsn: str, conn: psycopg.Connection) -> None:
+    deep = one(conn, "SELECT pgq.enqueue('q', 'k', jsonb_build_object('x', %s::jsonb))", (DEEP,))
+    with ConnectionPool(dsn, kwargs={"autocommit": True}) as pool, Client(pool=pool) as client:
+        with pytest.raises(PgqError, match="nested too deeply") as refused:
+            client.get_job(deep)
+        assert "READING" in (refused.value.hint or "")
