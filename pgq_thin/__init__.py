@@ -3,6 +3,8 @@
 from pgq_thin.async_client import AsyncClient
 from pgq_thin.client import Client
 from pgq_thin.errors import (
+    BadArgument,
+    BadArgumentType,
     ConnectionLost,
     InvalidArgument,
     JobNotFound,
@@ -21,6 +23,7 @@ from pgq_thin.models import (
     QueueStats,
     Schedule,
     TenantSettings,
+    UnreadableJson,
 )
 from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Retry, Snooze, Worker
 
@@ -33,7 +36,10 @@ __all__ = [
     "JobRecord",
     "QueueGrant",
     "TenantSettings",
+    "BadArgument",
+    "BadArgumentType",
     "ConnectionLost",
+    "UnreadableJson",
     "InvalidArgument",
     "Job",
     "JobContext",

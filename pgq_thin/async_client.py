@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from pgq_thin.calls import Call, PgqCalls
+from pgq_thin.calls import READING, Call, PgqCalls
 from pgq_thin.client import resolve_dsn
 from pgq_thin.errors import InvalidArgument, translated
 
@@ -41,7 +41,7 @@ class AsyncClient(PgqCalls):
         self._opened = not self._owns_pool
         self.pool = pool if pool is not None else AsyncConnectionPool(
             resolve_dsn(dsn), min_size=min_size, max_size=max_size,
-            kwargs={"autocommit": True, **({"prepare_threshold": None} if pooled else {})},
+            kwargs={"autocommit": True, "context": READING, **({"prepare_threshold": None} if pooled else {})},
             name="pgq_thin", open=False)
         self.dsn = self.pool.conninfo
 

@@ -6,17 +6,22 @@ over an async one: the description of a call exists once. Nothing here talks to 
 from __future__ import annotations
 
 import inspect
+import json
 import logging
+import math
+import re
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 import psycopg
+from psycopg.adapt import AdaptersMap, Buffer
 from psycopg.rows import RowFactory, args_row, dict_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, JsonbBinaryLoader, JsonbLoader
 
 from pgq_thin import queries
+from pgq_thin.errors import BadArgument, BadArgumentType
 from pgq_thin.models import (
     HealthFinding,
     Job,
@@ -28,10 +33,11 @@ from pgq_thin.models import (
     QueueStatus,
     Schedule,
     TenantSettings,
+    UnreadableJson,
     record,
 )
 
-__all__ = ["ALL", "Call", "Interval", "Method", "PgqCalls"]
+__all__ = ["ALL", "READING", "Call", "Interval", "Method", "PgqCalls"]
 
 log = logging.getLogger("pgq_thin.client")
 
@@ -49,7 +55,8 @@ CallerConnection = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
 @dataclass(frozen=True)
 class Call(Generic[T]):
     """One statement to send: ``query`` with ``params``; ``rows`` the psycopg row factory (None:
-    tuples); ``read`` makes the result of the rows; ``conn`` the caller's connection, if any."""
+    tuples); ``read`` makes the result of the rows; ``conn`` the caller's connection, if any.
+    Making one checks its parameters (check_params): bad input never reaches psycopg."""
 
     query: str
     params: dict[str, Any]
@@ -57,11 +64,210 @@ class Call(Generic[T]):
     rows: RowFactory[Any] | None = None
     conn: CallerConnection | None = None
 
+    def __post_init__(self) -> None:
+        check_params(self.params)
 
-def _interval(value: Interval | None) -> timedelta | None:
+
+# Turning arguments into parameters, checked ------------------------------------------------------
+# The server checks what its functions mean (a name's characters, a lease's range) and answers
+# with a documented SQLSTATE. What is checked here is only what cannot reach it as the caller
+# meant: a text psycopg cannot encode, an integer no SQL integer holds, a number of seconds no
+# interval holds, a payload JSON cannot carry, a value of the wrong type that PostgreSQL would
+# silently cast (1.5 as a priority) or psycopg would send as something else (a str as a list).
+# Each is a BadArgument (SQLSTATE 22023; BadArgumentType, also a TypeError, for a wrong type)
+# naming the argument, raised before anything is sent.
+
+#: The parameters named differently in Python (the SQL function's argument is ``id``).
+_PYTHON_NAMES = {"id": "job_id", "ids": "job_ids"}
+
+#: What each parameter must be, when given (None is left to the server: some are required).
+#: A parameter not listed gets the checks of its value's type only.
+_WANT: dict[str, type] = {
+    **dict.fromkeys(("queue", "kind", "worker", "unique_key", "tenant", "error", "note", "state", "name", "cron",
+                     "timezone", "role", "privilege"), str),
+    **dict.fromkeys(("priority", "max_attempts", "batch", "id", "attempt", "max_jobs", "max_running", "weight",
+                     "limit_rows", "before_id"), int),
+    **dict.fromkeys(("retryable", "notify", "audit", "fair", "skip_if_running", "enabled"), bool),
+}
+
+_INT8 = 2 ** 63
+#: The longest interval a timedelta holds (999999999 days); PostgreSQL's checks bound each
+#: interval argument far more tightly.
+_MAX_SECONDS = timedelta.max.total_seconds()
+#: A JSON NUL escape (\u0000, not an escaped backslash before "u0000"): jsonb refuses it.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _refused(name: str, message: str, type_error: bool = False) -> BadArgument:
+    base, bracket, index = name.partition("[")
+    shown = _PYTHON_NAMES.get(base, base) + bracket + index  # ids[2] is job_ids[2]
+    return (BadArgumentType if type_error else BadArgument)(f'argument "{shown}" {message}', "22023")
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _shown(number: float) -> str:
+    """A number, short (an int of 4000 digits is shown by its size)."""
+    text = repr(number)
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} digits)"
+
+
+def _check_text(name: str, value: str) -> None:
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise _refused(name, f"cannot be sent: character {exc.start} is {value[exc.start]!r}, "
+                           "a lone surrogate (not text; undecodable bytes?)") from None
+    if "\x00" in value:
+        raise _refused(name, f"cannot be sent: character {value.index(chr(0))} is NUL, which PostgreSQL "
+                       "text cannot hold")
+
+
+def _check_int(name: str, value: int) -> None:
+    if not -_INT8 <= value < _INT8:
+        raise _refused(name, f"is out of range: {_shown(value)} (a SQL integer is from -2^63 to 2^63-1)")
+
+
+def _check_value(name: str, value: Any) -> None:
+    """The checks of ``value``'s type (for a list: of each element)."""
+    cls = type(value)
+    if cls is str:
+        _check_text(name, value)
+    elif cls is int:
+        _check_int(name, value)
+    elif cls is list:
+        for n, element in enumerate(value, 1):
+            if element is not None:
+                _check_value(f"{name}[{n}]", element)
+
+
+def check_params(params: dict[str, Any]) -> None:
+    """Raise BadArgument for the first parameter that cannot be sent as its call means it."""
+    for name, value in params.items():
+        if value is None:
+            continue
+        cls = type(value)
+        want = _WANT.get(name)
+        if want is not None and cls is not want and (cls is bool or not isinstance(value, want)):
+            raise _refused(name, f"must be {'an' if want is int else 'a'} {want.__name__}, got {cls.__name__}",
+                           type_error=True)
+        _check_value(name, value)
+
+
+def _interval(name: str, value: Interval | None) -> timedelta | None:
+    """A timedelta or a number of seconds (finite, within what a timedelta holds) as an interval."""
     if value is None or isinstance(value, timedelta):
         return value
-    return timedelta(seconds=float(value))
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _refused(name, f"must be a timedelta or a number of seconds, got {_type_name(value)}",
+                       type_error=True)
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    if not (math.isfinite(seconds) and abs(seconds) <= _MAX_SECONDS):
+        raise _refused(name, f"must be a finite number of seconds, at most {timedelta.max.days} days "
+                       f"either way (a timedelta's range), got {_shown(value)}")
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:  # within a rounding of the limit
+        raise _refused(name, f"must be at most {timedelta.max.days} days either way, got {_shown(value)}") from None
+
+
+def _listed(name: str, value: Any, what: str) -> list[Any]:
+    """``value`` as a list (a str, bytes or a dict is not a list of anything here)."""
+    if not isinstance(value, (str, bytes, dict)):
+        try:
+            return list(value)
+        except TypeError:
+            pass
+    shown = f" {value!r:.40} (one name: [{value!r:.40}])" if isinstance(value, str) and what == "names" else ""
+    raise _refused(name, f"must be a list of {what}, got {_type_name(value)}{shown}", type_error=True)
+
+
+def _names(name: str, value: Sequence[str] | None) -> list[str] | None:
+    """A list of names (a str alone would be split into its characters)."""
+    if value is None:
+        return None
+    names = _listed(name, value, "names")
+    for n, element in enumerate(names, 1):
+        if not isinstance(element, str):
+            raise _refused(f"{name}[{n}]", f"must be a str, got {_type_name(element)}", type_error=True)
+    return names
+
+
+def _ints(name: str, value: Sequence[int] | None) -> list[int] | None:
+    if value is None:
+        return None
+    numbers = _listed(name, value, "ints")
+    for n, element in enumerate(numbers, 1):
+        if not isinstance(element, int) or isinstance(element, bool):
+            raise _refused(f"{name}[{n}]", f"must be an int, got {_type_name(element)}", type_error=True)
+    return numbers
+
+
+#: json.dumps with keyword arguments makes an encoder per call: one, made once.
+_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+
+
+def _as_is(data: Any) -> Any:
+    return data
+
+
+def _json(name: str, value: Any) -> Jsonb:
+    """``value`` as jsonb, serialised here, once (psycopg sends the bytes as they are): a value
+    JSON cannot carry (NaN, infinity, an object of another type, nesting deeper than Python's
+    recursion limit) or jsonb cannot store (a NUL character, a lone surrogate) is refused."""
+    try:
+        text = _JSON.encode(value)
+    except RecursionError:
+        raise _refused(name, "is nested too deeply to be sent as JSON") from None
+    except (TypeError, ValueError) as exc:  # an unserialisable object; NaN / infinity; a huge int
+        raise _refused(name, f"cannot be sent as JSON: {exc}") from None
+    if "\\u0000" in text and _JSON_NUL.search(text):
+        raise _refused(name, "holds a NUL character (\\u0000), which jsonb cannot store")
+    try:
+        data = text.encode()
+    except UnicodeEncodeError as exc:
+        raise _refused(name, f"holds a lone surrogate ({text[exc.start]!r}), which is not text") from None
+    return Jsonb(data, dumps=_as_is)
+
+
+def _jsons(name: str, values: Sequence[Any] | None) -> list[Jsonb] | None:
+    if values is None:
+        return None
+    return [_json(f"{name}[{n}]", value) for n, value in enumerate(_listed(name, values, "JSON objects"), 1)]
+
+
+# Reading results --------------------------------------------------------------------------------
+# A jsonb value nested deeper than Python's recursion limit would make reading its whole row raise
+# RecursionError: a job enqueued so from another language would stop every Python worker that
+# claims it, again after each lease. Such a value is read as an UnreadableJson instead.
+
+class _Jsonb(JsonbLoader):
+    def load(self, data: Buffer) -> Any:
+        try:
+            return super().load(data)
+        except RecursionError:
+            return UnreadableJson(bytes(data))
+
+
+class _JsonbBinary(JsonbBinaryLoader):
+    def load(self, data: Buffer) -> Any:
+        try:
+            return super().load(data)
+        except RecursionError:
+            return UnreadableJson(bytes(data)[1:])
+
+
+#: The adapters of the connections pgq_thin opens (``context=`` of psycopg's connect): psycopg's,
+#: with jsonb read as above.
+READING = AdaptersMap(psycopg.adapters)
+READING.register_loader("jsonb", _Jsonb)
+READING.register_loader("jsonb", _JsonbBinary)
 
 
 def _value(rows: list[Any]) -> Any:
@@ -110,9 +316,9 @@ def enqueue(
         return job_id
 
     return Call(queries.ENQUEUE, {
-        "queue": queue, "kind": kind, "payload": Jsonb({} if payload is None else payload),
+        "queue": queue, "kind": kind, "payload": _json("payload", {} if payload is None else payload),
         "run_at": run_at, "priority": priority, "max_attempts": max_attempts,
-        "unique_key": unique_key, "tenant": tenant, "max_run_time": _interval(max_run_time),
+        "unique_key": unique_key, "tenant": tenant, "max_run_time": _interval("max_run_time", max_run_time),
     }, read, conn=conn)
 
 
@@ -130,9 +336,9 @@ def enqueue_many(
 ) -> Call[list[int]]:
     """pgq.enqueue_many: add one job per payload in one statement; ids in payload order."""
     return Call(queries.ENQUEUE_MANY, {
-        "queue": queue, "kind": kind, "payloads": [Jsonb(p) for p in payloads],
+        "queue": queue, "kind": kind, "payloads": _jsons("payloads", payloads),
         "run_at": run_at, "priority": priority, "max_attempts": max_attempts, "tenant": tenant,
-        "max_run_time": _interval(max_run_time),
+        "max_run_time": _interval("max_run_time", max_run_time),
     }, _ids, conn=conn)
 
 
@@ -145,31 +351,32 @@ def claim(worker: str, queues: Sequence[str] | None = None, batch: int = 1,
     kind), each with its attempt."""
     # queries.CLAIM returns Job's fields in order: each row is built straight into a Job.
     return Call(queries.CLAIM, {
-        "worker": worker, "queues": list(queues) if queues is not None else None,
-        "batch": batch, "lease": _interval(lease), "kinds": list(kinds) if kinds is not None else None,
+        "worker": worker, "queues": _names("queues", queues),
+        "batch": batch, "lease": _interval("lease", lease), "kinds": _names("kinds", kinds),
     }, list, rows=args_row(Job))
 
 
 def queue_status(queues: Sequence[str]) -> Call[list[QueueStatus]]:
     """pgq.queue_status: whether each queue exists and is paused, in the order given."""
-    return Call(queries.QUEUE_STATUS, {"queues": list(queues)}, lambda rows: [QueueStatus(*r) for r in rows])
+    return Call(queries.QUEUE_STATUS, {"queues": _names("queues", queues)},
+                lambda rows: [QueueStatus(*r) for r in rows])
 
 
 def renew(job_id: int, attempt: int, lease: Interval | None = None) -> Call[datetime | None]:
     """pgq.renew: the new lease_until, or None when the job is no longer ours."""
-    return Call(queries.RENEW, {"id": job_id, "attempt": attempt, "lease": _interval(lease)}, _value)
+    return Call(queries.RENEW, {"id": job_id, "attempt": attempt, "lease": _interval("lease", lease)}, _value)
 
 
 def complete(job_id: int, attempt: int, result: Any = None) -> Call[bool]:
     """pgq.complete: True when our attempt is (or already was) done; False when not ours."""
     return Call(queries.COMPLETE, {
-        "id": job_id, "attempt": attempt, "result": None if result is None else Jsonb(result),
+        "id": job_id, "attempt": attempt, "result": None if result is None else _json("result", result),
     }, _flag)
 
 
 def complete_many(job_ids: Sequence[int], attempts: Sequence[int]) -> Call[list[int]]:
     """pgq.complete_many: the ids of the (id, attempt) pairs completed."""
-    return Call(queries.COMPLETE_MANY, {"ids": list(job_ids), "attempts": list(attempts)}, _ids)
+    return Call(queries.COMPLETE_MANY, {"ids": _ints("ids", job_ids), "attempts": _ints("attempts", attempts)}, _ids)
 
 
 def fail(job_id: int, attempt: int, error: str, retry_in: Interval | None = None,
@@ -177,7 +384,7 @@ def fail(job_id: int, attempt: int, error: str, retry_in: Interval | None = None
     """pgq.fail: the new state ('pending' to retry, or 'failed'); None when not ours."""
     return Call(queries.FAIL, {
         "id": job_id, "attempt": attempt, "error": error,
-        "retry_in": _interval(retry_in), "retryable": retryable,
+        "retry_in": _interval("retry_in", retry_in), "retryable": retryable,
     }, _value)
 
 
@@ -188,7 +395,7 @@ def release(job_id: int, attempt: int) -> Call[bool]:
 
 def snooze(job_id: int, attempt: int, delay: Interval) -> Call[datetime | None]:
     """pgq.snooze: pending again after ``delay``; the new run_at, or None when not ours."""
-    return Call(queries.SNOOZE, {"id": job_id, "attempt": attempt, "delay": _interval(delay)}, _value)
+    return Call(queries.SNOOZE, {"id": job_id, "attempt": attempt, "delay": _interval("delay", delay)}, _value)
 
 
 def mark_unknown(job_id: int, attempt: int, note: str) -> Call[bool]:
@@ -199,7 +406,7 @@ def mark_unknown(job_id: int, attempt: int, note: str) -> Call[bool]:
 def progress(job_id: int, attempt: int, progress: dict[str, Any]) -> Call[bool]:
     """pgq.progress: store our attempt's checkpoint (the next attempt gets it as
     ``Job.progress``); False when the job is no longer ours."""
-    return Call(queries.PROGRESS, {"id": job_id, "attempt": attempt, "progress": Jsonb(progress)}, _flag)
+    return Call(queries.PROGRESS, {"id": job_id, "attempt": attempt, "progress": _json("progress", progress)}, _flag)
 
 
 def sweep(max_jobs: int = 1000) -> Call[int]:
@@ -228,7 +435,7 @@ def resolve(job_id: int, state: str) -> Call[bool]:
 
 def prune(older_than: Interval | None = None, max_jobs: int = 10000) -> Call[int]:
     """pgq.prune: delete up to max_jobs finished jobs; returns how many."""
-    return Call(queries.PRUNE, {"older_than": _interval(older_than), "max_jobs": max_jobs}, _count)
+    return Call(queries.PRUNE, {"older_than": _interval("older_than", older_than), "max_jobs": max_jobs}, _count)
 
 
 def pause(queue: str) -> Call[QueueSettings]:
@@ -258,10 +465,10 @@ def configure_queue(
     """pgq.configure_queue: change the given settings (None leaves one unchanged;
     ``max_run_time=0`` removes the limit)."""
     return Call(queries.CONFIGURE_QUEUE, {
-        "queue": queue, "lease": _interval(lease), "max_attempts": max_attempts,
-        "backoff_base": _interval(backoff_base), "backoff_cap": _interval(backoff_cap),
-        "retention": _interval(retention), "notify": notify, "audit": audit,
-        "fair": fair, "max_running": max_running, "max_run_time": _interval(max_run_time),
+        "queue": queue, "lease": _interval("lease", lease), "max_attempts": max_attempts,
+        "backoff_base": _interval("backoff_base", backoff_base), "backoff_cap": _interval("backoff_cap", backoff_cap),
+        "retention": _interval("retention", retention), "notify": notify, "audit": audit,
+        "fair": fair, "max_running": max_running, "max_run_time": _interval("max_run_time", max_run_time),
     }, _settings, rows=dict_row)
 
 
@@ -292,8 +499,8 @@ def schedule(
     """pgq.schedule: create or replace the schedule ``name`` (exactly one of ``cron`` and
     ``every``); returns it, with its next_run_at. Claims and sweeps fire it."""
     return Call(queries.SCHEDULE, {
-        "name": name, "queue": queue, "kind": kind, "cron": cron, "every": _interval(every),
-        "payload": Jsonb({} if payload is None else payload), "timezone": timezone,
+        "name": name, "queue": queue, "kind": kind, "cron": cron, "every": _interval("every", every),
+        "payload": _json("payload", {} if payload is None else payload), "timezone": timezone,
         "priority": priority, "max_attempts": max_attempts, "tenant": tenant,
         "skip_if_running": skip_if_running, "enabled": enabled,
     }, lambda rows: record(Schedule, rows[0]), rows=dict_row)
@@ -340,7 +547,8 @@ def health(max_snapshot_age: Interval = timedelta(minutes=5),
            max_ready_age: Interval = timedelta(minutes=5)) -> Call[list[HealthFinding]]:
     """pgq.health: one finding per check (severity ok, warning or critical)."""
     return Call(queries.HEALTH, {
-        "max_snapshot_age": _interval(max_snapshot_age), "max_ready_age": _interval(max_ready_age),
+        "max_snapshot_age": _interval("max_snapshot_age", max_snapshot_age),
+        "max_ready_age": _interval("max_ready_age", max_ready_age),
     }, lambda rows: [HealthFinding(**r) for r in rows], rows=dict_row)
 
 

@@ -8,21 +8,77 @@ import asyncio
 import importlib
 import json
 import logging
+import math
 import re
 import sys
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 
 from pgq_thin import __version__
 from pgq_thin.client import Client, resolve_dsn
-from pgq_thin.errors import PgqError, translate
+from pgq_thin.errors import BadArgument, PgqError, translate
+from pgq_thin.models import UnreadableJson
 from pgq_thin.worker import AsyncWorker, Worker
 
+# What the command prints ---------------------------------------------------------------------------
+# Everything pgq-thin prints goes through say() (or, cell by cell, through clean()): text from the
+# database (errors, notes, payloads, worker names, other sessions' details) and from users (names
+# in error messages) may hold terminal control sequences. A control character is shown as its
+# escape (ESC as \x1b), never sent to the terminal: the C0 controls and DEL, the C1 controls
+# (U+0080-U+009F, 8-bit CSI among them), the bidirectional overrides and isolates (which reorder
+# what is shown) and the line and paragraph separators. Newlines and tabs stay where the layout
+# has room for them (the lines of a traceback, the text of a message); inside one table cell or
+# one line of a listing a newline is shown as \n and a tab as a space.
+
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_IN_A_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": " "}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _ESCAPES.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+
+def clean(text: str, *, lines: bool = False) -> str:
+    """``text`` safe to print: its control characters shown as escapes. ``lines``: newlines and
+    tabs are kept (a Windows line end is a newline)."""
+    if text.isprintable():
+        return text
+    if lines:
+        return _UNSAFE.sub(_escape, text.replace("\r\n", "\n"))
+    return _UNSAFE_IN_A_LINE.sub(_escape, text)
+
+
+def say(text: object = "", *, err: bool = False, end: str = "\n", flush: bool = False, lines: bool = True) -> None:
+    """Print ``text`` (to stderr with ``err``), cleaned: the one way pgq-thin prints. ``lines=False``
+    for what must stay one line (an error message)."""
+    print(clean(str(text), lines=lines), end=end, file=sys.stderr if err else sys.stdout, flush=flush)
+
+
+class _CleanFormatter(logging.Formatter):
+    """The worker command's log lines, cleaned (a job's error or kind comes from the database)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return clean(super().format(record), lines=True)
+
+
+# Arguments ---------------------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error in one line (exit 2): what was wrong and where the help is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{clean(self.prog)}: error: {clean(message)} (see {clean(self.prog)} --help)\n")
+
+
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+#: The longest duration a timedelta holds.
+_MAX_DAYS = timedelta.max.days
 
 
 def duration(text: str) -> timedelta:
@@ -30,7 +86,32 @@ def duration(text: str) -> timedelta:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", text)
     if not match:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 30s, 5m, 2h, 7d)")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
+    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if not seconds <= _MAX_DAYS * 86400:  # a timedelta holds it (and it is not infinite)
+        raise argparse.ArgumentTypeError(f"duration too long: {text.strip()!r} (at most {_MAX_DAYS}d)")
+    return timedelta(seconds=seconds)
+
+
+def job_id(text: str) -> int:
+    """A job id: a positive integer a bigint holds."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a job id: {text!r}") from None
+    if not 0 < value < 2 ** 63:
+        raise argparse.ArgumentTypeError(f"not a job id: {text!r} (ids are from 1 to 2^63-1)")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """A number of seconds, more than 0 and at most a day (--watch)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and 0 < value <= 86400):
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 86400 seconds, got {text!r}")
+    return value
 
 
 def queue_list(text: str) -> list[str]:
@@ -60,12 +141,13 @@ def _client(args: argparse.Namespace) -> Client:
     return Client(dsn, min_size=1, max_size=2)
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: Any, lines: bool = False) -> str:
+    """A value as the command shows it, cleaned (``lines``: it may take several lines)."""
     if value is None:
         return "-"
     if isinstance(value, timedelta):
         return f"{value.total_seconds():.1f}s"
-    return str(value)
+    return clean(str(value), lines=lines)
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -111,19 +193,28 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     dsn = resolve_dsn(args.dsn)
     if args.list:
         pending = pending_migrations(dsn)
-        print("\n".join(f"pending: {m}" for m in pending) if pending else "up to date: no pending migrations")
+        say("\n".join(f"pending: {m}" for m in pending) if pending else "up to date: no pending migrations")
         return 0
     applied = migrate(dsn)
-    print(f"applied: {', '.join(applied)}" if applied else "up to date: no pending migrations")
+    say(f"applied: {', '.join(applied)}" if applied else "up to date: no pending migrations")
     return 0
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
 def _payload(text: str) -> Any:
-    raw = sys.stdin.read() if text == "-" else text
+    """The payload argument (or stdin for ``-``), parsed: bad JSON is a usage error (exit 2)."""
     try:
-        return json.loads(raw) if raw.strip() else {}
-    except json.JSONDecodeError as exc:
-        raise PgqError(f"payload is not valid JSON: {exc}") from None
+        raw = sys.stdin.read() if text == "-" else text
+        return json.loads(raw, parse_constant=_not_json) if raw.strip() else {}
+    except UnicodeDecodeError as exc:
+        raise BadArgument(f"payload is not UTF-8 text: {exc}") from None
+    except RecursionError:
+        raise BadArgument("payload is nested too deeply") from None
+    except ValueError as exc:  # json.JSONDecodeError; a number of more than 4300 digits
+        raise BadArgument(f"payload is not valid JSON: {exc}") from None
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -140,25 +231,27 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             with client.pool.connection() as conn, conn.transaction():
                 job_id = client.enqueue(args.queue, args.kind, payload, conn=conn, **settings)
                 existing = conn.execute("SELECT pg_current_xact_id_if_assigned() IS NULL").fetchone() == (True,)
-    print(job_id)
+    say(job_id)
     if existing:
-        print(f"pgq-thin: existing job {job_id} (unique key {args.unique_key}): nothing enqueued", file=sys.stderr)
+        say(f"pgq-thin: existing job {job_id} (unique key {args.unique_key}): nothing enqueued", err=True, lines=False)
     return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     module_name, _, attr = args.app.partition(":")
     if not module_name or not attr:
-        raise PgqError(f"--app must look like module:attribute, got {args.app!r}")
+        raise BadArgument(f"--app must look like module:attribute, got {args.app!r}")
     sys.path.insert(0, ".")
     try:
         worker = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise PgqError(f"cannot load the worker {args.app!r}: {exc}") from None
     if not isinstance(worker, (Worker, AsyncWorker)):
-        raise PgqError(f"--app must name a pgq_thin Worker or AsyncWorker; {args.app!r} is a {type(worker).__name__}")
-    logging.basicConfig(level=logging.INFO if not args.quiet else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        raise BadArgument(f"--app must name a pgq_thin Worker or AsyncWorker; {args.app!r} is a "
+                          f"{type(worker).__name__}")
+    logs = logging.StreamHandler()
+    logs.setFormatter(_CleanFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if not args.quiet else logging.WARNING, handlers=[logs])
     settings: dict[str, Any] = {"queues": args.queues, "concurrency": args.concurrency, "prefetch": args.prefetch}
     if args.pooled:
         settings["pooled"] = True
@@ -168,7 +261,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         else:
             worker.run(resolve_dsn(args.dsn), **settings)
     except ValueError as exc:  # a setting out of range (run() checks them before it connects)
-        raise PgqError(str(exc)) from None
+        raise BadArgument(str(exc)) from None
     return 1 if worker.stopped_at_once else 0  # a second signal: its running jobs were left to their leases
 
 
@@ -185,20 +278,20 @@ def cmd_stats(args: argparse.Namespace) -> int:
     with _client(args) as client:
         if not args.watch:
             rows = client.stats()
-            print(_table(_STATS_HEADERS, [_stats_row(r) for r in rows]) if rows else "no queues yet")
+            say(_table(_STATS_HEADERS, [_stats_row(r) for r in rows]) if rows else "no queues yet")
             return 0
         previous: dict[str, int] = {}
         try:
             while True:
                 rows = client.stats()
                 sys.stdout.write("\x1b[2J\x1b[H" if sys.stdout.isatty() else "\n")
-                print(f"pgq stats at {datetime.now():%H:%M:%S} (every {args.watch:g}s, Ctrl-C to stop)")
+                say(f"pgq stats at {datetime.now():%H:%M:%S} (every {args.watch:g}s, Ctrl-C to stop)")
                 table = []
                 for r in rows:
                     rate = (r.done - previous[r.queue]) / args.watch if r.queue in previous else None
                     previous[r.queue] = r.done
                     table.append(_stats_row(r) + [None if rate is None else f"{rate:.1f}"])
-                print(_table(_STATS_HEADERS + ["done/s"], table) if table else "no queues yet")
+                say(_table(_STATS_HEADERS + ["done/s"], table) if table else "no queues yet")
                 sys.stdout.flush()
                 time.sleep(args.watch)
         except KeyboardInterrupt:
@@ -207,8 +300,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        print(f"recovered {client.sweep(args.max_jobs)} job(s) with an expired lease or a timed-out attempt; "
-              "fired the due schedules")
+        say(f"recovered {client.sweep(args.max_jobs)} job(s) with an expired lease or a timed-out attempt; "
+            "fired the due schedules")
     return 0
 
 
@@ -223,7 +316,7 @@ def cmd_schedule_add(args: argparse.Namespace) -> int:
                             payload=payload, timezone=args.timezone, priority=args.priority,
                             max_attempts=args.max_attempts, tenant=args.tenant,
                             skip_if_running=args.skip_if_running, enabled=not args.disabled)
-    print(f"schedule {s.name}: next run at {_when(s.next_run_at)}")
+    say(f"schedule {s.name}: next run at {_when(s.next_run_at)}")
     return 0
 
 
@@ -231,7 +324,7 @@ def cmd_schedule_list(args: argparse.Namespace) -> int:
     with _client(args) as client:
         rows = client.schedules()
     headers = ["name", "queue", "kind", "when", "timezone", "enabled", "next run", "last run", "last job", "skipped"]
-    print(_table(headers, [[s.name, s.queue, s.kind, s.cron if s.cron is not None else f"every {_fmt(s.every)}",
+    say(_table(headers, [[s.name, s.queue, s.kind, s.cron if s.cron is not None else f"every {_fmt(s.every)}",
                             s.timezone, "yes" if s.enabled else "no", _when(s.next_run_at),
                             _when(s.last_run_at), s.last_job_id, s.skipped] for s in rows])
           if rows else "no schedules")
@@ -242,7 +335,7 @@ def cmd_schedule_rm(args: argparse.Namespace) -> int:
     with _client(args) as client:
         if not client.unschedule(args.name):
             raise PgqError(f"no schedule named {args.name!r}")
-    print(f"schedule {args.name}: removed")
+    say(f"schedule {args.name}: removed")
     return 0
 
 
@@ -253,12 +346,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
             n = client.prune(args.older_than, args.batch)
             total += n
             if n:
-                print(f"\rpruned {total} finished job(s)...", end="", file=sys.stderr, flush=True)
+                print(f"\rpruned {total} finished job(s)...", end="", file=sys.stderr, flush=True)  # ours: no data
             if n < args.batch or not args.all:
                 break
     if total:
-        print(file=sys.stderr)
-    print(f"pruned {total} finished job(s)")
+        say(err=True)
+    say(f"pruned {total} finished job(s)")
     return 0
 
 
@@ -267,12 +360,12 @@ def _each_job(ids: Sequence[int], act: Any) -> int:
     failed = 0
     for job_id in ids:
         try:
-            print(f"job {job_id}: {act(job_id)}", flush=True)
+            say(f"job {job_id}: {act(job_id)}", flush=True)
         except PgqError as exc:
             failed += 1
-            print(f"pgq-thin: error: job {job_id}: {_for_cli(exc, job_id)}", file=sys.stderr, flush=True)
+            say(f"pgq-thin: error: job {job_id}: {_for_cli(exc, job_id)}", err=True, flush=True, lines=False)
     if failed and len(ids) > 1:
-        print(f"pgq-thin: {failed} of {len(ids)} jobs failed; the others were acted on", file=sys.stderr)
+        say(f"pgq-thin: {failed} of {len(ids)} jobs failed; the others were acted on", err=True)
     return 1 if failed else 0
 
 
@@ -308,36 +401,38 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     with _client(args) as client:
         rows = client.list_jobs(args.queue, args.state, args.kind, limit_rows=args.limit, before_id=args.before)
     if not rows:
-        print("no jobs" + (f" before id {args.before}" if args.before else "") + " match")
+        say("no jobs" + (f" before id {args.before}" if args.before else "") + " match")
         return 0
-    print(_table(["id", "queue", "kind", "state", "attempt", "created", "finished", "last error"],
+    say(_table(["id", "queue", "kind", "state", "attempt", "created", "finished", "last error"],
                  [[j.id, j.queue, j.kind, j.state, f"{j.attempt}/{j.max_attempts}", _when_short(j.created_at),
                    _when_short(j.finished_at), _first_line(j.last_error)] for j in rows]))
     if len(rows) == args.limit:
-        print(f"(the newest {len(rows)}; older ones: the same command with --before {rows[-1].id})")
+        say(f"(the newest {len(rows)}; older ones: the same command with --before {rows[-1].id})")
     return 0
 
 
 def _json(value: Any) -> str:
-    return "-" if value is None else json.dumps(value, ensure_ascii=False)
+    if value is None or isinstance(value, UnreadableJson):
+        return "-" if value is None else str(value)
+    return json.dumps(value, ensure_ascii=False)
 
 
 def cmd_job(args: argparse.Namespace) -> int:
     with _client(args) as client:
         j = client.get_job(args.id)
         history = client.job_history(args.id)
-    print(f"job {j.id}: {j.state} (attempt {j.attempt} of {j.max_attempts}), queue {j.queue}, kind {j.kind}")
+    say(f"job {j.id}: {j.state} (attempt {j.attempt} of {j.max_attempts}), queue {_fmt(j.queue)}, kind {_fmt(j.kind)}")
     fields = [("payload", _json(j.payload)), ("result", _json(j.result)), ("last error", j.last_error),
               ("priority", j.priority), ("tenant", j.tenant), ("unique key", j.unique_key),
               ("created at", j.created_at), ("run at", j.run_at), ("claimed by", j.claimed_by),
               ("claimed at", j.claimed_at), ("login", j.session_role), ("lease until", j.lease_until),
               ("finished at", j.finished_at)]
     for name, value in fields:
-        text = _fmt(value)
-        print(f"{name:<12} {text}" if "\n" not in text else f"{name:<12} " + text.replace("\n", "\n" + " " * 13))
-    print()
-    print("history (oldest first)")
-    print(_table(["at", "attempt", "event", "worker", "login", "from", "to", "note"],
+        text = _fmt(value, lines=name == "last error")  # a traceback keeps its lines; the rest, one each
+        say(f"{name:<12} {text}" if "\n" not in text else f"{name:<12} " + text.replace("\n", "\n" + " " * 13))
+    say()
+    say("history (oldest first)")
+    say(_table(["at", "attempt", "event", "worker", "login", "from", "to", "note"],
                  [[f"{e.at:%Y-%m-%d %H:%M:%S}", e.attempt, e.event, e.worker, e.session_role, e.from_state,
                    e.to_state, e.note]
                   for e in history]) if history else "no events (the queue's audit is off, or they were pruned)")
@@ -347,7 +442,7 @@ def cmd_job(args: argparse.Namespace) -> int:
 def cmd_grant(args: argparse.Namespace) -> int:
     with _client(args) as client:
         added = client.grant_queue(args.queue, args.role, args.privilege)
-    print(f"{args.role} may {args.privilege} on queue {args.queue}" + ("" if added else " (already granted)"))
+    say(f"{args.role} may {args.privilege} on queue {args.queue}" + ("" if added else " (already granted)"))
     return 0
 
 
@@ -356,11 +451,11 @@ def cmd_revoke(args: argparse.Namespace) -> int:
         removed = client.revoke_queue(args.queue, args.role, args.privilege)
         still = {g.privilege for g in client.queue_grants(args.queue)}
     if not removed:
-        print(f"{args.role} had no {args.privilege} grant on queue {args.queue}: unchanged")
+        say(f"{args.role} had no {args.privilege} grant on queue {args.queue}: unchanged")
     elif args.privilege in still:
-        print(f"revoked: {args.role} may no longer {args.privilege} on queue {args.queue}")
+        say(f"revoked: {args.role} may no longer {args.privilege} on queue {args.queue}")
     else:
-        print(f"revoked; queue {args.queue} has no {args.privilege} grant left, so every holder of the pgq role "
+        say(f"revoked; queue {args.queue} has no {args.privilege} grant left, so every holder of the pgq role "
               f"may {args.privilege} on it again")
     return 0
 
@@ -369,10 +464,10 @@ def cmd_grants(args: argparse.Namespace) -> int:
     with _client(args) as client:
         rows = client.queue_grants(args.queue)
     if not rows:
-        print("no grants: every queue is open to every holder of the pgq roles" if args.queue is None
+        say("no grants: every queue is open to every holder of the pgq roles" if args.queue is None
               else f"queue {args.queue} has no grants: it is open to every holder of the pgq roles")
         return 0
-    print(_table(["queue", "privilege", "role", "granted at", "by"],
+    say(_table(["queue", "privilege", "role", "granted at", "by"],
                  [[g.queue, g.privilege, g.role, _when_short(g.granted_at), g.granted_by] for g in rows]))
     return 0
 
@@ -380,14 +475,14 @@ def cmd_grants(args: argparse.Namespace) -> int:
 def cmd_pause(args: argparse.Namespace) -> int:
     with _client(args) as client:
         client.pause(args.queue)
-    print(f"queue {args.queue}: paused")
+    say(f"queue {args.queue}: paused")
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     with _client(args) as client:
         client.resume(args.queue)
-    print(f"queue {args.queue}: resumed")
+    say(f"queue {args.queue}: resumed")
     return 0
 
 
@@ -398,13 +493,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     with _client(args) as client:
         findings = client.health(args.max_snapshot_age, args.max_ready_age)
     for f in findings:
-        print(f"[{_MARK.get(f.severity, f.severity)}] {f.check:<20} {f.detail}")
+        say(f"[{_fmt(_MARK.get(f.severity, f.severity))}] {_fmt(f.check):<20} {_fmt(f.detail)}")
         if f.hint and f.severity != "ok":
-            print(f"       {'':<20} hint: {_CLI_HINTS.get(f.hint, f.hint)}")
+            say(f"       {'':<20} hint: {_fmt(_CLI_HINTS.get(f.hint, f.hint))}")
     worst = {f.severity for f in findings}
     verdict = "critical" if "critical" in worst else "warning" if "warning" in worst else "ok"
     counts = ", ".join(f"{sum(f.severity == s for f in findings)} {s}" for s in ("critical", "warning", "ok"))
-    print(f"pgq health: {verdict} ({counts})")
+    say(f"pgq health: {verdict} ({counts})")
     return 2 if verdict == "critical" else 0
 
 
@@ -463,7 +558,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # The parser --------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pgq-thin", description="pgq: a SQL-first PostgreSQL job queue.")
+    parser = _Parser(prog="pgq-thin", description="pgq: a SQL-first PostgreSQL job queue.")
     parser.add_argument("--version", action="version", version=f"pgq-thin {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -501,7 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="log warnings only")
 
     p = command("stats", cmd_stats, "jobs per queue and state")
-    p.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
+    p.add_argument("--watch", type=positive_seconds, nargs="?", const=2.0, metavar="SECONDS",
                    help="refresh every SECONDS (default 2) and show throughput")
 
     p = command("sweep", cmd_sweep, "recover jobs whose lease expired or timed out, and fire due schedules")
@@ -542,14 +637,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="repeat until nothing is left to prune")
 
     p = command("retry", cmd_retry, "make failed or cancelled jobs pending again")
-    p.add_argument("ids", type=int, nargs="+")
+    p.add_argument("ids", type=job_id, nargs="+")
 
     p = command("cancel", cmd_cancel, "cancel jobs that have not finished")
-    p.add_argument("ids", type=int, nargs="+")
+    p.add_argument("ids", type=job_id, nargs="+")
 
     p = command("resolve", cmd_resolve, "settle an outcome_unknown job: done, pending (run it again), failed "
                 "or cancelled")
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=job_id)
     p.add_argument("state", help="done, pending, failed or cancelled")
 
     p = command("jobs", cmd_jobs, "list jobs, newest first (pgq.list_jobs)")
@@ -558,10 +653,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "outcome_unknown")
     p.add_argument("--kind", help="only jobs of this kind")
     p.add_argument("--limit", type=int, default=50, help="at most this many (default 50, at most 1000)")
-    p.add_argument("--before", type=int, metavar="ID", help="only jobs older than this id (the next page)")
+    p.add_argument("--before", type=job_id, metavar="ID", help="only jobs older than this id (the next page)")
 
     p = command("job", cmd_job, "one job: its state, payload, result, last error and attempt history")
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=job_id)
 
     for name, func, text in (("grant", cmd_grant, "let a role enqueue into, claim from or read a queue (once a "
                               "queue has a grant of a privilege, only granted roles and pgq_admin have it)"),
@@ -636,14 +731,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except BadArgument as exc:  # refused before anything was sent: a usage error, as argparse's
+        say(f"pgq-thin: error: {exc}", err=True, lines=False)
+        return 2
     except PgqError as exc:
-        print(f"pgq-thin: error: {_for_cli(exc)}", file=sys.stderr)
+        say(f"pgq-thin: error: {_for_cli(exc)}", err=True, lines=False)
         return 1
     except _NeedsDevExtra as exc:
-        print(f"pgq-thin: {exc}", file=sys.stderr)
+        say(f"pgq-thin: {exc}", err=True, lines=False)
         return 2
     except psycopg.Error as exc:
-        print(f"pgq-thin: error: {_for_cli(translate(exc))}", file=sys.stderr)
+        say(f"pgq-thin: error: {_for_cli(translate(exc))}", err=True, lines=False)
         return 1
     except KeyboardInterrupt:
         return 130

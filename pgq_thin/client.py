@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from pgq_thin.calls import Call, Interval, PgqCalls
-from pgq_thin.errors import InvalidArgument, PgqError, translated
+from pgq_thin.calls import READING, Call, Interval, PgqCalls
+from pgq_thin.errors import BadArgument, InvalidArgument, PgqError, translated
 from pgq_thin.migrate import warn_if_schema_is_old
 
 __all__ = ["Client", "Interval", "resolve_dsn"]
@@ -30,6 +30,12 @@ def resolve_dsn(dsn: str | None = None) -> str:
     found = dsn or os.environ.get("PGQ_DSN") or os.environ.get("DATABASE_URL")
     if not found:
         raise PgqError("no database given: pass a DSN (--dsn) or set PGQ_DSN or DATABASE_URL")
+    if not found.isascii():
+        try:
+            found.encode()
+        except UnicodeEncodeError:
+            raise BadArgument("the database address is not text: it holds a lone surrogate (undecodable "
+                              "bytes?)", "22023") from None
     return found
 
 
@@ -69,7 +75,7 @@ class Client(PgqCalls):
                 self.dsn,
                 min_size=min_size,
                 max_size=max_size,
-                kwargs={"autocommit": True, **({"prepare_threshold": None} if pooled else {})},
+                kwargs={"autocommit": True, "context": READING, **({"prepare_threshold": None} if pooled else {})},
                 name="pgq_thin",
                 open=True,
             )

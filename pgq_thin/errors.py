@@ -13,6 +13,8 @@ from contextlib import contextmanager
 import psycopg
 
 __all__ = [
+    "BadArgument",
+    "BadArgumentType",
     "ConnectionLost",
     "InvalidArgument",
     "JobNotFound",
@@ -44,6 +46,17 @@ class PgqError(Exception):
 
 class InvalidArgument(PgqError):
     """An argument was NULL where a value is required (22004) or out of range (22023, class 22)."""
+
+
+class BadArgument(InvalidArgument):
+    """The client refused an argument before sending anything (SQLSTATE 22023, as the server's own
+    checks): a text it cannot send (a lone surrogate, a NUL), a number out of range, an interval
+    no timedelta holds, a payload JSON cannot carry. Nothing was sent, nothing changed."""
+
+
+class BadArgumentType(BadArgument, TypeError):
+    """An argument of the wrong type (a str where a list of names goes, a float for an integer):
+    a BadArgument, and a TypeError too."""
 
 
 class JobNotFound(PgqError):
@@ -109,3 +122,7 @@ def translated() -> Iterator[None]:
         raise translate(exc) from exc
     except TypeError as exc:
         raise InvalidArgument(f"cannot send the arguments: {exc}") from exc
+    except RecursionError as exc:  # a jsonb value nested deeper than Python's json reads
+        raise PgqError("a JSON value of the result is nested too deeply for Python's json to read", None,
+                       "the connections pgq_thin opens read it as an UnreadableJson: give a pool of your own "
+                       "kwargs={'context': pgq_thin.calls.READING}") from exc

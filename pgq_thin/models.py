@@ -9,6 +9,28 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+class UnreadableJson:
+    """A JSON value (a payload, a result, a checkpoint) the server holds but Python's json cannot
+    read: nested deeper than its recursion limit (a job enqueued from another language, say).
+    It stands in for the value, so that the row it is in can be read; a worker fails such a job at
+    once, not retryable. ``text`` is the value as the server sent it."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: bytes) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"<JSON of {len(self.text)} bytes, nested too deeply to read>"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UnreadableJson) and other.text == self.text
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 @dataclass(frozen=True)
 class Job:
     """A claimed job (pgq.claimed_job). `attempt` is the fencing token for every owner call."""

@@ -58,7 +58,7 @@ def test_errors_print_one_clear_line_and_exit_non_zero(dsn: str, conn: psycopg.C
     assert bad.returncode == 1
     assert bad.stderr.count("\n") == 1 and 'argument "queue"' in bad.stderr and "22023" in bad.stderr
     not_json = pgq("enqueue", "q", "k", "{nope", dsn=dsn)
-    assert not_json.returncode == 1 and "not valid JSON" in not_json.stderr
+    assert not_json.returncode == 2 and "not valid JSON" in not_json.stderr  # refused before anything is sent
     unknown = pgq("cancel", "999999", dsn=dsn)
     assert unknown.returncode == 1 and "no job with id 999999" in unknown.stderr
     unreachable = pgq("stats", dsn="postgresql://nobody@127.0.0.1:1/none")
@@ -67,7 +67,7 @@ def test_errors_print_one_clear_line_and_exit_non_zero(dsn: str, conn: psycopg.C
     assert no_db.returncode == 1 and "no database given" in no_db.stderr
     for setting, value in (("--concurrency", "0"), ("--prefetch", "-1")):
         out_of_range = pgq("worker", "--app", "pgq_thin.tools.demo_app:worker", setting, value, dsn=dsn)
-        assert out_of_range.returncode == 1, out_of_range.stderr
+        assert out_of_range.returncode == 2, out_of_range.stderr  # refused before connecting
         assert out_of_range.stderr.count("\n") == 1 and setting[2:] + " must be" in out_of_range.stderr
     not_a_number = pgq("worker", "--app", "pgq_thin.tools.demo_app:worker", "--prefetch", "soon", dsn=dsn)
     assert not_a_number.returncode == 2 and "must be auto or a number, got 'soon'" in not_a_number.stderr
@@ -140,7 +140,7 @@ def test_worker_command_runs_an_async_app_until_sigterm_and_refuses_what_is_not_
             proc.kill()
     assert one(conn, "SELECT count(DISTINCT claimed_by) FROM pgq.jobs") == 1
     not_a_worker = pgq("worker", "--app", "pgq_thin.queries:CLAIM", dsn=dsn)
-    assert not_a_worker.returncode == 1
+    assert not_a_worker.returncode == 2
     assert not_a_worker.stderr == ("pgq-thin: error: --app must name a pgq_thin Worker or AsyncWorker; "
                                    "'pgq_thin.queries:CLAIM' is a str\n")
 

@@ -362,6 +362,8 @@ class AsyncSlots:
         function = self.handlers.get(job.kind)
         if function is None:
             outcome = outcomes.no_handler(job, self.owner.worker_name, sorted(self.handlers), jlog)
+        elif (refused := outcomes.unreadable(job, jlog)) is not None:
+            outcome = refused
         else:
             try:
                 outcome = outcomes.of_result(await self._call(function, job, held.ctx))
@@ -455,13 +457,15 @@ class AsyncClaimer:
             for job in jobs:
                 await self.hand_over(job)
             if wait := timer.claimed(len(jobs), batch, self.name, self.listening.is_set()):
-                await self.sleep(wait)
+                await self.sleep(wait, limited=True)
 
-    async def sleep(self, seconds: float) -> None:
+    async def sleep(self, seconds: float, limited: bool = False) -> None:
         """Wait until woken, ``seconds`` pass or the next sweep is due; the wake-up is cleared
-        before the next claim."""
+        before the next claim. ``limited``: a wake-up is held as the WakeLimit says (Claimer.sleep)."""
         try:
             await asyncio.wait_for(self._wake.wait(), self.timer.until(seconds))
+            if limited and (hold := self.timer.wakes.held()):
+                await asyncio.sleep(hold)
         except TimeoutError:
             pass
         self._wake.clear()

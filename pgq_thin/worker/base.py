@@ -3,6 +3,7 @@ registration of handlers."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
@@ -10,17 +11,19 @@ from typing import Any, TypeVar
 
 import psycopg.conninfo
 
+from pgq_thin.calls import READING
 from pgq_thin.client import resolve_dsn
 from pgq_thin.errors import PgqError
 from pgq_thin.models import QueueStatus
 from pgq_thin.worker.context import Handler
 from pgq_thin.worker.prefetch import check_prefetch
-from pgq_thin.worker.support import KEEPALIVES, Flags, default_name, log, seconds
+from pgq_thin.worker.support import KEEPALIVES, MAX_SECONDS, Flags, default_name, log, sane_seconds
 
 __all__ = ["POOLED_POLL_INTERVAL", "WorkerBase"]
 
 #: How often a pooled worker (no LISTEN) polls when poll_interval is not given.
 POOLED_POLL_INTERVAL = 0.25
+DAY = 86400.0
 
 _H = TypeVar("_H", bound=Handler)
 
@@ -34,6 +37,15 @@ def check_queues(queues: Sequence[str] | str | None) -> list[str] | None:
     if not cleaned:
         raise ValueError("queues must name at least one queue (or be None for all queues)")
     return cleaned
+
+
+def check_seconds(name: str, value: Any, low: float, high: float, low_included: bool = False) -> None:
+    """A setting in seconds (a number, or for ``lease`` a timedelta): finite, within its range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    if not sane_seconds(value, low, high, low_included):
+        above = "" if low == -math.inf else f"{'at least' if low_included else 'more than'} {low:g} and "
+        raise ValueError(f"{name} must be a finite number of seconds, {above}at most {high:g}, got {value!r}")
 
 
 def check_concurrency(concurrency: int) -> int:
@@ -59,10 +71,12 @@ class WorkerBase:
         shutdown_timeout: float = 30.0,
         prefetch: int | str = "auto",
     ) -> None:
-        if poll_interval is not None and poll_interval <= 0:
-            raise ValueError(f"poll_interval must be positive, got {poll_interval}")
-        if lease is not None and seconds(lease) <= 0:
-            raise ValueError(f"lease must be positive, got {lease!r}")
+        if poll_interval is not None:
+            check_seconds("poll_interval", poll_interval, 0, DAY)
+        if lease is not None:
+            check_seconds("lease", lease, 0, MAX_SECONDS)  # its range: the server's
+        check_seconds("sweep_interval", sweep_interval, -math.inf, DAY * 365)  # <= 0: never
+        check_seconds("shutdown_timeout", shutdown_timeout, 0, DAY, low_included=True)
         self.queues = check_queues(queues)
         self.concurrency = check_concurrency(concurrency)
         self.prefetch = check_prefetch(prefetch)
@@ -120,8 +134,8 @@ class WorkerBase:
 
     def connection_settings(self) -> dict[str, Any]:
         """The keyword arguments of the worker's pooled connections."""
-        return {"autocommit": True, "application_name": f"pgq-worker {self.name}"[:63], **KEEPALIVES,
-                **({"prepare_threshold": None} if self.pooled else {})}
+        return {"autocommit": True, "application_name": f"pgq-worker {self.name}"[:63], "context": READING,
+                **KEEPALIVES, **({"prepare_threshold": None} if self.pooled else {})}
 
     def _begin(self, dsn: str | None, queues: Sequence[str] | str | None, concurrency: int | None,
                prefetch: int | str | None, pooled: bool | None = None) -> str:

@@ -1,13 +1,15 @@
 """The claimer: THE CLAIM LOOP. It claims as many jobs as the prefetch policy allows (free slots,
 plus places for jobs that wait for a slot) with pgq.claim, hands them to the slots, sweeps now and
-then (pgq.sweep), and sleeps until woken (a NOTIFY, a freed slot, stop) or the next poll."""
+then (pgq.sweep), and sleeps until woken (a NOTIFY, a freed slot, stop) or the next poll. After a
+claim that found nothing, wake-ups start at most about WAKE_RATE claims a second (any login may
+NOTIFY pgq)."""
 
 from __future__ import annotations
 
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pgq_thin.client import Client
 from pgq_thin.errors import PgqError
@@ -20,7 +22,34 @@ from pgq_thin.worker.renewer import DatabaseClock
 from pgq_thin.worker.slots import Slots
 from pgq_thin.worker.support import Backoff, Delay, Flags, ThreadPart, jitter, log, transient
 
-__all__ = ["Claimer", "PollTimer"]
+__all__ = ["WAKE_BURST", "WAKE_RATE", "Claimer", "PollTimer", "WakeLimit"]
+
+#: After a claim that found nothing, the claims that wake-ups start: WAKE_RATE a second at most,
+#: after a burst of WAKE_BURST. Any login may NOTIFY pgq, even one without a pgq role: a flood
+#: of notifications naming our queue would otherwise become a flood of empty claims.
+WAKE_RATE = 100.0
+WAKE_BURST = 10
+
+
+class WakeLimit:
+    """A token bucket for the claims that wake-ups start on an empty queue: ``held()`` says how
+    long to wait before the next one (0 while the bucket has a token). The wake-ups that come
+    meanwhile are folded into that one claim: a NOTIFY is never lost, it waits at most
+    1/WAKE_RATE s, and only while wake-ups come faster than that."""
+
+    def __init__(self, rate: float | None = None, burst: int = WAKE_BURST,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = WAKE_RATE if rate is None else rate
+        self.burst = float(burst)
+        self.tokens = self.burst
+        self.clock = clock
+        self.stamp = clock()
+
+    def held(self) -> float:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate) - 1
+        self.stamp = now
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
 
 
 class PollTimer:
@@ -34,6 +63,7 @@ class PollTimer:
         self.sweep_interval = sweep_interval
         self.idle = Backoff(first=min(0.05, poll_interval), cap=poll_interval)
         self.errors = Backoff(first=0.2, cap=15.0)
+        self.wakes = WakeLimit()
         self.next_sweep = math.inf
         self.swept()
 
@@ -124,12 +154,14 @@ class Claimer(ThreadPart):
             for job in jobs:
                 self.hand_over(job)
             if wait := timer.claimed(len(jobs), batch, self.name, self.listening.is_set()):
-                self.sleep(wait)
+                self.sleep(wait, limited=True)
 
-    def sleep(self, seconds: float) -> None:
+    def sleep(self, seconds: float, limited: bool = False) -> None:
         """Wait until woken, ``seconds`` pass or the next sweep is due. The wake-up is cleared
-        *before* the next claim, so a job committed before the clear is seen by that claim."""
-        self._wake.wait(self.timer.until(seconds))
+        *before* the next claim, so a job committed before the clear is seen by that claim.
+        ``limited`` (after a claim that found nothing): a wake-up is held as the WakeLimit says."""
+        if self._wake.wait(self.timer.until(seconds)) and limited:
+            self.flags.stopping.wait(self.timer.wakes.held())
         self._wake.clear()
 
     def hand_over(self, job: Job) -> None:

@@ -30,6 +30,8 @@ class Executor:
         function = self.handlers.get(job.kind)
         if function is None:
             outcome = outcomes.no_handler(job, self.owner.worker_name, sorted(self.handlers), jlog)
+        elif (refused := outcomes.unreadable(job, jlog)) is not None:
+            outcome = refused
         else:
             try:
                 outcome = outcomes.of_result(function(job, held.ctx))

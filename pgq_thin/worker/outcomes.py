@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
-from pgq_thin.models import Job
-from pgq_thin.worker.support import JobLog, seconds, transient
+from pgq_thin.models import Job, UnreadableJson
+from pgq_thin.worker.support import JobLog, sane_seconds, seconds, transient
 
-__all__ = ["Outcome", "OutcomeUnknown", "Retry", "Snooze", "no_handler", "of_exception", "of_result"]
+__all__ = ["Outcome", "OutcomeUnknown", "Retry", "Snooze", "no_handler", "of_exception", "of_result", "unreadable"]
 
 
 class Retry(Exception):
@@ -21,8 +21,8 @@ class Retry(Exception):
     ``delay=None`` uses the queue's backoff. Counts as an attempt."""
 
     def __init__(self, delay: float | timedelta | None = None, reason: str = "retry requested") -> None:
-        if delay is not None and seconds(delay) <= 0:
-            raise ValueError(f"Retry delay must be positive, got {delay!r}")
+        if delay is not None and not sane_seconds(delay):
+            raise ValueError(f"Retry delay must be a positive finite number of seconds or a timedelta, got {delay!r}")
         super().__init__(reason)
         self.delay = delay
         self.reason = reason
@@ -33,8 +33,8 @@ class Snooze(Exception):
     (pgq.snooze)."""
 
     def __init__(self, delay: float | timedelta) -> None:
-        if seconds(delay) <= 0:
-            raise ValueError(f"Snooze delay must be positive, got {delay!r}")
+        if not sane_seconds(delay):
+            raise ValueError(f"Snooze delay must be a positive finite number of seconds or a timedelta, got {delay!r}")
         super().__init__(f"snoozed for {seconds(delay):g} s")
         self.delay = delay
 
@@ -101,6 +101,14 @@ def of_result(result: Any) -> Outcome:
     return Outcome("complete", {"result": result})
 
 
+def sendable(text: str) -> str:
+    """``text`` as PostgreSQL text can hold it: a NUL or a lone surrogate (an exception's message
+    made of undecodable bytes) shown as its escape, so that the failure is still recorded."""
+    if text.isascii() and "\x00" not in text:
+        return text
+    return text.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
+
+
 def of_exception(exc: BaseException, jlog: JobLog) -> Outcome:
     """The handler raised ``exc`` (call this inside the ``except`` block: a failure keeps its
     traceback)."""
@@ -109,15 +117,26 @@ def of_exception(exc: BaseException, jlog: JobLog) -> Outcome:
             jlog.info("the handler asked for a retry %s", _after(exc.delay))
         else:
             jlog.info("the handler asked for a retry %s: %s", _after(exc.delay), exc.reason)
-        return Outcome("fail", {"error": exc.reason, "retry_in": exc.delay})
+        return Outcome("fail", {"error": sendable(str(exc.reason)), "retry_in": exc.delay})
     if isinstance(exc, Snooze):
         jlog.info("the handler snoozed the job for %g s (no attempt used)", seconds(exc.delay))
         return Outcome("snooze", {"delay": exc.delay})
     if isinstance(exc, OutcomeUnknown):
         jlog.warning("the handler cannot tell whether the job's effect happened: %s", exc.note)
-        return Outcome("mark_unknown", {"note": exc.note})
+        return Outcome("mark_unknown", {"note": sendable(str(exc.note))})
     jlog.warning("the handler raised %r", exc, exc_info=True)
-    return Outcome("fail", {"error": traceback.format_exc()})
+    return Outcome("fail", {"error": sendable(traceback.format_exc())})
+
+
+def unreadable(job: Job, jlog: JobLog) -> Outcome | None:
+    """A job whose payload or checkpoint Python cannot read (UnreadableJson): it fails at once,
+    not retryable (no attempt of it could run); None for any other job."""
+    what = [name for name in ("payload", "progress") if isinstance(getattr(job, name), UnreadableJson)]
+    if not what:
+        return None
+    jlog.error("its %s is nested too deeply for Python's json to read: the job fails for good", " and ".join(what))
+    return Outcome("fail", {"error": f"pgq_thin worker: the job's {' and '.join(what)} is nested too deeply for "
+                                     "Python's json to read (its recursion limit)", "retryable": False})
 
 
 def no_handler(job: Job, worker_name: str, kinds: list[str], jlog: JobLog) -> Outcome:
@@ -139,5 +158,5 @@ def refused_instead(operation: str, exc: BaseException, jlog: JobLog) -> Outcome
     jlog.error("%s refused: %s", operation, exc)
     if operation == "fail":
         return None
-    return Outcome("fail", {"error": f"pgq_thin worker: {operation} of this attempt was refused: "
-                                     f"{type(exc).__name__}: {exc}", "retryable": False})
+    return Outcome("fail", {"error": sendable(f"pgq_thin worker: {operation} of this attempt was refused: "
+                                              f"{type(exc).__name__}: {exc}"), "retryable": False})

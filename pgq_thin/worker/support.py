@@ -34,6 +34,22 @@ def seconds(delay: Delay) -> float:
     return delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
 
 
+#: The longest delay a timedelta (and so an interval sent by the client) holds.
+MAX_SECONDS = timedelta.max.total_seconds()
+
+
+def sane_seconds(delay: Any, low: float = 0.0, high: float = MAX_SECONDS, low_included: bool = False) -> bool:
+    """Whether ``delay`` (a number or a timedelta, not a bool) is finite and within (low, high]
+    (or [low, high])."""
+    if isinstance(delay, bool) or not isinstance(delay, (int, float, timedelta)):
+        return False
+    try:
+        number = seconds(delay)
+    except OverflowError:  # an int too large for a float
+        return False
+    return (low <= number if low_included else low < number) and number <= high  # NaN: neither
+
+
 class Backoff:
     """Exponential delays with jitter: the n-th delay is random in [d/2, d], d = min(cap, first * 2**n)."""
 
