@@ -110,6 +110,8 @@ class JobEvent:
     to_state: str | None
     at: datetime
     note: str | None
+    #: How many times it happened: more than 1 only for a repeated rejected write, recorded once.
+    times: int = 1
 
 
 @dataclass(frozen=True)
