@@ -541,14 +541,14 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- ranked by virtual time (jobs started / weight); the k-th job of a tenant counts as finishing at
 -- vtime + k/weight, and the earliest finishers win (ties: the total order). The winners' tenants
 -- then advance their virtual time. A tenant that was idle restarts no further behind the busiest
--- one than one round, so it gets its share, not a burst. With `kinds`, only jobs of those kinds
--- count (a filter within each tenant's jobs).
--- The cost is bounded by the tenants served, not the tenants waiting: the tenants are walked in
--- virtual-time order (tenants_vtime_idx), the busiest one with a claimable job found from the top
--- and the `room` least-served ones from the bottom, each checked by one probe for a claimable
--- job (so tenants without one that are passed over cost a probe each: pgq.prune removes tenants
--- without jobs). Tenants behind the busiest by more than a round all start at busiest - 1 and
--- are served in virtual-time order, then by name.
+-- one (the largest virtual time of the queue's tenants) than one round, so it gets its share, not
+-- a burst. With `kinds`, only jobs of those kinds count (a filter within each tenant's jobs).
+-- The cost is bounded by the tenants served, not the tenants waiting: one probe says whether the
+-- queue has a claimable job at all, one reads the busiest tenant (the top of tenants_vtime_idx),
+-- and the `room` least-served tenants with a claimable job are walked from the bottom, each
+-- checked by one probe (so tenants without one that are passed over cost a probe each: pgq.prune
+-- removes tenants without jobs). Tenants behind the busiest by more than a round all start at
+-- busiest - 1 and are served in virtual-time order, then by name.
 -- The winners' tenant rows are locked for the last update with SKIP LOCKED: a tenant another
 -- claimer holds (an idle transaction that claimed from this queue, say) is left for this call,
 -- with its picked jobs, instead of waited for; so no claimer waits for another or deadlocks.
@@ -561,18 +561,19 @@ DECLARE
     picked bigint[];
     served text[];
 BEGIN
+    IF NOT EXISTS (SELECT FROM pgq.jobs AS j
+                   WHERE j.queue = _fair_pick.queue AND j.state = 'pending' AND j.attempt < j.max_attempts
+                     AND j.run_at <= pgq._now()
+                     AND (_fair_pick.kinds IS NULL OR j.kind = ANY (_fair_pick.kinds))) THEN
+        RETURN;  -- no claimable job: no tenant needs to be read
+    END IF;
     SELECT t.vtime INTO busiest
     FROM pgq.tenants AS t
     WHERE t.queue = _fair_pick.queue
-      AND EXISTS (SELECT FROM pgq.jobs AS j
-                  WHERE j.queue = t.queue AND j.tenant = t.tenant
-                    AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.tenant IS NOT NULL
-                    AND j.run_at <= pgq._now()
-                    AND (_fair_pick.kinds IS NULL OR j.kind = ANY (_fair_pick.kinds)))
     ORDER BY t.vtime DESC
     LIMIT 1;
     IF NOT FOUND THEN
-        RETURN;  -- no tenant has a claimable job
+        RETURN;  -- no tenant
     END IF;
 
     picked := ARRAY(

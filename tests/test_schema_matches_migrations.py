@@ -157,7 +157,7 @@ MIGRATION_SHA256 = {
     "0005_version.sql": "6fabb054b17a18a925555afe60edb2a640bb73da8cbb43017d8d76c7b84da496",
     "0006_operators_day.sql": "07ceb712c09bd7e17bc0638ea8093366bb9cbc7a9c8b7ecc28ed555bbd442c37",
     "0007_failover_fence.sql": "68dece3ca49b3aa294ca6666356e3f39c0de7f5959068a03ddb8f01162974825",
-    "0009_security_limits.sql": "3c0ed983154a9d83d8a54cf34f6a0f5f4cf79be607dca90415857404abd22ca2",
+    "0009_security_limits.sql": "b5d63506a35ee9bbd3849ba36ae7b8839ccf8956386e430eb835b7d1b3891a55",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 

@@ -244,7 +244,7 @@ def test_admin_calls_give_up_on_a_held_queue_row_with_55P03_and_a_hint(conn, log
     conn.execute("SELECT pgq.enqueue('capped', 'k')")
     holder = idle_holder(login, "capped")
     admin = login("pgq_admin")
-    admin.execute("SET lock_timeout = 0")  # the session's setting does not make it wait forever
+    admin.execute("SET lock_timeout = '20s'")  # the call gives up after its own 5 s, not this
     e = error_of(admin, call)
     assert e.sqlstate == "55P03", e
     assert e.diag.message_hint and "pgq.health()" in e.diag.message_hint
