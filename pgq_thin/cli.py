@@ -337,7 +337,8 @@ def cmd_job(args: argparse.Namespace) -> int:
     print()
     print("history (oldest first)")
     print(_table(["at", "attempt", "event", "worker", "from", "to", "note"],
-                 [[f"{e.at:%Y-%m-%d %H:%M:%S}", e.attempt, e.event, e.worker, e.from_state, e.to_state, e.note]
+                 [[f"{e.at:%Y-%m-%d %H:%M:%S}", e.attempt, e.event if e.times == 1 else f"{e.event} x{e.times}",
+                   e.worker, e.from_state, e.to_state, e.note]
                   for e in history]) if history else "no events (the queue's audit is off, or they were pruned)")
     return 0
 
