@@ -8,7 +8,7 @@
 -- * Locks: a claim never waits for another session's lock on a queue (or tenant) row: a capped
 --   queue another transaction holds is skipped for that call; admin calls wait at most 5 s
 --   (lock_timeout) and then raise 55P03 with a hint (pgq._lock_queue).
--- * Rejections: a repeated rejected write (same job, attempt and operation) is one event with a
+-- * Rejections: a repeated rejected write (same job, attempt, operation and job state) is one event with a
 --   count (job_events.times).
 -- * Unbounded queues and tenants: claim(queues => NULL) reads only queues that have pending jobs
 --   or a due schedule; a fair queue's claim walks its tenants by virtual time (tenants_vtime_idx)
@@ -228,37 +228,39 @@ $$;
 
 -- Records a rejected write by an owner that no longer owns the job (a stale attempt), so that a
 -- duplicate execution can be diagnosed from pgq.job_events. Writes nothing for unknown ids or
--- for queues with audit off. A repeated rejection (the same job, attempt and operation: the note
--- starts with the operation's name) is recorded once: `times` more on the event that recorded
--- it first, so 10,000 bogus calls write one event, not 10,000. Rejections of one (job, attempt)
--- take turns (a transaction-level advisory lock on the pair, one bigint key), so two concurrent
--- ones cannot both find no event and both write one.
+-- for queues with audit off. A repeated rejection (the same job, attempt and operation, the note
+-- starting with the operation's name, while the job is in the same state) is recorded once:
+-- `times` more on the event that recorded it first, so 10,000 bogus calls write one event, not
+-- 10,000 (a rejection after the job moved on, say from running to done, is an event of its own).
+-- Rejections of one (job, attempt) take turns (a transaction-level advisory lock on the pair, one
+-- bigint key), so two concurrent ones cannot both find no event and both write one.
 CREATE OR REPLACE FUNCTION pgq._reject(job_id bigint, attempt integer, operation text, times integer DEFAULT 1)
     RETURNS void
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    job pgq.jobs;
 BEGIN
-    IF NOT EXISTS (SELECT FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue AND q.audit
-                   WHERE j.id = _reject.job_id) THEN
+    SELECT j.* INTO job FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue AND q.audit
+    WHERE j.id = _reject.job_id;
+    IF NOT FOUND THEN
         RETURN;
     END IF;
     PERFORM pg_advisory_xact_lock((_reject.job_id << 31) # _reject.attempt);
-    -- The key of "the same rejection": job, attempt, operation (one more condition per column
-    -- that should tell rejections apart, such as the login that made the call).
+    -- The key of "the same rejection": job, attempt, operation, the job's state (one more
+    -- condition per column that should tell rejections apart, such as the login that made the call).
     UPDATE pgq.job_events AS e
     SET times = e.times + _reject.times
     WHERE e.job_id = _reject.job_id AND e.attempt = _reject.attempt AND e.event = 'rejected'
-      AND starts_with(e.note, _reject.operation || ' from attempt ');
+      AND starts_with(e.note, _reject.operation || ' from attempt ') AND e.from_state = job.state;
     IF FOUND THEN
         RETURN;
     END IF;
     INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note, times)
-    SELECT j.id, _reject.attempt, NULL, 'rejected', j.state, NULL,
-           format('%s from attempt %s rejected: the job is %s at attempt %s (last claimed by %s)',
-                  _reject.operation, _reject.attempt, j.state, j.attempt, j.claimed_by),
-           _reject.times
-    FROM pgq.jobs AS j
-    WHERE j.id = _reject.job_id;
+    VALUES (job.id, _reject.attempt, NULL, 'rejected', job.state, NULL,
+            format('%s from attempt %s rejected: the job is %s at attempt %s (last claimed by %s)',
+                   _reject.operation, _reject.attempt, job.state, job.attempt, job.claimed_by),
+            _reject.times);
 END
 $$;
 

@@ -157,7 +157,7 @@ MIGRATION_SHA256 = {
     "0005_version.sql": "6fabb054b17a18a925555afe60edb2a640bb73da8cbb43017d8d76c7b84da496",
     "0006_operators_day.sql": "07ceb712c09bd7e17bc0638ea8093366bb9cbc7a9c8b7ecc28ed555bbd442c37",
     "0007_failover_fence.sql": "68dece3ca49b3aa294ca6666356e3f39c0de7f5959068a03ddb8f01162974825",
-    "0009_security_limits.sql": "d95f39c93884dc8114384c244ed76fad8efe6e413d85d811530b5df279db3750",
+    "0009_security_limits.sql": "2bbd7b67afcdec23f6ec76f5de3e442b50a5faf8f9aedb30acd606e91de8f82c",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 
