@@ -448,6 +448,11 @@ def resume(queue: str) -> Call[QueueSettings]:
     return Call(queries.RESUME, {"queue": queue}, _settings, rows=dict_row)
 
 
+def drop_queue(queue: str) -> Call[bool]:
+    """pgq.drop_queue: remove a queue that has no jobs and no schedules (its settings, its tenants)."""
+    return Call(queries.DROP_QUEUE, {"queue": queue}, _flag)
+
+
 def configure_queue(
     queue: str,
     *,
@@ -645,6 +650,7 @@ class PgqCalls:
     prune = Method(prune)
     pause = Method(pause)
     resume = Method(resume)
+    drop_queue = Method(drop_queue)
     configure_queue = Method(configure_queue)
     set_tenant_weight = Method(set_tenant_weight)
     schedule = Method(schedule)

@@ -433,8 +433,8 @@ def cmd_job(args: argparse.Namespace) -> int:
     say()
     say("history (oldest first)")
     say(_table(["at", "attempt", "event", "worker", "login", "from", "to", "note"],
-                 [[f"{e.at:%Y-%m-%d %H:%M:%S}", e.attempt, e.event, e.worker, e.session_role, e.from_state,
-                   e.to_state, e.note]
+                 [[f"{e.at:%Y-%m-%d %H:%M:%S}", e.attempt, e.event if e.times == 1 else f"{e.event} x{e.times}",
+                   e.worker, e.session_role, e.from_state, e.to_state, e.note]
                   for e in history]) if history else "no events (the queue's audit is off, or they were pruned)")
     return 0
 
@@ -713,7 +713,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker counts, comma-separated (default 4,16)")
     p.add_argument("--repeats", type=int, help="repetitions per measurement")
     p.add_argument("--workloads", type=lambda t: tuple(w.strip() for w in t.split(",") if w.strip()),
-                   help="comma-separated subset of enqueue,drain,latency,claim_latency,churn,old_snapshot")
+                   help="comma-separated subset of enqueue,drain,latency,claim_latency,churn,old_snapshot,many")
     p.add_argument("--fsync", choices=("on", "off"), default="on",
                    help="the throwaway server's fsync (default on, as users run it; ignored with --dsn: "
                         "the tables state the server's own setting)")

@@ -137,6 +137,8 @@ class JobEvent:
     note: str | None
     #: The database login whose call caused the event (worker is the name the caller gave).
     session_role: str | None = None
+    #: How many times it happened: more than 1 only for a repeated rejected write, recorded once.
+    times: int = 1
 
 
 @dataclass(frozen=True)

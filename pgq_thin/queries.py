@@ -77,6 +77,7 @@ RETRY = "SELECT pgq.retry(id => %(id)s::bigint)"
 RESOLVE = "SELECT pgq.resolve(id => %(id)s::bigint, state => %(state)s::text)"
 PRUNE = "SELECT pgq.prune(older_than => %(older_than)s::interval, max_jobs => %(max_jobs)s::integer)"
 PAUSE = "SELECT * FROM pgq.pause(queue => %(queue)s::text)"
+DROP_QUEUE = "SELECT pgq.drop_queue(queue => %(queue)s::text)"
 RESUME = "SELECT * FROM pgq.resume(queue => %(queue)s::text)"
 CONFIGURE_QUEUE = (
     "SELECT * FROM pgq.configure_queue(queue => %(queue)s::text, lease => %(lease)s::interval,"

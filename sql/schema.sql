@@ -18,6 +18,8 @@
 --   P0002 no_data_found                    an admin call names a job that does not exist
 --   55000 object_not_in_prerequisite_state an admin call on a job in the wrong state
 --   42501 insufficient_privilege           a queue's grants (pgq.grant_queue) do not admit the login
+--   55P03 lock_not_available               an admin call waited its lock_timeout (5 s) for a lock
+--   54000 program_limit_exceeded           a job was released or snoozed past its attempt room
 -- Owner operations never raise for lost ownership: they answer false / NULL ("not yours"), also
 -- to a login other than the one that claimed the job (see pgq._owns).
 
@@ -57,6 +59,21 @@ CREATE TYPE pgq.job_state AS ENUM (
 );
 COMMENT ON TYPE pgq.job_state IS 'The life cycle of a job. done, failed and cancelled are terminal.';
 
+-- What an interval argument or setting may be: a span of days and time, of one sign. An interval
+-- that counts months ('3000000 mon -89999999 days' compares as 1 day, since a comparison counts a
+-- month as 30 days, but adds 1.3 million days to a timestamp) or mixes the signs of its days and
+-- its time ('1 day -23:59:59', 1 second by comparison, is -59:59 on a 23-hour day) does not do to
+-- a timestamp what its comparison with a cap says; one without both does, give or take the hour a
+-- daylight saving change adds to or takes from a day. One expression: inlined where it is used.
+CREATE FUNCTION pgq._is_span(interval) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT extract(year FROM $1) = 0 AND extract(month FROM $1) = 0
+           AND extract(day FROM $1) * (extract(epoch FROM $1) - 86400 * extract(day FROM $1)) >= 0
+$$;
+COMMENT ON FUNCTION pgq._is_span(interval) IS
+    'Whether an interval counts no months or years and its days and time have the same sign.';
+
 -- Tables -----------------------------------------------------------------------------------------
 
 CREATE TABLE pgq.queues (
@@ -76,12 +93,15 @@ CREATE TABLE pgq.queues (
     next_schedule_at timestamptz,
     restricted    text[],
     CONSTRAINT queues_max_running_check CHECK (max_running BETWEEN 0 AND 100000),
-    CONSTRAINT queues_lease_check CHECK (lease > '0' AND lease <= '1 day'),
     CONSTRAINT queues_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 10000),
+    CONSTRAINT queues_lease_check CHECK (lease > '0' AND lease <= '1 day' AND pgq._is_span(lease)),
     CONSTRAINT queues_backoff_check CHECK (backoff_base > '0' AND backoff_cap >= backoff_base
-                                           AND backoff_cap <= '365 days'),
-    CONSTRAINT queues_retention_check CHECK (retention >= '0' AND retention <= '3650 days'),
-    CONSTRAINT queues_max_run_time_check CHECK (max_run_time > '0' AND max_run_time <= '365 days')
+                                           AND backoff_cap <= '365 days'
+                                           AND pgq._is_span(backoff_base) AND pgq._is_span(backoff_cap)),
+    CONSTRAINT queues_retention_check CHECK (retention >= '0' AND retention <= '3650 days'
+                                             AND pgq._is_span(retention)),
+    CONSTRAINT queues_max_run_time_check CHECK (max_run_time > '0' AND max_run_time <= '365 days'
+                                                AND pgq._is_span(max_run_time))
 );
 COMMENT ON TABLE pgq.queues IS
     'Per-queue settings. A row is created with these defaults on first use of a queue name.';
@@ -189,6 +209,7 @@ CREATE TABLE pgq.job_events (
     at          timestamptz   NOT NULL DEFAULT clock_timestamp(),
     note        text,
     session_role text         DEFAULT session_user,
+    times       integer       NOT NULL DEFAULT 1,
     -- One index, read by job (history, prune) and written by every event: a second index on id
     -- alone cost about a third of the event log's write time.
     PRIMARY KEY (job_id, id)
@@ -199,6 +220,9 @@ COMMENT ON TABLE pgq.job_events IS
 COMMENT ON COLUMN pgq.job_events.session_role IS
     'The database login (session_user) whose call caused the event; worker is the name the caller '
     'gave, which any login can give. NULL for events written before migration 0008.';
+COMMENT ON COLUMN pgq.job_events.times IS
+    'How many times the event happened: 1, but for a rejected write repeated (the same job, attempt '
+    'and operation), which is recorded once and counted here (at is the first time).';
 
 -- Periodic schedules: each due occurrence becomes one job (pgq._fire_schedules).
 CREATE TABLE pgq.schedules (
@@ -220,7 +244,9 @@ CREATE TABLE pgq.schedules (
     last_skipped_at  timestamptz,
     skipped          bigint      NOT NULL DEFAULT 0,
     created_at       timestamptz NOT NULL DEFAULT now(),
-    CONSTRAINT schedules_cron_or_every_check CHECK ((cron IS NULL) <> (every IS NULL))
+    CONSTRAINT schedules_cron_or_every_check CHECK ((cron IS NULL) <> (every IS NULL)),
+    CONSTRAINT schedules_every_check CHECK (every >= '1 second' AND every <= '3650 days'
+                                            AND pgq._is_span(every))
 );
 COMMENT ON TABLE pgq.schedules IS
     'Periodic jobs (pgq.schedule): each occurrence due by next_run_at is enqueued once by a claim '
@@ -271,6 +297,13 @@ COMMENT ON TABLE pgq.grants IS
     'that privilege (pgq.grant_queue, pgq.revoke_queue, pgq.queue_grants).';
 
 -- Indexes ----------------------------------------------------------------------------------------
+
+-- A fair queue's claim walks its tenants by virtual time (pgq._fair_pick), reading only as many as
+-- it serves, however many tenants have due jobs.
+CREATE INDEX tenants_vtime_idx ON pgq.tenants (queue, vtime, tenant);
+
+-- A claim of every queue finds the queues with a due schedule here, not by reading every queue.
+CREATE INDEX queues_schedule_due_idx ON pgq.queues (next_schedule_at) WHERE next_schedule_at IS NOT NULL;
 
 -- The claim walks this index in the total order priority DESC, run_at, id, one queue at a time.
 -- The predicate is repeated word for word in pgq.claim so the planner can use it.
@@ -375,7 +408,7 @@ BEGIN
 END
 $$;
 
--- Validates an interval argument: > 0 and at most max_value.
+-- Validates an interval argument: a span (pgq._is_span), > 0 and at most max_value.
 CREATE FUNCTION pgq._check_interval(argument text, value interval, max_value interval)
     RETURNS void
     LANGUAGE plpgsql IMMUTABLE
@@ -383,14 +416,45 @@ CREATE FUNCTION pgq._check_interval(argument text, value interval, max_value int
 BEGIN
     IF value IS NULL THEN
         PERFORM pgq._bad_argument(argument, 'must not be NULL');
-    ELSIF value <= interval '0' OR value > max_value THEN
+    END IF;
+    PERFORM pgq._check_span(argument, value);
+    IF value <= interval '0' OR value > max_value THEN
         PERFORM pgq._bad_argument(argument,
             format('must be greater than 0 and at most %s, got %s', max_value, value));
     END IF;
 END
 $$;
 
--- Validates a payload: a JSON object of at most 1 MiB (its jsonb size).
+-- Refuses an interval that is not a span (pgq._is_span), naming the argument: 22023.
+CREATE FUNCTION pgq._check_span(argument text, value interval) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF extract(year FROM value) <> 0 OR extract(month FROM value) <> 0 THEN
+        PERFORM pgq._bad_argument(argument, format('must not count months or years, got %s', value),
+            'Months differ in length: give days (''30 days''), hours, minutes or seconds.');
+    ELSIF NOT pgq._is_span(value) THEN
+        PERFORM pgq._bad_argument(argument,
+            format('must not mix a positive and a negative part, got %s', value),
+            'Give one span, such as ''23:00:01'' instead of ''1 day -00:59:59''.');
+    END IF;
+END
+$$;
+
+-- The real size of a jsonb value in bytes: pg_column_size measures a compressed datum (a value
+-- read from a table column, say) as stored, so 50 MB of repeat('x', ...) measured 0.6 MB. Only a
+-- compressed value is decompressed to be measured (jsonb || '{}' returns the detoasted object);
+-- any other is measured as it is, at no extra cost. One expression: inlined where it is used
+-- (STABLE like pg_column_size: an IMMUTABLE wrapper of a STABLE function is not inlined, and its
+-- call cost an enqueue 20 to 50 us).
+CREATE FUNCTION pgq._jsonb_size(jsonb) RETURNS integer
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN pg_column_compression($1) IS NULL THEN pg_column_size($1)
+                ELSE pg_column_size($1 || '{}'::jsonb) END
+$$;
+
+-- Validates a payload: a JSON object of at most 1 MiB (its jsonb size, uncompressed).
 CREATE FUNCTION pgq._check_payload(argument text, value jsonb) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     AS $$
@@ -401,9 +465,9 @@ BEGIN
         PERFORM pgq._bad_argument(argument,
             format('must be a JSON object, got %s', jsonb_typeof(value)),
             'Wrap the value: jsonb_build_object(''value'', ...).');
-    ELSIF pg_column_size(value) > 1048576 THEN
+    ELSIF pgq._jsonb_size(value) > 1048576 THEN
         PERFORM pgq._bad_argument(argument,
-            format('is %s bytes; the limit is 1048576 (1 MiB)', pg_column_size(value)),
+            format('is %s bytes; the limit is 1048576 (1 MiB)', pgq._jsonb_size(value)),
             'Store large data in a table of your own and put its key in the payload.');
     END IF;
 END
@@ -450,6 +514,21 @@ BEGIN
     END IF;
     IF length(_check_enqueue.tenant) NOT BETWEEN 1 AND 256 THEN
         PERFORM pgq._bad_argument('tenant', 'must be 1 to 256 characters long');
+    END IF;
+END
+$$;
+
+-- Validates a unique_key: 1 to 1024 bytes. Bytes, not characters: the key is in an index entry
+-- with the queue's name (at most 128 bytes), and a B-tree entry holds at most 2704 bytes, so 1,024
+-- four-byte characters (4,096 bytes) failed the insert with 54000 instead of a clear refusal.
+CREATE FUNCTION pgq._check_unique_key(unique_key text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF octet_length(unique_key) NOT BETWEEN 1 AND 1024 THEN
+        PERFORM pgq._bad_argument('unique_key',
+            format('must be 1 to 1024 bytes long (UTF-8), got %s bytes', octet_length(unique_key)),
+            'Hash a longer key, e.g. md5(key).');
     END IF;
 END
 $$;
@@ -534,21 +613,98 @@ COMMENT ON FUNCTION pgq._backoff(integer, interval, interval) IS
 
 -- Records a rejected write by an owner that no longer owns the job (a stale attempt), so that a
 -- duplicate execution can be diagnosed from pgq.job_events. Writes nothing for unknown ids or
--- for queues with audit off.
-CREATE FUNCTION pgq._reject(job_id bigint, attempt integer, operation text) RETURNS void
+-- for queues with audit off. A repeated rejection (the same job, attempt and operation, the note
+-- starting with the operation's name, while the job is in the same state) is recorded once:
+-- `times` more on the event that recorded it first, so 10,000 bogus calls write one event, not
+-- 10,000 (a rejection after the job moved on, say from running to done, is an event of its own).
+-- Rejections of one (job, attempt) take turns (a transaction-level advisory lock on the pair, one
+-- bigint key), so two concurrent ones cannot both find no event and both write one.
+CREATE FUNCTION pgq._reject(job_id bigint, attempt integer, operation text, times integer DEFAULT 1)
+    RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    job pgq.jobs;
+BEGIN
+    SELECT j.* INTO job FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue AND q.audit
+    WHERE j.id = _reject.job_id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock((_reject.job_id << 31) # _reject.attempt);
+    -- The key of "the same rejection": job, attempt, operation, the job's state and the login
+    -- that made the call (one more condition per column that should tell rejections apart).
+    UPDATE pgq.job_events AS e
+    SET times = e.times + _reject.times
+    WHERE e.job_id = _reject.job_id AND e.attempt = _reject.attempt AND e.event = 'rejected'
+      AND starts_with(e.note, _reject.operation || ' from attempt ') AND e.from_state = job.state
+      AND e.session_role IS NOT DISTINCT FROM session_user;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note, times)
+    VALUES (job.id, _reject.attempt, NULL, 'rejected', job.state, NULL,
+            format('%s from attempt %s rejected: the job is %s at attempt %s (last claimed by %s%s)',
+                   _reject.operation, _reject.attempt, job.state, job.attempt, job.claimed_by,
+                   CASE WHEN NOT pgq._same_login(job.session_role) THEN ', login ' || job.session_role END),
+            _reject.times);
+END
+$$;
+
+-- How far a job's max_attempts may pass its attempts so far: a job can be released or snoozed
+-- (each gives one attempt back) until max_attempts - attempt_offset reaches this, never past it,
+-- so no counter can overflow: with 1,000,000 here and the failover fence's 100,000 attempt numbers
+-- per timeline change (pgq._fence_step), a job's counters stay below 2^31 - 1 through
+-- (2147483647 - 1000000) / 100000 = 21,464 timeline changes.
+CREATE FUNCTION pgq._attempt_room() RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT 1000000 $$;
+
+-- Raises 54000 for a job that would pass its attempt room (pgq._attempt_room) by one more attempt.
+CREATE FUNCTION pgq._no_attempt_room(id bigint, operation text) RETURNS void
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
-    SELECT j.id, _reject.attempt, NULL, 'rejected', j.state, NULL,
-           format('%s from attempt %s rejected: the job is %s at attempt %s (last claimed by %s%s)',
-                  _reject.operation, _reject.attempt, j.state, j.attempt, j.claimed_by,
-                  CASE WHEN NOT pgq._same_login(j.session_role) THEN ', login ' || j.session_role END)
-    FROM pgq.jobs AS j
-    JOIN pgq.queues AS q ON q.name = j.queue AND q.audit
-    WHERE j.id = _reject.job_id;
+    RAISE EXCEPTION 'pgq: % of job % refused: the job has been given % attempts (releases and snoozes '
+        'count), its limit', operation, id, pgq._attempt_room()
+        USING ERRCODE = 'program_limit_exceeded',
+              HINT = 'Fail or cancel the job: it cannot be given an attempt back again.';
 END
 $$;
+
+-- The queue row for an admin call, locked (FOR NO KEY UPDATE, or FOR UPDATE to delete it), or
+-- NULL when there is none. Admin calls wait for another session's lock on a queue row at most
+-- lock_timeout (5 s: this function's and theirs): an idle transaction that claimed from a capped
+-- queue holds its row until it ends. Then 55P03, naming the sessions that hold it.
+CREATE FUNCTION pgq._lock_queue(name text, for_delete boolean DEFAULT false) RETURNS pgq.queues
+    LANGUAGE plpgsql
+    SET lock_timeout = '5s'
+    AS $$
+DECLARE
+    q pgq.queues;
+BEGIN
+    BEGIN
+        IF for_delete THEN
+            SELECT * INTO q FROM pgq.queues AS s WHERE s.name = _lock_queue.name FOR UPDATE;
+        ELSE
+            SELECT * INTO q FROM pgq.queues AS s WHERE s.name = _lock_queue.name FOR NO KEY UPDATE;
+        END IF;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'pgq: queue % is locked by another session; gave up after lock_timeout %',
+            _lock_queue.name, current_setting('lock_timeout')
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'A transaction that claimed from it (or changes it) has not ended: see '
+                         'pgq.health() (idle_in_transaction) or pg_stat_activity, end it, and try again.';
+    END;
+    RETURN q;
+END
+$$;
+
+-- The queue's writer lock: a transaction-level advisory lock on the two int4 keys (1885827329,
+-- hashtext(queue)) (the first is 'pgq' and a byte). Every job insert (enqueue, enqueue_many, a
+-- schedule's firing) holds it shared until its transaction ends; pgq.drop_queue and pgq.prune take it
+-- exclusively before they remove a queue's row or its idle tenants, so that they see every job
+-- written into the queue (a job inserted meanwhile would be left without a queue, or a tenant).
 
 -- Recovers running jobs whose lease has expired: back to pending at once (the attempt they used
 -- is counted), or to failed when that was the last attempt. An attempt whose lease reached its
@@ -1104,10 +1260,11 @@ $$;
 
 -- Sets queues.next_schedule_at of the given queues from their enabled schedules (the earliest
 -- next_run_at), writing only rows whose value changes. The queue rows are locked first, in name
--- order (as capped claims lock them); with skip_locked, a row another transaction holds is left
--- as it is instead of waited for: the firing, which holds schedule and job rows meanwhile, never
--- waits here, so it can take part in no deadlock. A value left behind is at worst early: the next
--- claim of that queue finds nothing due and corrects it.
+-- order; with skip_locked, a row another transaction holds is left as it is instead of waited
+-- for: the firing, which holds schedule and job rows meanwhile, never waits here, so it can take
+-- part in no deadlock. A value left behind is at worst early: the next claim of that queue finds
+-- nothing due and corrects it. Without skip_locked (pgq.schedule, pgq.unschedule) the wait is
+-- pgq._lock_queue's: at most its lock_timeout, then 55P03 with a hint.
 CREATE FUNCTION pgq._refresh_schedule_due(queues text[], skip_locked boolean) RETURNS void
     LANGUAGE plpgsql
     AS $$
@@ -1118,8 +1275,11 @@ BEGIN
         locked := ARRAY(SELECT u.name FROM pgq.queues AS u WHERE u.name = ANY (_refresh_schedule_due.queues)
                         ORDER BY u.name FOR NO KEY UPDATE SKIP LOCKED);
     ELSE
-        locked := ARRAY(SELECT u.name FROM pgq.queues AS u WHERE u.name = ANY (_refresh_schedule_due.queues)
-                        ORDER BY u.name FOR NO KEY UPDATE);
+        locked := ARRAY(SELECT l.name
+                        FROM (SELECT DISTINCT u.name FROM unnest(_refresh_schedule_due.queues) AS u(name)
+                              WHERE u.name IS NOT NULL ORDER BY u.name) AS n
+                        CROSS JOIN LATERAL pgq._lock_queue(n.name) AS l
+                        WHERE l.name IS NOT NULL);
     END IF;
     -- A new statement, so its snapshot sees what the previous holders of these rows committed.
     UPDATE pgq.queues AS q
@@ -1200,6 +1360,8 @@ BEGIN
             CONTINUE;
         END IF;
 
+        -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
+        PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(s.queue));
         q := pgq._queue(s.queue);
         job_tenant := s.tenant;
         IF q.fair THEN
@@ -1333,20 +1495,21 @@ BEGIN
                     AND coalesce(enqueue.max_attempts BETWEEN 1 AND 10000, true)
                     AND coalesce(length(enqueue.tenant) BETWEEN 1 AND 256, true)
                     AND jsonb_typeof(enqueue.payload) = 'object'
-                    AND pg_column_size(enqueue.payload) <= 1048576
-                    AND coalesce(length(enqueue.unique_key) BETWEEN 1 AND 1024, true)
+                    AND pgq._jsonb_size(enqueue.payload) <= 1048576
+                    AND coalesce(octet_length(enqueue.unique_key) BETWEEN 1 AND 1024, true)
                     AND coalesce(enqueue.max_run_time > interval '0'
-                                 AND enqueue.max_run_time <= interval '365 days', true), false) THEN
+                                 AND enqueue.max_run_time <= interval '365 days'
+                                 AND pgq._is_span(enqueue.max_run_time), true), false) THEN
         PERFORM pgq._check_enqueue(enqueue.queue, enqueue.kind, enqueue.run_at, enqueue.priority,
                                    enqueue.max_attempts, enqueue.tenant);
         PERFORM pgq._check_payload('payload', enqueue.payload);
-        IF length(enqueue.unique_key) NOT BETWEEN 1 AND 1024 THEN
-            PERFORM pgq._bad_argument('unique_key', 'must be 1 to 1024 characters long');
-        END IF;
+        PERFORM pgq._check_unique_key(enqueue.unique_key);
         IF enqueue.max_run_time IS NOT NULL THEN
             PERFORM pgq._check_interval('max_run_time', enqueue.max_run_time, interval '365 days');
         END IF;
     END IF;
+    -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
+    PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(enqueue.queue));
     SELECT * INTO q FROM pgq.queues AS s WHERE s.name = enqueue.queue;
     IF NOT FOUND THEN
         q := pgq._queue(enqueue.queue);  -- first use: created with the defaults
@@ -1422,11 +1585,13 @@ BEGIN
     END IF;
     SELECT p.value, p.n INTO bad
     FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
-    WHERE p.value IS NULL OR jsonb_typeof(p.value) <> 'object' OR pg_column_size(p.value) > 1048576
+    WHERE p.value IS NULL OR jsonb_typeof(p.value) <> 'object' OR pgq._jsonb_size(p.value) > 1048576
     LIMIT 1;
     IF FOUND THEN
         PERFORM pgq._check_payload(format('payloads[%s]', bad.n), bad.value);
     END IF;
+    -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
+    PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(enqueue_many.queue));
     q := pgq._queue(enqueue_many.queue);
     IF q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'enqueue') THEN
         PERFORM pgq._denied(q.name, 'enqueue');
@@ -1483,9 +1648,17 @@ COMMENT ON TYPE pgq.claimed_job IS
 -- ranked by virtual time (jobs started / weight); the k-th job of a tenant counts as finishing at
 -- vtime + k/weight, and the earliest finishers win (ties: the total order). The winners' tenants
 -- then advance their virtual time. A tenant that was idle restarts no further behind the busiest
--- one than one round, so it gets its share, not a burst. Tenant rows are locked in name order
--- only for that last update, so concurrent claimers never deadlock. With `kinds`, only jobs of
--- those kinds count (a filter within each tenant's jobs).
+-- one (the largest virtual time of the queue's tenants) than one round, so it gets its share, not
+-- a burst. With `kinds`, only jobs of those kinds count (a filter within each tenant's jobs).
+-- The cost is bounded by the tenants served, not the tenants waiting: one probe says whether the
+-- queue has a claimable job at all, one reads the busiest tenant (the top of tenants_vtime_idx),
+-- and the `room` least-served tenants with a claimable job are walked from the bottom, each
+-- checked by one probe (so tenants without one that are passed over cost a probe each: pgq.prune
+-- removes tenants without jobs). Tenants behind the busiest by more than a round all start at
+-- busiest - 1 and are served in virtual-time order, then by name.
+-- The winners' tenant rows are locked for the last update with SKIP LOCKED: a tenant another
+-- claimer holds (an idle transaction that claimed from this queue, say) is left for this call,
+-- with its picked jobs, instead of waited for; so no claimer waits for another or deadlocks.
 CREATE FUNCTION pgq._fair_pick(queue text, room integer, kinds text[] DEFAULT NULL) RETURNS SETOF bigint
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
@@ -1493,17 +1666,21 @@ CREATE FUNCTION pgq._fair_pick(queue text, room integer, kinds text[] DEFAULT NU
 DECLARE
     busiest double precision;
     picked bigint[];
+    served text[];
 BEGIN
-    SELECT max(t.vtime) INTO busiest
+    IF NOT EXISTS (SELECT FROM pgq.jobs AS j
+                   WHERE j.queue = _fair_pick.queue AND j.state = 'pending' AND j.attempt < j.max_attempts
+                     AND j.run_at <= pgq._now()
+                     AND (_fair_pick.kinds IS NULL OR j.kind = ANY (_fair_pick.kinds))) THEN
+        RETURN;  -- no claimable job: no tenant needs to be read
+    END IF;
+    SELECT t.vtime INTO busiest
     FROM pgq.tenants AS t
     WHERE t.queue = _fair_pick.queue
-      AND EXISTS (SELECT FROM pgq.jobs AS j
-                  WHERE j.queue = t.queue AND j.tenant = t.tenant
-                    AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.tenant IS NOT NULL
-                    AND j.run_at <= pgq._now()
-                    AND (_fair_pick.kinds IS NULL OR j.kind = ANY (_fair_pick.kinds)));
-    IF busiest IS NULL THEN
-        RETURN;  -- no tenant has a claimable job
+    ORDER BY t.vtime DESC
+    LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN;  -- no tenant
     END IF;
 
     picked := ARRAY(
@@ -1516,7 +1693,7 @@ BEGIN
                             AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.tenant IS NOT NULL
                             AND j.run_at <= pgq._now()
                             AND (_fair_pick.kinds IS NULL OR j.kind = ANY (_fair_pick.kinds)))
-            ORDER BY greatest(t.vtime, busiest - 1), t.tenant
+            ORDER BY t.vtime, t.tenant
             LIMIT _fair_pick.room
         )
         SELECT c.id
@@ -1539,15 +1716,17 @@ BEGIN
         ORDER BY r.vstart + c.k::float8 / r.weight, c.priority DESC, c.run_at, c.id
         LIMIT _fair_pick.room);
 
-    PERFORM FROM pgq.tenants AS t
-    WHERE t.queue = _fair_pick.queue
-      AND t.tenant IN (SELECT j.tenant FROM pgq.jobs AS j WHERE j.id = ANY (picked))
-    ORDER BY t.tenant
-    FOR NO KEY UPDATE;
+    -- (The tenants as arrays, so that both statements read them by primary key: joined, the
+    -- generic plan read every tenant of the queue.)
+    served := ARRAY(SELECT t.tenant FROM pgq.tenants AS t
+                    WHERE t.queue = _fair_pick.queue
+                      AND t.tenant = ANY (ARRAY(SELECT j.tenant FROM pgq.jobs AS j WHERE j.id = ANY (picked)))
+                    FOR NO KEY UPDATE SKIP LOCKED);
+    picked := ARRAY(SELECT j.id FROM pgq.jobs AS j WHERE j.id = ANY (picked) AND j.tenant = ANY (served));
     UPDATE pgq.tenants AS t
     SET vtime = greatest(t.vtime, busiest - 1) + s.n::float8 / t.weight
     FROM (SELECT j.tenant, count(*) AS n FROM pgq.jobs AS j WHERE j.id = ANY (picked) GROUP BY j.tenant) AS s
-    WHERE t.queue = _fair_pick.queue AND t.tenant = s.tenant;
+    WHERE t.queue = _fair_pick.queue AND t.tenant = ANY (served) AND t.tenant = s.tenant;
 
     RETURN QUERY SELECT unnest(picked);
 END
@@ -1567,9 +1746,15 @@ $$;
 -- An attempt's lease never passes its deadline (claimed_at + max_run_time).
 -- A worker that names its `kinds` gets only jobs of those kinds (NULL: any kind), read per kind
 -- from jobs_kind_ready_idx, so jobs of kinds it cannot run wait untouched for a worker that can.
+-- Which queues: the named ones; with queues => NULL, the queues that have a pending job (a skip
+-- scan of jobs_ready_idx: one index probe per such queue, so queues without jobs cost nothing,
+-- however many exist) or a due schedule (queues_schedule_due_idx), unpaused.
 -- Two queue settings change the pick: a queue with max_running > 0 is locked for the claim and
 -- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
 -- and a fair queue's candidates come from pgq._fair_pick. Queues with neither pay nothing for them.
+-- A claim never waits for another session's lock: a capped queue's row (or a fair queue's tenant
+-- row) that another transaction holds is skipped for this call (SKIP LOCKED), so an idle
+-- transaction that claimed from a capped queue holds up no other worker's claims.
 -- Before any of that, the failover fence: the first claim of a session checks that the fences
 -- were moved on this server's timeline (pgq._check_timeline); later ones read one setting.
 CREATE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, batch integer DEFAULT 1,
@@ -1589,6 +1774,7 @@ DECLARE
     fairs    boolean[];  -- whether each is in fair mode
     fair_ids bigint[] := '{}';
     capped   boolean;    -- whether any of them has max_running
+    locked   text[];     -- then: the capped ones this call holds (the others are skipped)
     expired  boolean;    -- whether any lease has expired
     due      boolean;    -- whether one of them has a schedule due
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
@@ -1613,10 +1799,14 @@ BEGIN
     -- Names cannot contain a comma, so one match of the joined names (pgq._is_name's pattern,
     -- repeated) checks them all in a plain expression (no query), and so does the length (no
     -- run of 129 characters without a comma; a joined list of 128 or fewer cannot hold one, and
-    -- skips that match). Only a bad name pays for the per-name check that names it.
+    -- skips that match); the joined names hold exactly one comma fewer than there are names (a
+    -- name 'a,b' would otherwise pass as two). Only a bad name pays for the per-name check that
+    -- names it.
     IF claim.queues IS NOT NULL AND NOT coalesce(
            array_to_string(claim.queues, ',')
                ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]*(,[A-Za-z0-9_][A-Za-z0-9_.:/-]*)*$'
+           AND length(array_to_string(claim.queues, ',')) - length(replace(array_to_string(claim.queues, ','), ',', ''))
+               = cardinality(claim.queues) - 1
            AND (length(array_to_string(claim.queues, ',')) <= 128
                 OR array_to_string(claim.queues, ',') !~ '[^,]{129}'), false) THEN
         PERFORM pgq._check_name(format('queues[%s]', q.n), q.name)
@@ -1631,6 +1821,8 @@ BEGIN
         IF NOT coalesce(
                array_to_string(claim.kinds, ',')
                    ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]*(,[A-Za-z0-9_][A-Za-z0-9_.:/-]*)*$'
+               AND length(array_to_string(claim.kinds, ',')) - length(replace(array_to_string(claim.kinds, ','), ',', ''))
+                   = cardinality(claim.kinds) - 1
                AND (length(array_to_string(claim.kinds, ',')) <= 128
                     OR array_to_string(claim.kinds, ',') !~ '[^,]{129}'), false) THEN
             PERFORM pgq._check_name(format('kinds[%s]', k.n), k.name)
@@ -1645,21 +1837,41 @@ BEGIN
 
     -- One statement reads the eligible queues (and whether one of them has a schedule due: a
     -- column of the rows read anyway, and bool_or, which allocates nothing, unlike array_agg) and
-    -- probes for expired leases (one index probe).
-    SELECT array_agg(q.name ORDER BY q.name), array_agg(q.fair ORDER BY q.name),
-           coalesce(bool_or(q.max_running > 0), false),
-           EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
-           coalesce(bool_or(q.next_schedule_at <= pgq._now()), false)
-    INTO names, fairs, capped, expired, due
-    FROM pgq.queues AS q
-    WHERE NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues))
-      -- A queue with grants admits only some logins (a named one raises 42501 for the others).
-      AND (q.restricted IS NULL OR pgq._may_claim(q.name, q.restricted, claim.queues IS NOT NULL));
+    -- probes for expired leases (one index probe). With queues => NULL the candidates are the
+    -- queues that have a pending job, found by a skip scan of jobs_ready_idx (the next queue name
+    -- after the last, one index probe each: queues without jobs are never read), and those with a
+    -- due schedule (queues_schedule_due_idx).
+    FOR pass IN 1..2 LOOP
+        SELECT array_agg(q.name ORDER BY q.name), array_agg(q.fair ORDER BY q.name),
+               coalesce(bool_or(q.max_running > 0), false),
+               EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
+               coalesce(bool_or(q.next_schedule_at <= pgq._now()), false)
+        INTO names, fairs, capped, expired, due
+        FROM pgq.queues AS q
+        WHERE NOT q.paused
+          AND q.name = ANY (coalesce(claim.queues, ARRAY(
+                  WITH RECURSIVE pending(name) AS (
+                      (SELECT j.queue FROM pgq.jobs AS j
+                       WHERE j.state = 'pending' AND j.attempt < j.max_attempts
+                       ORDER BY j.queue LIMIT 1)
+                      UNION ALL
+                      SELECT (SELECT j.queue FROM pgq.jobs AS j
+                              WHERE j.queue > p.name AND j.state = 'pending' AND j.attempt < j.max_attempts
+                              ORDER BY j.queue LIMIT 1)
+                      FROM pending AS p WHERE p.name IS NOT NULL
+                  )
+                  SELECT p.name FROM pending AS p WHERE p.name IS NOT NULL
+                  UNION ALL
+                  SELECT u.name FROM pgq.queues AS u WHERE u.next_schedule_at <= pgq._now())))
+          -- A queue with grants admits only some logins (a named one raises 42501 for the others).
+          AND (q.restricted IS NULL OR pgq._may_claim(q.name, q.restricted, claim.queues IS NOT NULL));
 
-    -- Expired leases are recovered first, so their jobs are claimable by this very claim.
-    IF expired THEN
+        -- Expired leases are recovered first, so their jobs are claimable by this very claim
+        -- (with queues => NULL, their queues are candidates only once recovered: read again).
+        EXIT WHEN pass = 2 OR NOT expired;
         PERFORM pgq._recover_expired(100);
-    END IF;
+        EXIT WHEN claim.queues IS NOT NULL;
+    END LOOP;
     IF names IS NULL THEN
         RETURN;  -- no eligible queue
     END IF;
@@ -1670,21 +1882,20 @@ BEGIN
     IF NOT capped THEN
         rooms := array_fill(claim.batch, ARRAY[cardinality(names)]);
     ELSE
-        -- Capped queues are locked in name order (so claimers never deadlock) before their running
-        -- jobs are counted by the next statement, whose fresh snapshot sees every earlier claim.
-        -- (Under REPEATABLE READ or SERIALIZABLE that count would come from an older snapshot and
-        -- could pass the cap: such a claim of a capped queue is refused.)
-        PERFORM FROM pgq.queues AS q
-        WHERE q.max_running > 0 AND NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues))
-          AND (q.restricted IS NULL OR pgq._may_claim(q.name, q.restricted, claim.queues IS NOT NULL))
-        ORDER BY q.name
-        FOR NO KEY UPDATE;
-        IF FOUND AND current_setting('transaction_isolation') <> 'read committed' THEN
+        -- Capped queues are locked before their running jobs are counted by the next statement,
+        -- whose fresh snapshot sees every earlier claim; one that another transaction holds is
+        -- skipped (this call claims none of its jobs), never waited for. (Under REPEATABLE READ or
+        -- SERIALIZABLE that count would come from an older snapshot and could pass the cap: such
+        -- a claim of a capped queue is refused.)
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
             RAISE EXCEPTION 'pgq: a claim of a queue with max_running must run at READ COMMITTED, not %',
                 upper(current_setting('transaction_isolation'))
                 USING ERRCODE = 'object_not_in_prerequisite_state',
                       HINT = 'Claim in autocommit mode, or in a READ COMMITTED transaction.';
         END IF;
+        locked := ARRAY(SELECT q.name FROM pgq.queues AS q
+                        WHERE q.max_running > 0 AND NOT q.paused AND q.name = ANY (names)
+                        FOR NO KEY UPDATE SKIP LOCKED);
 
         SELECT array_agg(e.name ORDER BY e.name), array_agg(e.room ORDER BY e.name),
                array_agg(e.fair ORDER BY e.name)
@@ -1697,8 +1908,7 @@ BEGIN
                                  WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
                    END AS room
             FROM pgq.queues AS q
-            WHERE NOT q.paused AND (claim.queues IS NULL OR q.name = ANY (claim.queues))
-              AND (q.restricted IS NULL OR pgq._may_claim(q.name, q.restricted, claim.queues IS NOT NULL))
+            WHERE NOT q.paused AND q.name = ANY (names) AND (q.max_running = 0 OR q.name = ANY (locked))
         ) AS e
         WHERE e.room > 0;
     END IF;
@@ -1845,9 +2055,9 @@ BEGIN
     IF complete.id IS NULL OR complete.attempt IS NULL THEN  -- a plain expression: no query on the hot path
         PERFORM pgq._check_fence(complete.id, complete.attempt);
     END IF;
-    IF pg_column_size(complete.result) > 1048576 THEN
+    IF pgq._jsonb_size(complete.result) > 1048576 THEN
         PERFORM pgq._bad_argument('result',
-            format('is %s bytes; the limit is 1048576 (1 MiB)', pg_column_size(complete.result)),
+            format('is %s bytes; the limit is 1048576 (1 MiB)', pgq._jsonb_size(complete.result)),
             'Store large results in a table of your own.');
     END IF;
     WITH completed AS (
@@ -1938,17 +2148,17 @@ BEGIN
     -- a pair counts as ours when its job is done by that same attempt: completed above, or
     -- earlier (idempotent: a retry after an ambiguous commit). The other pairs are stale: they
     -- leave the trace a rejected pgq.complete leaves, so that a duplicate execution can be
-    -- diagnosed from pgq.job_events whichever call the worker used.
-    INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
-    SELECT j.id, w.attempt, NULL, 'rejected', j.state, NULL,
-           format('complete_many from attempt %s rejected: the job is %s at attempt %s (last claimed by %s%s)',
-                  w.attempt, j.state, j.attempt, j.claimed_by,
-                  CASE WHEN NOT pgq._same_login(j.session_role) THEN ', login ' || j.session_role END)
-    FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)
-    JOIN pgq.jobs AS j ON j.id = w.id AND j.id = ANY (complete_many.ids)
-    JOIN pgq.queues AS q ON q.name = j.queue AND q.audit
-    WHERE NOT (j.attempt = w.attempt AND j.state = 'done' AND j.last_event = 'completed'
-               AND pgq._same_login(j.session_role));
+    -- diagnosed from pgq.job_events whichever call the worker used; a pair repeated in the call
+    -- (or rejected before) is recorded once, with the number of times (pgq._reject).
+    PERFORM pgq._reject(r.id, r.attempt, 'complete_many', r.times::integer)
+    FROM (SELECT w.id, w.attempt, count(*) AS times
+          FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)
+          JOIN pgq.jobs AS j ON j.id = w.id AND j.id = ANY (complete_many.ids)
+          JOIN pgq.queues AS q ON q.name = j.queue AND q.audit
+          WHERE NOT (j.attempt = w.attempt AND j.state = 'done' AND j.last_event = 'completed'
+                     AND pgq._same_login(j.session_role))
+          GROUP BY w.id, w.attempt
+          ORDER BY w.id, w.attempt) AS r;
 
     -- The ids drive both statements by primary key (= ANY): a join to the pairs let the generic
     -- plan read every finished job through jobs_finished_idx instead.
@@ -2050,6 +2260,7 @@ BEGIN
             max_attempts = j.max_attempts + 1, last_event = 'released', session_role = session_user
         WHERE j.id = release.id AND j.attempt = release.attempt AND j.state = 'running'
           AND pgq._owns(j.session_role)
+          AND j.max_attempts - j.attempt_offset < pgq._attempt_room()
         RETURNING j.id, j.queue, j.attempt, j.claimed_by
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
@@ -2065,6 +2276,12 @@ BEGIN
                WHERE j.id = release.id AND j.attempt = release.attempt AND j.last_event = 'released'
                  AND pgq._same_login(j.session_role)) THEN
         RETURN true;
+    END IF;
+    -- Ours, but out of attempt room (pgq._attempt_room): refused, the job is left as it is.
+    IF EXISTS (SELECT FROM pgq.jobs AS j
+               WHERE j.id = release.id AND j.attempt = release.attempt AND j.state = 'running'
+                 AND pgq._owns(j.session_role)) THEN
+        PERFORM pgq._no_attempt_room(release.id, 'release');
     END IF;
     PERFORM pgq._reject(release.id, release.attempt, 'release');
     RETURN false;
@@ -2091,6 +2308,7 @@ BEGIN
             max_attempts = j.max_attempts + 1, last_event = 'snoozed', session_role = session_user
         WHERE j.id = snooze.id AND j.attempt = snooze.attempt AND j.state = 'running'
           AND pgq._owns(j.session_role)
+          AND j.max_attempts - j.attempt_offset < pgq._attempt_room()
         RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.run_at
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
@@ -2107,6 +2325,12 @@ BEGIN
       AND pgq._same_login(j.session_role);
     IF FOUND THEN
         RETURN new_run_at;
+    END IF;
+    -- Ours, but out of attempt room (pgq._attempt_room): refused, the job is left as it is.
+    IF EXISTS (SELECT FROM pgq.jobs AS j
+               WHERE j.id = snooze.id AND j.attempt = snooze.attempt AND j.state = 'running'
+                 AND pgq._owns(j.session_role)) THEN
+        PERFORM pgq._no_attempt_room(snooze.id, 'snooze');
     END IF;
     PERFORM pgq._reject(snooze.id, snooze.attempt, 'snooze');
     RETURN NULL;
@@ -2218,6 +2442,11 @@ COMMENT ON FUNCTION pgq.sweep(integer) IS
     'how many), and fires up to max_jobs due schedules.';
 
 -- Functions: admin --------------------------------------------------------------------------------
+--
+-- Every admin call runs with lock_timeout 5 s (its SET clause, whatever the session's): a lock
+-- another session holds (an idle transaction that claimed from a capped queue holds that queue's
+-- row; one that claimed a job holds the job's row) is waited for at most that long, then the call
+-- fails with 55P03, with a hint when it was a queue row (pgq._lock_queue).
 
 -- The job row for an admin call, locked; raises P0002 for an unknown id.
 CREATE FUNCTION pgq._admin_job(id bigint) RETURNS pgq.jobs
@@ -2255,6 +2484,7 @@ CREATE FUNCTION pgq.cancel(id bigint)
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
     AS $$
 DECLARE
     job pgq.jobs := pgq._admin_job(cancel.id);
@@ -2279,6 +2509,7 @@ CREATE FUNCTION pgq.retry(id bigint)
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
     AS $$
 DECLARE
     job pgq.jobs := pgq._admin_job(retry.id);
@@ -2287,6 +2518,9 @@ BEGIN
         RAISE EXCEPTION 'pgq: job % is %, only failed or cancelled jobs can be retried', retry.id, job.state
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Use pgq.resolve for outcome_unknown jobs.';
+    END IF;
+    IF greatest(job.max_attempts, job.attempt + 1) - job.attempt_offset > pgq._attempt_room() THEN
+        PERFORM pgq._no_attempt_room(retry.id, 'retry');
     END IF;
     BEGIN
         UPDATE pgq.jobs AS j
@@ -2317,6 +2551,7 @@ CREATE FUNCTION pgq.resolve(id bigint, state text)
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
     AS $$
 DECLARE
     job pgq.jobs;
@@ -2331,6 +2566,10 @@ BEGIN
     IF job.state <> 'outcome_unknown' THEN
         RAISE EXCEPTION 'pgq: job % is %, only outcome_unknown jobs can be resolved', resolve.id, job.state
             USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF resolve.state = 'pending'
+       AND greatest(job.max_attempts, job.attempt + 1) - job.attempt_offset > pgq._attempt_room() THEN
+        PERFORM pgq._no_attempt_room(resolve.id, 'resolve');
     END IF;
     UPDATE pgq.jobs AS j
     SET state = resolve.state::pgq.job_state,
@@ -2352,18 +2591,25 @@ COMMENT ON FUNCTION pgq.resolve(bigint, text) IS
 
 -- Deletes finished (done, failed, cancelled) jobs, with their events, older than older_than, or
 -- than each queue's retention when older_than is NULL. At most max_jobs per call: call it again
--- until it returns 0.
+-- until it returns 0. Then removes up to max_jobs tenants of fair queues that have no job left and
+-- the default weight 1 (a weight set with pgq.set_tenant_weight is kept; a tenant removed comes
+-- back with its next job, one round behind the busiest as after any idle time). A queue whose
+-- writer lock an enqueue holds is left for the next call: its new job may be one of those tenants'.
 CREATE FUNCTION pgq.prune(older_than interval DEFAULT NULL, max_jobs integer DEFAULT 10000)
     RETURNS integer
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
     AS $$
 DECLARE
     deleted integer;
+    tenants_left integer;
+    r record;
 BEGIN
     -- Bounded like queues.retention: a huge interval would make now() - older_than leave the
     -- timestamp range and fail with an unrelated 22008.
+    PERFORM pgq._check_span('older_than', prune.older_than);
     IF prune.older_than < interval '0' OR prune.older_than > interval '3650 days' THEN
         PERFORM pgq._bad_argument('older_than',
             format('must be between 0 and 3650 days, got %s', prune.older_than));
@@ -2387,6 +2633,37 @@ BEGIN
         DELETE FROM pgq.job_events AS e USING gone AS g WHERE e.job_id = g.id
     )
     SELECT count(*) INTO deleted FROM gone;
+
+    -- Idle tenants, queue by queue under the queue's writer lock, taken without waiting and held
+    -- (a session lock) only while they are deleted: an enqueue that read a tenant's row before
+    -- has committed its job (or holds the lock still, and the queue is skipped); one that comes
+    -- after inserts the row again, waiting for this transaction's deletion to commit.
+    tenants_left := prune.max_jobs;
+    FOR r IN
+        SELECT DISTINCT t.queue FROM pgq.tenants AS t
+        WHERE t.weight = 1
+          AND NOT EXISTS (SELECT FROM pgq.jobs AS j WHERE j.queue = t.queue AND j.tenant = t.tenant)
+    LOOP
+        EXIT WHEN tenants_left <= 0;
+        CONTINUE WHEN NOT pg_try_advisory_lock(1885827329, hashtext(r.queue));
+        BEGIN
+            WITH gone AS (
+                DELETE FROM pgq.tenants AS t
+                WHERE (t.queue, t.tenant) IN (
+                    SELECT x.queue, x.tenant FROM pgq.tenants AS x
+                    WHERE x.queue = r.queue AND x.weight = 1
+                      AND NOT EXISTS (SELECT FROM pgq.jobs AS j WHERE j.queue = x.queue AND j.tenant = x.tenant)
+                    LIMIT tenants_left
+                    FOR UPDATE SKIP LOCKED)
+                RETURNING 1
+            )
+            SELECT tenants_left - count(*) INTO tenants_left FROM gone;
+        EXCEPTION WHEN OTHERS THEN
+            PERFORM pg_advisory_unlock(1885827329, hashtext(r.queue));
+            RAISE;
+        END;
+        PERFORM pg_advisory_unlock(1885827329, hashtext(r.queue));
+    END LOOP;
     RETURN deleted;
 END
 $$;
@@ -2405,10 +2682,12 @@ CREATE FUNCTION pgq.configure_queue(queue text, lease interval DEFAULT NULL,
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
     AS $$
 DECLARE
     q pgq.queues := pgq._queue(configure_queue.queue);
 BEGIN
+    q := pgq._lock_queue(configure_queue.queue);
     IF configure_queue.lease IS NOT NULL THEN
         PERFORM pgq._check_interval('lease', configure_queue.lease, interval '1 day');
     END IF;
@@ -2426,6 +2705,7 @@ BEGIN
        < coalesce(configure_queue.backoff_base, q.backoff_base) THEN
         PERFORM pgq._bad_argument('backoff_cap', 'must not be less than backoff_base');
     END IF;
+    PERFORM pgq._check_span('retention', configure_queue.retention);
     IF configure_queue.retention < interval '0' OR configure_queue.retention > interval '3650 days' THEN
         PERFORM pgq._bad_argument('retention', 'must be between 0 and 3650 days');
     END IF;
@@ -2433,6 +2713,7 @@ BEGIN
         PERFORM pgq._bad_argument('max_running',
             format('must be between 0 (no cap) and 100000, got %s', configure_queue.max_running));
     END IF;
+    PERFORM pgq._check_span('max_run_time', configure_queue.max_run_time);
     IF configure_queue.max_run_time < interval '0' OR configure_queue.max_run_time > interval '365 days' THEN
         PERFORM pgq._bad_argument('max_run_time',
             format('must be between 0 (no limit) and 365 days, got %s', configure_queue.max_run_time));
@@ -2478,6 +2759,7 @@ CREATE FUNCTION pgq.set_tenant_weight(queue text, tenant text, weight integer)
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
     AS $$
 DECLARE
     q pgq.queues;
@@ -2511,10 +2793,12 @@ CREATE FUNCTION pgq.pause(queue text)
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
     AS $$
 DECLARE
     q pgq.queues := pgq._existing_queue('queue', pause.queue);
 BEGIN
+    PERFORM pgq._lock_queue(pause.queue);
     UPDATE pgq.queues AS s SET paused = true WHERE s.name = pause.queue RETURNING * INTO q;
     RETURN q;
 END
@@ -2528,10 +2812,12 @@ CREATE FUNCTION pgq.resume(queue text)
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
     AS $$
 DECLARE
     q pgq.queues := pgq._existing_queue('queue', resume.queue);
 BEGIN
+    PERFORM pgq._lock_queue(resume.queue);
     UPDATE pgq.queues AS s SET paused = false WHERE s.name = resume.queue RETURNING * INTO q;
     IF q.notify THEN
         PERFORM pg_notify('pgq', resume.queue);
@@ -2576,7 +2862,7 @@ BEGIN
         PERFORM pgq._bad_argument('privilege',
             format('must be one of enqueue, claim, read, got %s', left(quote_literal(_grant_target.privilege), 40)));
     END IF;
-    PERFORM FROM pgq.queues AS q WHERE q.name = _grant_target.queue FOR NO KEY UPDATE;
+    PERFORM pgq._lock_queue(_grant_target.queue);  -- at most lock_timeout (5 s), then 55P03
     RETURN role_oid;
 END
 $$;
@@ -2665,6 +2951,56 @@ $$;
 COMMENT ON FUNCTION pgq.queue_grants(text) IS
     'The per-queue grants (of one queue, or all): queue, privilege, role, when and by whom.';
 
+-- Removes a queue that has nothing left in it: its settings row and its tenants. Refused with 55000
+-- while the queue has jobs (of any state: cancel or finish the unfinished ones, pgq.prune the
+-- finished ones) or schedules (pgq.unschedule them), and with 22023 when there is no such queue.
+-- Race-free against enqueues: the queue's writer lock, taken exclusively and held to commit,
+-- waits for the enqueues in flight (so their jobs are seen and refuse the drop), and an enqueue
+-- that comes later waits for the drop, then creates the queue again with the defaults.
+CREATE FUNCTION pgq.drop_queue(queue text)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    AS $$
+DECLARE
+    q pgq.queues := pgq._existing_queue('queue', drop_queue.queue);
+BEGIN
+    BEGIN
+        PERFORM pg_advisory_xact_lock(1885827329, hashtext(drop_queue.queue));
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'pgq: queue % is being written to by another session; gave up after lock_timeout %',
+            drop_queue.queue, current_setting('lock_timeout')
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'A transaction that enqueued into it has not ended: end it, and try again.';
+    END;
+    q := pgq._lock_queue(drop_queue.queue, true);
+    IF q.name IS NULL THEN
+        PERFORM pgq._existing_queue('queue', drop_queue.queue);  -- dropped meanwhile: 22023
+    END IF;
+    IF EXISTS (SELECT FROM pgq.jobs AS j WHERE j.queue = drop_queue.queue AND j.state <> 'running')
+       OR EXISTS (SELECT FROM pgq.jobs AS j WHERE j.lease_until IS NOT NULL AND j.queue = drop_queue.queue) THEN
+        RAISE EXCEPTION 'pgq: queue % still has jobs; only a queue without jobs can be dropped', drop_queue.queue
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Cancel its unfinished jobs or let them finish, then remove the finished ones with '
+                         'pgq.prune(older_than => ''0'').';
+    END IF;
+    IF EXISTS (SELECT FROM pgq.schedules AS x WHERE x.queue = drop_queue.queue) THEN
+        RAISE EXCEPTION 'pgq: queue % still has schedules; only a queue without schedules can be dropped',
+            drop_queue.queue
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'pgq.schedules() lists them; pgq.unschedule(name) removes one.';
+    END IF;
+    DELETE FROM pgq.tenants AS t WHERE t.queue = drop_queue.queue;
+    DELETE FROM pgq.queues AS s WHERE s.name = drop_queue.queue;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgq.drop_queue(text) IS
+    'Removes a queue without jobs or schedules (its settings and tenants); 55000 while it has any, '
+    '22023 when there is no such queue.';
+
 -- Functions: schedules ----------------------------------------------------------------------------
 
 -- Creates or replaces the schedule `name`: exactly one of cron (pgq.cron_next's grammar, read in
@@ -2679,6 +3015,7 @@ CREATE FUNCTION pgq.schedule(name text, queue text, kind text, cron text DEFAULT
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
     AS $$
 DECLARE
     result_row pgq.schedules;
@@ -2698,6 +3035,8 @@ BEGIN
           AND (extract(year FROM schedule.every) <> 0 OR extract(month FROM schedule.every) <> 0) THEN
         PERFORM pgq._bad_argument('every', format('must not count months or years, got %s', schedule.every),
             'Months differ in length: use cron (''0 0 1 * *'' is the first of every month).');
+    ELSIF NOT pgq._is_span(schedule.every) THEN
+        PERFORM pgq._check_span('every', schedule.every);
     ELSIF schedule.every < interval '1 second' OR schedule.every > interval '3650 days' THEN
         PERFORM pgq._bad_argument('every',
             format('must be between 1 second and 3650 days, got %s', schedule.every));
@@ -2750,6 +3089,7 @@ CREATE FUNCTION pgq.unschedule(name text)
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
     AS $$
 DECLARE
     gone_queue text;
@@ -3137,7 +3477,7 @@ COMMENT ON FUNCTION pgq.queue_status(text[]) IS
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '8'::text $$;
+    AS $$ SELECT '9'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -3179,6 +3519,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.set_tenant_weight(text, text, integer),
     pgq.pause(text),
     pgq.resume(text),
+    pgq.drop_queue(text),
     pgq.schedule(text, text, text, text, interval, jsonb, text, integer, integer, text, boolean, boolean),
     pgq.unschedule(text),
     pgq.grant_queue(text, text, text),

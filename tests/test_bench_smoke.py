@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(shutil.which("pgbench") is None and not Path("/u
 def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp_path: Path) -> None:
     config = BenchConfig(jobs=40, workers=(2,), repeats=1, enqueue_jobs=1000, single_enqueues=20,
                          latency_samples=2, poll_interval=0.2, finished_levels=(100, 200), claim_samples=5,
-                         churn_seconds=0.5, snapshot_seconds=0.3, pgbench_seconds=1)
+                         churn_seconds=0.5, snapshot_seconds=0.3, pgbench_seconds=1, idle_queues=200,
+                         waiting_tenants=200, many_samples=5)
     assert run_bench(str(tmp_path), dsn=dsn, config=config, print_table=False) == 0
 
     result = json.loads((tmp_path / "bench.json").read_text())
@@ -30,7 +31,11 @@ def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp
     for system in ("raw b1", "raw b10", "pgq b1", "pgq b10", "pgq b10 fair", "pgq worker", "pgq worker prefetch",
                    "pgbench"):
         assert drain[system]["median"] > 0, system  # a drain only reports after its done count matched
-    assert set(result) >= {"enqueue", "latency", "claim_latency", "churn", "old_snapshot"}
+    assert set(result) >= {"enqueue", "latency", "claim_latency", "churn", "old_snapshot", "many"}
+    many = result["many"]
+    assert many["claim(queues => NULL), 1 queue + 200 idle"]["claim_ms"]["median"] > 0
+    assert any("queues_pkey" in plan for plan in many["fair claim, 200 tenants"]["plans"])
+    assert any("tenants_vtime_idx" in plan for plan in many["fair claim, 200 tenants"]["plans"])
     assert result["enqueue"]["raw INSERT of 1000 rows"]["median"] > 0
     assert result["latency"]["LISTEN"]["missing"] == 0
     assert any("jobs_ready_idx" in plan for plan in result["claim_latency"]["200"]["plans"])

@@ -90,6 +90,16 @@ def test_job_shows_the_job_its_payload_result_error_and_history(dsn: str, conn: 
     assert missing.returncode == 1 and "no job with id 999" in missing.stderr
 
 
+def test_job_shows_a_repeated_rejection_once_with_its_count(dsn: str, conn: psycopg.Connection) -> None:
+    job_id = one(conn, "SELECT pgq.enqueue('emails', 'send_welcome')")
+    claim(conn, "worker-a", ["emails"])
+    conn.execute("SELECT pgq.complete(%s, 99) FROM generate_series(1, 3)", (job_id,))
+    shown = pgq("job", str(job_id), dsn=dsn)
+    assert shown.returncode == 0, shown.stderr
+    history = shown.stdout[shown.stdout.index("history"):].splitlines()
+    assert [line.split()[3:5] for line in history[3:]] == [["claimed", "worker-a"], ["rejected", "x3"]]
+
+
 def test_an_enqueue_that_hit_a_unique_key_says_so(dsn: str, conn: psycopg.Connection) -> None:
     first = pgq("enqueue", "emails", "welcome", "--unique-key", "welcome:45", dsn=dsn)
     assert first.returncode == 0, first.stderr

@@ -41,6 +41,7 @@ API: dict[str, tuple[str, set[str]]] = {
     "configure_queue": ("SELECT pgq.configure_queue('q', lease => '1 minute')", ADMIN),
     "pause": ("SELECT pgq.pause('q')", ADMIN),
     "resume": ("SELECT pgq.resume('q')", ADMIN),
+    "drop_queue": ("SELECT pgq.drop_queue('q')", ADMIN),
     "stats": ("SELECT * FROM pgq.stats()", MONITOR),
     "health": ("SELECT * FROM pgq.health()", MONITOR),
     "set_tenant_weight": ("SELECT pgq.set_tenant_weight('q', 't', 2)", ADMIN),

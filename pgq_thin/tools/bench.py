@@ -121,12 +121,16 @@ class BenchConfig:
     churn_seconds: float = 150.0             # workload 5
     snapshot_seconds: float = 20.0           # workload 6, per phase
     pgbench_seconds: float = 5.0
+    idle_queues: int = 20_000                # workload 7: idle queues beside the one with jobs
+    waiting_tenants: int = 50_000            # workload 7: tenants of a fair queue holding due jobs
+    many_samples: int = 200                  # workload 7: claims timed per case
 
     @classmethod
     def quick(cls) -> BenchConfig:
         return cls(jobs=300, workers=(2,), repeats=1, enqueue_jobs=1_000, single_enqueues=100,
                    latency_samples=4, poll_interval=0.2, finished_levels=(1_000, 5_000), claim_samples=30,
-                   churn_seconds=1.5, snapshot_seconds=0.7, pgbench_seconds=1.0)
+                   churn_seconds=1.5, snapshot_seconds=0.7, pgbench_seconds=1.0, idle_queues=1_000,
+                   waiting_tenants=1_000, many_samples=20)
 
 
 # Small helpers ------------------------------------------------------------------------------------
@@ -558,7 +562,8 @@ def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
 # Workload 4: claim latency against finished rows --------------------------------------------------
 
 
-def _plans_of_claim(conn: psycopg.Connection) -> list[str]:
+def _plans_of_claim(conn: psycopg.Connection,
+                    claim: str = "SELECT * FROM pgq.claim('bench-plan', ARRAY['bench'], 1)") -> list[str]:
     """The plans PL/pgSQL actually runs inside pgq.claim, from auto_explain (superuser only)."""
     plans: list[str] = []
 
@@ -577,7 +582,7 @@ def _plans_of_claim(conn: psycopg.Connection) -> list[str]:
         conn.execute("SET auto_explain.log_analyze = on")
         conn.execute("SET client_min_messages = log")
         conn.execute("BEGIN")
-        conn.execute("SELECT * FROM pgq.claim('bench-plan', ARRAY['bench'], 1)").fetchall()
+        conn.execute(claim).fetchall()
         conn.execute("ROLLBACK")
     finally:
         conn.execute("RESET client_min_messages")
@@ -621,6 +626,89 @@ def _claim_latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                      statistics.median(claim_ms), statistics.median(complete_ms))
         _reset(conn)
     return results
+
+
+# Workload 7: claims beside idle queues and many waiting tenants -----------------------------------
+
+#: The fair queue of workload 7.
+FAIR_QUEUE = "bench-fair"
+
+
+#: Claims (batch 1) timed one by one inside the server, each job completed after: what the claim
+#: itself costs, without the round trip and the commit's flush (on a loaded 2-CPU machine those
+#: vary by milliseconds and would hide a difference of a tenth of one).
+MANY_LOOP = """
+DO $$
+DECLARE
+    r record;
+    t timestamptz;
+    ms float8[] := '{}';
+BEGIN
+    FOR i IN 1..%s LOOP
+        t := clock_timestamp();
+        SELECT c.id, c.attempt INTO r FROM pgq.claim('bench-many', %s::text[], 1) AS c;
+        ms := ms || extract(epoch FROM clock_timestamp() - t)::float8 * 1000;
+        IF r.id IS NULL THEN
+            RAISE EXCEPTION 'a timed claim found no job';
+        END IF;
+        PERFORM pgq.complete(r.id, r.attempt);
+    END LOOP;
+    PERFORM set_config('bench.claim_ms', array_to_string(ms, ','), false);
+END $$"""
+
+
+def _timed_claims(conn: psycopg.Connection, queues: list[str] | None, samples: int) -> list[float]:
+    """Milliseconds of each of ``samples`` claims (batch 1) of ``queues`` (MANY_LOOP)."""
+    queue_list = "NULL" if queues is None else "ARRAY[" + ", ".join(f"'{q}'" for q in queues) + "]"
+    conn.execute(MANY_LOOP % (int(samples), queue_list))
+    return [float(x) for x in conn.execute("SELECT current_setting('bench.claim_ms')").fetchone()[0].split(",")]  # type: ignore[index]
+
+
+def _many_queues_and_tenants(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
+    """The claim's cost beside what it must not read: claim(queues => NULL) with one queue holding
+    jobs, alone and beside cfg.idle_queues queues without jobs; a fair queue's claim with 5 tenants
+    holding due jobs and with cfg.waiting_tenants. Each pair in this run, the small case first (the
+    reference); the plans of the big cases (auto_explain) are kept in bench.json."""
+    samples = cfg.many_samples
+    res: dict[str, Any] = {}
+    with _connect(dsn) as conn:
+        _reset(conn)
+        conn.execute("DELETE FROM pgq.queues WHERE name <> %s", (QUEUE,))
+        _load_pgq(conn, 2 * samples + 40)
+        _timed_claims(conn, None, 20)  # warm-up: the session's first claims plan and check the fence
+        res["claim(queues => NULL), 1 queue"] = {"claim_ms": _summary(_timed_claims(conn, None, samples))}
+        conn.execute("INSERT INTO pgq.queues (name) SELECT 'bench-idle-' || i FROM generate_series(1, %s) AS i",
+                     (cfg.idle_queues,))
+        conn.execute("VACUUM ANALYZE pgq.queues")
+        res[f"claim(queues => NULL), 1 queue + {cfg.idle_queues:,} idle"] = {
+            "claim_ms": _summary(_timed_claims(conn, None, samples)),
+            "plans": _plans_of_claim(conn, "SELECT * FROM pgq.claim('bench-plan')")}
+        t = time.perf_counter()
+        conn.execute("SELECT count(*) FROM pgq.stats()").fetchone()
+        res["stats_ms_with_idle_queues"] = (time.perf_counter() - t) * 1000
+        conn.execute("DELETE FROM pgq.queues WHERE name LIKE 'bench-idle-%'")
+
+        _reset(conn)
+        conn.execute("SELECT pgq.configure_queue(%s, fair => true, audit => true)", (FAIR_QUEUE,))
+        conn.execute("SELECT pgq.enqueue_many(%s, 'noop', array_fill('{}'::jsonb, ARRAY[%s]), tenant => 't' || i)"
+                     " FROM generate_series(1, 5) AS i", (FAIR_QUEUE, samples))
+        conn.execute("VACUUM ANALYZE pgq.jobs")
+        conn.execute("VACUUM ANALYZE pgq.tenants")
+        res["fair claim, 5 tenants"] = {"claim_ms": _summary(_timed_claims(conn, [FAIR_QUEUE], samples))}
+        _reset(conn)
+        conn.execute("SELECT pgq.enqueue(%s, 'noop', tenant => 't' || i) FROM generate_series(1, %s) AS i",
+                     (FAIR_QUEUE, cfg.waiting_tenants))
+        conn.execute("VACUUM ANALYZE pgq.jobs")
+        conn.execute("VACUUM ANALYZE pgq.tenants")
+        res[f"fair claim, {cfg.waiting_tenants:,} tenants"] = {
+            "claim_ms": _summary(_timed_claims(conn, [FAIR_QUEUE], samples)),
+            "plans": _plans_of_claim(conn, f"SELECT * FROM pgq.claim('bench-plan', ARRAY['{FAIR_QUEUE}'], 1)")}
+        _reset(conn)
+        conn.execute("SELECT pgq.drop_queue(%s)", (FAIR_QUEUE,))
+    for k, v in res.items():
+        if isinstance(v, dict):
+            log.info("%-50s claim %.3f ms", k, v["claim_ms"]["median"])
+    return res
 
 
 # Workloads 5 and 6: churn with pruning, and an old snapshot ---------------------------------------
@@ -797,6 +885,16 @@ def _markdown(res: dict[str, Any]) -> str:
                   f"{(s1['jobs_table_bytes'] + s1['jobs_indexes_bytes']) / 2**20:.1f} MiB (peak {peak / 2**20:.1f}); "
                   f"events {s1['events_total_bytes'] / 2**20:.1f} MiB; "
                   f"dead tuples at the end {s1['jobs_dead_tuples']}", ""]
+    if "many" in res:
+        m = res["many"]
+        cases = [(k, v) for k, v in m.items() if isinstance(v, dict)]
+        lines += [f"### Claims beside idle queues and waiting tenants (batch 1, timed inside the server; {fs})", "",
+                  "| case | claim ms | × the small case |", "|---|---:|---:|"]
+        for i, (k, v) in enumerate(cases):
+            ref = cases[i - i % 2][1]["claim_ms"]["median"]
+            lines.append(f"| {k} | {v['claim_ms']['median']:.3f} | {v['claim_ms']['median'] / ref:.2f} |")
+        lines += ["", f"pgq.stats() with the idle queues: {m['stats_ms_with_idle_queues']:.1f} ms (one row per queue)",
+                  ""]
     if "old_snapshot" in res:
         lines += [f"### Churn while a REPEATABLE READ snapshot is held, and after ({fs})", "",
                   "| phase | jobs/s | dead tuples at end | jobs table + indexes |", "|---|---:|---:|---:|"]
@@ -962,7 +1060,7 @@ def _loadavg() -> str:
     except OSError:
         return "?"
 
-WORKLOADS = ("enqueue", "drain", "latency", "claim_latency", "churn", "old_snapshot")
+WORKLOADS = ("enqueue", "drain", "latency", "claim_latency", "churn", "old_snapshot", "many")
 
 
 def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
@@ -1024,6 +1122,8 @@ def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
             res["churn"] = _churn_workload(server.dsn, cfg)
         if "old_snapshot" in workloads:
             res["old_snapshot"] = _snapshot_workload(server.dsn, cfg)
+        if "many" in workloads:
+            res["many"] = _many_queues_and_tenants(server.dsn, cfg)
     finally:
         server.stop()
     res["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
