@@ -91,6 +91,24 @@ def test_a_forged_complete_by_another_login_is_refused_and_the_owner_still_compl
     assert [w for w, _ in rejected(conn, job_id)] == [MALLORY, MALLORY]
 
 
+def test_repeated_rejections_are_counted_per_login(conn, login):
+    """0009 records a repeated rejection once, with a count (times); the key includes the login
+    that made the call, so one login's flood cannot hide another's forged calls in its count."""
+    job_id = one(conn, "SELECT pgq.enqueue('q', 'k')")
+    claim(conn, worker="owner")  # attempt 1, owned by the superuser's login
+    alice, mallory = login(ALICE), login(MALLORY)
+    for _ in range(3):
+        assert one(mallory, "SELECT pgq.complete(%s, 1)", (job_id,)) is False
+    for _ in range(2):
+        assert one(alice, "SELECT pgq.complete(%s, 1)", (job_id,)) is False
+    assert one(mallory, "SELECT pgq.complete(%s, 1)", (job_id,)) is False
+    counted = conn.execute(
+        "SELECT session_role, attempt, times FROM pgq.job_events"
+        " WHERE job_id = %s AND event = 'rejected' ORDER BY id", (job_id,)).fetchall()
+    assert counted == [(MALLORY, 1, 4), (ALICE, 1, 2)]
+    assert job(conn, job_id)["state"] == "running"
+
+
 OWNER_OPS: dict[str, tuple[str, Any]] = {
     "renew": ("SELECT pgq.renew(%s, 1)", None),
     "complete": ("SELECT pgq.complete(%s, 1)", False),

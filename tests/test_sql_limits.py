@@ -551,8 +551,10 @@ def at_the_attempt_room(conn: psycopg.Connection, offset: int = 0) -> tuple[int,
 @pytest.mark.parametrize("call", ["SELECT pgq.release(%s, %s)", "SELECT pgq.snooze(%s, %s, '1 second')"])
 def test_release_and_snooze_stop_at_the_attempt_room_with_54000(conn, login, call):
     job_id, attempt = at_the_attempt_room(conn)
-    before = conn.execute("SELECT * FROM pgq.jobs").fetchall()
     worker = login("pgq_worker")
+    # The job is the worker login's own (migration 0008: another login's release is "not yours").
+    conn.execute("UPDATE pgq.jobs SET session_role = %s WHERE id = %s", (one(worker, "SELECT session_user"), job_id))
+    before = conn.execute("SELECT * FROM pgq.jobs").fetchall()
     e = error_of(worker, call, (job_id, attempt))
     assert e.sqlstate == "54000" and e.diag.message_hint, e
     assert conn.execute("SELECT * FROM pgq.jobs").fetchall() == before
