@@ -100,18 +100,24 @@ class Worker(WorkerBase):
         client = Client(pool=pool, pooled=self.pooled)
         held = HeldJobs()
         clock = DatabaseClock()
-        clock.read(client)
-        self._check_queues(client.queue_status)
+        try:
+            clock.read(client)
+            self._check_queues(client.queue_status)
+            watch = self._watch(held)
+        except BaseException:
+            pool.close(timeout=1.0)
+            raise
         policy = PrefetchPolicy(self.prefetch, self.concurrency)
         owner = OwnerCalls(client, held, flags, self.name)
         completer = Completer(owner, held, flags)
         wake = threading.Event()  # the claimer's: set when a slot frees, a NOTIFY comes, stop()
-        slots = Slots(self.concurrency, Executor(self._handlers, owner, completer), owner, policy, flags,
+        slots = Slots(self.concurrency, Executor(self._handlers, owner, completer, watch), owner, policy, flags,
                       freed=wake.set)
         renewer = Renewer(client, held, clock, flags, self.lease)
         self._claimer = claimer = Claimer(
             client, self.name, self.queues, self.lease, PollTimer(self.poll_interval, self.sweep_interval),
             policy, slots, held, owner, clock, flags, self._listening, wake, kinds=self.kinds)
+        claimer.metrics = self.metrics
         listener = Listener(dsn, self.queues, claimer.wake, self.name, self._listening)
         background: list[Part] = [renewer, completer, *([listener] if self.listen else [])]
         slots.start()
@@ -131,6 +137,7 @@ class Worker(WorkerBase):
                 for part in background:
                     part.join(timeout=5.0)
             pool.close(timeout=1.0)
+            self._unwatch()
             log.info("worker %s stopped", self.name, extra={"worker": self.name})
 
     def _shutdown(self, slots: Slots, held: HeldJobs, owner: OwnerCalls, completer: Completer) -> None:
