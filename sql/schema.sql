@@ -2756,8 +2756,11 @@ BEGIN
     END IF;
 
     -- 3. Jobs parked as outcome_unknown wait for a person.
-    SELECT count(*) AS n, min(j.claimed_at) AS oldest INTO r
-    FROM pgq.jobs AS j WHERE j.state = 'outcome_unknown';
+    -- Per queue, through jobs_list_idx: a count over all jobs would read the finished history.
+    SELECT coalesce(sum(u.n), 0) AS n, min(u.oldest) AS oldest INTO r
+    FROM pgq.queues AS q
+    CROSS JOIN LATERAL (SELECT count(*) AS n, min(j.claimed_at) AS oldest FROM pgq.jobs AS j
+                        WHERE j.queue = q.name AND j.state = 'outcome_unknown') AS u;
     IF r.n = 0 THEN
         RETURN QUERY SELECT 'ok', 'outcome_unknown', 'no job waits for a decision', NULL::text;
     ELSE

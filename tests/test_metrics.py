@@ -4,9 +4,12 @@ pgq.stats() and pgq.health()."""
 
 from __future__ import annotations
 
+import signal
+import socket
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 from collections import Counter
 from typing import Any
@@ -104,7 +107,8 @@ def test_the_counters_do_not_drop_when_finished_jobs_are_pruned(conn):
 
 def test_a_scrape_reads_no_finished_row(conn):
     """The scrape's cost does not grow with the history: with 100,000 finished jobs stored,
-    pgq.metrics() reads none of them (pg_stat_xact_user_tables counts what it read)."""
+    pgq.metrics() and pgq.health() read none of them (pg_stat_xact_user_tables counts what a
+    transaction read)."""
     conn.execute("INSERT INTO pgq.queues (name) VALUES ('big')")
     conn.execute("""INSERT INTO pgq.jobs (queue, kind, state, max_attempts, attempt, finished_at, last_event)
                     SELECT 'big', 'k', 'done', 25, 1, now(), 'completed' FROM generate_series(1, 100000)""")
@@ -119,6 +123,15 @@ def test_a_scrape_reads_no_finished_row(conn):
     assert rows == [("big", 15, 5)]
     assert seq_scans == 0
     assert tuples <= 40, f"pgq.metrics() read {tuples} rows of pgq.jobs"
+    with conn.transaction():  # the scrape's other statement: the health findings
+        conn.execute("SELECT * FROM pgq.health()").fetchall()
+        seq_scans, tuples = conn.execute(
+            "SELECT seq_scan, seq_tup_read + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
+            " WHERE relid = 'pgq.jobs'::regclass").fetchone()
+    assert seq_scans == 0
+    # Its checks read the 20 live jobs a few times each (due jobs by queue, then by kind): never
+    # the 100,000 finished ones.
+    assert tuples <= 5 * 20, f"pgq.health() read {tuples} rows of pgq.jobs"
 
 
 def test_the_counters_are_exact_under_concurrent_completions_and_folds(dsn, connect):
@@ -264,8 +277,6 @@ def test_without_prometheus_client_the_hint_says_what_to_install():
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -279,3 +290,76 @@ def _no_global_registry_use():
     before = set(REGISTRY._names_to_collectors)
     yield
     assert set(REGISTRY._names_to_collectors) == before
+
+
+# pgq-thin metrics: the exporter alone -------------------------------------------------------------
+
+
+def start_exporter(dsn: str, port: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "pgq_thin", "metrics", "--dsn", dsn, "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()  # it says where it serves once it does
+    assert line.strip() == f"pgq-thin metrics: serving http://127.0.0.1:{port}/metrics", line
+    return proc
+
+
+def stop_exporter(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+
+
+def test_the_exporter_command_serves_and_counts_on_after_a_restart(dsn, conn):
+    mixed_queues(conn)
+    port = free_port()
+    proc = start_exporter(dsn, port)
+    try:
+        first = parse(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read())
+    finally:
+        stop_exporter(proc)
+    for _ in range(2):
+        jobs = claim(conn, queues=["emails"])
+        conn.execute("SELECT pgq.complete(%s, %s)", (jobs[0]["id"], jobs[0]["attempt"]))
+    conn.execute("SELECT pgq.prune(older_than => interval '0')")
+    proc = start_exporter(dsn, port)
+    try:
+        second = parse(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read())
+    finally:
+        stop_exporter(proc)
+    assert by_queue(first, "pgq_jobs_finished_total", state="done") == {"emails": 3, "idle": 0, "reports": 0}
+    assert by_queue(second, "pgq_jobs_finished_total", state="done") == {"emails": 5, "idle": 0, "reports": 0}
+    assert by_queue(second, "pgq_jobs_finished_total", state="cancelled")["reports"] == 2
+
+
+def test_the_exporter_command_refuses_bad_input_in_one_line(dsn, empty_dsn):
+    def pgq_thin(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pgq_thin", "metrics", *args], capture_output=True,
+                              text=True, timeout=60)
+
+    for bad_port in ("70000", "-1", "http"):
+        out = pgq_thin("--dsn", dsn, "--port", bad_port)
+        assert out.returncode == 2 and "must be a port number from 0 to 65535" in out.stderr
+    out = pgq_thin("--dsn", empty_dsn, "--port", "0")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "pgq-thin migrate" in out.stderr
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        out = pgq_thin("--dsn", dsn, "--port", str(port))
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and f"cannot serve on 127.0.0.1:{port}" in out.stderr
+
+
+def test_a_scrape_the_database_does_not_answer_is_an_http_500_and_the_next_one_reconnects(dsn, conn):
+    port = free_port()
+    stop = metrics.serve(dsn, port)
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        assert urllib.request.urlopen(url, timeout=10).status == 200
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                     " WHERE application_name = 'pgq-thin metrics'")
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(url, timeout=10)
+        assert failed.value.code == 500
+        assert urllib.request.urlopen(url, timeout=10).status == 200
+    finally:
+        stop()
