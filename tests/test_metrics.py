@@ -363,3 +363,28 @@ def test_a_scrape_the_database_does_not_answer_is_an_http_500_and_the_next_one_r
         assert urllib.request.urlopen(url, timeout=10).status == 200
     finally:
         stop()
+
+
+def test_a_fold_takes_at_most_100000_deltas_and_the_counts_include_the_rest(conn):
+    conn.execute("SELECT pgq.configure_queue('q')")
+    conn.execute("INSERT INTO pgq.finished_deltas SELECT 'q', 'done' FROM generate_series(1, 100005)")
+    assert one(conn, "SELECT done_total FROM pgq.metrics()") == 100005
+    assert one(conn, "SELECT count(*) FROM pgq.finished_deltas") == 5
+    assert one(conn, "SELECT total FROM pgq.finished_counts") == 100000
+    assert one(conn, "SELECT pgq.sweep()") == 0  # the sweep folds too
+    assert one(conn, "SELECT count(*) FROM pgq.finished_deltas") == 0
+    assert one(conn, "SELECT done_total FROM pgq.metrics()") == 100005
+
+
+def test_a_second_fold_while_one_runs_skips_instead_of_waiting(conn, connect):
+    conn.execute("SELECT pgq.configure_queue('q')")
+    conn.execute("INSERT INTO pgq.finished_deltas SELECT 'q', 'failed' FROM generate_series(1, 10)")
+    first = connect(autocommit=False)
+    assert one(first, "SELECT pgq._fold_finished()") == 10  # its transaction stays open
+    second = connect()
+    second.execute("SET lock_timeout = '5s'")
+    assert one(second, "SELECT pgq._fold_finished()") == 0  # skipped at once, no lock wait
+    assert one(second, "SELECT failed_total FROM pgq.metrics()") == 10  # the deltas, not yet folded for it
+    first.commit()
+    assert one(second, "SELECT failed_total FROM pgq.metrics()") == 10
+    assert one(conn, "SELECT total FROM pgq.finished_counts") == 10

@@ -46,6 +46,11 @@ class Worker(WorkerBase):
     AUTO_PREFETCH_MAX (100), and none until a job has been timed or while jobs take long (a
     slower job counts at once, a faster one gradually). An integer fixes it; 0 means a claim asks
     for the free slots only.
+
+    ``metrics_port`` serves the worker's Prometheus metrics on http://metrics_host:port/metrics
+    while run() runs (needs pgq-thin[metrics]; 0: a free port, see ``metrics.port``).
+    ``tracing`` (on by default) opens one OpenTelemetry span per job attempt when opentelemetry-api
+    is installed. See docs/metrics.md.
     """
 
     _claimer: Claimer | None = None  # while run() runs
