@@ -234,3 +234,32 @@ def test_a_bad_metrics_port_is_refused_before_anything_runs():
     for bad in (-1, 70000, "9187", True):
         with pytest.raises(ValueError, match="metrics_port"):
             Worker(["default"], metrics_port=bad)  # type: ignore[arg-type]
+
+
+def test_the_worker_command_serves_its_metrics_on_metrics_port(dsn, conn):
+    import signal
+    import socket
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parent.parent
+    conn.execute("SELECT pgq.enqueue_many('default', 'sleep', array_fill('{\"seconds\": 0}'::jsonb, ARRAY[4]))")
+    proc = subprocess.Popen([sys.executable, "-m", "pgq_thin", "worker", "--app", "tests.apps.sleepy:worker",
+                             "--dsn", dsn, "--quiet", "--metrics-port", str(port)], cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'done'") == 4
+                 or proc.poll() is not None, "the worker to do the jobs")
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        wait_for(lambda: jobs_total(samples(port)).get(("sleep", "completed")) == 4, "the runs counted")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    bad = subprocess.run([sys.executable, "-m", "pgq_thin", "worker", "--app", "tests.apps.sleepy:worker",
+                          "--dsn", dsn, "--metrics-port", "99999"], cwd=root, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "must be a port number from 0 to 65535" in bad.stderr
