@@ -9,8 +9,10 @@
 -- totals of pgq.finished_counts; a reader adds the deltas not folded yet, so a count is exact at
 -- any moment, whether or not a fold ran.
 -- The totals start from the finished rows present when this migration runs.
--- pgq.sweep is 0004's with the fold added at its end; pgq.health is 0006's, its outcome_unknown
--- check read per queue through jobs_list_idx (it read every job: 100 ms with 1M finished rows).
+-- pgq.sweep is 0004's with the fold added at its end; pgq.health is 0006's with two checks read
+-- through jobs_list_idx: outcome_unknown per queue (it read every job: 100 ms with 1M finished
+-- rows) and unclaimed_kind's finished jobs among the newest 1,000 of each finished state of the
+-- queue (it read every job finished since the kind's oldest due job: up to the whole history).
 -- sql/schema.sql holds the same definitions (tests/test_schema_matches_migrations.py).
 
 -- The seed counts the finished rows already there, once: the jobs table is locked against writes
@@ -183,7 +185,9 @@ BEGIN
 END
 $$;
 
--- 0006's health, with its outcome_unknown check read per queue (it read every job).
+-- 0006's health, with its outcome_unknown check read per queue (it read every job), and the
+-- unclaimed_kind check's finished jobs read among the newest of the queue (it read every job
+-- finished since the oldest due job of the kind).
 CREATE OR REPLACE FUNCTION pgq.health(max_snapshot_age interval DEFAULT '5 minutes',
                            max_ready_age interval DEFAULT '5 minutes')
     RETURNS TABLE (severity text, "check" text, detail text, hint text)
@@ -254,12 +258,22 @@ BEGIN
                          WHERE o.queue = d.queue AND o.kind <> d.kind), interval '0') AS others
         FROM due AS d
         WHERE pgq._now() - d.oldest > health.max_ready_age / 2
+          -- The finished jobs are looked for among the newest 1,000 of each finished state of the
+          -- queue (jobs_list_idx): a bounded read, where all jobs finished since d.oldest could be
+          -- the whole history of a queue stuck for hours (a job claimed after d.oldest finished
+          -- after it).
           AND (EXISTS (SELECT FROM pgq.jobs AS w
                        WHERE w.lease_until IS NOT NULL AND w.queue = d.queue AND w.kind <> d.kind
                          AND w.claimed_at > d.oldest)
-               OR EXISTS (SELECT FROM pgq.jobs AS w
-                          WHERE w.state IN ('done', 'failed', 'cancelled') AND w.finished_at > d.oldest
-                            AND w.queue = d.queue AND w.kind <> d.kind AND w.claimed_at > d.oldest))
+               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
+                                       WHERE w.queue = d.queue AND w.state = 'done' ORDER BY -w.id LIMIT 1000) AS w
+                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest)
+               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
+                                       WHERE w.queue = d.queue AND w.state = 'failed' ORDER BY -w.id LIMIT 1000) AS w
+                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest)
+               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
+                                       WHERE w.queue = d.queue AND w.state = 'cancelled' ORDER BY -w.id LIMIT 1000) AS w
+                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest))
         ORDER BY d.queue, d.kind
     LOOP
         CONTINUE WHEN r.age <= r.others * 10;

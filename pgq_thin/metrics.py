@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from pgq_thin import queries
 from pgq_thin.errors import PgqError
@@ -65,8 +66,9 @@ def require_prometheus_client() -> None:
 
 def read(conn: psycopg.Connection[Any]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """The rows of one scrape: pgq.metrics() and the health findings by (check, severity), read
-    in one transaction (its own, or a savepoint of the caller's)."""
-    with conn.transaction(), conn.cursor() as cur:
+    in one transaction (its own, or a savepoint of the caller's), as tuples whatever the
+    connection's row factory."""
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         queues = cur.execute(METRICS_SQL).fetchall()
         findings = cur.execute(HEALTH_SQL).fetchall()
     return queues, findings
@@ -125,7 +127,9 @@ def registry(source: Callable[[], tuple[list[tuple[Any, ...]], list[tuple[Any, .
 
 def exposition(conn: psycopg.Connection[Any]) -> tuple[bytes, str]:
     """The Prometheus text exposition of the queue metrics, read through ``conn`` now, and its
-    content type: what a ``GET /metrics`` answers. Database errors propagate (psycopg's)."""
+    content type: what a ``GET /metrics`` answers. Database errors propagate (psycopg's);
+    without prometheus_client, PgqError with INSTALL_HINT."""
+    require_prometheus_client()
     from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
     return generate_latest(registry(lambda: read(conn))), CONTENT_TYPE_LATEST

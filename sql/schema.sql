@@ -2737,12 +2737,22 @@ BEGIN
                          WHERE o.queue = d.queue AND o.kind <> d.kind), interval '0') AS others
         FROM due AS d
         WHERE pgq._now() - d.oldest > health.max_ready_age / 2
+          -- The finished jobs are looked for among the newest 1,000 of each finished state of the
+          -- queue (jobs_list_idx): a bounded read, where all jobs finished since d.oldest could be
+          -- the whole history of a queue stuck for hours (a job claimed after d.oldest finished
+          -- after it).
           AND (EXISTS (SELECT FROM pgq.jobs AS w
                        WHERE w.lease_until IS NOT NULL AND w.queue = d.queue AND w.kind <> d.kind
                          AND w.claimed_at > d.oldest)
-               OR EXISTS (SELECT FROM pgq.jobs AS w
-                          WHERE w.state IN ('done', 'failed', 'cancelled') AND w.finished_at > d.oldest
-                            AND w.queue = d.queue AND w.kind <> d.kind AND w.claimed_at > d.oldest))
+               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
+                                       WHERE w.queue = d.queue AND w.state = 'done' ORDER BY -w.id LIMIT 1000) AS w
+                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest)
+               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
+                                       WHERE w.queue = d.queue AND w.state = 'failed' ORDER BY -w.id LIMIT 1000) AS w
+                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest)
+               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
+                                       WHERE w.queue = d.queue AND w.state = 'cancelled' ORDER BY -w.id LIMIT 1000) AS w
+                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest))
         ORDER BY d.queue, d.kind
     LOOP
         CONTINUE WHEN r.age <= r.others * 10;

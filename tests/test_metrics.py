@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from psycopg.rows import dict_row
 
 from pgq_thin import metrics
 
@@ -95,6 +96,13 @@ def test_the_exposition_parses_and_agrees_with_stats_and_health(conn):
                                                          for (c, s), n in health.items()}
     assert findings[(("check", "expired_leases"), ("severity", "warning"))] == 1
     assert findings[(("check", "expired_leases"), ("severity", "critical"))] == 0  # every severity, zeros too
+
+
+def test_exposition_reads_through_a_connection_with_any_row_factory(dsn):
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as c:
+        c.execute("SELECT pgq.enqueue('q', 'k')")
+        parsed = parse(metrics.exposition(c)[0])
+    assert by_queue(parsed, "pgq_jobs", state="pending") == {"q": 1}
 
 
 def test_the_counters_do_not_drop_when_finished_jobs_are_pruned(conn):
@@ -269,7 +277,7 @@ def test_serve_answers_scrapes_and_a_restarted_exporter_counts_on(dsn, conn):
 def test_without_prometheus_client_the_hint_says_what_to_install():
     code = ("import sys; sys.modules['prometheus_client'] = None\n"
             "from pgq_thin import metrics\n"
-            "try:\n    metrics.require_prometheus_client()\n"
+            "try:\n    metrics.exposition(None)\n"
             "except Exception as exc:\n    print(type(exc).__name__, exc)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "PgqError " + metrics.INSTALL_HINT
@@ -388,3 +396,22 @@ def test_a_second_fold_while_one_runs_skips_instead_of_waiting(conn, connect):
     first.commit()
     assert one(second, "SELECT failed_total FROM pgq.metrics()") == 10
     assert one(conn, "SELECT total FROM pgq.finished_counts") == 10
+
+
+def test_health_of_a_stuck_queue_reads_a_bounded_part_of_its_history(conn):
+    """A kind whose due job has waited 10 minutes, in a queue with 100,000 finished jobs of that
+    same kind since: the unclaimed_kind check looks for other kinds among the newest finished jobs
+    of the queue, not through every job finished since (which it did)."""
+    conn.execute("INSERT INTO pgq.queues (name) VALUES ('stuck')")
+    conn.execute("SELECT pgq.enqueue('stuck', 'b', run_at => now() - interval '10 minutes')")
+    conn.execute("""INSERT INTO pgq.jobs (queue, kind, state, max_attempts, attempt, claimed_at, finished_at,
+                                          last_event)
+                    SELECT 'stuck', 'b', 'done', 25, 1, now(), now(), 'completed' FROM generate_series(1, 100000)""")
+    conn.execute("ANALYZE pgq.jobs")
+    with conn.transaction():
+        found = conn.execute("""SELECT severity FROM pgq.health(max_ready_age => '8 minutes')
+                                WHERE "check" = 'unclaimed_kind'""").fetchall()
+        tuples = one(conn, "SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
+                           " WHERE relid = 'pgq.jobs'::regclass")
+    assert found == [("ok",)]  # no other kind was claimed: the ready_age check reports it instead
+    assert tuples <= 3 * 1000 + 100, f"pgq.health() read {tuples} rows of pgq.jobs"
