@@ -13,7 +13,8 @@ ANALYZE. Times, each the median (and min-max) of ``--repeats``:
 - a scrape (pgq_thin.metrics.exposition: pgq.metrics(), pgq.health(), the text format, in one
   transaction, over one autocommit connection);
 - its two statements alone, pgq.metrics() and pgq.health();
-- a scrape after 10,000 jobs finished since the last fold (it folds them), 5 times;
+- a scrape after 10,000 jobs finished since the last fold (it folds them), 5 times, and its
+  statements timed apart (the fold, pgq.metrics(), pgq.health()) after another 10,000;
 - pgq.stats() on the same data, the reference: what a scrape that counted the stored rows would read.
 
 Prints one JSON object.
@@ -122,12 +123,20 @@ def main() -> None:
             result["scrape"] = timed(lambda: exposition(conn), args.repeats)
             result["pgq_metrics"] = timed(lambda: conn.execute("SELECT * FROM pgq.metrics()").fetchall(), args.repeats)
             result["pgq_health"] = timed(lambda: conn.execute("SELECT * FROM pgq.health()").fetchall(), args.repeats)
-            after: list[float] = []
+            parts: dict[str, list[float]] = {"scrape": [], "of_which_the_fold": [], "then_metrics": [],
+                                             "then_health": []}
             for _ in range(min(args.repeats, 5)):
                 finish_more(conn, 10_000)
-                after.append(timed(lambda: exposition(conn), 1)["median_ms"])
-            result["scrape_after_10k_finished"] = {"median_ms": round(statistics.median(after), 3),
-                                                   "min_ms": min(after), "max_ms": max(after)}
+                with conn.transaction():  # the scrape's transaction, its statements timed apart
+                    for part, sql in (("of_which_the_fold", "SELECT pgq._fold_finished()"),
+                                      ("then_metrics", "SELECT * FROM pgq.metrics()"),
+                                      ("then_health", "SELECT * FROM pgq.health()")):
+                        parts[part].append(timed(lambda sql=sql: conn.execute(sql).fetchall(), 1)["median_ms"])
+                finish_more(conn, 10_000)
+                parts["scrape"].append(timed(lambda: exposition(conn), 1)["median_ms"])
+            result["after_10k_finished_since_the_last_fold"] = {
+                k: {"median_ms": round(statistics.median(v), 3), "min_ms": min(v), "max_ms": max(v)}
+                for k, v in parts.items()}
             result["reference_pgq_stats"] = timed(lambda: conn.execute("SELECT * FROM pgq.stats()").fetchall(),
                                                   max(3, args.repeats // 4))
             result["loadavg_after"] = os.getloadavg()

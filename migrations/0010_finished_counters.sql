@@ -79,12 +79,12 @@ BEGIN
        OR NOT pg_try_advisory_xact_lock('pgq.finished_counts'::regclass::oid::integer, 0) THEN
         RETURN 0;
     END IF;
-    -- At most 100,000 at a time (about half a second), so that no scrape or sweep waits for a long
-    -- backlog: the next fold takes the rest, and readers count what is left meanwhile.
+    -- All of them, by one sequential scan. (A fold bounded by ctid = ANY (ARRAY(SELECT ctid ...
+    -- LIMIT n)) ran its cached plan, made while the table was empty, as a filter of a sequential
+    -- scan: n x n comparisons, half a second for 10,000 rows. Sweeps and scrapes fold every few
+    -- seconds, so the backlog is what finished since the last one.)
     WITH gone AS (
-        DELETE FROM pgq.finished_deltas AS d
-        WHERE d.ctid = ANY (ARRAY(SELECT x.ctid FROM pgq.finished_deltas AS x LIMIT 100000))
-        RETURNING d.queue, d.state
+        DELETE FROM pgq.finished_deltas RETURNING queue, state
     ), sums AS (
         SELECT g.queue, g.state, count(*) AS n FROM gone AS g GROUP BY g.queue, g.state
     ), added AS (
@@ -97,8 +97,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pgq._fold_finished() IS
-    'Folds up to 100,000 rows of pgq.finished_deltas into pgq.finished_counts; skips (returns 0) '
-    'while another fold runs or in a read-only transaction.';
+    'Folds pgq.finished_deltas into pgq.finished_counts; skips (returns 0) while another fold runs '
+    'or in a read-only transaction.';
 
 -- What an exporter scrapes, one row per queue, at a bounded cost: the claimable pending jobs
 -- through jobs_ready_idx, outcome_unknown through jobs_list_idx, the running ones through

@@ -373,15 +373,20 @@ def test_a_scrape_the_database_does_not_answer_is_an_http_500_and_the_next_one_r
         stop()
 
 
-def test_a_fold_takes_at_most_100000_deltas_and_the_counts_include_the_rest(conn):
+def test_a_fold_takes_every_delta_and_the_sweep_folds_too(conn):
+    """Folds after folds of nothing (the plan the fold's function caches is made while the table is
+    empty), then a fold of 20,000 deltas: it takes all of them, in one transaction."""
     conn.execute("SELECT pgq.configure_queue('q')")
-    conn.execute("INSERT INTO pgq.finished_deltas SELECT 'q', 'done' FROM generate_series(1, 100005)")
-    assert one(conn, "SELECT done_total FROM pgq.metrics()") == 100005
-    assert one(conn, "SELECT count(*) FROM pgq.finished_deltas") == 5
-    assert one(conn, "SELECT total FROM pgq.finished_counts") == 100000
+    for _ in range(8):
+        assert one(conn, "SELECT pgq._fold_finished()") == 0
+    conn.execute("INSERT INTO pgq.finished_deltas SELECT 'q', 'done' FROM generate_series(1, 20000)")
+    assert one(conn, "SELECT done_total FROM pgq.metrics()") == 20000
+    assert one(conn, "SELECT count(*) FROM pgq.finished_deltas") == 0
+    assert one(conn, "SELECT total FROM pgq.finished_counts") == 20000
+    conn.execute("INSERT INTO pgq.finished_deltas SELECT 'q', 'done' FROM generate_series(1, 5)")
     assert one(conn, "SELECT pgq.sweep()") == 0  # the sweep folds too
     assert one(conn, "SELECT count(*) FROM pgq.finished_deltas") == 0
-    assert one(conn, "SELECT done_total FROM pgq.metrics()") == 100005
+    assert one(conn, "SELECT done_total FROM pgq.metrics()") == 20005
 
 
 def test_a_second_fold_while_one_runs_skips_instead_of_waiting(conn, connect):
