@@ -141,25 +141,25 @@ def test_worker_metrics_after_a_real_drain(conn, dsn, runtime):
         samples(port)
 
 
-@pytest.fixture(scope="module")
-def spans() -> Iterator[InMemorySpanExporter]:
-    """The SDK's in-memory exporter behind the global tracer provider (which can be set once per
-    process: this module sets it; no other test uses OpenTelemetry)."""
+@pytest.fixture
+def provider() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+    """An SDK tracer provider with the in-memory exporter, given to the worker (the global
+    provider, which can be set once per process, stays untouched for the other tests)."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    yield exporter
-    exporter.clear()
+    made = TracerProvider()
+    made.add_span_processor(SimpleSpanProcessor(exporter))
+    yield made, exporter
+    made.shutdown()
 
 
 @pytest.mark.parametrize("runtime", sorted(RUNTIMES))
-def test_one_span_per_job_attempt_with_its_attributes(conn, dsn, runtime, spans):
-    spans.clear()
+def test_one_span_per_job_attempt_with_its_attributes(conn, dsn, runtime, provider):
+    tracer_provider, spans = provider
     conn.execute("SELECT pgq.enqueue('default', 'traced')")
     conn.execute("SELECT pgq.enqueue('default', 'flaky', max_attempts => 2)")
-    worker = RUNTIMES[runtime](["default"], concurrency=2, poll_interval=0.1, sweep_interval=1.0)
-    inner = trace.get_tracer("test")
+    worker = RUNTIMES[runtime](["default"], concurrency=2, poll_interval=0.1, sweep_interval=1.0,
+                               tracer_provider=tracer_provider)
+    inner = tracer_provider.get_tracer("test")
 
     @worker.handler("traced")
     def traced(job: Job, ctx: JobContext) -> dict[str, int]:

@@ -64,6 +64,7 @@ class WorkerBase:
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
         tracing: bool = True,
+        tracer_provider: Any = None,
     ) -> None:
         if poll_interval is not None and poll_interval <= 0:
             raise ValueError(f"poll_interval must be positive, got {poll_interval}")
@@ -85,6 +86,7 @@ class WorkerBase:
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
         self.tracing = tracing
+        self.tracer_provider = tracer_provider
         self.metrics: WorkerMetrics | None = None  # while run() runs with a metrics_port
         self._handlers: dict[str, Handler] = {}
         self._ran = False
@@ -116,7 +118,7 @@ class WorkerBase:
                      extra={"worker": self.name})
             held.on_lost = metrics.lease_lost
             self.metrics = metrics
-        return JobWatch.of(self.metrics, Tracing.create() if self.tracing else None)
+        return JobWatch.of(self.metrics, Tracing.create(self.tracer_provider) if self.tracing else None)
 
     def _unwatch(self) -> None:
         """At the end of run(): stop serving the metrics."""

@@ -50,7 +50,7 @@ class Worker(WorkerBase):
     ``metrics_port`` serves the worker's Prometheus metrics on http://metrics_host:port/metrics
     while run() runs (needs pgq-thin[metrics]; 0: a free port, see ``metrics.port``).
     ``tracing`` (on by default) opens one OpenTelemetry span per job attempt when opentelemetry-api
-    is installed. See docs/metrics.md.
+    is installed, from ``tracer_provider`` (None: the global one). See docs/metrics.md.
     """
 
     _claimer: Claimer | None = None  # while run() runs

@@ -8,7 +8,8 @@ completed or snoozed sets the span's status to ERROR.
 
 Without opentelemetry-api, ``Tracing.create()`` is None and the worker does nothing for traces.
 With the API but no SDK configured by the application, the spans are the API's no-ops. Spans go
-wherever the application's tracer provider sends them; pgq configures no exporter.
+wherever the application's tracer provider sends them (the global one, or
+``Worker(tracer_provider=...)``); pgq configures no exporter.
 """
 
 from __future__ import annotations
@@ -25,21 +26,23 @@ _FINE = frozenset({"completed", "snoozed"})
 class Tracing:
     """Opens and ends the span of each job attempt (``opentelemetry`` is imported by create())."""
 
-    def __init__(self, trace: Any, context: Any) -> None:
+    def __init__(self, trace: Any, context: Any, tracer_provider: Any = None) -> None:
         from pgq_thin import __version__
 
         self._trace = trace
         self._context = context
-        self._tracer = trace.get_tracer("pgq_thin.worker", __version__)
+        self._tracer = trace.get_tracer("pgq_thin.worker", __version__, tracer_provider=tracer_provider)
 
     @classmethod
-    def create(cls) -> Tracing | None:
-        """A Tracing when opentelemetry-api is installed, else None."""
+    def create(cls, tracer_provider: Any = None) -> Tracing | None:
+        """A Tracing when opentelemetry-api is installed, else None. ``tracer_provider``: the
+        provider to take the tracer from (None: the global one, as OpenTelemetry's own
+        instrumentations do)."""
         try:
             from opentelemetry import context, trace
         except ImportError:
             return None
-        return cls(trace, context)
+        return cls(trace, context, tracer_provider)
 
     def start(self, job: Job) -> tuple[Any, Any]:
         """Open the attempt's span and make it current; the token to pass to end()."""
