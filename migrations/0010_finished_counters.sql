@@ -38,6 +38,10 @@ CREATE TABLE pgq.finished_deltas (
 COMMENT ON TABLE pgq.finished_deltas IS
     'One row per transition into a terminal state, written by the trigger jobs_count_finished and '
     'folded into pgq.finished_counts (and deleted) by pgq._fold_finished.';
+-- It has no key (an index would cost every completion); REPLICA IDENTITY FULL lets the fold delete
+-- its rows where a publication FOR ALL TABLES includes it (a table without a replica identity
+-- refuses deletes there).
+ALTER TABLE pgq.finished_deltas REPLICA IDENTITY FULL;
 
 -- Runs as the owner's UPDATE of pgq.jobs (every writer of jobs is a SECURITY DEFINER function of
 -- the owner); no SET clause, so that the hot path pays no configuration switch per row: every name

@@ -420,3 +420,14 @@ def test_health_of_a_stuck_queue_reads_a_bounded_part_of_its_history(conn):
                            " WHERE relid = 'pgq.jobs'::regclass")
     assert found == [("ok",)]  # no other kind was claimed: the ready_age check reports it instead
     assert tuples <= 3 * 1000 + 100, f"pgq.health() read {tuples} rows of pgq.jobs"
+
+
+def test_the_fold_works_where_a_publication_for_all_tables_includes_the_deltas(conn):
+    conn.execute("CREATE PUBLICATION pgq_test_everything FOR ALL TABLES")
+    try:
+        mixed_queues(conn)
+        assert conn.execute("SELECT done_total, failed_total FROM pgq.metrics() WHERE queue = 'emails'"
+                            ).fetchone() == (3, 1)
+        assert one(conn, "SELECT count(*) FROM pgq.finished_deltas") == 0
+    finally:
+        conn.execute("DROP PUBLICATION pgq_test_everything")

@@ -157,7 +157,7 @@ MIGRATION_SHA256 = {
     "0005_version.sql": "6fabb054b17a18a925555afe60edb2a640bb73da8cbb43017d8d76c7b84da496",
     "0006_operators_day.sql": "07ceb712c09bd7e17bc0638ea8093366bb9cbc7a9c8b7ecc28ed555bbd442c37",
     "0007_failover_fence.sql": "68dece3ca49b3aa294ca6666356e3f39c0de7f5959068a03ddb8f01162974825",
-    "0010_finished_counters.sql": "9368f55090ee2d10f62d87676ba688acd807dd49d49695cbbd059389c4e26832",
+    "0010_finished_counters.sql": "4cae14fd7d5496d24c31608c9b136ae89221b381662ccdedbd9d9e99719922b2",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 
