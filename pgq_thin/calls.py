@@ -28,6 +28,7 @@ from pgq_thin.models import (
     JobEvent,
     JobRecord,
     QueueGrant,
+    QueueMetrics,
     QueueSettings,
     QueueStats,
     QueueStatus,
@@ -548,6 +549,11 @@ def stats() -> Call[list[QueueStats]]:
     return Call(queries.STATS, {}, lambda rows: [QueueStats(**r) for r in rows], rows=dict_row)
 
 
+def metrics() -> Call[list[QueueMetrics]]:
+    """pgq.metrics: one row per queue for exporters (live jobs, expired leases, finished counters)."""
+    return Call(queries.METRICS, {}, lambda rows: [QueueMetrics(**r) for r in rows], rows=dict_row)
+
+
 def health(max_snapshot_age: Interval = timedelta(minutes=5),
            max_ready_age: Interval = timedelta(minutes=5)) -> Call[list[HealthFinding]]:
     """pgq.health: one finding per check (severity ok, warning or critical)."""
@@ -660,6 +666,7 @@ class PgqCalls:
     revoke_queue = Method(revoke_queue)
     queue_grants = Method(queue_grants)
     stats = Method(stats)
+    metrics = Method(metrics)
     health = Method(health)
     list_jobs = Method(list_jobs)
     queue_status = Method(queue_status)

@@ -10,7 +10,9 @@ import json
 import logging
 import math
 import re
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -252,6 +254,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     logs = logging.StreamHandler()
     logs.setFormatter(_CleanFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO if not args.quiet else logging.WARNING, handlers=[logs])
+    if args.metrics_port is not None:
+        worker.metrics_port = args.metrics_port
+        worker.metrics_host = args.metrics_host
+        _require_extra("metrics", "prometheus_client", "--metrics-port")
     settings: dict[str, Any] = {"queues": args.queues, "concurrency": args.concurrency, "prefetch": args.prefetch}
     if args.pooled:
         settings["pooled"] = True
@@ -504,7 +510,53 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 class _NeedsDevExtra(Exception):
-    """A development tool was asked for, and the dev extra is not installed."""
+    """A development tool was asked for, and the dev extra is not installed (or another extra a
+    command needs)."""
+
+
+def _require_extra(extra: str, module: str, what: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise _NeedsDevExtra(f"{what} needs {module}: pip install 'pgq-thin[{extra}]'") from None
+
+
+def port_number(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
+    return port
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    _require_extra("metrics", "prometheus_client", "pgq-thin metrics")
+    from pgq_thin import metrics
+
+    dsn = resolve_dsn(args.dsn)
+    with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:  # a wrong address fails now
+        if conn.execute("SELECT to_regnamespace('pgq') IS NULL").fetchone() == (True,):
+            raise PgqError('schema "pgq" does not exist', "3F000", _NOT_INSTALLED)
+        if conn.execute("SELECT to_regprocedure('pgq.metrics()') IS NULL").fetchone() == (True,):
+            raise PgqError("this database's pgq schema has no pgq.metrics() (migration 0010)", "42883",
+                           "run pgq-thin migrate")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        stop = metrics.serve(dsn, args.port, args.host)
+    except OSError as exc:
+        raise PgqError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    print(f"pgq-thin metrics: serving http://{args.host}:{args.port}/metrics", file=sys.stderr, flush=True)
+    stopped = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stopped.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        stopped.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        stop()
+    return 0
 
 
 def _require_dev_extra(command: str) -> None:
@@ -593,7 +645,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pooled", action="store_true",
                    help="behind a transaction-pooling proxy (PgBouncer pool_mode=transaction): no LISTEN, "
                         "no prepared statements, no session state; polls every 0.25 s")
+    p.add_argument("--metrics-port", type=port_number, metavar="N",
+                   help="serve the worker's Prometheus metrics on this port (needs pgq-thin[metrics])")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="the address the metrics port binds (default 127.0.0.1; 0.0.0.0 for every interface)")
     p.add_argument("--quiet", action="store_true", help="log warnings only")
+
+    p = command("metrics", cmd_metrics, "serve the queue's Prometheus metrics (an exporter; needs pgq-thin[metrics])")
+    p.add_argument("--port", type=port_number, default=9187, help="the port to serve on (default 9187)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the address to bind (default 127.0.0.1; 0.0.0.0 for every interface)")
 
     p = command("stats", cmd_stats, "jobs per queue and state")
     p.add_argument("--watch", type=positive_seconds, nargs="?", const=2.0, metavar="SECONDS",

@@ -111,6 +111,7 @@ QUEUE_GRANTS = "SELECT * FROM pgq.queue_grants(queue => %(queue)s::text)"
 # Observe -----------------------------------------------------------------------------------------
 
 STATS = "SELECT * FROM pgq.stats()"
+METRICS = "SELECT * FROM pgq.metrics()"
 HEALTH = (
     "SELECT * FROM pgq.health(max_snapshot_age => %(max_snapshot_age)s::interval,"
     " max_ready_age => %(max_ready_age)s::interval)"

@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/ensure-postgres.sh
 bash scripts/ensure-pgbouncer.sh
+bash scripts/ensure-promtool.sh
 # libfaketime lets the skewed-clock test skew a real worker process's clock (best effort: without
 # it that test patches the worker's time functions instead).
 if [ "$(id -u)" = 0 ] && ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 && command -v apt-get >/dev/null; then

@@ -295,6 +295,32 @@ CREATE TABLE pgq.grants (
 COMMENT ON TABLE pgq.grants IS
     'Per-queue grants: which roles may enqueue into, claim from or read a queue that has grants of '
     'that privilege (pgq.grant_queue, pgq.revoke_queue, pgq.queue_grants).';
+-- Counters of finished jobs, for metrics: every transition into done, failed or cancelled writes a
+-- row into pgq.finished_deltas (the trigger jobs_count_finished, in the transaction of the
+-- transition; insert-only, so concurrent completes never wait on a counter row), and
+-- pgq._fold_finished (called by pgq.metrics and pgq.sweep) moves them into pgq.finished_counts.
+CREATE TABLE pgq.finished_counts (
+    queue  text          NOT NULL,
+    state  pgq.job_state NOT NULL,
+    total  bigint        NOT NULL,
+    PRIMARY KEY (queue, state)
+);
+COMMENT ON TABLE pgq.finished_counts IS
+    'Jobs that reached done, failed or cancelled, per queue and state: those stored when migration 0010 '
+    'ran, and every transition since (pgq.prune does not lower them); pgq.finished_deltas holds '
+    'the ones not folded in yet.';
+
+CREATE TABLE pgq.finished_deltas (
+    queue  text          NOT NULL,
+    state  pgq.job_state NOT NULL
+);
+COMMENT ON TABLE pgq.finished_deltas IS
+    'One row per transition into a terminal state, written by the trigger jobs_count_finished and '
+    'folded into pgq.finished_counts (and deleted) by pgq._fold_finished.';
+-- It has no key (an index would cost every completion); REPLICA IDENTITY FULL lets the fold delete
+-- its rows where a publication FOR ALL TABLES includes it (a table without a replica identity
+-- refuses deletes there).
+ALTER TABLE pgq.finished_deltas REPLICA IDENTITY FULL;
 
 -- Indexes ----------------------------------------------------------------------------------------
 
@@ -848,6 +874,63 @@ CREATE FUNCTION pgq._may_see_query(usesysid oid) RETURNS boolean
     SELECT coalesce(pg_has_role(session_user, _may_see_query.usesysid, 'USAGE'), false)
         OR pg_has_role(session_user, 'pg_read_all_stats', 'USAGE')
 $$;
+
+-- Runs as the owner's UPDATE of pgq.jobs (every writer of jobs is a SECURITY DEFINER function of
+-- the owner); no SET clause, so that the hot path pays no configuration switch per row: every name
+-- is schema-qualified.
+CREATE FUNCTION pgq._count_finished() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO pgq.finished_deltas (queue, state) VALUES (NEW.queue, NEW.state);
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pgq._count_finished() IS
+    'Trigger of pgq.jobs: records one transition into done, failed or cancelled in pgq.finished_deltas.';
+
+CREATE TRIGGER jobs_count_finished
+    AFTER UPDATE OF state ON pgq.jobs
+    FOR EACH ROW
+    WHEN (NEW.state IN ('done', 'failed', 'cancelled') AND OLD.state IS DISTINCT FROM NEW.state)
+    EXECUTE FUNCTION pgq._count_finished();
+
+
+-- Moves the deltas into the totals, in one transaction (so a reader sees each finished job once,
+-- in one table or the other). One fold at a time: a fold that finds another one running skips
+-- (it would wait for the other's deleted rows, and two folds' upserts could deadlock); in a
+-- read-only transaction (a standby, a read-only login) it skips too. Returns the deltas folded.
+CREATE FUNCTION pgq._fold_finished() RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    folded bigint;
+BEGIN
+    IF current_setting('transaction_read_only')::boolean
+       OR NOT pg_try_advisory_xact_lock('pgq.finished_counts'::regclass::oid::integer, 0) THEN
+        RETURN 0;
+    END IF;
+    -- All of them, by one sequential scan. (A fold bounded by ctid = ANY (ARRAY(SELECT ctid ...
+    -- LIMIT n)) ran its cached plan, made while the table was empty, as a filter of a sequential
+    -- scan: n x n comparisons, half a second for 10,000 rows. Sweeps and scrapes fold every few
+    -- seconds, so the backlog is what finished since the last one.)
+    WITH gone AS (
+        DELETE FROM pgq.finished_deltas RETURNING queue, state
+    ), sums AS (
+        SELECT g.queue, g.state, count(*) AS n FROM gone AS g GROUP BY g.queue, g.state
+    ), added AS (
+        INSERT INTO pgq.finished_counts AS c (queue, state, total)
+        SELECT s.queue, s.state, s.n FROM sums AS s ORDER BY s.queue, s.state
+        ON CONFLICT (queue, state) DO UPDATE SET total = c.total + excluded.total
+    )
+    SELECT coalesce(sum(s.n), 0) INTO folded FROM sums AS s;
+    RETURN folded;
+END
+$$;
+COMMENT ON FUNCTION pgq._fold_finished() IS
+    'Folds pgq.finished_deltas into pgq.finished_counts; skips (returns 0) while another fold runs '
+    'or in a read-only transaction.';
 
 -- Functions: cron expressions ---------------------------------------------------------------------
 --
@@ -2434,6 +2517,8 @@ BEGIN
     IF EXISTS (SELECT FROM pgq.schedules AS s WHERE s.enabled AND s.next_run_at <= pgq._now()) THEN
         PERFORM pgq._fire_schedules(sweep.max_jobs);
     END IF;
+    -- Keeps pgq.finished_deltas short where no exporter calls pgq.metrics().
+    PERFORM pgq._fold_finished();
     RETURN total;
 END
 $$;
@@ -3150,6 +3235,60 @@ COMMENT ON FUNCTION pgq.stats() IS
     'One row per queue: jobs by state (pending = due now, scheduled = due later), expired leases, '
     'and the age of the oldest due job.';
 
+-- What an exporter scrapes, one row per queue, at a bounded cost: the claimable pending jobs
+-- through jobs_ready_idx, outcome_unknown through jobs_list_idx, the running ones through
+-- jobs_lease_idx (all of them: as many as the workers run), the finished counters from
+-- pgq.finished_counts plus the deltas not folded yet (folded first, when it can). No finished row
+-- of pgq.jobs is read.
+CREATE FUNCTION pgq.metrics()
+    RETURNS TABLE (queue text, paused boolean, pending bigint, scheduled bigint, running bigint,
+                   expired bigint, outcome_unknown bigint, oldest_ready_age interval,
+                   done_total bigint, failed_total bigint, cancelled_total bigint)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+BEGIN
+    PERFORM pgq._fold_finished();
+    RETURN QUERY
+    WITH leased AS (
+        SELECT j.queue, count(*) AS running, count(*) FILTER (WHERE j.lease_until < pgq._now()) AS expired
+        FROM pgq.jobs AS j
+        WHERE j.lease_until IS NOT NULL
+        GROUP BY j.queue
+    ), finished AS (
+        SELECT f.queue,
+               sum(f.n) FILTER (WHERE f.state = 'done') AS done,
+               sum(f.n) FILTER (WHERE f.state = 'failed') AS failed,
+               sum(f.n) FILTER (WHERE f.state = 'cancelled') AS cancelled
+        FROM (SELECT c.queue, c.state, c.total AS n FROM pgq.finished_counts AS c
+              UNION ALL
+              SELECT d.queue, d.state, count(*) FROM pgq.finished_deltas AS d GROUP BY d.queue, d.state) AS f
+        GROUP BY f.queue
+    )
+    SELECT q.name, q.paused, p.due, p.later, coalesce(l.running, 0), coalesce(l.expired, 0), u.n,
+           pgq._now() - p.oldest,
+           coalesce(f.done, 0)::bigint, coalesce(f.failed, 0)::bigint, coalesce(f.cancelled, 0)::bigint
+    FROM pgq.queues AS q
+    CROSS JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE j.run_at <= pgq._now()) AS due,
+               count(*) FILTER (WHERE j.run_at > pgq._now()) AS later,
+               min(j.run_at) FILTER (WHERE j.run_at <= pgq._now()) AS oldest
+        FROM pgq.jobs AS j
+        WHERE j.queue = q.name AND j.state = 'pending' AND j.attempt < j.max_attempts) AS p
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'outcome_unknown') AS u
+    LEFT JOIN leased AS l ON l.queue = q.name
+    LEFT JOIN finished AS f ON f.queue = q.name
+    ORDER BY q.name;
+END
+$$;
+COMMENT ON FUNCTION pgq.metrics() IS
+    'One row per queue for exporters, without reading finished jobs: pending (due now) and scheduled '
+    'jobs, running, expired leases, outcome_unknown, the oldest due job''s age, and the jobs finished '
+    'as done, failed and cancelled (counters, from the finished rows stored at migration 0010 on: '
+    'pgq.prune does not lower them).';
+
 -- Health: one row per finding, for dashboards, alerts and readiness probes (pgq-thin doctor).
 -- severity: ok, warning or critical. The thresholds are arguments so operators (and tests) can
 -- tighten them. Session checks read pg_stat_activity: the schema owner needs the pg_monitor role
@@ -3224,12 +3363,22 @@ BEGIN
                          WHERE o.queue = d.queue AND o.kind <> d.kind), interval '0') AS others
         FROM due AS d
         WHERE pgq._now() - d.oldest > health.max_ready_age / 2
+          -- The finished jobs are looked for among the newest 1,000 of each finished state of the
+          -- queue (jobs_list_idx): a bounded read, where all jobs finished since d.oldest could be
+          -- the whole history of a queue stuck for hours (a job claimed after d.oldest finished
+          -- after it).
           AND (EXISTS (SELECT FROM pgq.jobs AS w
                        WHERE w.lease_until IS NOT NULL AND w.queue = d.queue AND w.kind <> d.kind
                          AND w.claimed_at > d.oldest)
-               OR EXISTS (SELECT FROM pgq.jobs AS w
-                          WHERE w.state IN ('done', 'failed', 'cancelled') AND w.finished_at > d.oldest
-                            AND w.queue = d.queue AND w.kind <> d.kind AND w.claimed_at > d.oldest))
+               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
+                                       WHERE w.queue = d.queue AND w.state = 'done' ORDER BY -w.id LIMIT 1000) AS w
+                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest)
+               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
+                                       WHERE w.queue = d.queue AND w.state = 'failed' ORDER BY -w.id LIMIT 1000) AS w
+                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest)
+               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
+                                       WHERE w.queue = d.queue AND w.state = 'cancelled' ORDER BY -w.id LIMIT 1000) AS w
+                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest))
         ORDER BY d.queue, d.kind
     LOOP
         CONTINUE WHEN r.age <= r.others * 10;
@@ -3247,8 +3396,11 @@ BEGIN
     END IF;
 
     -- 3. Jobs parked as outcome_unknown wait for a person.
-    SELECT count(*) AS n, min(j.claimed_at) AS oldest INTO r
-    FROM pgq.jobs AS j WHERE j.state = 'outcome_unknown';
+    -- Per queue, through jobs_list_idx: a count over all jobs would read the finished history.
+    SELECT coalesce(sum(u.n), 0) AS n, min(u.oldest) AS oldest INTO r
+    FROM pgq.queues AS q
+    CROSS JOIN LATERAL (SELECT count(*) AS n, min(j.claimed_at) AS oldest FROM pgq.jobs AS j
+                        WHERE j.queue = q.name AND j.state = 'outcome_unknown') AS u;
     IF r.n = 0 THEN
         RETURN QUERY SELECT 'ok', 'outcome_unknown', 'no job waits for a decision', NULL::text;
     ELSE
@@ -3477,7 +3629,7 @@ COMMENT ON FUNCTION pgq.queue_status(text[]) IS
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '9'::text $$;
+    AS $$ SELECT '10'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -3535,6 +3687,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.queue_status(text[]),
     pgq.schedules(),
     pgq.queue_grants(text),
+    pgq.metrics(),
     pgq.version()
     TO pgq_monitor;
 

@@ -27,6 +27,10 @@ function, called through pgq_thin.Client):
 - ``listener``: LISTEN pgq on a dedicated connection; a payload naming one of our queues wakes
   the claimer. Polling is the fallback (and the only mechanism with listen=False).
 - ``signals``: the first SIGTERM / SIGINT stops gracefully, the second at once.
+- ``metrics`` (with ``metrics_port``): the worker's Prometheus metrics, counted around each
+  handler (``JobWatch``), after each claim and when a held job is lost; ``tracing``: one
+  OpenTelemetry span per job attempt when opentelemetry-api is installed. Neither library is
+  imported unless asked for.
 - ``threaded`` (Worker) wires the parts together; the shutdown waits for running jobs up to
   shutdown_timeout, then gives back what is left (pgq.release).
 - ``aio`` (AsyncWorker) wires the same rules for asyncio: ``aio_parts`` holds the claimer,

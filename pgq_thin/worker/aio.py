@@ -91,20 +91,27 @@ class AsyncWorker(WorkerBase):
         await pool.open()
         client = AsyncClient(pool=pool, pooled=self.pooled)
         held, clock = HeldJobs(), DatabaseClock()
-        await read_clock(clock, client)
         try:
-            self._warn_about_queues(await client.queue_status(self.queues) if self.queues else [])
-        except PgqError as exc:
-            self._queues_not_checked(exc)
+            await read_clock(clock, client)
+            try:
+                self._warn_about_queues(await client.queue_status(self.queues) if self.queues else [])
+            except PgqError as exc:
+                self._queues_not_checked(exc)
+            watch = self._watch(held)
+        except BaseException:
+            await pool.close(timeout=1.0)
+            raise
         policy = PrefetchPolicy(self.prefetch, self.concurrency)
         owner = AsyncOwnerCalls(client, held, flags, self.name)
         completer = AsyncCompleter(owner, held, flags)
         wake = asyncio.Event()  # the claimer's: set when a slot frees, a NOTIFY comes, stop()
         slots = AsyncSlots(self.concurrency, self._handlers, owner, completer, policy, flags, freed=wake.set)
+        slots.watch = watch
         renewer = AsyncRenewer(client, held, clock, flags, self.lease)
         self._claimer = claimer = AsyncClaimer(
             client, self.name, self.queues, self.lease, PollTimer(self.poll_interval, self.sweep_interval),
             policy, slots, held, owner, clock, flags, self._listening, wake, kinds=self.kinds)
+        claimer.metrics = self.metrics
         listener = AsyncListener(dsn, self.queues, claimer.wake, self.name, self._listening)
         if flags.stopping.is_set():
             claimer.wake()
@@ -136,6 +143,7 @@ class AsyncWorker(WorkerBase):
                                  return_exceptions=True)
             slots.close()
             await pool.close(timeout=1.0)
+            self._unwatch()
             self._claimer = None
             log.info("worker %s stopped", self.name, extra={"worker": self.name})
 

@@ -27,6 +27,7 @@ from pgq_thin.worker.completer import report
 from pgq_thin.worker.context import Handler, JobContext
 from pgq_thin.worker.held import Held, HeldJobs, Verdict
 from pgq_thin.worker.listener import Reconnects, concerns
+from pgq_thin.worker.metrics import JobWatch, WorkerMetrics
 from pgq_thin.worker.owner import released
 from pgq_thin.worker.prefetch import PrefetchPolicy
 from pgq_thin.worker.renewer import DatabaseClock, renewal_failed, renewed, until_next
@@ -340,6 +341,7 @@ class AsyncSlots:
         self.flags = flags
         self.freed = freed
         self.assigned = 0
+        self.watch: JobWatch | None = None  # metrics and spans; None: neither is on
         self._ready: asyncio.Queue[Held] = asyncio.Queue()
         self._threads = HandlerThreads(concurrency)
 
@@ -357,29 +359,44 @@ class AsyncSlots:
     async def execute(self, held: Held) -> None:
         """Run the handler; record its outcome with exactly one owner call. A cancelled run
         (a stop at once) records nothing: the lease covers the job."""
-        job, jlog = held.job, held.log
-        jlog.debug("started")
-        function = self.handlers.get(job.kind)
-        if function is None:
-            outcome = outcomes.no_handler(job, self.owner.worker_name, sorted(self.handlers), jlog)
-        elif (refused := outcomes.unreadable(job, jlog)) is not None:
-            outcome = refused
+        watch = self.watch
+        if watch is None:
+            outcome = await self.outcome(held)
         else:
+            token = watch.started(held)
+            done: outcomes.Outcome | None = None
             try:
-                outcome = outcomes.of_result(await self._call(function, job, held.ctx))
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:  # noqa: BLE001 - any handler failure is an outcome
-                outcome = outcomes.of_exception(exc, jlog)
+                outcome = done = await self.outcome(held)
+            finally:
+                watch.finished(token, held, done)
         if not outcome.batched:
             await self.owner.settle(held, outcome)
         elif not await self.completer.add(held):
             self.owner.held.forget([held])
 
+    async def outcome(self, held: Held) -> outcomes.Outcome:
+        """Run the handler: what it returned or raised, as the call that records it."""
+        job, jlog = held.job, held.log
+        jlog.debug("started")
+        function = self.handlers.get(job.kind)
+        if function is None:
+            return outcomes.no_handler(job, self.owner.worker_name, sorted(self.handlers), jlog)
+        if (refused := outcomes.unreadable(job, jlog)) is not None:
+            return refused
+        try:
+            return outcomes.of_result(await self._call(function, job, held.ctx))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - any handler failure is an outcome
+            return outcomes.of_exception(exc, jlog)
+
     async def _call(self, function: Handler, job: Job, ctx: JobContext) -> Any:
         if inspect.iscoroutinefunction(function):
             return await function(job, ctx)
-        result = await self._threads.run(functools.partial(function, job, ctx))
+        call = functools.partial(function, job, ctx)
+        if self.watch is not None:  # the handler's thread sees the attempt's span as current
+            call = functools.partial(contextvars.copy_context().run, call)
+        result = await self._threads.run(call)
         return await result if inspect.isawaitable(result) else result
 
     async def run_slot(self) -> None:
@@ -430,6 +447,8 @@ class AsyncClaimer:
         self.listening = listening
         self._wake = wake
 
+    metrics: WorkerMetrics | None = None  # set by the worker when metrics are on
+
     def wake(self) -> None:
         """Look again at once (call in the loop's thread)."""
         self._wake.set()
@@ -454,6 +473,8 @@ class AsyncClaimer:
                 await self.owner.drop_broken_connections()
                 await self.sleep(delay)
                 continue
+            if self.metrics is not None:
+                self.metrics.claimed(len(jobs))
             for job in jobs:
                 await self.hand_over(job)
             if wait := timer.claimed(len(jobs), batch, self.name, self.listening.is_set()):

@@ -16,8 +16,11 @@ from pgq_thin.client import resolve_dsn
 from pgq_thin.errors import PgqError
 from pgq_thin.models import QueueStatus
 from pgq_thin.worker.context import Handler
+from pgq_thin.worker.held import HeldJobs
+from pgq_thin.worker.metrics import JobWatch, WorkerMetrics, check_port
 from pgq_thin.worker.prefetch import check_prefetch
 from pgq_thin.worker.support import KEEPALIVES, MAX_SECONDS, Flags, default_name, log, sane_seconds
+from pgq_thin.worker.tracing import Tracing
 
 __all__ = ["POOLED_POLL_INTERVAL", "WorkerBase"]
 
@@ -70,6 +73,10 @@ class WorkerBase:
         sweep_interval: float = 30.0,
         shutdown_timeout: float = 30.0,
         prefetch: int | str = "auto",
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        tracing: bool = True,
+        tracer_provider: Any = None,
     ) -> None:
         if poll_interval is not None:
             check_seconds("poll_interval", poll_interval, 0, DAY)
@@ -90,10 +97,47 @@ class WorkerBase:
             self._set_pooled()
         self.sweep_interval = sweep_interval
         self.shutdown_timeout = shutdown_timeout
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+        self.tracing = tracing
+        self.tracer_provider = tracer_provider
+        self.metrics: WorkerMetrics | None = None  # while run() runs with a metrics_port
         self._handlers: dict[str, Handler] = {}
         self._ran = False
         self._flags = Flags()  # stop() before run() makes run() return at once
         self._listening = threading.Event()  # set while LISTEN works
+
+    @property
+    def metrics_port(self) -> int | None:
+        """Where run() serves the worker's Prometheus metrics (http://metrics_host:port/metrics;
+        0: a free port, see ``metrics.port``); None: no metrics (prometheus_client not imported)."""
+        return self._metrics_port
+
+    @metrics_port.setter
+    def metrics_port(self, port: int | None) -> None:
+        self._metrics_port = check_port(port)
+
+    def _watch(self, held: HeldJobs) -> JobWatch | None:
+        """At the start of run(): the metrics (served from now on) and the spans, or None when
+        neither is on."""
+        self.metrics = None
+        if self._metrics_port is not None:
+            metrics = WorkerMetrics(self.concurrency)
+            try:
+                port = metrics.serve(self._metrics_port, self.metrics_host)
+            except OSError as exc:
+                raise PgqError(f"cannot serve the worker's metrics on {self.metrics_host}:{self._metrics_port}: "
+                               f"{exc.strerror or exc}") from None
+            log.info("worker %s serves its metrics on http://%s:%d/metrics", self.name, self.metrics_host, port,
+                     extra={"worker": self.name})
+            held.on_lost = metrics.lease_lost
+            self.metrics = metrics
+        return JobWatch.of(self.metrics, Tracing.create(self.tracer_provider) if self.tracing else None)
+
+    def _unwatch(self) -> None:
+        """At the end of run(): stop serving the metrics."""
+        if self.metrics is not None:
+            self.metrics.stop()
 
     @property
     def stopped_at_once(self) -> bool:

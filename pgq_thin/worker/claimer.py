@@ -16,6 +16,7 @@ from pgq_thin.errors import PgqError
 from pgq_thin.models import Job
 from pgq_thin.worker.context import JobContext
 from pgq_thin.worker.held import HeldJobs
+from pgq_thin.worker.metrics import WorkerMetrics
 from pgq_thin.worker.owner import OwnerCalls
 from pgq_thin.worker.prefetch import PrefetchPolicy
 from pgq_thin.worker.renewer import DatabaseClock
@@ -127,6 +128,7 @@ class Claimer(ThreadPart):
         super().__init__()
 
     thread_name = "pgq-claim"
+    metrics: WorkerMetrics | None = None  # set by the worker when metrics are on
 
     def wake(self) -> None:
         self._wake.set()
@@ -151,6 +153,8 @@ class Claimer(ThreadPart):
                 self.owner.drop_broken_connections()
                 self.sleep(delay)
                 continue
+            if self.metrics is not None:
+                self.metrics.claimed(len(jobs))
             for job in jobs:
                 self.hand_over(job)
             if wait := timer.claimed(len(jobs), batch, self.name, self.listening.is_set()):

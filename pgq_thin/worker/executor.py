@@ -10,6 +10,8 @@ from pgq_thin.worker import outcomes
 from pgq_thin.worker.completer import Completer
 from pgq_thin.worker.context import Handler
 from pgq_thin.worker.held import Held
+from pgq_thin.worker.metrics import JobWatch
+from pgq_thin.worker.outcomes import Outcome
 from pgq_thin.worker.owner import OwnerCalls
 
 __all__ = ["Executor"]
@@ -18,26 +20,40 @@ __all__ = ["Executor"]
 class Executor:
     """Runs the handler ``handlers`` has for a job's kind, in the calling thread."""
 
-    def __init__(self, handlers: Mapping[str, Handler], owner: OwnerCalls, completer: Completer) -> None:
+    def __init__(self, handlers: Mapping[str, Handler], owner: OwnerCalls, completer: Completer,
+                 watch: JobWatch | None = None) -> None:
         self.handlers = handlers
         self.owner = owner
         self.completer = completer
+        self.watch = watch  # metrics and spans; None: neither is on
 
     def run(self, held: Held) -> None:
         """Run the handler; record its outcome with exactly one owner call."""
-        job, jlog = held.job, held.log
-        jlog.debug("started")
-        function = self.handlers.get(job.kind)
-        if function is None:
-            outcome = outcomes.no_handler(job, self.owner.worker_name, sorted(self.handlers), jlog)
-        elif (refused := outcomes.unreadable(job, jlog)) is not None:
-            outcome = refused
+        watch = self.watch
+        if watch is None:
+            outcome = self.outcome(held)
         else:
+            token = watch.started(held)
+            done: Outcome | None = None
             try:
-                outcome = outcomes.of_result(function(job, held.ctx))
-            except BaseException as exc:  # noqa: BLE001 - any handler failure is an outcome
-                outcome = outcomes.of_exception(exc, jlog)
+                outcome = done = self.outcome(held)
+            finally:
+                watch.finished(token, held, done)
         if not outcome.batched:
             self.owner.settle(held, outcome)
         elif not self.completer.add(held):
             self.owner.held.forget([held])
+
+    def outcome(self, held: Held) -> Outcome:
+        """Run the handler: what it returned or raised, as the call that records it."""
+        job, jlog = held.job, held.log
+        jlog.debug("started")
+        function = self.handlers.get(job.kind)
+        if function is None:
+            return outcomes.no_handler(job, self.owner.worker_name, sorted(self.handlers), jlog)
+        if (refused := outcomes.unreadable(job, jlog)) is not None:
+            return refused
+        try:
+            return outcomes.of_result(function(job, held.ctx))
+        except BaseException as exc:  # noqa: BLE001 - any handler failure is an outcome
+            return outcomes.of_exception(exc, jlog)

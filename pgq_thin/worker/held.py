@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pgq_thin.models import Job
@@ -58,6 +58,8 @@ class HeldJobs:
     def __init__(self) -> None:
         self._jobs: dict[int, Held] = {}
         self._lock = threading.Lock()
+        #: Called (outside the lock) each time a held job stops being ours: the worker's metrics.
+        self.on_lost: Callable[[], None] | None = None
 
     def hold(self, job: Job, ctx: JobContext, lease_seconds: float) -> Held:
         """Register a claimed job; its first renewal is due at a third of its lease."""
@@ -95,6 +97,8 @@ class HeldJobs:
                 return True
             held.state = "lost"  # max_run_time is up: no more renewals, ever
         held.ctx.lease_lost.set()
+        if self.on_lost is not None:
+            self.on_lost()
         held.log.warning("deadline reached (max_run_time): no more renewals; the handler should stop, "
                          "its outcome will be discarded and the attempt ends as timed_out")
         return False
@@ -106,6 +110,8 @@ class HeldJobs:
             held.state = "lost" if lost else "held"
         if lost:
             held.ctx.lease_lost.set()
+            if self.on_lost is not None:
+                self.on_lost()
 
     def forget(self, helds: Iterable[Held]) -> None:
         """No longer held: recorded, given back, or given up to its lease."""

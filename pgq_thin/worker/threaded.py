@@ -46,6 +46,11 @@ class Worker(WorkerBase):
     AUTO_PREFETCH_MAX (100), and none until a job has been timed or while jobs take long (a
     slower job counts at once, a faster one gradually). An integer fixes it; 0 means a claim asks
     for the free slots only.
+
+    ``metrics_port`` serves the worker's Prometheus metrics on http://metrics_host:port/metrics
+    while run() runs (needs pgq-thin[metrics]; 0: a free port, see ``metrics.port``).
+    ``tracing`` (on by default) opens one OpenTelemetry span per job attempt when opentelemetry-api
+    is installed, from ``tracer_provider`` (None: the global one). See docs/metrics.md.
     """
 
     _claimer: Claimer | None = None  # while run() runs
@@ -100,18 +105,24 @@ class Worker(WorkerBase):
         client = Client(pool=pool, pooled=self.pooled)
         held = HeldJobs()
         clock = DatabaseClock()
-        clock.read(client)
-        self._check_queues(client.queue_status)
+        try:
+            clock.read(client)
+            self._check_queues(client.queue_status)
+            watch = self._watch(held)
+        except BaseException:
+            pool.close(timeout=1.0)
+            raise
         policy = PrefetchPolicy(self.prefetch, self.concurrency)
         owner = OwnerCalls(client, held, flags, self.name)
         completer = Completer(owner, held, flags)
         wake = threading.Event()  # the claimer's: set when a slot frees, a NOTIFY comes, stop()
-        slots = Slots(self.concurrency, Executor(self._handlers, owner, completer), owner, policy, flags,
+        slots = Slots(self.concurrency, Executor(self._handlers, owner, completer, watch), owner, policy, flags,
                       freed=wake.set)
         renewer = Renewer(client, held, clock, flags, self.lease)
         self._claimer = claimer = Claimer(
             client, self.name, self.queues, self.lease, PollTimer(self.poll_interval, self.sweep_interval),
             policy, slots, held, owner, clock, flags, self._listening, wake, kinds=self.kinds)
+        claimer.metrics = self.metrics
         listener = Listener(dsn, self.queues, claimer.wake, self.name, self._listening)
         background: list[Part] = [renewer, completer, *([listener] if self.listen else [])]
         slots.start()
@@ -131,6 +142,7 @@ class Worker(WorkerBase):
                 for part in background:
                     part.join(timeout=5.0)
             pool.close(timeout=1.0)
+            self._unwatch()
             log.info("worker %s stopped", self.name, extra={"worker": self.name})
 
     def _shutdown(self, slots: Slots, held: HeldJobs, owner: OwnerCalls, completer: Completer) -> None:
