@@ -8,6 +8,7 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -425,6 +426,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(dsn=args.dsn, jobs=args.jobs, workers=args.workers, concurrency=args.concurrency)
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from pgq_thin.dashboard import INSTALL, missing_requirements
+
+    missing = missing_requirements()
+    if missing:
+        print(f"pgq-thin: the dashboard needs the dashboard extra (missing: {', '.join(missing)}): {INSTALL}",
+              file=sys.stderr)
+        return 2
+    from pgq_thin.dashboard.app import serve
+
+    token = args.token or os.environ.get("PGQ_DASHBOARD_TOKEN") or None
+    with _client(args) as client:
+        print(f"pgq dashboard on http://{args.host}:{args.port}/"
+              f"{' (token required)' if token else ''}", flush=True)
+        serve(client, args.host, args.port, token)
+    return 0
+
+
 # The parser --------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -539,6 +558,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="older transactions are critical (default 5m; half of it is a warning)")
     p.add_argument("--max-ready-age", type=duration, default=timedelta(minutes=5),
                    help="due jobs waiting longer are critical (default 5m; half of it is a warning)")
+
+    p = command("dashboard", cmd_dashboard, "serve the web dashboard: queues, jobs, schedules, health, and "
+                "retry, cancel, resolve, pause, resume (read-only as a pgq_monitor login)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--token", help="require this token on every request (Bearer or the login form); "
+                   "default $PGQ_DASHBOARD_TOKEN; none: no token")
 
     p = command("lab", cmd_lab, "run the acceptance playbook's experiments and write the evidence package")
     p.add_argument("--out", required=True, help="the evidence directory to write (e.g. evidence/)")
