@@ -39,21 +39,35 @@ const WINDOW_SECONDS = 300;
 const samples = [];  // [seconds, finished jobs over all queues]
 
 function drawChart(chart) {
-  const rates = [];
+  // Jobs per second between consecutive polls, from zero at the first poll; the time since the
+  // first poll (at most the last 5 minutes) spans the chart's width, the peak its height.
+  const rates = [[samples[0][0], 0]];
   for (let i = 1; i < samples.length; i++) {
     const dt = samples[i][0] - samples[i - 1][0];
     // Pruning removes finished jobs: a fall in the count is not negative throughput.
     rates.push([samples[i][0], Math.max(0, samples[i][1] - samples[i - 1][1]) / dt]);
   }
   const now = samples[samples.length - 1][0];
-  const peak = Math.max(1, ...rates.map(r => r[1]));
+  const span = Math.max(10, now - samples[0][0]);
+  const peak = Math.max(...rates.map(r => r[1]));
+  const top = Math.max(1, peak);
   const points = rates.map(([t, r]) =>
-    (600 - (now - t) * 600 / WINDOW_SECONDS).toFixed(1) + "," + (118 - r * 110 / peak).toFixed(1));
+    (600 - (now - t) * 600 / span).toFixed(1) + "," + (118 - r * 110 / top).toFixed(1));
   chart.querySelector("polyline").setAttribute("points", points.join(" "));
-  const last = rates.length ? rates[rates.length - 1][1] : 0;
-  document.getElementById("rate").textContent = last.toFixed(1);
-  document.getElementById("peak").textContent = rates.length ? Math.max(...rates.map(r => r[1])).toFixed(1) : "0.0";
+  const first = points[0].split(",")[0];
+  chart.querySelector("polygon").setAttribute("points", first + ",118 " + points.join(" ") + " 600,118");
+  document.getElementById("rate").textContent = rates[rates.length - 1][1].toFixed(1);
+  document.getElementById("peak").textContent = peak.toFixed(1);
   document.getElementById("span").textContent = Math.round(now - samples[0][0]);
+}
+
+function ago(seconds) {  // as the server writes an age: 4s, 3m 12s, 2h 5m, 3d 4h
+  if (seconds === null) return "-";
+  const s = Math.max(0, Math.floor(seconds));
+  if (s < 60) return s + "s";
+  if (s < 3600) return Math.floor(s / 60) + "m " + (s % 60) + "s";
+  if (s < 86400) return Math.floor(s / 3600) + "h " + Math.floor(s % 3600 / 60) + "m";
+  return Math.floor(s / 86400) + "d " + Math.floor(s % 86400 / 3600) + "h";
 }
 
 function updateCounts(queues) {
@@ -62,9 +76,8 @@ function updateCounts(queues) {
     if (!row) continue;
     for (const cell of row.querySelectorAll("td[data-col]")) {
       const col = cell.dataset.col;
-      if (col === "oldest_ready_age") continue;
       const target = cell.querySelector("a") || cell;
-      target.textContent = String(q[col]);
+      target.textContent = col === "oldest_ready_age" ? ago(q[col]) : String(q[col]);
     }
   }
 }
