@@ -22,6 +22,7 @@ from pgq_thin.models import (
     Job,
     JobEvent,
     JobRecord,
+    QueueMetrics,
     QueueSettings,
     QueueStats,
     QueueStatus,
@@ -316,6 +317,11 @@ def stats() -> Call[list[QueueStats]]:
     return Call(queries.STATS, {}, lambda rows: [QueueStats(**r) for r in rows], rows=dict_row)
 
 
+def metrics() -> Call[list[QueueMetrics]]:
+    """pgq.metrics: one row per queue for exporters (live jobs, expired leases, finished counters)."""
+    return Call(queries.METRICS, {}, lambda rows: [QueueMetrics(**r) for r in rows], rows=dict_row)
+
+
 def health(max_snapshot_age: Interval = timedelta(minutes=5),
            max_ready_age: Interval = timedelta(minutes=5)) -> Call[list[HealthFinding]]:
     """pgq.health: one finding per check (severity ok, warning or critical)."""
@@ -423,6 +429,7 @@ class PgqCalls:
     unschedule = Method(unschedule)
     schedules = Method(schedules)
     stats = Method(stats)
+    metrics = Method(metrics)
     health = Method(health)
     list_jobs = Method(list_jobs)
     queue_status = Method(queue_status)

@@ -48,6 +48,24 @@ class QueueStats:
 
 
 @dataclass(frozen=True)
+class QueueMetrics:
+    """One row of pgq.metrics(): what an exporter scrapes for one queue, read without counting
+    finished rows. ``*_total``: jobs that reached that state (counters kept by the database)."""
+
+    queue: str
+    paused: bool
+    pending: int
+    scheduled: int
+    running: int
+    expired: int
+    outcome_unknown: int
+    oldest_ready_age: timedelta | None
+    done_total: int
+    failed_total: int
+    cancelled_total: int
+
+
+@dataclass(frozen=True)
 class QueueSettings:
     """A row of pgq.queues: a queue's settings."""
 

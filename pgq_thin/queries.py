@@ -105,6 +105,7 @@ SCHEDULES = "SELECT * FROM pgq.schedules()"
 # Observe -----------------------------------------------------------------------------------------
 
 STATS = "SELECT * FROM pgq.stats()"
+METRICS = "SELECT * FROM pgq.metrics()"
 HEALTH = (
     "SELECT * FROM pgq.health(max_snapshot_age => %(max_snapshot_age)s::interval,"
     " max_ready_age => %(max_ready_age)s::interval)"

@@ -43,6 +43,7 @@ API: dict[str, tuple[str, set[str]]] = {
     "resume": ("SELECT pgq.resume('q')", ADMIN),
     "stats": ("SELECT * FROM pgq.stats()", MONITOR),
     "health": ("SELECT * FROM pgq.health()", MONITOR),
+    "metrics": ("SELECT * FROM pgq.metrics()", MONITOR),
     "set_tenant_weight": ("SELECT pgq.set_tenant_weight('q', 't', 2)", ADMIN),
     "schedule": ("SELECT pgq.schedule('s', 'q', 'k', every => '1 hour')", ADMIN),
     "unschedule": ("SELECT pgq.unschedule('s')", ADMIN),
@@ -64,7 +65,7 @@ TABLE_STATEMENTS = [
     "SELECT 1 FROM pgq.{t} FOR KEY SHARE",
 ]
 TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "tenant", "schedules": "name",
-          "fence": "timeline"}
+          "fence": "timeline", "finished_counts": "total", "finished_deltas": "queue"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:

@@ -1,0 +1,183 @@
+"""Prometheus metrics of the queue, read from pgq's SQL functions: ``exposition(conn)`` gives the
+text a scrape answers (the dashboard's ``GET /metrics`` serves it), ``serve(dsn, port)`` runs the
+exporter alone (``pgq-thin metrics``). Needs the ``metrics`` extra (prometheus_client):
+``pip install 'pgq-thin[metrics]'``; nothing imports it until a metric is asked for.
+
+One scrape is two statements, whatever the finished history holds: ``SELECT * FROM pgq.metrics()``
+(per queue: jobs by live state, expired leases, the oldest due job's age, and the counters of
+finished jobs kept by migration 0010's trigger, never a count of finished rows) and
+``pgq.health()`` (the findings, counted by check and severity).
+
+- ``pgq_jobs{queue,state}`` (gauge): jobs now, for the states a job waits or runs in: ``pending``
+  (due now), ``scheduled`` (due later), ``running``, ``outcome_unknown``. Finished jobs are not a
+  gauge (that is a count over the history): see the counter.
+- ``pgq_jobs_finished_total{queue,state}`` (counter): jobs that reached ``done``, ``failed`` or
+  ``cancelled``, from the data (pgq.finished_counts): the same after an exporter restart, not
+  lowered by pgq.prune, exact under concurrent completions. A job retried after it failed and
+  then done counts once as failed and once as done.
+- ``pgq_oldest_ready_age_seconds{queue}``: how long the oldest due job has waited (0: none due).
+- ``pgq_expired_leases{queue}``: running jobs past their lease (dead workers, nobody sweeping).
+- ``pgq_queue_paused{queue}``: 1 while the queue is paused.
+- ``pgq_health_findings{check,severity}``: pgq.health()'s findings per check and severity; every
+  check reported gets all three severities (ok, warning, critical), 0 where none, so that an
+  alert on ``severity="critical"`` sees a series before anything goes wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from pgq_thin import queries
+from pgq_thin.errors import PgqError
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
+
+__all__ = ["INSTALL_HINT", "LIVE_STATES", "FINISHED_STATES", "QueueCollector", "exposition", "registry",
+           "require_prometheus_client", "serve"]
+
+log = logging.getLogger("pgq_thin.metrics")
+
+#: What to install when prometheus_client is missing.
+INSTALL_HINT = "the metrics need prometheus_client: pip install 'pgq-thin[metrics]'"
+
+#: The states of pgq_jobs (columns of pgq.metrics()), and of pgq_jobs_finished_total.
+LIVE_STATES = ("pending", "scheduled", "running", "outcome_unknown")
+FINISHED_STATES = ("done", "failed", "cancelled")
+SEVERITIES = ("ok", "warning", "critical")
+
+METRICS_SQL = queries.METRICS  # the columns in QueueMetrics' order
+HEALTH_SQL = 'SELECT "check", severity, count(*) FROM pgq.health() GROUP BY 1, 2 ORDER BY 1, 2'
+
+
+def require_prometheus_client() -> None:
+    """Raise PgqError with INSTALL_HINT when prometheus_client is not installed."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError as exc:
+        raise PgqError(INSTALL_HINT) from exc
+
+
+def read(conn: psycopg.Connection[Any]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The rows of one scrape: pgq.metrics() and the health findings by (check, severity), read
+    in one transaction (its own, or a savepoint of the caller's)."""
+    with conn.transaction(), conn.cursor() as cur:
+        queues = cur.execute(METRICS_SQL).fetchall()
+        findings = cur.execute(HEALTH_SQL).fetchall()
+    return queues, findings
+
+
+class QueueCollector:
+    """A prometheus_client collector of the queue metrics: each ``collect()`` reads them with
+    ``source()``, which returns the rows of ``read()``."""
+
+    def __init__(self, source: Callable[[], tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]]) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        queues, findings = self.source()
+        jobs = GaugeMetricFamily("pgq_jobs", "Jobs now, by queue and state (pending: due now; scheduled: due later).",
+                                 labels=["queue", "state"])
+        finished = CounterMetricFamily("pgq_jobs_finished", "Jobs that reached done, failed or cancelled, by "
+                                       "queue and state (kept in the database: survives restarts and pruning).",
+                                       labels=["queue", "state"])
+        oldest = GaugeMetricFamily("pgq_oldest_ready_age_seconds", "How long the oldest due job of the queue "
+                                   "has waited (0: none due).", labels=["queue"])
+        expired = GaugeMetricFamily("pgq_expired_leases", "Running jobs past their lease, not yet recovered.",
+                                    labels=["queue"])
+        paused = GaugeMetricFamily("pgq_queue_paused", "1 while the queue is paused.", labels=["queue"])
+        for (queue, is_paused, pending, scheduled, running, n_expired, unknown, age,
+             done, failed, cancelled) in queues:
+            for state, n in zip(LIVE_STATES, (pending, scheduled, running, unknown)):
+                jobs.add_metric([queue, state], n)
+            for state, n in zip(FINISHED_STATES, (done, failed, cancelled)):
+                finished.add_metric([queue, state], n)
+            oldest.add_metric([queue], age.total_seconds() if age is not None else 0.0)
+            expired.add_metric([queue], n_expired)
+            paused.add_metric([queue], 1 if is_paused else 0)
+        health = GaugeMetricFamily("pgq_health_findings", "pgq.health() findings by check and severity.",
+                                   labels=["check", "severity"])
+        counts: dict[str, dict[str, int]] = {}
+        for check, severity, n in findings:
+            counts.setdefault(check, dict.fromkeys(SEVERITIES, 0))[severity] = n
+        for check, by_severity in counts.items():
+            for severity, n in by_severity.items():
+                health.add_metric([check, severity], n)
+        yield from (jobs, finished, oldest, expired, paused, health)
+
+
+def registry(source: Callable[[], tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]]) -> CollectorRegistry:
+    """A registry of its own (not prometheus_client's global one) holding a QueueCollector."""
+    require_prometheus_client()
+    from prometheus_client import CollectorRegistry
+
+    made = CollectorRegistry(auto_describe=False)
+    made.register(QueueCollector(source))
+    return made
+
+
+def exposition(conn: psycopg.Connection[Any]) -> tuple[bytes, str]:
+    """The Prometheus text exposition of the queue metrics, read through ``conn`` now, and its
+    content type: what a ``GET /metrics`` answers. Database errors propagate (psycopg's)."""
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+    return generate_latest(registry(lambda: read(conn))), CONTENT_TYPE_LATEST
+
+
+class _Reader:
+    """The exporter's connection: one, opened on first use and again after an error; scrapes
+    (served by threads) take turns on it."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.conn: psycopg.Connection[Any] | None = None
+        self.lock = threading.Lock()
+
+    def __call__(self) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        with self.lock:
+            try:
+                if self.conn is None or self.conn.closed:
+                    self.conn = psycopg.connect(self.dsn, autocommit=True, application_name="pgq-thin metrics",
+                                                connect_timeout=5)
+                return read(self.conn)
+            except psycopg.Error:
+                if self.conn is not None:
+                    self.conn.close()
+                    self.conn = None
+                raise
+
+
+def serve(dsn: str, port: int = 9187, host: str = "127.0.0.1") -> Callable[[], None]:
+    """Start the exporter alone: an HTTP server (prometheus_client's, in a daemon thread) whose
+    every scrape reads the metrics from ``dsn``. A scrape the database does not answer gets an
+    HTTP 500 and the error is logged. Returns a function that stops the server."""
+    require_prometheus_client()
+    from prometheus_client import start_http_server
+
+    reader = _Reader(dsn)
+
+    def source() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        try:
+            return reader()
+        except psycopg.Error as exc:
+            log.warning("scrape failed: %s", str(exc).strip())
+            raise
+
+    server, thread = start_http_server(port, addr=host, registry=registry(source))
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+        with reader.lock:
+            if reader.conn is not None:
+                reader.conn.close()
+
+    return stop
