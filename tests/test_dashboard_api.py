@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from pgq_thin import Client
@@ -214,6 +215,22 @@ def test_healthz_and_health(pgq_client: Client) -> None:
         findings = http.get("/api/health").json()["findings"]
         assert {f["check"] for f in findings} == {f.check for f in pgq_client.health()}
         assert "expired_leases" in http.get("/health").text
+
+
+def test_metrics_are_the_queue_metrics_in_the_prometheus_format(pgq_client: Client, roles: dict[str, str]) -> None:
+    failed_job(pgq_client)
+    pgq_client.enqueue_many("mail", "send", [{}, {}])
+    with dashboard(roles["pgq_monitor"], token="s3cret") as http:
+        assert http.get("/metrics").status_code == 401
+        response = http.get("/metrics", headers={"Authorization": "Bearer s3cret"})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(response.text) for s in family.samples}
+    [mail] = pgq_client.stats()
+    for state in ("pending", "scheduled", "running", "outcome_unknown"):
+        assert samples[("pgq_jobs", (("queue", "mail"), ("state", state)))] == getattr(mail, state)
+    assert samples[("pgq_jobs_finished_total", (("queue", "mail"), ("state", "failed")))] == 1
+    assert samples[("pgq_expired_leases", (("queue", "mail"),))] == 0
 
 
 def test_the_command_binds_loopback_by_default() -> None:

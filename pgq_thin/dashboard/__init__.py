@@ -3,7 +3,7 @@ with retry, cancel, resolve, pause and resume. It is one more client of pgq's SQ
 page reads them through a pgq_thin Client and every action is one call of a pgq function, run as
 the dashboard's database role (a pgq_monitor login makes it read-only, a pgq_admin login lets the
 actions work). ``pgq_thin.dashboard.app`` builds the ASGI app; it needs the ``dashboard`` extra
-(Starlette, Jinja2, uvicorn), which this module checks without importing them."""
+(Starlette, Jinja2, uvicorn, and prometheus_client for /metrics), which this module checks without importing them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import importlib.util
 __all__ = ["INSTALL", "REQUIREMENTS", "missing_requirements"]
 
 #: The modules the dashboard imports, and the packages that bring them.
-REQUIREMENTS = {"starlette": "starlette", "jinja2": "jinja2", "uvicorn": "uvicorn"}
+REQUIREMENTS = {"starlette": "starlette", "jinja2": "jinja2", "uvicorn": "uvicorn",
+                "prometheus_client": "prometheus_client"}
 INSTALL = "pip install 'pgq-thin[dashboard]'"
 
 

@@ -4,7 +4,8 @@ Every read and every action is one method of a pgq_thin Client, i.e. one call of
 with the request's values as bound parameters (no SQL is built from a request). The only statement
 of its own is the catalog question "may this role call pgq.retry, pgq.pause, ...?"
 (has_function_privilege), asked to show a pgq_monitor login as read-only. pgq itself stays the
-authority: an action the role may not make is refused by the database too.
+authority: an action the role may not make is refused by the database too. ``GET /metrics`` is
+pgq_thin.metrics.exposition over a pooled connection (the same text as ``pgq-thin metrics``).
 
 Security: a ``token`` makes every request (but the login form and the static files) need
 ``Authorization: Bearer TOKEN`` or the cookie the login form sets; a POST whose Origin is not the
@@ -39,7 +40,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pgq_thin import __version__
 from pgq_thin.client import Client
-from pgq_thin.errors import ConnectionLost, InvalidArgument, JobNotFound, PermissionDenied, PgqError, WrongState
+from pgq_thin.errors import (
+    ConnectionLost,
+    InvalidArgument,
+    JobNotFound,
+    PermissionDenied,
+    PgqError,
+    WrongState,
+    translated,
+)
 
 __all__ = ["COOKIE", "create_app", "serve"]
 
@@ -430,6 +439,17 @@ class Dashboard:
 
         return self.api(build)
 
+    def metrics(self, request: Request) -> Response:
+        """The queue metrics in the Prometheus text format (pgq_thin.metrics, over a pooled connection)."""
+        from pgq_thin.metrics import exposition
+
+        try:
+            with translated(), self.client.pool.connection() as conn:
+                body, content_type = exposition(conn)
+        except PgqError as exc:
+            return _json(_error_body(exc), _status_of(exc))
+        return Response(body, media_type=content_type)
+
     def healthz(self, request: Request) -> Response:
         """Liveness: the process answers and the database does (pgq.version())."""
         try:
@@ -481,6 +501,7 @@ def create_app(client: Client, *, token: str | None = None, allowed_hosts: Seque
         Route("/login", d.login, methods=["POST"]),
         Route("/logout", d.logout, methods=["POST"]),
         Route("/healthz", d.healthz),
+        Route("/metrics", d.metrics),
         Route("/api/queues", d.api(d.api_queues)),
         Route("/api/jobs", d.api(d.api_jobs)),
         Route("/api/jobs/{id}", d.api(d.api_job)),
