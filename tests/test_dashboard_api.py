@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import ConnectionPool
 from starlette.testclient import TestClient
 
 from pgq_thin import Client
@@ -215,6 +217,16 @@ def test_healthz_and_health(pgq_client: Client) -> None:
         findings = http.get("/api/health").json()["findings"]
         assert {f["check"] for f in findings} == {f.check for f in pgq_client.health()}
         assert "expired_leases" in http.get("/health").text
+
+
+def test_healthz_is_503_when_the_database_does_not_answer(pgq_dsn: str) -> None:
+    pool = ConnectionPool(make_conninfo(pgq_dsn, dbname="pgq_no_such_database"), min_size=0, max_size=1,
+                          timeout=2, kwargs={"autocommit": True}, open=True)
+    with pool, Client(pool=pool) as client, TestClient(create_app(client)) as http:
+        response = http.get("/healthz")
+        assert response.status_code == 503, response.text
+        assert response.json()["status"] == "unavailable" and "Traceback" not in response.text
+        assert_error(http.get("/api/queues"), 503, None)
 
 
 def test_metrics_are_the_queue_metrics_in_the_prometheus_format(pgq_client: Client, roles: dict[str, str]) -> None:
