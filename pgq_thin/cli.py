@@ -440,6 +440,10 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     with _client(args) as client:
         print(f"pgq dashboard on http://{args.host}:{args.port}/"
               f"{' (token required)' if token else ''}", flush=True)
+        if not token and not (args.host == "localhost" or args.host.startswith("127.")):
+            print(f"pgq-thin: warning: listening on {args.host} without a token: whoever reaches it can use "
+                  "the dashboard (and act, if its role may); pass --token or set $PGQ_DASHBOARD_TOKEN",
+                  file=sys.stderr, flush=True)
         serve(client, args.host, args.port, token)
     return 0
 
