@@ -8,7 +8,8 @@ authority: an action the role may not make is refused by the database too. ``GET
 pgq_thin.metrics.exposition over a pooled connection (the same text as ``pgq-thin metrics``).
 
 Security: a ``token`` makes every request (but the login form and the static files) need
-``Authorization: Bearer TOKEN`` or the cookie the login form sets; a POST whose Origin is not the
+``Authorization: Bearer TOKEN`` or the cookie the login form sets (401 otherwise: a page answers
+with the login form); a POST whose Origin is not the
 dashboard's own is refused (403) whatever the token; ``allowed_hosts`` (the loopback names when it
 binds a loopback address) refuses other Host headers, against DNS rebinding. Templates are
 autoescaped and the Content-Security-Policy allows only the dashboard's own scripts and styles.
@@ -187,9 +188,10 @@ def _templates() -> jinja2.Environment:
 class Guard:
     """The checks every request passes first: Origin on POSTs (CSRF), then the token."""
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, token: str | None, login_page: Callable[[Request, str], Response]) -> None:
         self.app = app
         self.token = token
+        self.login_page = login_page  # what a browser gets without the token: the login form (with 401)
         self.cookie = None if token is None else _cookie_value(token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -223,7 +225,8 @@ class Guard:
         if self.token is None or request.url.path.startswith(OPEN_PATHS) or self.authorized(request):
             return None
         if request.method == "GET" and _wants_html(request):
-            return RedirectResponse("/login?" + urlencode({"next": _local(request.url.path)}), status_code=303)
+            query = request.url.query
+            return self.login_page(request, _local(request.url.path + (f"?{query}" if query else "")))
         return JSONResponse({"error": "a token is required: send Authorization: Bearer TOKEN, or log in at /login",
                              "sqlstate": None, "hint": None},
                             status_code=401, headers={"www-authenticate": 'Bearer realm="pgq dashboard"'})
@@ -343,6 +346,10 @@ class Dashboard:
         if self.token is None:
             return RedirectResponse("/", status_code=303)
         return self._login_page(request, _local(request.query_params.get("next")), None, 200)
+
+    def login_required(self, request: Request, next_path: str) -> Response:
+        """A page asked for without the token: 401, with the login form (back to the page once in)."""
+        return self._login_page(request, next_path, None, 401)
 
     def _login_page(self, request: Request, next_path: str, error: str | None, status: int) -> HTMLResponse:
         perms = {"role": None, "can": dict.fromkeys(ACTIONS, False), "read_only": True}
@@ -514,7 +521,7 @@ def create_app(client: Client, *, token: str | None = None, allowed_hosts: Seque
         Route("/api/queues/{name}/resume", d.queue_action("resume"), methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    middleware = [Middleware(Guard, token=token)]
+    middleware = [Middleware(Guard, token=token, login_page=d.login_required)]
     if allowed_hosts is not None:
         middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
     return Starlette(routes=routes, middleware=middleware,
