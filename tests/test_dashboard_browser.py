@@ -40,13 +40,14 @@ def _free_port() -> int:
 
 
 @contextmanager
-def running_dashboard(dsn: str, token: str | None = None) -> Iterator[str]:
-    """``pgq-thin dashboard`` in its own process (host left to its default); yields its URL once
-    /healthz answers."""
+def running_dashboard(dsn: str, token: str | None = None, *options: str,
+                      output: list[str] | None = None) -> Iterator[str]:
+    """``pgq-thin dashboard`` in its own process (host left to its default unless ``options`` say);
+    yields its URL once /healthz answers; what it printed goes into ``output`` once it stopped."""
     port = _free_port()
     env = {**os.environ, "PGQ_DASHBOARD_TOKEN": token or ""}
-    process = subprocess.Popen([sys.executable, "-m", "pgq_thin", "dashboard", "--dsn", dsn, "--port", str(port)],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen([sys.executable, "-m", "pgq_thin", "dashboard", "--dsn", dsn, "--port", str(port),
+                                *options], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -65,10 +66,12 @@ def running_dashboard(dsn: str, token: str | None = None) -> Iterator[str]:
     finally:
         process.terminate()
         try:
-            process.wait(timeout=20)
+            printed, _ = process.communicate(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
-            process.wait()
+            printed, _ = process.communicate()
+        if output is not None:
+            output.append(printed)
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +204,14 @@ def test_a_monitor_login_sees_a_read_only_dashboard(pgq_client: Client, page: Pa
         assert answer[0] == 403 and "read-only" in answer[1]
         screenshot(page, tmp_path, "read-only.png")
     assert pgq_client.get_job(failed).state == "failed"
+
+
+def test_beyond_loopback_without_a_token_it_warns(pgq_dsn: str) -> None:
+    printed: list[str] = []
+    with running_dashboard(pgq_dsn, None, "--host", "0.0.0.0", output=printed):
+        pass
+    assert "warning: listening on 0.0.0.0 without a token" in printed[0]
+    printed.clear()
+    with running_dashboard(pgq_dsn, None, output=printed):  # loopback: no warning
+        pass
+    assert "pgq dashboard on http://127.0.0.1:" in printed[0] and "warning" not in printed[0]
