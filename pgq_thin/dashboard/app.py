@@ -268,7 +268,7 @@ class Dashboard:
 
     def permissions(self) -> dict[str, Any]:
         """current_user and, per action, whether the role may call its pgq function."""
-        with self.client.pool.connection() as conn:
+        with translated(), self.client.pool.connection() as conn:
             cur = conn.execute(PRIVILEGES)
             names = [d.name for d in cur.description or ()]
             row = cur.fetchone()
