@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -47,7 +48,8 @@ def running_dashboard(dsn: str, token: str | None = None, *options: str,
     port = _free_port()
     env = {**os.environ, "PGQ_DASHBOARD_TOKEN": token or ""}
     process = subprocess.Popen([sys.executable, "-m", "pgq_thin", "dashboard", "--dsn", dsn, "--port", str(port),
-                                *options], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                *options], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               cwd=tempfile.gettempdir())  # not the checkout: the installed wheel's assets serve
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
