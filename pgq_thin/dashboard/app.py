@@ -1,0 +1,541 @@
+"""The dashboard's ASGI app (Starlette): server-rendered pages, a JSON API and the actions.
+
+Every read and every action is one method of a pgq_thin Client, i.e. one call of a pgq function
+with the request's values as bound parameters (no SQL is built from a request). The only statement
+of its own is the catalog question "may this role call pgq.retry, pgq.pause, ...?"
+(has_function_privilege), asked to show a pgq_monitor login as read-only. pgq itself stays the
+authority: an action the role may not make is refused by the database too. ``GET /metrics`` is
+pgq_thin.metrics.exposition over a pooled connection (the same text as ``pgq-thin metrics``).
+
+Security: a ``token`` makes every request (but the login form and the static files) need
+``Authorization: Bearer TOKEN`` or the cookie the login form sets (401 otherwise: a page answers
+with the login form); a POST whose Origin is not the
+dashboard's own is refused (403) whatever the token; ``allowed_hosts`` (the loopback names when it
+binds a loopback address) refuses other Host headers, against DNS rebinding. Templates are
+autoescaped and the Content-Security-Policy allows only the dashboard's own scripts and styles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, is_dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pgq_thin import __version__
+from pgq_thin.client import Client
+from pgq_thin.errors import (
+    ConnectionLost,
+    InvalidArgument,
+    JobNotFound,
+    PermissionDenied,
+    PgqError,
+    WrongState,
+    translated,
+)
+
+__all__ = ["COOKIE", "create_app", "serve"]
+
+log = logging.getLogger("pgq_thin.dashboard")
+
+HERE = Path(__file__).parent
+#: The login form's cookie: an HMAC of the token (the token itself never sits in the browser).
+COOKIE = "pgq_dashboard"
+#: Paths served without the token: the login form and the static files (the wheel's own CSS/JS).
+OPEN_PATHS = ("/login", "/static/")
+#: The pgq functions behind the actions, and the catalog question whether the role may call each.
+ACTIONS = {
+    "retry": "pgq.retry(bigint)",
+    "cancel": "pgq.cancel(bigint)",
+    "resolve": "pgq.resolve(bigint,text)",
+    "pause": "pgq.pause(text)",
+    "resume": "pgq.resume(text)",
+}
+PRIVILEGES = ("SELECT current_user, "
+              + ", ".join(f"has_function_privilege('{sig}', 'EXECUTE') AS {name}" for name, sig in ACTIONS.items()))
+JOB_STATES = ("pending", "running", "done", "failed", "cancelled", "outcome_unknown")
+RESOLVE_STATES = ("done", "pending", "failed", "cancelled")
+MAX_BIGINT = 2**63 - 1
+#: What a page asks pgq.list_jobs for unless told otherwise.
+PAGE_SIZE = 50
+SECURITY_HEADERS = [
+    (b"content-security-policy",
+     b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+     b"form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"same-origin"),
+]
+
+
+class BadRequest(Exception):
+    """A request value the dashboard cannot even pass to pgq (a job id that is not a number)."""
+
+
+def _plain(value: Any) -> Any:
+    """JSON for the API: datetimes as ISO 8601, intervals as seconds."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in asdict(value).items()}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _json(data: Any, status: int = 200) -> JSONResponse:
+    return JSONResponse(_plain(data), status_code=status)
+
+
+def _status_of(exc: Exception) -> int:
+    if isinstance(exc, (BadRequest, InvalidArgument)):
+        return 400
+    if isinstance(exc, PermissionDenied):
+        return 403
+    if isinstance(exc, JobNotFound):
+        return 404
+    if isinstance(exc, WrongState):
+        return 409
+    if isinstance(exc, ConnectionLost):
+        return 503
+    return 500
+
+
+def _error_body(exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, PgqError):
+        return {"error": exc.message, "sqlstate": exc.sqlstate, "hint": exc.hint}
+    return {"error": str(exc), "sqlstate": None, "hint": None}
+
+
+def _job_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise BadRequest(f"job id must be a number, got {text[:40]!r}") from None
+    if not 1 <= value <= MAX_BIGINT:
+        raise BadRequest(f"job id must be between 1 and {MAX_BIGINT}, got {value}")
+    return value
+
+
+def _optional_int(params: Any, name: str) -> int | None:
+    text = params.get(name)
+    if text in (None, ""):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise BadRequest(f"{name} must be a number, got {text[:40]!r}") from None
+
+
+def _optional_text(params: Any, name: str) -> str | None:
+    text = params.get(name)
+    return None if text in (None, "") else str(text)
+
+
+def _ago(value: timedelta | None) -> str:
+    """A short age for the pages: 4s, 3m 12s, 2h 5m, 3d 4h."""
+    if value is None:
+        return "-"
+    seconds = int(value.total_seconds())
+    if seconds < 60:
+        return f"{max(seconds, 0)}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(_plain(value), indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def _templates() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,  # every value is escaped: a payload's "<script>" shows as text
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters.update(ago=_ago, when=_when, pretty=_pretty)
+    return env
+
+
+class Guard:
+    """The checks every request passes first: Origin on POSTs (CSRF), then the token."""
+
+    def __init__(self, app: ASGIApp, token: str | None, login_page: Callable[[Request, str], Response]) -> None:
+        self.app = app
+        self.token = token
+        self.login_page = login_page  # what a browser gets without the token: the login form (with 401)
+        self.cookie = None if token is None else _cookie_value(token)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        refusal = self.refusal(request)
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", [])) + SECURITY_HEADERS
+            await send(message)
+
+        if refusal is not None:
+            await refusal(scope, receive, send_with_headers)
+        else:
+            await self.app(scope, receive, send_with_headers)
+
+    def refusal(self, request: Request) -> Response | None:
+        if request.method not in ("GET", "HEAD", "OPTIONS"):
+            own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+            origin = request.headers.get("origin")
+            if origin is not None and origin != own:
+                return JSONResponse({"error": f"cross-origin request refused: Origin {origin[:100]} is not "
+                                              f"this dashboard's ({own})", "sqlstate": None, "hint": None},
+                                    status_code=403)
+            if origin is None and request.headers.get("sec-fetch-site") in ("cross-site", "same-site"):
+                return JSONResponse({"error": "cross-site request refused", "sqlstate": None, "hint": None},
+                                    status_code=403)
+        if self.token is None or request.url.path.startswith(OPEN_PATHS) or self.authorized(request):
+            return None
+        if request.method == "GET" and _wants_html(request):
+            query = request.url.query
+            return self.login_page(request, _local(request.url.path + (f"?{query}" if query else "")))
+        return JSONResponse({"error": "a token is required: send Authorization: Bearer TOKEN, or log in at /login",
+                             "sqlstate": None, "hint": None},
+                            status_code=401, headers={"www-authenticate": 'Bearer realm="pgq dashboard"'})
+
+    def authorized(self, request: Request) -> bool:
+        assert self.token is not None and self.cookie is not None
+        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), self.token.encode()):
+            return True
+        cookie = request.cookies.get(COOKIE, "")
+        return hmac.compare_digest(cookie.encode(), self.cookie.encode())
+
+
+def _cookie_value(token: str) -> str:
+    return hmac.new(token.encode(), b"pgq dashboard login", hashlib.sha256).hexdigest()
+
+
+def _wants_html(request: Request) -> bool:
+    path = request.url.path
+    return not (path.startswith("/api/") or path in ("/metrics", "/healthz"))
+
+
+def _local(path: str | None) -> str:
+    """A redirect target that stays on this site."""
+    if not path or not path.startswith("/") or path.startswith("//") or "\\" in path:
+        return "/"
+    return path
+
+
+class Dashboard:
+    """The routes, over one Client."""
+
+    def __init__(self, client: Client, token: str | None) -> None:
+        self.client = client
+        self.token = token
+        self.templates = _templates()
+
+    # What the role may do -------------------------------------------------------------------------
+
+    def permissions(self) -> dict[str, Any]:
+        """current_user and, per action, whether the role may call its pgq function."""
+        with translated(), self.client.pool.connection() as conn:
+            cur = conn.execute(PRIVILEGES)
+            names = [d.name for d in cur.description or ()]
+            row = cur.fetchone()
+        values = dict(zip(names, row or ()))
+        can = {name: bool(values.get(name)) for name in ACTIONS}
+        return {"role": values.get("current_user"), "can": can, "read_only": not any(can.values())}
+
+    def _refused(self, action: str) -> JSONResponse | None:
+        perms = self.permissions()
+        if perms["can"][action]:
+            return None
+        return _json({"error": f"read-only: the dashboard's database role {perms['role']} may not call "
+                               f"{ACTIONS[action]} (a pgq_monitor login is read-only; connect as a pgq_admin "
+                               "login to act)", "sqlstate": "42501", "hint": None}, 403)
+
+    # Pages -----------------------------------------------------------------------------------------
+
+    def render(self, request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+        if "perms" not in context:
+            try:
+                context["perms"] = self.permissions()
+            except PgqError:
+                context["perms"] = {"role": "?", "can": dict.fromkeys(ACTIONS, False), "read_only": True}
+        context.setdefault("path", request.url.path)
+        html = self.templates.get_template(template).render(
+            version=__version__, login=self.token is not None, **context)
+        return HTMLResponse(html, status_code=status)
+
+    def page(self, template: str, build: Callable[[Request], dict[str, Any]]) -> Callable[[Request], Response]:
+        """A page: ``build`` reads what it shows; a pgq error becomes the error page."""
+
+        def endpoint(request: Request) -> Response:
+            try:
+                context = build(request)
+            except (PgqError, BadRequest) as exc:
+                return self.render(request, "error.html", _status_of(exc), **_error_body(exc))
+            return self.render(request, template, **context)
+
+        return endpoint
+
+    def overview(self, request: Request) -> dict[str, Any]:
+        findings = self.client.health()
+        return {"queues": self.client.stats(), "findings": [f for f in findings if f.severity != "ok"],
+                "worst": _worst(findings)}
+
+    def jobs(self, request: Request) -> dict[str, Any]:
+        params = request.query_params
+        queue, state, kind = (_optional_text(params, n) for n in ("queue", "state", "kind"))
+        limit = _optional_int(params, "limit") or PAGE_SIZE
+        before_id = _optional_int(params, "before_id")
+        jobs = self.client.list_jobs(queue, state, kind, limit, before_id)
+        filters = {k: v for k, v in (("queue", queue), ("state", state), ("kind", kind)) if v}
+        if limit != PAGE_SIZE:
+            filters["limit"] = str(limit)
+        more = None
+        if len(jobs) == limit:
+            more = "/jobs?" + urlencode({**filters, "before_id": jobs[-1].id})
+        first = "/jobs?" + urlencode(filters) if before_id is not None else None
+        return {"jobs": jobs, "queue": queue or "", "state": state or "", "kind": kind or "", "more": more,
+                "first": first, "queues": [q.queue for q in self.client.stats()], "states": JOB_STATES}
+
+    def job(self, request: Request) -> dict[str, Any]:
+        job_id = _job_id(request.path_params["id"])
+        return {"job": self.client.get_job(job_id), "history": self.client.job_history(job_id),
+                "resolve_states": RESOLVE_STATES}
+
+    def schedules(self, request: Request) -> dict[str, Any]:
+        return {"schedules": self.client.schedules()}
+
+    def health(self, request: Request) -> dict[str, Any]:
+        findings = self.client.health()
+        return {"findings": findings, "worst": _worst(findings)}
+
+    def login_form(self, request: Request) -> Response:
+        if self.token is None:
+            return RedirectResponse("/", status_code=303)
+        return self._login_page(request, _local(request.query_params.get("next")), None, 200)
+
+    def login_required(self, request: Request, next_path: str) -> Response:
+        """A page asked for without the token: 401, with the login form (back to the page once in)."""
+        return self._login_page(request, next_path, None, 401)
+
+    def _login_page(self, request: Request, next_path: str, error: str | None, status: int) -> HTMLResponse:
+        perms = {"role": None, "can": dict.fromkeys(ACTIONS, False), "read_only": True}
+        return self.render(request, "login.html", status, next=next_path, error=error, perms=perms)
+
+    async def login(self, request: Request) -> Response:
+        if self.token is None:
+            return RedirectResponse("/", status_code=303)
+        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        token = (form.get("token") or [""])[0]
+        next_path = _local((form.get("next") or ["/"])[0])
+        if not hmac.compare_digest(token.encode(), self.token.encode()):
+            return self._login_page(request, next_path, "That is not the dashboard's token.", 401)
+        response = RedirectResponse(next_path, status_code=303)
+        response.set_cookie(COOKIE, _cookie_value(self.token), httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https", path="/")
+        return response
+
+    def logout(self, request: Request) -> Response:
+        response = RedirectResponse("/login" if self.token is not None else "/", status_code=303)
+        response.delete_cookie(COOKIE, path="/")
+        return response
+
+    # The JSON API ----------------------------------------------------------------------------------
+
+    def api(self, build: Callable[[Request], Any]) -> Callable[[Request], Response]:
+        """An API endpoint: ``build`` answers; errors become {"error", "sqlstate", "hint"} with a status."""
+
+        def endpoint(request: Request) -> Response:
+            try:
+                answer = build(request)
+            except (PgqError, BadRequest) as exc:
+                return _json(_error_body(exc), _status_of(exc))
+            return answer if isinstance(answer, Response) else _json(answer)
+
+        return endpoint
+
+    def api_queues(self, request: Request) -> Any:
+        return {"queues": self.client.stats()}
+
+    def api_jobs(self, request: Request) -> Any:
+        params = request.query_params
+        limit = _optional_int(params, "limit") or PAGE_SIZE
+        jobs = self.client.list_jobs(_optional_text(params, "queue"), _optional_text(params, "state"),
+                                     _optional_text(params, "kind"), limit, _optional_int(params, "before_id"))
+        return {"jobs": jobs, "next_before_id": jobs[-1].id if len(jobs) == limit else None}
+
+    def api_job(self, request: Request) -> Any:
+        job_id = _job_id(request.path_params["id"])
+        return {"job": self.client.get_job(job_id), "history": self.client.job_history(job_id)}
+
+    def api_health(self, request: Request) -> Any:
+        findings = self.client.health()
+        return {"status": _worst(findings), "findings": findings}
+
+    def api_schedules(self, request: Request) -> Any:
+        return {"schedules": self.client.schedules()}
+
+    def job_action(self, action: str) -> Callable[[Request], Awaitable[Response]]:
+        """POST /api/jobs/{id}/retry|cancel|resolve: one call of the pgq function, then the job."""
+
+        async def endpoint(request: Request) -> Response:
+            body = await request.body()  # read here; the pgq calls run in the thread pool, as sync routes do
+            return await run_in_threadpool(self.api(lambda r: self._job_action(action, r, body)), request)
+
+        return endpoint
+
+    def _job_action(self, action: str, request: Request, body: bytes) -> Any:
+        job_id = _job_id(request.path_params["id"])
+        refused = self._refused(action)
+        if refused is not None:
+            return refused
+        if action == "resolve":
+            ok = self.client.resolve(job_id, _resolve_state(body))
+        elif action == "retry":
+            ok = self.client.retry(job_id)
+        else:
+            ok = self.client.cancel(job_id)
+        answer: dict[str, Any] = {"ok": ok, "job": self.client.get_job(job_id)}
+        if not ok:
+            answer["detail"] = f"job {job_id} had already finished: nothing to {action}"
+        return answer
+
+    def queue_action(self, action: str) -> Callable[[Request], Response]:
+        """POST /api/queues/{name}/pause|resume."""
+
+        def build(request: Request) -> Any:
+            refused = self._refused(action)
+            if refused is not None:
+                return refused
+            name = request.path_params["name"]
+            settings = self.client.pause(name) if action == "pause" else self.client.resume(name)
+            return {"ok": True, "queue": settings}
+
+        return self.api(build)
+
+    def metrics(self, request: Request) -> Response:
+        """The queue metrics in the Prometheus text format (pgq_thin.metrics, over a pooled connection)."""
+        from pgq_thin.metrics import exposition
+
+        try:
+            with translated(), self.client.pool.connection() as conn:
+                body, content_type = exposition(conn)
+        except PgqError as exc:
+            return _json(_error_body(exc), _status_of(exc))
+        return Response(body, media_type=content_type)
+
+    def healthz(self, request: Request) -> Response:
+        """Liveness: the process answers and the database does (pgq.version())."""
+        try:
+            return _json({"status": "ok", "pgq_version": self.client.version()})
+        except PgqError as exc:
+            return _json({"status": "unavailable", **_error_body(exc)}, 503)
+
+
+def _resolve_state(body: bytes) -> str:
+    try:
+        data = json.loads(body or b"null")
+    except ValueError:
+        raise BadRequest('the body must be JSON: {"state": "done" | "pending" | "failed" | "cancelled"}') from None
+    if not isinstance(data, dict) or not isinstance(data.get("state"), str):
+        raise BadRequest('the body must be {"state": "done" | "pending" | "failed" | "cancelled"}')
+    return str(data["state"])
+
+
+def _worst(findings: Sequence[Any]) -> str:
+    severities = {f.severity for f in findings}
+    return "critical" if "critical" in severities else "warning" if "warning" in severities else "ok"
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    body = {"error": f"no such page: {request.url.path[:200]}", "sqlstate": None, "hint": None}
+    if _wants_html(request):
+        return HTMLResponse("<!doctype html><title>Not found</title><p>Not found. <a href=\"/\">pgq dashboard</a>",
+                            status_code=404)
+    return JSONResponse(body, status_code=404)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    log.exception("dashboard error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse({"error": "internal error (see the dashboard's log)", "sqlstate": None, "hint": None},
+                        status_code=500)
+
+
+def create_app(client: Client, *, token: str | None = None, allowed_hosts: Sequence[str] | None = None) -> Starlette:
+    """The dashboard over ``client``. ``token``: require it (Bearer or the login cookie) on every
+    request; ``allowed_hosts``: the Host names to answer (None: any)."""
+    d = Dashboard(client, token)
+    routes = [
+        Route("/", d.page("index.html", d.overview)),
+        Route("/jobs", d.page("jobs.html", d.jobs)),
+        Route("/jobs/{id}", d.page("job.html", d.job)),
+        Route("/schedules", d.page("schedules.html", d.schedules)),
+        Route("/health", d.page("health.html", d.health)),
+        Route("/login", d.login_form, methods=["GET"]),
+        Route("/login", d.login, methods=["POST"]),
+        Route("/logout", d.logout, methods=["POST"]),
+        Route("/healthz", d.healthz),
+        Route("/metrics", d.metrics),
+        Route("/api/queues", d.api(d.api_queues)),
+        Route("/api/jobs", d.api(d.api_jobs)),
+        Route("/api/jobs/{id}", d.api(d.api_job)),
+        Route("/api/health", d.api(d.api_health)),
+        Route("/api/schedules", d.api(d.api_schedules)),
+        Route("/api/jobs/{id}/retry", d.job_action("retry"), methods=["POST"]),
+        Route("/api/jobs/{id}/cancel", d.job_action("cancel"), methods=["POST"]),
+        Route("/api/jobs/{id}/resolve", d.job_action("resolve"), methods=["POST"]),
+        Route("/api/queues/{name}/pause", d.queue_action("pause"), methods=["POST"]),
+        Route("/api/queues/{name}/resume", d.queue_action("resume"), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    middleware = [Middleware(Guard, token=token, login_page=d.login_required)]
+    if allowed_hosts is not None:
+        middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
+    return Starlette(routes=routes, middleware=middleware,
+                     exception_handlers={404: _not_found, 500: _server_error, Exception: _server_error})
+
+
+#: The Host names a dashboard bound to a loopback address answers to (DNS rebinding defence).
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+
+
+def serve(client: Client, host: str = "127.0.0.1", port: int = 8080, token: str | None = None) -> None:
+    """Serve the dashboard with uvicorn until SIGINT/SIGTERM."""
+    import uvicorn
+
+    loopback = host in LOOPBACK_HOSTS or host.startswith("127.")
+    app = create_app(client, token=token, allowed_hosts=[*LOOPBACK_HOSTS, host] if loopback else None)
+    uvicorn.run(app, host=host, port=port, log_level="info", server_header=False)

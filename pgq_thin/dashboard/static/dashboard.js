@@ -1,0 +1,107 @@
+// pgq dashboard: the action buttons (POST to the JSON API, then reload) and the throughput chart
+// (polls /api/queues). No framework, no build step. Text from the server is set with textContent,
+// never as HTML.
+"use strict";
+
+function flash(text, bad) {
+  const box = document.getElementById("flash");
+  box.textContent = text;
+  box.className = bad ? "flash bad" : "flash";
+  box.hidden = false;
+}
+
+async function act(button) {
+  if (button.dataset.confirm && !window.confirm(button.dataset.confirm)) return;
+  button.disabled = true;
+  try {
+    const response = await fetch(button.dataset.url, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: {"Content-Type": "application/json"},
+      body: button.dataset.body || "{}",
+    });
+    const answer = await response.json();
+    if (!response.ok) {
+      flash(answer.error + (answer.sqlstate ? " [SQLSTATE " + answer.sqlstate + "]" : ""), true);
+      button.disabled = false;
+      return;
+    }
+    if (answer.detail) flash(answer.detail, false);
+    window.location.reload();
+  } catch (error) {
+    flash("the dashboard did not answer: " + error, true);
+    button.disabled = false;
+  }
+}
+
+const FINISHED = ["done", "failed", "cancelled"];
+const WINDOW_SECONDS = 300;
+const samples = [];  // [seconds, finished jobs over all queues]
+
+function drawChart(chart) {
+  // Jobs per second between consecutive polls, from zero at the first poll; the time since the
+  // first poll (at most the last 5 minutes) spans the chart's width, the peak its height.
+  const rates = [[samples[0][0], 0]];
+  for (let i = 1; i < samples.length; i++) {
+    const dt = samples[i][0] - samples[i - 1][0];
+    // Pruning removes finished jobs: a fall in the count is not negative throughput.
+    rates.push([samples[i][0], Math.max(0, samples[i][1] - samples[i - 1][1]) / dt]);
+  }
+  const now = samples[samples.length - 1][0];
+  const span = Math.max(10, now - samples[0][0]);
+  const peak = Math.max(...rates.map(r => r[1]));
+  const top = Math.max(1, peak);
+  const points = rates.map(([t, r]) =>
+    (600 - (now - t) * 600 / span).toFixed(1) + "," + (118 - r * 110 / top).toFixed(1));
+  chart.querySelector("polyline").setAttribute("points", points.join(" "));
+  const first = points[0].split(",")[0];
+  chart.querySelector("polygon").setAttribute("points", first + ",118 " + points.join(" ") + " 600,118");
+  document.getElementById("rate").textContent = rates[rates.length - 1][1].toFixed(1);
+  document.getElementById("peak").textContent = peak.toFixed(1);
+  document.getElementById("span").textContent = Math.round(now - samples[0][0]);
+}
+
+function ago(seconds) {  // as the server writes an age: 4s, 3m 12s, 2h 5m, 3d 4h
+  if (seconds === null) return "-";
+  const s = Math.max(0, Math.floor(seconds));
+  if (s < 60) return s + "s";
+  if (s < 3600) return Math.floor(s / 60) + "m " + (s % 60) + "s";
+  if (s < 86400) return Math.floor(s / 3600) + "h " + Math.floor(s % 3600 / 60) + "m";
+  return Math.floor(s / 86400) + "d " + Math.floor(s % 86400 / 3600) + "h";
+}
+
+function updateCounts(queues) {
+  for (const q of queues) {
+    const row = document.querySelector('tr[data-queue="' + CSS.escape(q.queue) + '"]');
+    if (!row) continue;
+    for (const cell of row.querySelectorAll("td[data-col]")) {
+      const col = cell.dataset.col;
+      const target = cell.querySelector("a") || cell;
+      target.textContent = col === "oldest_ready_age" ? ago(q[col]) : String(q[col]);
+    }
+  }
+}
+
+async function poll(chart) {
+  try {
+    const response = await fetch("/api/queues", {credentials: "same-origin"});
+    if (response.ok) {
+      const queues = (await response.json()).queues;
+      const finished = queues.reduce((sum, q) => sum + FINISHED.reduce((s, c) => s + q[c], 0), 0);
+      samples.push([performance.now() / 1000, finished]);
+      while (samples.length > 2 && samples[samples.length - 1][0] - samples[0][0] > WINDOW_SECONDS) samples.shift();
+      drawChart(chart);
+      updateCounts(queues);
+    }
+  } finally {
+    window.setTimeout(() => poll(chart), 2000);
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  for (const button of document.querySelectorAll("button.action")) {
+    button.addEventListener("click", () => act(button));
+  }
+  const chart = document.getElementById("throughput");
+  if (chart) poll(chart);
+});

@@ -1,0 +1,219 @@
+"""The dashboard in a real browser: Debian's chromium, driven by Playwright, against a real
+``pgq-thin dashboard`` process on a throwaway database. It logs in with the token (taken from
+$PGQ_DASHBOARD_TOKEN), reads the pages, sees a <script> in a payload and an error shown as text,
+clicks retry on a failed job and sees it pending, watches the throughput chart move, and as a
+pgq_monitor login finds the buttons disabled. Screenshots go to the test's temporary directory
+(and, with $PGQ_DASHBOARD_SCREENSHOTS set, to that directory too: docs/dashboard.png comes from there)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+from psycopg.conninfo import conninfo_to_dict
+
+from pgq_thin import Client
+
+from dashboardkit import SCRIPT, failed_job, logins, unknown_job
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+TOKEN = "browser-test-token"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def running_dashboard(dsn: str, token: str | None = None, *options: str,
+                      output: list[str] | None = None) -> Iterator[str]:
+    """``pgq-thin dashboard`` in its own process (host left to its default unless ``options`` say);
+    yields its URL once /healthz answers; what it printed goes into ``output`` once it stopped."""
+    port = _free_port()
+    env = {**os.environ, "PGQ_DASHBOARD_TOKEN": token or ""}
+    process = subprocess.Popen([sys.executable, "-m", "pgq_thin", "dashboard", "--dsn", dsn, "--port", str(port),
+                                *options], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               cwd=tempfile.gettempdir())  # not the checkout: the installed wheel's assets serve
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, f"the dashboard exited: {process.stdout.read() if process.stdout else ''}"
+            request = urllib.request.Request(f"{url}/healthz", headers={"Authorization": f"Bearer {token}"})
+            try:
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            assert time.monotonic() < deadline, "the dashboard did not answer /healthz within 60 s"
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            printed, _ = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            printed, _ = process.communicate()
+        if output is not None:
+            output.append(printed)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: scripts/test.sh installs Debian's chromium (apt-get install chromium)")
+    with sync_playwright() as playwright:
+        # Chromium's sandbox refuses to run as root (CI runs the suite as root): --no-sandbox then. The
+        # page is the dashboard under test on 127.0.0.1, not content from the internet.
+        args = ["--no-sandbox"] if os.geteuid() == 0 else []
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=args)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 760})
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    expect.set_options(timeout=20_000)  # a loaded CI machine: wait longer for a condition, never a fixed time
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    try:
+        yield page
+    finally:
+        assert dialogs == [], f"a script ran: {dialogs}"
+        context.close()
+
+
+def screenshot(page: Page, directory: Path, name: str) -> Path:
+    path = directory / name
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000  # an image of the page, not an empty one
+    keep = os.environ.get("PGQ_DASHBOARD_SCREENSHOTS")
+    if keep:
+        shutil.copy(path, Path(keep) / name)
+    return path
+
+
+def test_an_admin_logs_in_reads_the_pages_and_retries_a_failed_job(
+        pgq_client: Client, page: Page, tmp_path: Path) -> None:
+    failed = failed_job(pgq_client, error=f"SMTP 550 {SCRIPT}")
+    unknown_job(pgq_client, queue="billing")
+    pgq_client.enqueue_many("mail", "send", [{"n": n} for n in range(12)])
+    pgq_client.schedule("nightly-report", "reports", "build", cron="0 3 * * *")
+    with logins(pgq_client.dsn) as dsns, running_dashboard(dsns["pgq_admin"], TOKEN) as url:
+        assert page.goto(f"{url}/").status == 401  # the token is required: the login form
+        page.fill("input[name=token]", "not it")
+        page.click("button:has-text('log in')")
+        expect(page.locator("#login-error")).to_be_visible()
+        page.fill("input[name=token]", TOKEN)
+        page.click("button:has-text('log in')")
+        expect(page).to_have_url(f"{url}/")
+
+        mail = page.locator('tr[data-queue="mail"]')
+        expect(mail.locator('td[data-col="pending"]')).to_have_text("12")
+        expect(mail.locator('td[data-col="failed"]')).to_have_text("1")
+        expect(mail.locator('td[data-col="oldest_ready_age"]')).not_to_have_text("-")
+        expect(page.locator('tr[data-queue="billing"] td[data-col="outcome_unknown"]')).to_have_text("1")
+        expect(page.locator("#read-only")).to_have_count(0)
+        expect(page.locator("#rate")).not_to_have_text("…")  # the chart polled /api/queues
+        # Jobs finish while the page is open (in two rounds): the chart's rate rises, the counts follow.
+        for batch, done in ((3, "3"), (4, "7"), (5, "12")):
+            for job in pgq_client.claim("test-worker", ["mail"], batch=batch):
+                assert pgq_client.complete(job.id, job.attempt)
+            expect(mail.locator('td[data-col="done"]')).to_have_text(done)
+        expect(page.locator("#peak")).not_to_have_text("0.0")
+        expect(mail.locator('td[data-col="oldest_ready_age"]')).to_have_text("-")  # nothing of mail is due now
+        assert page.locator("#throughput polyline").get_attribute("points")
+        screenshot(page, tmp_path, "dashboard.png")
+
+        page.click("nav >> text=Jobs")
+        page.select_option("select[name=state]", "failed")
+        page.click("button:has-text('filter')")
+        expect(page).to_have_url(f"{url}/jobs?queue=&state=failed&kind=")
+        rows = page.locator("#jobs tbody tr")
+        expect(rows).to_have_count(1)
+        expect(rows.locator("td.error")).to_contain_text("<script>window.__pwned")
+        page.click(f"#jobs >> text={failed}")
+
+        expect(page).to_have_url(f"{url}/jobs/{failed}")
+        expect(page.locator("#job-state")).to_have_text("failed")
+        expect(page.locator("#payload")).to_contain_text(f'"note": "{SCRIPT}"')
+        expect(page.locator("#last-error")).to_have_text(f"SMTP 550 {SCRIPT}")
+        assert page.evaluate("window.__pwned") is None  # shown as text, never run
+        expect(page.locator("#history tbody tr")).to_have_count(2)  # claimed, failed
+        screenshot(page, tmp_path, "job-failed.png")
+
+        page.click("button:has-text('retry')")
+        expect(page.locator("#job-state")).to_have_text("pending")
+        assert pgq_client.get_job(failed).state == "pending"
+        expect(page.locator("#history tbody tr").last).to_contain_text("retried")
+        screenshot(page, tmp_path, "job-retried.png")
+
+        page.click("nav >> text=Schedules")
+        expect(page.locator("#schedules")).to_contain_text("nightly-report")
+        expect(page.locator("#schedules")).to_contain_text("0 3 * * *")
+        page.click("nav >> text=Health")
+        expect(page.locator("#findings")).to_contain_text("expired_leases")
+        screenshot(page, tmp_path, "health.png")
+
+        # Pause from the overview; the button turns into resume.
+        page.goto(f"{url}/")
+        page.locator('tr[data-queue="mail"] button:has-text("pause")').click()
+        expect(page.locator('tr[data-queue="mail"]')).to_contain_text("paused")
+        assert [q.paused for q in pgq_client.stats() if q.queue == "mail"] == [True]
+        page.locator('tr[data-queue="mail"] button:has-text("resume")').click()
+        expect(page.locator('tr[data-queue="mail"]')).to_contain_text("active")
+
+
+def test_a_monitor_login_sees_a_read_only_dashboard(pgq_client: Client, page: Page, tmp_path: Path) -> None:
+    failed = failed_job(pgq_client)
+    with logins(pgq_client.dsn) as dsns, running_dashboard(dsns["pgq_monitor"]) as url:
+        page.goto(f"{url}/")
+        expect(page.locator("#read-only")).to_contain_text("pgq_monitor")
+        expect(page.locator('tr[data-queue="mail"] button:has-text("pause")')).to_be_disabled()
+        page.goto(f"{url}/jobs/{failed}")
+        retry = page.locator("button:has-text('retry')")
+        expect(retry).to_be_disabled()
+        role = conninfo_to_dict(dsns["pgq_monitor"])["user"]
+        expect(retry).to_have_attribute("title", f"read-only: role {role} may not call pgq.retry")
+        # A direct POST from the page (same origin) is refused with the reason.
+        answer = page.evaluate("""async (id) => {
+            const r = await fetch('/api/jobs/' + id + '/retry', {method: 'POST'});
+            return [r.status, (await r.json()).error];
+        }""", failed)
+        assert answer[0] == 403 and "read-only" in answer[1]
+        screenshot(page, tmp_path, "read-only.png")
+    assert pgq_client.get_job(failed).state == "failed"
+
+
+def test_beyond_loopback_without_a_token_it_warns(pgq_dsn: str) -> None:
+    printed: list[str] = []
+    with running_dashboard(pgq_dsn, None, "--host", "0.0.0.0", output=printed):
+        pass
+    assert "warning: listening on 0.0.0.0 without a token" in printed[0]
+    printed.clear()
+    with running_dashboard(pgq_dsn, None, output=printed):  # loopback: no warning
+        pass
+    assert "pgq dashboard on http://127.0.0.1:" in printed[0] and "warning" not in printed[0]
