@@ -9,6 +9,7 @@
 -- totals of pgq.finished_counts; a reader adds the deltas not folded yet, so a count is exact at
 -- any moment, whether or not a fold ran.
 -- The totals start from the finished rows present when this migration runs.
+-- pgq.queue_settings() gives pgq_monitor (the dashboard) every queue's settings row.
 -- pgq.sweep is 0004's with the fold added at its end; pgq.health is 0006's with two checks read
 -- through jobs_list_idx: outcome_unknown per queue (it read every job: 100 ms with 1M finished
 -- rows) and unclaimed_kind's finished jobs among the newest 1,000 of each finished state of the
@@ -384,6 +385,27 @@ $$;
 REVOKE ALL ON pgq.finished_counts, pgq.finished_deltas FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pgq._count_finished(), pgq._fold_finished(), pgq.metrics() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgq.metrics() TO pgq_monitor;
+
+-- For the dashboard's overview: the queues' settings, for pgq_monitor.
+-- Every queue's settings (or one queue's: 22023 when there is no such queue), for dashboards and
+-- operators: what pgq.configure_queue set, whether it is paused, and which privileges have
+-- per-queue grants (restricted). A row of pgq.queues, so a setting a later migration adds is in
+-- it too.
+CREATE FUNCTION pgq.queue_settings(queue text DEFAULT NULL)
+    RETURNS SETOF pgq.queues
+    LANGUAGE sql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+    SELECT pgq._existing_queue('queue', queue_settings.queue) WHERE queue_settings.queue IS NOT NULL;
+    SELECT q.* FROM pgq.queues AS q
+    WHERE queue_settings.queue IS NULL OR q.name = queue_settings.queue
+    ORDER BY q.name;
+$$;
+COMMENT ON FUNCTION pgq.queue_settings(text) IS
+    'The settings of every queue (or of one): a row of pgq.queues each, by name.';
+REVOKE EXECUTE ON FUNCTION pgq.queue_settings(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgq.queue_settings(text) TO pgq_monitor;
 
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE

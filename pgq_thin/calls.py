@@ -536,6 +536,12 @@ def queue_grants(queue: str | None = None) -> Call[list[QueueGrant]]:
                 rows=dict_row)
 
 
+def queue_settings(queue: str | None = None) -> Call[list[QueueSettings]]:
+    """pgq.queue_settings: the settings of ``queue`` (None: of every queue, by name)."""
+    return Call(queries.QUEUE_SETTINGS, {"queue": queue},
+                lambda rows: [record(QueueSettings, r) for r in rows], rows=dict_row)
+
+
 def schedules() -> Call[list[Schedule]]:
     """pgq.schedules: every schedule, by name."""
     return Call(queries.SCHEDULES, {}, lambda rows: [record(Schedule, r) for r in rows], rows=dict_row)
@@ -665,6 +671,7 @@ class PgqCalls:
     grant_queue = Method(grant_queue)
     revoke_queue = Method(revoke_queue)
     queue_grants = Method(queue_grants)
+    queue_settings = Method(queue_settings)
     stats = Method(stats)
     metrics = Method(metrics)
     health = Method(health)

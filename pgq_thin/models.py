@@ -89,7 +89,7 @@ class QueueMetrics:
 
 @dataclass(frozen=True)
 class QueueSettings:
-    """A row of pgq.queues: a queue's settings."""
+    """A row of pgq.queues: a queue's settings (pgq.configure_queue, pause, resume, queue_settings)."""
 
     name: str
     paused: bool
@@ -106,6 +106,8 @@ class QueueSettings:
     max_run_time: timedelta | None = None
     #: The earliest next_run_at of the queue's enabled schedules (None: none).
     next_schedule_at: datetime | None = None
+    #: The privileges that have per-queue grants (pgq.grant_queue); None: the queue is open.
+    restricted: list[str] | None = None
 
 
 @dataclass(frozen=True)

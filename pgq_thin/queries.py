@@ -107,6 +107,7 @@ GRANT_QUEUE = ("SELECT pgq.grant_queue(queue => %(queue)s::text, role => %(role)
 REVOKE_QUEUE = ("SELECT pgq.revoke_queue(queue => %(queue)s::text, role => %(role)s::text,"
                 " privilege => %(privilege)s::text)")
 QUEUE_GRANTS = "SELECT * FROM pgq.queue_grants(queue => %(queue)s::text)"
+QUEUE_SETTINGS = "SELECT * FROM pgq.queue_settings(queue => %(queue)s::text)"
 
 # Observe -----------------------------------------------------------------------------------------
 

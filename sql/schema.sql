@@ -3625,6 +3625,24 @@ $$;
 COMMENT ON FUNCTION pgq.queue_status(text[]) IS
     'For each named queue, in order: whether it exists and whether it is paused.';
 
+-- Every queue's settings (or one queue's: 22023 when there is no such queue), for dashboards and
+-- operators: what pgq.configure_queue set, whether it is paused, and which privileges have
+-- per-queue grants (restricted). A row of pgq.queues, so a setting a later migration adds is in
+-- it too.
+CREATE FUNCTION pgq.queue_settings(queue text DEFAULT NULL)
+    RETURNS SETOF pgq.queues
+    LANGUAGE sql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+    SELECT pgq._existing_queue('queue', queue_settings.queue) WHERE queue_settings.queue IS NOT NULL;
+    SELECT q.* FROM pgq.queues AS q
+    WHERE queue_settings.queue IS NULL OR q.name = queue_settings.queue
+    ORDER BY q.name;
+$$;
+COMMENT ON FUNCTION pgq.queue_settings(text) IS
+    'The settings of every queue (or of one): a row of pgq.queues each, by name.';
+
 -- The schema version: the number of the newest migration. Every migration redefines it (and
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE FUNCTION pgq.version() RETURNS text
@@ -3688,6 +3706,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.schedules(),
     pgq.queue_grants(text),
     pgq.metrics(),
+    pgq.queue_settings(text),
     pgq.version()
     TO pgq_monitor;
 

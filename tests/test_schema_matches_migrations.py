@@ -159,7 +159,7 @@ MIGRATION_SHA256 = {
     "0007_failover_fence.sql": "68dece3ca49b3aa294ca6666356e3f39c0de7f5959068a03ddb8f01162974825",
     "0008_security_access.sql": "33462f9928786fbdc87f92a865e69b1577bd268793e68c5e285dadd0241dd92a",
     "0009_security_limits.sql": "c06f8fe627f75ec6d5db32a94e8d52dc26154827923cac1127e5948bd47b5004",
-    "0010_finished_counters.sql": "c843ce7aa56e588e02a368b37f0e0dcef4dda13d43cf3cdd4ab789d6e7956c9c",
+    "0010_finished_counters.sql": "3ba88c62d4f5d7bf79509e7dae6c9bf515f8655588089550eee3188a5c6d4f5f",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 

@@ -266,3 +266,15 @@ def test_health_does_not_blame_a_kind_when_the_whole_queue_waits(conn: psycopg.C
     conn.execute("UPDATE pgq.jobs SET claimed_at = now() - interval '1 hour' WHERE id = %s", (job_id,))
     assert findings(conn)["unclaimed_kind"][0][0] == "ok"
     assert claim(conn, queues=["q"], batch=10)  # (and a kinds => NULL claim takes them all)
+
+
+def test_queue_settings_lists_every_queues_row_or_one_and_refuses_an_unknown_queue(conn: psycopg.Connection) -> None:
+    from test_sql_support import sqlstate_of
+
+    one(conn, "SELECT pgq.enqueue('b', 'k')")
+    one(conn, "SELECT pgq.enqueue('a', 'k')")
+    conn.execute("SELECT pgq.configure_queue('b', fair => true, max_running => 2)")
+    rows = conn.execute("SELECT name, fair, max_running, restricted FROM pgq.queue_settings()").fetchall()
+    assert rows == [("a", False, 0, None), ("b", True, 2, None)]
+    assert conn.execute("SELECT name FROM pgq.queue_settings('b')").fetchall() == [("b",)]
+    assert sqlstate_of(conn, "SELECT * FROM pgq.queue_settings('nope')") == "22023"

@@ -51,6 +51,7 @@ API: dict[str, tuple[str, set[str]]] = {
     "grant_queue": ("SELECT pgq.grant_queue('q', 'pgq_worker', 'claim')", ADMIN),
     "revoke_queue": ("SELECT pgq.revoke_queue('q', 'pgq_worker', 'claim')", ADMIN),
     "queue_grants": ("SELECT * FROM pgq.queue_grants()", MONITOR),
+    "queue_settings": ("SELECT * FROM pgq.queue_settings()", MONITOR),
     "schedules": ("SELECT * FROM pgq.schedules()", MONITOR),
     "get_job": ("SELECT * FROM pgq.get_job(1)", MONITOR),
     "job_history": ("SELECT * FROM pgq.job_history(1)", MONITOR),

@@ -50,6 +50,7 @@ from pgq_thin.errors import (
     WrongState,
     translated,
 )
+from pgq_thin.models import QueueSettings
 
 __all__ = ["COOKIE", "create_app", "serve"]
 
@@ -151,6 +152,20 @@ def _optional_int(params: Any, name: str) -> int | None:
 def _optional_text(params: Any, name: str) -> str | None:
     text = params.get(name)
     return None if text in (None, "") else str(text)
+
+
+def _settings_text(q: QueueSettings) -> str:
+    """A queue's settings in a few words for the overview: fair, caps, lease, limits, grants."""
+    parts = ["fair" if q.fair else "fifo"]
+    if q.max_running:
+        parts.append(f"max {q.max_running} running")
+    parts.append(f"lease {_ago(q.lease)}")
+    if q.max_run_time is not None:
+        parts.append(f"max run {_ago(q.max_run_time)}")
+    parts.append(f"{q.max_attempts} attempts")
+    if q.restricted:
+        parts.append("grants: " + ", ".join(q.restricted))
+    return " · ".join(parts)
 
 
 def _ago(value: timedelta | None) -> str:
@@ -311,8 +326,9 @@ class Dashboard:
 
     def overview(self, request: Request) -> dict[str, Any]:
         findings = self.client.health()
-        return {"queues": self.client.stats(), "findings": [f for f in findings if f.severity != "ok"],
-                "worst": _worst(findings)}
+        settings = {q.name: _settings_text(q) for q in self.client.queue_settings()}
+        return {"queues": self.client.stats(), "settings": settings,
+                "findings": [f for f in findings if f.severity != "ok"], "worst": _worst(findings)}
 
     def jobs(self, request: Request) -> dict[str, Any]:
         params = request.query_params
@@ -388,7 +404,7 @@ class Dashboard:
         return endpoint
 
     def api_queues(self, request: Request) -> Any:
-        return {"queues": self.client.stats()}
+        return {"queues": self.client.stats(), "settings": self.client.queue_settings()}
 
     def api_jobs(self, request: Request) -> Any:
         params = request.query_params
