@@ -272,14 +272,20 @@ def test_concurrent_claimers_never_wait_and_never_pass_a_cap_while_a_session_hol
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
 
-    waits: list[int] = []
+    waits: list[list[str]] = []
 
     def sampler() -> None:
+        # A claim waiting for a lock another transaction holds (a row, a transaction id, a
+        # relation): the rule is about claims (a complete may wait a moment for a row another
+        # claimer's pick locked and skipped), and not about the relation extension lock
+        # ('extend'), which concurrent inserts into one table take turns on inside the server.
         with psycopg.connect(dsn, autocommit=True) as c:
             while not stop.is_set():
                 observed.append(one(c, "SELECT count(*) FROM pgq.jobs WHERE queue = 'capped' AND state = 'running'"))
-                waits.append(one(c, "SELECT count(*) FROM pg_locks AS l JOIN pg_stat_activity AS a "
-                                    "ON a.pid = l.pid WHERE NOT l.granted AND a.datname = current_database()"))
+                waits.append([f"{r[0]} by {r[1]}" for r in c.execute(
+                    "SELECT l.locktype, left(a.query, 60) FROM pg_locks AS l JOIN pg_stat_activity AS a "
+                    "ON a.pid = l.pid WHERE NOT l.granted AND a.datname = current_database()"
+                    " AND l.locktype <> 'extend' AND a.query LIKE '%pgq.claim(%'")])
 
     threads = [threading.Thread(target=claimer) for _ in range(4)] + [threading.Thread(target=sampler)]
     for t in threads:
@@ -298,7 +304,7 @@ def test_concurrent_claimers_never_wait_and_never_pass_a_cap_while_a_session_hol
             t.join(timeout=30)
     assert not errors, errors
     assert max(observed) <= 3, f"running counts seen: max {max(observed)}"
-    assert max(waits) == 0, "a session waited for a lock"
+    assert not [w for w in waits if w], f"a claim waited for a lock: {[w for w in waits if w][:5]}"
 
 
 # 4. Repeated rejections ------------------------------------------------------------------------------
