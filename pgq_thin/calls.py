@@ -20,7 +20,7 @@ from psycopg.adapt import AdaptersMap, Buffer
 from psycopg.rows import RowFactory, args_row, dict_row
 from psycopg.types.json import Jsonb, JsonbBinaryLoader, JsonbLoader
 
-from pgq_thin import queries
+from pgq_thin import queries, tracecontext
 from pgq_thin.errors import BadArgument, BadArgumentType
 from pgq_thin.models import (
     HealthFinding,
@@ -294,6 +294,15 @@ def _settings(rows: list[Any]) -> QueueSettings:
 # Producers ----------------------------------------------------------------------------------------
 
 
+def _meta(meta: Any, trace_context: Any) -> Jsonb | None:
+    """enqueue's meta as jsonb (None stays NULL), with the caller's trace context when asked."""
+    if type(trace_context) is not bool:
+        raise _refused("trace_context", f"must be a bool, got {_type_name(trace_context)}", type_error=True)
+    if trace_context:
+        meta = tracecontext.inject(meta)
+    return None if meta is None else _json("meta", meta)
+
+
 def enqueue(
     queue: str,
     kind: str,
@@ -305,11 +314,15 @@ def enqueue(
     unique_key: str | None = None,
     tenant: str | None = None,
     max_run_time: Interval | None = None,
+    meta: dict[str, Any] | None = None,
+    trace_context: bool = True,
     conn: CallerConnection | None = None,
 ) -> Call[int]:
     """pgq.enqueue: add one job, now or at ``run_at``; returns its id. With ``conn``, the job
     is part of that connection's current transaction. ``max_run_time`` caps each attempt
-    (default: the queue's)."""
+    (default: the queue's). ``meta``: a JSON object kept with the job and handed to each attempt
+    (``Job.meta``); with opentelemetry-api and a current span, the span's W3C trace context is
+    added under ``meta["otel"]`` (unless ``trace_context=False`` or meta has an "otel" key)."""
 
     def read(rows: list[Any]) -> int:
         job_id = int(rows[0][0])
@@ -320,6 +333,7 @@ def enqueue(
         "queue": queue, "kind": kind, "payload": _json("payload", {} if payload is None else payload),
         "run_at": run_at, "priority": priority, "max_attempts": max_attempts,
         "unique_key": unique_key, "tenant": tenant, "max_run_time": _interval("max_run_time", max_run_time),
+        "meta": _meta(meta, trace_context),
     }, read, conn=conn)
 
 
@@ -333,13 +347,16 @@ def enqueue_many(
     max_attempts: int | None = None,
     tenant: str | None = None,
     max_run_time: Interval | None = None,
+    meta: dict[str, Any] | None = None,
+    trace_context: bool = True,
     conn: CallerConnection | None = None,
 ) -> Call[list[int]]:
-    """pgq.enqueue_many: add one job per payload in one statement; ids in payload order."""
+    """pgq.enqueue_many: add one job per payload in one statement; ids in payload order. Every
+    job gets the same ``meta`` (with the trace context, as enqueue's)."""
     return Call(queries.ENQUEUE_MANY, {
         "queue": queue, "kind": kind, "payloads": _jsons("payloads", payloads),
         "run_at": run_at, "priority": priority, "max_attempts": max_attempts, "tenant": tenant,
-        "max_run_time": _interval("max_run_time", max_run_time),
+        "max_run_time": _interval("max_run_time", max_run_time), "meta": _meta(meta, trace_context),
     }, _ids, conn=conn)
 
 

@@ -50,6 +50,8 @@ class Job:
     progress: dict[str, Any] | None = None
     #: This attempt's deadline (claimed_at + max_run_time) by the database clock; None: no limit.
     deadline: datetime | None = None
+    #: The producer's metadata (enqueue's ``meta``; None: none), with the trace context under "otel".
+    meta: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,8 @@ class JobRecord:
     #: The database login of the latest claim or owner operation: the owner operations of a running
     #: attempt are accepted only from it (or a pgq_admin member). None: claimed before migration 0008.
     session_role: str | None = None
+    #: The producer's metadata (enqueue's ``meta``; None: none).
+    meta: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

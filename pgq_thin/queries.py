@@ -11,7 +11,7 @@ ENQUEUE = (
     " payload => %(payload)s::jsonb, run_at => coalesce(%(run_at)s::timestamptz, now()),"
     " priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,"
     " unique_key => %(unique_key)s::text, tenant => %(tenant)s::text,"
-    " max_run_time => %(max_run_time)s::interval)"
+    " max_run_time => %(max_run_time)s::interval, meta => %(meta)s::jsonb)"
 )
 
 #: Add one job per payload in one INSERT; returns the ids in payload order. The payloads go in
@@ -21,7 +21,8 @@ ENQUEUE_MANY = (
     "SELECT id FROM pgq.enqueue_many(queue => %(queue)s::text, kind => %(kind)s::text,"
     " payloads => %(payloads)b::jsonb[], run_at => coalesce(%(run_at)s::timestamptz, now()),"
     " priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,"
-    " tenant => %(tenant)s::text, max_run_time => %(max_run_time)s::interval) AS t(id)"
+    " tenant => %(tenant)s::text, max_run_time => %(max_run_time)s::interval,"
+    " meta => %(meta)s::jsonb) AS t(id)"
 )
 
 # Workers -----------------------------------------------------------------------------------------
@@ -29,7 +30,7 @@ ENQUEUE_MANY = (
 #: Claim up to batch due jobs (of kinds, when given); each row carries its fencing token (attempt).
 CLAIM = (
     "SELECT id, queue, kind, payload, priority, attempt, max_attempts, run_at, created_at,"
-    " lease_until, tenant, progress, deadline"
+    " lease_until, tenant, progress, deadline, meta"
     " FROM pgq.claim(worker => %(worker)s::text, queues => %(queues)s::text[],"
     " batch => %(batch)s::integer, lease => %(lease)s::interval, kinds => %(kinds)s::text[])"
 )

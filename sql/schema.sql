@@ -161,6 +161,7 @@ CREATE TABLE pgq.jobs (
     attempt_skip  integer       NOT NULL DEFAULT 0,
     attempt_offset integer      NOT NULL DEFAULT 0,
     session_role  text,
+    meta          jsonb,
     -- The attempt number is the fencing token: it only grows, and never past max_attempts.
     CONSTRAINT jobs_attempt_check CHECK (attempt >= 0 AND attempt <= max_attempts),
     -- Exactly the running jobs hold a lease.
@@ -174,6 +175,9 @@ CREATE TABLE pgq.jobs (
 COMMENT ON TABLE pgq.jobs IS 'One row per job. Finished rows stay until pgq.prune deletes them.';
 COMMENT ON COLUMN pgq.jobs.attempt IS
     'The fencing token: incremented by every claim, never decreased. Owner operations must quote it.';
+COMMENT ON COLUMN pgq.jobs.meta IS
+    'The producer''s metadata (enqueue''s meta; NULL: none): a JSON object kept across retries and '
+    'handed to every attempt by pgq.claim. pgq_thin puts the W3C trace context under "otel".';
 COMMENT ON COLUMN pgq.jobs.last_event IS
     'How the job reached its state: ''enqueued'' until its first transition, then the event name '
     'of that transition in pgq.job_events. Lets an owner operation repeated after an ambiguous '
@@ -1556,7 +1560,8 @@ $$;
 CREATE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFAULT '{}',
                             run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
                             max_attempts integer DEFAULT NULL, unique_key text DEFAULT NULL,
-                            tenant text DEFAULT NULL, max_run_time interval DEFAULT NULL)
+                            tenant text DEFAULT NULL, max_run_time interval DEFAULT NULL,
+                            meta jsonb DEFAULT NULL)
     RETURNS bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -1582,13 +1587,18 @@ BEGIN
                     AND coalesce(octet_length(enqueue.unique_key) BETWEEN 1 AND 1024, true)
                     AND coalesce(enqueue.max_run_time > interval '0'
                                  AND enqueue.max_run_time <= interval '365 days'
-                                 AND pgq._is_span(enqueue.max_run_time), true), false) THEN
+                                 AND pgq._is_span(enqueue.max_run_time), true)
+                    AND (enqueue.meta IS NULL OR jsonb_typeof(enqueue.meta) = 'object'
+                         AND pgq._jsonb_size(enqueue.meta) <= 1048576), false) THEN
         PERFORM pgq._check_enqueue(enqueue.queue, enqueue.kind, enqueue.run_at, enqueue.priority,
                                    enqueue.max_attempts, enqueue.tenant);
         PERFORM pgq._check_payload('payload', enqueue.payload);
         PERFORM pgq._check_unique_key(enqueue.unique_key);
         IF enqueue.max_run_time IS NOT NULL THEN
             PERFORM pgq._check_interval('max_run_time', enqueue.max_run_time, interval '365 days');
+        END IF;
+        IF enqueue.meta IS NOT NULL THEN
+            PERFORM pgq._check_payload('meta', enqueue.meta);
         END IF;
     END IF;
     -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
@@ -1607,17 +1617,18 @@ BEGIN
     IF enqueue.unique_key IS NULL THEN
         -- A plain INSERT: ON CONFLICT would make it a speculative insertion even without a key.
         INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant,
-                                   max_run_time)
+                                   max_run_time, meta)
         VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
-                coalesce(enqueue.max_attempts, q.max_attempts), job_tenant, enqueue.max_run_time)
+                coalesce(enqueue.max_attempts, q.max_attempts), job_tenant, enqueue.max_run_time,
+                enqueue.meta)
         RETURNING j.id INTO new_id;
     ELSE
         LOOP
             INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
-                                       unique_key, tenant, max_run_time)
+                                       unique_key, tenant, max_run_time, meta)
             VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                     coalesce(enqueue.max_attempts, q.max_attempts), enqueue.unique_key, job_tenant,
-                    enqueue.max_run_time)
+                    enqueue.max_run_time, enqueue.meta)
             ON CONFLICT (queue, unique_key)
                 WHERE unique_key IS NOT NULL AND state IN ('pending', 'running', 'outcome_unknown')
                 DO NOTHING
@@ -1641,13 +1652,14 @@ BEGIN
     RETURN new_id;
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval) IS
-    'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it.';
+COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb) IS
+    'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it. '
+    'meta: a JSON object (or NULL) kept with the job and returned by pgq.claim.';
 
 CREATE FUNCTION pgq.enqueue_many(queue text, kind text, payloads jsonb[],
                                  run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
                                  max_attempts integer DEFAULT NULL, tenant text DEFAULT NULL,
-                                 max_run_time interval DEFAULT NULL)
+                                 max_run_time interval DEFAULT NULL, meta jsonb DEFAULT NULL)
     RETURNS SETOF bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -1662,6 +1674,9 @@ BEGIN
                                enqueue_many.priority, enqueue_many.max_attempts, enqueue_many.tenant);
     IF enqueue_many.max_run_time IS NOT NULL THEN
         PERFORM pgq._check_interval('max_run_time', enqueue_many.max_run_time, interval '365 days');
+    END IF;
+    IF enqueue_many.meta IS NOT NULL THEN
+        PERFORM pgq._check_payload('meta', enqueue_many.meta);
     END IF;
     IF enqueue_many.payloads IS NULL THEN
         PERFORM pgq._bad_argument('payloads', 'must not be NULL');
@@ -1687,10 +1702,11 @@ BEGIN
     -- the ids in payload order.
     RETURN QUERY
     WITH inserted AS (
-        INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant, max_run_time)
+        INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant, max_run_time,
+                              meta)
         SELECT enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.priority,
                enqueue_many.run_at, coalesce(enqueue_many.max_attempts, q.max_attempts),
-               job_tenant, enqueue_many.max_run_time
+               job_tenant, enqueue_many.max_run_time, enqueue_many.meta
         FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
         ORDER BY p.n
         RETURNING jobs.id
@@ -1702,8 +1718,9 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval) IS
-    'Adds one job per payload in one INSERT and returns their ids in payload order.';
+COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb) IS
+    'Adds one job per payload in one INSERT and returns their ids in payload order; each job '
+    'gets the same meta.';
 
 -- Functions: workers ------------------------------------------------------------------------------
 
@@ -1720,11 +1737,13 @@ CREATE TYPE pgq.claimed_job AS (
     lease_until   timestamptz,
     tenant        text,
     progress      jsonb,
-    deadline      timestamptz
+    deadline      timestamptz,
+    meta          jsonb
 );
 COMMENT ON TYPE pgq.claimed_job IS
     'What pgq.claim hands a worker: the job, its fencing token (attempt), the checkpoint an '
-    'earlier attempt recorded (progress) and the attempt''s deadline (NULL: no limit).';
+    'earlier attempt recorded (progress), the attempt''s deadline (NULL: no limit) and the '
+    'producer''s metadata (meta).';
 
 -- Fair mode's pick for one queue: up to `room` claimable jobs, locked FOR NO KEY UPDATE SKIP
 -- LOCKED, chosen across the queue's tenants by weighted round-robin. Tenants with a due job are
@@ -2075,14 +2094,15 @@ BEGIN
         -- enqueued and not yet pruned) on every claim.
         WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p)) AND q.name = j.queue
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
-                  j.run_at, j.created_at, j.lease_until, j.tenant, j.progress, j.deadline, q.audit
+                  j.run_at, j.created_at, j.lease_until, j.tenant, j.progress, j.deadline, j.meta,
+                  q.audit
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, claim.worker, 'claimed', 'pending', 'running'
         FROM claimed AS c WHERE c.audit
     )
     SELECT c.id, c.queue, c.kind, c.payload, c.priority, c.attempt, c.max_attempts,
-           c.run_at, c.created_at, c.lease_until, c.tenant, c.progress, c.deadline
+           c.run_at, c.created_at, c.lease_until, c.tenant, c.progress, c.deadline, c.meta
     FROM claimed AS c
     ORDER BY c.priority DESC, c.run_at, c.id;
 END
@@ -3662,8 +3682,8 @@ REVOKE ALL ON SCHEMA pgq FROM PUBLIC;
 GRANT USAGE ON SCHEMA pgq TO pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
 
 GRANT EXECUTE ON FUNCTION
-    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval),
-    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval)
+    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb),
+    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb)
     TO pgq_producer;
 
 GRANT EXECUTE ON FUNCTION

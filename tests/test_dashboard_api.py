@@ -275,3 +275,11 @@ def test_without_the_extra_the_command_says_what_to_install() -> None:
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
         "pgq-thin: the dashboard needs the dashboard extra (missing: uvicorn): pip install 'pgq-thin[dashboard]'"]
+
+
+def test_the_job_page_and_api_show_the_producers_meta_escaped(pgq_client: Client) -> None:
+    job_id = pgq_client.enqueue("mail", "send", meta={"source": SCRIPT})
+    with dashboard(pgq_client.dsn) as http:
+        assert http.get(f"/api/jobs/{job_id}").json()["job"]["meta"] == {"source": SCRIPT}
+        page = http.get(f"/jobs/{job_id}").text
+        assert '<pre id="meta">' in page and SCRIPT not in page and "&lt;script&gt;window" in page

@@ -55,7 +55,7 @@ def test_claim_returns_every_documented_field(conn):
     assert c == {"id": job_id, "queue": "q", "kind": "kind.x", "payload": {"p": 1}, "priority": 3,
                  "attempt": 1, "max_attempts": 4, "run_at": row["run_at"],
                  "created_at": row["created_at"], "lease_until": row["lease_until"], "tenant": "t",
-                 "progress": None, "deadline": None}
+                 "progress": None, "deadline": None, "meta": None}
 
 
 def test_claim_marks_running_increments_attempt_and_leases_by_the_database_clock(conn):

@@ -22,8 +22,8 @@ ROLES = ["pgq_producer", "pgq_worker", "pgq_admin", "pgq_monitor", NOBODY]
 PRODUCER, WORKER, ADMIN, MONITOR = ({"pgq_producer", "pgq_admin"}, {"pgq_worker", "pgq_admin"},
                                     {"pgq_admin"}, {"pgq_monitor", "pgq_admin"})
 API: dict[str, tuple[str, set[str]]] = {
-    "enqueue": ("SELECT pgq.enqueue('q', 'k')", PRODUCER),
-    "enqueue_many": ("SELECT pgq.enqueue_many('q', 'k', ARRAY['{}']::jsonb[])", PRODUCER),
+    "enqueue": ("SELECT pgq.enqueue('q', 'k', meta => '{}')", PRODUCER),
+    "enqueue_many": ("SELECT pgq.enqueue_many('q', 'k', ARRAY['{}']::jsonb[], meta => '{}')", PRODUCER),
     "claim": ("SELECT * FROM pgq.claim('w')", WORKER),
     "renew": ("SELECT pgq.renew(1, 1)", WORKER),
     "complete": ("SELECT pgq.complete(1, 1)", WORKER),

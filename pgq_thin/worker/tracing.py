@@ -6,6 +6,11 @@ pgq_worker_jobs_total); also the messaging conventions' ``messaging.system`` ("p
 ``messaging.destination.name`` (the queue) and ``messaging.message.id``. An outcome other than
 completed or snoozed sets the span's status to ERROR.
 
+When the job's ``meta["otel"]`` holds the producer's trace context (``enqueue`` puts it there,
+pgq_thin.tracecontext), the span has a Link to the producer's span, not a parent: an attempt may
+run hours after the enqueue, and a retry links to the same producer again. ``pgq.job.linked``
+says whether it has one.
+
 Without opentelemetry-api, ``Tracing.create()`` is None and the worker does nothing for traces.
 With the API but no SDK configured by the application, the spans are the API's no-ops. Spans go
 wherever the application's tracer provider sends them (the global one, or
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pgq_thin import tracecontext
 from pgq_thin.models import Job
 
 __all__ = ["Tracing"]
@@ -46,10 +52,13 @@ class Tracing:
 
     def start(self, job: Job) -> tuple[Any, Any]:
         """Open the attempt's span and make it current; the token to pass to end()."""
+        producer = tracecontext.extract(job.meta) if job.meta is not None else None
         span = self._tracer.start_span(f"process {job.queue}", kind=self._trace.SpanKind.CONSUMER, attributes={
             "pgq.job.id": job.id, "pgq.job.queue": job.queue, "pgq.job.kind": job.kind,
             "pgq.job.attempt": job.attempt, "messaging.system": "pgq",
-            "messaging.destination.name": job.queue, "messaging.message.id": str(job.id)})
+            "messaging.destination.name": job.queue, "messaging.message.id": str(job.id),
+            "pgq.job.linked": producer is not None},
+            links=None if producer is None else [self._trace.Link(producer)])
         token = self._context.attach(self._trace.set_span_in_context(span))
         return span, token
 
