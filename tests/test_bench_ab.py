@@ -38,3 +38,15 @@ def test_the_server_side_ab_by_backend_cpu_time_compares_any_two_migrations() ->
     # 1,000 claim + complete pairs take far more than one clock tick of CPU.
     assert all(us > 0 for v in result["cpu_us_per_claim_complete"].values() for us in v)
     assert result["ratio_after_over_before"] > 0
+
+
+def test_the_ab_command_answers_help_and_bad_arguments_with_its_usage_not_a_traceback() -> None:
+    import subprocess
+    import sys
+
+    shown = subprocess.run([sys.executable, "-m", "pgq_thin.tools.bench", "--help"], capture_output=True, text=True)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: python -m pgq_thin.tools.bench")
+    for bad in (["x"], ["10", "0", "1"], ["1", "2", "3", "a", "b", "c"]):
+        refused = subprocess.run([sys.executable, "-m", "pgq_thin.tools.bench", *bad], capture_output=True, text=True)
+        assert refused.returncode == 2 and refused.stderr.startswith("usage:"), (bad, refused.stderr)
+        assert "Traceback" not in refused.stderr

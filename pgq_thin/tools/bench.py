@@ -1400,8 +1400,18 @@ if __name__ == "__main__":
     # (default: AB_BEFORE and AB_AFTER), client drains with fsync on and off, then the server loop.
     import sys
 
-    sizes: dict[str, Any] = dict(zip(("jobs", "workers", "repeats"), (int(x) for x in sys.argv[1:4])))
-    pair: dict[str, Any] = dict(zip(("before", "after"), sys.argv[4:6]))
+    usage = ("usage: python -m pgq_thin.tools.bench [JOBS WORKERS REPEATS [BEFORE AFTER]]\n"
+             "  the A/B of two migrations (file names without .sql; default: "
+             f"{AB_BEFORE} {AB_AFTER}): client drains with fsync on and off, then the server loop")
+    args = sys.argv[1:]
+    if any(a in ("-h", "--help") for a in args):
+        print(usage)
+        sys.exit(0)
+    if len(args) > 5 or not all(a.isdigit() and int(a) > 0 for a in args[:3]):
+        print(usage, file=sys.stderr)
+        sys.exit(2)
+    sizes: dict[str, Any] = dict(zip(("jobs", "workers", "repeats"), (int(x) for x in args[:3])))
+    pair: dict[str, Any] = dict(zip(("before", "after"), args[3:5]))
     for on in (True, False):
         result = schedules_timeouts_ab(**sizes, **pair, fsync=on)
         print(json.dumps(result, indent=1))
