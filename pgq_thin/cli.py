@@ -512,7 +512,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 class _NeedsDevExtra(Exception):
     """A development tool was asked for, and the dev extra is not installed (or another extra a
-    command needs)."""
+    command needs: metrics, dashboard). main() prints it in one line and exits 2."""
 
 
 def _require_extra(extra: str, module: str, what: str) -> None:
@@ -613,9 +613,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     missing = missing_requirements()
     if missing:
-        say(f"pgq-thin: the dashboard needs the dashboard extra (missing: {', '.join(missing)}): {INSTALL}",
-            err=True)
-        return 2
+        raise _NeedsDevExtra(f"the dashboard needs the dashboard extra (missing: {', '.join(missing)}): {INSTALL}")
     from pgq_thin.dashboard.app import serve
 
     token = args.token or os.environ.get("PGQ_DASHBOARD_TOKEN") or None
