@@ -88,6 +88,10 @@ class QueueSettings:
     max_run_time: timedelta | None = None
     #: The earliest next_run_at of the queue's enabled schedules (None: none).
     next_schedule_at: datetime | None = None
+    #: At most this many jobs of one concurrency_key running at once (0: no limit).
+    key_max_running: int = 0
+    #: Whether the queue limits its keys (key_max_running or a pgq.set_key_limit override).
+    key_limited: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,8 @@ class JobRecord:
     #: The database login of the latest claim or owner operation: the owner operations of a running
     #: attempt are accepted only from it (or a pgq_admin member). None: claimed before migration 0008.
     session_role: str | None = None
+    #: The job's key for per-key concurrency limits (None: not limited by them).
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True)

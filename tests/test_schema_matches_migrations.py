@@ -159,6 +159,7 @@ MIGRATION_SHA256 = {
     "0007_failover_fence.sql": "68dece3ca49b3aa294ca6666356e3f39c0de7f5959068a03ddb8f01162974825",
     "0008_security_access.sql": "33462f9928786fbdc87f92a865e69b1577bd268793e68c5e285dadd0241dd92a",
     "0009_security_limits.sql": "c06f8fe627f75ec6d5db32a94e8d52dc26154827923cac1127e5948bd47b5004",
+    "0011_flow_control.sql": "e22232132203c32433bd08790535b0fb38b5755f01088185a558922908e8f14a",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 

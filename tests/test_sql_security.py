@@ -45,6 +45,7 @@ API: dict[str, tuple[str, set[str]]] = {
     "stats": ("SELECT * FROM pgq.stats()", MONITOR),
     "health": ("SELECT * FROM pgq.health()", MONITOR),
     "set_tenant_weight": ("SELECT pgq.set_tenant_weight('q', 't', 2)", ADMIN),
+    "set_key_limit": ("SELECT pgq.set_key_limit('q', 'customer-1', 2)", ADMIN),
     "schedule": ("SELECT pgq.schedule('s', 'q', 'k', every => '1 hour')", ADMIN),
     "unschedule": ("SELECT pgq.unschedule('s')", ADMIN),
     "grant_queue": ("SELECT pgq.grant_queue('q', 'pgq_worker', 'claim')", ADMIN),
@@ -68,7 +69,7 @@ TABLE_STATEMENTS = [
     "SELECT 1 FROM pgq.{t} FOR KEY SHARE",
 ]
 TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "tenant", "schedules": "name",
-          "fence": "timeline", "grants": "queue"}
+          "fence": "timeline", "grants": "queue", "key_limits": "key"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:
