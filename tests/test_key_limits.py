@@ -240,3 +240,46 @@ def test_a_queue_without_key_limits_never_reads_them(conn: psycopg.Connection) -
     assert len(claim(conn, queues=["other"])) == 1
     conn.execute("SELECT pg_stat_force_next_flush()")
     assert scans() > before
+
+
+def test_key_max_running_zero_without_overrides_makes_the_queue_plain_again(conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('keyed', key_max_running => 1)")
+    assert one(conn, "SELECT key_limited FROM pgq.queues WHERE name = 'keyed'") is True
+    conn.execute("SELECT pgq.set_key_limit('keyed', 'a', 2)")
+    conn.execute("SELECT pgq.configure_queue('keyed', key_max_running => 0)")
+    assert one(conn, "SELECT key_limited FROM pgq.queues WHERE name = 'keyed'") is True  # the override
+    conn.execute("SELECT pgq.set_key_limit('keyed', 'a', NULL)")
+    assert one(conn, "SELECT key_limited FROM pgq.queues WHERE name = 'keyed'") is False
+    enqueue_keyed(conn, "keyed", "a", 4)
+    assert len(claim(conn, queues=["keyed"], batch=4)) == 4
+
+
+def test_an_override_of_zero_frees_one_key_of_the_queues_limit(conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('keyed', key_max_running => 1)")
+    assert one(conn, "SELECT pgq.set_key_limit('keyed', 'internal', 0)") == 0
+    enqueue_keyed(conn, "keyed", "internal", 4)
+    enqueue_keyed(conn, "keyed", "customer", 4)
+    claim(conn, queues=["keyed"], batch=10)
+    assert running_per_key(conn, "keyed") == {"internal": 4, "customer": 1}
+
+
+def test_a_key_limited_claim_outside_read_committed_is_refused(dsn: str, conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('keyed', key_max_running => 1)")
+    enqueue_keyed(conn, "keyed", "a", 1)
+    with psycopg.connect(dsn) as tx:
+        tx.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        with pytest.raises(psycopg.Error) as err:
+            tx.execute("SELECT * FROM pgq.claim('w', '{keyed}')")
+        assert err.value.sqlstate == "55000" and "READ COMMITTED" in err.value.diag.message_primary
+        tx.rollback()
+    assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'running'") == 0
+
+
+def test_an_expired_lease_keeps_its_keys_slot_until_recovered(conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('keyed', key_max_running => 1)")
+    enqueue_keyed(conn, "keyed", "a", 2)
+    [held] = claim(conn, queues=["keyed"])
+    conn.execute("UPDATE pgq.jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (held["id"],))
+    [again] = claim(conn, queues=["keyed"], batch=5)  # recovered first, then the key's one slot
+    assert running_per_key(conn, "keyed") == {"a": 1}
+    assert again["id"] == held["id"] and again["attempt"] == 2
