@@ -198,7 +198,7 @@ def _prepare_database(dsn: str) -> None:
         conn.execute(queries.CONFIGURE_QUEUE, {
             "queue": QUEUE, "lease": None, "max_attempts": None, "backoff_base": None, "backoff_cap": None,
             "retention": None, "notify": True, "audit": True, "fair": False, "max_running": None,
-            "max_run_time": None})
+            "max_run_time": None, "key_max_running": None})
 
 
 def _reset(conn: psycopg.Connection) -> None:
@@ -222,7 +222,8 @@ def _load_pgq(conn: psycopg.Connection, n: int, tenants: int = 0) -> None:
         for tenant, ids in groups:
             conn.execute(queries.ENQUEUE_MANY, {
                 "queue": QUEUE, "kind": "noop", "payloads": [Jsonb({"n": i}) for i in ids],
-                "run_at": None, "priority": 0, "max_attempts": None, "tenant": tenant, "max_run_time": None})
+                "run_at": None, "priority": 0, "max_attempts": None, "tenant": tenant, "max_run_time": None,
+                "concurrency_key": None})
     conn.execute("VACUUM ANALYZE pgq.jobs")
     conn.execute("VACUUM ANALYZE pgq.job_events")
 
@@ -433,7 +434,8 @@ def _concurrent_enqueues(dsn: str, producers: int, total: int) -> float:
             for n in range(each):
                 conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": n}),
                                                "run_at": None, "priority": 0, "max_attempts": None,
-                                               "unique_key": None, "tenant": None, "max_run_time": None}, prepare=True)
+                                               "unique_key": None, "tenant": None, "max_run_time": None,
+                                               "concurrency_key": None}, prepare=True)
 
     t = time.perf_counter()
     _run_threads(producers, work)
@@ -451,7 +453,8 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
             for _ in range(cfg.enqueue_jobs // 1000):
                 conn.execute(queries.ENQUEUE_MANY, {"queue": QUEUE, "kind": "noop", "payloads": payloads,
                                                     "run_at": None, "priority": 0, "max_attempts": None,
-                                                    "tenant": None, "max_run_time": None}, prepare=True)
+                                                    "tenant": None, "max_run_time": None,
+                                                    "concurrency_key": None}, prepare=True)
             out["enqueue_many (1000 per call)"].append((cfg.enqueue_jobs // 1000) * 1000 / (time.perf_counter() - t))
             _reset(conn)
             t = time.perf_counter()
@@ -467,7 +470,8 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                     else:
                         conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}),
                                                        "run_at": None, "priority": 0, "max_attempts": None,
-                                                       "unique_key": None, "tenant": None, "max_run_time": None},
+                                                       "unique_key": None, "tenant": None, "max_run_time": None,
+                                                       "concurrency_key": None},
                                      prepare=True)
                 out[label].append(cfg.single_enqueues / (time.perf_counter() - t))
             # TESTING.md 17: the commit-lock cost of NOTIFY. A transaction that notifies takes a
@@ -536,7 +540,7 @@ def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                 warm = conn.execute(queries.ENQUEUE, {
                     "queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": -1}), "run_at": None, "priority": 0,
                     "max_attempts": None, "unique_key": None, "tenant": None,
-                    "max_run_time": None}).fetchone()[0]  # type: ignore[index]
+                    "max_run_time": None, "concurrency_key": None}).fetchone()[0]  # type: ignore[index]
                 while warm not in starts and time.monotonic() < deadline:
                     time.sleep(0.001)
                 for i in range(cfg.latency_samples):
@@ -544,7 +548,8 @@ def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                     time.sleep(mode["idle"] + rng.uniform(0, mode["spread"]))
                     job_id = conn.execute(queries.ENQUEUE, {
                         "queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}), "run_at": None, "priority": 0,
-                        "max_attempts": None, "unique_key": None, "tenant": None, "max_run_time": None}).fetchone()[0]  # type: ignore[index]
+                        "max_attempts": None, "unique_key": None, "tenant": None, "max_run_time": None,
+                        "concurrency_key": None}).fetchone()[0]  # type: ignore[index]
                     committed[job_id] = time.time()  # autocommit: the COMMIT has returned
                     deadline = time.monotonic() + 5 + 2 * mode["poll_interval"]
                     while job_id not in starts and time.monotonic() < deadline:
@@ -739,7 +744,8 @@ def _churn(dsn: str, seconds: float, workers: int = 4, sample_every: float = 2.0
                 if pending < 2000:
                     conn.execute(queries.ENQUEUE_MANY, {"queue": QUEUE, "kind": "noop", "payloads": payloads,
                                                         "run_at": None, "priority": 0, "max_attempts": None,
-                                                        "tenant": None, "max_run_time": None}, prepare=True)
+                                                        "tenant": None, "max_run_time": None,
+                                                        "concurrency_key": None}, prepare=True)
                 else:
                     time.sleep(0.005)
 
