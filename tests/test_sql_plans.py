@@ -259,7 +259,9 @@ def test_a_key_limited_claim_walks_jobs_ready_idx_past_its_full_keys(session):
         assert len(rows) == 10
         assert_no_seq_scan_on_jobs(plans)
         count = plan_of(plans, "count(*)::integer AS n")
-        assert [s.index for s in count.job_scans] == ["jobs_lease_idx"], count.text
+        # The running jobs (of every queue, as max_running's count) through jobs_lease_idx: an index
+        # scan, or a bitmap scan of it (PostgreSQL 18, with the earlier tests' running jobs).
+        assert len(count.job_scans) == 1 and "jobs_lease_idx" in count.text, count.text
         picks = [p for p in plans if "concurrency_key <> ALL (full_keys)" in p.query]
         assert picks, [p.query[:60] for p in plans]
         for p in picks:
