@@ -85,9 +85,9 @@ _PYTHON_NAMES = {"id": "job_id", "ids": "job_ids"}
 #: A parameter not listed gets the checks of its value's type only.
 _WANT: dict[str, type] = {
     **dict.fromkeys(("queue", "kind", "worker", "unique_key", "tenant", "error", "note", "state", "name", "cron",
-                     "timezone", "role", "privilege"), str),
+                     "timezone", "role", "privilege", "concurrency_key", "key"), str),
     **dict.fromkeys(("priority", "max_attempts", "batch", "id", "attempt", "max_jobs", "max_running", "weight",
-                     "limit_rows", "before_id"), int),
+                     "limit_rows", "before_id", "key_max_running"), int),
     **dict.fromkeys(("retryable", "notify", "audit", "fair", "skip_if_running", "enabled"), bool),
 }
 
@@ -316,13 +316,15 @@ def enqueue(
     max_run_time: Interval | None = None,
     meta: dict[str, Any] | None = None,
     trace_context: bool = True,
+    concurrency_key: str | None = None,
     conn: CallerConnection | None = None,
 ) -> Call[int]:
     """pgq.enqueue: add one job, now or at ``run_at``; returns its id. With ``conn``, the job
     is part of that connection's current transaction. ``max_run_time`` caps each attempt
     (default: the queue's). ``meta``: a JSON object kept with the job and handed to each attempt
     (``Job.meta``); with opentelemetry-api and a current span, the span's W3C trace context is
-    added under ``meta["otel"]`` (unless ``trace_context=False`` or meta has an "otel" key)."""
+    added under ``meta["otel"]`` (unless ``trace_context=False`` or meta has an "otel" key);
+    ``concurrency_key`` puts the job under the queue's per-key limit."""
 
     def read(rows: list[Any]) -> int:
         job_id = int(rows[0][0])
@@ -334,6 +336,7 @@ def enqueue(
         "run_at": run_at, "priority": priority, "max_attempts": max_attempts,
         "unique_key": unique_key, "tenant": tenant, "max_run_time": _interval("max_run_time", max_run_time),
         "meta": _meta(meta, trace_context),
+        "concurrency_key": concurrency_key,
     }, read, conn=conn)
 
 
@@ -349,6 +352,7 @@ def enqueue_many(
     max_run_time: Interval | None = None,
     meta: dict[str, Any] | None = None,
     trace_context: bool = True,
+    concurrency_key: str | None = None,
     conn: CallerConnection | None = None,
 ) -> Call[list[int]]:
     """pgq.enqueue_many: add one job per payload in one statement; ids in payload order. Every
@@ -357,6 +361,7 @@ def enqueue_many(
         "queue": queue, "kind": kind, "payloads": _jsons("payloads", payloads),
         "run_at": run_at, "priority": priority, "max_attempts": max_attempts, "tenant": tenant,
         "max_run_time": _interval("max_run_time", max_run_time), "meta": _meta(meta, trace_context),
+        "concurrency_key": concurrency_key,
     }, _ids, conn=conn)
 
 
@@ -484,14 +489,16 @@ def configure_queue(
     fair: bool | None = None,
     max_running: int | None = None,
     max_run_time: Interval | None = None,
+    key_max_running: int | None = None,
 ) -> Call[QueueSettings]:
     """pgq.configure_queue: change the given settings (None leaves one unchanged;
-    ``max_run_time=0`` removes the limit)."""
+    ``max_run_time=0`` removes the limit; ``key_max_running=0`` the per-key limit)."""
     return Call(queries.CONFIGURE_QUEUE, {
         "queue": queue, "lease": _interval("lease", lease), "max_attempts": max_attempts,
         "backoff_base": _interval("backoff_base", backoff_base), "backoff_cap": _interval("backoff_cap", backoff_cap),
         "retention": _interval("retention", retention), "notify": notify, "audit": audit,
         "fair": fair, "max_running": max_running, "max_run_time": _interval("max_run_time", max_run_time),
+        "key_max_running": key_max_running,
     }, _settings, rows=dict_row)
 
 
@@ -499,6 +506,13 @@ def set_tenant_weight(queue: str, tenant: str, weight: int) -> Call[TenantSettin
     """pgq.set_tenant_weight: a tenant of a fair queue gets `weight` turns per round."""
     return Call(queries.SET_TENANT_WEIGHT, {"queue": queue, "tenant": tenant, "weight": weight},
                 lambda rows: record(TenantSettings, rows[0]), rows=dict_row)
+
+
+def set_key_limit(queue: str, key: str, max_running: int | None) -> Call[int]:
+    """pgq.set_key_limit: at most ``max_running`` jobs of this concurrency key running at once
+    (0: no limit for it; None removes the override). Returns the limit now in effect (0: none)."""
+    return Call(queries.SET_KEY_LIMIT, {"queue": queue, "key": key, "max_running": max_running},
+                lambda rows: int(rows[0][0]))
 
 
 # Schedules ----------------------------------------------------------------------------------------
@@ -682,6 +696,7 @@ class PgqCalls:
     drop_queue = Method(drop_queue)
     configure_queue = Method(configure_queue)
     set_tenant_weight = Method(set_tenant_weight)
+    set_key_limit = Method(set_key_limit)
     schedule = Method(schedule)
     unschedule = Method(unschedule)
     schedules = Method(schedules)

@@ -223,7 +223,8 @@ def _payload(text: str) -> Any:
 def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = _payload(args.payload)
     settings = {"run_at": args.run_at, "priority": args.priority, "max_attempts": args.max_attempts,
-                "unique_key": args.unique_key, "tenant": args.tenant, "max_run_time": args.max_run_time}
+                "unique_key": args.unique_key, "tenant": args.tenant, "max_run_time": args.max_run_time,
+                "concurrency_key": args.concurrency_key}
     with _client(args) as client:
         if args.unique_key is None:
             job_id = client.enqueue(args.queue, args.kind, payload, **settings)
@@ -431,6 +432,7 @@ def cmd_job(args: argparse.Namespace) -> int:
     say(f"job {j.id}: {j.state} (attempt {j.attempt} of {j.max_attempts}), queue {_fmt(j.queue)}, kind {_fmt(j.kind)}")
     fields = [("payload", _json(j.payload)), ("result", _json(j.result)), ("last error", j.last_error),
               ("priority", j.priority), ("tenant", j.tenant), ("unique key", j.unique_key),
+              ("conc. key", j.concurrency_key),
               ("created at", j.created_at), ("run at", j.run_at), ("claimed by", j.claimed_by),
               ("claimed at", j.claimed_at), ("login", j.session_role), ("lease until", j.lease_until),
               ("finished at", j.finished_at)]
@@ -655,6 +657,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unique-key")
     p.add_argument("--tenant")
     p.add_argument("--max-run-time", type=duration, help="cap each attempt (e.g. 10m); default: the queue's")
+    p.add_argument("--concurrency-key",
+                   help="the job's key for the queue's per-key concurrency limit (pgq.set_key_limit)")
 
     p = command("worker", cmd_worker, "run a worker until SIGTERM/SIGINT")
     p.add_argument("--app", required=True, help="module:attribute of a pgq_thin Worker or AsyncWorker")

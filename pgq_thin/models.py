@@ -110,6 +110,10 @@ class QueueSettings:
     next_schedule_at: datetime | None = None
     #: The privileges that have per-queue grants (pgq.grant_queue); None: the queue is open.
     restricted: list[str] | None = None
+    #: At most this many jobs of one concurrency_key running at once (0: no limit).
+    key_max_running: int = 0
+    #: Whether the queue limits its keys (key_max_running or a pgq.set_key_limit override).
+    key_limited: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,8 @@ class JobRecord:
     session_role: str | None = None
     #: The producer's metadata (enqueue's ``meta``; None: none).
     meta: dict[str, Any] | None = None
+    #: The job's key for per-key concurrency limits (None: not limited by them).
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ ENQUEUE = (
     " payload => %(payload)s::jsonb, run_at => coalesce(%(run_at)s::timestamptz, now()),"
     " priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,"
     " unique_key => %(unique_key)s::text, tenant => %(tenant)s::text,"
-    " max_run_time => %(max_run_time)s::interval, meta => %(meta)s::jsonb)"
+    " max_run_time => %(max_run_time)s::interval, meta => %(meta)s::jsonb,"
+    " concurrency_key => %(concurrency_key)s::text)"
 )
 
 #: Add one job per payload in one INSERT; returns the ids in payload order. The payloads go in
@@ -22,7 +23,8 @@ ENQUEUE_MANY = (
     " payloads => %(payloads)b::jsonb[], run_at => coalesce(%(run_at)s::timestamptz, now()),"
     " priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,"
     " tenant => %(tenant)s::text, max_run_time => %(max_run_time)s::interval,"
-    " meta => %(meta)s::jsonb) AS t(id)"
+    " meta => %(meta)s::jsonb,"
+    " concurrency_key => %(concurrency_key)s::text) AS t(id)"
 )
 
 # Workers -----------------------------------------------------------------------------------------
@@ -85,11 +87,16 @@ CONFIGURE_QUEUE = (
     " max_attempts => %(max_attempts)s::integer, backoff_base => %(backoff_base)s::interval,"
     " backoff_cap => %(backoff_cap)s::interval, retention => %(retention)s::interval,"
     " notify => %(notify)s::boolean, audit => %(audit)s::boolean, fair => %(fair)s::boolean,"
-    " max_running => %(max_running)s::integer, max_run_time => %(max_run_time)s::interval)"
+    " max_running => %(max_running)s::integer, max_run_time => %(max_run_time)s::interval,"
+    " key_max_running => %(key_max_running)s::integer)"
 )
 SET_TENANT_WEIGHT = (
     "SELECT * FROM pgq.set_tenant_weight(queue => %(queue)s::text, tenant => %(tenant)s::text,"
     " weight => %(weight)s::integer)"
+)
+SET_KEY_LIMIT = (
+    "SELECT pgq.set_key_limit(queue => %(queue)s::text, key => %(key)s::text,"
+    " max_running => %(max_running)s::integer)"
 )
 
 # Schedules ---------------------------------------------------------------------------------------

@@ -92,7 +92,10 @@ CREATE TABLE pgq.queues (
     max_run_time  interval,
     next_schedule_at timestamptz,
     restricted    text[],
+    key_max_running integer   NOT NULL DEFAULT 0,
+    key_limited   boolean     NOT NULL DEFAULT false,
     CONSTRAINT queues_max_running_check CHECK (max_running BETWEEN 0 AND 100000),
+    CONSTRAINT queues_key_max_running_check CHECK (key_max_running BETWEEN 0 AND 100000),
     CONSTRAINT queues_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 10000),
     CONSTRAINT queues_lease_check CHECK (lease > '0' AND lease <= '1 day' AND pgq._is_span(lease)),
     CONSTRAINT queues_backoff_check CHECK (backoff_base > '0' AND backoff_cap >= backoff_base
@@ -118,6 +121,12 @@ COMMENT ON COLUMN pgq.queues.next_schedule_at IS
 COMMENT ON COLUMN pgq.queues.restricted IS
     'The privileges (enqueue, claim, read) that have grants on this queue (pgq.grant_queue), in '
     'name order; NULL when it has none. Only a restricted queue pays for a look at pgq.grants.';
+COMMENT ON COLUMN pgq.queues.key_max_running IS
+    'At most this many jobs of one concurrency_key running at once (pgq.set_key_limit overrides it '
+    'per key); 0: no limit. Jobs without a concurrency_key are not limited by it.';
+COMMENT ON COLUMN pgq.queues.key_limited IS
+    'Whether the queue limits its keys (key_max_running > 0 or a pgq.key_limits row), kept by '
+    'pgq.configure_queue and pgq.set_key_limit: only such a queue''s claim takes the per-key step.';
 
 -- Fair mode's bookkeeping: one row per (queue, tenant) of a fair queue. A claim serves the
 -- tenants with the least virtual time first and advances a served tenant's virtual time by
@@ -162,6 +171,7 @@ CREATE TABLE pgq.jobs (
     attempt_offset integer      NOT NULL DEFAULT 0,
     session_role  text,
     meta          jsonb,
+    concurrency_key text,
     -- The attempt number is the fencing token: it only grows, and never past max_attempts.
     CONSTRAINT jobs_attempt_check CHECK (attempt >= 0 AND attempt <= max_attempts),
     -- Exactly the running jobs hold a lease.
@@ -201,6 +211,8 @@ COMMENT ON COLUMN pgq.jobs.progress IS
     'The checkpoint the job''s attempts record with pgq.progress; kept across retries.';
 COMMENT ON COLUMN pgq.jobs.schedule IS
     'The schedule (pgq.schedules.name) that enqueued this job; NULL for jobs enqueued directly.';
+COMMENT ON COLUMN pgq.jobs.concurrency_key IS
+    'The job''s key for per-key concurrency (queues.key_max_running, pgq.key_limits); NULL: none.';
 
 CREATE TABLE pgq.job_events (
     id          bigint        GENERATED ALWAYS AS IDENTITY,
@@ -325,6 +337,18 @@ COMMENT ON TABLE pgq.finished_deltas IS
 -- its rows where a publication FOR ALL TABLES includes it (a table without a replica identity
 -- refuses deletes there).
 ALTER TABLE pgq.finished_deltas REPLICA IDENTITY FULL;
+
+-- Per-key limits that override a queue's key_max_running for one key (pgq.set_key_limit): a
+-- bigger customer gets 5 running jobs where the others get 2. max_running 0: this key has no limit.
+CREATE TABLE pgq.key_limits (
+    queue        text    NOT NULL REFERENCES pgq.queues (name) ON DELETE CASCADE,
+    key          text    NOT NULL,
+    max_running  integer NOT NULL,
+    PRIMARY KEY (queue, key),
+    CONSTRAINT key_limits_max_running_check CHECK (max_running BETWEEN 0 AND 100000)
+);
+COMMENT ON TABLE pgq.key_limits IS
+    'Per-key overrides of queues.key_max_running (pgq.set_key_limit); 0: the key has no limit.';
 
 -- Indexes ----------------------------------------------------------------------------------------
 
@@ -559,6 +583,17 @@ BEGIN
         PERFORM pgq._bad_argument('unique_key',
             format('must be 1 to 1024 bytes long (UTF-8), got %s bytes', octet_length(unique_key)),
             'Hash a longer key, e.g. md5(key).');
+    END IF;
+END
+$$;
+
+-- Validates a concurrency key (a job's, or pgq.set_key_limit's): NULL or 1 to 256 characters.
+CREATE FUNCTION pgq._check_concurrency_key(argument text, value text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF length(_check_concurrency_key.value) NOT BETWEEN 1 AND 256 THEN
+        PERFORM pgq._bad_argument(_check_concurrency_key.argument, 'must be 1 to 256 characters long');
     END IF;
 END
 $$;
@@ -1561,7 +1596,7 @@ CREATE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFAULT '{}',
                             run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
                             max_attempts integer DEFAULT NULL, unique_key text DEFAULT NULL,
                             tenant text DEFAULT NULL, max_run_time interval DEFAULT NULL,
-                            meta jsonb DEFAULT NULL)
+                            meta jsonb DEFAULT NULL, concurrency_key text DEFAULT NULL)
     RETURNS bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -1589,9 +1624,11 @@ BEGIN
                                  AND enqueue.max_run_time <= interval '365 days'
                                  AND pgq._is_span(enqueue.max_run_time), true)
                     AND (enqueue.meta IS NULL OR jsonb_typeof(enqueue.meta) = 'object'
-                         AND pgq._jsonb_size(enqueue.meta) <= 1048576), false) THEN
+                         AND pgq._jsonb_size(enqueue.meta) <= 1048576)
+                    AND coalesce(length(enqueue.concurrency_key) BETWEEN 1 AND 256, true), false) THEN
         PERFORM pgq._check_enqueue(enqueue.queue, enqueue.kind, enqueue.run_at, enqueue.priority,
                                    enqueue.max_attempts, enqueue.tenant);
+        PERFORM pgq._check_concurrency_key('concurrency_key', enqueue.concurrency_key);
         PERFORM pgq._check_payload('payload', enqueue.payload);
         PERFORM pgq._check_unique_key(enqueue.unique_key);
         IF enqueue.max_run_time IS NOT NULL THEN
@@ -1617,18 +1654,18 @@ BEGIN
     IF enqueue.unique_key IS NULL THEN
         -- A plain INSERT: ON CONFLICT would make it a speculative insertion even without a key.
         INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant,
-                                   max_run_time, meta)
+                                   max_run_time, meta, concurrency_key)
         VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                 coalesce(enqueue.max_attempts, q.max_attempts), job_tenant, enqueue.max_run_time,
-                enqueue.meta)
+                enqueue.meta, enqueue.concurrency_key)
         RETURNING j.id INTO new_id;
     ELSE
         LOOP
             INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
-                                       unique_key, tenant, max_run_time, meta)
+                                       unique_key, tenant, max_run_time, meta, concurrency_key)
             VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                     coalesce(enqueue.max_attempts, q.max_attempts), enqueue.unique_key, job_tenant,
-                    enqueue.max_run_time, enqueue.meta)
+                    enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key)
             ON CONFLICT (queue, unique_key)
                 WHERE unique_key IS NOT NULL AND state IN ('pending', 'running', 'outcome_unknown')
                 DO NOTHING
@@ -1652,14 +1689,15 @@ BEGIN
     RETURN new_id;
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb) IS
+COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text) IS
     'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it. '
     'meta: a JSON object (or NULL) kept with the job and returned by pgq.claim.';
 
 CREATE FUNCTION pgq.enqueue_many(queue text, kind text, payloads jsonb[],
                                  run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
                                  max_attempts integer DEFAULT NULL, tenant text DEFAULT NULL,
-                                 max_run_time interval DEFAULT NULL, meta jsonb DEFAULT NULL)
+                                 max_run_time interval DEFAULT NULL, meta jsonb DEFAULT NULL,
+                                 concurrency_key text DEFAULT NULL)
     RETURNS SETOF bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -1678,6 +1716,7 @@ BEGIN
     IF enqueue_many.meta IS NOT NULL THEN
         PERFORM pgq._check_payload('meta', enqueue_many.meta);
     END IF;
+    PERFORM pgq._check_concurrency_key('concurrency_key', enqueue_many.concurrency_key);
     IF enqueue_many.payloads IS NULL THEN
         PERFORM pgq._bad_argument('payloads', 'must not be NULL');
     END IF;
@@ -1703,10 +1742,10 @@ BEGIN
     RETURN QUERY
     WITH inserted AS (
         INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant, max_run_time,
-                              meta)
+                              meta, concurrency_key)
         SELECT enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.priority,
                enqueue_many.run_at, coalesce(enqueue_many.max_attempts, q.max_attempts),
-               job_tenant, enqueue_many.max_run_time, enqueue_many.meta
+               job_tenant, enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key
         FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
         ORDER BY p.n
         RETURNING jobs.id
@@ -1718,7 +1757,7 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb) IS
+COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text) IS
     'Adds one job per payload in one INSERT and returns their ids in payload order; each job '
     'gets the same meta.';
 
@@ -1761,7 +1800,11 @@ COMMENT ON TYPE pgq.claimed_job IS
 -- The winners' tenant rows are locked for the last update with SKIP LOCKED: a tenant another
 -- claimer holds (an idle transaction that claimed from this queue, say) is left for this call,
 -- with its picked jobs, instead of waited for; so no claimer waits for another or deadlocks.
-CREATE FUNCTION pgq._fair_pick(queue text, room integer, kinds text[] DEFAULT NULL) RETURNS SETOF bigint
+-- A key-limited queue's pick (pgq._keyed_pick) passes the keys that are full (skip_keys) and the
+-- jobs it already holds (skip_ids); NULL for the others.
+CREATE FUNCTION pgq._fair_pick(queue text, room integer, kinds text[] DEFAULT NULL,
+                               skip_keys text[] DEFAULT NULL, skip_ids bigint[] DEFAULT NULL)
+    RETURNS SETOF bigint
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
     AS $$
@@ -1773,7 +1816,10 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pgq.jobs AS j
                    WHERE j.queue = _fair_pick.queue AND j.state = 'pending' AND j.attempt < j.max_attempts
                      AND j.run_at <= pgq._now()
-                     AND (_fair_pick.kinds IS NULL OR j.kind = ANY (_fair_pick.kinds))) THEN
+                     AND (_fair_pick.kinds IS NULL OR j.kind = ANY (_fair_pick.kinds))
+                     AND (_fair_pick.skip_keys IS NULL OR j.concurrency_key IS NULL
+                          OR j.concurrency_key <> ALL (_fair_pick.skip_keys))
+                     AND (_fair_pick.skip_ids IS NULL OR j.id <> ALL (_fair_pick.skip_ids))) THEN
         RETURN;  -- no claimable job: no tenant needs to be read
     END IF;
     SELECT t.vtime INTO busiest
@@ -1794,7 +1840,10 @@ BEGIN
                           WHERE j.queue = t.queue AND j.tenant = t.tenant
                             AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.tenant IS NOT NULL
                             AND j.run_at <= pgq._now()
-                            AND (_fair_pick.kinds IS NULL OR j.kind = ANY (_fair_pick.kinds)))
+                            AND (_fair_pick.kinds IS NULL OR j.kind = ANY (_fair_pick.kinds))
+                            AND (_fair_pick.skip_keys IS NULL OR j.concurrency_key IS NULL
+                                 OR j.concurrency_key <> ALL (_fair_pick.skip_keys))
+                            AND (_fair_pick.skip_ids IS NULL OR j.id <> ALL (_fair_pick.skip_ids)))
             ORDER BY t.vtime, t.tenant
             LIMIT _fair_pick.room
         )
@@ -1810,6 +1859,9 @@ BEGIN
                   AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.tenant IS NOT NULL
                   AND j.run_at <= pgq._now()
                   AND (_fair_pick.kinds IS NULL OR j.kind = ANY (_fair_pick.kinds))
+                  AND (_fair_pick.skip_keys IS NULL OR j.concurrency_key IS NULL
+                       OR j.concurrency_key <> ALL (_fair_pick.skip_keys))
+                  AND (_fair_pick.skip_ids IS NULL OR j.id <> ALL (_fair_pick.skip_ids))
                 ORDER BY j.priority DESC, j.run_at, j.id
                 LIMIT _fair_pick.room
                 FOR NO KEY UPDATE SKIP LOCKED
@@ -1834,6 +1886,90 @@ BEGIN
 END
 $$;
 
+-- A key-limited queue's pick (queues.key_limited): up to `room` claimable jobs in the total order
+-- (or by fair mode's round-robin), of which at most as many per concurrency_key as the key has
+-- free slots (its limit, pgq.key_limits or the queue's key_max_running, less its running jobs);
+-- jobs without a key, or of a key without a limit, are not limited. A full key is left out of the
+-- scan, so it never blocks the keys behind it. Race-free because the claim holds the queue's row
+-- (FOR NO KEY UPDATE, as for max_running) before this counts the running jobs in a fresh snapshot:
+-- claimers of a key-limited queue take turns. Each pass reads the next candidates past the full
+-- keys; a pass that fills a key reads again without it, so at most `room` passes (for a fair
+-- queue, one job per _fair_pick call). Returns the picked ids, locked FOR NO KEY UPDATE.
+CREATE FUNCTION pgq._keyed_pick(queue text, room integer, kinds text[], fair boolean) RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan
+    AS $$
+DECLARE
+    default_limit integer;
+    slots    jsonb;            -- key -> free slots, for the limited keys seen so far
+    full_keys text[];          -- the keys without a free slot
+    picked   bigint[] := '{}';
+    filled   boolean;          -- whether this pass filled a key
+    before   integer;          -- how many were picked before this pass
+    r        record;
+    n        integer;
+BEGIN
+    SELECT q.key_max_running INTO default_limit FROM pgq.queues AS q WHERE q.name = _keyed_pick.queue;
+    SELECT coalesce(jsonb_object_agg(c.key, coalesce(l.max_running, default_limit) - c.n), '{}')
+    INTO slots
+    FROM (SELECT j.concurrency_key AS key, count(*)::integer AS n
+          FROM pgq.jobs AS j
+          WHERE j.lease_until IS NOT NULL AND j.queue = _keyed_pick.queue AND j.concurrency_key IS NOT NULL
+          GROUP BY j.concurrency_key) AS c
+    LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = c.key
+    WHERE coalesce(l.max_running, default_limit) > 0;
+    full_keys := ARRAY(SELECT e.key FROM jsonb_each(slots) AS e(key, value) WHERE e.value::integer <= 0);
+    LOOP
+        filled := false;
+        before := cardinality(picked);
+        FOR r IN
+            SELECT x.id, x.key, coalesce(l.max_running, default_limit) AS max_running
+            FROM pgq._fair_pick(_keyed_pick.queue, 1, _keyed_pick.kinds, full_keys, picked) AS f(id)
+            JOIN LATERAL (SELECT j.id, j.concurrency_key AS key FROM pgq.jobs AS j WHERE j.id = f.id) AS x ON true
+            LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = x.key
+            WHERE _keyed_pick.fair
+            UNION ALL
+            SELECT x.id, x.key, coalesce(l.max_running, default_limit)
+            FROM (SELECT j.id, j.concurrency_key AS key, j.priority, j.run_at
+                  FROM pgq.jobs AS j
+                  WHERE j.queue = _keyed_pick.queue
+                    AND j.state = 'pending' AND j.attempt < j.max_attempts
+                    AND j.run_at <= pgq._now()
+                    AND (_keyed_pick.kinds IS NULL OR j.kind = ANY (_keyed_pick.kinds))
+                    AND (j.concurrency_key IS NULL OR j.concurrency_key <> ALL (full_keys))
+                    AND j.id <> ALL (picked)
+                  ORDER BY j.priority DESC, j.run_at, j.id
+                  LIMIT _keyed_pick.room - cardinality(picked)) AS x
+            LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = x.key
+            WHERE NOT _keyed_pick.fair
+        LOOP
+            IF r.key IS NULL OR r.max_running = 0 THEN
+                picked := picked || r.id;
+            ELSIF r.key <> ALL (full_keys) THEN  -- (a key this pass filled: its later jobs wait)
+                n := coalesce((slots ->> r.key)::integer, r.max_running) - 1;
+                slots := slots || jsonb_build_object(r.key, n);
+                picked := picked || r.id;
+                IF n <= 0 THEN
+                    full_keys := full_keys || r.key;
+                    filled := true;
+                END IF;
+            END IF;
+        END LOOP;
+        -- A plain pass that filled no key took every job it read: all there are, or enough. A fair
+        -- pass reads one job (never of a full key): it goes on while there was one.
+        EXIT WHEN cardinality(picked) >= _keyed_pick.room
+                  OR CASE WHEN _keyed_pick.fair THEN cardinality(picked) = before ELSE NOT filled END;
+    END LOOP;
+    -- The picks of the plain pass are locked here, re-checked on the newest row version (a job
+    -- cancelled meanwhile, or one another session holds, is left out); _fair_pick locked its own.
+    RETURN QUERY
+    SELECT j.id FROM pgq.jobs AS j
+    WHERE j.id = ANY (picked) AND j.state = 'pending' AND j.attempt < j.max_attempts
+    ORDER BY j.id
+    FOR NO KEY UPDATE SKIP LOCKED;
+END
+$$;
+
 -- THE CLAIM. One statement picks up to `batch` due pending jobs of the worker's (unpaused)
 -- queues in the total order priority DESC, run_at, id, locks them FOR NO KEY UPDATE SKIP LOCKED
 -- (rows other claimers hold are skipped, not waited for; a foreign-key KEY SHARE lock does not
@@ -1851,9 +1987,11 @@ $$;
 -- Which queues: the named ones; with queues => NULL, the queues that have a pending job (a skip
 -- scan of jobs_ready_idx: one index probe per such queue, so queues without jobs cost nothing,
 -- however many exist) or a due schedule (queues_schedule_due_idx), unpaused.
--- Two queue settings change the pick: a queue with max_running > 0 is locked for the claim and
+-- Three queue settings change the pick: a queue with max_running > 0 is locked for the claim and
 -- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
--- and a fair queue's candidates come from pgq._fair_pick. Queues with neither pay nothing for them.
+-- a fair queue's candidates come from pgq._fair_pick, and a key-limited queue (key_max_running or
+-- pgq.set_key_limit) is locked the same way and its candidates come from pgq._keyed_pick (at
+-- most each key's free slots). Queues with none of them pay nothing for them.
 -- A claim never waits for another session's lock: a capped queue's row (or a fair queue's tenant
 -- row) that another transaction holds is skipped for this call (SKIP LOCKED), so an idle
 -- transaction that claimed from a capped queue holds up no other worker's claims.
@@ -1874,8 +2012,10 @@ DECLARE
     names    text[];     -- the eligible queues, in name order
     rooms    integer[];  -- how many jobs each may start now
     fairs    boolean[];  -- whether each is in fair mode
+    keyeds   boolean[];  -- whether each limits its concurrency keys (queues.key_limited)
     fair_ids bigint[] := '{}';
-    capped   boolean;    -- whether any of them has max_running
+    keyed_ids bigint[] := '{}';
+    capped   boolean;    -- whether any of them has max_running or key limits
     locked   text[];     -- then: the capped ones this call holds (the others are skipped)
     expired  boolean;    -- whether any lease has expired
     due      boolean;    -- whether one of them has a schedule due
@@ -1945,7 +2085,7 @@ BEGIN
     -- due schedule (queues_schedule_due_idx).
     FOR pass IN 1..2 LOOP
         SELECT array_agg(q.name ORDER BY q.name), array_agg(q.fair ORDER BY q.name),
-               coalesce(bool_or(q.max_running > 0), false),
+               coalesce(bool_or(q.max_running > 0 OR q.key_limited), false),
                EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
                coalesce(bool_or(q.next_schedule_at <= pgq._now()), false)
         INTO names, fairs, capped, expired, due
@@ -1983,6 +2123,7 @@ BEGIN
 
     IF NOT capped THEN
         rooms := array_fill(claim.batch, ARRAY[cardinality(names)]);
+        keyeds := array_fill(false, ARRAY[cardinality(names)]);
     ELSE
         -- Capped queues are locked before their running jobs are counted by the next statement,
         -- whose fresh snapshot sees every earlier claim; one that another transaction holds is
@@ -1990,27 +2131,28 @@ BEGIN
         -- SERIALIZABLE that count would come from an older snapshot and could pass the cap: such
         -- a claim of a capped queue is refused.)
         IF current_setting('transaction_isolation') <> 'read committed' THEN
-            RAISE EXCEPTION 'pgq: a claim of a queue with max_running must run at READ COMMITTED, not %',
+            RAISE EXCEPTION 'pgq: a claim of a queue with max_running or key limits must run at READ COMMITTED, not %',
                 upper(current_setting('transaction_isolation'))
                 USING ERRCODE = 'object_not_in_prerequisite_state',
                       HINT = 'Claim in autocommit mode, or in a READ COMMITTED transaction.';
         END IF;
         locked := ARRAY(SELECT q.name FROM pgq.queues AS q
-                        WHERE q.max_running > 0 AND NOT q.paused AND q.name = ANY (names)
+                        WHERE (q.max_running > 0 OR q.key_limited) AND NOT q.paused AND q.name = ANY (names)
                         FOR NO KEY UPDATE SKIP LOCKED);
 
         SELECT array_agg(e.name ORDER BY e.name), array_agg(e.room ORDER BY e.name),
-               array_agg(e.fair ORDER BY e.name)
-        INTO names, rooms, fairs
+               array_agg(e.fair ORDER BY e.name), array_agg(e.key_limited ORDER BY e.name)
+        INTO names, rooms, fairs, keyeds
         FROM (
-            SELECT q.name, q.fair,
+            SELECT q.name, q.fair, q.key_limited,
                    CASE WHEN q.max_running = 0 THEN claim.batch
                         ELSE least(claim.batch, q.max_running - (
                                  SELECT count(*) FROM pgq.jobs AS j
                                  WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
                    END AS room
             FROM pgq.queues AS q
-            WHERE NOT q.paused AND q.name = ANY (names) AND (q.max_running = 0 OR q.name = ANY (locked))
+            WHERE NOT q.paused AND q.name = ANY (names)
+              AND ((q.max_running = 0 AND NOT q.key_limited) OR q.name = ANY (locked))
         ) AS e
         WHERE e.room > 0;
     END IF;
@@ -2026,9 +2168,15 @@ BEGIN
 
     IF true = ANY (fairs) THEN
         fair_ids := ARRAY(SELECT f.id
-                          FROM unnest(names, rooms, fairs) AS e(name, room, fair)
+                          FROM unnest(names, rooms, fairs, keyeds) AS e(name, room, fair, keyed)
                           CROSS JOIN LATERAL pgq._fair_pick(e.name, e.room, claim.kinds) AS f(id)
-                          WHERE e.fair);
+                          WHERE e.fair AND NOT e.keyed);
+    END IF;
+    IF true = ANY (keyeds) THEN
+        keyed_ids := ARRAY(SELECT f.id
+                           FROM unnest(names, rooms, fairs, keyeds) AS e(name, room, fair, keyed)
+                           CROSS JOIN LATERAL pgq._keyed_pick(e.name, e.room, claim.kinds, e.fair) AS f(id)
+                           WHERE e.keyed);
     END IF;
 
     RETURN QUERY
@@ -2038,7 +2186,7 @@ BEGIN
         SELECT c.id
         FROM (
             SELECT c.id, c.priority, c.run_at
-            FROM unnest(names, rooms, fairs) AS e(queue, room, fair)
+            FROM unnest(names, rooms, fairs, keyeds) AS e(queue, room, fair, keyed)
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at
                 FROM pgq.jobs AS j
@@ -2049,13 +2197,13 @@ BEGIN
                 LIMIT e.room
                 FOR NO KEY UPDATE SKIP LOCKED
             ) AS c
-            WHERE NOT e.fair AND claim.kinds IS NULL
+            WHERE NOT e.fair AND NOT e.keyed AND claim.kinds IS NULL
             UNION ALL
             -- The same per (queue, kind) when the worker named its kinds (each kind once; no
             -- rows for NULL). Inside this one statement: a query of its own would cost a claim
             -- more than the per-kind picks do.
             SELECT c.id, c.priority, c.run_at
-            FROM unnest(names, rooms, fairs) AS e(queue, room, fair)
+            FROM unnest(names, rooms, fairs, keyeds) AS e(queue, room, fair, keyed)
             CROSS JOIN (SELECT DISTINCT w.kind FROM unnest(claim.kinds) AS w(kind)) AS k
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at
@@ -2067,9 +2215,10 @@ BEGIN
                 LIMIT e.room
                 FOR NO KEY UPDATE SKIP LOCKED
             ) AS c
-            WHERE NOT e.fair
+            WHERE NOT e.fair AND NOT e.keyed
             UNION ALL
-            SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j WHERE j.id = ANY (fair_ids)
+            -- The fair and the key-limited queues' picks (pgq._fair_pick, pgq._keyed_pick).
+            SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j WHERE j.id = ANY (fair_ids || keyed_ids)
         ) AS c
         ORDER BY c.priority DESC, c.run_at, c.id
         LIMIT claim.batch
@@ -2782,7 +2931,8 @@ CREATE FUNCTION pgq.configure_queue(queue text, lease interval DEFAULT NULL,
                                     retention interval DEFAULT NULL,
                                     notify boolean DEFAULT NULL, audit boolean DEFAULT NULL,
                                     fair boolean DEFAULT NULL, max_running integer DEFAULT NULL,
-                                    max_run_time interval DEFAULT NULL)
+                                    max_run_time interval DEFAULT NULL,
+                                    key_max_running integer DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -2818,6 +2968,10 @@ BEGIN
         PERFORM pgq._bad_argument('max_running',
             format('must be between 0 (no cap) and 100000, got %s', configure_queue.max_running));
     END IF;
+    IF configure_queue.key_max_running NOT BETWEEN 0 AND 100000 THEN
+        PERFORM pgq._bad_argument('key_max_running',
+            format('must be between 0 (no limit) and 100000, got %s', configure_queue.key_max_running));
+    END IF;
     PERFORM pgq._check_span('max_run_time', configure_queue.max_run_time);
     IF configure_queue.max_run_time < interval '0' OR configure_queue.max_run_time > interval '365 days' THEN
         PERFORM pgq._bad_argument('max_run_time',
@@ -2847,13 +3001,16 @@ BEGIN
         max_running = coalesce(configure_queue.max_running, s.max_running),
         max_run_time = CASE WHEN configure_queue.max_run_time IS NULL THEN s.max_run_time
                             WHEN configure_queue.max_run_time = interval '0' THEN NULL
-                            ELSE configure_queue.max_run_time END
+                            ELSE configure_queue.max_run_time END,
+        key_max_running = coalesce(configure_queue.key_max_running, s.key_max_running),
+        key_limited = coalesce(configure_queue.key_max_running, s.key_max_running) > 0
+                      OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = configure_queue.queue)
     WHERE s.name = configure_queue.queue
     RETURNING * INTO q;
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval) IS
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer) IS
     'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit) '
     'and returns them; creates the queue if new.';
 
@@ -2891,6 +3048,49 @@ END
 $$;
 COMMENT ON FUNCTION pgq.set_tenant_weight(text, text, integer) IS
     'Sets the weight (1 to 1000, default 1) of a tenant of a fair queue and returns its row.';
+
+-- Overrides a queue's key_max_running for one concurrency key (max_running 0: no limit for this
+-- key; NULL: the override is removed). Returns the limit now in effect for the key (0: none).
+-- Under the queue row's lock, so that claims see the override and queues.key_limited together.
+CREATE FUNCTION pgq.set_key_limit(queue text, key text, max_running integer)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    AS $$
+DECLARE
+    q pgq.queues;
+BEGIN
+    PERFORM pgq._check_name('queue', set_key_limit.queue);
+    IF set_key_limit.key IS NULL THEN
+        PERFORM pgq._bad_argument('key', 'must not be NULL');
+    END IF;
+    PERFORM pgq._check_concurrency_key('key', set_key_limit.key);
+    IF set_key_limit.max_running NOT BETWEEN 0 AND 100000 THEN
+        PERFORM pgq._bad_argument('max_running',
+            format('must be between 0 (no limit for this key) and 100000, or NULL (remove the override), got %s',
+                   set_key_limit.max_running));
+    END IF;
+    q := pgq._queue(set_key_limit.queue);
+    q := pgq._lock_queue(set_key_limit.queue);
+    IF set_key_limit.max_running IS NULL THEN
+        DELETE FROM pgq.key_limits AS l WHERE l.queue = set_key_limit.queue AND l.key = set_key_limit.key;
+    ELSE
+        INSERT INTO pgq.key_limits AS l (queue, key, max_running)
+        VALUES (set_key_limit.queue, set_key_limit.key, set_key_limit.max_running)
+        ON CONFLICT ON CONSTRAINT key_limits_pkey DO UPDATE SET max_running = excluded.max_running;
+    END IF;
+    UPDATE pgq.queues AS s
+    SET key_limited = s.key_max_running > 0
+                      OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = set_key_limit.queue)
+    WHERE s.name = set_key_limit.queue;
+    RETURN coalesce(set_key_limit.max_running, q.key_max_running);
+END
+$$;
+COMMENT ON FUNCTION pgq.set_key_limit(text, text, integer) IS
+    'Overrides the queue''s key_max_running for one concurrency key (NULL removes the override); '
+    'returns the limit now in effect for the key (0: none).';
 
 -- Pausing or resuming a queue that does not exist is refused (22023): a typo creates nothing.
 CREATE FUNCTION pgq.pause(queue text)
@@ -3667,7 +3867,7 @@ COMMENT ON FUNCTION pgq.queue_settings(text) IS
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '10'::text $$;
+    AS $$ SELECT '11'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -3682,8 +3882,8 @@ REVOKE ALL ON SCHEMA pgq FROM PUBLIC;
 GRANT USAGE ON SCHEMA pgq TO pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
 
 GRANT EXECUTE ON FUNCTION
-    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb),
-    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb)
+    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text),
+    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text)
     TO pgq_producer;
 
 GRANT EXECUTE ON FUNCTION
@@ -3705,8 +3905,9 @@ GRANT EXECUTE ON FUNCTION
     pgq.retry(bigint),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
-    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval),
+    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer),
     pgq.set_tenant_weight(text, text, integer),
+    pgq.set_key_limit(text, text, integer),
     pgq.pause(text),
     pgq.resume(text),
     pgq.drop_queue(text),

@@ -33,8 +33,8 @@ def dsn(clock_module_dsn: str) -> Iterator[str]:
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                      "WHERE datname = current_database() AND pid <> pg_backend_pid()")
         conn.execute("SET lock_timeout = '10s'")
-        conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.queues, pgq.grants, pgq.schedules, pgq.tenants, "
-                     "pgq_test.clock RESTART IDENTITY")
+        conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.queues, pgq.grants, pgq.key_limits, pgq.schedules, "
+                     "pgq.tenants, pgq_test.clock RESTART IDENTITY")
     yield clock_module_dsn
 
 

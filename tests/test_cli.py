@@ -48,6 +48,16 @@ def test_enqueue_takes_the_payload_from_an_argument_or_stdin(dsn: str, conn: psy
     assert job(conn, b)["payload"] == {"to": "b"}
 
 
+def test_enqueue_takes_a_concurrency_key(dsn: str, conn: psycopg.Connection) -> None:
+    result = pgq("enqueue", "q", "k", "--concurrency-key", "customer-7", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    assert job(conn, int(result.stdout))["concurrency_key"] == "customer-7"
+    shown = pgq("job", result.stdout.strip(), dsn=dsn)
+    assert shown.returncode == 0 and "customer-7" in shown.stdout
+    bad = pgq("enqueue", "q", "k", "--concurrency-key", "", dsn=dsn)
+    assert bad.returncode == 1 and 'argument "concurrency_key"' in bad.stderr and "22023" in bad.stderr
+
+
 def test_dsn_is_read_from_the_environment(dsn: str) -> None:
     result = pgq("enqueue", "q", "k", env={"PGQ_DSN": dsn})
     assert result.returncode == 0 and int(result.stdout) > 0

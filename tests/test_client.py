@@ -207,6 +207,24 @@ def test_fair_mode_caps_and_health_from_python(client: Client) -> None:
     assert checks["expired_leases"] == "ok" and checks["ready_age"] == "ok"
 
 
+def test_per_key_concurrency_from_python(client: Client) -> None:
+    settings = client.configure_queue("keyed", key_max_running=1)
+    assert (settings.key_max_running, settings.key_limited) == (1, True)
+    assert client.set_key_limit("keyed", "big", 2) == 2
+    first = client.enqueue("keyed", "k", concurrency_key="small")
+    client.enqueue("keyed", "k", concurrency_key="small")
+    client.enqueue_many("keyed", "k", [{}] * 3, concurrency_key="big")
+    assert client.get_job(first).concurrency_key == "small"
+    assert len(client.claim("w1", ["keyed"], batch=10)) == 3  # small: 1, big: 2
+    assert client.set_key_limit("keyed", "big", None) == 1
+    with pytest.raises(InvalidArgument) as err:
+        client.enqueue("keyed", "k", concurrency_key=5)  # type: ignore[arg-type]
+    assert '"concurrency_key"' in str(err.value)
+    with pytest.raises(InvalidArgument) as sql_err:
+        client.set_key_limit("keyed", "", 1)
+    assert sql_err.value.sqlstate == "22023" and '"key"' in str(sql_err.value)
+
+
 def test_schedules_timeouts_and_progress_from_python(client: Client, conn: psycopg.Connection) -> None:
     from pgq_thin import Schedule
 

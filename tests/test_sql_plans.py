@@ -237,3 +237,40 @@ def test_complete_many_with_stale_pairs_reads_only_those_jobs_by_their_primary_k
     assert_no_seq_scan_on_jobs(plans)
     scans = [s for p in plans for s in p.job_scans]
     assert scans and all(s.index == "jobs_pkey" and s.rows <= 10 for s in scans), "\n".join(p.text for p in plans)
+
+
+def test_a_key_limited_claim_walks_jobs_ready_idx_past_its_full_keys(session):
+    """The extra step of a key-limited queue (pgq._keyed_pick): the running jobs counted through
+    jobs_lease_idx, the candidates read from jobs_ready_idx in the total order with the full keys
+    filtered out, the picks locked by primary key. Its cost: the batch, plus the pending jobs of
+    full keys that lie ahead (filtered, never returned), plus one pass per key the batch fills."""
+    session.execute("SELECT pgq.configure_queue('kq', key_max_running => 1)")
+    try:
+        # 200 jobs of key 'hot' at the head of the queue, 2000 of 400 other keys behind them.
+        session.execute("SELECT pgq.enqueue_many('kq', 'k', array_fill('{}'::jsonb, ARRAY[200]), "
+                        "run_at => now() - interval '1 hour', concurrency_key => 'hot')")
+        session.execute("""SELECT pgq.enqueue('kq', 'k', run_at => now() - interval '30 minutes',
+                                              concurrency_key => 'key-' || g % 400)
+                           FROM generate_series(1, 2000) AS g""")
+        session.execute("ANALYZE pgq.jobs")
+        for _ in range(WARMUP):  # each fills 10 keys; 'hot' is full after the first
+            assert len(claim(session, queues=["kq"], batch=10)) == 10
+        rows, plans = capture(session, "SELECT * FROM pgq.claim('w', '{kq}', batch => 10)")
+        assert len(rows) == 10
+        assert_no_seq_scan_on_jobs(plans)
+        count = plan_of(plans, "count(*)::integer AS n")
+        # The running jobs (of every queue, as max_running's count) through jobs_lease_idx: an index
+        # scan, or a bitmap scan of it (PostgreSQL 18, with the earlier tests' running jobs).
+        assert len(count.job_scans) == 1 and "jobs_lease_idx" in count.text, count.text
+        picks = [p for p in plans if "concurrency_key <> ALL (full_keys)" in p.query]
+        assert picks, [p.query[:60] for p in plans]
+        for p in picks:
+            ready = [s for s in p.job_scans if s.rows > 0]
+            assert all(s.index == "jobs_ready_idx" for s in ready), p.text
+        # One pass (the 10 picks are of 10 keys): it filters out the 199 waiting jobs of the full
+        # key 'hot' ahead of them and reads nothing else of the 1.1M rows.
+        removed = [int(x) for p in picks for x in re.findall(r"Rows Removed by Filter: (\d+)", p.text)]
+        assert sum(removed) <= 199 + 10, "\n".join(p.text for p in picks)
+    finally:
+        session.execute("DELETE FROM pgq.jobs WHERE queue = 'kq'")
+        session.execute("DELETE FROM pgq.queues WHERE name = 'kq'")

@@ -46,6 +46,7 @@ API: dict[str, tuple[str, set[str]]] = {
     "health": ("SELECT * FROM pgq.health()", MONITOR),
     "metrics": ("SELECT * FROM pgq.metrics()", MONITOR),
     "set_tenant_weight": ("SELECT pgq.set_tenant_weight('q', 't', 2)", ADMIN),
+    "set_key_limit": ("SELECT pgq.set_key_limit('q', 'customer-1', 2)", ADMIN),
     "schedule": ("SELECT pgq.schedule('s', 'q', 'k', every => '1 hour')", ADMIN),
     "unschedule": ("SELECT pgq.unschedule('s')", ADMIN),
     "grant_queue": ("SELECT pgq.grant_queue('q', 'pgq_worker', 'claim')", ADMIN),
@@ -71,7 +72,7 @@ TABLE_STATEMENTS = [
 ]
 TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "tenant", "schedules": "name",
           "fence": "timeline", "grants": "queue",
-          "finished_counts": "total", "finished_deltas": "queue"}
+          "finished_counts": "total", "finished_deltas": "queue", "key_limits": "key"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:
