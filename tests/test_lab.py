@@ -18,6 +18,7 @@ from pgq_thin.tools.lab import (
     exp4_starvation,
     exp5_long_work,
     exp6_abandoned_claim,
+    exp11_key_limits,
     run_experiment,
     run_lab,
 )
@@ -50,7 +51,7 @@ def test_run_lab_writes_the_evidence_package_with_a_pass_row_per_experiment(
 
     acceptance = (out / "acceptance.md").read_text()
     rows = [line for line in acceptance.splitlines() if re.match(r"^\| \d+ \|", line)]
-    assert len(rows) == len(EXPERIMENTS) == 10
+    assert len(rows) == len(EXPERIMENTS) == 11
     assert all(line.rstrip().endswith("| PASS |") for line in rows), rows
     assert "not observed" not in acceptance and "not executed" not in acceptance.lower()
     assert re.search(r"PostgreSQL \d+", acceptance) and "duration" in acceptance
@@ -120,6 +121,20 @@ def test_experiment_4s_observation_counts_what_the_rounds_took() -> None:
     assert "2 rounds of 2 SKIP LOCKED claims of up to 3 (4 pgq.claim calls) took 7 jobs, 7 of them newer" in short[0]
     assert "(1 calls waited on a lock)" in short[0]
     assert "29 of 30 originals" in short[1] and "locked for round 1 was" in short[1]
+
+
+def test_experiment_11s_observation_reports_the_counts_it_saw() -> None:
+    a = {"first": [(1, "a"), (2, "a")], "second": {"(none)": 4, "b": 2, "big": 4}, "third": 3,
+         "third_state": "pending", "running": {"a": 2}}
+    b = {"rounds": 10, "max_seen": {"big": 4, "p": 2}, "claims": 40, "jobs": 40, "over_rounds": 0, "blocked": 0,
+         "workers": 4, "states": {"done": 40}}
+    text = exp11_key_limits.observation(a, b)
+    assert "job 3 (the third of key a) stayed pending" in text[0]
+    assert "drained 40 jobs in 10 rounds (40 jobs claimed; 0 claim calls" in text[1] and "0 rounds over" in text[1]
+    worse = exp11_key_limits.observation({**a, "third_state": "running"},
+                                         {**b, "over_rounds": 3, "max_seen": {"p": 3}, "claims": 41})
+    assert "stayed running" in worse[0]
+    assert "(41 jobs claimed;" in worse[1] and "{'p': 3}; 3 rounds over a limit" in worse[1]
 
 
 def test_experiment_5s_observation_reports_the_probes_measured_wait() -> None:
