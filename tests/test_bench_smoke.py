@@ -31,7 +31,12 @@ def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp
     for system in ("raw b1", "raw b10", "pgq b1", "pgq b10", "pgq b10 fair", "pgq worker", "pgq worker prefetch",
                    "pgbench"):
         assert drain[system]["median"] > 0, system  # a drain only reports after its done count matched
-    assert set(result) >= {"enqueue", "latency", "claim_latency", "churn", "old_snapshot", "many"}
+    assert set(result) >= {"enqueue", "latency", "claim_latency", "churn", "old_snapshot", "many", "limits"}
+    limits = result["limits"]  # each limited drain only reports after all its jobs are done
+    assert limits["no limit"]["jobs_per_s"]["median"] > 0 and limits["no limit"]["most_running_per_key"] >= 1
+    assert 1 <= limits["key_max_running 2"]["most_running_per_key"] <= 2
+    assert limits["rate_limit 200/s"]["jobs"] == 800 and limits["rate_limit 200/s"]["busiest_second"] <= 400
+    assert "| key_max_running 2 | 40 |" in (tmp_path / "bench.md").read_text()
     many = result["many"]
     assert many["claim(queues => NULL), 1 queue + 200 idle"]["claim_ms"]["median"] > 0
     assert any("queues_pkey" in plan for plan in many["fair claim, 200 tenants"]["plans"])

@@ -716,6 +716,124 @@ def _many_queues_and_tenants(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
     return res
 
 
+# Workload 8: drains on limited queues (per-key concurrency, rate limit) -------------------------
+
+#: The limited drains' queue, its keys and limits.
+LIMITED_QUEUE = "bench-limited"
+LIMITED_KEYS = 16
+KEY_MAX_RUNNING = 2
+RATE_LIMIT = 200  # jobs per second
+
+
+def _limited_load(conn: psycopg.Connection, n: int, keys: int) -> None:
+    conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
+    for k in range(keys):  # n jobs, spread evenly over the keys
+        conn.execute("SELECT pgq.enqueue_many(%s, 'noop', ARRAY(SELECT jsonb_build_object('n', g)"
+                     " FROM generate_series(1, %s) AS g), concurrency_key => %s)",
+                     (LIMITED_QUEUE, n // keys + (k < n % keys), f"key-{k}"))
+    conn.execute("VACUUM ANALYZE pgq.jobs")
+
+
+def _limited_drain(dsn: str, workers: int, n: int, batch: int = 10) -> dict[str, Any]:
+    """Drain the limited queue's n jobs with ``workers`` threads (claim batch, complete_many); an
+    empty claim while jobs remain (every key full, or no token) waits 1 ms and claims again. A
+    sampler counts the most running jobs of one key every 2 ms. Jobs per second by the wall clock."""
+    stop = threading.Event()
+    most = {"per_key": 0, "samples": 0, "empty_claims": 0}
+    lock = threading.Lock()
+
+    def sampler() -> None:
+        with _connect(dsn) as conn:
+            while not stop.is_set():
+                row = conn.execute("SELECT coalesce(max(c), 0) FROM (SELECT count(*) AS c FROM pgq.jobs"
+                                   " WHERE queue = %s AND state = 'running' GROUP BY concurrency_key) AS s",
+                                   (LIMITED_QUEUE,), prepare=True).fetchone()
+                most["per_key"] = max(most["per_key"], int(row[0]))  # type: ignore[index]
+                most["samples"] += 1
+                stop.wait(0.002)
+
+    def work(i: int) -> None:
+        with _connect(dsn) as conn:
+            params = {"worker": f"limited-{i}", "queues": [LIMITED_QUEUE], "batch": batch, "lease": None,
+                      "kinds": None}
+            while True:
+                rows = conn.execute(queries.CLAIM, params, prepare=True).fetchall()
+                if rows:
+                    conn.execute(queries.COMPLETE_MANY, {"ids": [r[0] for r in rows],
+                                                         "attempts": [r[5] for r in rows]}, prepare=True)
+                    continue
+                left = conn.execute("SELECT count(*) FROM pgq.jobs WHERE queue = %s AND state <> 'done'",
+                                    (LIMITED_QUEUE,), prepare=True).fetchone()[0]  # type: ignore[index]
+                if not left:
+                    return
+                with lock:
+                    most["empty_claims"] += 1
+                time.sleep(0.001)
+
+    watcher = threading.Thread(target=sampler, daemon=True)
+    watcher.start()
+    started = time.perf_counter()
+    try:
+        _run_threads(workers, work)
+    finally:
+        elapsed = time.perf_counter() - started
+        stop.set()
+        watcher.join(timeout=10)
+    with _connect(dsn) as conn:
+        done = conn.execute("SELECT count(*) FROM pgq.jobs WHERE queue = %s AND state = 'done'",
+                            (LIMITED_QUEUE,)).fetchone()[0]  # type: ignore[index]
+        # Claims per second in the busiest whole second, and the sustained rate after the burst.
+        claimed = [r[0] for r in conn.execute(
+            "SELECT extract(epoch FROM e.at)::float8 FROM pgq.job_events AS e JOIN pgq.jobs AS j ON j.id = e.job_id"
+            " WHERE j.queue = %s AND e.event = 'claimed' ORDER BY e.at", (LIMITED_QUEUE,))]
+    if done != n:
+        raise RuntimeError(f"limited drain: {done} jobs done, expected {n}")
+    busiest = 0
+    lo = 0
+    for hi, t in enumerate(claimed):  # the most claims in any window of one second
+        while claimed[lo] <= t - 1.0:
+            lo += 1
+        busiest = max(busiest, hi - lo + 1)
+    return {"jobs_per_s": n / elapsed, "seconds": elapsed, "most_running_per_key": most["per_key"],
+            "samples": most["samples"], "empty_claims": most["empty_claims"], "busiest_second": busiest,
+            "claims_seen": len(claimed)}
+
+
+def _limited_drains(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
+    """Drains of one queue with the same jobs (LIMITED_KEYS keys) and workers: without limits (the
+    reference, in this run), with key_max_running KEY_MAX_RUNNING, and with a rate limit of
+    RATE_LIMIT a second (its n: 3 s of tokens after the burst). Alternating, cfg.repeats times."""
+    workers = max(cfg.workers)
+    cases: dict[str, tuple[dict[str, Any], int]] = {
+        "no limit": ({"key_max_running": 0, "rate_limit": 0}, cfg.jobs),
+        f"key_max_running {KEY_MAX_RUNNING}": ({"key_max_running": KEY_MAX_RUNNING, "rate_limit": 0}, cfg.jobs),
+        f"rate_limit {RATE_LIMIT}/s": ({"key_max_running": 0, "rate_limit": RATE_LIMIT}, 4 * RATE_LIMIT),
+    }
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in cases}
+    with _connect(dsn) as conn:
+        conn.execute("SELECT pgq.configure_queue(%s, audit => true)", (LIMITED_QUEUE,))
+    for r in range(cfg.repeats):
+        for name, (settings, n) in (list(cases.items()) if r % 2 == 0 else list(reversed(cases.items()))):
+            with _connect(dsn) as conn:
+                conn.execute("SELECT pgq.configure_queue(%s, key_max_running => %s, rate_limit => %s,"
+                             " rate_period => '1 second')",
+                             (LIMITED_QUEUE, settings["key_max_running"], settings["rate_limit"]))
+                _limited_load(conn, n, LIMITED_KEYS)
+            runs[name].append(_limited_drain(dsn, workers, n))
+    with _connect(dsn) as conn:
+        conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
+        conn.execute("SELECT pgq.drop_queue(%s)", (LIMITED_QUEUE,))
+    res: dict[str, Any] = {"workers": workers, "keys": LIMITED_KEYS}
+    for name, rs in runs.items():
+        res[name] = {"jobs": cases[name][1], "jobs_per_s": _summary([x["jobs_per_s"] for x in rs]),
+                     "most_running_per_key": max(x["most_running_per_key"] for x in rs),
+                     "busiest_second": max(x["busiest_second"] for x in rs),
+                     "samples": sum(x["samples"] for x in rs), "empty_claims": sum(x["empty_claims"] for x in rs)}
+        log.info("%-28s %8.0f jobs/s, most running per key %d, busiest second %d", name,
+                 res[name]["jobs_per_s"]["median"], res[name]["most_running_per_key"], res[name]["busiest_second"])
+    return res
+
+
 # Workloads 5 and 6: churn with pruning, and an old snapshot ---------------------------------------
 
 
@@ -901,6 +1019,21 @@ def _markdown(res: dict[str, Any]) -> str:
             lines.append(f"| {k} | {v['claim_ms']['median']:.3f} | {v['claim_ms']['median'] / ref:.2f} |")
         lines += ["", f"pgq.stats() with the idle queues: {m['stats_ms_with_idle_queues']:.1f} ms (one row per queue)",
                   ""]
+    if "limits" in res:
+        lim = res["limits"]
+        ref = lim["no limit"]["jobs_per_s"]["median"]
+        lines += [f"### Drains on a limited queue ({lim['workers']} threads claiming batch 10, {lim['keys']} keys; "
+                  f"{fs})", "",
+                  "| queue | jobs | jobs/s | × no limit | most running of one key | most claims in one second |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for k, v in lim.items():
+            if isinstance(v, dict):
+                lines.append(f"| {k} | {v['jobs']:,} | {_fmt_rate(v['jobs_per_s'])} |"
+                             f" {v['jobs_per_s']['median'] / ref:.2f} | {v['most_running_per_key']} |"
+                             f" {v['busiest_second']} |")
+        lines += ["", f"The most running jobs of one key: the largest count a sampler saw (every 2 ms) during the "
+                      f"drains (limit {KEY_MAX_RUNNING}); a rate limit of {RATE_LIMIT}/s lets at most "
+                      f"{2 * RATE_LIMIT} claims into one second (its burst plus a second's tokens).", ""]
     if "old_snapshot" in res:
         lines += [f"### Churn while a REPEATABLE READ snapshot is held, and after ({fs})", "",
                   "| phase | jobs/s | dead tuples at end | jobs table + indexes |", "|---|---:|---:|---:|"]
@@ -1066,7 +1199,7 @@ def _loadavg() -> str:
     except OSError:
         return "?"
 
-WORKLOADS = ("enqueue", "drain", "latency", "claim_latency", "churn", "old_snapshot", "many")
+WORKLOADS = ("enqueue", "drain", "latency", "claim_latency", "churn", "old_snapshot", "many", "limits")
 
 
 def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
@@ -1130,6 +1263,8 @@ def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
             res["old_snapshot"] = _snapshot_workload(server.dsn, cfg)
         if "many" in workloads:
             res["many"] = _many_queues_and_tenants(server.dsn, cfg)
+        if "limits" in workloads:
+            res["limits"] = _limited_drains(server.dsn, cfg)
     finally:
         server.stop()
     res["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

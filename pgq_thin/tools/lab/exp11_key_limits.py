@@ -96,7 +96,7 @@ def _part_a(h: Harness, v: Verdict) -> dict:  # type: ignore[type-arg]
             f"{len(second)} jobs: {dict(sorted(keys_b.items()))}")
     v.check("A: the third a job stayed pending at attempt 0",
             third == {"state": "pending", "attempt": 0}, f"state={third['state']} attempt={third['attempt']}")
-    over = {k: n for k, n in running.items() if _limit(k) is not None and n > _limit(k)}  # type: ignore[operator]
+    over = {k: n for k, n in running.items() if _limit(k) is not None and n > _limit(k)}
     v.check("A: no key is over its limit", not over, f"running per key {running}")
     return {"first": [(r["id"], r["key"]) for r in first], "second": dict(sorted(keys_b.items())),
             "third": a_ids[2], "third_state": third["state"], "running": running}
@@ -122,7 +122,7 @@ def _part_b(h: Harness, v: Verdict) -> dict:  # type: ignore[type-arg]
                                                           {"queue": q}).dicts()}
         for k, n in running.items():
             max_seen[k] = max(max_seen[k], n)
-        over = {k: n for k, n in running.items() if _limit(k) is not None and n > _limit(k)}  # type: ignore[operator]
+        over = {k: n for k, n in running.items() if _limit(k) is not None and n > _limit(k)}
         over_rounds += bool(over)
         got = [row for s in steps for row in s.dicts()]
         claimed += [row["id"] for row in got]
