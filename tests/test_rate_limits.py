@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta
 from typing import Any
@@ -289,7 +288,7 @@ def test_drop_queue_removes_its_rate_state(conn: psycopg.Connection) -> None:
     assert one(conn, "SELECT count(*) FROM pgq.key_rates") == 0
 
 
-def test_a_rate_limited_claim_must_run_at_read_committed(dsn: str) -> None:
+def test_a_rate_limited_claim_must_run_at_read_committed(dsn: str) -> None:  # noqa: F811 (clockdb's dsn)
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("SELECT pgq.configure_queue('api', rate_limit => 2)")
         c.execute("SELECT pgq.enqueue('api', 'k')")
@@ -415,7 +414,7 @@ def _bound_holds(claims: list[tuple[datetime, int]], burst: int, period: float) 
 
 
 @pytest.mark.parametrize("fair", [False, True])
-def test_many_concurrent_claimers_never_pass_the_rate_limits(dsn: str, conn: psycopg.Connection, fair: bool) -> None:
+def test_many_concurrent_claimers_never_pass_the_rate_limits(dsn: str, conn: psycopg.Connection, fair: bool) -> None:  # noqa: F811 (clockdb's dsn)
     """8 claimers hammer pgq.claim (each call a worker name of its own) on a queue with a rate
     limit and a key rate limit; every window of the claimed events keeps both bounds."""
     rate, key_rate, period = 3, 1, 0.2  # small bursts: a token handed out twice passes the bound
@@ -477,7 +476,7 @@ def test_many_concurrent_claimers_never_pass_the_rate_limits(dsn: str, conn: psy
     assert sum(n for _, n in per_claim.values()) >= (span * rate / period) * 0.3
 
 
-def test_claimers_at_the_same_moment_share_one_burst(dsn: str, conn: psycopg.Connection) -> None:
+def test_claimers_at_the_same_moment_share_one_burst(dsn: str, conn: psycopg.Connection) -> None:  # noqa: F811 (clockdb's dsn)
     conn.execute("SELECT pgq.configure_queue('api', rate_limit => 3, rate_period => '1 hour')")
     enqueue(conn, "api", 50)
     barrier = threading.Barrier(8)
