@@ -524,3 +524,22 @@ def test_a_queue_without_rate_limits_never_reads_their_state(conn: psycopg.Conne
     conn.execute("SELECT pg_stat_force_next_flush()")
     after = reads()
     assert after[0] > before[0] and after[1] > before[1]
+
+
+def test_pgq_thin_stats_shows_what_the_limits_hold_back(dsn: str, conn: psycopg.Connection) -> None:  # noqa: F811 (clockdb's dsn)
+    from test_cli import pgq
+
+    conn.execute("SELECT pgq.enqueue('plain', 'k')")
+    plain = pgq("stats", dsn=dsn)
+    assert plain.returncode == 0 and "held back" not in plain.stdout  # no queue has a limit
+    conn.execute("SELECT pgq.configure_queue('api', rate_limit => 2, rate_period => '1 hour')")
+    enqueue(conn, "api", 5)
+    assert len(claim(conn, queues=["api"], batch=10)) == 2
+    limited = pgq("stats", dsn=dsn)
+    assert limited.returncode == 0, limited.stderr
+    lines = limited.stdout.splitlines()
+    assert "held back by limits" in limited.stdout
+    [row] = [line.split() for line in lines[lines.index(next(x for x in lines if "held back" in x)):]
+             if line.startswith("api ")]
+    assert row[:7] == ["api", "3", "2", "0", "0", "3", "0"]  # ready, running, held by max_running ...
+    assert 1700 < float(row[7].rstrip("s")) <= 1800  # the next token: in 30 minutes
