@@ -88,7 +88,7 @@ _WANT: dict[str, type] = {
     **dict.fromkeys(("queue", "kind", "worker", "unique_key", "tenant", "error", "note", "state", "name", "cron",
                      "timezone", "role", "privilege", "concurrency_key", "key"), str),
     **dict.fromkeys(("priority", "max_attempts", "batch", "id", "attempt", "max_jobs", "max_running", "weight",
-                     "limit_rows", "before_id", "key_max_running"), int),
+                     "limit_rows", "before_id", "key_max_running", "rate_limit", "key_rate_limit"), int),
     **dict.fromkeys(("retryable", "notify", "audit", "fair", "skip_if_running", "enabled"), bool),
 }
 

@@ -462,7 +462,6 @@ class AsyncClaimer:
             if timer.sweep_due():
                 await self.sweep()
                 timer.swept()
-                timer.pace.learned(await self.rate_waits())
                 continue
             batch = self.policy.claim_size(self.slots.assigned)
             if batch == 0:
@@ -532,3 +531,4 @@ class AsyncClaimer:
             log.info("sweep recovered %d jobs with expired leases", recovered,
                      extra={"worker": self.name, "recovered": recovered})
         await read_clock(self.clock, self.client)
+        self.timer.pace.learned(await self.rate_waits())

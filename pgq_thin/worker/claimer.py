@@ -146,7 +146,6 @@ class Claimer(ThreadPart):
             if timer.sweep_due():
                 self.sweep()
                 timer.swept()
-                timer.pace.learned(self.rate_waits())
                 continue  # look at the stop flag again: the sweep may have waited for a connection
             batch = self.policy.claim_size(self.slots.assigned)
             if batch == 0:  # every place taken: a finishing job wakes us
@@ -201,7 +200,7 @@ class Claimer(ThreadPart):
 
     def sweep(self) -> None:
         """pgq.sweep, so expired leases recover even when nobody claims; and re-read the database
-        clock, which leases are measured by."""
+        clock, which leases are measured by, and which of our queues are rate-limited."""
         try:
             recovered = self.client.sweep()
         except PgqError as exc:
@@ -211,6 +210,7 @@ class Claimer(ThreadPart):
             log.info("sweep recovered %d jobs with expired leases", recovered,
                      extra={"worker": self.name, "recovered": recovered})
         self.clock.read(self.client)
+        self.timer.pace.learned(self.rate_waits())
 
     def _loop(self) -> None:
         try:
