@@ -543,3 +543,20 @@ def test_pgq_thin_stats_shows_what_the_limits_hold_back(dsn: str, conn: psycopg.
              if line.startswith("api ")]
     assert row[:7] == ["api", "3", "2", "0", "0", "3", "0"]  # ready, running, held by max_running ...
     assert 1700 < float(row[7].rstrip("s")) <= 1800  # the next token: in 30 minutes
+
+
+def test_the_exporter_serves_what_the_limits_hold_back(conn: psycopg.Connection) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pgq_thin import metrics
+
+    conn.execute("SELECT pgq.configure_queue('api', rate_limit => 2, rate_period => '1 hour', max_running => 4)")
+    enqueue(conn, "api", 7)
+    enqueue(conn, "plain", 3)  # no limit: no series
+    assert len(claim(conn, queues=["api"], batch=10)) == 2
+    body, _ = metrics.exposition(conn)
+    held = {tuple(sorted(s.labels.items())): s.value
+            for f in text_string_to_metric_families(body.decode()) if f.name == "pgq_jobs_held_back"
+            for s in f.samples}
+    assert held == {(("limit", limit), ("queue", "api")): n for limit, n in
+                    [("max_running", 3.0), ("key_limit", 0.0), ("rate_limit", 5.0), ("key_rate_limit", 0.0)]}
