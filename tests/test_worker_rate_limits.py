@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -135,3 +136,45 @@ def test_a_queue_without_rate_limits_costs_its_worker_no_call_per_claim(dsn: str
     calls = one(conn, "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions "
                       "WHERE schemaname = 'pgq' AND funcname = 'rate_limit_wait'")
     assert calls == 1  # at start only (and after each sweep), never after a claim
+
+
+@pytest.mark.parametrize("runtime", ["thread", "async"])
+def test_a_worker_of_a_limited_and_a_plain_queue_ignores_the_limited_ones_notifies_only(
+        dsn: str, conn: psycopg.Connection, runtime: str) -> None:
+    """While the rate-limited queue waits for its next token (a minute away), NOTIFYs naming it
+    wake nobody; one naming the plain queue still brings its job at once (no poll for an hour)."""
+    conn.execute(f"ALTER DATABASE {conninfo_to_dict(dsn)['dbname']} SET track_functions = 'pl'")
+    conn.execute("SELECT pgq.configure_queue('q', rate_limit => 1, rate_period => '1 minute')")
+    conn.execute("SELECT pgq.enqueue_many('q', 'k', array_fill('{}'::jsonb, ARRAY[3]))")
+    name = f"mixed-{runtime}"
+    done: list[int] = []
+    errors: list[BaseException] = []
+    stop_flood = threading.Event()
+
+    def flood() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            while not stop_flood.is_set():
+                c.execute(NOTIFIES)
+
+    before = claims(conn, "-")
+    worker, thread = run_worker(runtime, dsn, {"queues": ["q", "plain"], "concurrency": 2,
+                                               "poll_interval": 3600.0, "sweep_interval": 0, "name": name},
+                                done, errors)
+    flooder = threading.Thread(target=flood, daemon=True)
+    try:
+        wait_for(lambda: len(done) == 1, "the first token's job", timeout=60)
+        flooder.start()
+        plain = one(conn, "SELECT pgq.enqueue('plain', 'k')")
+        wait_for(lambda: plain in done, "the plain queue's job, by its NOTIFY", timeout=60)
+        time.sleep(2)  # the flood goes on
+    finally:
+        stop_flood.set()
+        flooder.join(timeout=30)
+        worker.stop()
+        thread.join(timeout=60)
+    assert not thread.is_alive() and not errors, errors
+    made = claims(conn, name) - before
+    # The first claims, the plain job's, and a few for the NOTIFYs that came before the wait
+    # began; woken by each NOTIFY (WAKE_RATE, 100 a second) it would make hundreds.
+    assert made <= 20, f"{made} claims"
+    assert len(done) == 2
