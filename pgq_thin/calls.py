@@ -28,6 +28,7 @@ from pgq_thin.models import (
     JobEvent,
     JobRecord,
     QueueGrant,
+    QueueLimits,
     QueueMetrics,
     QueueSettings,
     QueueStats,
@@ -87,7 +88,7 @@ _WANT: dict[str, type] = {
     **dict.fromkeys(("queue", "kind", "worker", "unique_key", "tenant", "error", "note", "state", "name", "cron",
                      "timezone", "role", "privilege", "concurrency_key", "key"), str),
     **dict.fromkeys(("priority", "max_attempts", "batch", "id", "attempt", "max_jobs", "max_running", "weight",
-                     "limit_rows", "before_id", "key_max_running"), int),
+                     "limit_rows", "before_id", "key_max_running", "rate_limit", "key_rate_limit"), int),
     **dict.fromkeys(("retryable", "notify", "audit", "fair", "skip_if_running", "enabled"), bool),
 }
 
@@ -385,6 +386,13 @@ def queue_status(queues: Sequence[str]) -> Call[list[QueueStatus]]:
                 lambda rows: [QueueStatus(*r) for r in rows])
 
 
+def rate_limit_wait(queues: Sequence[str] | None = None) -> Call[dict[str, timedelta]]:
+    """pgq.rate_limit_wait: each rate-limited queue of ``queues`` (None: all) and how long until its
+    rate limits let a claim take a job they hold back now (0: they hold none back)."""
+    return Call(queries.RATE_LIMIT_WAIT, {"queues": _names("queues", queues)},
+                lambda rows: {r[0]: r[1] for r in rows})
+
+
 def renew(job_id: int, attempt: int, lease: Interval | None = None) -> Call[datetime | None]:
     """pgq.renew: the new lease_until, or None when the job is no longer ours."""
     return Call(queries.RENEW, {"id": job_id, "attempt": attempt, "lease": _interval("lease", lease)}, _value)
@@ -490,15 +498,20 @@ def configure_queue(
     max_running: int | None = None,
     max_run_time: Interval | None = None,
     key_max_running: int | None = None,
+    rate_limit: int | None = None,
+    rate_period: Interval | None = None,
+    key_rate_limit: int | None = None,
 ) -> Call[QueueSettings]:
     """pgq.configure_queue: change the given settings (None leaves one unchanged;
-    ``max_run_time=0`` removes the limit; ``key_max_running=0`` the per-key limit)."""
+    ``max_run_time=0`` removes the limit; ``key_max_running=0`` the per-key limit; ``rate_limit``
+    jobs per ``rate_period`` at most, and ``key_rate_limit`` per key, 0: no limit)."""
     return Call(queries.CONFIGURE_QUEUE, {
         "queue": queue, "lease": _interval("lease", lease), "max_attempts": max_attempts,
         "backoff_base": _interval("backoff_base", backoff_base), "backoff_cap": _interval("backoff_cap", backoff_cap),
         "retention": _interval("retention", retention), "notify": notify, "audit": audit,
         "fair": fair, "max_running": max_running, "max_run_time": _interval("max_run_time", max_run_time),
-        "key_max_running": key_max_running,
+        "key_max_running": key_max_running, "rate_limit": rate_limit,
+        "rate_period": _interval("rate_period", rate_period), "key_rate_limit": key_rate_limit,
     }, _settings, rows=dict_row)
 
 
@@ -589,6 +602,13 @@ def stats() -> Call[list[QueueStats]]:
 def metrics() -> Call[list[QueueMetrics]]:
     """pgq.metrics: one row per queue for exporters (live jobs, expired leases, finished counters)."""
     return Call(queries.METRICS, {}, lambda rows: [QueueMetrics(**r) for r in rows], rows=dict_row)
+
+
+def queue_limits(queue: str | None = None) -> Call[list[QueueLimits]]:
+    """pgq.queue_limits: every queue with a limit (or ``queue``): its limits and how many due jobs
+    each holds back now, and when its next token is due."""
+    return Call(queries.QUEUE_LIMITS, {"queue": queue}, lambda rows: [record(QueueLimits, r) for r in rows],
+                rows=dict_row)
 
 
 def health(max_snapshot_age: Interval = timedelta(minutes=5),
@@ -709,6 +729,8 @@ class PgqCalls:
     health = Method(health)
     list_jobs = Method(list_jobs)
     queue_status = Method(queue_status)
+    rate_limit_wait = Method(rate_limit_wait)
+    queue_limits = Method(queue_limits)
     get_job = Method(get_job)
     job_history = Method(job_history)
     version = Method(version)

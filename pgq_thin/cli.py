@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn
 
 import psycopg
@@ -282,11 +282,30 @@ def _stats_row(r: Any) -> list[Any]:
             r.failed, r.cancelled, r.outcome_unknown, r.oldest_ready_age]
 
 
+_LIMITS_HEADERS = ["queue", "ready", "running", "held by max_running", "key limit", "rate limit", "key rate limit",
+                   "next token in"]
+
+
+def _limits_table(client: Client) -> str | None:
+    """The queues with a limit and what each limit holds back now (pgq.queue_limits), or None
+    when no queue has a limit."""
+    rows = client.queue_limits()
+    if not rows:
+        return None
+    now = datetime.now(timezone.utc)
+    return _table(_LIMITS_HEADERS, [
+        [r.queue, r.ready, r.running, r.held_by_max_running, r.held_by_key_limit, r.held_by_rate_limit,
+         r.held_by_key_rate_limit, None if r.next_token_at is None else max(r.next_token_at - now, timedelta(0))]
+        for r in rows])
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     with _client(args) as client:
         if not args.watch:
             rows = client.stats()
             say(_table(_STATS_HEADERS, [_stats_row(r) for r in rows]) if rows else "no queues yet")
+            if rows and (limits := _limits_table(client)) is not None:
+                say("\nheld back by limits (due jobs each limit holds back now):\n" + limits)
             return 0
         previous: dict[str, int] = {}
         try:

@@ -3,10 +3,11 @@ text a scrape answers (the dashboard's ``GET /metrics`` serves it), ``serve(dsn,
 exporter alone (``pgq-thin metrics``). Needs the ``metrics`` extra (prometheus_client):
 ``pip install 'pgq-thin[metrics]'``; nothing imports it until a metric is asked for.
 
-One scrape is two statements, whatever the finished history holds: ``SELECT * FROM pgq.metrics()``
+One scrape is three statements, whatever the finished history holds: ``SELECT * FROM pgq.metrics()``
 (per queue: jobs by live state, expired leases, the oldest due job's age, and the counters of
-finished jobs kept by migration 0010's trigger, never a count of finished rows) and
-``pgq.health()`` (the findings, counted by check and severity).
+finished jobs kept by migration 0010's trigger, never a count of finished rows),
+``pgq.health()`` (the findings, counted by check and severity) and ``pgq.queue_limits()`` (what
+the limits hold back, for the queues that have a limit).
 
 - ``pgq_jobs{queue,state}`` (gauge): jobs now, for the states a job waits or runs in: ``pending``
   (due now), ``scheduled`` (due later), ``running``, ``outcome_unknown``. Finished jobs are not a
@@ -18,6 +19,9 @@ finished jobs kept by migration 0010's trigger, never a count of finished rows) 
 - ``pgq_oldest_ready_age_seconds{queue}``: how long the oldest due job has waited (0: none due).
 - ``pgq_expired_leases{queue}``: running jobs past their lease (dead workers, nobody sweeping).
 - ``pgq_queue_paused{queue}``: 1 while the queue is paused.
+- ``pgq_jobs_held_back{queue,limit}``: due jobs a limit holds back now, for the queues with a
+  limit (pgq.queue_limits): ``limit`` is ``max_running``, ``key_limit``, ``rate_limit`` or
+  ``key_rate_limit`` (each counts what that limit alone holds back).
 - ``pgq_health_findings{check,severity}``: pgq.health()'s findings per check and severity; every
   check reported gets all three severities (ok, warning, critical), 0 where none, so that an
   alert on ``severity="critical"`` sees a series before anything goes wrong.
@@ -54,6 +58,13 @@ SEVERITIES = ("ok", "warning", "critical")
 
 METRICS_SQL = queries.METRICS  # the columns in QueueMetrics' order
 HEALTH_SQL = 'SELECT "check", severity, count(*) FROM pgq.health() GROUP BY 1, 2 ORDER BY 1, 2'
+#: The limits of pgq_jobs_held_back, in the order of LIMITS_SQL's columns.
+LIMITS = ("max_running", "key_limit", "rate_limit", "key_rate_limit")
+LIMITS_SQL = ("SELECT queue, held_by_max_running, held_by_key_limit, held_by_rate_limit, held_by_key_rate_limit"
+              " FROM pgq.queue_limits()")
+
+#: The rows of one scrape: pgq.metrics(), the health findings, the limits (see ``read``).
+Rows = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]
 
 
 def require_prometheus_client() -> None:
@@ -64,27 +75,28 @@ def require_prometheus_client() -> None:
         raise PgqError(INSTALL_HINT) from exc
 
 
-def read(conn: psycopg.Connection[Any]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """The rows of one scrape: pgq.metrics() and the health findings by (check, severity), read
-    in one transaction (its own, or a savepoint of the caller's), as tuples whatever the
-    connection's row factory."""
+def read(conn: psycopg.Connection[Any]) -> Rows:
+    """The rows of one scrape: pgq.metrics(), the health findings by (check, severity) and what
+    the limits hold back per queue, read in one transaction (its own, or a savepoint of the
+    caller's), as tuples whatever the connection's row factory."""
     with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         queues = cur.execute(METRICS_SQL).fetchall()
         findings = cur.execute(HEALTH_SQL).fetchall()
-    return queues, findings
+        limits = cur.execute(LIMITS_SQL).fetchall()
+    return queues, findings, limits
 
 
 class QueueCollector:
     """A prometheus_client collector of the queue metrics: each ``collect()`` reads them with
     ``source()``, which returns the rows of ``read()``."""
 
-    def __init__(self, source: Callable[[], tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]]) -> None:
+    def __init__(self, source: Callable[[], Rows]) -> None:
         self.source = source
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        queues, findings = self.source()
+        queues, findings, limits = self.source()
         jobs = GaugeMetricFamily("pgq_jobs", "Jobs now, by queue and state (pending: due now; scheduled: due later).",
                                  labels=["queue", "state"])
         finished = CounterMetricFamily("pgq_jobs_finished", "Jobs that reached done, failed or cancelled, by "
@@ -112,10 +124,15 @@ class QueueCollector:
         for check, by_severity in counts.items():
             for severity, n in by_severity.items():
                 health.add_metric([check, severity], n)
-        yield from (jobs, finished, oldest, expired, paused, health)
+        held = GaugeMetricFamily("pgq_jobs_held_back", "Due jobs a limit holds back now, by queue and limit "
+                                 "(max_running, key_limit, rate_limit, key_rate_limit).", labels=["queue", "limit"])
+        for row in limits:
+            for limit, n in zip(LIMITS, row[1:]):
+                held.add_metric([row[0], limit], n)
+        yield from (jobs, finished, oldest, expired, paused, health, held)
 
 
-def registry(source: Callable[[], tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]]) -> CollectorRegistry:
+def registry(source: Callable[[], Rows]) -> CollectorRegistry:
     """A registry of its own (not prometheus_client's global one) holding a QueueCollector."""
     require_prometheus_client()
     from prometheus_client import CollectorRegistry
@@ -144,7 +161,7 @@ class _Reader:
         self.conn: psycopg.Connection[Any] | None = None
         self.lock = threading.Lock()
 
-    def __call__(self) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    def __call__(self) -> Rows:
         with self.lock:
             try:
                 if self.conn is None or self.conn.closed:
@@ -167,7 +184,7 @@ def serve(dsn: str, port: int = 9187, host: str = "127.0.0.1") -> Callable[[], N
 
     reader = _Reader(dsn)
 
-    def source() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    def source() -> Rows:
         try:
             return reader()
         except psycopg.Error as exc:

@@ -114,6 +114,16 @@ class QueueSettings:
     key_max_running: int = 0
     #: Whether the queue limits its keys (key_max_running or a pgq.set_key_limit override).
     key_limited: bool = False
+    #: At most this many jobs claimed per rate_period (a burst of at most rate_limit); 0: no limit.
+    rate_limit: int = 0
+    #: The period of rate_limit and key_rate_limit.
+    rate_period: timedelta = timedelta(seconds=1)
+    #: At most this many jobs of one concurrency_key claimed per rate_period; 0: no limit.
+    key_rate_limit: int = 0
+    #: Whether the queue has a rate limit (rate_limit or key_rate_limit).
+    rate_limited: bool = False
+    #: The rate limit's state: when its bucket is full again (None or past: full now).
+    rate_tat: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -213,6 +223,30 @@ class HealthFinding:
     check: str
     detail: str
     hint: str | None
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """One row of pgq.queue_limits(): a queue's limits and how many of its due jobs (ready) each
+    holds back now (held_by_*; a job may be held by several)."""
+
+    queue: str
+    paused: bool
+    ready: int
+    running: int
+    max_running: int
+    key_max_running: int
+    rate_limit: int
+    rate_period: timedelta
+    key_rate_limit: int
+    held_by_max_running: int
+    held_by_key_limit: int
+    held_by_rate_limit: int
+    held_by_key_rate_limit: int
+    #: When the queue's bucket holds a token again (None: it holds one, or has no rate limit).
+    next_token_at: datetime | None
+    #: The earliest such moment of a key whose due jobs its key rate limit holds back.
+    next_key_token_at: datetime | None
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ CLAIM = (
 
 #: Whether each of a worker's queues exists and is paused.
 QUEUE_STATUS = "SELECT queue, known, paused FROM pgq.queue_status(queues => %(queues)s::text[])"
+RATE_LIMIT_WAIT = "SELECT queue, wait FROM pgq.rate_limit_wait(queues => %(queues)s::text[])"
 
 #: Extend the lease of our attempt; NULL when the job is no longer ours.
 RENEW = "SELECT pgq.renew(id => %(id)s::bigint, attempt => %(attempt)s::integer, lease => %(lease)s::interval)"
@@ -88,7 +89,8 @@ CONFIGURE_QUEUE = (
     " backoff_cap => %(backoff_cap)s::interval, retention => %(retention)s::interval,"
     " notify => %(notify)s::boolean, audit => %(audit)s::boolean, fair => %(fair)s::boolean,"
     " max_running => %(max_running)s::integer, max_run_time => %(max_run_time)s::interval,"
-    " key_max_running => %(key_max_running)s::integer)"
+    " key_max_running => %(key_max_running)s::integer, rate_limit => %(rate_limit)s::integer,"
+    " rate_period => %(rate_period)s::interval, key_rate_limit => %(key_rate_limit)s::integer)"
 )
 SET_TENANT_WEIGHT = (
     "SELECT * FROM pgq.set_tenant_weight(queue => %(queue)s::text, tenant => %(tenant)s::text,"
@@ -120,6 +122,7 @@ QUEUE_SETTINGS = "SELECT * FROM pgq.queue_settings(queue => %(queue)s::text)"
 # Observe -----------------------------------------------------------------------------------------
 
 STATS = "SELECT * FROM pgq.stats()"
+QUEUE_LIMITS = "SELECT * FROM pgq.queue_limits(queue => %(queue)s::text)"
 METRICS = "SELECT * FROM pgq.metrics()"
 HEALTH = (
     "SELECT * FROM pgq.health(max_snapshot_age => %(max_snapshot_age)s::interval,"

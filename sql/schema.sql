@@ -94,8 +94,16 @@ CREATE TABLE pgq.queues (
     restricted    text[],
     key_max_running integer   NOT NULL DEFAULT 0,
     key_limited   boolean     NOT NULL DEFAULT false,
+    rate_limit    integer     NOT NULL DEFAULT 0,
+    rate_period   interval    NOT NULL DEFAULT '1 second',
+    key_rate_limit integer    NOT NULL DEFAULT 0,
+    rate_limited  boolean     NOT NULL DEFAULT false,
+    rate_tat      timestamptz,
     CONSTRAINT queues_max_running_check CHECK (max_running BETWEEN 0 AND 100000),
     CONSTRAINT queues_key_max_running_check CHECK (key_max_running BETWEEN 0 AND 100000),
+    CONSTRAINT queues_rate_check CHECK (rate_limit BETWEEN 0 AND 1000000 AND key_rate_limit BETWEEN 0 AND 1000000
+                                        AND rate_period > '0' AND rate_period <= '1 day'
+                                        AND pgq._is_span(rate_period)),
     CONSTRAINT queues_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 10000),
     CONSTRAINT queues_lease_check CHECK (lease > '0' AND lease <= '1 day' AND pgq._is_span(lease)),
     CONSTRAINT queues_backoff_check CHECK (backoff_base > '0' AND backoff_cap >= backoff_base
@@ -127,6 +135,20 @@ COMMENT ON COLUMN pgq.queues.key_max_running IS
 COMMENT ON COLUMN pgq.queues.key_limited IS
     'Whether the queue limits its keys (key_max_running > 0 or a pgq.key_limits row), kept by '
     'pgq.configure_queue and pgq.set_key_limit: only such a queue''s claim takes the per-key step.';
+COMMENT ON COLUMN pgq.queues.rate_limit IS
+    'At most this many jobs of the queue claimed per rate_period (a burst of at most rate_limit, '
+    'then rate_limit per rate_period); 0: no limit.';
+COMMENT ON COLUMN pgq.queues.rate_period IS
+    'The period of rate_limit and key_rate_limit.';
+COMMENT ON COLUMN pgq.queues.key_rate_limit IS
+    'At most this many jobs of one concurrency_key claimed per rate_period; 0: no limit. Jobs '
+    'without a concurrency_key are not limited by it.';
+COMMENT ON COLUMN pgq.queues.rate_limited IS
+    'Whether the queue has a rate limit (rate_limit > 0 or key_rate_limit > 0), kept by '
+    'pgq.configure_queue: only such a queue''s claim takes the rate step.';
+COMMENT ON COLUMN pgq.queues.rate_tat IS
+    'The rate limit''s state (GCRA): the moment its bucket is full again (NULL or past: full now). '
+    'Written by pgq.claim under the queue''s row lock.';
 
 -- Fair mode's bookkeeping: one row per (queue, tenant) of a fair queue. A claim serves the
 -- tenants with the least virtual time first and advances a served tenant's virtual time by
@@ -350,6 +372,19 @@ CREATE TABLE pgq.key_limits (
 COMMENT ON TABLE pgq.key_limits IS
     'Per-key overrides of queues.key_max_running (pgq.set_key_limit); 0: the key has no limit.';
 
+-- The per-key rate limits' state (queues.key_rate_limit): one row per (queue, key) whose bucket
+-- is not full, written by pgq.claim under the queue's row lock (upserted); rows whose bucket is
+-- full again are deleted by pgq.sweep and pgq.prune (pgq._prune_key_rates), so the table holds
+-- the keys claimed in about the last rate_period.
+CREATE TABLE pgq.key_rates (
+    queue text        NOT NULL REFERENCES pgq.queues (name) ON DELETE CASCADE,
+    key   text        NOT NULL,
+    tat   timestamptz NOT NULL,
+    PRIMARY KEY (queue, key)
+);
+COMMENT ON TABLE pgq.key_rates IS
+    'Per-key rate limit state (GCRA): tat is when the key''s bucket is full again.';
+
 -- Indexes ----------------------------------------------------------------------------------------
 
 -- A fair queue's claim walks its tenants by virtual time (pgq._fair_pick), reading only as many as
@@ -409,6 +444,9 @@ CREATE INDEX queues_restricted_idx ON pgq.queues (name) WHERE restricted IS NOT 
 -- Pruning finds finished rows by age.
 CREATE INDEX jobs_finished_idx ON pgq.jobs (finished_at)
     WHERE state IN ('done', 'failed', 'cancelled');
+
+-- The keys without a token now (tat furthest ahead), read by each claim of a key-rate-limited queue.
+CREATE INDEX key_rates_tat_idx ON pgq.key_rates (queue, tat);
 
 -- Functions: internal helpers ---------------------------------------------------------------------
 
@@ -588,6 +626,95 @@ END
 $$;
 
 -- Validates a concurrency key (a job's, or pgq.set_key_limit's): NULL or 1 to 256 characters.
+-- Rate limits (queues.rate_limit, key_rate_limit) are GCRA buckets of `rate` tokens per
+-- `period`: a burst of at most `rate`, then `rate` per `period`. The state is one timestamp, the
+-- theoretical arrival time (tat): when the bucket is full again (NULL or past: full now). Taking
+-- n tokens at `at` moves it to greatest(tat, at) + n * period / rate, and is allowed while that
+-- is at most at + period. So in any window of length W the claims take at most
+-- rate + floor(W * rate / period) tokens (the tat advances by period / rate per token and never
+-- passes the latest clock reading plus period). The arithmetic is exact (numeric epochs, tat
+-- rounded up to the microsecond).
+
+-- The clock of the rate limits: clock_timestamp(), read by pgq.claim once it holds the queue rows
+-- it limits. Not pgq._now() (statement_timestamp) or now(): a claim whose statement or
+-- transaction started before another claim's took the lock would spend tokens at an earlier
+-- moment than they are handed out, and so refill the bucket for the claims after it; read after
+-- the lock, the readings of one queue's claims come in the order they hand out their jobs. (A
+-- test database may replace this function, like pgq._now().)
+CREATE FUNCTION pgq._rate_clock() RETURNS timestamptz
+    LANGUAGE sql VOLATILE PARALLEL SAFE
+    AS $$ SELECT clock_timestamp() $$;
+COMMENT ON FUNCTION pgq._rate_clock() IS
+    'The clock of the rate limits: clock_timestamp(), read once the claim holds its queue rows.';
+
+-- How many tokens a bucket (its tat, rate and period) holds at `at`.
+CREATE FUNCTION pgq._tokens(tat timestamptz, rate integer, period interval, at timestamptz) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN $1 IS NULL OR $1 <= $4 THEN $2
+                ELSE greatest(floor(extract(epoch FROM $3 - ($1 - $4)) * $2 / extract(epoch FROM $3)), 0)::integer
+           END
+$$;
+
+-- When a bucket holds a token again; NULL when it holds one at `at` (or has no rate).
+CREATE FUNCTION pgq._next_token_at(tat timestamptz, rate integer, period interval, at timestamptz)
+    RETURNS timestamptz
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN $2 > 0 AND pgq._tokens($1, $2, $3, $4) < 1
+                THEN $1 - $3 + ceil(extract(epoch FROM $3) * 1000000 / $2)::float8 * interval '1 microsecond'
+           END
+$$;
+
+-- A bucket's tat once n tokens are taken at `at` (rounded up to the microsecond: never early).
+CREATE FUNCTION pgq._tat_after(tat timestamptz, rate integer, period interval, at timestamptz, n integer)
+    RETURNS timestamptz
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT greatest($1, $4) + ceil($5 * extract(epoch FROM $3) * 1000000 / $2)::float8 * interval '1 microsecond'
+$$;
+
+-- A bucket's tat when its rate or period changes (pgq.configure_queue): what it handed out still
+-- counts, as the same number of tokens of the new rate (at most a whole bucket: empty).
+CREATE FUNCTION pgq._rescaled_tat(tat timestamptz, old_rate integer, old_period interval, rate integer,
+                                  period interval, at timestamptz)
+    RETURNS timestamptz
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN $1 > $6 AND $2 > 0 AND $4 > 0
+                THEN $6 + least(($1 - $6) * (extract(epoch FROM $5) * $2 / (extract(epoch FROM $3) * $4))::float8, $5)
+           END
+$$;
+
+-- Deletes up to max_rows rows of pgq.key_rates whose bucket is full again (pgq.sweep,
+-- pgq.prune), queue by queue under the queue's row lock, like the claims that write them (a queue
+-- whose row another session holds is skipped): at the clock read after the lock, such a row
+-- says what no row says, so no claim after it can tell.
+CREATE FUNCTION pgq._prune_key_rates(max_rows integer) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    deleted integer := 0;
+    r record;
+BEGIN
+    FOR r IN SELECT DISTINCT k.queue FROM pgq.key_rates AS k WHERE k.tat <= pgq._rate_clock() LOOP
+        EXIT WHEN deleted >= _prune_key_rates.max_rows;
+        PERFORM FROM pgq.queues AS q WHERE q.name = r.queue FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        WITH gone AS (
+            DELETE FROM pgq.key_rates AS k
+            WHERE k.queue = r.queue AND k.key IN (
+                SELECT x.key FROM pgq.key_rates AS x
+                WHERE x.queue = r.queue AND x.tat <= pgq._rate_clock()
+                LIMIT _prune_key_rates.max_rows - deleted)
+            RETURNING 1
+        )
+        SELECT deleted + count(*) INTO deleted FROM gone;
+    END LOOP;
+    RETURN deleted;
+END
+$$;
+
 CREATE FUNCTION pgq._check_concurrency_key(argument text, value text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     AS $$
@@ -1895,21 +2022,48 @@ $$;
 -- claimers of a key-limited queue take turns. Each pass reads the next candidates past the full
 -- keys; a pass that fills a key reads again without it, so at most `room` passes (for a fair
 -- queue, one job per _fair_pick call). Returns the picked ids, locked FOR NO KEY UPDATE.
-CREATE FUNCTION pgq._keyed_pick(queue text, room integer, kinds text[], fair boolean) RETURNS SETOF bigint
+-- A queue with key_rate_limit also counts each key's tokens at `at` (the claim's rate clock): a
+-- key without one is left out like a full key. A rate-limited queue without a per-key step
+-- (pgq.queues.rate_limited only) gets its first `room` jobs, locked, or its fair pick.
+CREATE FUNCTION pgq._keyed_pick(queue text, room integer, kinds text[], fair boolean,
+                                at timestamptz DEFAULT NULL) RETURNS SETOF bigint
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
     AS $$
 DECLARE
     default_limit integer;
-    slots    jsonb;            -- key -> free slots, for the limited keys seen so far
-    full_keys text[];          -- the keys without a free slot
+    key_limited boolean;       -- queues.key_limited
+    key_rate  integer;         -- queues.key_rate_limit (0: none), per period
+    period    interval;        -- queues.rate_period
+    slots    jsonb;            -- key -> free slots, for the limited keys with running jobs
+    avail    jsonb := '{}';    -- key -> how many more of its jobs this call may pick, for the keys met
+    full_keys text[];          -- the keys without a free slot (or, with key_rate, without a token)
     picked   bigint[] := '{}';
     filled   boolean;          -- whether this pass filled a key
     before   integer;          -- how many were picked before this pass
     r        record;
     n        integer;
 BEGIN
-    SELECT q.key_max_running INTO default_limit FROM pgq.queues AS q WHERE q.name = _keyed_pick.queue;
+    SELECT q.key_max_running, q.key_limited, q.key_rate_limit, q.rate_period
+    INTO default_limit, key_limited, key_rate, period
+    FROM pgq.queues AS q WHERE q.name = _keyed_pick.queue;
+    IF NOT key_limited AND key_rate = 0 THEN
+        -- A rate-limited queue without a per-key step: its first jobs (its fair pick), locked.
+        IF _keyed_pick.fair THEN
+            RETURN QUERY SELECT f.id FROM pgq._fair_pick(_keyed_pick.queue, _keyed_pick.room, _keyed_pick.kinds) AS f(id);
+        ELSE
+            RETURN QUERY
+            SELECT j.id FROM pgq.jobs AS j
+            WHERE j.queue = _keyed_pick.queue
+              AND j.state = 'pending' AND j.attempt < j.max_attempts
+              AND j.run_at <= pgq._now()
+              AND (_keyed_pick.kinds IS NULL OR j.kind = ANY (_keyed_pick.kinds))
+            ORDER BY j.priority DESC, j.run_at, j.id
+            LIMIT _keyed_pick.room
+            FOR NO KEY UPDATE SKIP LOCKED;
+        END IF;
+        RETURN;
+    END IF;
     SELECT coalesce(jsonb_object_agg(c.key, coalesce(l.max_running, default_limit) - c.n), '{}')
     INTO slots
     FROM (SELECT j.concurrency_key AS key, count(*)::integer AS n
@@ -1919,17 +2073,28 @@ BEGIN
     LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = c.key
     WHERE coalesce(l.max_running, default_limit) > 0;
     full_keys := ARRAY(SELECT e.key FROM jsonb_each(slots) AS e(key, value) WHERE e.value::integer <= 0);
+    IF key_rate > 0 THEN
+        -- The keys without a token (key_rates_tat_idx: those whose tat is furthest ahead), so that
+        -- each key a pass meets has at least one.
+        full_keys := full_keys || ARRAY(
+            SELECT k.key FROM pgq.key_rates AS k
+            WHERE k.queue = _keyed_pick.queue
+              AND k.tat > _keyed_pick.at + period - period / key_rate - interval '1 microsecond'
+              AND pgq._tokens(k.tat, key_rate, period, _keyed_pick.at) < 1);
+        -- The others' tokens are read as their keys come (the passes' tat column).
+    END IF;
     LOOP
         filled := false;
         before := cardinality(picked);
         FOR r IN
-            SELECT x.id, x.key, coalesce(l.max_running, default_limit) AS max_running
+            SELECT x.id, x.key, coalesce(l.max_running, default_limit) AS max_running, k.tat
             FROM pgq._fair_pick(_keyed_pick.queue, 1, _keyed_pick.kinds, full_keys, picked) AS f(id)
             JOIN LATERAL (SELECT j.id, j.concurrency_key AS key FROM pgq.jobs AS j WHERE j.id = f.id) AS x ON true
             LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = x.key
+            LEFT JOIN pgq.key_rates AS k ON k.queue = _keyed_pick.queue AND k.key = x.key AND key_rate > 0
             WHERE _keyed_pick.fair
             UNION ALL
-            SELECT x.id, x.key, coalesce(l.max_running, default_limit)
+            SELECT x.id, x.key, coalesce(l.max_running, default_limit), k.tat
             FROM (SELECT j.id, j.concurrency_key AS key, j.priority, j.run_at
                   FROM pgq.jobs AS j
                   WHERE j.queue = _keyed_pick.queue
@@ -1941,14 +2106,22 @@ BEGIN
                   ORDER BY j.priority DESC, j.run_at, j.id
                   LIMIT _keyed_pick.room - cardinality(picked)) AS x
             LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = x.key
+            LEFT JOIN pgq.key_rates AS k ON k.queue = _keyed_pick.queue AND k.key = x.key AND key_rate > 0
             WHERE NOT _keyed_pick.fair
         LOOP
-            IF r.key IS NULL OR r.max_running = 0 THEN
+            IF r.key IS NULL OR (r.max_running = 0 AND key_rate = 0) THEN
                 picked := picked || r.id;
             ELSIF r.key <> ALL (full_keys) THEN  -- (a key this pass filled: its later jobs wait)
-                n := coalesce((slots ->> r.key)::integer, r.max_running) - 1;
-                slots := slots || jsonb_build_object(r.key, n);
-                picked := picked || r.id;
+                n := (avail ->> r.key)::integer;
+                IF n IS NULL THEN  -- the key's first job in this call: its free slots, its tokens
+                    n := least(CASE WHEN r.max_running > 0 THEN coalesce((slots ->> r.key)::integer, r.max_running) END,
+                               CASE WHEN key_rate > 0 THEN pgq._tokens(r.tat, key_rate, period, _keyed_pick.at) END);
+                END IF;
+                IF n > 0 THEN
+                    picked := picked || r.id;
+                    n := n - 1;
+                END IF;
+                avail := avail || jsonb_build_object(r.key, n);
                 IF n <= 0 THEN
                     full_keys := full_keys || r.key;
                     filled := true;
@@ -1958,7 +2131,7 @@ BEGIN
         -- A plain pass that filled no key took every job it read: all there are, or enough. A fair
         -- pass reads one job (never of a full key): it goes on while there was one.
         EXIT WHEN cardinality(picked) >= _keyed_pick.room
-                  OR CASE WHEN _keyed_pick.fair THEN cardinality(picked) = before ELSE NOT filled END;
+                  OR CASE WHEN _keyed_pick.fair THEN cardinality(picked) = before AND NOT filled ELSE NOT filled END;
     END LOOP;
     -- The picks of the plain pass are locked here, re-checked on the newest row version (a job
     -- cancelled meanwhile, or one another session holds, is left out); _fair_pick locked its own.
@@ -1967,6 +2140,32 @@ BEGIN
     WHERE j.id = ANY (picked) AND j.state = 'pending' AND j.attempt < j.max_attempts
     ORDER BY j.id
     FOR NO KEY UPDATE SKIP LOCKED;
+END
+$$;
+
+-- For pgq.claim, which holds the queues' rows: spends the tokens of the rate-limited queues (and
+-- keys) for those of `ids` (its picks) that it handed out, at the rate clock's reading `at`.
+CREATE FUNCTION pgq._spend_tokens(ids bigint[], at timestamptz) RETURNS void
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan
+    AS $$
+BEGIN
+    UPDATE pgq.queues AS q
+    SET rate_tat = pgq._tat_after(q.rate_tat, q.rate_limit, q.rate_period, _spend_tokens.at, c.n)
+    FROM (SELECT j.queue, count(*)::integer AS n FROM pgq.jobs AS j
+          WHERE j.id = ANY (_spend_tokens.ids) AND j.state = 'running'
+          GROUP BY j.queue) AS c
+    WHERE q.name = c.queue AND q.rate_limit > 0;
+    INSERT INTO pgq.key_rates AS k (queue, key, tat)
+    SELECT c.queue, c.key, pgq._tat_after(NULL, q.key_rate_limit, q.rate_period, _spend_tokens.at, c.n)
+    FROM (SELECT j.queue, j.concurrency_key AS key, count(*)::integer AS n FROM pgq.jobs AS j
+          WHERE j.id = ANY (_spend_tokens.ids) AND j.state = 'running' AND j.concurrency_key IS NOT NULL
+          GROUP BY j.queue, j.concurrency_key) AS c
+    JOIN pgq.queues AS q ON q.name = c.queue
+    WHERE q.key_rate_limit > 0
+    -- (excluded.tat is at + n * period / rate: greatest(k.tat, at) + the same.)
+    ON CONFLICT ON CONSTRAINT key_rates_pkey
+        DO UPDATE SET tat = excluded.tat + greatest(k.tat - _spend_tokens.at, interval '0');
 END
 $$;
 
@@ -2012,10 +2211,12 @@ DECLARE
     names    text[];     -- the eligible queues, in name order
     rooms    integer[];  -- how many jobs each may start now
     fairs    boolean[];  -- whether each is in fair mode
-    keyeds   boolean[];  -- whether each limits its concurrency keys (queues.key_limited)
+    keyeds   boolean[];  -- whether each takes the per-key step (queues.key_limited or rate_limited)
     fair_ids bigint[] := '{}';
     keyed_ids bigint[] := '{}';
-    capped   boolean;    -- whether any of them has max_running or key limits
+    capped   boolean;    -- whether any of them has max_running, key limits or rate limits
+    rated    boolean;    -- then: whether any of those it holds has a rate limit
+    rate_now timestamptz;  -- then: the rate limits' clock, read once they are held
     locked   text[];     -- then: the capped ones this call holds (the others are skipped)
     expired  boolean;    -- whether any lease has expired
     due      boolean;    -- whether one of them has a schedule due
@@ -2085,7 +2286,7 @@ BEGIN
     -- due schedule (queues_schedule_due_idx).
     FOR pass IN 1..2 LOOP
         SELECT array_agg(q.name ORDER BY q.name), array_agg(q.fair ORDER BY q.name),
-               coalesce(bool_or(q.max_running > 0 OR q.key_limited), false),
+               coalesce(bool_or(q.max_running > 0 OR q.key_limited OR q.rate_limited), false),
                EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
                coalesce(bool_or(q.next_schedule_at <= pgq._now()), false)
         INTO names, fairs, capped, expired, due
@@ -2131,28 +2332,37 @@ BEGIN
         -- SERIALIZABLE that count would come from an older snapshot and could pass the cap: such
         -- a claim of a capped queue is refused.)
         IF current_setting('transaction_isolation') <> 'read committed' THEN
-            RAISE EXCEPTION 'pgq: a claim of a queue with max_running or key limits must run at READ COMMITTED, not %',
+            RAISE EXCEPTION 'pgq: a claim of a queue with max_running, key limits or rate limits must run at READ COMMITTED, not %',
                 upper(current_setting('transaction_isolation'))
                 USING ERRCODE = 'object_not_in_prerequisite_state',
                       HINT = 'Claim in autocommit mode, or in a READ COMMITTED transaction.';
         END IF;
         locked := ARRAY(SELECT q.name FROM pgq.queues AS q
-                        WHERE (q.max_running > 0 OR q.key_limited) AND NOT q.paused AND q.name = ANY (names)
+                        WHERE (q.max_running > 0 OR q.key_limited OR q.rate_limited) AND NOT q.paused
+                          AND q.name = ANY (names)
                         FOR NO KEY UPDATE SKIP LOCKED);
+        -- The rate limits' clock, read once their queues are held (see pgq._rate_clock).
+        rate_now := pgq._rate_clock();
 
+        -- A rate-limited queue's room is at most the tokens its bucket holds now; it takes the
+        -- per-key step (pgq._keyed_pick), whose picks are known before the claim, so that the
+        -- tokens spent are those of the jobs handed out (counted after it).
         SELECT array_agg(e.name ORDER BY e.name), array_agg(e.room ORDER BY e.name),
-               array_agg(e.fair ORDER BY e.name), array_agg(e.key_limited ORDER BY e.name)
-        INTO names, rooms, fairs, keyeds
+               array_agg(e.fair ORDER BY e.name), array_agg(e.keyed ORDER BY e.name),
+               coalesce(bool_or(e.rate_limited), false)
+        INTO names, rooms, fairs, keyeds, rated
         FROM (
-            SELECT q.name, q.fair, q.key_limited,
-                   CASE WHEN q.max_running = 0 THEN claim.batch
-                        ELSE least(claim.batch, q.max_running - (
-                                 SELECT count(*) FROM pgq.jobs AS j
-                                 WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
-                   END AS room
+            SELECT q.name, q.fair, q.key_limited OR q.rate_limited AS keyed, q.rate_limited,
+                   least(CASE WHEN q.max_running = 0 THEN claim.batch
+                              ELSE least(claim.batch, q.max_running - (
+                                       SELECT count(*) FROM pgq.jobs AS j
+                                       WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
+                         END,
+                         CASE WHEN q.rate_limit > 0 THEN pgq._tokens(q.rate_tat, q.rate_limit, q.rate_period, rate_now) END)
+                   AS room
             FROM pgq.queues AS q
             WHERE NOT q.paused AND q.name = ANY (names)
-              AND ((q.max_running = 0 AND NOT q.key_limited) OR q.name = ANY (locked))
+              AND ((q.max_running = 0 AND NOT q.key_limited AND NOT q.rate_limited) OR q.name = ANY (locked))
         ) AS e
         WHERE e.room > 0;
     END IF;
@@ -2175,7 +2385,7 @@ BEGIN
     IF true = ANY (keyeds) THEN
         keyed_ids := ARRAY(SELECT f.id
                            FROM unnest(names, rooms, fairs, keyeds) AS e(name, room, fair, keyed)
-                           CROSS JOIN LATERAL pgq._keyed_pick(e.name, e.room, claim.kinds, e.fair) AS f(id)
+                           CROSS JOIN LATERAL pgq._keyed_pick(e.name, e.room, claim.kinds, e.fair, rate_now) AS f(id)
                            WHERE e.keyed);
     END IF;
 
@@ -2254,6 +2464,12 @@ BEGIN
            c.run_at, c.created_at, c.lease_until, c.tenant, c.progress, c.deadline, c.meta
     FROM claimed AS c
     ORDER BY c.priority DESC, c.run_at, c.id;
+
+    -- The rate-limited queues' tokens, spent for the jobs this claim handed out: its picks
+    -- (locked by it, pending until its UPDATE) that are running now.
+    IF rated THEN
+        PERFORM pgq._spend_tokens(keyed_ids, rate_now);
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION pgq.claim(text, text[], integer, interval, text[]) IS
@@ -2688,6 +2904,10 @@ BEGIN
     END IF;
     -- Keeps pgq.finished_deltas short where no exporter calls pgq.metrics().
     PERFORM pgq._fold_finished();
+    -- Forgets the per-key rate limits' buckets that are full again.
+    IF EXISTS (SELECT FROM pgq.key_rates) THEN
+        PERFORM pgq._prune_key_rates(sweep.max_jobs);
+    END IF;
     RETURN total;
 END
 $$;
@@ -2918,6 +3138,10 @@ BEGIN
         END;
         PERFORM pg_advisory_unlock(1885827329, hashtext(r.queue));
     END LOOP;
+    -- And the per-key rate limits' buckets that are full again.
+    IF EXISTS (SELECT FROM pgq.key_rates) THEN
+        PERFORM pgq._prune_key_rates(prune.max_jobs);
+    END IF;
     RETURN deleted;
 END
 $$;
@@ -2932,7 +3156,10 @@ CREATE FUNCTION pgq.configure_queue(queue text, lease interval DEFAULT NULL,
                                     notify boolean DEFAULT NULL, audit boolean DEFAULT NULL,
                                     fair boolean DEFAULT NULL, max_running integer DEFAULT NULL,
                                     max_run_time interval DEFAULT NULL,
-                                    key_max_running integer DEFAULT NULL)
+                                    key_max_running integer DEFAULT NULL,
+                                    rate_limit integer DEFAULT NULL,
+                                    rate_period interval DEFAULT NULL,
+                                    key_rate_limit integer DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -2941,6 +3168,10 @@ CREATE FUNCTION pgq.configure_queue(queue text, lease interval DEFAULT NULL,
     AS $$
 DECLARE
     q pgq.queues := pgq._queue(configure_queue.queue);
+    rate_now     timestamptz;
+    new_rate     integer;
+    new_period   interval;
+    new_key_rate integer;
 BEGIN
     q := pgq._lock_queue(configure_queue.queue);
     IF configure_queue.lease IS NOT NULL THEN
@@ -2977,6 +3208,17 @@ BEGIN
         PERFORM pgq._bad_argument('max_run_time',
             format('must be between 0 (no limit) and 365 days, got %s', configure_queue.max_run_time));
     END IF;
+    IF configure_queue.rate_limit NOT BETWEEN 0 AND 1000000 THEN
+        PERFORM pgq._bad_argument('rate_limit',
+            format('must be between 0 (no limit) and 1000000, got %s', configure_queue.rate_limit));
+    END IF;
+    IF configure_queue.rate_period IS NOT NULL THEN
+        PERFORM pgq._check_interval('rate_period', configure_queue.rate_period, interval '1 day');
+    END IF;
+    IF configure_queue.key_rate_limit NOT BETWEEN 0 AND 1000000 THEN
+        PERFORM pgq._bad_argument('key_rate_limit',
+            format('must be between 0 (no limit) and 1000000, got %s', configure_queue.key_rate_limit));
+    END IF;
     IF configure_queue.fair AND NOT q.fair THEN
         -- Jobs already in the queue join fair mode: those without a tenant get the tenant '',
         -- and every tenant gets its row. (Switch a queue to fair mode before producers use it:
@@ -2988,6 +3230,20 @@ BEGIN
         SELECT DISTINCT j.queue, j.tenant FROM pgq.jobs AS j
         WHERE j.queue = configure_queue.queue AND j.tenant IS NOT NULL AND j.state <> 'done'
         ON CONFLICT DO NOTHING;
+    END IF;
+    -- A new rate or period keeps what the buckets handed out: their debt is rescaled to as many
+    -- tokens of the new rate (pgq._rescaled_tat); a rate set to 0 forgets it. (Read after the
+    -- queue's row lock, like a claim's.)
+    rate_now := pgq._rate_clock();
+    new_rate := coalesce(configure_queue.rate_limit, q.rate_limit);
+    new_period := coalesce(configure_queue.rate_period, q.rate_period);
+    new_key_rate := coalesce(configure_queue.key_rate_limit, q.key_rate_limit);
+    IF new_key_rate = 0 THEN
+        DELETE FROM pgq.key_rates AS k WHERE k.queue = configure_queue.queue;
+    ELSIF new_key_rate <> q.key_rate_limit OR new_period <> q.rate_period THEN
+        UPDATE pgq.key_rates AS k
+        SET tat = pgq._rescaled_tat(k.tat, q.key_rate_limit, q.rate_period, new_key_rate, new_period, rate_now)
+        WHERE k.queue = configure_queue.queue AND k.tat > rate_now;
     END IF;
     UPDATE pgq.queues AS s
     SET lease = coalesce(configure_queue.lease, s.lease),
@@ -3004,13 +3260,21 @@ BEGIN
                             ELSE configure_queue.max_run_time END,
         key_max_running = coalesce(configure_queue.key_max_running, s.key_max_running),
         key_limited = coalesce(configure_queue.key_max_running, s.key_max_running) > 0
-                      OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = configure_queue.queue)
+                      OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = configure_queue.queue),
+        rate_limit = new_rate,
+        rate_period = new_period,
+        key_rate_limit = new_key_rate,
+        rate_limited = new_rate > 0 OR new_key_rate > 0,
+        rate_tat = CASE WHEN new_rate = 0 THEN NULL
+                        WHEN new_rate = s.rate_limit AND new_period = s.rate_period THEN s.rate_tat
+                        ELSE pgq._rescaled_tat(s.rate_tat, s.rate_limit, s.rate_period, new_rate, new_period, rate_now)
+                   END
     WHERE s.name = configure_queue.queue
     RETURNING * INTO q;
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer) IS
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer) IS
     'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit) '
     'and returns them; creates the queue if new.';
 
@@ -3863,6 +4127,116 @@ $$;
 COMMENT ON FUNCTION pgq.queue_settings(text) IS
     'The settings of every queue (or of one): a row of pgq.queues each, by name.';
 
+-- Every queue with a limit (max_running, key limits or rate limits; or the named one, 22023 when
+-- there is no such queue): its due jobs, its running ones, its limits, and how many of the due
+-- jobs each limit holds back now, so that a rate-limited queue can be told from one without
+-- workers. Each held_by_* counts the due jobs that limit alone holds back (a job may be held by
+-- several): beyond the queue's free places (max_running), beyond their key's free places (key
+-- limits), beyond the tokens the queue's bucket holds now (rate_limit), beyond their key's tokens
+-- (key_rate_limit). next_token_at: when the queue's bucket holds a token again (NULL: it holds
+-- one, or has no rate limit); next_key_token_at: the earliest such moment of a key with held
+-- jobs. Its cost: each listed queue's due jobs (jobs_ready_idx) and running jobs (jobs_lease_idx)
+-- are read once, and its keys' rows; no finished job is read.
+CREATE FUNCTION pgq.queue_limits(queue text DEFAULT NULL)
+    RETURNS TABLE (queue text, paused boolean, ready bigint, running bigint, max_running integer,
+                   key_max_running integer, rate_limit integer, rate_period interval,
+                   key_rate_limit integer, held_by_max_running bigint, held_by_key_limit bigint,
+                   held_by_rate_limit bigint, held_by_key_rate_limit bigint,
+                   next_token_at timestamptz, next_key_token_at timestamptz)
+    LANGUAGE sql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET jit = off
+    AS $$
+    SELECT pgq._existing_queue('queue', queue_limits.queue) WHERE queue_limits.queue IS NOT NULL;
+    WITH clock AS MATERIALIZED (
+        SELECT pgq._rate_clock() AS at
+    ), listed AS MATERIALIZED (
+        SELECT q.* FROM pgq.queues AS q
+        WHERE CASE WHEN queue_limits.queue IS NULL THEN q.max_running > 0 OR q.key_limited OR q.rate_limited
+                   ELSE q.name = queue_limits.queue END
+    ), due AS (
+        SELECT j.queue, j.concurrency_key AS key, count(*) AS n
+        FROM listed AS q
+        JOIN pgq.jobs AS j ON j.queue = q.name AND j.state = 'pending' AND j.attempt < j.max_attempts
+                          AND j.run_at <= pgq._now()
+        GROUP BY j.queue, j.concurrency_key
+    ), leased AS (
+        SELECT j.queue, j.concurrency_key AS key, count(*) AS n
+        FROM pgq.jobs AS j
+        WHERE j.lease_until IS NOT NULL AND j.queue IN (SELECT l.name FROM listed AS l)
+        GROUP BY j.queue, j.concurrency_key
+    ), keys AS (
+        SELECT d.queue,
+               sum(greatest(d.n - greatest(coalesce(l.max_running, q.key_max_running) - coalesce(r.n, 0), 0), 0))
+                   FILTER (WHERE coalesce(l.max_running, q.key_max_running) > 0) AS held_by_key_limit,
+               sum(greatest(d.n - pgq._tokens(k.tat, q.key_rate_limit, q.rate_period, c.at), 0))
+                   FILTER (WHERE q.key_rate_limit > 0) AS held_by_key_rate_limit,
+               min(pgq._next_token_at(k.tat, q.key_rate_limit, q.rate_period, c.at)) AS next_key_token_at
+        FROM due AS d
+        JOIN listed AS q ON q.name = d.queue
+        CROSS JOIN clock AS c
+        LEFT JOIN pgq.key_limits AS l ON l.queue = d.queue AND l.key = d.key
+        LEFT JOIN leased AS r ON r.queue = d.queue AND r.key = d.key
+        LEFT JOIN pgq.key_rates AS k ON k.queue = d.queue AND k.key = d.key
+        WHERE d.key IS NOT NULL AND (q.key_limited OR q.key_rate_limit > 0)
+        GROUP BY d.queue
+    ), totals AS (
+        SELECT q.name,
+               coalesce((SELECT sum(d.n) FROM due AS d WHERE d.queue = q.name), 0)::bigint AS ready,
+               coalesce((SELECT sum(r.n) FROM leased AS r WHERE r.queue = q.name), 0)::bigint AS running
+        FROM listed AS q
+    )
+    SELECT q.name, q.paused, t.ready, t.running, q.max_running, q.key_max_running, q.rate_limit,
+           q.rate_period, q.key_rate_limit,
+           CASE WHEN q.max_running > 0 THEN greatest(t.ready - greatest(q.max_running - t.running, 0), 0) ELSE 0 END,
+           coalesce(k.held_by_key_limit, 0)::bigint,
+           CASE WHEN q.rate_limit > 0
+                THEN greatest(t.ready - pgq._tokens(q.rate_tat, q.rate_limit, q.rate_period, c.at), 0) ELSE 0 END,
+           coalesce(k.held_by_key_rate_limit, 0)::bigint,
+           pgq._next_token_at(q.rate_tat, q.rate_limit, q.rate_period, c.at),
+           CASE WHEN k.held_by_key_rate_limit > 0 THEN k.next_key_token_at END
+    FROM listed AS q
+    CROSS JOIN clock AS c
+    JOIN totals AS t ON t.name = q.name
+    LEFT JOIN keys AS k ON k.queue = q.name
+    ORDER BY q.name;
+$$;
+COMMENT ON FUNCTION pgq.queue_limits(text) IS
+    'Every queue with a limit (or one): due and running jobs, its limits, how many due jobs each '
+    'limit holds back now (held_by_*), and when its next token is due.';
+
+-- For a worker after a claim that came back short: each rate-limited queue of `queues` (NULL:
+-- every one), with how long until a claim may get a job its rate limits hold back now: 0 while
+-- its bucket holds a token and none of its keys is out of tokens; otherwise until the queue's
+-- next token, or the earliest next token of a key out of tokens (whether or not that key has due
+-- jobs: an index range, never a read of the jobs). A worker calls it only for queues it knows are
+-- rate-limited (this function's last answer), so other queues pay nothing.
+CREATE FUNCTION pgq.rate_limit_wait(queues text[] DEFAULT NULL)
+    RETURNS TABLE (queue text, wait interval)
+    LANGUAGE sql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET jit = off
+    AS $$
+    SELECT q.name,
+           greatest(coalesce(pgq._next_token_at(q.rate_tat, q.rate_limit, q.rate_period, c.at),
+                             (SELECT min(pgq._next_token_at(k.tat, q.key_rate_limit, q.rate_period, c.at))
+                              FROM pgq.key_rates AS k
+                              WHERE q.key_rate_limit > 0 AND k.queue = q.name
+                                AND k.tat > c.at + q.rate_period - q.rate_period / nullif(q.key_rate_limit, 0)
+                                            - interval '1 microsecond'),
+                             c.at) - c.at, interval '0')
+    FROM pgq.queues AS q
+    CROSS JOIN (SELECT pgq._rate_clock() AS at) AS c
+    WHERE q.rate_limited AND NOT q.paused
+      AND (rate_limit_wait.queues IS NULL OR q.name = ANY (rate_limit_wait.queues))
+    ORDER BY q.name;
+$$;
+COMMENT ON FUNCTION pgq.rate_limit_wait(text[]) IS
+    'Each rate-limited queue of queues (NULL: all) and how long until its rate limits let a claim '
+    'take a job they hold back now (0: they hold none back).';
+
 -- The schema version: the number of the newest migration. Every migration redefines it (and
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE FUNCTION pgq.version() RETURNS text
@@ -3897,7 +4271,8 @@ GRANT EXECUTE ON FUNCTION
     pgq.snooze(bigint, integer, interval),
     pgq.mark_unknown(bigint, integer, text),
     pgq.progress(bigint, integer, jsonb),
-    pgq.sweep(integer)
+    pgq.sweep(integer),
+    pgq.rate_limit_wait(text[])
     TO pgq_worker;
 
 GRANT EXECUTE ON FUNCTION
@@ -3905,7 +4280,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.retry(bigint),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
-    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer),
+    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer),
     pgq.set_tenant_weight(text, text, integer),
     pgq.set_key_limit(text, text, integer),
     pgq.pause(text),
@@ -3928,6 +4303,8 @@ GRANT EXECUTE ON FUNCTION
     pgq.queue_grants(text),
     pgq.metrics(),
     pgq.queue_settings(text),
+    pgq.queue_limits(text),
+    pgq.rate_limit_wait(text[]),
     pgq.version()
     TO pgq_monitor;
 

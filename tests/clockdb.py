@@ -1,8 +1,9 @@
 """A module's pgq database with a settable clock, for tests of time rules (schedules, timeouts).
 
 In the test database only (as superuser), pgq._now() reads pgq_test.clock when it holds a row,
-and is statement_timestamp() otherwise. ``set_clock(conn, '2030-01-01 12:00+00')`` moves pgq's
-time; each test starts with the real clock and empty pgq tables.
+and is statement_timestamp() otherwise (so does pgq._rate_clock(), clock_timestamp() otherwise).
+``set_clock(conn, '2030-01-01 12:00+00')`` moves pgq's time; each test starts with the real clock
+and empty pgq tables.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ def clock_module_dsn(databases, template_db: str) -> Iterator[str]:
             conn.execute("CREATE TABLE pgq_test.clock (at timestamptz NOT NULL)")
             conn.execute("""CREATE OR REPLACE FUNCTION pgq._now() RETURNS timestamptz LANGUAGE sql STABLE
                             AS $$ SELECT coalesce((SELECT c.at FROM pgq_test.clock AS c), statement_timestamp()) $$""")
+            # The rate limits' clock too (clock_timestamp() otherwise).
+            conn.execute("""CREATE OR REPLACE FUNCTION pgq._rate_clock() RETURNS timestamptz LANGUAGE sql VOLATILE
+                            AS $$ SELECT coalesce((SELECT c.at FROM pgq_test.clock AS c), clock_timestamp()) $$""")
         yield dsn
 
 
@@ -33,8 +37,8 @@ def dsn(clock_module_dsn: str) -> Iterator[str]:
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                      "WHERE datname = current_database() AND pid <> pg_backend_pid()")
         conn.execute("SET lock_timeout = '10s'")
-        conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.queues, pgq.grants, pgq.key_limits, pgq.schedules, "
-                     "pgq.tenants, pgq_test.clock RESTART IDENTITY")
+        conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.queues, pgq.grants, pgq.key_limits, pgq.key_rates, "
+                     "pgq.schedules, pgq.tenants, pgq_test.clock RESTART IDENTITY")
     yield clock_module_dsn
 
 

@@ -160,7 +160,7 @@ MIGRATION_SHA256 = {
     "0008_security_access.sql": "33462f9928786fbdc87f92a865e69b1577bd268793e68c5e285dadd0241dd92a",
     "0009_security_limits.sql": "c06f8fe627f75ec6d5db32a94e8d52dc26154827923cac1127e5948bd47b5004",
     "0010_finished_counters.sql": "10dce466ad92a9480a2ed18d6553eefccbc77e0c06314f961d13de0ab205f51d",
-    "0011_flow_control.sql": "958c9ee5ea626e61e7f60ba6bc99ef2e7f2b344e17ffd88c4661ed0d95d9cb8e",
+    "0011_flow_control.sql": "0e1d9fb28e335f0a92ba25d6ec85e2680f15c413a5974fda38c7b454cb47c438",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 

@@ -38,7 +38,8 @@ API: dict[str, tuple[str, set[str]]] = {
     "retry": ("SELECT pgq.retry(1)", ADMIN),
     "resolve": ("SELECT pgq.resolve(1, 'done')", ADMIN),
     "prune": ("SELECT pgq.prune()", ADMIN),
-    "configure_queue": ("SELECT pgq.configure_queue('q', lease => '1 minute')", ADMIN),
+    "configure_queue": ("SELECT pgq.configure_queue('q', lease => '1 minute', rate_limit => 5, "
+                        "rate_period => '1 minute', key_rate_limit => 1)", ADMIN),
     "pause": ("SELECT pgq.pause('q')", ADMIN),
     "resume": ("SELECT pgq.resume('q')", ADMIN),
     "drop_queue": ("SELECT pgq.drop_queue('q')", ADMIN),
@@ -53,6 +54,8 @@ API: dict[str, tuple[str, set[str]]] = {
     "revoke_queue": ("SELECT pgq.revoke_queue('q', 'pgq_worker', 'claim')", ADMIN),
     "queue_grants": ("SELECT * FROM pgq.queue_grants()", MONITOR),
     "queue_settings": ("SELECT * FROM pgq.queue_settings()", MONITOR),
+    "queue_limits": ("SELECT * FROM pgq.queue_limits()", MONITOR),
+    "rate_limit_wait": ("SELECT * FROM pgq.rate_limit_wait('{q}')", {"pgq_worker", "pgq_monitor", "pgq_admin"}),
     "schedules": ("SELECT * FROM pgq.schedules()", MONITOR),
     "get_job": ("SELECT * FROM pgq.get_job(1)", MONITOR),
     "job_history": ("SELECT * FROM pgq.job_history(1)", MONITOR),
@@ -72,7 +75,7 @@ TABLE_STATEMENTS = [
 ]
 TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "tenant", "schedules": "name",
           "fence": "timeline", "grants": "queue",
-          "finished_counts": "total", "finished_deltas": "queue", "key_limits": "key"}
+          "finished_counts": "total", "finished_deltas": "queue", "key_limits": "key", "key_rates": "key"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:

@@ -32,8 +32,8 @@ def dsn(module_dsn: str) -> Iterator[str]:
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                      "WHERE datname = current_database() AND pid <> pg_backend_pid()")
         conn.execute("SET lock_timeout = '10s'")
-        conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.queues, pgq.grants, pgq.key_limits, pgq.schedules "
-                     "RESTART IDENTITY")
+        conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.queues, pgq.grants, pgq.key_limits, pgq.key_rates, "
+                     "pgq.schedules RESTART IDENTITY")
     yield module_dsn
 
 

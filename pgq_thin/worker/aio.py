@@ -108,11 +108,13 @@ class AsyncWorker(WorkerBase):
         slots = AsyncSlots(self.concurrency, self._handlers, owner, completer, policy, flags, freed=wake.set)
         slots.watch = watch
         renewer = AsyncRenewer(client, held, clock, flags, self.lease)
+        timer = PollTimer(self.poll_interval, self.sweep_interval, self.queues)
         self._claimer = claimer = AsyncClaimer(
-            client, self.name, self.queues, self.lease, PollTimer(self.poll_interval, self.sweep_interval),
+            client, self.name, self.queues, self.lease, timer,
             policy, slots, held, owner, clock, flags, self._listening, wake, kinds=self.kinds)
         claimer.metrics = self.metrics
-        listener = AsyncListener(dsn, self.queues, claimer.wake, self.name, self._listening)
+        listener = AsyncListener(dsn, self.queues, claimer.wake, self.name, self._listening,
+                                 ignores=timer.pace.ignores)
         if flags.stopping.is_set():
             claimer.wake()
         slot_tasks = [asyncio.create_task(slots.run_slot(), name=f"pgq-slot-{n}")

@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -244,9 +245,10 @@ class AsyncListener:
     """Listener for asyncio: LISTEN on a connection of its own, ``wake()`` for our queues."""
 
     def __init__(self, dsn: str, queues: Sequence[str] | None, wake: Callable[[], None], worker_name: str,
-                 listening: Any) -> None:
+                 listening: Any, ignores: Callable[[str], bool] | None = None) -> None:
         self.dsn = dsn
         self.queues = queues
+        self.ignores = ignores  # see Listener
         self.wake = wake
         self.worker_name = worker_name
         self.listening = listening  # a threading.Event: readable from any thread
@@ -265,7 +267,7 @@ class AsyncListener:
                     reconnects.listening()
                     while not self._stopped:
                         async for notify in conn.notifies(timeout=0.25):
-                            if concerns(notify.payload, self.queues):
+                            if concerns(notify.payload, self.queues, self.ignores):
                                 self.wake()
             except psycopg.Error as exc:
                 self.listening.clear()
@@ -455,6 +457,7 @@ class AsyncClaimer:
 
     async def run(self) -> None:
         timer = self.timer
+        timer.pace.learned(await self.rate_waits())
         while not self.flags.stopping.is_set():
             if timer.sweep_due():
                 await self.sweep()
@@ -477,12 +480,31 @@ class AsyncClaimer:
                 self.metrics.claimed(len(jobs))
             for job in jobs:
                 await self.hand_over(job)
-            if wait := timer.claimed(len(jobs), batch, self.name, self.listening.is_set()):
-                await self.sleep(wait, limited=True)
+            wait = timer.claimed(len(jobs), batch, self.name, self.listening.is_set())
+            quiet = False
+            if timer.pace.wanted(len(jobs), batch):
+                wait, quiet = timer.pace.paced(await self.rate_waits(), wait)
+            if wait:
+                await self.sleep(wait, limited=True, quiet=quiet)
 
-    async def sleep(self, seconds: float, limited: bool = False) -> None:
+    async def rate_waits(self) -> Mapping[str, timedelta]:
+        """pgq.rate_limit_wait for our queues ({} when it fails; Claimer.rate_waits)."""
+        try:
+            return await self.client.rate_limit_wait(self.queues)
+        except PgqError as exc:
+            log.debug("could not read the rate limits (%s)", exc, extra={"worker": self.name})
+            return {}
+
+    async def sleep(self, seconds: float, limited: bool = False, quiet: bool = False) -> None:
         """Wait until woken, ``seconds`` pass or the next sweep is due; the wake-up is cleared
-        before the next claim. ``limited``: a wake-up is held as the WakeLimit says (Claimer.sleep)."""
+        before the next claim. ``limited``: a wake-up is held as the WakeLimit says; ``quiet``:
+        only a stop wakes us sooner (Claimer.sleep)."""
+        if quiet:
+            deadline = time.monotonic() + self.timer.until(seconds)
+            while not self.flags.stopping.is_set() and (left := deadline - time.monotonic()) > 0:
+                await asyncio.sleep(min(left, 0.05))
+            self._wake.clear()
+            return
         try:
             await asyncio.wait_for(self._wake.wait(), self.timer.until(seconds))
             if limited and (hold := self.timer.wakes.held()):
@@ -509,3 +531,4 @@ class AsyncClaimer:
             log.info("sweep recovered %d jobs with expired leases", recovered,
                      extra={"worker": self.name, "recovered": recovered})
         await read_clock(self.clock, self.client)
+        self.timer.pace.learned(await self.rate_waits())

@@ -2,14 +2,16 @@
 plus places for jobs that wait for a slot) with pgq.claim, hands them to the slots, sweeps now and
 then (pgq.sweep), and sleeps until woken (a NOTIFY, a freed slot, stop) or the next poll. After a
 claim that found nothing, wake-ups start at most about WAKE_RATE claims a second (any login may
-NOTIFY pgq)."""
+NOTIFY pgq). After a short claim on rate-limited queues it waits for their next token as the
+database says (pgq_thin.worker.pace)."""
 
 from __future__ import annotations
 
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 
 from pgq_thin.client import Client
 from pgq_thin.errors import PgqError
@@ -18,6 +20,7 @@ from pgq_thin.worker.context import JobContext
 from pgq_thin.worker.held import HeldJobs
 from pgq_thin.worker.metrics import WorkerMetrics
 from pgq_thin.worker.owner import OwnerCalls
+from pgq_thin.worker.pace import RatePace
 from pgq_thin.worker.prefetch import PrefetchPolicy
 from pgq_thin.worker.renewer import DatabaseClock
 from pgq_thin.worker.slots import Slots
@@ -57,14 +60,16 @@ class PollTimer:
     """How long an idle claimer sleeps when a claim found nothing: while LISTEN works, about
     ``poll_interval`` (jittered; a NOTIFY wakes it sooner); without it, backing off from quick
     retries to poll_interval. And when the next sweep is due (``sweep_interval`` jittered; <= 0:
-    never; none at start: every claim recovers expired leases first)."""
+    never; none at start: every claim recovers expired leases first). ``pace``: the wait for the
+    rate limits of ``queues`` (RatePace)."""
 
-    def __init__(self, poll_interval: float, sweep_interval: float) -> None:
+    def __init__(self, poll_interval: float, sweep_interval: float, queues: Sequence[str] | None = None) -> None:
         self.poll_interval = poll_interval
         self.sweep_interval = sweep_interval
         self.idle = Backoff(first=min(0.05, poll_interval), cap=poll_interval)
         self.errors = Backoff(first=0.2, cap=15.0)
         self.wakes = WakeLimit()
+        self.pace = RatePace(queues)
         self.next_sweep = math.inf
         self.swept()
 
@@ -136,6 +141,7 @@ class Claimer(ThreadPart):
     def run(self) -> None:
         """The claim loop, in the calling thread."""
         timer = self.timer
+        timer.pace.learned(self.rate_waits())
         while not self.flags.stopping.is_set():
             if timer.sweep_due():
                 self.sweep()
@@ -157,14 +163,29 @@ class Claimer(ThreadPart):
                 self.metrics.claimed(len(jobs))
             for job in jobs:
                 self.hand_over(job)
-            if wait := timer.claimed(len(jobs), batch, self.name, self.listening.is_set()):
-                self.sleep(wait, limited=True)
+            wait = timer.claimed(len(jobs), batch, self.name, self.listening.is_set())
+            quiet = False
+            if timer.pace.wanted(len(jobs), batch):
+                wait, quiet = timer.pace.paced(self.rate_waits(), wait)
+            if wait:
+                self.sleep(wait, limited=True, quiet=quiet)
 
-    def sleep(self, seconds: float, limited: bool = False) -> None:
+    def rate_waits(self) -> Mapping[str, timedelta]:
+        """pgq.rate_limit_wait for our queues ({} when it fails: then we know of no rate limit)."""
+        try:
+            return self.client.rate_limit_wait(self.queues)
+        except PgqError as exc:
+            log.debug("could not read the rate limits (%s)", exc, extra={"worker": self.name})
+            return {}
+
+    def sleep(self, seconds: float, limited: bool = False, quiet: bool = False) -> None:
         """Wait until woken, ``seconds`` pass or the next sweep is due. The wake-up is cleared
         *before* the next claim, so a job committed before the clear is seen by that claim.
-        ``limited`` (after a claim that found nothing): a wake-up is held as the WakeLimit says."""
-        if self._wake.wait(self.timer.until(seconds)) and limited:
+        ``limited`` (after a claim that found nothing): a wake-up is held as the WakeLimit says.
+        ``quiet`` (every queue waits for a rate limit's token): only stop() wakes us sooner."""
+        if quiet:
+            self.flags.stopping.wait(self.timer.until(seconds))
+        elif self._wake.wait(self.timer.until(seconds)) and limited:
             self.flags.stopping.wait(self.timer.wakes.held())
         self._wake.clear()
 
@@ -179,7 +200,7 @@ class Claimer(ThreadPart):
 
     def sweep(self) -> None:
         """pgq.sweep, so expired leases recover even when nobody claims; and re-read the database
-        clock, which leases are measured by."""
+        clock, which leases are measured by, and which of our queues are rate-limited."""
         try:
             recovered = self.client.sweep()
         except PgqError as exc:
@@ -189,6 +210,7 @@ class Claimer(ThreadPart):
             log.info("sweep recovered %d jobs with expired leases", recovered,
                      extra={"worker": self.name, "recovered": recovered})
         self.clock.read(self.client)
+        self.timer.pace.learned(self.rate_waits())
 
     def _loop(self) -> None:
         try:

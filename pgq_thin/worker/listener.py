@@ -14,9 +14,10 @@ from pgq_thin.worker.support import CHANNEL, KEEPALIVES, Backoff, ThreadPart, lo
 __all__ = ["Listener", "concerns"]
 
 
-def concerns(payload: str, queues: Sequence[str] | None) -> bool:
-    """A NOTIFY with this payload (a queue name) is news for a worker of ``queues`` (None: all)."""
-    return queues is None or payload in queues
+def concerns(payload: str, queues: Sequence[str] | None, ignores: Callable[[str], bool] | None = None) -> bool:
+    """A NOTIFY with this payload (a queue name) is news for a worker of ``queues`` (None: all),
+    unless ``ignores`` says it is not (a queue waiting for its rate limit's next token)."""
+    return (queues is None or payload in queues) and not (ignores is not None and ignores(payload))
 
 
 class Reconnects:
@@ -46,12 +47,14 @@ class Reconnects:
 
 class Listener(ThreadPart):
     """Calls ``wake()`` for each NOTIFY that concerns ``queues`` and once each time LISTEN starts
-    (anything enqueued while we were not listening). ``listening`` is set while LISTEN works."""
+    (anything enqueued while we were not listening). ``listening`` is set while LISTEN works.
+    ``ignores(queue)``: a NOTIFY naming a queue it says is no news wakes nobody (RatePace.ignores)."""
 
     def __init__(self, dsn: str, queues: Sequence[str] | None, wake: Callable[[], None], worker_name: str,
-                 listening: threading.Event | None = None) -> None:
+                 listening: threading.Event | None = None, ignores: Callable[[str], bool] | None = None) -> None:
         self.dsn = dsn
         self.queues = queues
+        self.ignores = ignores
         self.wake = wake
         self.worker_name = worker_name
         self.listening = listening if listening is not None else threading.Event()
@@ -71,7 +74,7 @@ class Listener(ThreadPart):
                     reconnects.listening()
                     while not self._stopped.is_set():
                         for notify in conn.notifies(timeout=0.25):
-                            if concerns(notify.payload, self.queues):
+                            if concerns(notify.payload, self.queues, self.ignores):
                                 self.wake()
             except psycopg.Error as exc:
                 self.listening.clear()

@@ -119,11 +119,12 @@ class Worker(WorkerBase):
         slots = Slots(self.concurrency, Executor(self._handlers, owner, completer, watch), owner, policy, flags,
                       freed=wake.set)
         renewer = Renewer(client, held, clock, flags, self.lease)
+        timer = PollTimer(self.poll_interval, self.sweep_interval, self.queues)
         self._claimer = claimer = Claimer(
-            client, self.name, self.queues, self.lease, PollTimer(self.poll_interval, self.sweep_interval),
+            client, self.name, self.queues, self.lease, timer,
             policy, slots, held, owner, clock, flags, self._listening, wake, kinds=self.kinds)
         claimer.metrics = self.metrics
-        listener = Listener(dsn, self.queues, claimer.wake, self.name, self._listening)
+        listener = Listener(dsn, self.queues, claimer.wake, self.name, self._listening, ignores=timer.pace.ignores)
         background: list[Part] = [renewer, completer, *([listener] if self.listen else [])]
         slots.start()
         for part in background:
