@@ -36,11 +36,13 @@ class Signals:
         return self.received == 1 and not self.stopping()
 
     def deliver(self, signum: int, graceful: bool) -> None:
+        # Stop first, then say so: whoever reads the line (an operator, a test that enqueues after
+        # it) may rely on the claimer's stop flag being set already (stop() only sets flags).
+        self.stop(graceful)
         log.warning("%s: %s", signal.Signals(signum).name,
                     "shutting down gracefully (send it again to stop at once)" if graceful
                     else "stopping at once; running jobs are recovered when their leases expire",
                     extra={"worker": self.worker_name})
-        self.stop(graceful)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # This runs in the main thread between two bytecodes, maybe while that thread holds a
