@@ -32,6 +32,7 @@ from pgq_thin.tools.lab import (
     exp8_query_plans,
     exp9_schedule_firing,
     exp10_hung_handler,
+    exp12_dependencies,
 )
 from pgq_thin.tools.lab.harness import Check, Harness, Step, Verdict, utcnow
 from pgq_thin.tools.lab.statements import TEMPLATES
@@ -53,6 +54,7 @@ EXPERIMENTS: list[ModuleType] = [
     exp8_query_plans,
     exp9_schedule_firing,
     exp10_hung_handler,
+    exp12_dependencies,
 ]
 
 
