@@ -1849,8 +1849,18 @@ BEGIN
     END IF;
     -- With dependencies: waiting for those not done yet (locked by pgq._lock_dependencies until
     -- this transaction ends, so none of them ends unseen), or cancelled at once (below) when one
-    -- has ended failed or cancelled. An empty array is no dependency.
+    -- has ended failed or cancelled. An empty array is no dependency. A live job that holds the
+    -- unique_key is answered first, so that a deduplicated call writes nothing here either.
     IF enqueue.depends_on IS NOT NULL THEN
+        IF enqueue.unique_key IS NOT NULL THEN
+            SELECT j.id INTO new_id
+            FROM pgq.jobs AS j
+            WHERE j.queue = enqueue.queue AND j.unique_key = enqueue.unique_key
+              AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
+            IF FOUND THEN
+                RETURN new_id;
+            END IF;
+        END IF;
         deps := pgq._lock_dependencies(enqueue.depends_on);
         IF cardinality(deps.ids) > 0 THEN
             dep_ids := deps.ids;

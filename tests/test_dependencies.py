@@ -250,6 +250,10 @@ def test_a_waiting_job_holds_its_unique_key(conn: psycopg.Connection) -> None:
     b = enqueue(conn, [a], unique_key="report")
     assert enqueue(conn, unique_key="report") == b
     assert enqueue(conn, [a], unique_key="report") == b
+    # A deduplicated call writes nothing, with depends_on too (no transaction id is assigned).
+    with conn.transaction():
+        assert enqueue(conn, [a], unique_key="report") == b
+        assert one(conn, "SELECT pg_current_xact_id_if_assigned() IS NULL") is True
     complete(conn, a)
     assert enqueue(conn, unique_key="report") == b  # pending now, still the holder
     # A job cancelled at once (its dependency failed) does not take a key another live job holds.
@@ -535,3 +539,50 @@ def test_a_fan_in_of_1000_completed_by_concurrent_workers_is_released_once_by_th
     released_by = one(conn, "SELECT xmin::text FROM pgq.jobs WHERE id = %s", (callback,))
     assert released_by in {r[0] for r in conn.execute("SELECT xmin::text FROM pgq.jobs WHERE id = ANY (%s)", (deps,))}
     assert links(conn) == 0
+
+
+# Python and the command line -----------------------------------------------------------------------
+
+def test_the_client_enqueues_with_depends_on(dsn: str, conn: psycopg.Connection) -> None:
+    from pgq_thin import Client, InvalidArgument
+
+    with Client(dsn) as client:
+        a = client.enqueue("q", "k")
+        b = client.enqueue("q", "k", depends_on=[a], concurrency_key="acme")
+        many = client.enqueue_many("q", "k", [{}, {}], depends_on=(a,))
+        record = client.get_job(b)
+        assert (record.state, record.depends_on, record.dependencies_left) == ("waiting", [a], 1)
+        assert client.get_job(a).has_dependants is True
+        assert [j.id for j in client.list_jobs(state="waiting")] == [*reversed(many), b]
+        assert [(s.queue, s.waiting) for s in client.stats()] == [("q", 3)]
+        assert [(m.queue, m.waiting) for m in client.metrics()] == [("q", 3)]
+        before = written(conn)
+        for bad in (["1"], [1.5], [True], "12", [2 ** 63]):
+            with pytest.raises(InvalidArgument, match='argument "depends_on'):
+                client.enqueue("q", "k", depends_on=bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match='argument "depends_on" names no job with id 999'):
+            client.enqueue("q", "k", depends_on=[a, 999])
+        assert written(conn) == before
+    complete(conn, a)
+    assert [state(conn, i) for i in (b, *many)] == ["pending"] * 3
+
+
+def test_the_cli_enqueues_with_depends_on_and_lists_waiting_jobs(dsn: str, conn: psycopg.Connection) -> None:
+    import subprocess
+    import sys
+
+    def pgq(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pgq_thin", *args, "--dsn", dsn], capture_output=True,
+                              text=True, timeout=120)
+
+    a, b = enqueue(conn), enqueue(conn)
+    done = pgq("enqueue", "q", "k", "--depends-on", f"{a},{b}")
+    assert done.returncode == 0, done.stderr
+    job_id = int(done.stdout)
+    assert (state(conn, job_id), job(conn, job_id)["depends_on"]) == ("waiting", [a, b])
+    listed = pgq("jobs", "--state", "waiting")
+    assert listed.returncode == 0 and str(job_id) in listed.stdout, listed
+    shown = pgq("job", str(job_id))
+    assert f"depends on   {a}, {b}" in shown.stdout, shown.stdout
+    stats = pgq("stats")
+    assert stats.returncode == 0 and "waiting" in stats.stdout.splitlines()[0], stats.stdout
