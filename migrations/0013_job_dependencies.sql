@@ -56,8 +56,11 @@ CREATE UNIQUE INDEX jobs_unique_key_idx ON pgq.jobs (queue, unique_key)
 -- of expired leases). Done: each waiting dependant counts one dependency fewer, and the one that
 -- reaches 0 becomes pending (its queue's workers are notified when it is due). Failed or
 -- cancelled: every waiting job down the chain is cancelled, by one statement (a recursive query
--- over pgq.job_dependencies: a trigger per level would nest as deep as the chain is long), with
--- last_error naming the dependency. A waiting job that ends (cancelled) deletes its own links.
+-- over pgq.job_dependencies through waiting jobs: a trigger per level would nest as deep as the
+-- chain is long), with last_error naming the dependency. The trigger of each job it cancels runs
+-- too, and finds the rest of the chain cancelled already (so it stops at once) but for a job
+-- enqueued to depend on it while the statement waited for that enqueue's lock on it.
+-- A waiting job that ends (cancelled) deletes its own links.
 -- The trigger's WHEN lets only jobs that have dependants (has_dependants, set by their
 -- dependants' enqueue) or are waiting reach this body: other completions pay for the WHEN alone.
 -- A dependant's row is updated by each of its dependencies' completions: they wait for each other
@@ -73,8 +76,7 @@ BEGIN
     IF OLD.state = 'waiting' THEN
         DELETE FROM pgq.job_dependencies AS d WHERE d.job_id = NEW.id;
     END IF;
-    -- A job cancelled with its dependency: that statement cancelled all of its chain already.
-    IF NOT OLD.has_dependants OR NEW.last_event = 'dependency_ended' THEN
+    IF NOT OLD.has_dependants THEN
         RETURN NULL;
     END IF;
     IF NEW.state = 'done' THEN
@@ -98,10 +100,13 @@ BEGIN
         PERFORM pgq._notify(n.queue) FROM unnest(due_queues) AS n(queue);
     ELSE
         WITH RECURSIVE chain (id, dependency) AS (
-            SELECT d.job_id, d.depends_on FROM pgq.job_dependencies AS d WHERE d.depends_on = NEW.id
+            SELECT d.job_id, d.depends_on
+            FROM pgq.job_dependencies AS d JOIN pgq.jobs AS w ON w.id = d.job_id AND w.state = 'waiting'
+            WHERE d.depends_on = NEW.id
             UNION
             SELECT d.job_id, d.depends_on
             FROM chain AS c JOIN pgq.job_dependencies AS d ON d.depends_on = c.id
+            JOIN pgq.jobs AS w ON w.id = d.job_id AND w.state = 'waiting'
         ), cancelled AS (
             UPDATE pgq.jobs AS j
             SET state = 'cancelled', finished_at = pgq._now(), last_event = 'dependency_ended',

@@ -414,6 +414,27 @@ def test_a_completion_during_an_uncommitted_enqueue_sees_the_new_dependant(
     assert links(conn) == 0
 
 
+def test_a_cascade_cancels_a_dependant_enqueued_while_it_waited_for_the_chain(conn: psycopg.Connection,
+                                                                              connect) -> None:
+    """The failure's cascade finds its chain in one statement; a job enqueued meanwhile to depend on
+    a member of the chain (the cascade waits for that enqueue's lock on the member) is cancelled too."""
+    root = enqueue(conn)
+    member = enqueue(conn, [root])
+    attempt = run(conn, root)
+    producer = connect(autocommit=False)
+    late = enqueue(producer, [member])  # holds member's row until it commits
+    ender = connect()
+    t, out = in_thread(lambda: ender.execute("SELECT pgq.fail(%s, %s, 'boom', retryable => false)",
+                                             (root, attempt)).fetchone())
+    wait_until_blocked(conn, ender)
+    producer.commit()
+    t.join(timeout=30)
+    assert out == [("failed",)], out
+    assert (state(conn, member), state(conn, late)) == ("cancelled", "cancelled")
+    assert job(conn, late)["last_error"] == f"pgq: cancelled: its dependency, job {member}, ended cancelled"
+    assert links(conn) == 0
+
+
 def test_many_enqueuers_and_completers_at_once_lose_nothing_and_run_nothing_early(
         dsn: str, conn: psycopg.Connection) -> None:
     conn.execute("SELECT pgq.configure_queue('deps', audit => false)")

@@ -162,7 +162,7 @@ MIGRATION_SHA256 = {
     "0010_finished_counters.sql": "10dce466ad92a9480a2ed18d6553eefccbc77e0c06314f961d13de0ab205f51d",
     "0011_flow_control.sql": "958c9ee5ea626e61e7f60ba6bc99ef2e7f2b344e17ffd88c4661ed0d95d9cb8e",
     "0012_waiting_state.sql": "a3ab5da11411b8e6af38e12ddbd1268051cf839f9a1808d154bfd0e2f27f240d",
-    "0013_job_dependencies.sql": "e11ef3b175122068e6de150a92930d0b2873c448c99bdb29fe6d89a8c15991a8",
+    "0013_job_dependencies.sql": "922cca34d9d7a74c0fd8cf034a8e38a9a353e38bf97ba4446df8cdbd1ca565cd",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 
