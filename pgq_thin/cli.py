@@ -281,12 +281,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 1 if worker.stopped_at_once else 0  # a second signal: its running jobs were left to their leases
 
 
-_STATS_HEADERS = ["queue", "paused", "waiting", "pending", "scheduled", "running", "expired", "done", "failed",
+_STATS_HEADERS = ["queue", "paused", "pending", "scheduled", "waiting", "running", "expired", "done", "failed",
                   "cancelled", "unknown", "oldest ready"]
 
 
 def _stats_row(r: Any) -> list[Any]:
-    return [r.queue, "yes" if r.paused else "no", r.waiting, r.pending, r.scheduled, r.running, r.expired, r.done,
+    return [r.queue, "yes" if r.paused else "no", r.pending, r.scheduled, r.waiting, r.running, r.expired, r.done,
             r.failed, r.cancelled, r.outcome_unknown, r.oldest_ready_age]
 
 

@@ -607,3 +607,9 @@ def test_the_cli_enqueues_with_depends_on_and_lists_waiting_jobs(dsn: str, conn:
     assert f"depends on   {a}, {b}" in shown.stdout, shown.stdout
     stats = pgq("stats")
     assert stats.returncode == 0 and "waiting" in stats.stdout.splitlines()[0], stats.stdout
+    before = written(conn)
+    refused = pgq("enqueue", "q", "k", "--depends-on", f"{a},424242")
+    assert refused.returncode == 1 and refused.stdout == "", refused
+    assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+    assert 'argument "depends_on" names no job with id 424242' in refused.stderr
+    assert written(conn) == before
