@@ -318,6 +318,7 @@ def enqueue(
     meta: dict[str, Any] | None = None,
     trace_context: bool = True,
     concurrency_key: str | None = None,
+    depends_on: Sequence[int] | None = None,
     conn: CallerConnection | None = None,
 ) -> Call[int]:
     """pgq.enqueue: add one job, now or at ``run_at``; returns its id. With ``conn``, the job
@@ -325,7 +326,9 @@ def enqueue(
     (default: the queue's). ``meta``: a JSON object kept with the job and handed to each attempt
     (``Job.meta``); with opentelemetry-api and a current span, the span's W3C trace context is
     added under ``meta["otel"]`` (unless ``trace_context=False`` or meta has an "otel" key);
-    ``concurrency_key`` puts the job under the queue's per-key limit."""
+    ``concurrency_key`` puts the job under the queue's per-key limit; ``depends_on`` (job ids)
+    makes it wait (state ``waiting``) until those jobs are done, and cancels it if one of them
+    fails or is cancelled."""
 
     def read(rows: list[Any]) -> int:
         job_id = int(rows[0][0])
@@ -337,7 +340,7 @@ def enqueue(
         "run_at": run_at, "priority": priority, "max_attempts": max_attempts,
         "unique_key": unique_key, "tenant": tenant, "max_run_time": _interval("max_run_time", max_run_time),
         "meta": _meta(meta, trace_context),
-        "concurrency_key": concurrency_key,
+        "concurrency_key": concurrency_key, "depends_on": _ints("depends_on", depends_on),
     }, read, conn=conn)
 
 
@@ -354,15 +357,16 @@ def enqueue_many(
     meta: dict[str, Any] | None = None,
     trace_context: bool = True,
     concurrency_key: str | None = None,
+    depends_on: Sequence[int] | None = None,
     conn: CallerConnection | None = None,
 ) -> Call[list[int]]:
     """pgq.enqueue_many: add one job per payload in one statement; ids in payload order. Every
-    job gets the same ``meta`` (with the trace context, as enqueue's)."""
+    job gets the same ``meta`` (with the trace context, as enqueue's) and the same ``depends_on``."""
     return Call(queries.ENQUEUE_MANY, {
         "queue": queue, "kind": kind, "payloads": _jsons("payloads", payloads),
         "run_at": run_at, "priority": priority, "max_attempts": max_attempts, "tenant": tenant,
         "max_run_time": _interval("max_run_time", max_run_time), "meta": _meta(meta, trace_context),
-        "concurrency_key": concurrency_key,
+        "concurrency_key": concurrency_key, "depends_on": _ints("depends_on", depends_on),
     }, _ids, conn=conn)
 
 

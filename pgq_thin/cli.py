@@ -106,6 +106,14 @@ def job_id(text: str) -> int:
     return value
 
 
+def job_ids(text: str) -> list[int]:
+    """Comma-separated job ids (--depends-on 1,2,3)."""
+    parts = [part.strip() for part in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of job ids: {text!r}")
+    return [job_id(part) for part in parts]
+
+
 def positive_seconds(text: str) -> float:
     """A number of seconds, more than 0 and at most a day (--watch)."""
     try:
@@ -224,7 +232,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = _payload(args.payload)
     settings = {"run_at": args.run_at, "priority": args.priority, "max_attempts": args.max_attempts,
                 "unique_key": args.unique_key, "tenant": args.tenant, "max_run_time": args.max_run_time,
-                "concurrency_key": args.concurrency_key}
+                "concurrency_key": args.concurrency_key, "depends_on": args.depends_on}
     with _client(args) as client:
         if args.unique_key is None:
             job_id = client.enqueue(args.queue, args.kind, payload, **settings)
@@ -273,12 +281,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 1 if worker.stopped_at_once else 0  # a second signal: its running jobs were left to their leases
 
 
-_STATS_HEADERS = ["queue", "paused", "pending", "scheduled", "running", "expired", "done", "failed",
+_STATS_HEADERS = ["queue", "paused", "pending", "scheduled", "waiting", "running", "expired", "done", "failed",
                   "cancelled", "unknown", "oldest ready"]
 
 
 def _stats_row(r: Any) -> list[Any]:
-    return [r.queue, "yes" if r.paused else "no", r.pending, r.scheduled, r.running, r.expired, r.done,
+    return [r.queue, "yes" if r.paused else "no", r.pending, r.scheduled, r.waiting, r.running, r.expired, r.done,
             r.failed, r.cancelled, r.outcome_unknown, r.oldest_ready_age]
 
 
@@ -452,6 +460,7 @@ def cmd_job(args: argparse.Namespace) -> int:
     fields = [("payload", _json(j.payload)), ("result", _json(j.result)), ("last error", j.last_error),
               ("priority", j.priority), ("tenant", j.tenant), ("unique key", j.unique_key),
               ("conc. key", j.concurrency_key),
+              ("depends on", None if j.depends_on is None else ", ".join(map(str, j.depends_on))),
               ("created at", j.created_at), ("run at", j.run_at), ("claimed by", j.claimed_by),
               ("claimed at", j.claimed_at), ("login", j.session_role), ("lease until", j.lease_until),
               ("finished at", j.finished_at)]
@@ -678,6 +687,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-run-time", type=duration, help="cap each attempt (e.g. 10m); default: the queue's")
     p.add_argument("--concurrency-key",
                    help="the job's key for the queue's per-key concurrency limit (pgq.set_key_limit)")
+    p.add_argument("--depends-on", type=job_ids, metavar="ID,ID,...",
+                   help="run the job only once these jobs are done (it waits meanwhile; cancelled if one "
+                        "fails or is cancelled)")
 
     p = command("worker", cmd_worker, "run a worker until SIGTERM/SIGINT")
     p.add_argument("--app", required=True, help="module:attribute of a pgq_thin Worker or AsyncWorker")
@@ -754,8 +766,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("jobs", cmd_jobs, "list jobs, newest first (pgq.list_jobs)")
     p.add_argument("--queue", help="only this queue's jobs")
-    p.add_argument("--state", help="only jobs in this state: pending, running, done, failed, cancelled, "
-                   "outcome_unknown")
+    p.add_argument("--state", help="only jobs in this state: waiting, pending, running, done, failed, "
+                   "cancelled, outcome_unknown")
     p.add_argument("--kind", help="only jobs of this kind")
     p.add_argument("--limit", type=int, default=50, help="at most this many (default 50, at most 1000)")
     p.add_argument("--before", type=job_id, metavar="ID", help="only jobs older than this id (the next page)")

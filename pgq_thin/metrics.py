@@ -10,8 +10,8 @@ finished jobs kept by migration 0010's trigger, never a count of finished rows),
 the limits hold back, for the queues that have a limit).
 
 - ``pgq_jobs{queue,state}`` (gauge): jobs now, for the states a job waits or runs in: ``pending``
-  (due now), ``scheduled`` (due later), ``running``, ``outcome_unknown``. Finished jobs are not a
-  gauge (that is a count over the history): see the counter.
+  (due now), ``scheduled`` (due later), ``running``, ``outcome_unknown``, ``waiting`` (for its
+  dependencies). Finished jobs are not a gauge (that is a count over the history): see the counter.
 - ``pgq_jobs_finished_total{queue,state}`` (counter): jobs that reached ``done``, ``failed`` or
   ``cancelled``, from the data (pgq.finished_counts): the same after an exporter restart, not
   lowered by pgq.prune, exact under concurrent completions. A job retried after it failed and
@@ -52,7 +52,7 @@ log = logging.getLogger("pgq_thin.metrics")
 INSTALL_HINT = "the metrics need prometheus_client: pip install 'pgq-thin[metrics]'"
 
 #: The states of pgq_jobs (columns of pgq.metrics()), and of pgq_jobs_finished_total.
-LIVE_STATES = ("pending", "scheduled", "running", "outcome_unknown")
+LIVE_STATES = ("pending", "scheduled", "running", "outcome_unknown", "waiting")
 FINISHED_STATES = ("done", "failed", "cancelled")
 SEVERITIES = ("ok", "warning", "critical")
 
@@ -108,8 +108,8 @@ class QueueCollector:
                                     labels=["queue"])
         paused = GaugeMetricFamily("pgq_queue_paused", "1 while the queue is paused.", labels=["queue"])
         for (queue, is_paused, pending, scheduled, running, n_expired, unknown, age,
-             done, failed, cancelled) in queues:
-            for state, n in zip(LIVE_STATES, (pending, scheduled, running, unknown)):
+             done, failed, cancelled, waiting) in queues:
+            for state, n in zip(LIVE_STATES, (pending, scheduled, running, unknown, waiting)):
                 jobs.add_metric([queue, state], n)
             for state, n in zip(FINISHED_STATES, (done, failed, cancelled)):
                 finished.add_metric([queue, state], n)

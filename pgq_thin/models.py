@@ -69,6 +69,8 @@ class QueueStats:
     cancelled: int
     outcome_unknown: int
     oldest_ready_age: timedelta | None
+    #: Jobs waiting for their dependencies (enqueue's ``depends_on``).
+    waiting: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,8 @@ class QueueMetrics:
     done_total: int
     failed_total: int
     cancelled_total: int
+    #: Jobs waiting for their dependencies (enqueue's ``depends_on``).
+    waiting: int = 0
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,12 @@ class JobRecord:
     meta: dict[str, Any] | None = None
     #: The job's key for per-key concurrency limits (None: not limited by them).
     concurrency_key: str | None = None
+    #: The jobs this one waits for, or waited for (enqueue's ``depends_on``; None: none).
+    depends_on: list[int] | None = None
+    #: While ``waiting``: how many of them are not done yet (None: enqueued without depends_on).
+    dependencies_left: int | None = None
+    #: Whether a job was ever enqueued to depend on this one.
+    has_dependants: bool = False
 
 
 @dataclass(frozen=True)

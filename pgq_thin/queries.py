@@ -12,7 +12,7 @@ ENQUEUE = (
     " priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,"
     " unique_key => %(unique_key)s::text, tenant => %(tenant)s::text,"
     " max_run_time => %(max_run_time)s::interval, meta => %(meta)s::jsonb,"
-    " concurrency_key => %(concurrency_key)s::text)"
+    " concurrency_key => %(concurrency_key)s::text, depends_on => %(depends_on)s::bigint[])"
 )
 
 #: Add one job per payload in one INSERT; returns the ids in payload order. The payloads go in
@@ -24,7 +24,7 @@ ENQUEUE_MANY = (
     " priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,"
     " tenant => %(tenant)s::text, max_run_time => %(max_run_time)s::interval,"
     " meta => %(meta)s::jsonb,"
-    " concurrency_key => %(concurrency_key)s::text) AS t(id)"
+    " concurrency_key => %(concurrency_key)s::text, depends_on => %(depends_on)s::bigint[]) AS t(id)"
 )
 
 # Workers -----------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ $roles$;
 -- Types ------------------------------------------------------------------------------------------
 
 CREATE TYPE pgq.job_state AS ENUM (
+    'waiting',          -- enqueued with depends_on: until its dependencies are done (then pending)
     'pending',          -- waiting for run_at, then for a worker
     'running',          -- claimed: owned by attempt `attempt` until lease_until
     'done',             -- completed by its owner (terminal)
@@ -57,7 +58,9 @@ CREATE TYPE pgq.job_state AS ENUM (
     'cancelled',        -- cancelled by an admin (terminal)
     'outcome_unknown'   -- the outside effect may or may not have happened: parked until pgq.resolve
 );
-COMMENT ON TYPE pgq.job_state IS 'The life cycle of a job. done, failed and cancelled are terminal.';
+COMMENT ON TYPE pgq.job_state IS
+    'The life cycle of a job. done, failed and cancelled are terminal; waiting: enqueued with '
+    'depends_on, until its dependencies are done.';
 
 -- What an interval argument or setting may be: a span of days and time, of one sign. An interval
 -- that counts months ('3000000 mon -89999999 days' compares as 1 day, since a comparison counts a
@@ -194,6 +197,9 @@ CREATE TABLE pgq.jobs (
     session_role  text,
     meta          jsonb,
     concurrency_key text,
+    depends_on    bigint[],
+    dependencies_left integer,
+    has_dependants boolean      NOT NULL DEFAULT false,
     -- The attempt number is the fencing token: it only grows, and never past max_attempts.
     CONSTRAINT jobs_attempt_check CHECK (attempt >= 0 AND attempt <= max_attempts),
     -- Exactly the running jobs hold a lease.
@@ -235,6 +241,15 @@ COMMENT ON COLUMN pgq.jobs.schedule IS
     'The schedule (pgq.schedules.name) that enqueued this job; NULL for jobs enqueued directly.';
 COMMENT ON COLUMN pgq.jobs.concurrency_key IS
     'The job''s key for per-key concurrency (queues.key_max_running, pgq.key_limits); NULL: none.';
+COMMENT ON COLUMN pgq.jobs.depends_on IS
+    'The jobs this one was enqueued to run after (enqueue''s depends_on: distinct, in id order); '
+    'NULL: none.';
+COMMENT ON COLUMN pgq.jobs.dependencies_left IS
+    'While waiting: how many of depends_on are not done yet (the job becomes pending at 0); NULL '
+    'for a job enqueued without depends_on.';
+COMMENT ON COLUMN pgq.jobs.has_dependants IS
+    'Whether a job was ever enqueued with this one in its depends_on (set by that enqueue, which '
+    'locks this row so): only then does this job''s end run the trigger jobs_dependency_ended''s body.';
 
 CREATE TABLE pgq.job_events (
     id          bigint        GENERATED ALWAYS AS IDENTITY,
@@ -384,6 +399,19 @@ CREATE TABLE pgq.key_rates (
 );
 COMMENT ON TABLE pgq.key_rates IS
     'Per-key rate limit state (GCRA): tat is when the key''s bucket is full again.';
+-- The dependencies still open: one row per (dependency, waiting dependant), inserted by the
+-- dependant's enqueue for each of its dependencies not done yet, deleted when the dependency ends
+-- (done: the dependant counts one fewer; failed or cancelled: the dependant is cancelled) or the
+-- dependant ends (cancelled). So it holds only the links of waiting jobs, never the history
+-- (jobs.depends_on keeps that). No foreign key: it would put a trigger on every delete of pgq.jobs.
+CREATE TABLE pgq.job_dependencies (
+    depends_on  bigint NOT NULL,
+    job_id      bigint NOT NULL,
+    PRIMARY KEY (depends_on, job_id)
+);
+COMMENT ON TABLE pgq.job_dependencies IS
+    'The open dependencies of waiting jobs: job_id waits for depends_on (pgq.enqueue''s depends_on); '
+    'a row goes when either job ends.';
 
 -- Indexes ----------------------------------------------------------------------------------------
 
@@ -415,9 +443,10 @@ CREATE INDEX jobs_lease_idx ON pgq.jobs (lease_until)
     WHERE lease_until IS NOT NULL;
 
 -- Deduplication: one live job per (queue, unique_key), race-free. outcome_unknown counts as live:
--- its effect may have happened, which is exactly when a duplicate would hurt.
+-- its effect may have happened, which is exactly when a duplicate would hurt; so does waiting
+-- (enqueued with depends_on, it will run).
 CREATE UNIQUE INDEX jobs_unique_key_idx ON pgq.jobs (queue, unique_key)
-    WHERE unique_key IS NOT NULL AND state IN ('pending', 'running', 'outcome_unknown');
+    WHERE unique_key IS NOT NULL AND state IN ('waiting', 'pending', 'running', 'outcome_unknown');
 
 -- The sweep's probe and the firing read the enabled schedules by next_run_at; queues.next_schedule_at
 -- is kept from the earliest one per queue.
@@ -447,6 +476,8 @@ CREATE INDEX jobs_finished_idx ON pgq.jobs (finished_at)
 
 -- The keys without a token now (tat furthest ahead), read by each claim of a key-rate-limited queue.
 CREATE INDEX key_rates_tat_idx ON pgq.key_rates (queue, tat);
+-- A waiting job that ends (pgq.cancel, or cancelled with its dependency) deletes its own links.
+CREATE INDEX job_dependencies_job_idx ON pgq.job_dependencies (job_id);
 
 -- Functions: internal helpers ---------------------------------------------------------------------
 
@@ -1060,6 +1091,93 @@ CREATE TRIGGER jobs_count_finished
     FOR EACH ROW
     WHEN (NEW.state IN ('done', 'failed', 'cancelled') AND OLD.state IS DISTINCT FROM NEW.state)
     EXECUTE FUNCTION pgq._count_finished();
+
+-- When a job ends, its dependants move on, in the same transaction (every path into done, failed
+-- or cancelled is an UPDATE of state: complete, complete_many, fail, resolve, cancel, the recovery
+-- of expired leases). Done: each waiting dependant counts one dependency fewer, and the one that
+-- reaches 0 becomes pending (its queue's workers are notified when it is due). Failed or
+-- cancelled: every waiting job down the chain is cancelled, by one statement (a recursive query
+-- over pgq.job_dependencies through waiting jobs: a trigger per level would nest as deep as the
+-- chain is long), with last_error naming the dependency. The trigger of each job it cancels runs
+-- too, and finds the rest of the chain cancelled already (so it stops at once) but for a job
+-- enqueued to depend on it while the statement waited for that enqueue's lock on it.
+-- A waiting job that ends (cancelled) deletes its own links.
+-- The trigger's WHEN lets only jobs that have dependants (has_dependants, set by their
+-- dependants' enqueue) or are waiting reach this body: other completions pay for the WHEN alone.
+-- A dependant's row is updated by each of its dependencies' completions: they wait for each other
+-- on that row, so the count is exact (each decrement reads the newest row version), and the
+-- completion that takes it to 0 releases the job. Runs as the owner (like pgq._count_finished:
+-- no SET clause, every name schema-qualified).
+CREATE FUNCTION pgq._dependency_ended() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    due_queues text[];
+BEGIN
+    IF OLD.state = 'waiting' THEN
+        DELETE FROM pgq.job_dependencies AS d WHERE d.job_id = NEW.id;
+    END IF;
+    IF NOT OLD.has_dependants THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.state = 'done' THEN
+        WITH released AS (
+            UPDATE pgq.jobs AS j
+            SET dependencies_left = j.dependencies_left - 1,
+                state = CASE WHEN j.dependencies_left = 1 THEN 'pending' ELSE 'waiting' END::pgq.job_state,
+                last_event = CASE WHEN j.dependencies_left = 1 THEN 'dependencies_done' ELSE j.last_event END
+            FROM pgq.job_dependencies AS d
+            WHERE d.depends_on = NEW.id AND j.id = d.job_id AND j.state = 'waiting'
+            RETURNING j.id, j.queue, j.attempt, j.state, j.run_at
+        ), events AS (
+            INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+            SELECT r.id, r.attempt, NULL, 'dependencies_done', 'waiting', 'pending',
+                   format('the last of its dependencies, job %s, is done', NEW.id)
+            FROM released AS r JOIN pgq.queues AS q ON q.name = r.queue AND q.audit
+            WHERE r.state = 'pending'
+        )
+        SELECT array_agg(DISTINCT r.queue) INTO due_queues
+        FROM released AS r WHERE r.state = 'pending' AND r.run_at <= pgq._now();
+        PERFORM pgq._notify(n.queue) FROM unnest(due_queues) AS n(queue);
+    ELSE
+        WITH RECURSIVE chain (id, dependency) AS (
+            SELECT d.job_id, d.depends_on
+            FROM pgq.job_dependencies AS d JOIN pgq.jobs AS w ON w.id = d.job_id AND w.state = 'waiting'
+            WHERE d.depends_on = NEW.id
+            UNION
+            SELECT d.job_id, d.depends_on
+            FROM chain AS c JOIN pgq.job_dependencies AS d ON d.depends_on = c.id
+            JOIN pgq.jobs AS w ON w.id = d.job_id AND w.state = 'waiting'
+        ), cancelled AS (
+            UPDATE pgq.jobs AS j
+            SET state = 'cancelled', finished_at = pgq._now(), last_event = 'dependency_ended',
+                last_error = CASE WHEN c.dependency = NEW.id
+                                  THEN format('pgq: cancelled: its dependency, job %s, ended %s', NEW.id, NEW.state)
+                                  ELSE format('pgq: cancelled: its dependency, job %s, was cancelled because job %s, '
+                                              'up its chain, ended %s', c.dependency, NEW.id, NEW.state) END
+            FROM (SELECT DISTINCT ON (c.id) c.id, c.dependency FROM chain AS c
+                  ORDER BY c.id, c.dependency <> NEW.id, c.dependency) AS c
+            WHERE j.id = c.id AND j.state = 'waiting'
+            RETURNING j.id, j.queue, j.attempt, j.last_error
+        )
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+        SELECT c.id, c.attempt, NULL, 'dependency_ended', 'waiting', 'cancelled', c.last_error
+        FROM cancelled AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit;
+    END IF;
+    DELETE FROM pgq.job_dependencies AS d WHERE d.depends_on = NEW.id;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pgq._dependency_ended() IS
+    'Trigger of pgq.jobs: when a job with dependants ends, releases (done) or cancels (failed, '
+    'cancelled) its waiting dependants; a waiting job that ends deletes its links.';
+
+CREATE TRIGGER jobs_dependency_ended
+    AFTER UPDATE OF state ON pgq.jobs
+    FOR EACH ROW
+    WHEN ((OLD.has_dependants OR OLD.state = 'waiting') AND NEW.state IN ('done', 'failed', 'cancelled')
+          AND OLD.state IS DISTINCT FROM NEW.state)
+    EXECUTE FUNCTION pgq._dependency_ended();
 
 
 -- Moves the deltas into the totals, in one transaction (so a reader sees each finished job once,
@@ -1719,11 +1837,89 @@ $$;
 
 -- Functions: producers ----------------------------------------------------------------------------
 
+-- The dependencies of a job being enqueued (pgq.enqueue's and pgq.enqueue_many's depends_on),
+-- checked and locked. Each row is updated (has_dependants, which arms its trigger) in id order,
+-- so a concurrent end of a dependency either committed first (and its state is read here) or
+-- waits for this transaction and then sees the new job's link (an end under REPEATABLE READ or
+-- SERIALIZABLE fails with 40001 instead: the row was updated). A job of a queue whose read
+-- grants do not admit the login counts as absent, like in pgq.get_job. Returns the distinct ids
+-- in order, those not done yet (the new job waits for them) and the first that ended failed or
+-- cancelled (the new job is then cancelled at once), with its state.
+CREATE FUNCTION pgq._lock_dependencies(depends_on bigint[], OUT ids bigint[], OUT open_ids bigint[],
+                                       OUT ended_id bigint, OUT ended_state pgq.job_state)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    missing bigint;
+BEGIN
+    IF array_ndims(_lock_dependencies.depends_on) > 1 THEN
+        PERFORM pgq._bad_argument('depends_on', 'must be a one-dimensional array of job ids');
+    ELSIF array_position(_lock_dependencies.depends_on, NULL) IS NOT NULL THEN
+        PERFORM pgq._bad_argument('depends_on', 'must not contain NULL');
+    END IF;
+    ids := ARRAY(SELECT DISTINCT d.id FROM unnest(_lock_dependencies.depends_on) AS d(id) ORDER BY d.id);
+    IF cardinality(ids) > 10000 THEN
+        PERFORM pgq._bad_argument('depends_on', format('must name at most 10000 jobs, got %s', cardinality(ids)),
+            'A job that waits for more: enqueue it after an intermediate job that waits for the rest.');
+    END IF;
+    IF cardinality(ids) = 0 THEN
+        RETURN;
+    END IF;
+    -- Locked in id order (so concurrent enqueues never deadlock on them), then updated.
+    PERFORM FROM pgq.jobs AS j WHERE j.id = ANY (ids) ORDER BY j.id FOR NO KEY UPDATE;
+    WITH locked AS (
+        UPDATE pgq.jobs AS j SET has_dependants = true
+        WHERE j.id = ANY (ids)
+        RETURNING j.id, j.state, j.queue
+    ), seen AS (
+        SELECT l.id, l.state FROM locked AS l JOIN pgq.queues AS q ON q.name = l.queue
+        WHERE q.restricted IS NULL OR pgq._may(q.name, q.restricted, 'read')
+    )
+    SELECT (SELECT min(i.id) FROM unnest(ids) AS i(id) WHERE i.id NOT IN (SELECT s.id FROM seen AS s)),
+           ARRAY(SELECT s.id FROM seen AS s WHERE s.state NOT IN ('done', 'failed', 'cancelled') ORDER BY s.id),
+           (SELECT s.id FROM seen AS s WHERE s.state IN ('failed', 'cancelled') ORDER BY s.id LIMIT 1)
+    INTO missing, open_ids, ended_id;
+    IF missing IS NOT NULL THEN
+        PERFORM pgq._bad_argument('depends_on', format('names no job with id %s', missing),
+            'A job that never existed, or a finished one that pgq.prune has deleted (after its queue''s '
+            'retention), cannot be depended on.');
+    END IF;
+    IF ended_id IS NOT NULL THEN
+        ended_state := (SELECT j.state FROM pgq.jobs AS j WHERE j.id = ended_id);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION pgq._lock_dependencies(bigint[]) IS
+    'For pgq.enqueue''s depends_on: checks and locks the dependencies; returns them, those not done '
+    'yet and the first that ended failed or cancelled.';
+
+-- Cancels a waiting job whose dependency `dependency` has ended `ended` (failed or cancelled):
+-- for pgq.enqueue and pgq.enqueue_many, when a dependency had ended before the job was enqueued
+-- (pgq._dependency_ended cancels the jobs already waiting).
+CREATE FUNCTION pgq._cancel_for_dependency(ids bigint[], dependency bigint, ended pgq.job_state)
+    RETURNS void
+    LANGUAGE sql
+    AS $$
+    WITH cancelled AS (
+        UPDATE pgq.jobs AS j
+        SET state = 'cancelled', finished_at = pgq._now(), last_event = 'dependency_ended',
+            last_error = format('pgq: cancelled: its dependency, job %s, ended %s', dependency, ended)
+        WHERE j.id = ANY (ids) AND j.state = 'waiting'
+        RETURNING j.id, j.queue, j.attempt, j.last_error
+    )
+    INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+    SELECT c.id, c.attempt, NULL, 'dependency_ended', 'waiting', 'cancelled', c.last_error
+    FROM cancelled AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
+$$;
+COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) IS
+    'Cancels waiting jobs whose dependency has ended failed or cancelled, with last_error naming it.';
+
 CREATE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFAULT '{}',
                             run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
                             max_attempts integer DEFAULT NULL, unique_key text DEFAULT NULL,
                             tenant text DEFAULT NULL, max_run_time interval DEFAULT NULL,
-                            meta jsonb DEFAULT NULL, concurrency_key text DEFAULT NULL)
+                            meta jsonb DEFAULT NULL, concurrency_key text DEFAULT NULL,
+                            depends_on bigint[] DEFAULT NULL)
     RETURNS bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -1734,6 +1930,10 @@ DECLARE
     q          pgq.queues;
     new_id     bigint;
     job_tenant text := enqueue.tenant;
+    deps       record;
+    new_state  pgq.job_state := 'pending';
+    dep_ids    bigint[];
+    left_count integer;
 BEGIN
     -- Every argument checked in one plain expression (no query, no nested call); only a call that
     -- fails it runs the checks that name the bad argument and raise. (The nested checks cost about
@@ -1777,24 +1977,50 @@ BEGIN
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
+    -- With dependencies: waiting for those not done yet (locked by pgq._lock_dependencies until
+    -- this transaction ends, so none of them ends unseen), or cancelled at once (below) when one
+    -- has ended failed or cancelled. An empty array is no dependency. A live job that holds the
+    -- unique_key is answered first, so that a deduplicated call writes nothing here either.
+    IF enqueue.depends_on IS NOT NULL THEN
+        IF enqueue.unique_key IS NOT NULL THEN
+            SELECT j.id INTO new_id
+            FROM pgq.jobs AS j
+            WHERE j.queue = enqueue.queue AND j.unique_key = enqueue.unique_key
+              AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
+            IF FOUND THEN
+                RETURN new_id;
+            END IF;
+        END IF;
+        deps := pgq._lock_dependencies(enqueue.depends_on);
+        IF cardinality(deps.ids) > 0 THEN
+            dep_ids := deps.ids;
+            left_count := cardinality(deps.open_ids);
+            IF left_count > 0 OR deps.ended_id IS NOT NULL THEN
+                new_state := 'waiting';
+            END IF;
+        END IF;
+    END IF;
 
     IF enqueue.unique_key IS NULL THEN
         -- A plain INSERT: ON CONFLICT would make it a speculative insertion even without a key.
         INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant,
-                                   max_run_time, meta, concurrency_key)
+                                   max_run_time, meta, concurrency_key, state, depends_on,
+                                   dependencies_left)
         VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                 coalesce(enqueue.max_attempts, q.max_attempts), job_tenant, enqueue.max_run_time,
-                enqueue.meta, enqueue.concurrency_key)
+                enqueue.meta, enqueue.concurrency_key, new_state, dep_ids, left_count)
         RETURNING j.id INTO new_id;
     ELSE
         LOOP
             INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
-                                       unique_key, tenant, max_run_time, meta, concurrency_key)
+                                       unique_key, tenant, max_run_time, meta, concurrency_key,
+                                       state, depends_on, dependencies_left)
             VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                     coalesce(enqueue.max_attempts, q.max_attempts), enqueue.unique_key, job_tenant,
-                    enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key)
+                    enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key, new_state, dep_ids,
+                    left_count)
             ON CONFLICT (queue, unique_key)
-                WHERE unique_key IS NOT NULL AND state IN ('pending', 'running', 'outcome_unknown')
+                WHERE unique_key IS NOT NULL AND state IN ('waiting', 'pending', 'running', 'outcome_unknown')
                 DO NOTHING
             RETURNING j.id INTO new_id;
             EXIT WHEN FOUND;
@@ -1803,28 +2029,39 @@ BEGIN
             SELECT j.id INTO new_id
             FROM pgq.jobs AS j
             WHERE j.queue = enqueue.queue AND j.unique_key = enqueue.unique_key
-              AND j.unique_key IS NOT NULL AND j.state IN ('pending', 'running', 'outcome_unknown');
+              AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
             IF FOUND THEN
                 RETURN new_id;
             END IF;
         END LOOP;
     END IF;
 
+    IF new_state = 'waiting' THEN
+        IF deps.ended_id IS NOT NULL THEN
+            -- A dependency has ended failed or cancelled: the job ends as if it had been waiting then.
+            PERFORM pgq._cancel_for_dependency(ARRAY[new_id], deps.ended_id, deps.ended_state);
+        ELSE
+            INSERT INTO pgq.job_dependencies (depends_on, job_id)
+            SELECT d.id, new_id FROM unnest(deps.open_ids) AS d(id);
+        END IF;
+        RETURN new_id;
+    END IF;
     IF q.notify AND enqueue.run_at <= pgq._now() THEN
         PERFORM pg_notify('pgq', enqueue.queue);
     END IF;
     RETURN new_id;
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text) IS
+COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[]) IS
     'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it. '
-    'meta: a JSON object (or NULL) kept with the job and returned by pgq.claim.';
+    'meta: a JSON object (or NULL) kept with the job and returned by pgq.claim. depends_on: the job '
+    'waits until those jobs are done (cancelled if one fails or is cancelled).';
 
 CREATE FUNCTION pgq.enqueue_many(queue text, kind text, payloads jsonb[],
                                  run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
                                  max_attempts integer DEFAULT NULL, tenant text DEFAULT NULL,
                                  max_run_time interval DEFAULT NULL, meta jsonb DEFAULT NULL,
-                                 concurrency_key text DEFAULT NULL)
+                                 concurrency_key text DEFAULT NULL, depends_on bigint[] DEFAULT NULL)
     RETURNS SETOF bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -1834,6 +2071,11 @@ DECLARE
     q   pgq.queues;
     bad record;
     job_tenant text := enqueue_many.tenant;
+    deps       record;
+    new_state  pgq.job_state := 'pending';
+    dep_ids    bigint[];
+    left_count integer;
+    new_ids    bigint[];
 BEGIN
     PERFORM pgq._check_enqueue(enqueue_many.queue, enqueue_many.kind, enqueue_many.run_at,
                                enqueue_many.priority, enqueue_many.max_attempts, enqueue_many.tenant);
@@ -1863,30 +2105,65 @@ BEGIN
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
+    -- The same dependencies for every job, as in pgq.enqueue.
+    IF enqueue_many.depends_on IS NOT NULL THEN
+        deps := pgq._lock_dependencies(enqueue_many.depends_on);
+        IF cardinality(deps.ids) > 0 THEN
+            dep_ids := deps.ids;
+            left_count := cardinality(deps.open_ids);
+            IF left_count > 0 OR deps.ended_id IS NOT NULL THEN
+                new_state := 'waiting';
+            END IF;
+        END IF;
+    END IF;
 
-    -- Identity values are drawn in the order the rows are inserted, so ordering by id returns
-    -- the ids in payload order.
-    RETURN QUERY
+    IF new_state = 'pending' THEN
+        -- Identity values are drawn in the order the rows are inserted, so ordering by id returns
+        -- the ids in payload order.
+        RETURN QUERY
+        WITH inserted AS (
+            INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant, max_run_time,
+                                  meta, concurrency_key, depends_on, dependencies_left)
+            SELECT enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.priority,
+                   enqueue_many.run_at, coalesce(enqueue_many.max_attempts, q.max_attempts),
+                   job_tenant, enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key,
+                   dep_ids, left_count
+            FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
+            ORDER BY p.n
+            RETURNING jobs.id
+        )
+        SELECT i.id FROM inserted AS i ORDER BY i.id;
+
+        IF q.notify AND enqueue_many.run_at <= pgq._now() AND cardinality(enqueue_many.payloads) > 0 THEN
+            PERFORM pg_notify('pgq', enqueue_many.queue);
+        END IF;
+        RETURN;
+    END IF;
+
     WITH inserted AS (
         INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant, max_run_time,
-                              meta, concurrency_key)
+                              meta, concurrency_key, state, depends_on, dependencies_left)
         SELECT enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.priority,
                enqueue_many.run_at, coalesce(enqueue_many.max_attempts, q.max_attempts),
-               job_tenant, enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key
+               job_tenant, enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key,
+               'waiting', dep_ids, left_count
         FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
         ORDER BY p.n
         RETURNING jobs.id
     )
-    SELECT i.id FROM inserted AS i ORDER BY i.id;
-
-    IF q.notify AND enqueue_many.run_at <= pgq._now() AND cardinality(enqueue_many.payloads) > 0 THEN
-        PERFORM pg_notify('pgq', enqueue_many.queue);
+    SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') INTO new_ids FROM inserted AS i;
+    IF deps.ended_id IS NOT NULL THEN
+        PERFORM pgq._cancel_for_dependency(new_ids, deps.ended_id, deps.ended_state);
+    ELSE
+        INSERT INTO pgq.job_dependencies (depends_on, job_id)
+        SELECT d.id, n.id FROM unnest(deps.open_ids) AS d(id) CROSS JOIN unnest(new_ids) AS n(id);
     END IF;
+    RETURN QUERY SELECT unnest(new_ids);
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text) IS
+COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[]) IS
     'Adds one job per payload in one INSERT and returns their ids in payload order; each job '
-    'gets the same meta.';
+    'gets the same meta and the same depends_on.';
 
 -- Functions: workers ------------------------------------------------------------------------------
 
@@ -2950,7 +3227,8 @@ CREATE FUNCTION pgq._admin_event(job pgq.jobs, event text, to_state pgq.job_stat
     FROM pgq.queues AS q WHERE q.name = (job).queue AND q.audit
 $$;
 
--- Cancels a pending, running or outcome_unknown job. A running job's owner learns it at its next
+-- Cancels a waiting, pending, running or outcome_unknown job (and the jobs waiting for it:
+-- pgq._dependency_ended). A running job's owner learns it at its next
 -- renew or complete (answered "not yours"). Returns false, changing nothing, when the job had
 -- already finished.
 CREATE FUNCTION pgq.cancel(id bigint)
@@ -3005,7 +3283,7 @@ BEGIN
         RAISE EXCEPTION 'pgq: job % cannot be retried: job % holds its unique_key %', retry.id,
             (SELECT j.id FROM pgq.jobs AS j
              WHERE j.queue = job.queue AND j.unique_key = job.unique_key
-               AND j.unique_key IS NOT NULL AND j.state IN ('pending', 'running', 'outcome_unknown')),
+               AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown')),
             quote_literal(job.unique_key)
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Wait for that job to finish, or cancel it first.';
@@ -3695,7 +3973,7 @@ COMMENT ON FUNCTION pgq.schedules() IS
 CREATE FUNCTION pgq.stats()
     RETURNS TABLE (queue text, paused boolean, pending bigint, scheduled bigint, running bigint,
                    expired bigint, done bigint, failed bigint, cancelled bigint,
-                   outcome_unknown bigint, oldest_ready_age interval)
+                   outcome_unknown bigint, oldest_ready_age interval, waiting bigint)
     LANGUAGE sql STABLE
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
@@ -3709,15 +3987,16 @@ CREATE FUNCTION pgq.stats()
            count(*) FILTER (WHERE j.state = 'failed'),
            count(*) FILTER (WHERE j.state = 'cancelled'),
            count(*) FILTER (WHERE j.state = 'outcome_unknown'),
-           pgq._now() - min(j.run_at) FILTER (WHERE j.state = 'pending' AND j.run_at <= pgq._now())
+           pgq._now() - min(j.run_at) FILTER (WHERE j.state = 'pending' AND j.run_at <= pgq._now()),
+           count(*) FILTER (WHERE j.state = 'waiting')
     FROM pgq.queues AS q
     LEFT JOIN pgq.jobs AS j ON j.queue = q.name
     GROUP BY q.name, q.paused
     ORDER BY q.name
 $$;
 COMMENT ON FUNCTION pgq.stats() IS
-    'One row per queue: jobs by state (pending = due now, scheduled = due later), expired leases, '
-    'and the age of the oldest due job.';
+    'One row per queue: jobs by state (pending = due now, scheduled = due later, waiting = for their '
+    'dependencies), expired leases, and the age of the oldest due job.';
 
 -- What an exporter scrapes, one row per queue, at a bounded cost: the claimable pending jobs
 -- through jobs_ready_idx, outcome_unknown through jobs_list_idx, the running ones through
@@ -3727,7 +4006,7 @@ COMMENT ON FUNCTION pgq.stats() IS
 CREATE FUNCTION pgq.metrics()
     RETURNS TABLE (queue text, paused boolean, pending bigint, scheduled bigint, running bigint,
                    expired bigint, outcome_unknown bigint, oldest_ready_age interval,
-                   done_total bigint, failed_total bigint, cancelled_total bigint)
+                   done_total bigint, failed_total bigint, cancelled_total bigint, waiting bigint)
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
@@ -3752,7 +4031,7 @@ BEGIN
     )
     SELECT q.name, q.paused, p.due, p.later, coalesce(l.running, 0), coalesce(l.expired, 0), u.n,
            pgq._now() - p.oldest,
-           coalesce(f.done, 0)::bigint, coalesce(f.failed, 0)::bigint, coalesce(f.cancelled, 0)::bigint
+           coalesce(f.done, 0)::bigint, coalesce(f.failed, 0)::bigint, coalesce(f.cancelled, 0)::bigint, w.n
     FROM pgq.queues AS q
     CROSS JOIN LATERAL (
         SELECT count(*) FILTER (WHERE j.run_at <= pgq._now()) AS due,
@@ -3762,6 +4041,8 @@ BEGIN
         WHERE j.queue = q.name AND j.state = 'pending' AND j.attempt < j.max_attempts) AS p
     CROSS JOIN LATERAL (
         SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'outcome_unknown') AS u
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'waiting') AS w
     LEFT JOIN leased AS l ON l.queue = q.name
     LEFT JOIN finished AS f ON f.queue = q.name
     ORDER BY q.name;
@@ -3769,9 +4050,9 @@ END
 $$;
 COMMENT ON FUNCTION pgq.metrics() IS
     'One row per queue for exporters, without reading finished jobs: pending (due now) and scheduled '
-    'jobs, running, expired leases, outcome_unknown, the oldest due job''s age, and the jobs finished '
+    'jobs, running, expired leases, outcome_unknown, the oldest due job''s age, the jobs finished '
     'as done, failed and cancelled (counters, from the finished rows stored at migration 0010 on: '
-    'pgq.prune does not lower them).';
+    'pgq.prune does not lower them), and the jobs waiting for their dependencies.';
 
 -- Health: one row per finding, for dashboards, alerts and readiness probes (pgq-thin doctor).
 -- severity: ok, warning or critical. The thresholds are arguments so operators (and tests) can
@@ -4241,7 +4522,7 @@ COMMENT ON FUNCTION pgq.rate_limit_wait(text[]) IS
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '11'::text $$;
+    AS $$ SELECT '13'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -4256,8 +4537,8 @@ REVOKE ALL ON SCHEMA pgq FROM PUBLIC;
 GRANT USAGE ON SCHEMA pgq TO pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
 
 GRANT EXECUTE ON FUNCTION
-    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text),
-    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text)
+    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[]),
+    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[])
     TO pgq_producer;
 
 GRANT EXECUTE ON FUNCTION

@@ -213,7 +213,7 @@ def test_jobs_lists_newest_first_with_filters_and_says_how_to_get_the_next_page(
     assert typo.stderr == ("pgq-thin: error: pgq: argument \"queue\" names no queue: 'emials' [SQLSTATE 22023] "
                            "(hint: A queue is created by its first job; pgq-thin stats lists them.)\n")
     bad_state = pgq("jobs", "--state", "finished", dsn=dsn)
-    assert bad_state.returncode == 1 and "must be one of pending, running, done" in bad_state.stderr
+    assert bad_state.returncode == 1 and "must be one of waiting, pending, running, done" in bad_state.stderr
 
 
 def test_pause_of_a_queue_that_does_not_exist_is_refused_and_creates_nothing(

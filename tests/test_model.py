@@ -1,5 +1,8 @@
 """A Hypothesis state machine drives the SQL API and compares pgq with a small Python model of the
-queue after every step (TESTING.md scenario 18), checking invariants (a)-(f) each time.
+queue after every step (TESTING.md scenario 18), checking invariants (a)-(f) each time. Jobs may
+depend on earlier jobs (enqueue's depends_on, issue 11): the model keeps each waiting job's open
+dependencies, releases it when the last is done and cancels the chain when one fails or is
+cancelled.
 
 Time is under the test's control. pgq reads "now" for every lease and run_at decision through
 pgq._now(), an inlinable function owned by the schema owner. In this test's database only, the
@@ -82,6 +85,7 @@ class MJob:
     lease_until: int | None = None    # clock minutes
     last_event: str = "enqueued"
     completions: int = 0
+    waiting_for: set[int] = field(default_factory=set)  # while waiting: the dependencies not done yet
 
 
 @dataclass
@@ -104,7 +108,29 @@ class Model:
             EXERCISED[f"lease expired, now {j.state}"] += 1
             j.lease_until = None
             j.last_event = "lease_expired"
+            self.ended(j)
         return len(expired)
+
+    def ended(self, job: MJob) -> None:
+        """What a job's end does to the jobs waiting for it (the trigger jobs_dependency_ended)."""
+        if job.state == "done":
+            for j in self.jobs.values():
+                if j.state == "waiting" and job.id in j.waiting_for:
+                    j.waiting_for.discard(job.id)
+                    if not j.waiting_for:
+                        j.state, j.last_event = "pending", "dependencies_done"
+                        EXERCISED["released by the last dependency"] += 1
+        elif job.state in ("failed", "cancelled"):
+            doomed, frontier = set(), {job.id}
+            while frontier:  # down the whole chain
+                frontier = {j.id for j in self.jobs.values()
+                            if j.state == "waiting" and j.id not in doomed and j.waiting_for & frontier}
+                doomed |= frontier
+            for job_id in doomed:
+                j = self.jobs[job_id]
+                j.state, j.last_event, j.waiting_for = "cancelled", "dependency_ended", set()
+                EXERCISED["cancelled with its dependency"] += 1
+        job.waiting_for = set()
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -113,7 +139,7 @@ class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.conn = psycopg.connect(self.dsn, autocommit=True)
-        self.conn.execute("TRUNCATE pgq.jobs, pgq.job_events RESTART IDENTITY")
+        self.conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.job_dependencies RESTART IDENTITY")
         self.conn.execute("UPDATE pgq_test.clock SET shift = '0'")
         self.model = Model()
         self.previous: dict[int, tuple[Any, ...]] = {}
@@ -146,6 +172,23 @@ class QueueMachine(RuleBasedStateMachine):
                         (priority, max_attempts))
         assert job_id not in self.model.jobs
         self.model.jobs[job_id] = MJob(job_id, priority, max_attempts, run_at=(0, self.model.tick()))
+
+    @precondition(lambda self: self.model.jobs)
+    @rule(data=st.data(), max_attempts=st.sampled_from([3, 1, 2]))
+    def enqueue_dependant(self, data: st.DataObject, max_attempts: int) -> None:
+        m = self.model
+        deps = data.draw(st.lists(st.sampled_from(sorted(m.jobs)), min_size=1, max_size=3))
+        job_id = self.q("SELECT pgq.enqueue('q', 'k', '{}', max_attempts => %s, depends_on => %s)",
+                        (max_attempts, deps))
+        j = m.jobs[job_id] = MJob(job_id, 0, max_attempts, run_at=(0, m.tick()))
+        if any(m.jobs[d].state in ("failed", "cancelled") for d in deps):
+            j.state, j.last_event = "cancelled", "dependency_ended"
+            EXERCISED["enqueued cancelled: a dependency had ended"] += 1
+        elif any(m.jobs[d].state != "done" for d in deps):
+            j.state, j.waiting_for = "waiting", {d for d in deps if m.jobs[d].state != "done"}
+            EXERCISED["enqueued waiting"] += 1
+        else:
+            EXERCISED["enqueued pending: its dependencies were done"] += 1
 
     @rule(batch=st.sampled_from([3, 1, 2]))
     def claim(self, batch: int) -> None:
@@ -194,6 +237,7 @@ class QueueMachine(RuleBasedStateMachine):
         if j.state == "running" and j.attempt == attempt:
             j.state, j.lease_until, j.last_event = "done", None, "completed"
             j.completions += 1
+            self.model.ended(j)
             expected = True
         else:
             expected = j.attempt == attempt and j.state == "done" and j.last_event == "completed"
@@ -211,6 +255,7 @@ class QueueMachine(RuleBasedStateMachine):
             j.lease_until, j.last_event = None, "failed"
             if not retryable or j.attempt >= j.max_attempts:
                 j.state = "failed"
+                m.ended(j)
             else:
                 j.state, j.run_at = "pending", (m.now + RETRY_MIN, m.tick())
             expected = j.state
@@ -238,6 +283,7 @@ class QueueMachine(RuleBasedStateMachine):
         j = m.jobs[data.draw(st.sampled_from(sorted(m.jobs)))]
         if j.state in ("failed", "cancelled"):
             assert self.q("SELECT pgq.retry(%s)", (j.id,)) is True
+            # Its dependants cancelled with it stay cancelled; a cancelled dependant runs now.
             j.state, j.run_at, j.last_event = "pending", (m.now, m.tick()), "retried"
             j.max_attempts = max(j.max_attempts, j.attempt + 1)
             self.retried = j.id
@@ -257,8 +303,9 @@ class QueueMachine(RuleBasedStateMachine):
             assert answer is False
         else:
             assert answer is True
+            EXERCISED["cancelled" if j.state != "waiting" else "cancelled while waiting"] += 1
             j.state, j.lease_until, j.last_event = "cancelled", None, "cancelled"
-            EXERCISED["cancelled"] += 1
+            self.model.ended(j)
 
     # Invariants ---------------------------------------------------------------------------------
 
@@ -268,20 +315,22 @@ class QueueMachine(RuleBasedStateMachine):
             "SELECT id, state::text, attempt, max_attempts, last_event, priority,"
             " extract(epoch FROM lease_until - pgq._now()) / 60, extract(epoch FROM run_at - pgq._now()) / 60,"
             " (SELECT count(*) FROM pgq.job_events AS e WHERE e.job_id = j.id AND e.event = 'completed'),"
-            " finished_at IS NOT NULL, result, last_error, finished_at"
+            " finished_at IS NOT NULL, dependencies_left, result, last_error, finished_at"
             " FROM pgq.jobs AS j ORDER BY id")
         rows = cur.fetchall()
         m = self.model
         # (a) every job is in a valid state, and none went missing or appeared.
         assert [r[0] for r in rows] == sorted(m.jobs)
         for (job_id, state, attempt, max_attempts, last_event, priority, lease_left, run_at_left,
-             completions, finished, *rest) in rows:
+             completions, finished, dependencies_left, *rest) in rows:
             j = m.jobs[job_id]
             assert (state, attempt, max_attempts, last_event, priority) == (
                 j.state, j.attempt, j.max_attempts, j.last_event, j.priority), job_id
             # (b) at most one successful completion per job, and only from its running attempt.
             assert completions == j.completions <= 1
             assert finished == (state in TERMINAL)
+            if state == "waiting":
+                assert dependencies_left == len(j.waiting_for) > 0, job_id
             if state == "running":
                 assert j.lease_until is not None
                 assert abs(float(lease_left) - (j.lease_until - m.now)) < 0.5
@@ -307,6 +356,9 @@ class QueueMachine(RuleBasedStateMachine):
         # (f) after a sweep, no running job holds an expired lease.
         if self.swept:
             assert self.q("SELECT count(*) FROM pgq.jobs WHERE state = 'running' AND lease_until < pgq._now()") == 0
+        # The open links are exactly the waiting jobs' dependencies not done yet.
+        links = set(self.conn.execute("SELECT job_id, depends_on FROM pgq.job_dependencies").fetchall())
+        assert links == {(j.id, d) for j in m.jobs.values() for d in j.waiting_for}
         self.retried, self.swept = None, False
 
 
@@ -323,7 +375,10 @@ def test_the_sql_api_behaves_like_the_model_queue_step_by_step(dsn: str, conn: p
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
     missing = {"claimed", "renewed", "stale renew rejected", "completed", "stale complete rejected",
                "failed, now pending", "failed, now failed", "lease expired, now pending",
-               "lease expired, now failed", "retried", "cancelled"} - set(EXERCISED)
+               "lease expired, now failed", "retried", "cancelled", "enqueued waiting",
+               "released by the last dependency", "cancelled with its dependency",
+               "enqueued cancelled: a dependency had ended", "enqueued pending: its dependencies were done",
+               "cancelled while waiting"} - set(EXERCISED)
     assert not missing, f"the runs never reached: {sorted(missing)} ({dict(EXERCISED)})"
 
 

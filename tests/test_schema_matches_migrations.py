@@ -161,6 +161,8 @@ MIGRATION_SHA256 = {
     "0009_security_limits.sql": "c06f8fe627f75ec6d5db32a94e8d52dc26154827923cac1127e5948bd47b5004",
     "0010_finished_counters.sql": "10dce466ad92a9480a2ed18d6553eefccbc77e0c06314f961d13de0ab205f51d",
     "0011_flow_control.sql": "0e1d9fb28e335f0a92ba25d6ec85e2680f15c413a5974fda38c7b454cb47c438",
+    "0012_waiting_state.sql": "a3ab5da11411b8e6af38e12ddbd1268051cf839f9a1808d154bfd0e2f27f240d",
+    "0013_job_dependencies.sql": "922cca34d9d7a74c0fd8cf034a8e38a9a353e38bf97ba4446df8cdbd1ca565cd",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 

@@ -101,7 +101,7 @@ def test_list_jobs_refuses_what_cannot_name_anything(conn: psycopg.Connection, m
         ("SELECT * FROM pgq.list_jobs(queue => 'emials')", "22023", 'argument "queue" names no queue: \'emials\''),
         ("SELECT * FROM pgq.list_jobs(queue => 'bad queue!')", "22023", 'argument "queue" is not a valid name'),
         ("SELECT * FROM pgq.list_jobs(state => 'finished')", "22023",
-         'argument "state" must be one of pending, running, done, failed, cancelled, outcome_unknown, '
+         'argument "state" must be one of waiting, pending, running, done, failed, cancelled, outcome_unknown, '
          "got 'finished'"),
         ("SELECT * FROM pgq.list_jobs(kind => 'a;b')", "22023", 'argument "kind" is not a valid name'),
         ("SELECT * FROM pgq.list_jobs(limit_rows => 0)", "22023", 'argument "limit_rows" must be between 1 and 1000'),

@@ -71,7 +71,7 @@ ACTIONS = {
 }
 PRIVILEGES = ("SELECT current_user, "
               + ", ".join(f"has_function_privilege('{sig}', 'EXECUTE') AS {name}" for name, sig in ACTIONS.items()))
-JOB_STATES = ("pending", "running", "done", "failed", "cancelled", "outcome_unknown")
+JOB_STATES = ("waiting", "pending", "running", "done", "failed", "cancelled", "outcome_unknown")
 RESOLVE_STATES = ("done", "pending", "failed", "cancelled")
 MAX_BIGINT = 2**63 - 1
 #: What a page asks pgq.list_jobs for unless told otherwise.

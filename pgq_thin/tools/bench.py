@@ -224,7 +224,7 @@ def _load_pgq(conn: psycopg.Connection, n: int, tenants: int = 0) -> None:
             conn.execute(queries.ENQUEUE_MANY, {
                 "queue": QUEUE, "kind": "noop", "payloads": [Jsonb({"n": i}) for i in ids],
                 "run_at": None, "priority": 0, "max_attempts": None, "tenant": tenant, "max_run_time": None,
-                "meta": None, "concurrency_key": None})
+                "meta": None, "concurrency_key": None, "depends_on": None})
     conn.execute("VACUUM ANALYZE pgq.jobs")
     conn.execute("VACUUM ANALYZE pgq.job_events")
 
@@ -436,7 +436,7 @@ def _concurrent_enqueues(dsn: str, producers: int, total: int) -> float:
                 conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": n}),
                                                "run_at": None, "priority": 0, "max_attempts": None,
                                                "unique_key": None, "tenant": None, "max_run_time": None,
-                                               "meta": None, "concurrency_key": None}, prepare=True)
+                                               "meta": None, "concurrency_key": None, "depends_on": None}, prepare=True)
 
     t = time.perf_counter()
     _run_threads(producers, work)
@@ -455,7 +455,7 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                 conn.execute(queries.ENQUEUE_MANY, {"queue": QUEUE, "kind": "noop", "payloads": payloads,
                                                     "run_at": None, "priority": 0, "max_attempts": None,
                                                     "tenant": None, "max_run_time": None, "meta": None,
-                                                    "concurrency_key": None}, prepare=True)
+                                                    "concurrency_key": None, "depends_on": None}, prepare=True)
             out["enqueue_many (1000 per call)"].append((cfg.enqueue_jobs // 1000) * 1000 / (time.perf_counter() - t))
             _reset(conn)
             t = time.perf_counter()
@@ -472,7 +472,7 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                         conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}),
                                                        "run_at": None, "priority": 0, "max_attempts": None,
                                                        "unique_key": None, "tenant": None, "max_run_time": None,
-                                                       "meta": None, "concurrency_key": None},
+                                                       "meta": None, "concurrency_key": None, "depends_on": None},
                                      prepare=True)
                 out[label].append(cfg.single_enqueues / (time.perf_counter() - t))
             # TESTING.md 17: the commit-lock cost of NOTIFY. A transaction that notifies takes a
@@ -541,7 +541,7 @@ def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                 warm = conn.execute(queries.ENQUEUE, {
                     "queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": -1}), "run_at": None, "priority": 0,
                     "max_attempts": None, "unique_key": None, "tenant": None,
-                    "max_run_time": None, "meta": None, "concurrency_key": None}).fetchone()[0]  # type: ignore[index]
+                    "max_run_time": None, "meta": None, "concurrency_key": None, "depends_on": None}).fetchone()[0]  # type: ignore[index]
                 while warm not in starts and time.monotonic() < deadline:
                     time.sleep(0.001)
                 for i in range(cfg.latency_samples):
@@ -550,7 +550,7 @@ def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                     job_id = conn.execute(queries.ENQUEUE, {
                         "queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}), "run_at": None, "priority": 0,
                         "max_attempts": None, "unique_key": None, "tenant": None, "max_run_time": None,
-                        "meta": None, "concurrency_key": None}).fetchone()[0]  # type: ignore[index]
+                        "meta": None, "concurrency_key": None, "depends_on": None}).fetchone()[0]  # type: ignore[index]
                     committed[job_id] = time.time()  # autocommit: the COMMIT has returned
                     deadline = time.monotonic() + 5 + 2 * mode["poll_interval"]
                     while job_id not in starts and time.monotonic() < deadline:
@@ -868,7 +868,8 @@ def _churn(dsn: str, seconds: float, workers: int = 4, sample_every: float = 2.0
                     conn.execute(queries.ENQUEUE_MANY, {"queue": QUEUE, "kind": "noop", "payloads": payloads,
                                                         "run_at": None, "priority": 0, "max_attempts": None,
                                                         "tenant": None, "max_run_time": None,
-                                                        "meta": None, "concurrency_key": None}, prepare=True)
+                                                        "meta": None, "concurrency_key": None,
+                                                        "depends_on": None}, prepare=True)
                 else:
                     time.sleep(0.005)
 

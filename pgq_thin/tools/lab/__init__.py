@@ -33,6 +33,7 @@ from pgq_thin.tools.lab import (
     exp9_schedule_firing,
     exp10_hung_handler,
     exp11_key_limits,
+    exp12_dependencies,
 )
 from pgq_thin.tools.lab.harness import Check, Harness, Step, Verdict, utcnow
 from pgq_thin.tools.lab.statements import TEMPLATES
@@ -55,6 +56,7 @@ EXPERIMENTS: list[ModuleType] = [
     exp9_schedule_firing,
     exp10_hung_handler,
     exp11_key_limits,
+    exp12_dependencies,
 ]
 
 
