@@ -112,7 +112,8 @@ class Model:
         return len(expired)
 
     def ended(self, job: MJob) -> None:
-        """What a job's end does to the jobs waiting for it (the trigger jobs_dependency_ended)."""
+        """What a job's end does to the jobs waiting for it (pgq._dependency_ended, which the trigger
+        jobs_count_finished calls)."""
         if job.state == "done":
             for j in self.jobs.values():
                 if j.state == "waiting" and job.id in j.waiting_for:

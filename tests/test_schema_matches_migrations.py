@@ -162,7 +162,7 @@ MIGRATION_SHA256 = {
     "0010_finished_counters.sql": "10dce466ad92a9480a2ed18d6553eefccbc77e0c06314f961d13de0ab205f51d",
     "0011_flow_control.sql": "0e1d9fb28e335f0a92ba25d6ec85e2680f15c413a5974fda38c7b454cb47c438",
     "0012_waiting_state.sql": "a3ab5da11411b8e6af38e12ddbd1268051cf839f9a1808d154bfd0e2f27f240d",
-    "0013_job_dependencies.sql": "922cca34d9d7a74c0fd8cf034a8e38a9a353e38bf97ba4446df8cdbd1ca565cd",
+    "0013_job_dependencies.sql": "7406371bc135471de0e801758180b873787281245267914da4228fd911d545a1",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 
