@@ -1,4 +1,11 @@
-"""Apply pgq's yoyo migrations: from Python (``pgq_thin.migrate(dsn)``) or ``pgq-thin migrate``.
+"""Apply pgq's SQL: from Python (``pgq_thin.migrate(dsn)``) or ``pgq-thin migrate``.
+
+An apply is the versioned migrations not applied yet (yoyo, ``migrations/``: tables, columns,
+indexes, data; each once, in order, in a transaction of its own), then the whole function source
+(``sql/functions/``, see ``pgq_thin.sqlsource``) in one transaction, every time: so a release that
+changes only functions is installed by the same command. Every statement waits at most
+``lock_timeout`` for a lock (5 s by default): an apply never queues the workers' statements behind
+it for longer; one that times out changed nothing in its step and can be run again.
 
 The migrations ship inside the wheel (``pgq_thin/_migrations``); in a source checkout they are
 read from the repository's ``migrations/`` directory.
@@ -17,8 +24,10 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend, read_migrations
 
-__all__ = ["migrate", "migrations_dir", "pending_migrations", "shipped_schema_version", "warn_if_schema_is_old",
-           "yoyo_url"]
+from pgq_thin.sqlsource import install_functions
+
+__all__ = ["NewerSchema", "migrate", "migrations_dir", "pending_migrations", "shipped_schema_version",
+           "warn_if_schema_is_old", "yoyo_post_apply", "yoyo_url"]
 
 log = logging.getLogger("pgq_thin.migrate")
 
@@ -106,17 +115,64 @@ def pending_migrations(dsn: str) -> list[str]:
         backend.connection.close()
 
 
-def migrate(dsn: str) -> list[str]:
-    """Apply every pending migration under yoyo's lock; returns the ids applied (none: a no-op)."""
+class NewerSchema(RuntimeError):
+    """The database has migrations applied that this installation does not ship: its functions
+    are newer than this installation's source, which must not replace them."""
+
+
+def _unknown_applied(backend: Any, migrations: Any) -> list[str]:
+    """The migrations the database has applied that ``migrations`` does not hold (a newer pgq's)."""
+    known = {m.hash for m in migrations}
+    backend.ensure_internal_schema_updated()
+    rows = backend.execute(f"SELECT migration_id, migration_hash FROM {backend.migration_table_quoted}").fetchall()
+    return sorted(str(row[0]) for row in rows if row[1] not in known)
+
+
+def migrate(dsn: str, lock_timeout: str = "5s") -> list[str]:
+    """Apply every pending migration, then the function source, under yoyo's lock; returns the ids
+    of the migrations applied (none: only the functions were installed again, a no-op when they
+    had not changed). Refuses (NewerSchema) a database that a newer pgq migrated."""
     backend = get_backend(yoyo_url(dsn))
     try:
         migrations = read_migrations(str(migrations_dir()))
         with backend.lock():
+            backend.execute(f"SET lock_timeout = '{_interval(lock_timeout)}'")
+            newer = _unknown_applied(backend, migrations)
+            if newer:
+                raise NewerSchema(f"this database has migrations this pgq-thin does not ship ({', '.join(newer)}): "
+                                  f"a newer pgq migrated it; upgrade pgq-thin instead of migrating with this one")
             todo = backend.to_apply(migrations)
             ids = [m.id for m in todo]
             if ids:
                 log.info("applying migrations", extra={"migrations": ids})
-                backend.apply_migrations(todo)
+                backend.apply_migrations_only(todo)
+            with backend.transaction():
+                install_functions(backend.connection)
         return ids
     finally:
         backend.connection.close()
+
+
+def _interval(value: str) -> str:
+    """A lock_timeout value as PostgreSQL reads it ('5s', '500ms', '0'); refuses anything else."""
+    if not re.fullmatch(r"\d+(\.\d+)?\s*(ms|s|min)?", value.strip()):
+        raise ValueError(f"lock_timeout must be a duration such as '5s' or '500ms', got {value!r}")
+    return value.strip()
+
+
+def yoyo_post_apply(conn: psycopg.Connection[Any], directory: str) -> None:
+    """yoyo's post-apply hook (migrations/post-apply.py), run after every ``yoyo apply`` that
+    applied a migration, in a transaction of its own (``conn`` is in autocommit mode): installs
+    the function source once every migration of ``directory`` is applied. When some are not (yoyo
+    applies a chosen few), the functions of the newest source may not fit the tables yet: it only
+    takes PUBLIC's EXECUTE from every pgq function (what a function a migration created gets by
+    default), as the hook always did."""
+    ids = {path.stem for path in Path(directory).glob("*.sql") if re.match(r"\d+_", path.name)}
+    with conn.transaction():
+        table = conn.execute("SELECT to_regclass('_yoyo_migration')").fetchone()
+        applied = set() if table is None or table[0] is None else {
+            str(row[0]) for row in conn.execute("SELECT migration_id FROM _yoyo_migration").fetchall()}
+        if ids <= applied:
+            install_functions(conn)
+        else:
+            conn.execute("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC")

@@ -494,24 +494,26 @@ def _apply(directory: Path, dsn: str) -> None:
 
 
 @pytest.mark.parametrize("hook", [False, True])
-def test_a_function_a_later_migration_adds_without_a_revoke_gets_no_public_execute(
+def test_a_function_a_later_migration_creates_does_not_survive_the_apply(
         empty_dsn, tmp_path, conn, login, hook):
-    """A later migration creates a function as one would (and forgets the REVOKE): applied with
-    yoyo as `pgq-thin migrate` and `yoyo apply` do, the post-apply hook takes PUBLIC's EXECUTE.
-    Without the hook (hook=False: what PostgreSQL does by itself) PUBLIC keeps it."""
+    """A later migration creates a function (which only sql/functions/ may do): applied with yoyo
+    as `yoyo apply` does, the post-apply hook installs the function source, whose last step drops
+    every pgq function the source does not define, so no role can ever call it. Without the hook
+    (hook=False: yoyo alone, what PostgreSQL does by itself) it stays, and PUBLIC may execute it."""
     from pgq_thin.migrate import migrations_dir
 
     shutil.copytree(migrations_dir(), tmp_path / "m")
     if not hook:
-        (tmp_path / "m" / "post-apply.sql").unlink(missing_ok=True)
+        (tmp_path / "m" / "post-apply.py").unlink()
     (tmp_path / "m" / "0099_later_feature.sql").write_text(LATER)
     _apply(tmp_path / "m", empty_dsn)
     with psycopg.connect(empty_dsn, autocommit=True) as su:
-        public = one(su, "SELECT EXISTS (SELECT FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) AS a "
-                         "WHERE a.grantee = 0) FROM pg_proc AS p WHERE p.oid = 'pgq.later_feature()'::regprocedure")
-        assert public is (not hook)
-        for role in ("pgq_worker", "pgq_producer", "pgq_monitor"):
-            assert one(su, "SELECT has_function_privilege(%s, 'pgq.later_feature()', 'EXECUTE')", (role,)) is (not hook)
+        exists = one(su, "SELECT to_regprocedure('pgq.later_feature()') IS NOT NULL")
+        assert exists is (not hook)
+        assert one(su, "SELECT to_regprocedure('pgq.claim(text, text[], integer, interval, text[])') IS NOT NULL")
+        if not hook:
+            for role in ("pgq_worker", "pgq_producer", "pgq_monitor"):
+                assert one(su, "SELECT has_function_privilege(%s, 'pgq.later_feature()', 'EXECUTE')", (role,))
     login(MALLORY)  # makes the login roles
     with psycopg.connect(make_conninfo(empty_dsn, user=MALLORY), autocommit=True) as mallory:
-        assert sqlstate_of(mallory, "SELECT pgq.later_feature()") == (None if not hook else "42501")
+        assert sqlstate_of(mallory, "SELECT pgq.later_feature()") == (None if not hook else "42883")

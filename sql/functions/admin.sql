@@ -1,0 +1,232 @@
+--
+-- Every admin call runs with lock_timeout 5 s (its SET clause, whatever the session's): a lock
+-- another session holds (an idle transaction that claimed from a capped queue holds that queue's
+-- row; one that claimed a job holds the job's row) is waited for at most that long, then the call
+-- fails with 55P03, with a hint when it was a queue row (pgq._lock_queue).
+
+-- The job row for an admin call, locked; raises P0002 for an unknown id.
+CREATE OR REPLACE FUNCTION pgq._admin_job(id bigint) RETURNS pgq.jobs
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    job pgq.jobs;
+BEGIN
+    IF _admin_job.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = _admin_job.id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgq: no job with id %', _admin_job.id
+            USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
+    END IF;
+    RETURN job;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgq._admin_event(job pgq.jobs, event text, to_state pgq.job_state, note text DEFAULT NULL)
+    RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+    SELECT (job).id, (job).attempt, NULL, event, (job).state, to_state, note
+    FROM pgq.queues AS q WHERE q.name = (job).queue AND q.audit
+$$;
+
+-- Cancels a waiting, pending, running or outcome_unknown job (and the jobs waiting for it:
+-- pgq._dependency_ended). A running job's owner learns it at its next
+-- renew or complete (answered "not yours"). Returns false, changing nothing, when the job had
+-- already finished.
+CREATE OR REPLACE FUNCTION pgq.cancel(id bigint)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    AS $$
+DECLARE
+    job pgq.jobs := pgq._admin_job(cancel.id);
+BEGIN
+    IF job.state IN ('done', 'failed', 'cancelled') THEN
+        RETURN false;
+    END IF;
+    UPDATE pgq.jobs AS j
+    SET state = 'cancelled', lease_until = NULL, finished_at = pgq._now(), last_event = 'cancelled'
+    WHERE j.id = cancel.id;
+    PERFORM pgq._admin_event(job, 'cancelled', 'cancelled');
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgq.cancel(bigint) IS
+    'Cancels a job that has not finished; false when it had already finished; P0002 when unknown.';
+
+-- Runs a failed or cancelled job again, now. The attempt number is kept (it never decreases);
+-- max_attempts is raised so that at least one more attempt is allowed.
+CREATE OR REPLACE FUNCTION pgq.retry(id bigint)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    AS $$
+DECLARE
+    job pgq.jobs := pgq._admin_job(retry.id);
+BEGIN
+    IF job.state NOT IN ('failed', 'cancelled') THEN
+        RAISE EXCEPTION 'pgq: job % is %, only failed or cancelled jobs can be retried', retry.id, job.state
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Use pgq.resolve for outcome_unknown jobs.';
+    END IF;
+    IF greatest(job.max_attempts, job.attempt + 1) - job.attempt_offset > pgq._attempt_room() THEN
+        PERFORM pgq._no_attempt_room(retry.id, 'retry');
+    END IF;
+    BEGIN
+        UPDATE pgq.jobs AS j
+        SET state = 'pending', run_at = pgq._now(), finished_at = NULL,
+            max_attempts = greatest(j.max_attempts, j.attempt + 1), last_event = 'retried'
+        WHERE j.id = retry.id;
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION 'pgq: job % cannot be retried: job % holds its unique_key %', retry.id,
+            (SELECT j.id FROM pgq.jobs AS j
+             WHERE j.queue = job.queue AND j.unique_key = job.unique_key
+               AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown')),
+            quote_literal(job.unique_key)
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Wait for that job to finish, or cancel it first.';
+    END;
+    PERFORM pgq._admin_event(job, 'retried', 'pending');
+    PERFORM pgq._notify(job.queue);
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgq.retry(bigint) IS
+    'Makes a failed or cancelled job pending again; 55000 for other states; P0002 when unknown.';
+
+-- Settles an outcome_unknown job once the outside effect's fate is known: done (it happened),
+-- failed or cancelled (give up), or pending (it did not happen: run it again).
+CREATE OR REPLACE FUNCTION pgq.resolve(id bigint, state text)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    AS $$
+DECLARE
+    job pgq.jobs;
+BEGIN
+    IF resolve.state IS NULL THEN
+        PERFORM pgq._bad_argument('state', 'must not be NULL');
+    ELSIF resolve.state NOT IN ('done', 'failed', 'cancelled', 'pending') THEN
+        PERFORM pgq._bad_argument('state',
+            format('must be done, failed, cancelled or pending, got %s', left(quote_literal(resolve.state), 40)));
+    END IF;
+    job := pgq._admin_job(resolve.id);
+    IF job.state <> 'outcome_unknown' THEN
+        RAISE EXCEPTION 'pgq: job % is %, only outcome_unknown jobs can be resolved', resolve.id, job.state
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF resolve.state = 'pending'
+       AND greatest(job.max_attempts, job.attempt + 1) - job.attempt_offset > pgq._attempt_room() THEN
+        PERFORM pgq._no_attempt_room(resolve.id, 'resolve');
+    END IF;
+    UPDATE pgq.jobs AS j
+    SET state = resolve.state::pgq.job_state,
+        finished_at = CASE WHEN resolve.state = 'pending' THEN NULL ELSE pgq._now() END,
+        run_at = CASE WHEN resolve.state = 'pending' THEN pgq._now() ELSE j.run_at END,
+        max_attempts = CASE WHEN resolve.state = 'pending' THEN greatest(j.max_attempts, j.attempt + 1)
+                            ELSE j.max_attempts END,
+        last_event = 'resolved'
+    WHERE j.id = resolve.id;
+    PERFORM pgq._admin_event(job, 'resolved', resolve.state::pgq.job_state);
+    IF resolve.state = 'pending' THEN
+        PERFORM pgq._notify(job.queue);
+    END IF;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgq.resolve(bigint, text) IS
+    'Settles an outcome_unknown job as done, failed, cancelled or pending (run again).';
+
+-- Deletes finished (done, failed, cancelled) jobs, with their events, older than older_than, or
+-- than each queue's retention when older_than is NULL. At most max_jobs per call: call it again
+-- until it returns 0. Then removes up to max_jobs tenants of fair queues that have no job left and
+-- the default weight 1 (a weight set with pgq.set_tenant_weight is kept; a tenant removed comes
+-- back with its next job, one round behind the busiest as after any idle time). A queue whose
+-- writer lock an enqueue holds is left for the next call: its new job may be one of those tenants'.
+CREATE OR REPLACE FUNCTION pgq.prune(older_than interval DEFAULT NULL, max_jobs integer DEFAULT 10000)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    AS $$
+DECLARE
+    deleted integer;
+    tenants_left integer;
+    r record;
+BEGIN
+    -- Bounded like queues.retention: a huge interval would make now() - older_than leave the
+    -- timestamp range and fail with an unrelated 22008.
+    PERFORM pgq._check_span('older_than', prune.older_than);
+    IF prune.older_than < interval '0' OR prune.older_than > interval '3650 days' THEN
+        PERFORM pgq._bad_argument('older_than',
+            format('must be between 0 and 3650 days, got %s', prune.older_than));
+    END IF;
+    IF prune.max_jobs IS NULL THEN
+        PERFORM pgq._bad_argument('max_jobs', 'must not be NULL');
+    ELSIF prune.max_jobs NOT BETWEEN 1 AND 1000000 THEN
+        PERFORM pgq._bad_argument('max_jobs', format('must be between 1 and 1000000, got %s', prune.max_jobs));
+    END IF;
+    WITH doomed AS (
+        SELECT j.id
+        FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue
+        WHERE j.state IN ('done', 'failed', 'cancelled')
+          AND j.finished_at < pgq._now() - coalesce(prune.older_than, q.retention)
+        ORDER BY j.finished_at
+        LIMIT prune.max_jobs
+        FOR UPDATE OF j SKIP LOCKED
+    ), gone AS (
+        DELETE FROM pgq.jobs AS j USING doomed AS d WHERE j.id = d.id RETURNING j.id
+    ), events AS (
+        DELETE FROM pgq.job_events AS e USING gone AS g WHERE e.job_id = g.id
+    )
+    SELECT count(*) INTO deleted FROM gone;
+
+    -- Idle tenants, queue by queue under the queue's writer lock, taken without waiting and held
+    -- (a session lock) only while they are deleted: an enqueue that read a tenant's row before
+    -- has committed its job (or holds the lock still, and the queue is skipped); one that comes
+    -- after inserts the row again, waiting for this transaction's deletion to commit.
+    tenants_left := prune.max_jobs;
+    FOR r IN
+        SELECT DISTINCT t.queue FROM pgq.tenants AS t
+        WHERE t.weight = 1
+          AND NOT EXISTS (SELECT FROM pgq.jobs AS j WHERE j.queue = t.queue AND j.tenant = t.tenant)
+    LOOP
+        EXIT WHEN tenants_left <= 0;
+        CONTINUE WHEN NOT pg_try_advisory_lock(1885827329, hashtext(r.queue));
+        BEGIN
+            WITH gone AS (
+                DELETE FROM pgq.tenants AS t
+                WHERE (t.queue, t.tenant) IN (
+                    SELECT x.queue, x.tenant FROM pgq.tenants AS x
+                    WHERE x.queue = r.queue AND x.weight = 1
+                      AND NOT EXISTS (SELECT FROM pgq.jobs AS j WHERE j.queue = x.queue AND j.tenant = x.tenant)
+                    LIMIT tenants_left
+                    FOR UPDATE SKIP LOCKED)
+                RETURNING 1
+            )
+            SELECT tenants_left - count(*) INTO tenants_left FROM gone;
+        EXCEPTION WHEN OTHERS THEN
+            PERFORM pg_advisory_unlock(1885827329, hashtext(r.queue));
+            RAISE;
+        END;
+        PERFORM pg_advisory_unlock(1885827329, hashtext(r.queue));
+    END LOOP;
+    -- And the per-key rate limits' buckets that are full again.
+    IF EXISTS (SELECT FROM pgq.key_rates) THEN
+        PERFORM pgq._prune_key_rates(prune.max_jobs);
+    END IF;
+    RETURN deleted;
+END
+$$;
+COMMENT ON FUNCTION pgq.prune(interval, integer) IS
+    'Deletes up to max_jobs finished jobs (and their events) older than older_than or the queue''s retention.';

@@ -1,0 +1,307 @@
+-- THE CLAIM. One statement picks up to `batch` due pending jobs of the worker's (unpaused)
+-- queues in the total order priority DESC, run_at, id, locks them FOR NO KEY UPDATE SKIP LOCKED
+-- (rows other claimers hold are skipped, not waited for; a foreign-key KEY SHARE lock does not
+-- hide a job), marks them running under a lease measured by the database clock, and increments
+-- the attempt, the fencing token every later write must quote. Rows that changed after the
+-- statement's snapshot are re-checked by PostgreSQL when locked, so a cancelled or already
+-- claimed job is never returned; a batch may hold fewer rows than asked.
+-- Expired leases are recovered first (a cheap index probe decides whether there are any), so a
+-- crashed worker's job is claimable again as soon as its lease ends, with or without a sweep.
+-- Due schedules of the claimed queues fire next: the queue rows read anyway say whether one is
+-- due (queues.next_schedule_at), so their jobs are claimable by this very claim.
+-- An attempt's lease never passes its deadline (claimed_at + max_run_time).
+-- A worker that names its `kinds` gets only jobs of those kinds (NULL: any kind), read per kind
+-- from jobs_kind_ready_idx, so jobs of kinds it cannot run wait untouched for a worker that can.
+-- Which queues: the named ones; with queues => NULL, the queues that have a pending job (a skip
+-- scan of jobs_ready_idx: one index probe per such queue, so queues without jobs cost nothing,
+-- however many exist) or a due schedule (queues_schedule_due_idx), unpaused.
+-- Three queue settings change the pick: a queue with max_running > 0 is locked for the claim and
+-- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
+-- a fair queue's candidates come from pgq._fair_pick, and a key-limited queue (key_max_running or
+-- pgq.set_key_limit) is locked the same way and its candidates come from pgq._keyed_pick (at
+-- most each key's free slots). Queues with none of them pay nothing for them.
+-- A claim never waits for another session's lock: a capped queue's row (or a fair queue's tenant
+-- row) that another transaction holds is skipped for this call (SKIP LOCKED), so an idle
+-- transaction that claimed from a capped queue holds up no other worker's claims.
+-- Before any of that, the failover fence: the first claim of a session checks that the fences
+-- were moved on this server's timeline (pgq._check_timeline); later ones read one setting.
+CREATE OR REPLACE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, batch integer DEFAULT 1,
+                          lease interval DEFAULT NULL, kinds text[] DEFAULT NULL)
+    RETURNS SETOF pgq.claimed_job
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET plan_cache_mode = force_generic_plan
+    -- A generic plan's cost can pass jit_above_cost on stale statistics (after a plain VACUUM,
+    -- say), and compiling it then costs ~25 ms per claim: never worth it for a handful of rows.
+    SET jit = off
+    AS $$
+DECLARE
+    names    text[];     -- the eligible queues, in name order
+    rooms    integer[];  -- how many jobs each may start now
+    fairs    boolean[];  -- whether each is in fair mode
+    keyeds   boolean[];  -- whether each takes the per-key step (queues.key_limited or rate_limited)
+    fair_ids bigint[] := '{}';
+    keyed_ids bigint[] := '{}';
+    capped   boolean;    -- whether any of them has max_running, key limits or rate limits
+    rated    boolean;    -- then: whether any of those it holds has a rate limit
+    rate_now timestamptz;  -- then: the rate limits' clock, read once they are held
+    locked   text[];     -- then: the capped ones this call holds (the others are skipped)
+    expired  boolean;    -- whether any lease has expired
+    due      boolean;    -- whether one of them has a schedule due
+    due_queues text[];   -- then: the eligible queues, whose due schedules fire
+BEGIN
+    IF claim.worker IS NULL THEN
+        PERFORM pgq._bad_argument('worker', 'must not be NULL');
+    ELSIF length(claim.worker) NOT BETWEEN 1 AND 256 THEN
+        PERFORM pgq._bad_argument('worker', 'must be 1 to 256 characters long');
+    END IF;
+    IF claim.batch IS NULL THEN
+        PERFORM pgq._bad_argument('batch', 'must not be NULL');
+    ELSIF claim.batch NOT BETWEEN 1 AND 1000 THEN
+        PERFORM pgq._bad_argument('batch', format('must be between 1 and 1000, got %s', claim.batch));
+    END IF;
+    IF claim.lease IS NOT NULL THEN
+        PERFORM pgq._check_interval('lease', claim.lease, interval '1 day');
+    END IF;
+    IF claim.queues IS NOT NULL AND (cardinality(claim.queues) = 0 OR array_position(claim.queues, NULL) IS NOT NULL) THEN
+        PERFORM pgq._bad_argument('queues', 'must be NULL (all queues) or a non-empty array without NULLs');
+    END IF;
+    -- A malformed name can never match a queue: say so instead of claiming nothing forever.
+    -- Names cannot contain a comma, so one match of the joined names (pgq._is_name's pattern,
+    -- repeated) checks them all in a plain expression (no query), and so does the length (no
+    -- run of 129 characters without a comma; a joined list of 128 or fewer cannot hold one, and
+    -- skips that match); the joined names hold exactly one comma fewer than there are names (a
+    -- name 'a,b' would otherwise pass as two). Only a bad name pays for the per-name check that
+    -- names it.
+    IF claim.queues IS NOT NULL AND NOT coalesce(
+           array_to_string(claim.queues, ',')
+               ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]*(,[A-Za-z0-9_][A-Za-z0-9_.:/-]*)*$'
+           AND length(array_to_string(claim.queues, ',')) - length(replace(array_to_string(claim.queues, ','), ',', ''))
+               = cardinality(claim.queues) - 1
+           AND (length(array_to_string(claim.queues, ',')) <= 128
+                OR array_to_string(claim.queues, ',') !~ '[^,]{129}'), false) THEN
+        PERFORM pgq._check_name(format('queues[%s]', q.n), q.name)
+        FROM unnest(claim.queues) WITH ORDINALITY AS q(name, n);
+    END IF;
+    -- The kinds are checked the same way, and only when given.
+    IF claim.kinds IS NOT NULL THEN
+        IF cardinality(claim.kinds) NOT BETWEEN 1 AND 1000 OR array_position(claim.kinds, NULL) IS NOT NULL THEN
+            PERFORM pgq._bad_argument('kinds',
+                'must be NULL (any kind) or an array of 1 to 1000 kinds without NULLs');
+        END IF;
+        IF NOT coalesce(
+               array_to_string(claim.kinds, ',')
+                   ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]*(,[A-Za-z0-9_][A-Za-z0-9_.:/-]*)*$'
+               AND length(array_to_string(claim.kinds, ',')) - length(replace(array_to_string(claim.kinds, ','), ',', ''))
+                   = cardinality(claim.kinds) - 1
+               AND (length(array_to_string(claim.kinds, ',')) <= 128
+                    OR array_to_string(claim.kinds, ',') !~ '[^,]{129}'), false) THEN
+            PERFORM pgq._check_name(format('kinds[%s]', k.n), k.name)
+            FROM unnest(claim.kinds) WITH ORDINALITY AS k(name, n);
+        END IF;
+    END IF;
+
+    -- The failover fence, checked once per session (a session never outlives a promotion).
+    IF coalesce(current_setting('pgq.fence', true), '') = '' THEN
+        PERFORM pgq._check_timeline();
+    END IF;
+
+    -- One statement reads the eligible queues (and whether one of them has a schedule due: a
+    -- column of the rows read anyway, and bool_or, which allocates nothing, unlike array_agg) and
+    -- probes for expired leases (one index probe). With queues => NULL the candidates are the
+    -- queues that have a pending job, found by a skip scan of jobs_ready_idx (the next queue name
+    -- after the last, one index probe each: queues without jobs are never read), and those with a
+    -- due schedule (queues_schedule_due_idx).
+    FOR pass IN 1..2 LOOP
+        SELECT array_agg(q.name ORDER BY q.name), array_agg(q.fair ORDER BY q.name),
+               coalesce(bool_or(q.max_running > 0 OR q.key_limited OR q.rate_limited), false),
+               EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
+               coalesce(bool_or(q.next_schedule_at <= pgq._now()), false)
+        INTO names, fairs, capped, expired, due
+        FROM pgq.queues AS q
+        WHERE NOT q.paused
+          AND q.name = ANY (coalesce(claim.queues, ARRAY(
+                  WITH RECURSIVE pending(name) AS (
+                      (SELECT j.queue FROM pgq.jobs AS j
+                       WHERE j.state = 'pending' AND j.attempt < j.max_attempts
+                       ORDER BY j.queue LIMIT 1)
+                      UNION ALL
+                      SELECT (SELECT j.queue FROM pgq.jobs AS j
+                              WHERE j.queue > p.name AND j.state = 'pending' AND j.attempt < j.max_attempts
+                              ORDER BY j.queue LIMIT 1)
+                      FROM pending AS p WHERE p.name IS NOT NULL
+                  )
+                  SELECT p.name FROM pending AS p WHERE p.name IS NOT NULL
+                  UNION ALL
+                  SELECT u.name FROM pgq.queues AS u WHERE u.next_schedule_at <= pgq._now())))
+          -- A queue with grants admits only some logins (a named one raises 42501 for the others).
+          AND (q.restricted IS NULL OR pgq._may_claim(q.name, q.restricted, claim.queues IS NOT NULL));
+
+        -- Expired leases are recovered first, so their jobs are claimable by this very claim
+        -- (with queues => NULL, their queues are candidates only once recovered: read again).
+        EXIT WHEN pass = 2 OR NOT expired;
+        PERFORM pgq._recover_expired(100);
+        EXIT WHEN claim.queues IS NOT NULL;
+    END LOOP;
+    IF names IS NULL THEN
+        RETURN;  -- no eligible queue
+    END IF;
+    IF due THEN
+        due_queues := names;  -- before the capped queues' rooms narrow names down
+    END IF;
+
+    IF NOT capped THEN
+        rooms := array_fill(claim.batch, ARRAY[cardinality(names)]);
+        keyeds := array_fill(false, ARRAY[cardinality(names)]);
+    ELSE
+        -- Capped queues are locked before their running jobs are counted by the next statement,
+        -- whose fresh snapshot sees every earlier claim; one that another transaction holds is
+        -- skipped (this call claims none of its jobs), never waited for. (Under REPEATABLE READ or
+        -- SERIALIZABLE that count would come from an older snapshot and could pass the cap: such
+        -- a claim of a capped queue is refused.)
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'pgq: a claim of a queue with max_running, key limits or rate limits must run at READ COMMITTED, not %',
+                upper(current_setting('transaction_isolation'))
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Claim in autocommit mode, or in a READ COMMITTED transaction.';
+        END IF;
+        locked := ARRAY(SELECT q.name FROM pgq.queues AS q
+                        WHERE (q.max_running > 0 OR q.key_limited OR q.rate_limited) AND NOT q.paused
+                          AND q.name = ANY (names)
+                        FOR NO KEY UPDATE SKIP LOCKED);
+        -- The rate limits' clock, read once their queues are held (see pgq._rate_clock).
+        rate_now := pgq._rate_clock();
+
+        -- A rate-limited queue's room is at most the tokens its bucket holds now; it takes the
+        -- per-key step (pgq._keyed_pick), whose picks are known before the claim, so that the
+        -- tokens spent are those of the jobs handed out (counted after it).
+        SELECT array_agg(e.name ORDER BY e.name), array_agg(e.room ORDER BY e.name),
+               array_agg(e.fair ORDER BY e.name), array_agg(e.keyed ORDER BY e.name),
+               coalesce(bool_or(e.rate_limited), false)
+        INTO names, rooms, fairs, keyeds, rated
+        FROM (
+            SELECT q.name, q.fair, q.key_limited OR q.rate_limited AS keyed, q.rate_limited,
+                   least(CASE WHEN q.max_running = 0 THEN claim.batch
+                              ELSE least(claim.batch, q.max_running - (
+                                       SELECT count(*) FROM pgq.jobs AS j
+                                       WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
+                         END,
+                         CASE WHEN q.rate_limit > 0 THEN pgq._tokens(q.rate_tat, q.rate_limit, q.rate_period, rate_now) END)
+                   AS room
+            FROM pgq.queues AS q
+            WHERE NOT q.paused AND q.name = ANY (names)
+              AND ((q.max_running = 0 AND NOT q.key_limited AND NOT q.rate_limited) OR q.name = ANY (locked))
+        ) AS e
+        WHERE e.room > 0;
+    END IF;
+
+    -- Then the due schedules of these queues fire (at most 10 per claim; a sweep fires the rest),
+    -- after the capped queues are locked: the firing only ever skips locked queue rows, so a
+    -- claim waits for queue locks in name order alone. Under REPEATABLE READ a claim leaves them
+    -- to READ COMMITTED claims and sweeps: its snapshot could make a concurrent firing a
+    -- serialization failure of the claim.
+    IF due AND current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM pgq._fire_schedules(10, due_queues);
+    END IF;
+
+    IF true = ANY (fairs) THEN
+        fair_ids := ARRAY(SELECT f.id
+                          FROM unnest(names, rooms, fairs, keyeds) AS e(name, room, fair, keyed)
+                          CROSS JOIN LATERAL pgq._fair_pick(e.name, e.room, claim.kinds) AS f(id)
+                          WHERE e.fair AND NOT e.keyed);
+    END IF;
+    IF true = ANY (keyeds) THEN
+        keyed_ids := ARRAY(SELECT f.id
+                           FROM unnest(names, rooms, fairs, keyeds) AS e(name, room, fair, keyed)
+                           CROSS JOIN LATERAL pgq._keyed_pick(e.name, e.room, claim.kinds, e.fair, rate_now) AS f(id)
+                           WHERE e.keyed);
+    END IF;
+
+    RETURN QUERY
+    WITH picked AS (
+        -- For each eligible queue, its first claimable jobs in index order (up to its room);
+        -- with the fair queues' picks, the best `batch` of those across queues.
+        SELECT c.id
+        FROM (
+            SELECT c.id, c.priority, c.run_at
+            FROM unnest(names, rooms, fairs, keyeds) AS e(queue, room, fair, keyed)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at
+                FROM pgq.jobs AS j
+                WHERE j.queue = e.queue
+                  AND j.state = 'pending' AND j.attempt < j.max_attempts
+                  AND j.run_at <= pgq._now()
+                ORDER BY j.priority DESC, j.run_at, j.id
+                LIMIT e.room
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) AS c
+            WHERE NOT e.fair AND NOT e.keyed AND claim.kinds IS NULL
+            UNION ALL
+            -- The same per (queue, kind) when the worker named its kinds (each kind once; no
+            -- rows for NULL). Inside this one statement: a query of its own would cost a claim
+            -- more than the per-kind picks do.
+            SELECT c.id, c.priority, c.run_at
+            FROM unnest(names, rooms, fairs, keyeds) AS e(queue, room, fair, keyed)
+            CROSS JOIN (SELECT DISTINCT w.kind FROM unnest(claim.kinds) AS w(kind)) AS k
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at
+                FROM pgq.jobs AS j
+                WHERE j.queue = e.queue AND j.kind = k.kind
+                  AND j.state = 'pending' AND j.attempt < j.max_attempts
+                  AND j.run_at <= pgq._now()
+                ORDER BY j.priority DESC, j.run_at, j.id
+                LIMIT e.room
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) AS c
+            WHERE NOT e.fair AND NOT e.keyed
+            UNION ALL
+            -- The fair and the key-limited queues' picks (pgq._fair_pick, pgq._keyed_pick).
+            SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j WHERE j.id = ANY (fair_ids || keyed_ids)
+        ) AS c
+        ORDER BY c.priority DESC, c.run_at, c.id
+        LIMIT claim.batch
+    ), claimed AS (
+        UPDATE pgq.jobs AS j
+        SET state = 'running',
+            -- The next number, past any a fence move skipped (attempt_skip is 0 but after a promotion).
+            attempt = j.attempt + 1 + j.attempt_skip,
+            max_attempts = j.max_attempts + j.attempt_skip,
+            attempt_offset = j.attempt_offset + j.attempt_skip,
+            attempt_skip = 0,
+            lease_until = least(pgq._now() + coalesce(claim.lease, q.lease),
+                                pgq._now() + coalesce(j.max_run_time, q.max_run_time)),
+            deadline = pgq._now() + coalesce(j.max_run_time, q.max_run_time),
+            claimed_by = claim.worker,
+            claimed_at = pgq._now(),
+            session_role = session_user,
+            last_event = 'claimed'
+        FROM pgq.queues AS q
+        -- The picked ids as an array: the generic plan then reads them by primary key. Joined
+        -- to the CTE instead, it hashed the CTE and read the whole table (every row ever
+        -- enqueued and not yet pruned) on every claim.
+        WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p)) AND q.name = j.queue
+        RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
+                  j.run_at, j.created_at, j.lease_until, j.tenant, j.progress, j.deadline, j.meta,
+                  q.audit
+    ), events AS (
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
+        SELECT c.id, c.attempt, claim.worker, 'claimed', 'pending', 'running'
+        FROM claimed AS c WHERE c.audit
+    )
+    SELECT c.id, c.queue, c.kind, c.payload, c.priority, c.attempt, c.max_attempts,
+           c.run_at, c.created_at, c.lease_until, c.tenant, c.progress, c.deadline, c.meta
+    FROM claimed AS c
+    ORDER BY c.priority DESC, c.run_at, c.id;
+
+    -- The rate-limited queues' tokens, spent for the jobs this claim handed out: its picks
+    -- (locked by it, pending until its UPDATE) that are running now.
+    IF rated THEN
+        PERFORM pgq._spend_tokens(keyed_ids, rate_now);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION pgq.claim(text, text[], integer, interval, text[]) IS
+    'Claims up to batch due jobs (of kinds, when given) for worker, in order priority DESC, run_at, '
+    'id. The returned '
+    'attempt is the fencing token for renew, complete, fail, release, snooze and mark_unknown.';

@@ -1,0 +1,67 @@
+-- Which pgq role may call which function. Declarative: every apply takes EXECUTE on every pgq
+-- function from PUBLIC and from the pgq roles, then grants exactly what is written here, in the
+-- same transaction (so a function that moves to another role, or a new one, gets exactly this; a
+-- grant of a pgq function to a role of the user's own is left alone). The roles and what each may
+-- do are described in docs/security.md. PUBLIC has no USAGE on schema pgq either (a versioned
+-- grant, in the migrations), and no role may call a function it is not granted here
+-- (tests/test_sql_security.py).
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC, pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
+
+GRANT EXECUTE ON FUNCTION
+    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[]),
+    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[])
+    TO pgq_producer;
+
+GRANT EXECUTE ON FUNCTION
+    pgq.claim(text, text[], integer, interval, text[]),
+    pgq.queue_status(text[]),
+    pgq.renew(bigint, integer, interval),
+    pgq.complete(bigint, integer, jsonb),
+    pgq.complete_many(bigint[], integer[]),
+    pgq.fail(bigint, integer, text, interval, boolean),
+    pgq.release(bigint, integer),
+    pgq.snooze(bigint, integer, interval),
+    pgq.mark_unknown(bigint, integer, text),
+    pgq.progress(bigint, integer, jsonb),
+    pgq.sweep(integer),
+    pgq.rate_limit_wait(text[])
+    TO pgq_worker;
+
+GRANT EXECUTE ON FUNCTION
+    pgq.cancel(bigint),
+    pgq.retry(bigint),
+    pgq.resolve(bigint, text),
+    pgq.prune(interval, integer),
+    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer),
+    pgq.set_tenant_weight(text, text, integer),
+    pgq.set_key_limit(text, text, integer),
+    pgq.pause(text),
+    pgq.resume(text),
+    pgq.drop_queue(text),
+    pgq.schedule(text, text, text, text, interval, jsonb, text, integer, integer, text, boolean, boolean),
+    pgq.unschedule(text),
+    pgq.grant_queue(text, text, text),
+    pgq.revoke_queue(text, text, text)
+    TO pgq_admin;
+
+GRANT EXECUTE ON FUNCTION
+    pgq.stats(),
+    pgq.health(interval, interval),
+    pgq.get_job(bigint),
+    pgq.job_history(bigint),
+    pgq.list_jobs(text, text, text, integer, bigint),
+    pgq.queue_status(text[]),
+    pgq.schedules(),
+    pgq.queue_grants(text),
+    pgq.metrics(),
+    pgq.queue_settings(text),
+    pgq.queue_limits(text),
+    pgq.rate_limit_wait(text[]),
+    pgq.version()
+    TO pgq_monitor;
+
+GRANT EXECUTE ON FUNCTION pgq.version() TO pgq_producer, pgq_worker;
+-- A pure function: every pgq role may compute a schedule's next firing.
+GRANT EXECUTE ON FUNCTION pgq.cron_next(text, timestamptz, text)
+    TO pgq_producer, pgq_worker, pgq_admin, pgq_monitor;

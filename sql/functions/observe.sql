@@ -1,0 +1,239 @@
+CREATE OR REPLACE FUNCTION pgq.stats()
+    RETURNS TABLE (queue text, paused boolean, pending bigint, scheduled bigint, running bigint,
+                   expired bigint, done bigint, failed bigint, cancelled bigint,
+                   outcome_unknown bigint, oldest_ready_age interval, waiting bigint)
+    LANGUAGE sql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+    SELECT q.name, q.paused,
+           count(*) FILTER (WHERE j.state = 'pending' AND j.run_at <= pgq._now()),
+           count(*) FILTER (WHERE j.state = 'pending' AND j.run_at > pgq._now()),
+           count(*) FILTER (WHERE j.state = 'running'),
+           count(*) FILTER (WHERE j.state = 'running' AND j.lease_until < pgq._now()),
+           count(*) FILTER (WHERE j.state = 'done'),
+           count(*) FILTER (WHERE j.state = 'failed'),
+           count(*) FILTER (WHERE j.state = 'cancelled'),
+           count(*) FILTER (WHERE j.state = 'outcome_unknown'),
+           pgq._now() - min(j.run_at) FILTER (WHERE j.state = 'pending' AND j.run_at <= pgq._now()),
+           count(*) FILTER (WHERE j.state = 'waiting')
+    FROM pgq.queues AS q
+    LEFT JOIN pgq.jobs AS j ON j.queue = q.name
+    GROUP BY q.name, q.paused
+    ORDER BY q.name
+$$;
+COMMENT ON FUNCTION pgq.stats() IS
+    'One row per queue: jobs by state (pending = due now, scheduled = due later, waiting = for their '
+    'dependencies), expired leases, and the age of the oldest due job.';
+
+-- What an exporter scrapes, one row per queue, at a bounded cost: the claimable pending jobs
+-- through jobs_ready_idx, outcome_unknown through jobs_list_idx, the running ones through
+-- jobs_lease_idx (all of them: as many as the workers run), the finished counters from
+-- pgq.finished_counts plus the deltas not folded yet (folded first, when it can). No finished row
+-- of pgq.jobs is read.
+CREATE OR REPLACE FUNCTION pgq.metrics()
+    RETURNS TABLE (queue text, paused boolean, pending bigint, scheduled bigint, running bigint,
+                   expired bigint, outcome_unknown bigint, oldest_ready_age interval,
+                   done_total bigint, failed_total bigint, cancelled_total bigint, waiting bigint)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+BEGIN
+    PERFORM pgq._fold_finished();
+    RETURN QUERY
+    WITH leased AS (
+        SELECT j.queue, count(*) AS running, count(*) FILTER (WHERE j.lease_until < pgq._now()) AS expired
+        FROM pgq.jobs AS j
+        WHERE j.lease_until IS NOT NULL
+        GROUP BY j.queue
+    ), finished AS (
+        SELECT f.queue,
+               sum(f.n) FILTER (WHERE f.state = 'done') AS done,
+               sum(f.n) FILTER (WHERE f.state = 'failed') AS failed,
+               sum(f.n) FILTER (WHERE f.state = 'cancelled') AS cancelled
+        FROM (SELECT c.queue, c.state, c.total AS n FROM pgq.finished_counts AS c
+              UNION ALL
+              SELECT d.queue, d.state, count(*) FROM pgq.finished_deltas AS d GROUP BY d.queue, d.state) AS f
+        GROUP BY f.queue
+    )
+    SELECT q.name, q.paused, p.due, p.later, coalesce(l.running, 0), coalesce(l.expired, 0), u.n,
+           pgq._now() - p.oldest,
+           coalesce(f.done, 0)::bigint, coalesce(f.failed, 0)::bigint, coalesce(f.cancelled, 0)::bigint, w.n
+    FROM pgq.queues AS q
+    CROSS JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE j.run_at <= pgq._now()) AS due,
+               count(*) FILTER (WHERE j.run_at > pgq._now()) AS later,
+               min(j.run_at) FILTER (WHERE j.run_at <= pgq._now()) AS oldest
+        FROM pgq.jobs AS j
+        WHERE j.queue = q.name AND j.state = 'pending' AND j.attempt < j.max_attempts) AS p
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'outcome_unknown') AS u
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'waiting') AS w
+    LEFT JOIN leased AS l ON l.queue = q.name
+    LEFT JOIN finished AS f ON f.queue = q.name
+    ORDER BY q.name;
+END
+$$;
+COMMENT ON FUNCTION pgq.metrics() IS
+    'One row per queue for exporters, without reading finished jobs: pending (due now) and scheduled '
+    'jobs, running, expired leases, outcome_unknown, the oldest due job''s age, the jobs finished '
+    'as done, failed and cancelled (counters, from the finished rows stored at migration 0010 on: '
+    'pgq.prune does not lower them), and the jobs waiting for their dependencies.';
+
+-- One job, as stored: what an operator needs before cancel, retry or resolve. P0002 when unknown.
+CREATE OR REPLACE FUNCTION pgq.get_job(id bigint)
+    RETURNS pgq.jobs
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    job pgq.jobs;
+BEGIN
+    IF get_job.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = get_job.id;
+    -- A job of a queue the login may not read is answered as if there were none.
+    IF NOT FOUND OR NOT pgq._may_read(job.queue) THEN
+        RAISE EXCEPTION 'pgq: no job with id %', get_job.id
+            USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
+    END IF;
+    RETURN job;
+END
+$$;
+COMMENT ON FUNCTION pgq.get_job(bigint) IS 'The job row; P0002 when there is no such job.';
+
+-- A job's attempt history, oldest first (empty when its queue has audit off, or it was pruned).
+CREATE OR REPLACE FUNCTION pgq.job_history(id bigint)
+    RETURNS SETOF pgq.job_events
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+BEGIN
+    IF job_history.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    IF NOT pgq._may_read((SELECT j.queue FROM pgq.jobs AS j WHERE j.id = job_history.id)) THEN
+        RETURN;  -- a job of a queue the login may not read has no history it can see
+    END IF;
+    RETURN QUERY SELECT * FROM pgq.job_events AS e WHERE e.job_id = job_history.id ORDER BY e.id;
+END
+$$;
+COMMENT ON FUNCTION pgq.job_history(bigint) IS
+    'The events of one job (claims, transitions, rejected stale writes), oldest first.';
+
+-- Operators find jobs here: newest first (by id), keyset-paged (pass the last id of a page as
+-- before_id for the next), filtered by queue, state and kind. A page reads at most limit_rows rows
+-- per (queue, state) through jobs_list_idx (keyed by -id), and the running jobs through
+-- jobs_lease_idx, however much finished history the table holds; kind is a filter within those
+-- (a rare kind among many jobs of its queue and state reads past the others). An unknown queue or state
+-- is refused (22023), like a malformed kind.
+CREATE OR REPLACE FUNCTION pgq.list_jobs(queue text DEFAULT NULL, state text DEFAULT NULL, kind text DEFAULT NULL,
+                              limit_rows integer DEFAULT 50, before_id bigint DEFAULT NULL)
+    RETURNS SETOF pgq.jobs
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET plan_cache_mode = force_generic_plan
+    SET jit = off
+    AS $$
+DECLARE
+    states pgq.job_state[] := enum_range(NULL::pgq.job_state);
+    below  bigint := coalesce(list_jobs.before_id, 9223372036854775807);
+    hidden text[];  -- the queues whose jobs this login may not read
+    named  pgq.queues;
+BEGIN
+    IF list_jobs.state IS NOT NULL THEN
+        IF NOT list_jobs.state = ANY (states::text[]) THEN
+            PERFORM pgq._bad_argument('state', format('must be one of %s, got %s',
+                array_to_string(states, ', '), left(quote_literal(list_jobs.state), 40)));
+        END IF;
+        states := ARRAY[list_jobs.state::pgq.job_state];
+    END IF;
+    IF list_jobs.queue IS NOT NULL THEN
+        named := pgq._existing_queue('queue', list_jobs.queue);
+        IF NOT pgq._may(named.name, named.restricted, 'read') THEN
+            PERFORM pgq._denied(named.name, 'read');
+        END IF;
+    END IF;
+    hidden := ARRAY(SELECT h.name FROM pgq.queues AS h
+                    WHERE h.restricted IS NOT NULL AND NOT pgq._may(h.name, h.restricted, 'read'));
+    IF list_jobs.kind IS NOT NULL THEN
+        PERFORM pgq._check_name('kind', list_jobs.kind);
+    END IF;
+    IF list_jobs.limit_rows IS NULL THEN
+        PERFORM pgq._bad_argument('limit_rows', 'must not be NULL');
+    ELSIF list_jobs.limit_rows NOT BETWEEN 1 AND 1000 THEN
+        PERFORM pgq._bad_argument('limit_rows', format('must be between 1 and 1000, got %s', list_jobs.limit_rows));
+    END IF;
+
+    RETURN QUERY
+    SELECT p.*
+    FROM (
+        SELECT c.*
+        FROM pgq.queues AS q
+        CROSS JOIN unnest(states) AS s(state)
+        CROSS JOIN LATERAL (
+            SELECT j.*
+            FROM pgq.jobs AS j
+            WHERE j.queue = q.name AND j.state = s.state AND j.state <> 'running' AND -j.id > -below
+              AND (list_jobs.kind IS NULL OR j.kind = list_jobs.kind)
+            ORDER BY -j.id
+            LIMIT list_jobs.limit_rows
+        ) AS c
+        WHERE (list_jobs.queue IS NULL OR q.name = list_jobs.queue) AND s.state <> 'running'
+          AND q.name <> ALL (hidden)
+        UNION ALL
+        SELECT j.*
+        FROM pgq.jobs AS j
+        WHERE j.lease_until IS NOT NULL AND j.state = 'running' AND 'running' = ANY (states)
+          AND j.id < below
+          AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
+          AND (list_jobs.kind IS NULL OR j.kind = list_jobs.kind)
+          AND j.queue <> ALL (hidden)
+    ) AS p
+    ORDER BY p.id DESC
+    LIMIT list_jobs.limit_rows;
+END
+$$;
+COMMENT ON FUNCTION pgq.list_jobs(text, text, text, integer, bigint) IS
+    'Jobs newest first (by id), filtered by queue, state and kind; at most limit_rows, all older than '
+    'before_id when given (keyset paging).';
+
+-- For a worker at start: whether each of its queues exists and is paused (a worker may not read
+-- pgq.stats).
+CREATE OR REPLACE FUNCTION pgq.queue_status(queues text[])
+    RETURNS TABLE (queue text, known boolean, paused boolean)
+    LANGUAGE sql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+    SELECT n.name, q.name IS NOT NULL, coalesce(q.paused, false)
+    FROM unnest(queue_status.queues) WITH ORDINALITY AS n(name, i)
+    LEFT JOIN pgq.queues AS q ON q.name = n.name
+    ORDER BY n.i
+$$;
+COMMENT ON FUNCTION pgq.queue_status(text[]) IS
+    'For each named queue, in order: whether it exists and whether it is paused.';
+
+-- Every queue's settings (or one queue's: 22023 when there is no such queue), for dashboards and
+-- operators: what pgq.configure_queue set, whether it is paused, and which privileges have
+-- per-queue grants (restricted). A row of pgq.queues, so a setting a later migration adds is in
+-- it too.
+CREATE OR REPLACE FUNCTION pgq.queue_settings(queue text DEFAULT NULL)
+    RETURNS SETOF pgq.queues
+    LANGUAGE sql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+    SELECT pgq._existing_queue('queue', queue_settings.queue) WHERE queue_settings.queue IS NOT NULL;
+    SELECT q.* FROM pgq.queues AS q
+    WHERE queue_settings.queue IS NULL OR q.name = queue_settings.queue
+    ORDER BY q.name;
+$$;
+COMMENT ON FUNCTION pgq.queue_settings(text) IS
+    'The settings of every queue (or of one): a row of pgq.queues each, by name.';

@@ -1,0 +1,282 @@
+-- The queue's settings row, created with the defaults on first use.
+CREATE OR REPLACE FUNCTION pgq._queue(name text) RETURNS pgq.queues
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    q pgq.queues;
+BEGIN
+    SELECT * INTO q FROM pgq.queues AS s WHERE s.name = _queue.name;
+    IF NOT FOUND THEN
+        PERFORM pgq._check_name('queue', _queue.name);
+        INSERT INTO pgq.queues AS s (name) VALUES (_queue.name) ON CONFLICT DO NOTHING;
+        SELECT * INTO q FROM pgq.queues AS s WHERE s.name = _queue.name;
+    END IF;
+    RETURN q;
+END
+$$;
+
+-- The settings row of a queue that must exist: 22023 naming the argument and the queue otherwise
+-- (a typo must not create a queue, nor act on nothing).
+CREATE OR REPLACE FUNCTION pgq._existing_queue(argument text, name text) RETURNS pgq.queues
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    q pgq.queues;
+BEGIN
+    SELECT * INTO q FROM pgq.queues AS s WHERE s.name = _existing_queue.name;
+    IF NOT FOUND THEN
+        PERFORM pgq._check_name(argument, name);
+        PERFORM pgq._bad_argument(argument, format('names no queue: %s', quote_literal(name)),
+            'A queue is created by its first job or by pgq.configure_queue; pgq.stats() lists them.');
+    END IF;
+    RETURN q;
+END
+$$;
+
+-- The queue row for an admin call, locked (FOR NO KEY UPDATE, or FOR UPDATE to delete it), or
+-- NULL when there is none. Admin calls wait for another session's lock on a queue row at most
+-- lock_timeout (5 s: this function's and theirs): an idle transaction that claimed from a capped
+-- queue holds its row until it ends. Then 55P03, naming the sessions that hold it.
+CREATE OR REPLACE FUNCTION pgq._lock_queue(name text, for_delete boolean DEFAULT false) RETURNS pgq.queues
+    LANGUAGE plpgsql
+    SET lock_timeout = '5s'
+    AS $$
+DECLARE
+    q pgq.queues;
+BEGIN
+    BEGIN
+        IF for_delete THEN
+            SELECT * INTO q FROM pgq.queues AS s WHERE s.name = _lock_queue.name FOR UPDATE;
+        ELSE
+            SELECT * INTO q FROM pgq.queues AS s WHERE s.name = _lock_queue.name FOR NO KEY UPDATE;
+        END IF;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'pgq: queue % is locked by another session; gave up after lock_timeout %',
+            _lock_queue.name, current_setting('lock_timeout')
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'A transaction that claimed from it (or changes it) has not ended: see '
+                         'pgq.health() (idle_in_transaction) or pg_stat_activity, end it, and try again.';
+    END;
+    RETURN q;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgq.configure_queue(queue text, lease interval DEFAULT NULL,
+                                    max_attempts integer DEFAULT NULL,
+                                    backoff_base interval DEFAULT NULL,
+                                    backoff_cap interval DEFAULT NULL,
+                                    retention interval DEFAULT NULL,
+                                    notify boolean DEFAULT NULL, audit boolean DEFAULT NULL,
+                                    fair boolean DEFAULT NULL, max_running integer DEFAULT NULL,
+                                    max_run_time interval DEFAULT NULL,
+                                    key_max_running integer DEFAULT NULL,
+                                    rate_limit integer DEFAULT NULL,
+                                    rate_period interval DEFAULT NULL,
+                                    key_rate_limit integer DEFAULT NULL)
+    RETURNS pgq.queues
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    AS $$
+DECLARE
+    q pgq.queues := pgq._queue(configure_queue.queue);
+    rate_now     timestamptz;
+    new_rate     integer;
+    new_period   interval;
+    new_key_rate integer;
+BEGIN
+    q := pgq._lock_queue(configure_queue.queue);
+    IF configure_queue.lease IS NOT NULL THEN
+        PERFORM pgq._check_interval('lease', configure_queue.lease, interval '1 day');
+    END IF;
+    IF configure_queue.max_attempts NOT BETWEEN 1 AND 10000 THEN
+        PERFORM pgq._bad_argument('max_attempts',
+            format('must be between 1 and 10000, got %s', configure_queue.max_attempts));
+    END IF;
+    IF configure_queue.backoff_base IS NOT NULL THEN
+        PERFORM pgq._check_interval('backoff_base', configure_queue.backoff_base, interval '365 days');
+    END IF;
+    IF configure_queue.backoff_cap IS NOT NULL THEN
+        PERFORM pgq._check_interval('backoff_cap', configure_queue.backoff_cap, interval '365 days');
+    END IF;
+    IF coalesce(configure_queue.backoff_cap, q.backoff_cap)
+       < coalesce(configure_queue.backoff_base, q.backoff_base) THEN
+        PERFORM pgq._bad_argument('backoff_cap', 'must not be less than backoff_base');
+    END IF;
+    PERFORM pgq._check_span('retention', configure_queue.retention);
+    IF configure_queue.retention < interval '0' OR configure_queue.retention > interval '3650 days' THEN
+        PERFORM pgq._bad_argument('retention', 'must be between 0 and 3650 days');
+    END IF;
+    IF configure_queue.max_running NOT BETWEEN 0 AND 100000 THEN
+        PERFORM pgq._bad_argument('max_running',
+            format('must be between 0 (no cap) and 100000, got %s', configure_queue.max_running));
+    END IF;
+    IF configure_queue.key_max_running NOT BETWEEN 0 AND 100000 THEN
+        PERFORM pgq._bad_argument('key_max_running',
+            format('must be between 0 (no limit) and 100000, got %s', configure_queue.key_max_running));
+    END IF;
+    PERFORM pgq._check_span('max_run_time', configure_queue.max_run_time);
+    IF configure_queue.max_run_time < interval '0' OR configure_queue.max_run_time > interval '365 days' THEN
+        PERFORM pgq._bad_argument('max_run_time',
+            format('must be between 0 (no limit) and 365 days, got %s', configure_queue.max_run_time));
+    END IF;
+    IF configure_queue.rate_limit NOT BETWEEN 0 AND 1000000 THEN
+        PERFORM pgq._bad_argument('rate_limit',
+            format('must be between 0 (no limit) and 1000000, got %s', configure_queue.rate_limit));
+    END IF;
+    IF configure_queue.rate_period IS NOT NULL THEN
+        PERFORM pgq._check_interval('rate_period', configure_queue.rate_period, interval '1 day');
+    END IF;
+    IF configure_queue.key_rate_limit NOT BETWEEN 0 AND 1000000 THEN
+        PERFORM pgq._bad_argument('key_rate_limit',
+            format('must be between 0 (no limit) and 1000000, got %s', configure_queue.key_rate_limit));
+    END IF;
+    IF configure_queue.fair AND NOT q.fair THEN
+        -- Jobs already in the queue join fair mode: those without a tenant get the tenant '',
+        -- and every tenant gets its row. (Switch a queue to fair mode before producers use it:
+        -- an enqueue that read the queue's settings before this commits stores no tenant, and
+        -- fair claims do not see such a job until it is given one.)
+        UPDATE pgq.jobs AS j SET tenant = ''
+        WHERE j.queue = configure_queue.queue AND j.tenant IS NULL AND j.state <> 'done';
+        INSERT INTO pgq.tenants AS t (queue, tenant)
+        SELECT DISTINCT j.queue, j.tenant FROM pgq.jobs AS j
+        WHERE j.queue = configure_queue.queue AND j.tenant IS NOT NULL AND j.state <> 'done'
+        ON CONFLICT DO NOTHING;
+    END IF;
+    -- A new rate or period keeps what the buckets handed out: their debt is rescaled to as many
+    -- tokens of the new rate (pgq._rescaled_tat); a rate set to 0 forgets it. (Read after the
+    -- queue's row lock, like a claim's.)
+    rate_now := pgq._rate_clock();
+    new_rate := coalesce(configure_queue.rate_limit, q.rate_limit);
+    new_period := coalesce(configure_queue.rate_period, q.rate_period);
+    new_key_rate := coalesce(configure_queue.key_rate_limit, q.key_rate_limit);
+    IF new_key_rate = 0 THEN
+        DELETE FROM pgq.key_rates AS k WHERE k.queue = configure_queue.queue;
+    ELSIF new_key_rate <> q.key_rate_limit OR new_period <> q.rate_period THEN
+        UPDATE pgq.key_rates AS k
+        SET tat = pgq._rescaled_tat(k.tat, q.key_rate_limit, q.rate_period, new_key_rate, new_period, rate_now)
+        WHERE k.queue = configure_queue.queue AND k.tat > rate_now;
+    END IF;
+    UPDATE pgq.queues AS s
+    SET lease = coalesce(configure_queue.lease, s.lease),
+        max_attempts = coalesce(configure_queue.max_attempts, s.max_attempts),
+        backoff_base = coalesce(configure_queue.backoff_base, s.backoff_base),
+        backoff_cap = coalesce(configure_queue.backoff_cap, s.backoff_cap),
+        retention = coalesce(configure_queue.retention, s.retention),
+        notify = coalesce(configure_queue.notify, s.notify),
+        audit = coalesce(configure_queue.audit, s.audit),
+        fair = coalesce(configure_queue.fair, s.fair),
+        max_running = coalesce(configure_queue.max_running, s.max_running),
+        max_run_time = CASE WHEN configure_queue.max_run_time IS NULL THEN s.max_run_time
+                            WHEN configure_queue.max_run_time = interval '0' THEN NULL
+                            ELSE configure_queue.max_run_time END,
+        key_max_running = coalesce(configure_queue.key_max_running, s.key_max_running),
+        key_limited = coalesce(configure_queue.key_max_running, s.key_max_running) > 0
+                      OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = configure_queue.queue),
+        rate_limit = new_rate,
+        rate_period = new_period,
+        key_rate_limit = new_key_rate,
+        rate_limited = new_rate > 0 OR new_key_rate > 0,
+        rate_tat = CASE WHEN new_rate = 0 THEN NULL
+                        WHEN new_rate = s.rate_limit AND new_period = s.rate_period THEN s.rate_tat
+                        ELSE pgq._rescaled_tat(s.rate_tat, s.rate_limit, s.rate_period, new_rate, new_period, rate_now)
+                   END
+    WHERE s.name = configure_queue.queue
+    RETURNING * INTO q;
+    RETURN q;
+END
+$$;
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer) IS
+    'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit) '
+    'and returns them; creates the queue if new.';
+
+-- Pausing or resuming a queue that does not exist is refused (22023): a typo creates nothing.
+CREATE OR REPLACE FUNCTION pgq.pause(queue text)
+    RETURNS pgq.queues
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    AS $$
+DECLARE
+    q pgq.queues := pgq._existing_queue('queue', pause.queue);
+BEGIN
+    PERFORM pgq._lock_queue(pause.queue);
+    UPDATE pgq.queues AS s SET paused = true WHERE s.name = pause.queue RETURNING * INTO q;
+    RETURN q;
+END
+$$;
+COMMENT ON FUNCTION pgq.pause(text) IS
+    'Stops claims from the queue (running jobs go on); enqueue still works. Returns its settings; '
+    '22023 when there is no such queue.';
+
+CREATE OR REPLACE FUNCTION pgq.resume(queue text)
+    RETURNS pgq.queues
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    AS $$
+DECLARE
+    q pgq.queues := pgq._existing_queue('queue', resume.queue);
+BEGIN
+    PERFORM pgq._lock_queue(resume.queue);
+    UPDATE pgq.queues AS s SET paused = false WHERE s.name = resume.queue RETURNING * INTO q;
+    IF q.notify THEN
+        PERFORM pg_notify('pgq', resume.queue);
+    END IF;
+    RETURN q;
+END
+$$;
+COMMENT ON FUNCTION pgq.resume(text) IS 'Lets workers claim from the queue again. Returns its settings; 22023 when there is no such queue.';
+
+-- Removes a queue that has nothing left in it: its settings row and its tenants. Refused with 55000
+-- while the queue has jobs (of any state: cancel or finish the unfinished ones, pgq.prune the
+-- finished ones) or schedules (pgq.unschedule them), and with 22023 when there is no such queue.
+-- Race-free against enqueues: the queue's writer lock, taken exclusively and held to commit,
+-- waits for the enqueues in flight (so their jobs are seen and refuse the drop), and an enqueue
+-- that comes later waits for the drop, then creates the queue again with the defaults.
+CREATE OR REPLACE FUNCTION pgq.drop_queue(queue text)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    AS $$
+DECLARE
+    q pgq.queues := pgq._existing_queue('queue', drop_queue.queue);
+BEGIN
+    BEGIN
+        PERFORM pg_advisory_xact_lock(1885827329, hashtext(drop_queue.queue));
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'pgq: queue % is being written to by another session; gave up after lock_timeout %',
+            drop_queue.queue, current_setting('lock_timeout')
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'A transaction that enqueued into it has not ended: end it, and try again.';
+    END;
+    q := pgq._lock_queue(drop_queue.queue, true);
+    IF q.name IS NULL THEN
+        PERFORM pgq._existing_queue('queue', drop_queue.queue);  -- dropped meanwhile: 22023
+    END IF;
+    IF EXISTS (SELECT FROM pgq.jobs AS j WHERE j.queue = drop_queue.queue AND j.state <> 'running')
+       OR EXISTS (SELECT FROM pgq.jobs AS j WHERE j.lease_until IS NOT NULL AND j.queue = drop_queue.queue) THEN
+        RAISE EXCEPTION 'pgq: queue % still has jobs; only a queue without jobs can be dropped', drop_queue.queue
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Cancel its unfinished jobs or let them finish, then remove the finished ones with '
+                         'pgq.prune(older_than => ''0'').';
+    END IF;
+    IF EXISTS (SELECT FROM pgq.schedules AS x WHERE x.queue = drop_queue.queue) THEN
+        RAISE EXCEPTION 'pgq: queue % still has schedules; only a queue without schedules can be dropped',
+            drop_queue.queue
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'pgq.schedules() lists them; pgq.unschedule(name) removes one.';
+    END IF;
+    DELETE FROM pgq.tenants AS t WHERE t.queue = drop_queue.queue;
+    DELETE FROM pgq.queues AS s WHERE s.name = drop_queue.queue;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgq.drop_queue(text) IS
+    'Removes a queue without jobs or schedules (its settings and tenants); 55000 while it has any, '
+    '22023 when there is no such queue.';
