@@ -2203,6 +2203,14 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- transaction that claimed from a capped queue holds up no other worker's claims.
 -- Before any of that, the failover fence: the first claim of a session checks that the fences
 -- were moved on this server's timeline (pgq._check_timeline); later ones read one setting.
+--
+-- pgq.claim, first below, reads as those steps: the arguments (pgq._check_claim,
+-- called only when one is wrong), which queues (pgq._claimable_queues), the capped queues' locks and
+-- free slots (pgq._claim_rooms), the due schedules (pgq._fire_schedules), the fair and key-limited
+-- picks (pgq._fair_pick, pgq._keyed_pick), then the pick and the lease (pgq._lease_jobs), and the
+-- rate limits' tokens (pgq._spend_tokens). The helpers run inside the claim (as its owner, with
+-- its settings: no SET clause of their own) and no role may call them.
+
 CREATE OR REPLACE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, batch integer DEFAULT 1,
                           lease interval DEFAULT NULL, kinds text[] DEFAULT NULL)
     RETURNS SETOF pgq.claimed_job
@@ -2224,60 +2232,15 @@ DECLARE
     capped   boolean;    -- whether any of them has max_running, key limits or rate limits
     rated    boolean;    -- then: whether any of those it holds has a rate limit
     rate_now timestamptz;  -- then: the rate limits' clock, read once they are held
-    locked   text[];     -- then: the capped ones this call holds (the others are skipped)
     expired  boolean;    -- whether any lease has expired
     due      boolean;    -- whether one of them has a schedule due
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
 BEGIN
-    IF claim.worker IS NULL THEN
-        PERFORM pgq._bad_argument('worker', 'must not be NULL');
-    ELSIF length(claim.worker) NOT BETWEEN 1 AND 256 THEN
-        PERFORM pgq._bad_argument('worker', 'must be 1 to 256 characters long');
-    END IF;
-    IF claim.batch IS NULL THEN
-        PERFORM pgq._bad_argument('batch', 'must not be NULL');
-    ELSIF claim.batch NOT BETWEEN 1 AND 1000 THEN
-        PERFORM pgq._bad_argument('batch', format('must be between 1 and 1000, got %s', claim.batch));
-    END IF;
-    IF claim.lease IS NOT NULL THEN
-        PERFORM pgq._check_interval('lease', claim.lease, interval '1 day');
-    END IF;
-    IF claim.queues IS NOT NULL AND (cardinality(claim.queues) = 0 OR array_position(claim.queues, NULL) IS NOT NULL) THEN
-        PERFORM pgq._bad_argument('queues', 'must be NULL (all queues) or a non-empty array without NULLs');
-    END IF;
-    -- A malformed name can never match a queue: say so instead of claiming nothing forever.
-    -- Names cannot contain a comma, so one match of the joined names (pgq._is_name's pattern,
-    -- repeated) checks them all in a plain expression (no query), and so does the length (no
-    -- run of 129 characters without a comma; a joined list of 128 or fewer cannot hold one, and
-    -- skips that match); the joined names hold exactly one comma fewer than there are names (a
-    -- name 'a,b' would otherwise pass as two). Only a bad name pays for the per-name check that
-    -- names it.
-    IF claim.queues IS NOT NULL AND NOT coalesce(
-           array_to_string(claim.queues, ',')
-               ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]*(,[A-Za-z0-9_][A-Za-z0-9_.:/-]*)*$'
-           AND length(array_to_string(claim.queues, ',')) - length(replace(array_to_string(claim.queues, ','), ',', ''))
-               = cardinality(claim.queues) - 1
-           AND (length(array_to_string(claim.queues, ',')) <= 128
-                OR array_to_string(claim.queues, ',') !~ '[^,]{129}'), false) THEN
-        PERFORM pgq._check_name(format('queues[%s]', q.n), q.name)
-        FROM unnest(claim.queues) WITH ORDINALITY AS q(name, n);
-    END IF;
-    -- The kinds are checked the same way, and only when given.
-    IF claim.kinds IS NOT NULL THEN
-        IF cardinality(claim.kinds) NOT BETWEEN 1 AND 1000 OR array_position(claim.kinds, NULL) IS NOT NULL THEN
-            PERFORM pgq._bad_argument('kinds',
-                'must be NULL (any kind) or an array of 1 to 1000 kinds without NULLs');
-        END IF;
-        IF NOT coalesce(
-               array_to_string(claim.kinds, ',')
-                   ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]*(,[A-Za-z0-9_][A-Za-z0-9_.:/-]*)*$'
-               AND length(array_to_string(claim.kinds, ',')) - length(replace(array_to_string(claim.kinds, ','), ',', ''))
-                   = cardinality(claim.kinds) - 1
-               AND (length(array_to_string(claim.kinds, ',')) <= 128
-                    OR array_to_string(claim.kinds, ',') !~ '[^,]{129}'), false) THEN
-            PERFORM pgq._check_name(format('kinds[%s]', k.n), k.name)
-            FROM unnest(claim.kinds) WITH ORDINALITY AS k(name, n);
-        END IF;
+    IF NOT coalesce(length(claim.worker) BETWEEN 1 AND 256 AND claim.batch BETWEEN 1 AND 1000
+                    AND (claim.queues IS NULL OR pgq._are_names(claim.queues))
+                    AND (claim.kinds IS NULL OR cardinality(claim.kinds) <= 1000 AND pgq._are_names(claim.kinds)),
+                    false) OR claim.lease IS NOT NULL THEN
+        PERFORM pgq._check_claim(claim.worker, claim.queues, claim.batch, claim.lease, claim.kinds);
     END IF;
 
     -- The failover fence, checked once per session (a session never outlives a promotion).
@@ -2285,39 +2248,10 @@ BEGIN
         PERFORM pgq._check_timeline();
     END IF;
 
-    -- One statement reads the eligible queues (and whether one of them has a schedule due: a
-    -- column of the rows read anyway, and bool_or, which allocates nothing, unlike array_agg) and
-    -- probes for expired leases (one index probe). With queues => NULL the candidates are the
-    -- queues that have a pending job, found by a skip scan of jobs_ready_idx (the next queue name
-    -- after the last, one index probe each: queues without jobs are never read), and those with a
-    -- due schedule (queues_schedule_due_idx).
+    -- Expired leases are recovered first, so their jobs are claimable by this very claim (with
+    -- queues => NULL, the queues of recovered jobs are candidates only once recovered: read again).
     FOR pass IN 1..2 LOOP
-        SELECT array_agg(q.name ORDER BY q.name), array_agg(q.fair ORDER BY q.name),
-               coalesce(bool_or(q.max_running > 0 OR q.key_limited OR q.rate_limited), false),
-               EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
-               coalesce(bool_or(q.next_schedule_at <= pgq._now()), false)
-        INTO names, fairs, capped, expired, due
-        FROM pgq.queues AS q
-        WHERE NOT q.paused
-          AND q.name = ANY (coalesce(claim.queues, ARRAY(
-                  WITH RECURSIVE pending(name) AS (
-                      (SELECT j.queue FROM pgq.jobs AS j
-                       WHERE j.state = 'pending' AND j.attempt < j.max_attempts
-                       ORDER BY j.queue LIMIT 1)
-                      UNION ALL
-                      SELECT (SELECT j.queue FROM pgq.jobs AS j
-                              WHERE j.queue > p.name AND j.state = 'pending' AND j.attempt < j.max_attempts
-                              ORDER BY j.queue LIMIT 1)
-                      FROM pending AS p WHERE p.name IS NOT NULL
-                  )
-                  SELECT p.name FROM pending AS p WHERE p.name IS NOT NULL
-                  UNION ALL
-                  SELECT u.name FROM pgq.queues AS u WHERE u.next_schedule_at <= pgq._now())))
-          -- A queue with grants admits only some logins (a named one raises 42501 for the others).
-          AND (q.restricted IS NULL OR pgq._may_claim(q.name, q.restricted, claim.queues IS NOT NULL));
-
-        -- Expired leases are recovered first, so their jobs are claimable by this very claim
-        -- (with queues => NULL, their queues are candidates only once recovered: read again).
+        SELECT e.* INTO names, fairs, capped, expired, due FROM pgq._claimable_queues(claim.queues) AS e;
         EXIT WHEN pass = 2 OR NOT expired;
         PERFORM pgq._recover_expired(100);
         EXIT WHEN claim.queues IS NOT NULL;
@@ -2328,50 +2262,13 @@ BEGIN
     IF due THEN
         due_queues := names;  -- before the capped queues' rooms narrow names down
     END IF;
-
     IF NOT capped THEN
         rooms := array_fill(claim.batch, ARRAY[cardinality(names)]);
         keyeds := array_fill(false, ARRAY[cardinality(names)]);
     ELSE
-        -- Capped queues are locked before their running jobs are counted by the next statement,
-        -- whose fresh snapshot sees every earlier claim; one that another transaction holds is
-        -- skipped (this call claims none of its jobs), never waited for. (Under REPEATABLE READ or
-        -- SERIALIZABLE that count would come from an older snapshot and could pass the cap: such
-        -- a claim of a capped queue is refused.)
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
-            RAISE EXCEPTION 'pgq: a claim of a queue with max_running, key limits or rate limits must run at READ COMMITTED, not %',
-                upper(current_setting('transaction_isolation'))
-                USING ERRCODE = 'object_not_in_prerequisite_state',
-                      HINT = 'Claim in autocommit mode, or in a READ COMMITTED transaction.';
-        END IF;
-        locked := ARRAY(SELECT q.name FROM pgq.queues AS q
-                        WHERE (q.max_running > 0 OR q.key_limited OR q.rate_limited) AND NOT q.paused
-                          AND q.name = ANY (names)
-                        FOR NO KEY UPDATE SKIP LOCKED);
-        -- The rate limits' clock, read once their queues are held (see pgq._rate_clock).
-        rate_now := pgq._rate_clock();
-
-        -- A rate-limited queue's room is at most the tokens its bucket holds now; it takes the
-        -- per-key step (pgq._keyed_pick), whose picks are known before the claim, so that the
-        -- tokens spent are those of the jobs handed out (counted after it).
-        SELECT array_agg(e.name ORDER BY e.name), array_agg(e.room ORDER BY e.name),
-               array_agg(e.fair ORDER BY e.name), array_agg(e.keyed ORDER BY e.name),
-               coalesce(bool_or(e.rate_limited), false)
-        INTO names, rooms, fairs, keyeds, rated
-        FROM (
-            SELECT q.name, q.fair, q.key_limited OR q.rate_limited AS keyed, q.rate_limited,
-                   least(CASE WHEN q.max_running = 0 THEN claim.batch
-                              ELSE least(claim.batch, q.max_running - (
-                                       SELECT count(*) FROM pgq.jobs AS j
-                                       WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
-                         END,
-                         CASE WHEN q.rate_limit > 0 THEN pgq._tokens(q.rate_tat, q.rate_limit, q.rate_period, rate_now) END)
-                   AS room
-            FROM pgq.queues AS q
-            WHERE NOT q.paused AND q.name = ANY (names)
-              AND ((q.max_running = 0 AND NOT q.key_limited AND NOT q.rate_limited) OR q.name = ANY (locked))
-        ) AS e
-        WHERE e.room > 0;
+        SELECT e.names, e.rooms, e.fairs, e.keyeds, e.rated, e.rate_now
+        INTO names, rooms, fairs, keyeds, rated, rate_now
+        FROM pgq._claim_rooms(names, claim.batch) AS e;
     END IF;
 
     -- Then the due schedules of these queues fire (at most 10 per claim; a sweep fires the rest),
@@ -2396,6 +2293,181 @@ BEGIN
                            WHERE e.keyed);
     END IF;
 
+    RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, names, rooms, fairs, keyeds, fair_ids || keyed_ids,
+                                               claim.batch, claim.lease, claim.kinds);
+
+    -- The rate-limited queues' tokens, spent for the jobs this claim handed out: its picks
+    -- (locked by it, pending until its UPDATE) that are running now.
+    IF rated THEN
+        PERFORM pgq._spend_tokens(keyed_ids, rate_now);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION pgq.claim(text, text[], integer, interval, text[]) IS
+    'Claims up to batch due jobs (of kinds, when given) for worker, in order priority DESC, run_at, '
+    'id. The returned '
+    'attempt is the fencing token for renew, complete, fail, release, snooze and mark_unknown.';
+
+-- Whether every element of `names` is a name (pgq._is_name's rule), in one expression (no query,
+-- inlined where it is used). Names cannot contain a comma, so one match of the joined names (the
+-- pattern, repeated) checks them all, and so does the length (no run of 129 characters without a
+-- comma; a joined list of 128 or fewer cannot hold one, and skips that match); the joined names
+-- hold exactly one comma fewer than there are names (a name 'a,b' would otherwise pass as two).
+-- NULL elements make it false. STABLE like array_to_string: an IMMUTABLE wrapper of a STABLE
+-- function is not inlined, and its call cost each claim about 70 us (of about 220 per claim and
+-- complete).
+CREATE OR REPLACE FUNCTION pgq._are_names(names text[]) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT coalesce(
+               array_to_string($1, ',') ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]*(,[A-Za-z0-9_][A-Za-z0-9_.:/-]*)*$'
+               AND length(array_to_string($1, ',')) - length(replace(array_to_string($1, ','), ',', ''))
+                   = cardinality($1) - 1
+               AND (length(array_to_string($1, ',')) <= 128 OR array_to_string($1, ',') !~ '[^,]{129}'),
+           false)
+$$;
+
+-- The claim's arguments, checked: 22004 / 22023 naming the one that is wrong (a malformed queue or
+-- kind name can never match: said instead of claiming nothing forever). pgq.claim calls it only
+-- when its one-expression test of them all fails, so a good claim pays for no call.
+CREATE OR REPLACE FUNCTION pgq._check_claim(worker text, queues text[], batch integer, lease interval,
+                                            kinds text[])
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_claim.worker IS NULL THEN
+        PERFORM pgq._bad_argument('worker', 'must not be NULL');
+    ELSIF length(_check_claim.worker) NOT BETWEEN 1 AND 256 THEN
+        PERFORM pgq._bad_argument('worker', 'must be 1 to 256 characters long');
+    END IF;
+    IF _check_claim.batch IS NULL THEN
+        PERFORM pgq._bad_argument('batch', 'must not be NULL');
+    ELSIF _check_claim.batch NOT BETWEEN 1 AND 1000 THEN
+        PERFORM pgq._bad_argument('batch', format('must be between 1 and 1000, got %s', _check_claim.batch));
+    END IF;
+    IF _check_claim.lease IS NOT NULL THEN
+        PERFORM pgq._check_interval('lease', _check_claim.lease, interval '1 day');
+    END IF;
+    IF _check_claim.queues IS NOT NULL THEN
+        IF cardinality(_check_claim.queues) = 0 OR array_position(_check_claim.queues, NULL) IS NOT NULL THEN
+            PERFORM pgq._bad_argument('queues', 'must be NULL (all queues) or a non-empty array without NULLs');
+        ELSIF NOT pgq._are_names(_check_claim.queues) THEN  -- only a bad name pays for the check that names it
+            PERFORM pgq._check_name(format('queues[%s]', q.n), q.name)
+            FROM unnest(_check_claim.queues) WITH ORDINALITY AS q(name, n);
+        END IF;
+    END IF;
+    IF _check_claim.kinds IS NOT NULL THEN
+        IF cardinality(_check_claim.kinds) NOT BETWEEN 1 AND 1000 OR array_position(_check_claim.kinds, NULL) IS NOT NULL THEN
+            PERFORM pgq._bad_argument('kinds', 'must be NULL (any kind) or an array of 1 to 1000 kinds without NULLs');
+        ELSIF NOT pgq._are_names(_check_claim.kinds) THEN
+            PERFORM pgq._check_name(format('kinds[%s]', k.n), k.name)
+            FROM unnest(_check_claim.kinds) WITH ORDINALITY AS k(name, n);
+        END IF;
+    END IF;
+END
+$$;
+
+-- Which of the worker's queues (`queues`; NULL: all) a claim takes jobs from, in name order, with
+-- whether each is fair, whether any of them is capped (max_running, key limits or rate limits:
+-- pgq._claim_rooms), whether any lease has expired (one index probe) and whether one of them has a
+-- schedule due (a column of the rows read anyway; bool_or allocates nothing, unlike array_agg).
+-- With queues => NULL the candidates are the queues that have a pending job, found by a skip scan
+-- of jobs_ready_idx (the next queue name after the last, one index probe each: queues without
+-- jobs are never read), and those with a due schedule (queues_schedule_due_idx). names is NULL
+-- when no queue is eligible. One SELECT, so the planner inlines it into pgq.claim: no call.
+CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[])
+    RETURNS TABLE (names text[], fairs boolean[], capped boolean, expired boolean, due boolean)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT array_agg(q.name ORDER BY q.name), array_agg(q.fair ORDER BY q.name),
+           coalesce(bool_or(q.max_running > 0 OR q.key_limited OR q.rate_limited), false),
+           EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
+           coalesce(bool_or(q.next_schedule_at <= pgq._now()), false)
+    FROM pgq.queues AS q
+    WHERE NOT q.paused
+      AND q.name = ANY (coalesce($1, ARRAY(
+              WITH RECURSIVE pending(name) AS (
+                  (SELECT j.queue FROM pgq.jobs AS j
+                   WHERE j.state = 'pending' AND j.attempt < j.max_attempts
+                   ORDER BY j.queue LIMIT 1)
+                  UNION ALL
+                  SELECT (SELECT j.queue FROM pgq.jobs AS j
+                          WHERE j.queue > p.name AND j.state = 'pending' AND j.attempt < j.max_attempts
+                          ORDER BY j.queue LIMIT 1)
+                  FROM pending AS p WHERE p.name IS NOT NULL
+              )
+              SELECT p.name FROM pending AS p WHERE p.name IS NOT NULL
+              UNION ALL
+              SELECT u.name FROM pgq.queues AS u WHERE u.next_schedule_at <= pgq._now())))
+      -- A queue with grants admits only some logins (a named one raises 42501 for the others).
+      AND (q.restricted IS NULL OR pgq._may_claim(q.name, q.restricted, $1 IS NOT NULL))
+$$;
+
+-- For a claim of capped queues (pgq._claimable_queues): which of `queues` it takes jobs from (names),
+-- and how many each may start now (rooms). A capped queue is locked before its running jobs are
+-- counted by the second statement, whose fresh snapshot sees every earlier claim; one that another
+-- transaction holds is skipped (this call claims none of its jobs), never waited for. (Under
+-- REPEATABLE READ or SERIALIZABLE that count would come from an older snapshot and could pass the
+-- cap: such a claim of a capped queue is refused.) keyeds: whether each takes the per-key step
+-- (pgq._keyed_pick); rated: whether any of them has a rate limit, whose tokens pgq.claim spends at
+-- rate_now, the rate limits' clock read once their queues are held (see pgq._rate_clock). A
+-- rate-limited queue's room is at most the tokens its bucket holds now; it takes the per-key step,
+-- whose picks are known before the claim, so that the tokens spent are those of the jobs handed
+-- out (counted after it). Queues without room are left out.
+CREATE OR REPLACE FUNCTION pgq._claim_rooms(queues text[], batch integer, OUT names text[], OUT rooms integer[],
+                                            OUT fairs boolean[], OUT keyeds boolean[], OUT rated boolean,
+                                            OUT rate_now timestamptz)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    locked   text[];     -- the capped ones this call holds (the others are skipped)
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgq: a claim of a queue with max_running, key limits or rate limits must run at READ COMMITTED, not %',
+            upper(current_setting('transaction_isolation'))
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Claim in autocommit mode, or in a READ COMMITTED transaction.';
+    END IF;
+    locked := ARRAY(SELECT q.name FROM pgq.queues AS q
+                    WHERE (q.max_running > 0 OR q.key_limited OR q.rate_limited) AND NOT q.paused
+                      AND q.name = ANY (_claim_rooms.queues)
+                    FOR NO KEY UPDATE SKIP LOCKED);
+    rate_now := pgq._rate_clock();
+    SELECT array_agg(e.name ORDER BY e.name), array_agg(e.room ORDER BY e.name),
+           array_agg(e.fair ORDER BY e.name), array_agg(e.keyed ORDER BY e.name),
+           coalesce(bool_or(e.rate_limited), false)
+    INTO names, rooms, fairs, keyeds, rated
+    FROM (
+        SELECT q.name, q.fair, q.key_limited OR q.rate_limited AS keyed, q.rate_limited,
+               least(CASE WHEN q.max_running = 0 THEN _claim_rooms.batch
+                          ELSE least(_claim_rooms.batch, q.max_running - (
+                                   SELECT count(*) FROM pgq.jobs AS j
+                                   WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
+                     END,
+                     CASE WHEN q.rate_limit > 0 THEN pgq._tokens(q.rate_tat, q.rate_limit, q.rate_period, rate_now) END)
+               AS room
+        FROM pgq.queues AS q
+        WHERE NOT q.paused AND q.name = ANY (_claim_rooms.queues)
+          AND ((q.max_running = 0 AND NOT q.key_limited AND NOT q.rate_limited) OR q.name = ANY (locked))
+    ) AS e
+    WHERE e.room > 0;
+END
+$$;
+
+-- The pick and the lease, in one statement: for each eligible queue (`names`, in name order, with
+-- the room each has, and whether it is fair or takes the per-key step), its first claimable jobs
+-- in index order, per kind when the worker named its kinds; with the fair and key-limited queues'
+-- picks (`picked`, locked by pgq._fair_pick and pgq._keyed_pick), the best `batch` of those across
+-- queues become running under a lease, attempt + 1, claimed_by `worker`, bound to the login; a
+-- claimed event each (queues with audit). Returns them in the total order.
+CREATE OR REPLACE FUNCTION pgq._lease_jobs(worker text, names text[], rooms integer[], fairs boolean[],
+                                           keyeds boolean[], picked bigint[], batch integer, lease interval,
+                                           kinds text[])
+    RETURNS SETOF pgq.claimed_job
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
     RETURN QUERY
     WITH picked AS (
         -- For each eligible queue, its first claimable jobs in index order (up to its room);
@@ -2414,14 +2486,14 @@ BEGIN
                 LIMIT e.room
                 FOR NO KEY UPDATE SKIP LOCKED
             ) AS c
-            WHERE NOT e.fair AND NOT e.keyed AND claim.kinds IS NULL
+            WHERE NOT e.fair AND NOT e.keyed AND _lease_jobs.kinds IS NULL
             UNION ALL
             -- The same per (queue, kind) when the worker named its kinds (each kind once; no
             -- rows for NULL). Inside this one statement: a query of its own would cost a claim
             -- more than the per-kind picks do.
             SELECT c.id, c.priority, c.run_at
             FROM unnest(names, rooms, fairs, keyeds) AS e(queue, room, fair, keyed)
-            CROSS JOIN (SELECT DISTINCT w.kind FROM unnest(claim.kinds) AS w(kind)) AS k
+            CROSS JOIN (SELECT DISTINCT w.kind FROM unnest(_lease_jobs.kinds) AS w(kind)) AS k
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at
                 FROM pgq.jobs AS j
@@ -2435,10 +2507,10 @@ BEGIN
             WHERE NOT e.fair AND NOT e.keyed
             UNION ALL
             -- The fair and the key-limited queues' picks (pgq._fair_pick, pgq._keyed_pick).
-            SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j WHERE j.id = ANY (fair_ids || keyed_ids)
+            SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j WHERE j.id = ANY (_lease_jobs.picked)
         ) AS c
         ORDER BY c.priority DESC, c.run_at, c.id
-        LIMIT claim.batch
+        LIMIT _lease_jobs.batch
     ), claimed AS (
         UPDATE pgq.jobs AS j
         SET state = 'running',
@@ -2447,10 +2519,10 @@ BEGIN
             max_attempts = j.max_attempts + j.attempt_skip,
             attempt_offset = j.attempt_offset + j.attempt_skip,
             attempt_skip = 0,
-            lease_until = least(pgq._now() + coalesce(claim.lease, q.lease),
+            lease_until = least(pgq._now() + coalesce(_lease_jobs.lease, q.lease),
                                 pgq._now() + coalesce(j.max_run_time, q.max_run_time)),
             deadline = pgq._now() + coalesce(j.max_run_time, q.max_run_time),
-            claimed_by = claim.worker,
+            claimed_by = _lease_jobs.worker,
             claimed_at = pgq._now(),
             session_role = session_user,
             last_event = 'claimed'
@@ -2464,25 +2536,15 @@ BEGIN
                   q.audit
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
-        SELECT c.id, c.attempt, claim.worker, 'claimed', 'pending', 'running'
+        SELECT c.id, c.attempt, _lease_jobs.worker, 'claimed', 'pending', 'running'
         FROM claimed AS c WHERE c.audit
     )
     SELECT c.id, c.queue, c.kind, c.payload, c.priority, c.attempt, c.max_attempts,
            c.run_at, c.created_at, c.lease_until, c.tenant, c.progress, c.deadline, c.meta
     FROM claimed AS c
     ORDER BY c.priority DESC, c.run_at, c.id;
-
-    -- The rate-limited queues' tokens, spent for the jobs this claim handed out: its picks
-    -- (locked by it, pending until its UPDATE) that are running now.
-    IF rated THEN
-        PERFORM pgq._spend_tokens(keyed_ids, rate_now);
-    END IF;
 END
 $$;
-COMMENT ON FUNCTION pgq.claim(text, text[], integer, interval, text[]) IS
-    'Claims up to batch due jobs (of kinds, when given) for worker, in order priority DESC, run_at, '
-    'id. The returned '
-    'attempt is the fencing token for renew, complete, fail, release, snooze and mark_unknown.';
 
 -- sql/functions/owner.sql -----------------------------------------------------------------------------
 

@@ -155,7 +155,7 @@ def test_claim_uses_jobs_ready_idx_and_reads_rows_in_proportion_to_the_batch(ses
     assert updates and all(s.index == "jobs_pkey" and s.rows <= 10 for s in updates), main.text
     # Generic: the plan refers to the function's variables as parameters, not as constants.
     assert re.search(r"unnest\(\$\d+\)", main.text), main.text
-    probe = plan_of(plans, "EXISTS (SELECT FROM pgq.jobs")
+    probe = plan_of(plans, "FROM pgq._claimable_queues(")  # (an SQL function: inlined into the claim's query)
     # The expired-lease probe, and (queues => NULL) the skip scan for the queues with pending
     # jobs: one entry of the ready index per such queue (one queue here), not every job.
     assert [s.index for s in probe.job_scans][:1] == ["jobs_lease_idx"], probe.text

@@ -33,8 +33,9 @@ PROCEDURE = (
     "configure_queue(key_max_running 2); set_key_limit('big', 4). A: enqueue 3 jobs of key a, then 6 of b, "
     "6 of big and 4 without a key (all due, in that id order); worker-a claims batch 2, then worker-b "
     "claims batch 10. B: 4 × 10 jobs of keys p, q, big and no key; worker-a..d claim batch 3 behind a "
-    "barrier in each round; after each round the observer counts running jobs per key and each worker "
-    "completes its jobs; until no job is pending (at most 20 rounds)."
+    "barrier in each round (a worker whose claim came back empty claims once more after the others); after "
+    "each round the observer counts running jobs per key and each worker completes its jobs; until no job "
+    "is pending (at most 20 rounds)."
 )
 CONDITION = (
     "A: worker-a gets the two oldest a jobs; worker-b's 10 contain no a job, 2 of b, 4 of big and the 4 "
@@ -118,6 +119,11 @@ def _part_b(h: Harness, v: Verdict) -> dict:  # type: ignore[type-arg]
         steps = h.round(f"B{r}", [(w, f"B{r}_{w.name}_claim", CLAIM_KEYED,
                                    {"worker": w.name, "queue": q, "batch": 3}) for w in workers])
         blocked += sum(s.blocked for s in steps)
+        # A claim that found the queue's row held by another (SKIP LOCKED) came back empty: the
+        # worker claims once more after the others, as its next poll would, so that every worker
+        # has a claim in each round whatever the scheduling (and a key can reach its limit).
+        steps += [h.step(s.session, f"B{r}_{s.session}_claim_again", CLAIM_KEYED,
+                         {"worker": s.session, "queue": q, "batch": 3}) for s in list(steps) if not s.dicts()]
         running = {x["key"]: x["running"] for x in h.step(obs, f"B{r}_running_per_key", RUNNING_PER_KEY,
                                                           {"queue": q}).dicts()}
         for k, n in running.items():

@@ -96,8 +96,9 @@ def _kind(query: str) -> str:
         return "claim: pick and mark"
     if "WITH expired AS" in query:
         return "recovery of expired leases"
-    # The claim reads its queues and probes for expired leases in one statement.
-    if "EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until" in query:
+    # The claim reads its queues and probes for expired leases in one statement
+    # (pgq._claimable_queues, an SQL function the planner inlines into the claim's query).
+    if "FROM pgq._claimable_queues(" in query:
         return "claim: expired-lease probe"
     return "other"
 
