@@ -305,6 +305,85 @@ BEGIN
 END
 $$;
 
+-- pgq.configure_queue's arguments, checked against the queue's settings `q` (a backoff_cap below
+-- the backoff_base it would have): 22023 naming the first that is wrong; NULL leaves a setting as
+-- it is.
+CREATE OR REPLACE FUNCTION pgq._check_queue_settings(q pgq.queues, lease interval, max_attempts integer,
+                                                     backoff_base interval, backoff_cap interval,
+                                                     retention interval, max_running integer,
+                                                     max_run_time interval, key_max_running integer,
+                                                     rate_limit integer, rate_period interval,
+                                                     key_rate_limit integer)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_queue_settings.lease IS NOT NULL THEN
+        PERFORM pgq._check_interval('lease', _check_queue_settings.lease, interval '1 day');
+    END IF;
+    IF _check_queue_settings.max_attempts NOT BETWEEN 1 AND 10000 THEN
+        PERFORM pgq._bad_argument('max_attempts',
+            format('must be between 1 and 10000, got %s', _check_queue_settings.max_attempts));
+    END IF;
+    IF _check_queue_settings.backoff_base IS NOT NULL THEN
+        PERFORM pgq._check_interval('backoff_base', _check_queue_settings.backoff_base, interval '365 days');
+    END IF;
+    IF _check_queue_settings.backoff_cap IS NOT NULL THEN
+        PERFORM pgq._check_interval('backoff_cap', _check_queue_settings.backoff_cap, interval '365 days');
+    END IF;
+    IF coalesce(_check_queue_settings.backoff_cap, q.backoff_cap)
+       < coalesce(_check_queue_settings.backoff_base, q.backoff_base) THEN
+        PERFORM pgq._bad_argument('backoff_cap', 'must not be less than backoff_base');
+    END IF;
+    PERFORM pgq._check_span('retention', _check_queue_settings.retention);
+    IF _check_queue_settings.retention < interval '0' OR _check_queue_settings.retention > interval '3650 days' THEN
+        PERFORM pgq._bad_argument('retention', 'must be between 0 and 3650 days');
+    END IF;
+    IF _check_queue_settings.max_running NOT BETWEEN 0 AND 100000 THEN
+        PERFORM pgq._bad_argument('max_running',
+            format('must be between 0 (no cap) and 100000, got %s', _check_queue_settings.max_running));
+    END IF;
+    IF _check_queue_settings.key_max_running NOT BETWEEN 0 AND 100000 THEN
+        PERFORM pgq._bad_argument('key_max_running',
+            format('must be between 0 (no limit) and 100000, got %s', _check_queue_settings.key_max_running));
+    END IF;
+    PERFORM pgq._check_span('max_run_time', _check_queue_settings.max_run_time);
+    IF _check_queue_settings.max_run_time < interval '0' OR _check_queue_settings.max_run_time > interval '365 days' THEN
+        PERFORM pgq._bad_argument('max_run_time',
+            format('must be between 0 (no limit) and 365 days, got %s', _check_queue_settings.max_run_time));
+    END IF;
+    IF _check_queue_settings.rate_limit NOT BETWEEN 0 AND 1000000 THEN
+        PERFORM pgq._bad_argument('rate_limit',
+            format('must be between 0 (no limit) and 1000000, got %s', _check_queue_settings.rate_limit));
+    END IF;
+    IF _check_queue_settings.rate_period IS NOT NULL THEN
+        PERFORM pgq._check_interval('rate_period', _check_queue_settings.rate_period, interval '1 day');
+    END IF;
+    IF _check_queue_settings.key_rate_limit NOT BETWEEN 0 AND 1000000 THEN
+        PERFORM pgq._bad_argument('key_rate_limit',
+            format('must be between 0 (no limit) and 1000000, got %s', _check_queue_settings.key_rate_limit));
+    END IF;
+END
+$$;
+
+-- A queue switched to fair mode (pgq.configure_queue): the jobs already in it join, those without
+-- a tenant get the tenant '', and every tenant gets its row. (Switch a queue to fair mode before
+-- producers use it: an enqueue that read the queue's settings before this commits stores no
+-- tenant, and fair claims do not see such a job until it is given one.)
+CREATE OR REPLACE FUNCTION pgq._make_fair(queue text)
+    RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE pgq.jobs AS j SET tenant = ''
+    WHERE j.queue = _make_fair.queue AND j.tenant IS NULL AND j.state <> 'done';
+    INSERT INTO pgq.tenants AS t (queue, tenant)
+    SELECT DISTINCT j.queue, j.tenant FROM pgq.jobs AS j
+    WHERE j.queue = _make_fair.queue AND j.tenant IS NOT NULL AND j.state <> 'done'
+    ON CONFLICT DO NOTHING;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.configure_queue(queue text, lease interval DEFAULT NULL,
                                     max_attempts integer DEFAULT NULL,
                                     backoff_base interval DEFAULT NULL,
@@ -331,62 +410,14 @@ DECLARE
     new_key_rate integer;
 BEGIN
     q := pgq._lock_queue(configure_queue.queue);
-    IF configure_queue.lease IS NOT NULL THEN
-        PERFORM pgq._check_interval('lease', configure_queue.lease, interval '1 day');
-    END IF;
-    IF configure_queue.max_attempts NOT BETWEEN 1 AND 10000 THEN
-        PERFORM pgq._bad_argument('max_attempts',
-            format('must be between 1 and 10000, got %s', configure_queue.max_attempts));
-    END IF;
-    IF configure_queue.backoff_base IS NOT NULL THEN
-        PERFORM pgq._check_interval('backoff_base', configure_queue.backoff_base, interval '365 days');
-    END IF;
-    IF configure_queue.backoff_cap IS NOT NULL THEN
-        PERFORM pgq._check_interval('backoff_cap', configure_queue.backoff_cap, interval '365 days');
-    END IF;
-    IF coalesce(configure_queue.backoff_cap, q.backoff_cap)
-       < coalesce(configure_queue.backoff_base, q.backoff_base) THEN
-        PERFORM pgq._bad_argument('backoff_cap', 'must not be less than backoff_base');
-    END IF;
-    PERFORM pgq._check_span('retention', configure_queue.retention);
-    IF configure_queue.retention < interval '0' OR configure_queue.retention > interval '3650 days' THEN
-        PERFORM pgq._bad_argument('retention', 'must be between 0 and 3650 days');
-    END IF;
-    IF configure_queue.max_running NOT BETWEEN 0 AND 100000 THEN
-        PERFORM pgq._bad_argument('max_running',
-            format('must be between 0 (no cap) and 100000, got %s', configure_queue.max_running));
-    END IF;
-    IF configure_queue.key_max_running NOT BETWEEN 0 AND 100000 THEN
-        PERFORM pgq._bad_argument('key_max_running',
-            format('must be between 0 (no limit) and 100000, got %s', configure_queue.key_max_running));
-    END IF;
-    PERFORM pgq._check_span('max_run_time', configure_queue.max_run_time);
-    IF configure_queue.max_run_time < interval '0' OR configure_queue.max_run_time > interval '365 days' THEN
-        PERFORM pgq._bad_argument('max_run_time',
-            format('must be between 0 (no limit) and 365 days, got %s', configure_queue.max_run_time));
-    END IF;
-    IF configure_queue.rate_limit NOT BETWEEN 0 AND 1000000 THEN
-        PERFORM pgq._bad_argument('rate_limit',
-            format('must be between 0 (no limit) and 1000000, got %s', configure_queue.rate_limit));
-    END IF;
-    IF configure_queue.rate_period IS NOT NULL THEN
-        PERFORM pgq._check_interval('rate_period', configure_queue.rate_period, interval '1 day');
-    END IF;
-    IF configure_queue.key_rate_limit NOT BETWEEN 0 AND 1000000 THEN
-        PERFORM pgq._bad_argument('key_rate_limit',
-            format('must be between 0 (no limit) and 1000000, got %s', configure_queue.key_rate_limit));
-    END IF;
+    PERFORM pgq._check_queue_settings(q, configure_queue.lease, configure_queue.max_attempts,
+                                      configure_queue.backoff_base, configure_queue.backoff_cap,
+                                      configure_queue.retention, configure_queue.max_running,
+                                      configure_queue.max_run_time, configure_queue.key_max_running,
+                                      configure_queue.rate_limit, configure_queue.rate_period,
+                                      configure_queue.key_rate_limit);
     IF configure_queue.fair AND NOT q.fair THEN
-        -- Jobs already in the queue join fair mode: those without a tenant get the tenant '',
-        -- and every tenant gets its row. (Switch a queue to fair mode before producers use it:
-        -- an enqueue that read the queue's settings before this commits stores no tenant, and
-        -- fair claims do not see such a job until it is given one.)
-        UPDATE pgq.jobs AS j SET tenant = ''
-        WHERE j.queue = configure_queue.queue AND j.tenant IS NULL AND j.state <> 'done';
-        INSERT INTO pgq.tenants AS t (queue, tenant)
-        SELECT DISTINCT j.queue, j.tenant FROM pgq.jobs AS j
-        WHERE j.queue = configure_queue.queue AND j.tenant IS NOT NULL AND j.state <> 'done'
-        ON CONFLICT DO NOTHING;
+        PERFORM pgq._make_fair(configure_queue.queue);
     END IF;
     -- A new rate or period keeps what the buckets handed out: their debt is rescaled to as many
     -- tokens of the new rate (pgq._rescaled_tat); a rate set to 0 forgets it. (Read after the
@@ -1016,6 +1047,27 @@ COMMENT ON FUNCTION pgq._lock_dependencies(bigint[]) IS
     'For pgq.enqueue''s depends_on: checks and locks the dependencies; returns them, those not done '
     'yet and the first that ended failed or cancelled.';
 
+-- The jobs `ids`, just enqueued waiting, with pgq._lock_dependencies' answer for their
+-- dependencies: linked to the open ones (pgq.job_dependencies) or, when one had ended failed or
+-- cancelled (ended_id), cancelled at once, as if they had been waiting then. For pgq.enqueue and
+-- pgq.enqueue_many.
+CREATE OR REPLACE FUNCTION pgq._wait_for_dependencies(ids bigint[], open_ids bigint[], ended_id bigint,
+                                                      ended_state pgq.job_state)
+    RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF _wait_for_dependencies.ended_id IS NOT NULL THEN
+        PERFORM pgq._cancel_for_dependency(_wait_for_dependencies.ids, _wait_for_dependencies.ended_id,
+                                           _wait_for_dependencies.ended_state);
+    ELSE
+        INSERT INTO pgq.job_dependencies (depends_on, job_id)
+        SELECT d.id, n.id
+        FROM unnest(_wait_for_dependencies.open_ids) AS d(id) CROSS JOIN unnest(_wait_for_dependencies.ids) AS n(id);
+    END IF;
+END
+$$;
+
 -- Cancels a waiting job whose dependency `dependency` has ended `ended` (failed or cancelled):
 -- for pgq.enqueue and pgq.enqueue_many, when a dependency had ended before the job was enqueued
 -- (pgq._dependency_ended cancels the jobs already waiting).
@@ -1594,9 +1646,11 @@ COMMENT ON FUNCTION pgq.set_tenant_weight(text, text, integer) IS
 
 -- sql/functions/enqueue.sql ---------------------------------------------------------------------------
 
--- Validates the optional enqueue arguments shared by enqueue and enqueue_many.
+-- Validates the enqueue arguments shared by enqueue, enqueue_many and schedule (the payloads and
+-- unique_key are checked by each), raising 22004 / 22023 naming the first that is wrong.
 CREATE OR REPLACE FUNCTION pgq._check_enqueue(queue text, kind text, run_at timestamptz, priority integer,
-                                   max_attempts integer, tenant text)
+                                              max_attempts integer, tenant text, max_run_time interval,
+                                              meta jsonb, concurrency_key text)
     RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     AS $$
@@ -1621,6 +1675,13 @@ BEGIN
     IF length(_check_enqueue.tenant) NOT BETWEEN 1 AND 256 THEN
         PERFORM pgq._bad_argument('tenant', 'must be 1 to 256 characters long');
     END IF;
+    IF _check_enqueue.max_run_time IS NOT NULL THEN
+        PERFORM pgq._check_interval('max_run_time', _check_enqueue.max_run_time, interval '365 days');
+    END IF;
+    IF _check_enqueue.meta IS NOT NULL THEN
+        PERFORM pgq._check_payload('meta', _check_enqueue.meta);
+    END IF;
+    PERFORM pgq._check_concurrency_key('concurrency_key', _check_enqueue.concurrency_key);
 END
 $$;
 
@@ -1664,16 +1725,10 @@ BEGIN
                          AND pgq._jsonb_size(enqueue.meta) <= 1048576)
                     AND coalesce(length(enqueue.concurrency_key) BETWEEN 1 AND 256, true), false) THEN
         PERFORM pgq._check_enqueue(enqueue.queue, enqueue.kind, enqueue.run_at, enqueue.priority,
-                                   enqueue.max_attempts, enqueue.tenant);
-        PERFORM pgq._check_concurrency_key('concurrency_key', enqueue.concurrency_key);
+                                   enqueue.max_attempts, enqueue.tenant, enqueue.max_run_time, enqueue.meta,
+                                   enqueue.concurrency_key);
         PERFORM pgq._check_payload('payload', enqueue.payload);
         PERFORM pgq._check_unique_key(enqueue.unique_key);
-        IF enqueue.max_run_time IS NOT NULL THEN
-            PERFORM pgq._check_interval('max_run_time', enqueue.max_run_time, interval '365 days');
-        END IF;
-        IF enqueue.meta IS NOT NULL THEN
-            PERFORM pgq._check_payload('meta', enqueue.meta);
-        END IF;
     END IF;
     -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
     PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(enqueue.queue));
@@ -1747,13 +1802,7 @@ BEGIN
     END IF;
 
     IF new_state = 'waiting' THEN
-        IF deps.ended_id IS NOT NULL THEN
-            -- A dependency has ended failed or cancelled: the job ends as if it had been waiting then.
-            PERFORM pgq._cancel_for_dependency(ARRAY[new_id], deps.ended_id, deps.ended_state);
-        ELSE
-            INSERT INTO pgq.job_dependencies (depends_on, job_id)
-            SELECT d.id, new_id FROM unnest(deps.open_ids) AS d(id);
-        END IF;
+        PERFORM pgq._wait_for_dependencies(ARRAY[new_id], deps.open_ids, deps.ended_id, deps.ended_state);
         RETURN new_id;
     END IF;
     IF q.notify AND enqueue.run_at <= pgq._now() THEN
@@ -1788,14 +1837,8 @@ DECLARE
     new_ids    bigint[];
 BEGIN
     PERFORM pgq._check_enqueue(enqueue_many.queue, enqueue_many.kind, enqueue_many.run_at,
-                               enqueue_many.priority, enqueue_many.max_attempts, enqueue_many.tenant);
-    IF enqueue_many.max_run_time IS NOT NULL THEN
-        PERFORM pgq._check_interval('max_run_time', enqueue_many.max_run_time, interval '365 days');
-    END IF;
-    IF enqueue_many.meta IS NOT NULL THEN
-        PERFORM pgq._check_payload('meta', enqueue_many.meta);
-    END IF;
-    PERFORM pgq._check_concurrency_key('concurrency_key', enqueue_many.concurrency_key);
+                               enqueue_many.priority, enqueue_many.max_attempts, enqueue_many.tenant,
+                               enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key);
     IF enqueue_many.payloads IS NULL THEN
         PERFORM pgq._bad_argument('payloads', 'must not be NULL');
     END IF;
@@ -1862,12 +1905,7 @@ BEGIN
         RETURNING jobs.id
     )
     SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') INTO new_ids FROM inserted AS i;
-    IF deps.ended_id IS NOT NULL THEN
-        PERFORM pgq._cancel_for_dependency(new_ids, deps.ended_id, deps.ended_state);
-    ELSE
-        INSERT INTO pgq.job_dependencies (depends_on, job_id)
-        SELECT d.id, n.id FROM unnest(deps.open_ids) AS d(id) CROSS JOIN unnest(new_ids) AS n(id);
-    END IF;
+    PERFORM pgq._wait_for_dependencies(new_ids, deps.open_ids, deps.ended_id, deps.ended_state);
     RETURN QUERY SELECT unnest(new_ids);
 END
 $$;
@@ -3350,7 +3388,7 @@ DECLARE
 BEGIN
     PERFORM pgq._check_name('name', schedule.name);
     PERFORM pgq._check_enqueue(schedule.queue, schedule.kind, pgq._now(), schedule.priority,
-                               schedule.max_attempts, schedule.tenant);
+                               schedule.max_attempts, schedule.tenant, NULL, NULL, NULL);
     PERFORM pgq._check_payload('payload', schedule.payload);
     IF schedule.cron IS NULL AND schedule.every IS NULL THEN
         PERFORM pgq._bad_argument('cron', 'or every must be given',
@@ -3927,6 +3965,131 @@ COMMENT ON FUNCTION pgq.queue_settings(text) IS
 
 -- sql/functions/health.sql ----------------------------------------------------------------------------
 
+-- pgq.health's check of kinds no worker claims (a Worker claims only the kinds it has handlers for):
+-- a kind whose due jobs wait much longer than the rest of its queue while workers claim the queue's
+-- other kinds.
+CREATE OR REPLACE FUNCTION pgq._health_kinds(max_ready_age interval)
+    RETURNS TABLE (severity text, "check" text, detail text, hint text)
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    r record;
+    found_any boolean;
+BEGIN
+    -- "Much longer": past half of max_ready_age, and ten times the oldest due job of
+    -- the queue's other kinds; "workers claim": a job of another kind of the queue was claimed
+    -- after this kind's oldest due job came due (running now, or finished since).
+    found_any := false;
+    FOR r IN
+        WITH due AS (
+            SELECT j.queue, j.kind, min(j.run_at) AS oldest, count(*) AS n
+            FROM pgq.queues AS q JOIN pgq.jobs AS j ON j.queue = q.name
+            WHERE NOT q.paused AND j.state = 'pending' AND j.attempt < j.max_attempts
+              AND j.run_at <= pgq._now()
+            GROUP BY j.queue, j.kind
+        )
+        SELECT d.queue, d.kind, d.n, pgq._now() - d.oldest AS age,
+               coalesce((SELECT pgq._now() - min(o.oldest) FROM due AS o
+                         WHERE o.queue = d.queue AND o.kind <> d.kind), interval '0') AS others
+        FROM due AS d
+        WHERE pgq._now() - d.oldest > _health_kinds.max_ready_age / 2
+          -- The finished jobs are looked for among the newest 1,000 of each finished state of the
+          -- queue (jobs_list_idx): a bounded read, where all jobs finished since d.oldest could be
+          -- the whole history of a queue stuck for hours (a job claimed after d.oldest finished
+          -- after it).
+          AND (EXISTS (SELECT FROM pgq.jobs AS w
+                       WHERE w.lease_until IS NOT NULL AND w.queue = d.queue AND w.kind <> d.kind
+                         AND w.claimed_at > d.oldest)
+               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
+                                       WHERE w.queue = d.queue AND w.state = 'done' ORDER BY -w.id LIMIT 1000) AS w
+                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest)
+               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
+                                       WHERE w.queue = d.queue AND w.state = 'failed' ORDER BY -w.id LIMIT 1000) AS w
+                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest)
+               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
+                                       WHERE w.queue = d.queue AND w.state = 'cancelled' ORDER BY -w.id LIMIT 1000) AS w
+                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest))
+        ORDER BY d.queue, d.kind
+    LOOP
+        CONTINUE WHEN r.age <= r.others * 10;
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.age > _health_kinds.max_ready_age THEN 'critical' ELSE 'warning' END,
+            'unclaimed_kind',
+            format('queue %s: %s due job(s) of kind %s have waited up to %s while workers claim its other '
+                   'kinds (whose due jobs waited at most %s)', r.queue, r.n, r.kind,
+                   date_trunc('second', r.age), date_trunc('second', r.others)),
+            'No running worker handles this kind: start one that does, or cancel these jobs.';
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'unclaimed_kind', 'no kind waits much longer than the rest of its queue', NULL::text;
+    END IF;
+END
+$$;
+
+-- pgq.health's checks of this database's sessions (pg_stat_activity, as the schema's owner; a
+-- statement's text only to a caller who may read it there itself: pgq._may_see_query).
+CREATE OR REPLACE FUNCTION pgq._health_sessions(max_snapshot_age interval)
+    RETURNS TABLE (severity text, "check" text, detail text, hint text)
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    r record;
+    found_any boolean;
+BEGIN
+    -- 4. Sessions blocked by others (lock waits: a long transaction holding a job's row, say).
+    found_any := false;
+    FOR r IN
+        SELECT a.pid, a.usename, pg_blocking_pids(a.pid) AS blockers,
+               clock_timestamp() - a.query_start AS waited,
+               CASE WHEN pgq._may_see_query(a.usesysid) THEN left(a.query, 80)
+                    ELSE '(query not shown: another role''s session)' END AS query
+        FROM pg_stat_activity AS a
+        WHERE a.datname = current_database() AND cardinality(pg_blocking_pids(a.pid)) > 0
+        ORDER BY a.query_start
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.waited > _health_sessions.max_snapshot_age THEN 'critical' ELSE 'warning' END,
+            'blocked_sessions',
+            format('pid %s has waited %s for pid(s) %s (role %s): %s', r.pid, date_trunc('second', r.waited),
+                   array_to_string(r.blockers, ', '), r.usename, r.query),
+            'Look at what the blocking session is doing (pg_stat_activity); end it if it is stuck.';
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'blocked_sessions', 'no session waits for another', NULL::text;
+    END IF;
+
+    -- 5. Long transactions and idle-in-transaction sessions: their snapshot holds back vacuum of
+    -- every table, pgq.jobs included, so dead rows pile up and claims slow down.
+    found_any := false;
+    FOR r IN
+        SELECT a.pid, a.state, a.usename, clock_timestamp() - a.xact_start AS age,
+               age(a.backend_xmin) AS xmin_age,
+               CASE WHEN pgq._may_see_query(a.usesysid) THEN left(a.query, 80)
+                    ELSE '(query not shown: another role''s session)' END AS query
+        FROM pg_stat_activity AS a
+        -- Only this database's sessions hold back vacuum of its tables.
+        WHERE a.datname = current_database() AND a.xact_start IS NOT NULL
+          AND a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
+          AND clock_timestamp() - a.xact_start > _health_sessions.max_snapshot_age / 2
+        ORDER BY a.xact_start
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.age > _health_sessions.max_snapshot_age THEN 'critical' ELSE 'warning' END,
+            CASE WHEN r.state LIKE 'idle in transaction%' THEN 'idle_in_transaction' ELSE 'long_transaction' END,
+            format('pid %s (%s, %s) has held a snapshot for %s (xmin age %s transactions): %s', r.pid,
+                   r.usename, r.state, date_trunc('second', r.age), r.xmin_age, r.query),
+            'It holds back vacuum: end it, and set idle_in_transaction_session_timeout / statement_timeout.';
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'oldest_snapshot',
+            format('no snapshot older than %s', _health_sessions.max_snapshot_age / 2), NULL::text;
+    END IF;
+END
+$$;
+
 -- Health: one row per finding, for dashboards, alerts and readiness probes (pgq-thin doctor).
 -- severity: ok, warning or critical. The thresholds are arguments so operators (and tests) can
 -- tighten them. Session checks read pg_stat_activity: the schema owner needs the pg_monitor role
@@ -3982,56 +4145,7 @@ BEGIN
             format('no due job has waited more than %s', health.max_ready_age / 2), NULL::text;
     END IF;
 
-    -- 2b. A kind whose due jobs wait much longer than the rest of its queue while workers claim
-    -- the queue's other kinds: no running worker handles it (a Worker claims only the kinds it has
-    -- handlers for). "Much longer": past half of max_ready_age, and ten times the oldest due job of
-    -- the queue's other kinds; "workers claim": a job of another kind of the queue was claimed
-    -- after this kind's oldest due job came due (running now, or finished since).
-    found_any := false;
-    FOR r IN
-        WITH due AS (
-            SELECT j.queue, j.kind, min(j.run_at) AS oldest, count(*) AS n
-            FROM pgq.queues AS q JOIN pgq.jobs AS j ON j.queue = q.name
-            WHERE NOT q.paused AND j.state = 'pending' AND j.attempt < j.max_attempts
-              AND j.run_at <= pgq._now()
-            GROUP BY j.queue, j.kind
-        )
-        SELECT d.queue, d.kind, d.n, pgq._now() - d.oldest AS age,
-               coalesce((SELECT pgq._now() - min(o.oldest) FROM due AS o
-                         WHERE o.queue = d.queue AND o.kind <> d.kind), interval '0') AS others
-        FROM due AS d
-        WHERE pgq._now() - d.oldest > health.max_ready_age / 2
-          -- The finished jobs are looked for among the newest 1,000 of each finished state of the
-          -- queue (jobs_list_idx): a bounded read, where all jobs finished since d.oldest could be
-          -- the whole history of a queue stuck for hours (a job claimed after d.oldest finished
-          -- after it).
-          AND (EXISTS (SELECT FROM pgq.jobs AS w
-                       WHERE w.lease_until IS NOT NULL AND w.queue = d.queue AND w.kind <> d.kind
-                         AND w.claimed_at > d.oldest)
-               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
-                                       WHERE w.queue = d.queue AND w.state = 'done' ORDER BY -w.id LIMIT 1000) AS w
-                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest)
-               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
-                                       WHERE w.queue = d.queue AND w.state = 'failed' ORDER BY -w.id LIMIT 1000) AS w
-                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest)
-               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
-                                       WHERE w.queue = d.queue AND w.state = 'cancelled' ORDER BY -w.id LIMIT 1000) AS w
-                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest))
-        ORDER BY d.queue, d.kind
-    LOOP
-        CONTINUE WHEN r.age <= r.others * 10;
-        found_any := true;
-        RETURN QUERY SELECT
-            CASE WHEN r.age > health.max_ready_age THEN 'critical' ELSE 'warning' END,
-            'unclaimed_kind',
-            format('queue %s: %s due job(s) of kind %s have waited up to %s while workers claim its other '
-                   'kinds (whose due jobs waited at most %s)', r.queue, r.n, r.kind,
-                   date_trunc('second', r.age), date_trunc('second', r.others)),
-            'No running worker handles this kind: start one that does, or cancel these jobs.';
-    END LOOP;
-    IF NOT found_any THEN
-        RETURN QUERY SELECT 'ok', 'unclaimed_kind', 'no kind waits much longer than the rest of its queue', NULL::text;
-    END IF;
+    RETURN QUERY SELECT * FROM pgq._health_kinds(health.max_ready_age);
 
     -- 3. Jobs parked as outcome_unknown wait for a person.
     -- Per queue, through jobs_list_idx: a count over all jobs would read the finished history.
@@ -4048,56 +4162,7 @@ BEGIN
             'Find out what happened, then pgq.resolve(id, ''done'' | ''pending'' | ''failed'' | ''cancelled'').';
     END IF;
 
-    -- 4. Sessions blocked by others (lock waits: a long transaction holding a job's row, say).
-    found_any := false;
-    FOR r IN
-        SELECT a.pid, a.usename, pg_blocking_pids(a.pid) AS blockers,
-               clock_timestamp() - a.query_start AS waited,
-               CASE WHEN pgq._may_see_query(a.usesysid) THEN left(a.query, 80)
-                    ELSE '(query not shown: another role''s session)' END AS query
-        FROM pg_stat_activity AS a
-        WHERE a.datname = current_database() AND cardinality(pg_blocking_pids(a.pid)) > 0
-        ORDER BY a.query_start
-    LOOP
-        found_any := true;
-        RETURN QUERY SELECT
-            CASE WHEN r.waited > health.max_snapshot_age THEN 'critical' ELSE 'warning' END,
-            'blocked_sessions',
-            format('pid %s has waited %s for pid(s) %s (role %s): %s', r.pid, date_trunc('second', r.waited),
-                   array_to_string(r.blockers, ', '), r.usename, r.query),
-            'Look at what the blocking session is doing (pg_stat_activity); end it if it is stuck.';
-    END LOOP;
-    IF NOT found_any THEN
-        RETURN QUERY SELECT 'ok', 'blocked_sessions', 'no session waits for another', NULL::text;
-    END IF;
-
-    -- 5. Long transactions and idle-in-transaction sessions: their snapshot holds back vacuum of
-    -- every table, pgq.jobs included, so dead rows pile up and claims slow down.
-    found_any := false;
-    FOR r IN
-        SELECT a.pid, a.state, a.usename, clock_timestamp() - a.xact_start AS age,
-               age(a.backend_xmin) AS xmin_age,
-               CASE WHEN pgq._may_see_query(a.usesysid) THEN left(a.query, 80)
-                    ELSE '(query not shown: another role''s session)' END AS query
-        FROM pg_stat_activity AS a
-        -- Only this database's sessions hold back vacuum of its tables.
-        WHERE a.datname = current_database() AND a.xact_start IS NOT NULL
-          AND a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
-          AND clock_timestamp() - a.xact_start > health.max_snapshot_age / 2
-        ORDER BY a.xact_start
-    LOOP
-        found_any := true;
-        RETURN QUERY SELECT
-            CASE WHEN r.age > health.max_snapshot_age THEN 'critical' ELSE 'warning' END,
-            CASE WHEN r.state LIKE 'idle in transaction%' THEN 'idle_in_transaction' ELSE 'long_transaction' END,
-            format('pid %s (%s, %s) has held a snapshot for %s (xmin age %s transactions): %s', r.pid,
-                   r.usename, r.state, date_trunc('second', r.age), r.xmin_age, r.query),
-            'It holds back vacuum: end it, and set idle_in_transaction_session_timeout / statement_timeout.';
-    END LOOP;
-    IF NOT found_any THEN
-        RETURN QUERY SELECT 'ok', 'oldest_snapshot',
-            format('no snapshot older than %s', health.max_snapshot_age / 2), NULL::text;
-    END IF;
+    RETURN QUERY SELECT * FROM pgq._health_sessions(health.max_snapshot_age);
 
     -- 6. Dead tuples and vacuum of pgq's tables; index sizes, for the record.
     FOR r IN

@@ -135,6 +135,27 @@ COMMENT ON FUNCTION pgq._lock_dependencies(bigint[]) IS
     'For pgq.enqueue''s depends_on: checks and locks the dependencies; returns them, those not done '
     'yet and the first that ended failed or cancelled.';
 
+-- The jobs `ids`, just enqueued waiting, with pgq._lock_dependencies' answer for their
+-- dependencies: linked to the open ones (pgq.job_dependencies) or, when one had ended failed or
+-- cancelled (ended_id), cancelled at once, as if they had been waiting then. For pgq.enqueue and
+-- pgq.enqueue_many.
+CREATE OR REPLACE FUNCTION pgq._wait_for_dependencies(ids bigint[], open_ids bigint[], ended_id bigint,
+                                                      ended_state pgq.job_state)
+    RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF _wait_for_dependencies.ended_id IS NOT NULL THEN
+        PERFORM pgq._cancel_for_dependency(_wait_for_dependencies.ids, _wait_for_dependencies.ended_id,
+                                           _wait_for_dependencies.ended_state);
+    ELSE
+        INSERT INTO pgq.job_dependencies (depends_on, job_id)
+        SELECT d.id, n.id
+        FROM unnest(_wait_for_dependencies.open_ids) AS d(id) CROSS JOIN unnest(_wait_for_dependencies.ids) AS n(id);
+    END IF;
+END
+$$;
+
 -- Cancels a waiting job whose dependency `dependency` has ended `ended` (failed or cancelled):
 -- for pgq.enqueue and pgq.enqueue_many, when a dependency had ended before the job was enqueued
 -- (pgq._dependency_ended cancels the jobs already waiting).

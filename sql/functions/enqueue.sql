@@ -1,6 +1,8 @@
--- Validates the optional enqueue arguments shared by enqueue and enqueue_many.
+-- Validates the enqueue arguments shared by enqueue, enqueue_many and schedule (the payloads and
+-- unique_key are checked by each), raising 22004 / 22023 naming the first that is wrong.
 CREATE OR REPLACE FUNCTION pgq._check_enqueue(queue text, kind text, run_at timestamptz, priority integer,
-                                   max_attempts integer, tenant text)
+                                              max_attempts integer, tenant text, max_run_time interval,
+                                              meta jsonb, concurrency_key text)
     RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     AS $$
@@ -25,6 +27,13 @@ BEGIN
     IF length(_check_enqueue.tenant) NOT BETWEEN 1 AND 256 THEN
         PERFORM pgq._bad_argument('tenant', 'must be 1 to 256 characters long');
     END IF;
+    IF _check_enqueue.max_run_time IS NOT NULL THEN
+        PERFORM pgq._check_interval('max_run_time', _check_enqueue.max_run_time, interval '365 days');
+    END IF;
+    IF _check_enqueue.meta IS NOT NULL THEN
+        PERFORM pgq._check_payload('meta', _check_enqueue.meta);
+    END IF;
+    PERFORM pgq._check_concurrency_key('concurrency_key', _check_enqueue.concurrency_key);
 END
 $$;
 
@@ -68,16 +77,10 @@ BEGIN
                          AND pgq._jsonb_size(enqueue.meta) <= 1048576)
                     AND coalesce(length(enqueue.concurrency_key) BETWEEN 1 AND 256, true), false) THEN
         PERFORM pgq._check_enqueue(enqueue.queue, enqueue.kind, enqueue.run_at, enqueue.priority,
-                                   enqueue.max_attempts, enqueue.tenant);
-        PERFORM pgq._check_concurrency_key('concurrency_key', enqueue.concurrency_key);
+                                   enqueue.max_attempts, enqueue.tenant, enqueue.max_run_time, enqueue.meta,
+                                   enqueue.concurrency_key);
         PERFORM pgq._check_payload('payload', enqueue.payload);
         PERFORM pgq._check_unique_key(enqueue.unique_key);
-        IF enqueue.max_run_time IS NOT NULL THEN
-            PERFORM pgq._check_interval('max_run_time', enqueue.max_run_time, interval '365 days');
-        END IF;
-        IF enqueue.meta IS NOT NULL THEN
-            PERFORM pgq._check_payload('meta', enqueue.meta);
-        END IF;
     END IF;
     -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
     PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(enqueue.queue));
@@ -151,13 +154,7 @@ BEGIN
     END IF;
 
     IF new_state = 'waiting' THEN
-        IF deps.ended_id IS NOT NULL THEN
-            -- A dependency has ended failed or cancelled: the job ends as if it had been waiting then.
-            PERFORM pgq._cancel_for_dependency(ARRAY[new_id], deps.ended_id, deps.ended_state);
-        ELSE
-            INSERT INTO pgq.job_dependencies (depends_on, job_id)
-            SELECT d.id, new_id FROM unnest(deps.open_ids) AS d(id);
-        END IF;
+        PERFORM pgq._wait_for_dependencies(ARRAY[new_id], deps.open_ids, deps.ended_id, deps.ended_state);
         RETURN new_id;
     END IF;
     IF q.notify AND enqueue.run_at <= pgq._now() THEN
@@ -192,14 +189,8 @@ DECLARE
     new_ids    bigint[];
 BEGIN
     PERFORM pgq._check_enqueue(enqueue_many.queue, enqueue_many.kind, enqueue_many.run_at,
-                               enqueue_many.priority, enqueue_many.max_attempts, enqueue_many.tenant);
-    IF enqueue_many.max_run_time IS NOT NULL THEN
-        PERFORM pgq._check_interval('max_run_time', enqueue_many.max_run_time, interval '365 days');
-    END IF;
-    IF enqueue_many.meta IS NOT NULL THEN
-        PERFORM pgq._check_payload('meta', enqueue_many.meta);
-    END IF;
-    PERFORM pgq._check_concurrency_key('concurrency_key', enqueue_many.concurrency_key);
+                               enqueue_many.priority, enqueue_many.max_attempts, enqueue_many.tenant,
+                               enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key);
     IF enqueue_many.payloads IS NULL THEN
         PERFORM pgq._bad_argument('payloads', 'must not be NULL');
     END IF;
@@ -266,12 +257,7 @@ BEGIN
         RETURNING jobs.id
     )
     SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') INTO new_ids FROM inserted AS i;
-    IF deps.ended_id IS NOT NULL THEN
-        PERFORM pgq._cancel_for_dependency(new_ids, deps.ended_id, deps.ended_state);
-    ELSE
-        INSERT INTO pgq.job_dependencies (depends_on, job_id)
-        SELECT d.id, n.id FROM unnest(deps.open_ids) AS d(id) CROSS JOIN unnest(new_ids) AS n(id);
-    END IF;
+    PERFORM pgq._wait_for_dependencies(new_ids, deps.open_ids, deps.ended_id, deps.ended_state);
     RETURN QUERY SELECT unnest(new_ids);
 END
 $$;

@@ -1,3 +1,128 @@
+-- pgq.health's check of kinds no worker claims (a Worker claims only the kinds it has handlers for):
+-- a kind whose due jobs wait much longer than the rest of its queue while workers claim the queue's
+-- other kinds.
+CREATE OR REPLACE FUNCTION pgq._health_kinds(max_ready_age interval)
+    RETURNS TABLE (severity text, "check" text, detail text, hint text)
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    r record;
+    found_any boolean;
+BEGIN
+    -- "Much longer": past half of max_ready_age, and ten times the oldest due job of
+    -- the queue's other kinds; "workers claim": a job of another kind of the queue was claimed
+    -- after this kind's oldest due job came due (running now, or finished since).
+    found_any := false;
+    FOR r IN
+        WITH due AS (
+            SELECT j.queue, j.kind, min(j.run_at) AS oldest, count(*) AS n
+            FROM pgq.queues AS q JOIN pgq.jobs AS j ON j.queue = q.name
+            WHERE NOT q.paused AND j.state = 'pending' AND j.attempt < j.max_attempts
+              AND j.run_at <= pgq._now()
+            GROUP BY j.queue, j.kind
+        )
+        SELECT d.queue, d.kind, d.n, pgq._now() - d.oldest AS age,
+               coalesce((SELECT pgq._now() - min(o.oldest) FROM due AS o
+                         WHERE o.queue = d.queue AND o.kind <> d.kind), interval '0') AS others
+        FROM due AS d
+        WHERE pgq._now() - d.oldest > _health_kinds.max_ready_age / 2
+          -- The finished jobs are looked for among the newest 1,000 of each finished state of the
+          -- queue (jobs_list_idx): a bounded read, where all jobs finished since d.oldest could be
+          -- the whole history of a queue stuck for hours (a job claimed after d.oldest finished
+          -- after it).
+          AND (EXISTS (SELECT FROM pgq.jobs AS w
+                       WHERE w.lease_until IS NOT NULL AND w.queue = d.queue AND w.kind <> d.kind
+                         AND w.claimed_at > d.oldest)
+               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
+                                       WHERE w.queue = d.queue AND w.state = 'done' ORDER BY -w.id LIMIT 1000) AS w
+                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest)
+               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
+                                       WHERE w.queue = d.queue AND w.state = 'failed' ORDER BY -w.id LIMIT 1000) AS w
+                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest)
+               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
+                                       WHERE w.queue = d.queue AND w.state = 'cancelled' ORDER BY -w.id LIMIT 1000) AS w
+                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest))
+        ORDER BY d.queue, d.kind
+    LOOP
+        CONTINUE WHEN r.age <= r.others * 10;
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.age > _health_kinds.max_ready_age THEN 'critical' ELSE 'warning' END,
+            'unclaimed_kind',
+            format('queue %s: %s due job(s) of kind %s have waited up to %s while workers claim its other '
+                   'kinds (whose due jobs waited at most %s)', r.queue, r.n, r.kind,
+                   date_trunc('second', r.age), date_trunc('second', r.others)),
+            'No running worker handles this kind: start one that does, or cancel these jobs.';
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'unclaimed_kind', 'no kind waits much longer than the rest of its queue', NULL::text;
+    END IF;
+END
+$$;
+
+-- pgq.health's checks of this database's sessions (pg_stat_activity, as the schema's owner; a
+-- statement's text only to a caller who may read it there itself: pgq._may_see_query).
+CREATE OR REPLACE FUNCTION pgq._health_sessions(max_snapshot_age interval)
+    RETURNS TABLE (severity text, "check" text, detail text, hint text)
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    r record;
+    found_any boolean;
+BEGIN
+    -- 4. Sessions blocked by others (lock waits: a long transaction holding a job's row, say).
+    found_any := false;
+    FOR r IN
+        SELECT a.pid, a.usename, pg_blocking_pids(a.pid) AS blockers,
+               clock_timestamp() - a.query_start AS waited,
+               CASE WHEN pgq._may_see_query(a.usesysid) THEN left(a.query, 80)
+                    ELSE '(query not shown: another role''s session)' END AS query
+        FROM pg_stat_activity AS a
+        WHERE a.datname = current_database() AND cardinality(pg_blocking_pids(a.pid)) > 0
+        ORDER BY a.query_start
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.waited > _health_sessions.max_snapshot_age THEN 'critical' ELSE 'warning' END,
+            'blocked_sessions',
+            format('pid %s has waited %s for pid(s) %s (role %s): %s', r.pid, date_trunc('second', r.waited),
+                   array_to_string(r.blockers, ', '), r.usename, r.query),
+            'Look at what the blocking session is doing (pg_stat_activity); end it if it is stuck.';
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'blocked_sessions', 'no session waits for another', NULL::text;
+    END IF;
+
+    -- 5. Long transactions and idle-in-transaction sessions: their snapshot holds back vacuum of
+    -- every table, pgq.jobs included, so dead rows pile up and claims slow down.
+    found_any := false;
+    FOR r IN
+        SELECT a.pid, a.state, a.usename, clock_timestamp() - a.xact_start AS age,
+               age(a.backend_xmin) AS xmin_age,
+               CASE WHEN pgq._may_see_query(a.usesysid) THEN left(a.query, 80)
+                    ELSE '(query not shown: another role''s session)' END AS query
+        FROM pg_stat_activity AS a
+        -- Only this database's sessions hold back vacuum of its tables.
+        WHERE a.datname = current_database() AND a.xact_start IS NOT NULL
+          AND a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
+          AND clock_timestamp() - a.xact_start > _health_sessions.max_snapshot_age / 2
+        ORDER BY a.xact_start
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.age > _health_sessions.max_snapshot_age THEN 'critical' ELSE 'warning' END,
+            CASE WHEN r.state LIKE 'idle in transaction%' THEN 'idle_in_transaction' ELSE 'long_transaction' END,
+            format('pid %s (%s, %s) has held a snapshot for %s (xmin age %s transactions): %s', r.pid,
+                   r.usename, r.state, date_trunc('second', r.age), r.xmin_age, r.query),
+            'It holds back vacuum: end it, and set idle_in_transaction_session_timeout / statement_timeout.';
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'oldest_snapshot',
+            format('no snapshot older than %s', _health_sessions.max_snapshot_age / 2), NULL::text;
+    END IF;
+END
+$$;
+
 -- Health: one row per finding, for dashboards, alerts and readiness probes (pgq-thin doctor).
 -- severity: ok, warning or critical. The thresholds are arguments so operators (and tests) can
 -- tighten them. Session checks read pg_stat_activity: the schema owner needs the pg_monitor role
@@ -53,56 +178,7 @@ BEGIN
             format('no due job has waited more than %s', health.max_ready_age / 2), NULL::text;
     END IF;
 
-    -- 2b. A kind whose due jobs wait much longer than the rest of its queue while workers claim
-    -- the queue's other kinds: no running worker handles it (a Worker claims only the kinds it has
-    -- handlers for). "Much longer": past half of max_ready_age, and ten times the oldest due job of
-    -- the queue's other kinds; "workers claim": a job of another kind of the queue was claimed
-    -- after this kind's oldest due job came due (running now, or finished since).
-    found_any := false;
-    FOR r IN
-        WITH due AS (
-            SELECT j.queue, j.kind, min(j.run_at) AS oldest, count(*) AS n
-            FROM pgq.queues AS q JOIN pgq.jobs AS j ON j.queue = q.name
-            WHERE NOT q.paused AND j.state = 'pending' AND j.attempt < j.max_attempts
-              AND j.run_at <= pgq._now()
-            GROUP BY j.queue, j.kind
-        )
-        SELECT d.queue, d.kind, d.n, pgq._now() - d.oldest AS age,
-               coalesce((SELECT pgq._now() - min(o.oldest) FROM due AS o
-                         WHERE o.queue = d.queue AND o.kind <> d.kind), interval '0') AS others
-        FROM due AS d
-        WHERE pgq._now() - d.oldest > health.max_ready_age / 2
-          -- The finished jobs are looked for among the newest 1,000 of each finished state of the
-          -- queue (jobs_list_idx): a bounded read, where all jobs finished since d.oldest could be
-          -- the whole history of a queue stuck for hours (a job claimed after d.oldest finished
-          -- after it).
-          AND (EXISTS (SELECT FROM pgq.jobs AS w
-                       WHERE w.lease_until IS NOT NULL AND w.queue = d.queue AND w.kind <> d.kind
-                         AND w.claimed_at > d.oldest)
-               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
-                                       WHERE w.queue = d.queue AND w.state = 'done' ORDER BY -w.id LIMIT 1000) AS w
-                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest)
-               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
-                                       WHERE w.queue = d.queue AND w.state = 'failed' ORDER BY -w.id LIMIT 1000) AS w
-                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest)
-               OR EXISTS (SELECT FROM (SELECT w.kind, w.claimed_at FROM pgq.jobs AS w
-                                       WHERE w.queue = d.queue AND w.state = 'cancelled' ORDER BY -w.id LIMIT 1000) AS w
-                          WHERE w.kind <> d.kind AND w.claimed_at > d.oldest))
-        ORDER BY d.queue, d.kind
-    LOOP
-        CONTINUE WHEN r.age <= r.others * 10;
-        found_any := true;
-        RETURN QUERY SELECT
-            CASE WHEN r.age > health.max_ready_age THEN 'critical' ELSE 'warning' END,
-            'unclaimed_kind',
-            format('queue %s: %s due job(s) of kind %s have waited up to %s while workers claim its other '
-                   'kinds (whose due jobs waited at most %s)', r.queue, r.n, r.kind,
-                   date_trunc('second', r.age), date_trunc('second', r.others)),
-            'No running worker handles this kind: start one that does, or cancel these jobs.';
-    END LOOP;
-    IF NOT found_any THEN
-        RETURN QUERY SELECT 'ok', 'unclaimed_kind', 'no kind waits much longer than the rest of its queue', NULL::text;
-    END IF;
+    RETURN QUERY SELECT * FROM pgq._health_kinds(health.max_ready_age);
 
     -- 3. Jobs parked as outcome_unknown wait for a person.
     -- Per queue, through jobs_list_idx: a count over all jobs would read the finished history.
@@ -119,56 +195,7 @@ BEGIN
             'Find out what happened, then pgq.resolve(id, ''done'' | ''pending'' | ''failed'' | ''cancelled'').';
     END IF;
 
-    -- 4. Sessions blocked by others (lock waits: a long transaction holding a job's row, say).
-    found_any := false;
-    FOR r IN
-        SELECT a.pid, a.usename, pg_blocking_pids(a.pid) AS blockers,
-               clock_timestamp() - a.query_start AS waited,
-               CASE WHEN pgq._may_see_query(a.usesysid) THEN left(a.query, 80)
-                    ELSE '(query not shown: another role''s session)' END AS query
-        FROM pg_stat_activity AS a
-        WHERE a.datname = current_database() AND cardinality(pg_blocking_pids(a.pid)) > 0
-        ORDER BY a.query_start
-    LOOP
-        found_any := true;
-        RETURN QUERY SELECT
-            CASE WHEN r.waited > health.max_snapshot_age THEN 'critical' ELSE 'warning' END,
-            'blocked_sessions',
-            format('pid %s has waited %s for pid(s) %s (role %s): %s', r.pid, date_trunc('second', r.waited),
-                   array_to_string(r.blockers, ', '), r.usename, r.query),
-            'Look at what the blocking session is doing (pg_stat_activity); end it if it is stuck.';
-    END LOOP;
-    IF NOT found_any THEN
-        RETURN QUERY SELECT 'ok', 'blocked_sessions', 'no session waits for another', NULL::text;
-    END IF;
-
-    -- 5. Long transactions and idle-in-transaction sessions: their snapshot holds back vacuum of
-    -- every table, pgq.jobs included, so dead rows pile up and claims slow down.
-    found_any := false;
-    FOR r IN
-        SELECT a.pid, a.state, a.usename, clock_timestamp() - a.xact_start AS age,
-               age(a.backend_xmin) AS xmin_age,
-               CASE WHEN pgq._may_see_query(a.usesysid) THEN left(a.query, 80)
-                    ELSE '(query not shown: another role''s session)' END AS query
-        FROM pg_stat_activity AS a
-        -- Only this database's sessions hold back vacuum of its tables.
-        WHERE a.datname = current_database() AND a.xact_start IS NOT NULL
-          AND a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
-          AND clock_timestamp() - a.xact_start > health.max_snapshot_age / 2
-        ORDER BY a.xact_start
-    LOOP
-        found_any := true;
-        RETURN QUERY SELECT
-            CASE WHEN r.age > health.max_snapshot_age THEN 'critical' ELSE 'warning' END,
-            CASE WHEN r.state LIKE 'idle in transaction%' THEN 'idle_in_transaction' ELSE 'long_transaction' END,
-            format('pid %s (%s, %s) has held a snapshot for %s (xmin age %s transactions): %s', r.pid,
-                   r.usename, r.state, date_trunc('second', r.age), r.xmin_age, r.query),
-            'It holds back vacuum: end it, and set idle_in_transaction_session_timeout / statement_timeout.';
-    END LOOP;
-    IF NOT found_any THEN
-        RETURN QUERY SELECT 'ok', 'oldest_snapshot',
-            format('no snapshot older than %s', health.max_snapshot_age / 2), NULL::text;
-    END IF;
+    RETURN QUERY SELECT * FROM pgq._health_sessions(health.max_snapshot_age);
 
     -- 6. Dead tuples and vacuum of pgq's tables; index sizes, for the record.
     FOR r IN

@@ -61,6 +61,85 @@ BEGIN
 END
 $$;
 
+-- pgq.configure_queue's arguments, checked against the queue's settings `q` (a backoff_cap below
+-- the backoff_base it would have): 22023 naming the first that is wrong; NULL leaves a setting as
+-- it is.
+CREATE OR REPLACE FUNCTION pgq._check_queue_settings(q pgq.queues, lease interval, max_attempts integer,
+                                                     backoff_base interval, backoff_cap interval,
+                                                     retention interval, max_running integer,
+                                                     max_run_time interval, key_max_running integer,
+                                                     rate_limit integer, rate_period interval,
+                                                     key_rate_limit integer)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_queue_settings.lease IS NOT NULL THEN
+        PERFORM pgq._check_interval('lease', _check_queue_settings.lease, interval '1 day');
+    END IF;
+    IF _check_queue_settings.max_attempts NOT BETWEEN 1 AND 10000 THEN
+        PERFORM pgq._bad_argument('max_attempts',
+            format('must be between 1 and 10000, got %s', _check_queue_settings.max_attempts));
+    END IF;
+    IF _check_queue_settings.backoff_base IS NOT NULL THEN
+        PERFORM pgq._check_interval('backoff_base', _check_queue_settings.backoff_base, interval '365 days');
+    END IF;
+    IF _check_queue_settings.backoff_cap IS NOT NULL THEN
+        PERFORM pgq._check_interval('backoff_cap', _check_queue_settings.backoff_cap, interval '365 days');
+    END IF;
+    IF coalesce(_check_queue_settings.backoff_cap, q.backoff_cap)
+       < coalesce(_check_queue_settings.backoff_base, q.backoff_base) THEN
+        PERFORM pgq._bad_argument('backoff_cap', 'must not be less than backoff_base');
+    END IF;
+    PERFORM pgq._check_span('retention', _check_queue_settings.retention);
+    IF _check_queue_settings.retention < interval '0' OR _check_queue_settings.retention > interval '3650 days' THEN
+        PERFORM pgq._bad_argument('retention', 'must be between 0 and 3650 days');
+    END IF;
+    IF _check_queue_settings.max_running NOT BETWEEN 0 AND 100000 THEN
+        PERFORM pgq._bad_argument('max_running',
+            format('must be between 0 (no cap) and 100000, got %s', _check_queue_settings.max_running));
+    END IF;
+    IF _check_queue_settings.key_max_running NOT BETWEEN 0 AND 100000 THEN
+        PERFORM pgq._bad_argument('key_max_running',
+            format('must be between 0 (no limit) and 100000, got %s', _check_queue_settings.key_max_running));
+    END IF;
+    PERFORM pgq._check_span('max_run_time', _check_queue_settings.max_run_time);
+    IF _check_queue_settings.max_run_time < interval '0' OR _check_queue_settings.max_run_time > interval '365 days' THEN
+        PERFORM pgq._bad_argument('max_run_time',
+            format('must be between 0 (no limit) and 365 days, got %s', _check_queue_settings.max_run_time));
+    END IF;
+    IF _check_queue_settings.rate_limit NOT BETWEEN 0 AND 1000000 THEN
+        PERFORM pgq._bad_argument('rate_limit',
+            format('must be between 0 (no limit) and 1000000, got %s', _check_queue_settings.rate_limit));
+    END IF;
+    IF _check_queue_settings.rate_period IS NOT NULL THEN
+        PERFORM pgq._check_interval('rate_period', _check_queue_settings.rate_period, interval '1 day');
+    END IF;
+    IF _check_queue_settings.key_rate_limit NOT BETWEEN 0 AND 1000000 THEN
+        PERFORM pgq._bad_argument('key_rate_limit',
+            format('must be between 0 (no limit) and 1000000, got %s', _check_queue_settings.key_rate_limit));
+    END IF;
+END
+$$;
+
+-- A queue switched to fair mode (pgq.configure_queue): the jobs already in it join, those without
+-- a tenant get the tenant '', and every tenant gets its row. (Switch a queue to fair mode before
+-- producers use it: an enqueue that read the queue's settings before this commits stores no
+-- tenant, and fair claims do not see such a job until it is given one.)
+CREATE OR REPLACE FUNCTION pgq._make_fair(queue text)
+    RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE pgq.jobs AS j SET tenant = ''
+    WHERE j.queue = _make_fair.queue AND j.tenant IS NULL AND j.state <> 'done';
+    INSERT INTO pgq.tenants AS t (queue, tenant)
+    SELECT DISTINCT j.queue, j.tenant FROM pgq.jobs AS j
+    WHERE j.queue = _make_fair.queue AND j.tenant IS NOT NULL AND j.state <> 'done'
+    ON CONFLICT DO NOTHING;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.configure_queue(queue text, lease interval DEFAULT NULL,
                                     max_attempts integer DEFAULT NULL,
                                     backoff_base interval DEFAULT NULL,
@@ -87,62 +166,14 @@ DECLARE
     new_key_rate integer;
 BEGIN
     q := pgq._lock_queue(configure_queue.queue);
-    IF configure_queue.lease IS NOT NULL THEN
-        PERFORM pgq._check_interval('lease', configure_queue.lease, interval '1 day');
-    END IF;
-    IF configure_queue.max_attempts NOT BETWEEN 1 AND 10000 THEN
-        PERFORM pgq._bad_argument('max_attempts',
-            format('must be between 1 and 10000, got %s', configure_queue.max_attempts));
-    END IF;
-    IF configure_queue.backoff_base IS NOT NULL THEN
-        PERFORM pgq._check_interval('backoff_base', configure_queue.backoff_base, interval '365 days');
-    END IF;
-    IF configure_queue.backoff_cap IS NOT NULL THEN
-        PERFORM pgq._check_interval('backoff_cap', configure_queue.backoff_cap, interval '365 days');
-    END IF;
-    IF coalesce(configure_queue.backoff_cap, q.backoff_cap)
-       < coalesce(configure_queue.backoff_base, q.backoff_base) THEN
-        PERFORM pgq._bad_argument('backoff_cap', 'must not be less than backoff_base');
-    END IF;
-    PERFORM pgq._check_span('retention', configure_queue.retention);
-    IF configure_queue.retention < interval '0' OR configure_queue.retention > interval '3650 days' THEN
-        PERFORM pgq._bad_argument('retention', 'must be between 0 and 3650 days');
-    END IF;
-    IF configure_queue.max_running NOT BETWEEN 0 AND 100000 THEN
-        PERFORM pgq._bad_argument('max_running',
-            format('must be between 0 (no cap) and 100000, got %s', configure_queue.max_running));
-    END IF;
-    IF configure_queue.key_max_running NOT BETWEEN 0 AND 100000 THEN
-        PERFORM pgq._bad_argument('key_max_running',
-            format('must be between 0 (no limit) and 100000, got %s', configure_queue.key_max_running));
-    END IF;
-    PERFORM pgq._check_span('max_run_time', configure_queue.max_run_time);
-    IF configure_queue.max_run_time < interval '0' OR configure_queue.max_run_time > interval '365 days' THEN
-        PERFORM pgq._bad_argument('max_run_time',
-            format('must be between 0 (no limit) and 365 days, got %s', configure_queue.max_run_time));
-    END IF;
-    IF configure_queue.rate_limit NOT BETWEEN 0 AND 1000000 THEN
-        PERFORM pgq._bad_argument('rate_limit',
-            format('must be between 0 (no limit) and 1000000, got %s', configure_queue.rate_limit));
-    END IF;
-    IF configure_queue.rate_period IS NOT NULL THEN
-        PERFORM pgq._check_interval('rate_period', configure_queue.rate_period, interval '1 day');
-    END IF;
-    IF configure_queue.key_rate_limit NOT BETWEEN 0 AND 1000000 THEN
-        PERFORM pgq._bad_argument('key_rate_limit',
-            format('must be between 0 (no limit) and 1000000, got %s', configure_queue.key_rate_limit));
-    END IF;
+    PERFORM pgq._check_queue_settings(q, configure_queue.lease, configure_queue.max_attempts,
+                                      configure_queue.backoff_base, configure_queue.backoff_cap,
+                                      configure_queue.retention, configure_queue.max_running,
+                                      configure_queue.max_run_time, configure_queue.key_max_running,
+                                      configure_queue.rate_limit, configure_queue.rate_period,
+                                      configure_queue.key_rate_limit);
     IF configure_queue.fair AND NOT q.fair THEN
-        -- Jobs already in the queue join fair mode: those without a tenant get the tenant '',
-        -- and every tenant gets its row. (Switch a queue to fair mode before producers use it:
-        -- an enqueue that read the queue's settings before this commits stores no tenant, and
-        -- fair claims do not see such a job until it is given one.)
-        UPDATE pgq.jobs AS j SET tenant = ''
-        WHERE j.queue = configure_queue.queue AND j.tenant IS NULL AND j.state <> 'done';
-        INSERT INTO pgq.tenants AS t (queue, tenant)
-        SELECT DISTINCT j.queue, j.tenant FROM pgq.jobs AS j
-        WHERE j.queue = configure_queue.queue AND j.tenant IS NOT NULL AND j.state <> 'done'
-        ON CONFLICT DO NOTHING;
+        PERFORM pgq._make_fair(configure_queue.queue);
     END IF;
     -- A new rate or period keeps what the buckets handed out: their debt is rescaled to as many
     -- tokens of the new rate (pgq._rescaled_tat); a rate set to 0 forgets it. (Read after the

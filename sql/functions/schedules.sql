@@ -169,7 +169,7 @@ DECLARE
 BEGIN
     PERFORM pgq._check_name('name', schedule.name);
     PERFORM pgq._check_enqueue(schedule.queue, schedule.kind, pgq._now(), schedule.priority,
-                               schedule.max_attempts, schedule.tenant);
+                               schedule.max_attempts, schedule.tenant, NULL, NULL, NULL);
     PERFORM pgq._check_payload('payload', schedule.payload);
     IF schedule.cron IS NULL AND schedule.every IS NULL THEN
         PERFORM pgq._bad_argument('cron', 'or every must be given',
