@@ -207,7 +207,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         say("\n".join(f"pending: {m}" for m in pending) if pending else "up to date: no pending migrations")
         return 0
     applied = migrate(dsn)
-    say(f"applied: {', '.join(applied)}" if applied else "up to date: no pending migrations")
+    say((f"applied: {', '.join(applied)}" if applied else "up to date: no pending migrations")
+        + "; functions installed")
     return 0
 
 
@@ -672,7 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    p = command("migrate", cmd_migrate, "apply pgq's migrations (a no-op when up to date)")
+    p = command("migrate", cmd_migrate, "apply pgq's pending migrations, then its functions (idempotent)")
     p.add_argument("--list", action="store_true", help="only list the pending migrations")
 
     p = command("enqueue", cmd_enqueue, "add a job; prints its id")

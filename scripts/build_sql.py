@@ -81,7 +81,20 @@ def _literal(conn: psycopg.Connection[Any], text: str) -> str:
 
 
 def _comment(conn: psycopg.Connection[Any], what: str, text: str | None) -> list[str]:
-    return [] if text is None else [f"COMMENT ON {what} IS {_literal(conn, text)};"]
+    """COMMENT ON what IS text, a long text as adjacent literals of a line each (SQL joins them)."""
+    if text is None:
+        return []
+    if len(text) <= 80:
+        return [f"COMMENT ON {what} IS {_literal(conn, text)};"]
+    chunks, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + len(word) > 90:
+            chunks.append(line)
+            line = ""
+        line += word + " "
+    chunks.append(line[:-1])
+    lines = [f"    {_literal(conn, c)}" for c in chunks]
+    return [f"COMMENT ON {what} IS", *lines[:-1], lines[-1] + ";"]
 
 
 def _between(definition: str) -> str:

@@ -47,7 +47,9 @@ CREATE TYPE pgq.job_state AS ENUM (
     'cancelled',
     'outcome_unknown'
 );
-COMMENT ON TYPE pgq.job_state IS 'The life cycle of a job. done, failed and cancelled are terminal; waiting: enqueued with depends_on, until its dependencies are done.';
+COMMENT ON TYPE pgq.job_state IS
+    'The life cycle of a job. done, failed and cancelled are terminal; waiting: enqueued with '
+    'depends_on, until its dependencies are done.';
 
 CREATE TYPE pgq.claimed_job AS (
     id            bigint,
@@ -65,7 +67,10 @@ CREATE TYPE pgq.claimed_job AS (
     deadline      timestamp with time zone,
     meta          jsonb
 );
-COMMENT ON TYPE pgq.claimed_job IS 'What pgq.claim hands a worker: the job, its fencing token (attempt), the checkpoint an earlier attempt recorded (progress), the attempt''s deadline (NULL: no limit) and the producer''s metadata (meta).';
+COMMENT ON TYPE pgq.claimed_job IS
+    'What pgq.claim hands a worker: the job, its fencing token (attempt), the checkpoint an '
+    'earlier attempt recorded (progress), the attempt''s deadline (NULL: no limit) and the '
+    'producer''s metadata (meta).';
 
 -- Tables --------------------------------------------------------------------------------------
 
@@ -97,19 +102,42 @@ CREATE TABLE pgq.queues (
     CONSTRAINT queues_max_attempts_check CHECK ((max_attempts BETWEEN 1 AND 10000)),
     CONSTRAINT queues_max_running_check CHECK ((max_running BETWEEN 0 AND 100000))
 );
-COMMENT ON TABLE pgq.queues IS 'Per-queue settings. A row is created with these defaults on first use of a queue name.';
-COMMENT ON COLUMN pgq.queues.fair IS 'Fair mode: claims serve the queue''s tenants in weighted round-robin (see pgq.tenants).';
-COMMENT ON COLUMN pgq.queues.max_running IS 'At most this many jobs of the queue running at once across all workers; 0: no cap.';
-COMMENT ON COLUMN pgq.queues.max_run_time IS 'How long an attempt may run from its claim (jobs.max_run_time overrides it); NULL: no limit.';
-COMMENT ON COLUMN pgq.queues.next_schedule_at IS 'The earliest next_run_at of the queue''s enabled schedules (NULL: none), kept by pgq.schedule, pgq.unschedule and the firing: a claim reads it with the queue''s settings to know whether a schedule is due, at no extra cost.';
-COMMENT ON COLUMN pgq.queues.restricted IS 'The privileges (enqueue, claim, read) that have grants on this queue (pgq.grant_queue), in name order; NULL when it has none. Only a restricted queue pays for a look at pgq.grants.';
-COMMENT ON COLUMN pgq.queues.key_max_running IS 'At most this many jobs of one concurrency_key running at once (pgq.set_key_limit overrides it per key); 0: no limit. Jobs without a concurrency_key are not limited by it.';
-COMMENT ON COLUMN pgq.queues.key_limited IS 'Whether the queue limits its keys (key_max_running > 0 or a pgq.key_limits row), kept by pgq.configure_queue and pgq.set_key_limit: only such a queue''s claim takes the per-key step.';
-COMMENT ON COLUMN pgq.queues.rate_limit IS 'At most this many jobs of the queue claimed per rate_period (a burst of at most rate_limit, then rate_limit per rate_period); 0: no limit.';
+COMMENT ON TABLE pgq.queues IS
+    'Per-queue settings. A row is created with these defaults on first use of a queue name.';
+COMMENT ON COLUMN pgq.queues.fair IS
+    'Fair mode: claims serve the queue''s tenants in weighted round-robin (see pgq.tenants).';
+COMMENT ON COLUMN pgq.queues.max_running IS
+    'At most this many jobs of the queue running at once across all workers; 0: no cap.';
+COMMENT ON COLUMN pgq.queues.max_run_time IS
+    'How long an attempt may run from its claim (jobs.max_run_time overrides it); NULL: no '
+    'limit.';
+COMMENT ON COLUMN pgq.queues.next_schedule_at IS
+    'The earliest next_run_at of the queue''s enabled schedules (NULL: none), kept by '
+    'pgq.schedule, pgq.unschedule and the firing: a claim reads it with the queue''s settings to '
+    'know whether a schedule is due, at no extra cost.';
+COMMENT ON COLUMN pgq.queues.restricted IS
+    'The privileges (enqueue, claim, read) that have grants on this queue (pgq.grant_queue), in '
+    'name order; NULL when it has none. Only a restricted queue pays for a look at pgq.grants.';
+COMMENT ON COLUMN pgq.queues.key_max_running IS
+    'At most this many jobs of one concurrency_key running at once (pgq.set_key_limit overrides '
+    'it per key); 0: no limit. Jobs without a concurrency_key are not limited by it.';
+COMMENT ON COLUMN pgq.queues.key_limited IS
+    'Whether the queue limits its keys (key_max_running > 0 or a pgq.key_limits row), kept by '
+    'pgq.configure_queue and pgq.set_key_limit: only such a queue''s claim takes the per-key '
+    'step.';
+COMMENT ON COLUMN pgq.queues.rate_limit IS
+    'At most this many jobs of the queue claimed per rate_period (a burst of at most '
+    'rate_limit, then rate_limit per rate_period); 0: no limit.';
 COMMENT ON COLUMN pgq.queues.rate_period IS 'The period of rate_limit and key_rate_limit.';
-COMMENT ON COLUMN pgq.queues.key_rate_limit IS 'At most this many jobs of one concurrency_key claimed per rate_period; 0: no limit. Jobs without a concurrency_key are not limited by it.';
-COMMENT ON COLUMN pgq.queues.rate_limited IS 'Whether the queue has a rate limit (rate_limit > 0 or key_rate_limit > 0), kept by pgq.configure_queue: only such a queue''s claim takes the rate step.';
-COMMENT ON COLUMN pgq.queues.rate_tat IS 'The rate limit''s state (GCRA): the moment its bucket is full again (NULL or past: full now). Written by pgq.claim under the queue''s row lock.';
+COMMENT ON COLUMN pgq.queues.key_rate_limit IS
+    'At most this many jobs of one concurrency_key claimed per rate_period; 0: no limit. Jobs '
+    'without a concurrency_key are not limited by it.';
+COMMENT ON COLUMN pgq.queues.rate_limited IS
+    'Whether the queue has a rate limit (rate_limit > 0 or key_rate_limit > 0), kept by '
+    'pgq.configure_queue: only such a queue''s claim takes the rate step.';
+COMMENT ON COLUMN pgq.queues.rate_tat IS
+    'The rate limit''s state (GCRA): the moment its bucket is full again (NULL or past: full '
+    'now). Written by pgq.claim under the queue''s row lock.';
 
 CREATE TABLE pgq.tenants (
     queue   text NOT NULL,
@@ -119,7 +147,9 @@ CREATE TABLE pgq.tenants (
     CONSTRAINT tenants_pkey PRIMARY KEY (queue, tenant),
     CONSTRAINT tenants_weight_check CHECK ((weight BETWEEN 1 AND 1000))
 );
-COMMENT ON TABLE pgq.tenants IS 'The tenants of fair queues: their weight and virtual time (jobs started / weight). Jobs without a tenant in a fair queue belong to the tenant ''''.';
+COMMENT ON TABLE pgq.tenants IS
+    'The tenants of fair queues: their weight and virtual time (jobs started / weight). Jobs '
+    'without a tenant in a fair queue belong to the tenant ''''.';
 
 CREATE TABLE pgq.jobs (
     id                 bigint GENERATED ALWAYS AS IDENTITY,
@@ -159,21 +189,50 @@ CREATE TABLE pgq.jobs (
 )
 WITH (fillfactor=90, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_analyze_scale_factor=0.02);
 COMMENT ON TABLE pgq.jobs IS 'One row per job. Finished rows stay until pgq.prune deletes them.';
-COMMENT ON COLUMN pgq.jobs.attempt IS 'The fencing token: incremented by every claim, never decreased. Owner operations must quote it.';
-COMMENT ON COLUMN pgq.jobs.lease_until IS 'While running: the database time after which the job may be recovered by claim or sweep.';
-COMMENT ON COLUMN pgq.jobs.last_event IS 'How the job reached its state: ''enqueued'' until its first transition, then the event name of that transition in pgq.job_events. Lets an owner operation repeated after an ambiguous commit recognise its own earlier success.';
-COMMENT ON COLUMN pgq.jobs.max_run_time IS 'How long an attempt of this job may run from its claim; NULL: the queue''s max_run_time.';
-COMMENT ON COLUMN pgq.jobs.deadline IS 'The latest attempt''s deadline (claimed_at + max_run_time), set by each claim; NULL: no limit. Its lease never passes it; the recovery ends the attempt as timed_out once it has.';
+COMMENT ON COLUMN pgq.jobs.attempt IS
+    'The fencing token: incremented by every claim, never decreased. Owner operations must '
+    'quote it.';
+COMMENT ON COLUMN pgq.jobs.lease_until IS
+    'While running: the database time after which the job may be recovered by claim or sweep.';
+COMMENT ON COLUMN pgq.jobs.last_event IS
+    'How the job reached its state: ''enqueued'' until its first transition, then the event name '
+    'of that transition in pgq.job_events. Lets an owner operation repeated after an ambiguous '
+    'commit recognise its own earlier success.';
+COMMENT ON COLUMN pgq.jobs.max_run_time IS
+    'How long an attempt of this job may run from its claim; NULL: the queue''s max_run_time.';
+COMMENT ON COLUMN pgq.jobs.deadline IS
+    'The latest attempt''s deadline (claimed_at + max_run_time), set by each claim; NULL: no '
+    'limit. Its lease never passes it; the recovery ends the attempt as timed_out once it has.';
 COMMENT ON COLUMN pgq.jobs.progress IS 'The checkpoint the job''s attempts record with pgq.progress; kept across retries.';
-COMMENT ON COLUMN pgq.jobs.schedule IS 'The schedule (pgq.schedules.name) that enqueued this job; NULL for jobs enqueued directly.';
-COMMENT ON COLUMN pgq.jobs.attempt_skip IS 'Attempt numbers the next claim skips: set when a promotion moved the job''s fence (pgq.fence).';
-COMMENT ON COLUMN pgq.jobs.attempt_offset IS 'Attempt numbers skipped by fence moves so far: attempt - attempt_offset is the number of attempts.';
-COMMENT ON COLUMN pgq.jobs.session_role IS 'The database login (session_user) of the job''s latest claim or owner operation: the owner operations of a running attempt are accepted only from this login (or a member of pgq_admin), and a repeated one is recognised only from the login that made it. NULL: claimed before 0008.';
-COMMENT ON COLUMN pgq.jobs.meta IS 'The producer''s metadata (enqueue''s meta; NULL: none): a JSON object kept across retries and handed to every attempt by pgq.claim. pgq_thin puts the W3C trace context under "otel".';
-COMMENT ON COLUMN pgq.jobs.concurrency_key IS 'The job''s key for per-key concurrency (queues.key_max_running, pgq.key_limits); NULL: none.';
-COMMENT ON COLUMN pgq.jobs.depends_on IS 'The jobs this one was enqueued to run after (enqueue''s depends_on: distinct, in id order); NULL: none.';
-COMMENT ON COLUMN pgq.jobs.dependencies_left IS 'While waiting: how many of depends_on are not done yet (the job becomes pending at 0); NULL for a job enqueued without depends_on.';
-COMMENT ON COLUMN pgq.jobs.has_dependants IS 'Whether a job was ever enqueued with this one in its depends_on (set by that enqueue, which locks this row so): only then does this job''s end call pgq._dependency_ended.';
+COMMENT ON COLUMN pgq.jobs.schedule IS
+    'The schedule (pgq.schedules.name) that enqueued this job; NULL for jobs enqueued directly.';
+COMMENT ON COLUMN pgq.jobs.attempt_skip IS
+    'Attempt numbers the next claim skips: set when a promotion moved the job''s fence '
+    '(pgq.fence).';
+COMMENT ON COLUMN pgq.jobs.attempt_offset IS
+    'Attempt numbers skipped by fence moves so far: attempt - attempt_offset is the number of '
+    'attempts.';
+COMMENT ON COLUMN pgq.jobs.session_role IS
+    'The database login (session_user) of the job''s latest claim or owner operation: the owner '
+    'operations of a running attempt are accepted only from this login (or a member of '
+    'pgq_admin), and a repeated one is recognised only from the login that made it. NULL: '
+    'claimed before 0008.';
+COMMENT ON COLUMN pgq.jobs.meta IS
+    'The producer''s metadata (enqueue''s meta; NULL: none): a JSON object kept across retries '
+    'and handed to every attempt by pgq.claim. pgq_thin puts the W3C trace context under '
+    '"otel".';
+COMMENT ON COLUMN pgq.jobs.concurrency_key IS
+    'The job''s key for per-key concurrency (queues.key_max_running, pgq.key_limits); NULL: '
+    'none.';
+COMMENT ON COLUMN pgq.jobs.depends_on IS
+    'The jobs this one was enqueued to run after (enqueue''s depends_on: distinct, in id order); '
+    'NULL: none.';
+COMMENT ON COLUMN pgq.jobs.dependencies_left IS
+    'While waiting: how many of depends_on are not done yet (the job becomes pending at 0); '
+    'NULL for a job enqueued without depends_on.';
+COMMENT ON COLUMN pgq.jobs.has_dependants IS
+    'Whether a job was ever enqueued with this one in its depends_on (set by that enqueue, '
+    'which locks this row so): only then does this job''s end call pgq._dependency_ended.';
 
 CREATE TABLE pgq.job_events (
     id            bigint GENERATED ALWAYS AS IDENTITY,
@@ -189,9 +248,15 @@ CREATE TABLE pgq.job_events (
     times         integer DEFAULT 1 NOT NULL,
     CONSTRAINT job_events_pkey PRIMARY KEY (job_id, id)
 );
-COMMENT ON TABLE pgq.job_events IS 'The attempt history: every claim and state change, and every rejected stale write (event ''rejected'', to_state NULL), for queues with audit on.';
-COMMENT ON COLUMN pgq.job_events.session_role IS 'The database login (session_user) whose call caused the event; worker is the name the caller gave, which any login can give. NULL for events written before migration 0008.';
-COMMENT ON COLUMN pgq.job_events.times IS 'How many times the event happened: 1, but for a rejected write repeated (the same job, attempt and operation), which is recorded once and counted here (at is the first time).';
+COMMENT ON TABLE pgq.job_events IS
+    'The attempt history: every claim and state change, and every rejected stale write (event '
+    '''rejected'', to_state NULL), for queues with audit on.';
+COMMENT ON COLUMN pgq.job_events.session_role IS
+    'The database login (session_user) whose call caused the event; worker is the name the '
+    'caller gave, which any login can give. NULL for events written before migration 0008.';
+COMMENT ON COLUMN pgq.job_events.times IS
+    'How many times the event happened: 1, but for a rejected write repeated (the same job, '
+    'attempt and operation), which is recorded once and counted here (at is the first time).';
 
 CREATE TABLE pgq.schedules (
     name             text NOT NULL,
@@ -215,7 +280,9 @@ CREATE TABLE pgq.schedules (
     CONSTRAINT schedules_pkey PRIMARY KEY (name),
     CONSTRAINT schedules_cron_or_every_check CHECK (((cron IS NULL) <> (every IS NULL)))
 );
-COMMENT ON TABLE pgq.schedules IS 'Periodic jobs (pgq.schedule): each occurrence due by next_run_at is enqueued once by a claim or sweep, which moves next_run_at past now.';
+COMMENT ON TABLE pgq.schedules IS
+    'Periodic jobs (pgq.schedule): each occurrence due by next_run_at is enqueued once by a '
+    'claim or sweep, which moves next_run_at past now.';
 COMMENT ON COLUMN pgq.schedules.last_run_at IS 'The fire time of the latest occurrence enqueued (the run_at of job last_job_id).';
 COMMENT ON COLUMN pgq.schedules.skipped IS 'Occurrences skipped by skip_if_running (the latest at last_skipped_at).';
 
@@ -228,7 +295,9 @@ CREATE TABLE pgq.fence (
     CONSTRAINT fence_pkey PRIMARY KEY (one),
     CONSTRAINT fence_one_row CHECK (one)
 );
-COMMENT ON TABLE pgq.fence IS 'One row: the WAL timeline on which the attempt fences were last checked and moved (see pgq.claim).';
+COMMENT ON TABLE pgq.fence IS
+    'One row: the WAL timeline on which the attempt fences were last checked and moved (see '
+    'pgq.claim).';
 
 CREATE TABLE pgq.grants (
     queue       text NOT NULL,
@@ -239,7 +308,9 @@ CREATE TABLE pgq.grants (
     CONSTRAINT grants_pkey PRIMARY KEY (queue, privilege, role),
     CONSTRAINT grants_privilege_check CHECK ((privilege = ANY (ARRAY['enqueue'::text, 'claim'::text, 'read'::text])))
 );
-COMMENT ON TABLE pgq.grants IS 'Per-queue grants: which roles may enqueue into, claim from or read a queue that has grants of that privilege (pgq.grant_queue, pgq.revoke_queue, pgq.queue_grants).';
+COMMENT ON TABLE pgq.grants IS
+    'Per-queue grants: which roles may enqueue into, claim from or read a queue that has grants '
+    'of that privilege (pgq.grant_queue, pgq.revoke_queue, pgq.queue_grants).';
 
 CREATE TABLE pgq.finished_counts (
     queue  text NOT NULL,
@@ -247,14 +318,21 @@ CREATE TABLE pgq.finished_counts (
     total  bigint NOT NULL,
     CONSTRAINT finished_counts_pkey PRIMARY KEY (queue, state)
 );
-COMMENT ON TABLE pgq.finished_counts IS 'Jobs that reached done, failed or cancelled, per queue and state: those stored when migration 0010 ran, and every transition since (pgq.prune does not lower them); pgq.finished_deltas holds the ones not folded in yet.';
+COMMENT ON TABLE pgq.finished_counts IS
+    'Jobs that reached done, failed or cancelled, per queue and state: those stored when '
+    'migration 0010 ran, and every transition since (pgq.prune does not lower them); '
+    'pgq.finished_deltas holds the ones not folded in yet.';
 
 CREATE TABLE pgq.finished_deltas (
     queue  text NOT NULL,
     state  pgq.job_state NOT NULL
 );
 ALTER TABLE pgq.finished_deltas REPLICA IDENTITY FULL;
-COMMENT ON TABLE pgq.finished_deltas IS 'One row per transition into a terminal state, written by the trigger jobs_count_finished and folded into pgq.finished_counts (and deleted) by pgq._fold_finished.';
+COMMENT ON TABLE pgq.finished_deltas IS
+    'One row per transition into a terminal state, written by the trigger jobs_count_finished '
+    'and folded into pgq.finished_counts (and deleted) by pgq._fold_finished. It has no key (an '
+    'index would cost every completion); REPLICA IDENTITY FULL lets the fold delete its rows '
+    'where a publication FOR ALL TABLES includes it.';
 
 CREATE TABLE pgq.key_limits (
     queue        text NOT NULL,
@@ -263,7 +341,8 @@ CREATE TABLE pgq.key_limits (
     CONSTRAINT key_limits_pkey PRIMARY KEY (queue, key),
     CONSTRAINT key_limits_max_running_check CHECK ((max_running BETWEEN 0 AND 100000))
 );
-COMMENT ON TABLE pgq.key_limits IS 'Per-key overrides of queues.key_max_running (pgq.set_key_limit); 0: the key has no limit.';
+COMMENT ON TABLE pgq.key_limits IS
+    'Per-key overrides of queues.key_max_running (pgq.set_key_limit); 0: the key has no limit.';
 
 CREATE TABLE pgq.key_rates (
     queue  text NOT NULL,
@@ -278,7 +357,10 @@ CREATE TABLE pgq.job_dependencies (
     job_id      bigint NOT NULL,
     CONSTRAINT job_dependencies_pkey PRIMARY KEY (depends_on, job_id)
 );
-COMMENT ON TABLE pgq.job_dependencies IS 'The open dependencies of waiting jobs: job_id waits for depends_on (pgq.enqueue''s depends_on); a row goes when either job ends.';
+COMMENT ON TABLE pgq.job_dependencies IS
+    'The open dependencies of waiting jobs: job_id waits for depends_on (pgq.enqueue''s '
+    'depends_on); a row goes when either job ends. No foreign key: it would put a trigger on '
+    'every delete of pgq.jobs.';
 
 ALTER TABLE pgq.grants ADD CONSTRAINT grants_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_limits ADD CONSTRAINT key_limits_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
@@ -292,19 +374,66 @@ VALUES (('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::intege
 -- Indexes -------------------------------------------------------------------------------------
 
 CREATE INDEX queues_restricted_idx ON pgq.queues USING btree (name) WHERE (restricted IS NOT NULL);
+COMMENT ON INDEX pgq.queues_restricted_idx IS
+    'pgq.list_jobs finds the queues with grants (few, if any) without reading the others.';
 CREATE INDEX queues_schedule_due_idx ON pgq.queues USING btree (next_schedule_at) WHERE (next_schedule_at IS NOT NULL);
+COMMENT ON INDEX pgq.queues_schedule_due_idx IS
+    'A claim of every queue finds the queues with a due schedule here, not by reading every '
+    'queue.';
 CREATE INDEX tenants_vtime_idx ON pgq.tenants USING btree (queue, vtime, tenant);
+COMMENT ON INDEX pgq.tenants_vtime_idx IS
+    'A fair queue''s claim walks its tenants by virtual time (pgq._fair_pick), reading only as '
+    'many as it serves, however many tenants have due jobs.';
 CREATE INDEX jobs_ready_idx ON pgq.jobs USING btree (queue, priority DESC, run_at, id) WHERE ((state = 'pending'::pgq.job_state) AND (attempt < max_attempts));
+COMMENT ON INDEX pgq.jobs_ready_idx IS
+    'The claim walks this index in the total order priority DESC, run_at, id, one queue at a '
+    'time. The predicate is repeated word for word in the claim so the planner can use it.';
 CREATE INDEX jobs_tenant_ready_idx ON pgq.jobs USING btree (queue, tenant, priority DESC, run_at, id) WHERE ((state = 'pending'::pgq.job_state) AND (attempt < max_attempts) AND (tenant IS NOT NULL));
+COMMENT ON INDEX pgq.jobs_tenant_ready_idx IS
+    'Fair mode walks each tenant''s claimable jobs in the total order. Only jobs with a tenant '
+    'pay for this index; a fair queue stores '''' for a job enqueued without one.';
 CREATE INDEX jobs_lease_idx ON pgq.jobs USING btree (lease_until) WHERE (lease_until IS NOT NULL);
+COMMENT ON INDEX pgq.jobs_lease_idx IS
+    'Expired-lease recovery (sweep, and the probe in claim) reads running jobs by lease_until. '
+    'The predicate selects exactly the running jobs (jobs_lease_check) but is not spelled state '
+    '= ''running'': the owner operations'' fence (id AND attempt AND state = ''running'') would then '
+    'imply it, and a partial index whose predicate a query implies may be read whole. With '
+    'statistics that say few jobs are running, the planner did exactly that: every complete, '
+    'renew or fail read all running jobs instead of one primary-key entry.';
 CREATE INDEX jobs_finished_idx ON pgq.jobs USING btree (finished_at) WHERE (state = ANY (ARRAY['done'::pgq.job_state, 'failed'::pgq.job_state, 'cancelled'::pgq.job_state]));
+COMMENT ON INDEX pgq.jobs_finished_idx IS 'Pruning finds finished rows by age.';
 CREATE INDEX jobs_kind_ready_idx ON pgq.jobs USING btree (queue, kind, priority DESC, run_at, id) WHERE ((state = 'pending'::pgq.job_state) AND (attempt < max_attempts));
+COMMENT ON INDEX pgq.jobs_kind_ready_idx IS
+    'A claim that names its kinds walks each (queue, kind)''s claimable jobs in the total order: '
+    'jobs of other kinds ahead of them are never read. Only pending jobs are in it (an enqueue, '
+    'a retry or a snooze writes an entry; a claim and a completion do not).';
 CREATE INDEX jobs_list_idx ON pgq.jobs USING btree (queue, state, ((- id))) WHERE (state <> 'running'::pgq.job_state);
+COMMENT ON INDEX pgq.jobs_list_idx IS
+    'pgq.list_jobs pages newest first by id within each queue and state. Running jobs are not '
+    'in it (a claim writes no entry here; list_jobs reads the few running jobs through '
+    'jobs_lease_idx). The key is -id, not id: ordered by -id, a page can only come from this '
+    'index, where ordered by id the generic plan could walk jobs_pkey backwards and filter, '
+    'reading every newer job of other queues and states (all the finished history) to find a '
+    'page of a rare one.';
 CREATE UNIQUE INDEX jobs_unique_key_idx ON pgq.jobs USING btree (queue, unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['waiting'::pgq.job_state, 'pending'::pgq.job_state, 'running'::pgq.job_state, 'outcome_unknown'::pgq.job_state])));
+COMMENT ON INDEX pgq.jobs_unique_key_idx IS
+    'Deduplication: one live job per (queue, unique_key), race-free. outcome_unknown counts as '
+    'live: its effect may have happened, which is exactly when a duplicate would hurt; so does '
+    'waiting (enqueued with depends_on, it will run).';
 CREATE INDEX schedules_due_idx ON pgq.schedules USING btree (next_run_at) WHERE enabled;
+COMMENT ON INDEX pgq.schedules_due_idx IS 'The sweep''s probe and the firing read the enabled schedules by next_run_at.';
 CREATE INDEX schedules_queue_idx ON pgq.schedules USING btree (queue, next_run_at) WHERE enabled;
+COMMENT ON INDEX pgq.schedules_queue_idx IS
+    'queues.next_schedule_at is kept from the earliest enabled schedule of each queue, read '
+    'here.';
 CREATE INDEX key_rates_tat_idx ON pgq.key_rates USING btree (queue, tat);
+COMMENT ON INDEX pgq.key_rates_tat_idx IS
+    'The keys without a token now (tat furthest ahead), read by each claim of a '
+    'key-rate-limited queue.';
 CREATE INDEX job_dependencies_job_idx ON pgq.job_dependencies USING btree (job_id);
+COMMENT ON INDEX pgq.job_dependencies_job_idx IS
+    'A waiting job that ends (pgq.cancel, or cancelled with its dependency) deletes its own '
+    'links.';
 
 -- sql/functions/checks.sql ----------------------------------------------------------------------------
 
@@ -535,7 +664,7 @@ $$;
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '13'::text $$;
+    AS $$ SELECT '14'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 

@@ -163,6 +163,7 @@ MIGRATION_SHA256 = {
     "0011_flow_control.sql": "0e1d9fb28e335f0a92ba25d6ec85e2680f15c413a5974fda38c7b454cb47c438",
     "0012_waiting_state.sql": "a3ab5da11411b8e6af38e12ddbd1268051cf839f9a1808d154bfd0e2f27f240d",
     "0013_job_dependencies.sql": "7406371bc135471de0e801758180b873787281245267914da4228fd911d545a1",
+    "0014_catalog_comments.sql": "cb73194e6a28f5781d1d2443d68e7a4c499fd07636e4cc79ebc4e7992151e797",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 
