@@ -241,13 +241,13 @@ def test_read_only_transactions_and_the_monitor_role_read_the_counters_without_f
 
 
 def test_the_migration_counts_the_finished_jobs_already_stored(databases):
-    from pgq_thin.tools.bench import _migrate_to
+    from pgq_thin.tools.bench import HEAD, _migrate_to
 
     dsn = databases.create()
     _migrate_to(dsn, "0007_failover_fence")
     with psycopg.connect(dsn, autocommit=True) as c:
         mixed_queues(c)
-    _migrate_to(dsn, "9999")
+    _migrate_to(dsn, HEAD)
     with psycopg.connect(dsn, autocommit=True) as c:
         assert one(c, "SELECT pgq.version()") == str(shipped_schema_version())  # the newest migration
         stored = c.execute("SELECT queue, done, failed, cancelled FROM pgq.stats()").fetchall()

@@ -20,6 +20,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from pgq_thin import migrate
+from pgq_thin.tools.bench import _migrate_to  # the migrations up to one, with their own functions
 
 from sqlhelpers import fresh_database, one
 from test_schema_matches_migrations import MIGRATION_SHA256, assert_same_catalog, catalog
@@ -28,21 +29,6 @@ from test_schema_matches_migrations import MIGRATION_SHA256, assert_same_catalog
 #: may be at.
 LANDED = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256) if int(name[:4]) <= 13]
 OWNER, OTHER = "upgrade_worker_a", "upgrade_worker_b"  # two worker logins (cluster-wide roles)
-
-
-def _migrate_to(dsn: str, last: str) -> None:
-    """The schema as it was at ``last``: the migrations up to it, with their own functions."""
-    from yoyo import get_backend, read_migrations
-
-    from pgq_thin.migrate import migrations_dir, yoyo_url
-
-    backend = get_backend(yoyo_url(dsn))
-    try:
-        with backend.lock():
-            wanted = read_migrations(str(migrations_dir())).filter(lambda m: m.id <= last)
-            backend.apply_migrations_only(backend.to_apply(wanted))
-    finally:
-        backend.connection.close()
 
 
 def _number(version: str) -> int:
