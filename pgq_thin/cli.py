@@ -268,6 +268,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker.metrics_port = args.metrics_port
         worker.metrics_host = args.metrics_host
         _require_extra("metrics", "prometheus_client", "--metrics-port")
+    token = args.metrics_token or os.environ.get("PGQ_METRICS_TOKEN") or None
+    if token is not None:
+        try:
+            worker.metrics_token = token
+        except ValueError as exc:
+            raise BadArgument(f"--metrics-token / $PGQ_METRICS_TOKEN: {exc}") from None
     settings: dict[str, Any] = {"queues": args.queues, "concurrency": args.concurrency, "prefetch": args.prefetch}
     if args.pooled:
         settings["pooled"] = True
@@ -575,7 +581,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
                            "run pgq-thin migrate")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        stop = metrics.serve(dsn, args.port, args.host)
+        stop = metrics.serve(dsn, args.port, args.host, args.token or os.environ.get("PGQ_METRICS_TOKEN") or None)
     except OSError as exc:
         raise PgqError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from None
     say(f"pgq-thin metrics: serving http://{args.host}:{args.port}/metrics", err=True, flush=True)
@@ -705,12 +711,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve the worker's Prometheus metrics on this port (needs pgq-thin[metrics])")
     p.add_argument("--metrics-host", default="127.0.0.1",
                    help="the address the metrics port binds (default 127.0.0.1; 0.0.0.0 for every interface)")
+    p.add_argument("--metrics-token", help="require this bearer token on every scrape of the metrics port; "
+                   "default $PGQ_METRICS_TOKEN; none: no token")
     p.add_argument("--quiet", action="store_true", help="log warnings only")
 
     p = command("metrics", cmd_metrics, "serve the queue's Prometheus metrics (an exporter; needs pgq-thin[metrics])")
     p.add_argument("--port", type=port_number, default=9187, help="the port to serve on (default 9187)")
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to bind (default 127.0.0.1; 0.0.0.0 for every interface)")
+    p.add_argument("--token", help="require this bearer token on every scrape (Authorization: Bearer TOKEN); "
+                   "default $PGQ_METRICS_TOKEN; none: no token")
 
     p = command("stats", cmd_stats, "jobs per queue and state")
     p.add_argument("--watch", type=positive_seconds, nargs="?", const=2.0, metavar="SECONDS",

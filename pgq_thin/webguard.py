@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = ["LOOPBACK_HOSTS", "Throttle", "allowed_hosts", "bearer_matches", "host_allowed", "host_name",
-           "is_loopback"]
+           "is_bearer", "is_loopback"]
 
 #: The Host names a server bound to a loopback address answers to (besides the address itself).
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -74,10 +74,16 @@ def host_allowed(header: str | None, allowed: Sequence[str] | None) -> bool:
     return name is not None and name in allowed
 
 
+def is_bearer(authorization: str | None) -> bool:
+    """Whether an Authorization header offers a bearer token (right or wrong; another scheme, such
+    as a proxy's Basic credentials passed on, is no guess at the token)."""
+    return (authorization or "").partition(" ")[0].lower() == "bearer"
+
+
 def bearer_matches(authorization: str | None, token: str) -> bool:
     """Whether an Authorization header is ``Bearer TOKEN`` (compared in constant time)."""
-    scheme, _, credentials = (authorization or "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), token.encode())
+    credentials = (authorization or "").partition(" ")[2]
+    return is_bearer(authorization) and hmac.compare_digest(credentials.strip().encode(), token.encode())
 
 
 @dataclass

@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pgq_thin.webguard import Throttle, bearer_matches, host_allowed
+from pgq_thin.webguard import Throttle, bearer_matches, host_allowed, is_bearer
 
 __all__ = ["BODY_LIMIT", "COOKIE", "LOGIN_BODY_LIMIT", "MAX_JSON_DEPTH", "SECURITY_HEADERS", "SESSION_LIFETIME",
            "BadJSON", "Guard", "Sessions", "client_address", "parse_json", "refusal"]
@@ -219,7 +219,7 @@ class Guard:
         if self.sessions.valid(request.cookies.get(COOKIE)):
             return None  # a session is never slowed down: it already showed the token
         authorization = request.headers.get("authorization")
-        if authorization and authorization.partition(" ")[0].lower() == "bearer":
+        if is_bearer(authorization):
             address = client_address(request)
             if self.throttle.wait(address) > 0:
                 seconds = self.throttle.retry_after(address)
