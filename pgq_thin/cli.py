@@ -651,12 +651,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     if missing:
         raise _NeedsDevExtra(f"the dashboard needs the dashboard extra (missing: {', '.join(missing)}): {INSTALL}")
     from pgq_thin.dashboard.app import serve
+    from pgq_thin.webguard import is_loopback
 
     token = args.token or os.environ.get("PGQ_DASHBOARD_TOKEN") or None
     with _client(args) as client:
         say(f"pgq dashboard on http://{args.host}:{args.port}/"
             f"{' (token required)' if token else ''}", flush=True)
-        if not token and not (args.host == "localhost" or args.host.startswith("127.")):
+        if not token and not is_loopback(args.host):
             say(f"pgq-thin: warning: listening on {args.host} without a token: whoever reaches it can use "
                 "the dashboard (and act, if its role may); pass --token or set $PGQ_DASHBOARD_TOKEN",
                 err=True, flush=True)
