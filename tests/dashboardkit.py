@@ -14,11 +14,14 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import make_conninfo
+from starlette.testclient import TestClient
 
 from pgq_thin import Client
+from pgq_thin.dashboard.app import create_app
 
 #: A payload and an error that would run as script if the dashboard did not escape them.
 SCRIPT = "<script>window.__pwned = 1; alert('pwned')</script>"
@@ -40,6 +43,14 @@ def logins(dsn: str) -> Iterator[dict[str, str]]:
             for name in names.values():
                 conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
                 conn.execute(f"DROP ROLE {name}")
+
+
+@contextmanager
+def dashboard(dsn: str, **options: Any) -> Iterator[TestClient]:
+    """The dashboard app (``create_app(client, **options)``) over a Client of ``dsn``, in Starlette's
+    TestClient."""
+    with Client(dsn, max_size=2) as client, TestClient(create_app(client, **options)) as http:
+        yield http
 
 
 def failed_job(client: Client, queue: str = "mail", error: str = "smtp said no") -> int:
