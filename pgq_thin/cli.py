@@ -269,6 +269,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker.metrics_port = args.metrics_port
         worker.metrics_host = args.metrics_host
         _require_extra("metrics", "prometheus_client", "--metrics-port")
+    token = args.metrics_token or os.environ.get("PGQ_METRICS_TOKEN") or None
+    if token is not None:
+        try:
+            worker.metrics_token = token
+        except ValueError as exc:
+            raise BadArgument(f"--metrics-token / $PGQ_METRICS_TOKEN: {exc}") from None
     settings: dict[str, Any] = {"queues": args.queues, "concurrency": args.concurrency, "prefetch": args.prefetch}
     if args.pooled:
         settings["pooled"] = True
@@ -576,7 +582,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
                            "run pgq-thin migrate")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        stop = metrics.serve(dsn, args.port, args.host)
+        stop = metrics.serve(dsn, args.port, args.host, args.token or os.environ.get("PGQ_METRICS_TOKEN") or None)
     except OSError as exc:
         raise PgqError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from None
     say(f"pgq-thin metrics: serving http://{args.host}:{args.port}/metrics", err=True, flush=True)
@@ -646,12 +652,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     if missing:
         raise _NeedsDevExtra(f"the dashboard needs the dashboard extra (missing: {', '.join(missing)}): {INSTALL}")
     from pgq_thin.dashboard.app import serve
+    from pgq_thin.webguard import is_loopback
 
     token = args.token or os.environ.get("PGQ_DASHBOARD_TOKEN") or None
     with _client(args) as client:
         say(f"pgq dashboard on http://{args.host}:{args.port}/"
             f"{' (token required)' if token else ''}", flush=True)
-        if not token and not (args.host == "localhost" or args.host.startswith("127.")):
+        if not token and not is_loopback(args.host):
             say(f"pgq-thin: warning: listening on {args.host} without a token: whoever reaches it can use "
                 "the dashboard (and act, if its role may); pass --token or set $PGQ_DASHBOARD_TOKEN",
                 err=True, flush=True)
@@ -706,12 +713,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve the worker's Prometheus metrics on this port (needs pgq-thin[metrics])")
     p.add_argument("--metrics-host", default="127.0.0.1",
                    help="the address the metrics port binds (default 127.0.0.1; 0.0.0.0 for every interface)")
+    p.add_argument("--metrics-token", help="require this bearer token on every scrape of the metrics port; "
+                   "default $PGQ_METRICS_TOKEN; none: no token")
     p.add_argument("--quiet", action="store_true", help="log warnings only")
 
     p = command("metrics", cmd_metrics, "serve the queue's Prometheus metrics (an exporter; needs pgq-thin[metrics])")
     p.add_argument("--port", type=port_number, default=9187, help="the port to serve on (default 9187)")
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to bind (default 127.0.0.1; 0.0.0.0 for every interface)")
+    p.add_argument("--token", help="require this bearer token on every scrape (Authorization: Bearer TOKEN); "
+                   "default $PGQ_METRICS_TOKEN; none: no token")
 
     p = command("stats", cmd_stats, "jobs per queue and state")
     p.add_argument("--watch", type=positive_seconds, nargs="?", const=2.0, metavar="SECONDS",

@@ -175,12 +175,13 @@ class _Reader:
                 raise
 
 
-def serve(dsn: str, port: int = 9187, host: str = "127.0.0.1") -> Callable[[], None]:
-    """Start the exporter alone: an HTTP server (prometheus_client's, in a daemon thread) whose
-    every scrape reads the metrics from ``dsn``. A scrape the database does not answer gets an
-    HTTP 500 and the error is logged. Returns a function that stops the server."""
+def serve(dsn: str, port: int = 9187, host: str = "127.0.0.1", token: str | None = None) -> Callable[[], None]:
+    """Start the exporter alone: an HTTP server (pgq_thin.exporter's, in a daemon thread) whose
+    every scrape of ``/metrics`` reads the metrics from ``dsn``; with ``token`` a scrape needs
+    ``Authorization: Bearer TOKEN``. A scrape the database does not answer gets an HTTP 500 and the
+    error is logged. Returns a function that stops the server."""
     require_prometheus_client()
-    from prometheus_client import start_http_server
+    from pgq_thin import exporter
 
     reader = _Reader(dsn)
 
@@ -191,7 +192,7 @@ def serve(dsn: str, port: int = 9187, host: str = "127.0.0.1") -> Callable[[], N
             log.warning("scrape failed: %s", str(exc).strip())
             raise
 
-    server, thread = start_http_server(port, addr=host, registry=registry(source))
+    server, thread = exporter.serve(registry(source), port, host, token)
 
     def stop() -> None:
         server.shutdown()

@@ -1,15 +1,27 @@
-"""What the dashboard's tests share: login roles in the pgq roles, and jobs in each state."""
+"""What the dashboard's tests share: login roles in the pgq roles, jobs in each state, and a real
+``pgq-thin dashboard`` process."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import make_conninfo
+from starlette.testclient import TestClient
 
 from pgq_thin import Client
+from pgq_thin.dashboard.app import create_app
 
 #: A payload and an error that would run as script if the dashboard did not escape them.
 SCRIPT = "<script>window.__pwned = 1; alert('pwned')</script>"
@@ -33,6 +45,14 @@ def logins(dsn: str) -> Iterator[dict[str, str]]:
                 conn.execute(f"DROP ROLE {name}")
 
 
+@contextmanager
+def dashboard(dsn: str, **options: Any) -> Iterator[TestClient]:
+    """The dashboard app (``create_app(client, **options)``) over a Client of ``dsn``, in Starlette's
+    TestClient."""
+    with Client(dsn, max_size=2) as client, TestClient(create_app(client, **options)) as http:
+        yield http
+
+
 def failed_job(client: Client, queue: str = "mail", error: str = "smtp said no") -> int:
     """A job that failed its only attempt."""
     job_id = client.enqueue(queue, "send", {"to": "ada@example.com", "note": SCRIPT}, max_attempts=1)
@@ -48,3 +68,48 @@ def unknown_job(client: Client, queue: str = "mail") -> int:
     [job] = client.claim("test-worker", [queue])
     assert client.mark_unknown(job.id, job.attempt, "the card network timed out")
     return job_id
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def running_dashboard(dsn: str, token: str | None = None, *options: str, output: list[str] | None = None,
+                      pids: list[int] | None = None) -> Iterator[str]:
+    """``pgq-thin dashboard`` in its own process (host left to its default unless ``options`` say);
+    yields its URL once /healthz answers; its pid goes into ``pids``, what it printed into ``output``
+    once it stopped."""
+    port = free_port()
+    env = {**os.environ, "PGQ_DASHBOARD_TOKEN": token or ""}
+    process = subprocess.Popen([sys.executable, "-m", "pgq_thin", "dashboard", "--dsn", dsn, "--port", str(port),
+                                *options], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               cwd=tempfile.gettempdir())  # not the checkout: the installed wheel's assets serve
+    if pids is not None:
+        pids.append(process.pid)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, f"the dashboard exited: {process.stdout.read() if process.stdout else ''}"
+            request = urllib.request.Request(f"{url}/healthz", headers={"Authorization": f"Bearer {token}"})
+            try:
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            assert time.monotonic() < deadline, "the dashboard did not answer /healthz within 60 s"
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            printed, _ = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            printed, _ = process.communicate()
+        if output is not None:
+            output.append(printed)

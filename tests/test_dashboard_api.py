@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -21,15 +20,9 @@ from pgq_thin import Client
 from pgq_thin.cli import build_parser
 from pgq_thin.dashboard.app import COOKIE, create_app
 
-from dashboardkit import SCRIPT, failed_job, logins, unknown_job
+from dashboardkit import SCRIPT, dashboard, failed_job, logins, unknown_job
 
 OWN = "http://testserver"  # the TestClient's origin
-
-
-@contextmanager
-def dashboard(dsn: str, **options: Any) -> Iterator[TestClient]:
-    with Client(dsn, max_size=2) as client, TestClient(create_app(client, **options)) as http:
-        yield http
 
 
 @pytest.fixture

@@ -1,23 +1,16 @@
 """The dashboard in a real browser: Debian's chromium, driven by Playwright, against a real
 ``pgq-thin dashboard`` process on a throwaway database. It logs in with the token (taken from
 $PGQ_DASHBOARD_TOKEN), reads the pages, sees a <script> in a payload and an error shown as text,
-clicks retry on a failed job and sees it pending, watches the throughput chart move, and as a
-pgq_monitor login finds the buttons disabled. Screenshots go to the test's temporary directory
-(and, with $PGQ_DASHBOARD_SCREENSHOTS set, to that directory too: docs/dashboard.png comes from there)."""
+clicks retry on a failed job and sees it pending, watches the throughput chart move, logs out (and
+finds the old session cookie refused), and as a pgq_monitor login finds the buttons disabled.
+Screenshots go to the test's temporary directory (and, with $PGQ_DASHBOARD_SCREENSHOTS set, to that
+directory too: docs/dashboard.png comes from there)."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,54 +19,12 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pgq_thin import Client
 
-from dashboardkit import SCRIPT, failed_job, logins, unknown_job
+from dashboardkit import SCRIPT, failed_job, logins, running_dashboard, unknown_job
 
 pytestmark = pytest.mark.slow
 
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "browser-test-token"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def running_dashboard(dsn: str, token: str | None = None, *options: str,
-                      output: list[str] | None = None) -> Iterator[str]:
-    """``pgq-thin dashboard`` in its own process (host left to its default unless ``options`` say);
-    yields its URL once /healthz answers; what it printed goes into ``output`` once it stopped."""
-    port = _free_port()
-    env = {**os.environ, "PGQ_DASHBOARD_TOKEN": token or ""}
-    process = subprocess.Popen([sys.executable, "-m", "pgq_thin", "dashboard", "--dsn", dsn, "--port", str(port),
-                                *options], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               cwd=tempfile.gettempdir())  # not the checkout: the installed wheel's assets serve
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, f"the dashboard exited: {process.stdout.read() if process.stdout else ''}"
-            request = urllib.request.Request(f"{url}/healthz", headers={"Authorization": f"Bearer {token}"})
-            try:
-                with urllib.request.urlopen(request, timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            assert time.monotonic() < deadline, "the dashboard did not answer /healthz within 60 s"
-            time.sleep(0.1)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            printed, _ = process.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            printed, _ = process.communicate()
-        if output is not None:
-            output.append(printed)
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +136,15 @@ def test_an_admin_logs_in_reads_the_pages_and_retries_a_failed_job(
         assert [q.paused for q in pgq_client.stats() if q.queue == "mail"] == [True]
         page.locator('tr[data-queue="mail"] button:has-text("resume")').click()
         expect(page.locator('tr[data-queue="mail"]')).to_contain_text("active")
+
+        # Log out: the session ends, and its cookie, put back into the browser, lets nobody in.
+        session = [c for c in page.context.cookies() if c["name"] == "pgq_dashboard"]
+        assert len(session) == 1 and TOKEN not in session[0]["value"]
+        page.click("button:has-text('log out')")
+        expect(page).to_have_url(f"{url}/login")
+        page.context.add_cookies(session)  # type: ignore[arg-type]
+        assert page.goto(f"{url}/").status == 401
+        expect(page.locator("input[name=token]")).to_be_visible()
 
 
 def test_a_monitor_login_sees_a_read_only_dashboard(pgq_client: Client, page: Page, tmp_path: Path) -> None:

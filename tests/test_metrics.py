@@ -4,6 +4,7 @@ pgq.stats() and pgq.health()."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -22,7 +23,7 @@ from psycopg.rows import dict_row
 from pgq_thin import metrics
 from pgq_thin.migrate import shipped_schema_version
 
-from sqlhelpers import claim, expire_lease, one
+from sqlhelpers import claim, expire_lease, one, wait_for
 
 
 def parse(body: bytes) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -304,9 +305,10 @@ def _no_global_registry_use():
 # pgq-thin metrics: the exporter alone -------------------------------------------------------------
 
 
-def start_exporter(dsn: str, port: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "pgq_thin", "metrics", "--dsn", dsn, "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start_exporter(dsn: str, port: int, *options: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "pgq_thin", "metrics", "--dsn", dsn, "--port", str(port),
+                             *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
     assert proc.stderr is not None
     line = proc.stderr.readline()  # it says where it serves once it does
     assert line.strip() == f"pgq-thin metrics: serving http://127.0.0.1:{port}/metrics", line
@@ -432,3 +434,90 @@ def test_the_fold_works_where_a_publication_for_all_tables_includes_the_deltas(c
         assert one(conn, "SELECT count(*) FROM pgq.finished_deltas") == 0
     finally:
         conn.execute("DROP PUBLICATION pgq_test_everything")
+
+
+# The exporter's HTTP rules: its own Host names, /metrics only, an optional bearer token -----------
+
+
+def fetch(url: str, headers: dict[str, str] | None = None, method: str = "GET") -> tuple[int, Any, bytes]:
+    """(status, headers, body) of one request, whatever the status."""
+    request = urllib.request.Request(url, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read()
+
+
+def test_the_exporter_answers_only_to_its_own_host_names(dsn, conn):
+    """Bound to loopback, a DNS-rebinding page's request (its own name in Host) gets 400."""
+    mixed_queues(conn)
+    port = free_port()
+    stop = metrics.serve(dsn, port)
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        status, _, body = fetch(url)
+        assert status == 200 and by_queue(parse(body), "pgq_jobs", state="pending")["emails"] == 1
+        for host in ("rebound.example", f"rebound.example:{port}", "127.0.0.1.nip.io", f"127.0.0.1:{port}x"):
+            status, _, body = fetch(url, {"Host": host})
+            assert status == 400 and b"refused" in body and b"pgq_jobs" not in body, host
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", "LOCALHOST", f"[::1]:{port}"):
+            assert fetch(url, {"Host": host})[0] == 200, host
+    finally:
+        stop()
+    stop = metrics.serve(dsn, port, "0.0.0.0")  # bound to every interface: any name (like the dashboard)
+    try:
+        assert fetch(f"http://127.0.0.1:{port}/metrics", {"Host": "metrics.example"})[0] == 200
+    finally:
+        stop()
+
+
+def test_the_exporter_answers_only_metrics(dsn):
+    port = free_port()
+    stop = metrics.serve(dsn, port)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        assert fetch(f"{base}/metrics")[0] == 200
+        assert fetch(f"{base}/metrics?name[]=pgq_jobs")[0] == 200  # prometheus_client's filter is kept
+        for path in ("/", "/favicon.ico", "/metrics/", "/metricsx", "/api/queues", "/?name[]=pgq_jobs"):
+            status, _, body = fetch(base + path)
+            assert status == 404 and b"/metrics" in body and b"pgq_jobs" not in body, path
+        status, headers, _ = fetch(f"{base}/metrics", method="POST")
+        assert status == 405 and headers["Allow"] == "GET, HEAD"
+    finally:
+        stop()
+
+
+def test_the_exporter_wants_its_bearer_token_and_slows_down_wrong_ones(dsn, conn):
+    port = free_port()
+    stop = metrics.serve(dsn, port, token="s3cret")
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        status, headers, body = fetch(url)
+        assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer") and b"pgq_jobs" not in body
+        status, _, body = fetch(url, {"Authorization": "Bearer s3cret"})
+        assert status == 200 and "pgq_health_findings" in parse(body)
+        for _ in range(6):  # five answer at once, the sixth makes the address wait 1 s
+            assert fetch(url, {"Authorization": "Bearer guess"})[0] == 401
+        status, headers, _ = fetch(url, {"Authorization": "Bearer s3cret"})  # not even checked now
+        assert status == 429 and headers["Retry-After"] == "1"
+        wait_for(lambda: fetch(url, {"Authorization": "Bearer s3cret"})[0] == 200, "the wait to end", 20)
+    finally:
+        stop()
+
+
+def test_the_exporter_command_takes_its_token_from_the_option_or_the_environment(dsn):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    proc = start_exporter(dsn, port, env={"PGQ_METRICS_TOKEN": "from-env"})
+    try:
+        assert fetch(url)[0] == 401
+        assert fetch(url, {"Authorization": "Bearer from-env"})[0] == 200
+    finally:
+        stop_exporter(proc)
+    proc = start_exporter(dsn, port, "--token", "from-option", env={"PGQ_METRICS_TOKEN": "from-env"})
+    try:
+        assert fetch(url, {"Authorization": "Bearer from-option"})[0] == 200
+        assert fetch(url, {"Authorization": "Bearer from-env"})[0] == 401
+    finally:
+        stop_exporter(proc)

@@ -4,10 +4,12 @@ drains, on both runtimes; a worker without them imports neither library."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -263,3 +265,89 @@ def test_the_worker_command_serves_its_metrics_on_metrics_port(dsn, conn):
                           "--dsn", dsn, "--metrics-port", "99999"], cwd=root, capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "must be a port number from 0 to 65535" in bad.stderr
+
+
+def fetch(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_workers_metrics_answer_only_metrics_and_only_to_its_own_host_names(dsn, runtime):
+    worker = make_worker(runtime, metrics_port=0)
+    thread, failure = run_in_thread(worker, dsn)
+    try:
+        port = wait_for(lambda: worker.metrics is not None and worker.metrics.port, "the metrics server")
+        url = f"http://127.0.0.1:{port}/metrics"
+        status, body = fetch(url)
+        assert status == 200 and b"pgq_worker_slots 3.0" in body
+        status, body = fetch(url, {"Host": "rebound.example"})  # a DNS-rebinding page's request
+        assert status == 400 and b"pgq_worker" not in body
+        assert fetch(url, {"Host": f"localhost:{port}"})[0] == 200
+        for path in ("/", "/favicon.ico", "/metrics/x"):
+            status, body = fetch(f"http://127.0.0.1:{port}{path}")
+            assert status == 404 and b"pgq_worker" not in body, path
+    finally:
+        stop(worker, thread, failure)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_workers_metrics_want_its_token_when_given_one(dsn, runtime):
+    worker = make_worker(runtime, metrics_port=0, metrics_token="s3cret")
+    thread, failure = run_in_thread(worker, dsn)
+    try:
+        port = wait_for(lambda: worker.metrics is not None and worker.metrics.port, "the metrics server")
+        url = f"http://127.0.0.1:{port}/metrics"
+        status, body = fetch(url)
+        assert status == 401 and b"pgq_worker" not in body
+        assert fetch(url, {"Authorization": "Bearer guess"})[0] == 401
+        status, body = fetch(url, {"Authorization": "Bearer s3cret"})
+        assert status == 200 and b"pgq_worker_slots 3.0" in body
+    finally:
+        stop(worker, thread, failure)
+
+
+def test_a_bad_metrics_token_is_refused_before_anything_runs():
+    for bad in ("", " ", " padded ", 42):
+        with pytest.raises(ValueError, match="metrics_token"):
+            Worker(["default"], metrics_port=0, metrics_token=bad)  # type: ignore[arg-type]
+
+
+def test_the_worker_command_takes_its_metrics_token_from_the_option_or_the_environment(dsn):
+    import os
+    import signal
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for options, env, token in (([], {"PGQ_METRICS_TOKEN": "from-env"}, "from-env"),
+                                (["--metrics-token", "from-option"], {"PGQ_METRICS_TOKEN": "from-env"},
+                                 "from-option")):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, "-m", "pgq_thin", "worker", "--app", "tests.apps.sleepy:worker",
+                                 "--dsn", dsn, "--quiet", "--metrics-port", str(port), *options], cwd=root,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, **env})
+        try:
+            url = f"http://127.0.0.1:{port}/metrics"
+
+            def answered(proc: subprocess.Popen[str] = proc, url: str = url) -> int:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                try:
+                    return fetch(url)[0]
+                except OSError:  # not listening yet
+                    return 0
+
+            assert wait_for(answered, "the metrics port") == 401
+            assert fetch(url, {"Authorization": f"Bearer {token}"})[0] == 200
+            assert fetch(url, {"Authorization": "Bearer from-env"})[0] == (200 if token == "from-env" else 401)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()

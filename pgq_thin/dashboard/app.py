@@ -7,17 +7,17 @@ of its own is the catalog question "may this role call pgq.retry, pgq.pause, ...
 authority: an action the role may not make is refused by the database too. ``GET /metrics`` is
 pgq_thin.metrics.exposition over a pooled connection (the same text as ``pgq-thin metrics``).
 
-Security: a ``token`` makes every request (but the login form and the static files) need
-``Authorization: Bearer TOKEN`` or the cookie the login form sets (401 otherwise: a page answers
-with the login form); a POST whose Origin is not the
-dashboard's own is refused (403) whatever the token; ``allowed_hosts`` (the loopback names when it
-binds a loopback address) refuses other Host headers, against DNS rebinding. Templates are
-autoescaped and the Content-Security-Policy allows only the dashboard's own scripts and styles.
+Security (pgq_thin.dashboard.guard, before any route): ``allowed_hosts`` (the loopback names when it
+binds a loopback address) refuses other Host headers, against DNS rebinding; request bodies are
+bounded (413); a POST whose Origin is not the dashboard's own is refused (403) whatever the token;
+a ``token`` makes every request (but the login form and the static files) need
+``Authorization: Bearer TOKEN`` or the session cookie the login form sets (401 otherwise: a page
+answers with the login form), and wrong tokens are slowed down. Templates are autoescaped and the
+Content-Security-Policy allows only the dashboard's own scripts and styles.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
@@ -32,15 +32,24 @@ import jinja2
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pgq_thin import __version__
 from pgq_thin.client import Client
+from pgq_thin.dashboard.guard import (
+    COOKIE,
+    SESSION_LIFETIME,
+    BadJSON,
+    Guard,
+    Sessions,
+    client_address,
+    local,
+    parse_json,
+    wants_html,
+)
 from pgq_thin.errors import (
     ConnectionLost,
     InvalidArgument,
@@ -51,16 +60,14 @@ from pgq_thin.errors import (
     translated,
 )
 from pgq_thin.models import QueueSettings
+from pgq_thin.webguard import Throttle
+from pgq_thin.webguard import allowed_hosts as allowed_hosts_of
 
 __all__ = ["COOKIE", "create_app", "serve"]
 
 log = logging.getLogger("pgq_thin.dashboard")
 
 HERE = Path(__file__).parent
-#: The login form's cookie: an HMAC of the token (the token itself never sits in the browser).
-COOKIE = "pgq_dashboard"
-#: Paths served without the token: the login form and the static files (the wheel's own CSS/JS).
-OPEN_PATHS = ("/login", "/static/")
 #: The pgq functions behind the actions, and the catalog question whether the role may call each.
 ACTIONS = {
     "retry": "pgq.retry(bigint)",
@@ -76,14 +83,6 @@ RESOLVE_STATES = ("done", "pending", "failed", "cancelled")
 MAX_BIGINT = 2**63 - 1
 #: What a page asks pgq.list_jobs for unless told otherwise.
 PAGE_SIZE = 50
-SECURITY_HEADERS = [
-    (b"content-security-policy",
-     b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-     b"form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
-    (b"x-content-type-options", b"nosniff"),
-    (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"same-origin"),
-]
 
 
 class BadRequest(Exception):
@@ -200,83 +199,14 @@ def _templates() -> jinja2.Environment:
     return env
 
 
-class Guard:
-    """The checks every request passes first: Origin on POSTs (CSRF), then the token."""
-
-    def __init__(self, app: ASGIApp, token: str | None, login_page: Callable[[Request, str], Response]) -> None:
-        self.app = app
-        self.token = token
-        self.login_page = login_page  # what a browser gets without the token: the login form (with 401)
-        self.cookie = None if token is None else _cookie_value(token)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope)
-        refusal = self.refusal(request)
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = list(message.get("headers", [])) + SECURITY_HEADERS
-            await send(message)
-
-        if refusal is not None:
-            await refusal(scope, receive, send_with_headers)
-        else:
-            await self.app(scope, receive, send_with_headers)
-
-    def refusal(self, request: Request) -> Response | None:
-        if request.method not in ("GET", "HEAD", "OPTIONS"):
-            own = f"{request.url.scheme}://{request.headers.get('host', '')}"
-            origin = request.headers.get("origin")
-            if origin is not None and origin != own:
-                return JSONResponse({"error": f"cross-origin request refused: Origin {origin[:100]} is not "
-                                              f"this dashboard's ({own})", "sqlstate": None, "hint": None},
-                                    status_code=403)
-            if origin is None and request.headers.get("sec-fetch-site") in ("cross-site", "same-site"):
-                return JSONResponse({"error": "cross-site request refused", "sqlstate": None, "hint": None},
-                                    status_code=403)
-        if self.token is None or request.url.path.startswith(OPEN_PATHS) or self.authorized(request):
-            return None
-        if request.method == "GET" and _wants_html(request):
-            query = request.url.query
-            return self.login_page(request, _local(request.url.path + (f"?{query}" if query else "")))
-        return JSONResponse({"error": "a token is required: send Authorization: Bearer TOKEN, or log in at /login",
-                             "sqlstate": None, "hint": None},
-                            status_code=401, headers={"www-authenticate": 'Bearer realm="pgq dashboard"'})
-
-    def authorized(self, request: Request) -> bool:
-        assert self.token is not None and self.cookie is not None
-        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), self.token.encode()):
-            return True
-        cookie = request.cookies.get(COOKIE, "")
-        return hmac.compare_digest(cookie.encode(), self.cookie.encode())
-
-
-def _cookie_value(token: str) -> str:
-    return hmac.new(token.encode(), b"pgq dashboard login", hashlib.sha256).hexdigest()
-
-
-def _wants_html(request: Request) -> bool:
-    path = request.url.path
-    return not (path.startswith("/api/") or path in ("/metrics", "/healthz"))
-
-
-def _local(path: str | None) -> str:
-    """A redirect target that stays on this site."""
-    if not path or not path.startswith("/") or path.startswith("//") or "\\" in path:
-        return "/"
-    return path
-
-
 class Dashboard:
     """The routes, over one Client."""
 
-    def __init__(self, client: Client, token: str | None) -> None:
+    def __init__(self, client: Client, token: str | None, sessions: Sessions, throttle: Throttle) -> None:
         self.client = client
         self.token = token
+        self.sessions = sessions
+        self.throttle = throttle
         self.templates = _templates()
 
     # What the role may do -------------------------------------------------------------------------
@@ -361,7 +291,7 @@ class Dashboard:
     def login_form(self, request: Request) -> Response:
         if self.token is None:
             return RedirectResponse("/", status_code=303)
-        return self._login_page(request, _local(request.query_params.get("next")), None, 200)
+        return self._login_page(request, local(request.query_params.get("next")), None, 200)
 
     def login_required(self, request: Request, next_path: str) -> Response:
         """A page asked for without the token: 401, with the login form (back to the page once in)."""
@@ -372,19 +302,31 @@ class Dashboard:
         return self.render(request, "login.html", status, next=next_path, error=error, perms=perms)
 
     async def login(self, request: Request) -> Response:
+        """The login form: the right token starts a session (a random id in the cookie); wrong ones
+        are slowed down per client address (429 while it must wait; the token is not checked then)."""
         if self.token is None:
             return RedirectResponse("/", status_code=303)
-        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        form = parse_qs((await request.body()).decode("utf-8", "replace"))  # at most LOGIN_BODY_LIMIT
         token = (form.get("token") or [""])[0]
-        next_path = _local((form.get("next") or ["/"])[0])
+        next_path = local((form.get("next") or ["/"])[0])
+        address = client_address(request)
+        if self.throttle.wait(address) > 0:
+            seconds = self.throttle.retry_after(address)
+            page = self._login_page(request, next_path, f"Too many wrong tokens: try again in {seconds} s.", 429)
+            page.headers["retry-after"] = str(seconds)
+            return page
         if not hmac.compare_digest(token.encode(), self.token.encode()):
+            self.throttle.failed(address)
             return self._login_page(request, next_path, "That is not the dashboard's token.", 401)
+        self.throttle.succeeded(address)
         response = RedirectResponse(next_path, status_code=303)
-        response.set_cookie(COOKIE, _cookie_value(self.token), httponly=True, samesite="strict",
-                            secure=request.url.scheme == "https", path="/")
+        response.set_cookie(COOKIE, self.sessions.create(), max_age=int(self.sessions.lifetime), httponly=True,
+                            samesite="strict", secure=request.url.scheme == "https", path="/")
         return response
 
     def logout(self, request: Request) -> Response:
+        """Ends this browser's session: its cookie no longer works, wherever it was copied to."""
+        self.sessions.revoke(request.cookies.get(COOKIE))
         response = RedirectResponse("/login" if self.token is not None else "/", status_code=303)
         response.delete_cookie(COOKIE, path="/")
         return response
@@ -483,9 +425,9 @@ class Dashboard:
 
 def _resolve_state(body: bytes) -> str:
     try:
-        data = json.loads(body or b"null")
-    except ValueError:
-        raise BadRequest('the body must be JSON: {"state": "done" | "pending" | "failed" | "cancelled"}') from None
+        data = parse_json(body)
+    except BadJSON as exc:
+        raise BadRequest(f'{exc}: {{"state": "done" | "pending" | "failed" | "cancelled"}}') from None
     if not isinstance(data, dict) or not isinstance(data.get("state"), str):
         raise BadRequest('the body must be {"state": "done" | "pending" | "failed" | "cancelled"}')
     return str(data["state"])
@@ -498,7 +440,7 @@ def _worst(findings: Sequence[Any]) -> str:
 
 async def _not_found(request: Request, exc: Exception) -> Response:
     body = {"error": f"no such page: {request.url.path[:200]}", "sqlstate": None, "hint": None}
-    if _wants_html(request):
+    if wants_html(request):
         return HTMLResponse("<!doctype html><title>Not found</title><p>Not found. <a href=\"/\">pgq dashboard</a>",
                             status_code=404)
     return JSONResponse(body, status_code=404)
@@ -510,10 +452,13 @@ async def _server_error(request: Request, exc: Exception) -> Response:
                         status_code=500)
 
 
-def create_app(client: Client, *, token: str | None = None, allowed_hosts: Sequence[str] | None = None) -> Starlette:
-    """The dashboard over ``client``. ``token``: require it (Bearer or the login cookie) on every
-    request; ``allowed_hosts``: the Host names to answer (None: any)."""
-    d = Dashboard(client, token)
+def create_app(client: Client, *, token: str | None = None, allowed_hosts: Sequence[str] | None = None,
+               session_lifetime: float = SESSION_LIFETIME) -> Starlette:
+    """The dashboard over ``client``. ``token``: require it (Bearer or a login's session cookie) on
+    every request; ``allowed_hosts``: the Host names to answer (None: any); ``session_lifetime``:
+    how long a login lasts, in seconds (12 hours)."""
+    sessions, throttle = Sessions(session_lifetime), Throttle()
+    d = Dashboard(client, token, sessions, throttle)
     routes = [
         Route("/", d.page("index.html", d.overview)),
         Route("/jobs", d.page("jobs.html", d.jobs)),
@@ -537,21 +482,15 @@ def create_app(client: Client, *, token: str | None = None, allowed_hosts: Seque
         Route("/api/queues/{name}/resume", d.queue_action("resume"), methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    middleware = [Middleware(Guard, token=token, login_page=d.login_required)]
-    if allowed_hosts is not None:
-        middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
+    middleware = [Middleware(Guard, token=token, login_page=d.login_required, sessions=sessions, throttle=throttle,
+                             allowed_hosts=allowed_hosts)]
     return Starlette(routes=routes, middleware=middleware,
                      exception_handlers={404: _not_found, 500: _server_error, Exception: _server_error})
-
-
-#: The Host names a dashboard bound to a loopback address answers to (DNS rebinding defence).
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
 
 
 def serve(client: Client, host: str = "127.0.0.1", port: int = 8080, token: str | None = None) -> None:
     """Serve the dashboard with uvicorn until SIGINT/SIGTERM."""
     import uvicorn
 
-    loopback = host in LOOPBACK_HOSTS or host.startswith("127.")
-    app = create_app(client, token=token, allowed_hosts=[*LOOPBACK_HOSTS, host] if loopback else None)
+    app = create_app(client, token=token, allowed_hosts=allowed_hosts_of(host))  # loopback: its names only
     uvicorn.run(app, host=host, port=port, log_level="info", server_header=False)

@@ -17,7 +17,7 @@ from pgq_thin.errors import PgqError
 from pgq_thin.models import QueueStatus
 from pgq_thin.worker.context import Handler
 from pgq_thin.worker.held import HeldJobs
-from pgq_thin.worker.metrics import JobWatch, WorkerMetrics, check_port
+from pgq_thin.worker.metrics import JobWatch, WorkerMetrics, check_port, check_token
 from pgq_thin.worker.prefetch import check_prefetch
 from pgq_thin.worker.support import KEEPALIVES, MAX_SECONDS, Flags, default_name, log, sane_seconds
 from pgq_thin.worker.tracing import Tracing
@@ -75,6 +75,7 @@ class WorkerBase:
         prefetch: int | str = "auto",
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        metrics_token: str | None = None,
         tracing: bool = True,
         tracer_provider: Any = None,
     ) -> None:
@@ -99,6 +100,7 @@ class WorkerBase:
         self.shutdown_timeout = shutdown_timeout
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
+        self.metrics_token = metrics_token
         self.tracing = tracing
         self.tracer_provider = tracer_provider
         self.metrics: WorkerMetrics | None = None  # while run() runs with a metrics_port
@@ -117,6 +119,15 @@ class WorkerBase:
     def metrics_port(self, port: int | None) -> None:
         self._metrics_port = check_port(port)
 
+    @property
+    def metrics_token(self) -> str | None:
+        """The bearer token a scrape of the worker's metrics needs (None: none)."""
+        return self._metrics_token
+
+    @metrics_token.setter
+    def metrics_token(self, token: str | None) -> None:
+        self._metrics_token = check_token(token)
+
     def _watch(self, held: HeldJobs) -> JobWatch | None:
         """At the start of run(): the metrics (served from now on) and the spans, or None when
         neither is on."""
@@ -124,7 +135,7 @@ class WorkerBase:
         if self._metrics_port is not None:
             metrics = WorkerMetrics(self.concurrency)
             try:
-                port = metrics.serve(self._metrics_port, self.metrics_host)
+                port = metrics.serve(self._metrics_port, self.metrics_host, self._metrics_token)
             except OSError as exc:
                 raise PgqError(f"cannot serve the worker's metrics on {self.metrics_host}:{self._metrics_port}: "
                                f"{exc.strerror or exc}") from None

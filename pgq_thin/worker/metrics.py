@@ -28,7 +28,7 @@ from pgq_thin.worker.held import Held
 from pgq_thin.worker.outcomes import Outcome
 from pgq_thin.worker.tracing import Tracing
 
-__all__ = ["DURATION_BUCKETS", "JobWatch", "WorkerMetrics", "check_port", "outcome_label"]
+__all__ = ["DURATION_BUCKETS", "JobWatch", "WorkerMetrics", "check_port", "check_token", "outcome_label"]
 
 #: Handler run times, from a millisecond to ten minutes.
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -43,6 +43,12 @@ def check_port(port: int | None) -> int | None:
     if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535):
         raise ValueError(f"metrics_port must be an integer from 0 to 65535 (0: any free port), got {port!r}")
     return port
+
+
+def check_token(token: str | None) -> str | None:
+    if token is not None and (not isinstance(token, str) or not token.strip() or token != token.strip()):
+        raise ValueError("metrics_token must be a non-empty string without surrounding spaces, or None (no token)")
+    return token
 
 
 def outcome_label(held: Held, outcome: Outcome | None) -> str:
@@ -83,12 +89,13 @@ class WorkerMetrics:
     def lease_lost(self) -> None:
         self.leases_lost.inc()
 
-    def serve(self, port: int, host: str) -> int:
-        """Serve the registry on http://host:port/metrics (a daemon thread); the port bound
-        (``port`` 0: a free one)."""
-        from prometheus_client import start_http_server
+    def serve(self, port: int, host: str, token: str | None = None) -> int:
+        """Serve the registry on http://host:port/metrics (a daemon thread; pgq_thin.exporter's
+        rules: loopback Host names when bound to loopback, /metrics only, ``token`` if given); the
+        port bound (``port`` 0: a free one)."""
+        from pgq_thin import exporter
 
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        server, thread = exporter.serve(self.registry, port, host, token)
         self.port = int(server.server_address[1])
 
         def stop() -> None:

@@ -48,7 +48,9 @@ class Worker(WorkerBase):
     for the free slots only.
 
     ``metrics_port`` serves the worker's Prometheus metrics on http://metrics_host:port/metrics
-    while run() runs (needs pgq-thin[metrics]; 0: a free port, see ``metrics.port``).
+    while run() runs (needs pgq-thin[metrics]; 0: a free port, see ``metrics.port``); bound to a
+    loopback address it answers only to the loopback Host names, and only ``/metrics``; with
+    ``metrics_token`` a scrape needs ``Authorization: Bearer TOKEN``.
     ``tracing`` (on by default) opens one OpenTelemetry span per job attempt when opentelemetry-api
     is installed, from ``tracer_provider`` (None: the global one). See docs/metrics.md.
     """
