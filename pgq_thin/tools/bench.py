@@ -1298,18 +1298,28 @@ AB_BEFORE = "0002_cheaper_name_checks"
 AB_AFTER = "0004_schedules_timeouts_progress"
 
 
+#: The A/B's name for what `pgq-thin migrate` installs: every migration, then the function source.
+HEAD = "head"
+
+
 def _migrate_to(dsn: str, last: str) -> list[str]:
-    """Apply pgq's migrations up to and including ``last``; returns the ids applied."""
+    """Apply pgq's migrations up to and including ``last``, with the functions as those migrations
+    wrote them (not the function source: a landed schema as it was); ``last`` = HEAD: what
+    pgq_thin.migrate installs. Returns the ids of the migrations the database then has."""
     from yoyo import get_backend, read_migrations
 
     from pgq_thin.migrate import migrations_dir, yoyo_url
 
+    if last == HEAD:
+        from pgq_thin import migrate
+
+        migrate(dsn)
+        return [m.id for m in read_migrations(str(migrations_dir()))]
     backend = get_backend(yoyo_url(dsn))
     try:
         wanted = read_migrations(str(migrations_dir())).filter(lambda m: m.id <= last)
         with backend.lock():
-            todo = backend.to_apply(wanted)
-            backend.apply_migrations(todo)
+            backend.apply_migrations_only(backend.to_apply(wanted))
         return [m.id for m in wanted]
     finally:
         backend.connection.close()
@@ -1318,13 +1328,14 @@ def _migrate_to(dsn: str, last: str) -> list[str]:
 def _ab_databases(databases: Databases, before: str = AB_BEFORE, after: str = AB_AFTER) -> dict[str, str]:
     """Databases ab_a (migrated to ``before``) and ab_b (to ``after``) on one server: their DSNs."""
     dsns = {}
+    expected = []
     for label, last in (("A", before), ("B", after)):
         dsns[label] = databases.create(f"ab_{label.lower()}")
-        _migrate_to(dsns[label], last)
+        expected.append(_migrate_to(dsns[label], last)[-1])
     with _connect(dsns["A"]) as a, _connect(dsns["B"]) as b:
         newest = [c.execute("SELECT max(migration_id) FROM _yoyo_migration").fetchone()[0]  # type: ignore[index]
                   for c in (a, b)]
-    if newest != [before, after]:
+    if newest != expected:
         raise RuntimeError(f"A/B databases are not at {before} and {after}: {newest}")
     return dsns
 
@@ -1448,13 +1459,14 @@ def _backend_cpu_seconds(pid: int) -> float:
 
 
 def server_loop_cpu_ab(*, jobs: int = 3000, repeats: int = 12, before: str = AB_BEFORE,
-                       after: str = AB_AFTER) -> dict[str, Any]:
+                       after: str = AB_AFTER, fsync: bool = False) -> dict[str, Any]:
     """The server-side A/B of schedules_timeouts_ab_server, measured by the CPU time the backend
     running the loop used (from /proc, so the server must be local) instead of the wall clock: on
     a machine other processes load, the wall clock counts the time they took the CPU away, the
     backend's CPU time does not (resolution: one clock tick, 10 ms, over the whole loop).
-    Microseconds of backend CPU per claim+complete pair, medians, minimums and the ratios B/A."""
-    databases = Databases()
+    Microseconds of backend CPU per claim+complete pair, medians, minimums and the ratios B/A.
+    ``fsync``: the server's fsync (each pair commits twice, as a worker's calls do)."""
+    databases = Databases(postgres_args=f"{SERVER_SETTINGS} -c fsync={'on' if fsync else 'off'}")
     try:
         dsns = _ab_databases(databases, before, after)
         per_pair: dict[str, list[float]] = {"A": [], "B": []}
@@ -1473,7 +1485,7 @@ def server_loop_cpu_ab(*, jobs: int = 3000, repeats: int = 12, before: str = AB_
                     per_pair[label].append(used / jobs * 1e6)
         med = {k: statistics.median(v) for k, v in per_pair.items()}
         best = {k: min(v) for k, v in per_pair.items()}
-        return {"jobs": jobs, "repeats": repeats, "before": before, "after": after,
+        return {"jobs": jobs, "repeats": repeats, "before": before, "after": after, "fsync": fsync,
                 "cpu_us_per_claim_complete": per_pair, "median_us": med, "min_us": best,
                 "ratio_after_over_before": med["B"] / med["A"], "ratio_of_mins": best["B"] / best["A"]}
     finally:
@@ -1548,8 +1560,9 @@ if __name__ == "__main__":
     import sys
 
     usage = ("usage: python -m pgq_thin.tools.bench [JOBS WORKERS REPEATS [BEFORE AFTER]]\n"
-             "  the A/B of two migrations (file names without .sql; default: "
-             f"{AB_BEFORE} {AB_AFTER}): client drains with fsync on and off, then the server loop")
+             "  the A/B of two migrations (file names without .sql, or head: every migration and the\n"
+             f"  function source; default: {AB_BEFORE} {AB_AFTER}): client drains with fsync on and off,\n"
+             "  then the server loop (its backend's CPU with fsync on and off)")
     args = sys.argv[1:]
     if any(a in ("-h", "--help") for a in args):
         print(usage)
@@ -1563,4 +1576,5 @@ if __name__ == "__main__":
         result = schedules_timeouts_ab(**sizes, **pair, fsync=on)
         print(json.dumps(result, indent=1))
     print(json.dumps(schedules_timeouts_ab_server(**pair), indent=1))
-    print(json.dumps(server_loop_cpu_ab(**pair), indent=1))
+    for on in (True, False):
+        print(json.dumps(server_loop_cpu_ab(**pair, fsync=on), indent=1))
