@@ -9,6 +9,9 @@
 
 -- sql/functions/checks.sql ----------------------------------------------------------------------------
 
+-- sql/functions/checks.sql: the argument checks every function shares: 22004 / 22023 naming the
+-- argument.
+
 -- What an interval argument or setting may be: a span of days and time, of one sign. An interval
 -- that counts months ('3000000 mon -89999999 days' compares as 1 day, since a comparison counts a
 -- month as 30 days, but adds 1.3 million days to a timestamp) or mixes the signs of its days and
@@ -160,6 +163,7 @@ BEGIN
 END
 $$;
 
+-- Validates a concurrency key (a job's, or pgq.set_key_limit's): NULL or 1 to 256 characters.
 CREATE OR REPLACE FUNCTION pgq._check_concurrency_key(argument text, value text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     AS $$
@@ -171,6 +175,8 @@ END
 $$;
 
 -- sql/functions/support.sql ---------------------------------------------------------------------------
+
+-- sql/functions/support.sql: the clock, notifications, backoff, attempt room, pgq.version.
 
 -- The database's notion of "now" for leases and run_at. Every pgq function reads time through this
 -- one inlinable function, so a test database can move time (only the schema owner can replace it).
@@ -241,6 +247,9 @@ COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
 -- sql/functions/queues.sql ----------------------------------------------------------------------------
+
+-- sql/functions/queues.sql: queue rows and their settings: configure_queue, pause, resume,
+-- drop_queue.
 
 -- The queue's settings row, created with the defaults on first use.
 CREATE OR REPLACE FUNCTION pgq._queue(name text) RETURNS pgq.queues
@@ -506,6 +515,12 @@ END
 $$;
 COMMENT ON FUNCTION pgq.resume(text) IS 'Lets workers claim from the queue again. Returns its settings; 22023 when there is no such queue.';
 
+-- The queue's writer lock: a transaction-level advisory lock on the two int4 keys (1885827329,
+-- hashtext(queue)) (the first is 'pgq' and a byte). Every job insert (enqueue, enqueue_many, a
+-- schedule's firing) holds it shared until its transaction ends; pgq.drop_queue and pgq.prune take
+-- it exclusively before they remove a queue's row or its idle tenants, so that they see every job
+-- written into the queue (a job inserted meanwhile would be left without a queue, or a tenant).
+--
 -- Removes a queue that has nothing left in it: its settings row and its tenants. Refused with 55000
 -- while the queue has jobs (of any state: cancel or finish the unfinished ones, pgq.prune the
 -- finished ones) or schedules (pgq.unschedule them), and with 22023 when there is no such queue.
@@ -558,7 +573,9 @@ COMMENT ON FUNCTION pgq.drop_queue(text) IS
 
 -- sql/functions/access.sql ----------------------------------------------------------------------------
 
---
+-- sql/functions/access.sql: who may act: the login a job is bound to, and per-queue grants
+-- (enqueue, claim, read).
+
 -- A job is bound to the database login that claimed it (session_user, kept in
 -- jobs.session_role): worker names are whatever a caller says, logins are what PostgreSQL
 -- authenticated. The owner operations accept a running attempt's writes only from that login or
@@ -771,6 +788,8 @@ COMMENT ON FUNCTION pgq.queue_grants(text) IS
 
 -- sql/functions/fence.sql -----------------------------------------------------------------------------
 
+-- sql/functions/fence.sql: the failover fence: attempt numbers moved past a promotion.
+
 -- The timeline this primary writes WAL on: the first 8 hex digits of its current WAL file's name.
 -- It changes the moment a standby is promoted (or a backup is restored to a point in time);
 -- pg_control_checkpoint()'s timeline only at the next checkpoint.
@@ -851,6 +870,8 @@ $$;
 
 -- sql/functions/counters.sql --------------------------------------------------------------------------
 
+-- sql/functions/counters.sql: the trigger of pgq.jobs and the finished counters it feeds.
+
 -- Runs as the owner's UPDATE of pgq.jobs (every writer of jobs is a SECURITY DEFINER function of
 -- the owner); no SET clause, so that the hot path pays no configuration switch per row: every name
 -- is schema-qualified.
@@ -909,6 +930,9 @@ COMMENT ON FUNCTION pgq._fold_finished() IS
     'or in a read-only transaction.';
 
 -- sql/functions/dependencies.sql ----------------------------------------------------------------------
+
+-- sql/functions/dependencies.sql: jobs that wait for others: their links, their release, their
+-- cancellation.
 
 -- When a job ends, its dependants move on, in the same transaction (every path into done, failed
 -- or cancelled is an UPDATE of state: complete, complete_many, fail, resolve, cancel, the recovery
@@ -1091,7 +1115,8 @@ COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) 
 
 -- sql/functions/rates.sql -----------------------------------------------------------------------------
 
--- Validates a concurrency key (a job's, or pgq.set_key_limit's): NULL or 1 to 256 characters.
+-- sql/functions/rates.sql: rate limits: GCRA buckets per queue and per key.
+
 -- Rate limits (queues.rate_limit, key_rate_limit) are GCRA buckets of `rate` tokens per
 -- `period`: a burst of at most `rate`, then `rate` per `period`. The state is one timestamp, the
 -- theoretical arrival time (tat): when the bucket is full again (NULL or past: full now). Taking
@@ -1239,6 +1264,8 @@ COMMENT ON FUNCTION pgq.rate_limit_wait(text[]) IS
     'take a job they hold back now (0: they hold none back).';
 
 -- sql/functions/keys.sql ------------------------------------------------------------------------------
+
+-- sql/functions/keys.sql: per-key concurrency limits: the keyed pick and pgq.set_key_limit.
 
 -- A key-limited queue's pick (queues.key_limited): up to `room` claimable jobs in the total order
 -- (or by fair mode's round-robin), of which at most as many per concurrency_key as the key has
@@ -1494,6 +1521,8 @@ COMMENT ON FUNCTION pgq.queue_limits(text) IS
 
 -- sql/functions/fairness.sql --------------------------------------------------------------------------
 
+-- sql/functions/fairness.sql: fair queues: tenants served by weighted round-robin.
+
 -- The tenant a job of a fair queue is stored under ('' for none), registered in pgq.tenants.
 CREATE OR REPLACE FUNCTION pgq._fair_tenant(queue text, tenant text) RETURNS text
     LANGUAGE plpgsql
@@ -1645,6 +1674,8 @@ COMMENT ON FUNCTION pgq.set_tenant_weight(text, text, integer) IS
     'Sets the weight (1 to 1000, default 1) of a tenant of a fair queue and returns its row.';
 
 -- sql/functions/enqueue.sql ---------------------------------------------------------------------------
+
+-- sql/functions/enqueue.sql: pgq.enqueue and pgq.enqueue_many.
 
 -- Validates the enqueue arguments shared by enqueue, enqueue_many and schedule (the payloads and
 -- unique_key are checked by each), raising 22004 / 22023 naming the first that is wrong.
@@ -1914,6 +1945,8 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
     'gets the same meta and the same depends_on.';
 
 -- sql/functions/claim.sql -----------------------------------------------------------------------------
+
+-- sql/functions/claim.sql: pgq.claim and its steps.
 
 -- THE CLAIM. One statement picks up to `batch` due pending jobs of the worker's (unpaused)
 -- queues in the total order priority DESC, run_at, id, locks them FOR NO KEY UPDATE SKIP LOCKED
@@ -2286,6 +2319,9 @@ END
 $$;
 
 -- sql/functions/owner.sql -----------------------------------------------------------------------------
+
+-- sql/functions/owner.sql: the owner operations, fenced by (id, attempt, state = 'running') and
+-- the login: renew, complete, complete_many, fail, release, snooze, mark_unknown, progress.
 
 -- Records a rejected write by an owner that no longer owns the job (a stale attempt), so that a
 -- duplicate execution can be diagnosed from pgq.job_events. Writes nothing for unknown ids or
@@ -2729,11 +2765,7 @@ COMMENT ON FUNCTION pgq.progress(bigint, integer, jsonb) IS
 
 -- sql/functions/recovery.sql --------------------------------------------------------------------------
 
--- The queue's writer lock: a transaction-level advisory lock on the two int4 keys (1885827329,
--- hashtext(queue)) (the first is 'pgq' and a byte). Every job insert (enqueue, enqueue_many, a
--- schedule's firing) holds it shared until its transaction ends; pgq.drop_queue and pgq.prune take it
--- exclusively before they remove a queue's row or its idle tenants, so that they see every job
--- written into the queue (a job inserted meanwhile would be left without a queue, or a tenant).
+-- sql/functions/recovery.sql: expired leases: their recovery, and pgq.sweep.
 
 -- Recovers running jobs whose lease has expired: back to pending at once (the attempt they used
 -- is counted), or to failed when that was the last attempt. An attempt whose lease reached its
@@ -2828,7 +2860,8 @@ COMMENT ON FUNCTION pgq.sweep(integer) IS
 
 -- sql/functions/cron.sql ------------------------------------------------------------------------------
 
---
+-- sql/functions/cron.sql: cron expressions: pgq.cron_next and its parser.
+
 -- pgq.cron_next: the next firing of a cron expression, computed in SQL (issue 15, "Schedules").
 --
 -- pgq.cron_next(cron, after, timezone) is the first instant strictly after `after` whose local
@@ -3217,6 +3250,8 @@ COMMENT ON FUNCTION pgq.cron_next(text, timestamptz, text) IS
 
 -- sql/functions/schedules.sql -------------------------------------------------------------------------
 
+-- sql/functions/schedules.sql: periodic jobs: pgq.schedule, their firing.
+
 -- The first fire time of a schedule strictly after `after`: the instants 'epoch' + k * every,
 -- computed in microseconds since the epoch (no calendar, no time zone), or pgq.cron_next.
 CREATE OR REPLACE FUNCTION pgq._next_fire(cron text, every interval, timezone text, after timestamptz)
@@ -3488,7 +3523,8 @@ COMMENT ON FUNCTION pgq.schedules() IS
 
 -- sql/functions/admin.sql -----------------------------------------------------------------------------
 
---
+-- sql/functions/admin.sql: the admin calls on a job: cancel, retry, resolve; and prune.
+
 -- Every admin call runs with lock_timeout 5 s (its SET clause, whatever the session's): a lock
 -- another session holds (an idle transaction that claimed from a capped queue holds that queue's
 -- row; one that claimed a job holds the job's row) is waited for at most that long, then the call
@@ -3722,6 +3758,8 @@ COMMENT ON FUNCTION pgq.prune(interval, integer) IS
     'Deletes up to max_jobs finished jobs (and their events) older than older_than or the queue''s retention.';
 
 -- sql/functions/observe.sql ---------------------------------------------------------------------------
+
+-- sql/functions/observe.sql: what a monitor reads: stats, metrics, jobs and their history.
 
 CREATE OR REPLACE FUNCTION pgq.stats()
     RETURNS TABLE (queue text, paused boolean, pending bigint, scheduled bigint, running bigint,
@@ -3965,6 +4003,8 @@ COMMENT ON FUNCTION pgq.queue_settings(text) IS
 
 -- sql/functions/health.sql ----------------------------------------------------------------------------
 
+-- sql/functions/health.sql: pgq.health: findings for dashboards, alerts and readiness probes.
+
 -- pgq.health's check of kinds no worker claims (a Worker claims only the kinds it has handlers for):
 -- a kind whose due jobs wait much longer than the rest of its queue while workers claim the queue's
 -- other kinds.
@@ -4192,6 +4232,9 @@ COMMENT ON FUNCTION pgq.health(interval, interval) IS
 
 -- sql/functions/cleanup.sql ---------------------------------------------------------------------------
 
+-- sql/functions/cleanup.sql: the apply's last step but the grants: what the source no longer
+-- defines goes.
+
 -- The step of every apply after the functions and before the grants: the functions of schema pgq
 -- that this transaction did not define are not in the source any more (a function the source
 -- dropped, or the old overload of one whose argument types changed), and go, so that after an
@@ -4228,6 +4271,8 @@ END
 $cleanup$;
 
 -- sql/functions/grants.sql ----------------------------------------------------------------------------
+
+-- sql/functions/grants.sql: which pgq role may call which function.
 
 -- Which pgq role may call which function. Declarative: every apply takes EXECUTE on every pgq
 -- function from PUBLIC and from the pgq roles, then grants exactly what is written here, in the

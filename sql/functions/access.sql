@@ -1,4 +1,6 @@
---
+-- sql/functions/access.sql: who may act: the login a job is bound to, and per-queue grants
+-- (enqueue, claim, read).
+
 -- A job is bound to the database login that claimed it (session_user, kept in
 -- jobs.session_role): worker names are whatever a caller says, logins are what PostgreSQL
 -- authenticated. The owner operations accept a running attempt's writes only from that login or

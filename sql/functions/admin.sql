@@ -1,4 +1,5 @@
---
+-- sql/functions/admin.sql: the admin calls on a job: cancel, retry, resolve; and prune.
+
 -- Every admin call runs with lock_timeout 5 s (its SET clause, whatever the session's): a lock
 -- another session holds (an idle transaction that claimed from a capped queue holds that queue's
 -- row; one that claimed a job holds the job's row) is waited for at most that long, then the call

@@ -1,3 +1,6 @@
+-- sql/functions/checks.sql: the argument checks every function shares: 22004 / 22023 naming the
+-- argument.
+
 -- What an interval argument or setting may be: a span of days and time, of one sign. An interval
 -- that counts months ('3000000 mon -89999999 days' compares as 1 day, since a comparison counts a
 -- month as 30 days, but adds 1.3 million days to a timestamp) or mixes the signs of its days and
@@ -149,6 +152,7 @@ BEGIN
 END
 $$;
 
+-- Validates a concurrency key (a job's, or pgq.set_key_limit's): NULL or 1 to 256 characters.
 CREATE OR REPLACE FUNCTION pgq._check_concurrency_key(argument text, value text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     AS $$

@@ -1,3 +1,5 @@
+-- sql/functions/claim.sql: pgq.claim and its steps.
+
 -- THE CLAIM. One statement picks up to `batch` due pending jobs of the worker's (unpaused)
 -- queues in the total order priority DESC, run_at, id, locks them FOR NO KEY UPDATE SKIP LOCKED
 -- (rows other claimers hold are skipped, not waited for; a foreign-key KEY SHARE lock does not

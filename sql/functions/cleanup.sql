@@ -1,3 +1,6 @@
+-- sql/functions/cleanup.sql: the apply's last step but the grants: what the source no longer
+-- defines goes.
+
 -- The step of every apply after the functions and before the grants: the functions of schema pgq
 -- that this transaction did not define are not in the source any more (a function the source
 -- dropped, or the old overload of one whose argument types changed), and go, so that after an

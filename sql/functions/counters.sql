@@ -1,3 +1,5 @@
+-- sql/functions/counters.sql: the trigger of pgq.jobs and the finished counters it feeds.
+
 -- Runs as the owner's UPDATE of pgq.jobs (every writer of jobs is a SECURITY DEFINER function of
 -- the owner); no SET clause, so that the hot path pays no configuration switch per row: every name
 -- is schema-qualified.

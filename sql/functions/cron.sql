@@ -1,4 +1,5 @@
---
+-- sql/functions/cron.sql: cron expressions: pgq.cron_next and its parser.
+
 -- pgq.cron_next: the next firing of a cron expression, computed in SQL (issue 15, "Schedules").
 --
 -- pgq.cron_next(cron, after, timezone) is the first instant strictly after `after` whose local

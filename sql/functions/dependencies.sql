@@ -1,3 +1,6 @@
+-- sql/functions/dependencies.sql: jobs that wait for others: their links, their release, their
+-- cancellation.
+
 -- When a job ends, its dependants move on, in the same transaction (every path into done, failed
 -- or cancelled is an UPDATE of state: complete, complete_many, fail, resolve, cancel, the recovery
 -- of expired leases). Done: each waiting dependant counts one dependency fewer, and the one that

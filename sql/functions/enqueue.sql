@@ -1,3 +1,5 @@
+-- sql/functions/enqueue.sql: pgq.enqueue and pgq.enqueue_many.
+
 -- Validates the enqueue arguments shared by enqueue, enqueue_many and schedule (the payloads and
 -- unique_key are checked by each), raising 22004 / 22023 naming the first that is wrong.
 CREATE OR REPLACE FUNCTION pgq._check_enqueue(queue text, kind text, run_at timestamptz, priority integer,

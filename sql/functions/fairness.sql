@@ -1,3 +1,5 @@
+-- sql/functions/fairness.sql: fair queues: tenants served by weighted round-robin.
+
 -- The tenant a job of a fair queue is stored under ('' for none), registered in pgq.tenants.
 CREATE OR REPLACE FUNCTION pgq._fair_tenant(queue text, tenant text) RETURNS text
     LANGUAGE plpgsql

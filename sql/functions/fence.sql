@@ -1,3 +1,5 @@
+-- sql/functions/fence.sql: the failover fence: attempt numbers moved past a promotion.
+
 -- The timeline this primary writes WAL on: the first 8 hex digits of its current WAL file's name.
 -- It changes the moment a standby is promoted (or a backup is restored to a point in time);
 -- pg_control_checkpoint()'s timeline only at the next checkpoint.

@@ -1,3 +1,5 @@
+-- sql/functions/grants.sql: which pgq role may call which function.
+
 -- Which pgq role may call which function. Declarative: every apply takes EXECUTE on every pgq
 -- function from PUBLIC and from the pgq roles, then grants exactly what is written here, in the
 -- same transaction (so a function that moves to another role, or a new one, gets exactly this; a

@@ -1,3 +1,5 @@
+-- sql/functions/health.sql: pgq.health: findings for dashboards, alerts and readiness probes.
+
 -- pgq.health's check of kinds no worker claims (a Worker claims only the kinds it has handlers for):
 -- a kind whose due jobs wait much longer than the rest of its queue while workers claim the queue's
 -- other kinds.

@@ -1,3 +1,5 @@
+-- sql/functions/keys.sql: per-key concurrency limits: the keyed pick and pgq.set_key_limit.
+
 -- A key-limited queue's pick (queues.key_limited): up to `room` claimable jobs in the total order
 -- (or by fair mode's round-robin), of which at most as many per concurrency_key as the key has
 -- free slots (its limit, pgq.key_limits or the queue's key_max_running, less its running jobs);

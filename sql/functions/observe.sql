@@ -1,3 +1,5 @@
+-- sql/functions/observe.sql: what a monitor reads: stats, metrics, jobs and their history.
+
 CREATE OR REPLACE FUNCTION pgq.stats()
     RETURNS TABLE (queue text, paused boolean, pending bigint, scheduled bigint, running bigint,
                    expired bigint, done bigint, failed bigint, cancelled bigint,

@@ -1,3 +1,6 @@
+-- sql/functions/owner.sql: the owner operations, fenced by (id, attempt, state = 'running') and
+-- the login: renew, complete, complete_many, fail, release, snooze, mark_unknown, progress.
+
 -- Records a rejected write by an owner that no longer owns the job (a stale attempt), so that a
 -- duplicate execution can be diagnosed from pgq.job_events. Writes nothing for unknown ids or
 -- for queues with audit off. A repeated rejection (the same job, attempt and operation, the note

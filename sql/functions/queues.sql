@@ -1,3 +1,6 @@
+-- sql/functions/queues.sql: queue rows and their settings: configure_queue, pause, resume,
+-- drop_queue.
+
 -- The queue's settings row, created with the defaults on first use.
 CREATE OR REPLACE FUNCTION pgq._queue(name text) RETURNS pgq.queues
     LANGUAGE plpgsql
@@ -262,6 +265,12 @@ END
 $$;
 COMMENT ON FUNCTION pgq.resume(text) IS 'Lets workers claim from the queue again. Returns its settings; 22023 when there is no such queue.';
 
+-- The queue's writer lock: a transaction-level advisory lock on the two int4 keys (1885827329,
+-- hashtext(queue)) (the first is 'pgq' and a byte). Every job insert (enqueue, enqueue_many, a
+-- schedule's firing) holds it shared until its transaction ends; pgq.drop_queue and pgq.prune take
+-- it exclusively before they remove a queue's row or its idle tenants, so that they see every job
+-- written into the queue (a job inserted meanwhile would be left without a queue, or a tenant).
+--
 -- Removes a queue that has nothing left in it: its settings row and its tenants. Refused with 55000
 -- while the queue has jobs (of any state: cancel or finish the unfinished ones, pgq.prune the
 -- finished ones) or schedules (pgq.unschedule them), and with 22023 when there is no such queue.

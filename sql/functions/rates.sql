@@ -1,4 +1,5 @@
--- Validates a concurrency key (a job's, or pgq.set_key_limit's): NULL or 1 to 256 characters.
+-- sql/functions/rates.sql: rate limits: GCRA buckets per queue and per key.
+
 -- Rate limits (queues.rate_limit, key_rate_limit) are GCRA buckets of `rate` tokens per
 -- `period`: a burst of at most `rate`, then `rate` per `period`. The state is one timestamp, the
 -- theoretical arrival time (tat): when the bucket is full again (NULL or past: full now). Taking

@@ -1,8 +1,4 @@
--- The queue's writer lock: a transaction-level advisory lock on the two int4 keys (1885827329,
--- hashtext(queue)) (the first is 'pgq' and a byte). Every job insert (enqueue, enqueue_many, a
--- schedule's firing) holds it shared until its transaction ends; pgq.drop_queue and pgq.prune take it
--- exclusively before they remove a queue's row or its idle tenants, so that they see every job
--- written into the queue (a job inserted meanwhile would be left without a queue, or a tenant).
+-- sql/functions/recovery.sql: expired leases: their recovery, and pgq.sweep.
 
 -- Recovers running jobs whose lease has expired: back to pending at once (the attempt they used
 -- is counted), or to failed when that was the last attempt. An attempt whose lease reached its

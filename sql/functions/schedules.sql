@@ -1,3 +1,5 @@
+-- sql/functions/schedules.sql: periodic jobs: pgq.schedule, their firing.
+
 -- The first fire time of a schedule strictly after `after`: the instants 'epoch' + k * every,
 -- computed in microseconds since the epoch (no calendar, no time zone), or pgq.cron_next.
 CREATE OR REPLACE FUNCTION pgq._next_fire(cron text, every interval, timezone text, after timestamptz)

@@ -1,3 +1,5 @@
+-- sql/functions/support.sql: the clock, notifications, backoff, attempt room, pgq.version.
+
 -- The database's notion of "now" for leases and run_at. Every pgq function reads time through this
 -- one inlinable function, so a test database can move time (only the schema owner can replace it).
 CREATE OR REPLACE FUNCTION pgq._now() RETURNS timestamptz
