@@ -151,7 +151,7 @@ def render(template: str, jobs: int) -> tuple[str, int]:
         created = psql.run("postgres", f"CREATE DATABASE {TEMPLATE_DB};", "-v", "ON_ERROR_STOP=1")
         if created.returncode != 0:
             raise SystemExit(created.stdout)
-        built = psql.run(TEMPLATE_DB, "", "-v", "ON_ERROR_STOP=1", "-f", str(SCHEMA))
+        built = psql.run(TEMPLATE_DB, "", "-1", "-v", "ON_ERROR_STOP=1", "-f", str(SCHEMA))
         if built.returncode != 0 or "ERROR" in built.stdout:
             raise SystemExit(f"sql/schema.sql failed:\n{built.stdout}")
         with ThreadPoolExecutor(max_workers=jobs) as pool:
