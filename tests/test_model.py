@@ -2,7 +2,10 @@
 queue after every step (TESTING.md scenario 18), checking invariants (a)-(f) each time. Jobs may
 depend on earlier jobs (enqueue's depends_on, issue 11): the model keeps each waiting job's open
 dependencies, releases it when the last is done and cancels the chain when one fails or is
-cancelled.
+cancelled, in bounded steps (issue 24): an end moves on at most STEP dependants (the test replaces
+pgq._dependency_step(), 1000, by STEP), breadth first down the chain, and leaves the rest to the
+backlog, which each sweep works through oldest first, max_jobs at a time; an end in a claim's
+recovery of expired leases leaves all of them to it.
 
 Time is under the test's control. pgq reads "now" for every lease and run_at decision through
 pgq._now(), an inlinable function owned by the schema owner. In this test's database only, the
@@ -42,6 +45,7 @@ from sqlhelpers import one
 
 LEASE_MIN = 65
 RETRY_MIN = 15
+STEP = 3  # pgq._dependency_step() in this test's database
 TERMINAL = ("done", "failed", "cancelled")
 #: What the runs exercised, so that a model that never reaches a branch does not pass silently.
 EXERCISED: Counter[str] = Counter()
@@ -89,17 +93,32 @@ class MJob:
 
 
 @dataclass
+class Item:
+    """A row of pgq.dependency_backlog: the dependants of job (ended `state`) with ids in [low, below)."""
+    job: int
+    state: str
+    low: int
+    below: int
+
+
+@dataclass
 class Model:
     now: int = 0  # minutes the clock has been moved
     seq: int = 0
     jobs: dict[int, MJob] = field(default_factory=dict)
     pairs: list[tuple[int, int]] = field(default_factory=list)  # every (id, attempt) ever claimed
+    backlog: list[Item] = field(default_factory=list)
 
     def tick(self) -> int:
         self.seq += 1
         return self.seq
 
+    def next_id(self) -> int:
+        return max(self.jobs, default=0) + 1
+
     def recover(self, limit: int) -> int:
+        """A claim's or a sweep's recovery of expired leases: their ends leave every dependant to the
+        backlog."""
         expired = sorted((j for j in self.jobs.values()
                           if j.state == "running" and j.lease_until is not None and j.lease_until < self.now),
                          key=lambda j: j.lease_until or 0)[:limit]
@@ -108,30 +127,76 @@ class Model:
             EXERCISED[f"lease expired, now {j.state}"] += 1
             j.lease_until = None
             j.last_event = "lease_expired"
-            self.ended(j)
+            if j.state == "failed" and self.dependants(j.id, 0, self.next_id()):
+                self.backlog.append(Item(j.id, j.state, self.low(j.id), self.next_id()))
+                EXERCISED["an end in a recovery left its dependants to the sweep"] += 1
         return len(expired)
 
-    def ended(self, job: MJob) -> None:
-        """What a job's end does to the jobs waiting for it (pgq._dependency_ended, which the trigger
-        jobs_count_finished calls)."""
-        if job.state == "done":
-            for j in self.jobs.values():
-                if j.state == "waiting" and job.id in j.waiting_for:
-                    j.waiting_for.discard(job.id)
-                    if not j.waiting_for:
-                        j.state, j.last_event = "pending", "dependencies_done"
-                        EXERCISED["released by the last dependency"] += 1
-        elif job.state in ("failed", "cancelled"):
-            doomed, frontier = set(), {job.id}
-            while frontier:  # down the whole chain
-                frontier = {j.id for j in self.jobs.values()
-                            if j.state == "waiting" and j.id not in doomed and j.waiting_for & frontier}
-                doomed |= frontier
-            for job_id in doomed:
-                j = self.jobs[job_id]
+    def dependants(self, job_id: int, low: int, below: int) -> list[MJob]:
+        """The jobs still linked to job_id (waiting for it), ids in [low, below), in id order."""
+        return sorted((j for j in self.jobs.values() if job_id in j.waiting_for and low <= j.id < below),
+                      key=lambda j: j.id)
+
+    def low(self, job_id: int) -> int:
+        """Where an end's dependants start: past those an earlier end's backlog rows hold (a retry)."""
+        return max((i.below for i in self.backlog if i.job == job_id), default=0)
+
+    def work(self, item: Item, budget: int) -> tuple[int, bool, list[int]]:
+        """pgq._dependency_work: (budget used, dependants left, cancelled ones with dependants)."""
+        candidates = self.dependants(item.job, item.low, item.below)[:budget]
+        used, cancelled = 0, []
+        for j in candidates:
+            if item.state == "done":
+                used += 1
+                j.waiting_for.discard(item.job)
+                if not j.waiting_for:
+                    j.state, j.last_event = "pending", "dependencies_done"
+                    EXERCISED["released by the last dependency"] += 1
+            else:
+                cost = len(j.waiting_for)  # the links its cancellation deletes
+                if used and used + cost > budget:
+                    break
+                used += cost
                 j.state, j.last_event, j.waiting_for = "cancelled", "dependency_ended", set()
                 EXERCISED["cancelled with its dependency"] += 1
-        job.waiting_for = set()
+                if any(j.id in k.waiting_for for k in self.jobs.values()):
+                    cancelled.append(j.id)
+        return used, bool(self.dependants(item.job, item.low, item.below)), cancelled
+
+    def ended(self, job: MJob, budget: int = STEP) -> None:
+        """An end by complete, fail or cancel (pgq._dependency_ended): its dependants move on, up to
+        the call's budget, breadth first; what is left goes to the backlog, in order."""
+        job.waiting_for = set()  # a waiting job that ends deletes its own links
+        if job.state not in TERMINAL or not self.dependants(job.id, 0, self.next_id()):
+            return
+        below = self.next_id()
+        todo, more = [Item(job.id, job.state, self.low(job.id), below)], [True]
+        i, left = 0, budget
+        while i < len(todo) and left > 0:
+            used, more[i], cancelled = self.work(todo[i], left)
+            left -= used
+            todo += [Item(c, "cancelled", 0, below) for c in cancelled]
+            more += [True] * len(cancelled)
+            i += 1
+        left_over = [item for item, m in zip(todo, more) if m]
+        if left_over:
+            EXERCISED["an end left dependants to the backlog"] += 1
+        self.backlog += left_over
+
+    def work_backlog(self, budget: int) -> None:
+        """The sweep's step: the backlog, oldest first, until the budget is used up."""
+        below, i, left = self.next_id(), 0, budget
+        while left > 0 and i < len(self.backlog):
+            item = self.backlog[i]
+            used, more, cancelled = self.work(item, left)
+            left -= used
+            self.backlog += [Item(c, "cancelled", 0, below) for c in cancelled]
+            if used:
+                EXERCISED["the sweep moved dependants on from the backlog"] += 1
+            if more:
+                i += 1
+            else:
+                del self.backlog[i]
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -140,7 +205,8 @@ class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.conn = psycopg.connect(self.dsn, autocommit=True)
-        self.conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.job_dependencies RESTART IDENTITY")
+        self.conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.job_dependencies, pgq.dependency_checks,"
+                          " pgq.dependency_backlog RESTART IDENTITY")
         self.conn.execute("UPDATE pgq_test.clock SET shift = '0'")
         self.model = Model()
         self.previous: dict[int, tuple[Any, ...]] = {}
@@ -272,9 +338,14 @@ class QueueMachine(RuleBasedStateMachine):
         self.model.now += minutes
         self.conn.execute("UPDATE pgq_test.clock SET shift = make_interval(mins => %s)", (self.model.now,))
 
-    @rule()
-    def sweep(self) -> None:
-        assert self.q("SELECT pgq.sweep()") == self.model.recover(1000)
+    @rule(max_jobs=st.sampled_from([1000, 2, 1]))
+    def sweep(self, max_jobs: int) -> None:
+        expired = sum(1 for j in self.model.jobs.values()
+                      if j.state == "running" and j.lease_until is not None and j.lease_until < self.model.now)
+        if expired > max_jobs:  # which of several expired at the same moment it recovers is not defined
+            max_jobs = 1000
+        assert self.q("SELECT pgq.sweep(%s)", (max_jobs,)) == self.model.recover(max_jobs)
+        self.model.work_backlog(max_jobs)
         self.swept = True
 
     @precondition(lambda self: self.model.jobs)
@@ -366,6 +437,9 @@ class QueueMachine(RuleBasedStateMachine):
 @pytest.mark.slow
 def test_the_sql_api_behaves_like_the_model_queue_step_by_step(dsn: str, conn: psycopg.Connection) -> None:
     install_test_clock(conn)
+    # A small step, so that a few jobs make a cascade longer than one call's share (test database only).
+    conn.execute(f"CREATE OR REPLACE FUNCTION pgq._dependency_step() RETURNS integer LANGUAGE sql STABLE "
+                 f"AS $$ SELECT {STEP} $$")
     conn.execute("SELECT pgq.configure_queue('q', lease => make_interval(mins => %s), "
                  "backoff_base => make_interval(mins => %s), backoff_cap => make_interval(mins => %s))",
                  (LEASE_MIN, RETRY_MIN, RETRY_MIN))
@@ -379,7 +453,9 @@ def test_the_sql_api_behaves_like_the_model_queue_step_by_step(dsn: str, conn: p
                "lease expired, now failed", "retried", "cancelled", "enqueued waiting",
                "released by the last dependency", "cancelled with its dependency",
                "enqueued cancelled: a dependency had ended", "enqueued pending: its dependencies were done",
-               "cancelled while waiting"} - set(EXERCISED)
+               "cancelled while waiting", "an end left dependants to the backlog",
+               "the sweep moved dependants on from the backlog",
+               "an end in a recovery left its dependants to the sweep"} - set(EXERCISED)
     assert not missing, f"the runs never reached: {sorted(missing)} ({dict(EXERCISED)})"
 
 

@@ -164,6 +164,7 @@ MIGRATION_SHA256 = {
     "0012_waiting_state.sql": "a3ab5da11411b8e6af38e12ddbd1268051cf839f9a1808d154bfd0e2f27f240d",
     "0013_job_dependencies.sql": "7406371bc135471de0e801758180b873787281245267914da4228fd911d545a1",
     "0014_catalog_comments.sql": "cb73194e6a28f5781d1d2443d68e7a4c499fd07636e4cc79ebc4e7992151e797",
+    "0015_dependency_backlog.sql": "dc0a6724b570381b0c6ae7120a76ca715f0377e78cad45fc4583098f7de2c67b",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 

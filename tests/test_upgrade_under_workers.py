@@ -84,10 +84,10 @@ def test_workers_of_the_previous_release_drain_a_queue_while_it_is_migrated(
                 migrated = subprocess.run([sys.executable, "-m", "pgq_thin", "migrate", "--dsn", old_dsn],
                                           cwd=ROOT, capture_output=True, text=True, timeout=300)
                 assert migrated.returncode == 0, migrated.stdout + migrated.stderr
-                assert "0014" in migrated.stdout
+                assert "0014" in migrated.stdout and "0015" in migrated.stdout
                 reader.rollback()
             ended = one(conn, "SELECT clock_timestamp()")
-            assert one(conn, "SELECT pgq.version()") == "14"
+            assert one(conn, "SELECT pgq.version()") == "15"
             assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE claimed_at BETWEEN %s AND %s",
                        (started, ended)) > 0, "no job was claimed while the migration ran: it proved nothing"
             assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'pending'") > 0, \

@@ -1,49 +1,238 @@
--- sql/functions/dependencies.sql: jobs that wait for others: their links, their release, their
--- cancellation.
+-- sql/functions/dependencies.sql: waiting jobs and their release or cancellation.
 
--- When a job ends, its dependants move on, in the same transaction (every path into done, failed
--- or cancelled is an UPDATE of state: complete, complete_many, fail, resolve, cancel, the recovery
--- of expired leases). Done: each waiting dependant counts one dependency fewer, and the one that
--- reaches 0 becomes pending (its queue's workers are notified when it is due). Failed or
--- cancelled: every waiting job down the chain is cancelled, by one statement (a recursive query
--- over pgq.job_dependencies through waiting jobs: a trigger per level would nest as deep as the
--- chain is long), with last_error naming the dependency. The trigger of each job it cancels calls it
--- too, and finds the rest of the chain cancelled already (so it stops at once) but for a job
--- enqueued to depend on it while the statement waited for that enqueue's lock on it.
--- A waiting job that ends (cancelled) deletes its own links.
--- pgq._count_finished (the trigger jobs_count_finished, which every end fires) calls it only for
--- jobs that have dependants (has_dependants, set by their dependants' enqueue) or are waiting:
--- other completions pay for one IF.
--- A dependant's row is updated by each of its dependencies' completions: they wait for each other
--- on that row, so the count is exact (each decrement reads the newest row version), and the
--- completion that takes it to 0 releases the job. Runs as the owner (like pgq._count_finished:
--- no SET clause, every name schema-qualified).
-CREATE OR REPLACE FUNCTION pgq._dependency_ended(ended_id bigint, old_state pgq.job_state, new_state pgq.job_state,
-                                       had_dependants boolean) RETURNS void
-    LANGUAGE plpgsql
+-- How dependencies hold without a lock on anybody's job (issue 24; before, an enqueue locked and
+-- flagged the jobs it named until it committed, which stalled their owners and hid them from claims):
+--
+-- * An enqueue with depends_on reads the states of the jobs it names (pgq._read_dependencies) and
+--   locks none of them: their owners renew, complete and fail as if it were not there, claims
+--   return them, admin calls find them unlocked. The new job waits (state 'waiting',
+--   dependencies_left) for those not done yet, linked to each (pgq.job_dependencies), and leaves a
+--   check per such dependency (pgq.dependency_checks; pgq._wait_for_dependencies).
+-- * Every end of a job (the trigger jobs_count_finished, pgq._count_finished) looks up whether
+--   jobs wait for it, in the statement that counts the end (one probe of job_dependencies' primary
+--   key), and only then moves them on (pgq._dependency_ended): done, each waiting dependant counts
+--   one dependency fewer and the one at 0 becomes pending; failed or cancelled, they are cancelled,
+--   and the jobs waiting for them down the chain.
+-- * An end and an enqueue in flight at once do not see each other, and neither waits for the
+--   other: the end does not see the new links, the enqueue reads the dependency as not ended. The
+--   enqueue's checks settle it (pgq._settle_checks, in every sweep): a check is taken once its
+--   enqueue has committed; if the dependency has ended by then, its dependants move on then; if no
+--   end of it is in flight, its end is sure to see the links (it looks them up after it has locked
+--   the row, and they were committed before), and the check goes; if one is, the check waits for
+--   the next sweep. So a dependant moves on in the ending transaction when its enqueue committed
+--   before the end looked, and by the first sweep after both committed when they overlapped; never
+--   early (only an end that has committed is seen). An end at REPEATABLE READ or SERIALIZABLE
+--   whose snapshot is older than its statement leaves a check for itself (that snapshot may not
+--   see links committed since).
+-- * The work one call does is bounded, its plan independent of statistics: the ends of one
+--   transaction move on at most pgq._dependency_step() dependants (a cancelled one counts the
+--   links its cancellation deletes), the first in id order, then their dependants breadth first;
+--   the rest goes to pgq.dependency_backlog, which every sweep works through, oldest row first,
+--   max_jobs dependants at a time (pgq._work_backlog). The ends of a claim's or a sweep's recovery
+--   of expired leases move none at all (a claim never works for, nor waits on, the dependency
+--   graph). Every statement reads by primary key or job_dependencies_job_idx, with sequential
+--   scans and hash and merge joins disabled (the SET clauses).
+-- * A dependant's row is updated by each of its dependencies' ends, and they take turns on it (so
+--   the count is exact: each decrement reads the newest row version). An owner's or admin's end
+--   waits for a dependant's row that another transaction holds (say, the completion of another part
+--   of a fan-in) at most 50 ms in all, per transaction, polling; past that, and always in a sweep,
+--   a row held elsewhere is left to the sweep.
+-- * pgq.retry may bring an ended job back: the dependants of its earlier end (ids below that end's
+--   backlog rows' below_id) stay that end's, and its next end moves on only those enqueued after.
+-- Every function here runs as the owner (like pgq._count_finished: every name schema-qualified).
+
+-- How many dependants the ends of one transaction move on, at most; the rest goes to the backlog.
+-- (A constant in a function of its own: tests replace it.)
+CREATE OR REPLACE FUNCTION pgq._dependency_step() RETURNS integer
+    LANGUAGE sql STABLE
+    AS $$ SELECT 1000 $$;
+COMMENT ON FUNCTION pgq._dependency_step() IS
+    'How many dependants the ends of one transaction move on at most (the rest: pgq.dependency_backlog).';
+
+-- The id the next job will get: every job enqueued after this call has an id at least this.
+CREATE OR REPLACE FUNCTION pgq._next_job_id() RETURNS bigint
+    LANGUAGE sql VOLATILE
+    AS $$ SELECT coalesce(pg_catalog.pg_sequence_last_value('pgq.jobs_id_seq'::regclass), 0) + 1 $$;
+
+-- How many dependants this transaction's ends may still move on: the placeholder setting
+-- pgq.dependency_budget, local to the transaction (unset: pgq._dependency_step(); '0' while a claim
+-- or a sweep recovers expired leases). A value that is not a count, or one above the step, counts
+-- as the step: a session can lower its own bound, not raise it.
+CREATE OR REPLACE FUNCTION pgq._dependency_budget() RETURNS integer
+    LANGUAGE plpgsql VOLATILE
     AS $$
 DECLARE
-    due_queues text[];
+    setting text := current_setting('pgq.dependency_budget', true);
+BEGIN
+    IF setting ~ '^[0-9]{1,9}$' THEN
+        RETURN least(setting::integer, pgq._dependency_step());
+    END IF;
+    RETURN pgq._dependency_step();
+END
+$$;
+
+-- Until when an owner's or admin's end may still wait for dependants' rows that other transactions
+-- hold: 50 ms after the first such wait of the transaction (the placeholder setting
+-- pgq.dependency_patience, local to the transaction, holds that moment as epoch seconds; a value
+-- further ahead counts as 50 ms from now).
+CREATE OR REPLACE FUNCTION pgq._patience() RETURNS timestamptz
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+DECLARE
+    setting text := current_setting('pgq.dependency_patience', true);
+    longest timestamptz := clock_timestamp() + interval '50 milliseconds';
+BEGIN
+    IF setting ~ '^[0-9]{1,12}(\.[0-9]{1,6})?$' THEN
+        RETURN least(to_timestamp(setting::double precision), longest);
+    END IF;
+    PERFORM set_config('pgq.dependency_patience', extract(epoch FROM longest)::text, true);
+    RETURN longest;
+END
+$$;
+
+-- Called by pgq._count_finished when a job ends that jobs wait for (waited_for), that waited
+-- itself, or whose end reads an older snapshot than its statement. A waiting job that ends (it is
+-- cancelled) deletes its own links; an end under an older snapshot leaves a check for itself; then
+-- the jobs waiting for this one move on, up to this transaction's budget (none inside a claim's or
+-- a sweep's recovery), the rest going to the backlog. A job that a cascade step cancelled
+-- (cascaded: last_event dependency_ended) leaves its dependants to that step.
+CREATE OR REPLACE FUNCTION pgq._dependency_ended(ended_id bigint, old_state pgq.job_state, new_state pgq.job_state,
+                                                 waited_for boolean, cascaded boolean) RETURNS void
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET enable_hashjoin = off
+    SET enable_mergejoin = off
+    AS $$
+DECLARE
+    budget integer;
 BEGIN
     IF old_state = 'waiting' THEN
         DELETE FROM pgq.job_dependencies AS d WHERE d.job_id = ended_id;
     END IF;
-    IF NOT had_dependants THEN
+    IF current_setting('transaction_isolation') <> 'read committed'
+       AND transaction_timestamp() <> statement_timestamp() THEN
+        INSERT INTO pgq.dependency_checks (job_id) VALUES (ended_id);
+    END IF;
+    IF NOT waited_for OR cascaded THEN
         RETURN;
     END IF;
-    IF new_state = 'done' THEN
-        WITH released AS (
+    budget := pgq._dependency_budget();
+    PERFORM set_config('pgq.dependency_budget',
+                       greatest(budget - pgq._move_dependants_on(ended_id, new_state, budget), 0)::text, true);
+END
+$$;
+COMMENT ON FUNCTION pgq._dependency_ended(bigint, pgq.job_state, pgq.job_state, boolean, boolean) IS
+    'Called by pgq._count_finished when a job that jobs wait for, or that waited, ends: releases (done) '
+    'or cancels (failed, cancelled) its waiting dependants, up to the transaction''s budget.';
+
+-- The dependants of `ended_id`, which has just ended `ended`, moved on by this transaction (at most
+-- `budget`, breadth first down a cancelled chain: pgq._dependency_work), and what is left put in
+-- the backlog, in order. Those of an earlier end of the same job (before a pgq.retry of it) are
+-- left to that end's backlog rows. Returns how much of the budget it used.
+CREATE OR REPLACE FUNCTION pgq._move_dependants_on(ended_id bigint, ended pgq.job_state, budget integer)
+    RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    below   bigint := pgq._next_job_id();
+    from_id bigint := coalesce((SELECT max(b.below_id) FROM pgq.dependency_backlog AS b
+                                WHERE b.job_id = _move_dependants_on.ended_id), 0);
+    todo    bigint[] := ARRAY[ended_id];      -- ended jobs whose dependants move on, in order
+    froms   bigint[] := ARRAY[from_id];
+    states  pgq.job_state[] := ARRAY[ended];
+    open    boolean[] := ARRAY[true];         -- whether each still has dependants to move on
+    left_over integer := budget;
+    step    record;
+    i       integer := 1;
+BEGIN
+    WHILE i <= cardinality(todo) AND left_over > 0 LOOP
+        step := pgq._dependency_work(todo[i], states[i], froms[i], below, ended_id, ended, left_over, true);
+        left_over := left_over - step.used;
+        open[i] := step.more;
+        -- Those of its dependants it cancelled that have dependants of their own, at the end.
+        todo := todo || step.cancelled;
+        froms := froms || array_fill(0::bigint, ARRAY[cardinality(step.cancelled)]);
+        states := states || array_fill('cancelled'::pgq.job_state, ARRAY[cardinality(step.cancelled)]);
+        open := open || array_fill(true, ARRAY[cardinality(step.cancelled)]);
+        i := i + 1;
+    END LOOP;
+    -- What is left goes to the sweep, in order.
+    INSERT INTO pgq.dependency_backlog (job_id, ended, from_id, below_id, root_id, root_state)
+    SELECT t.id, t.state, t.from_id, below, _move_dependants_on.ended_id, _move_dependants_on.ended
+    FROM unnest(todo, states, froms, open) WITH ORDINALITY AS t(id, state, from_id, more, n)
+    WHERE t.more
+    ORDER BY t.n;
+    RETURN budget - left_over;
+END
+$$;
+
+-- One step for the ended job `ended_id` (ended `ended`; it, or the job up its chain whose end
+-- cancelled it, is root_id, ended root_state): its waiting dependants with ids in [from_id,
+-- below_id), in id order, as many as `budget` allows (a release counts one, a cancellation the
+-- links it deletes: all of the dependant's own; at least one dependant). Each is locked first; one
+-- that another transaction holds is skipped (left for later) unless `patient`, when it is waited
+-- for until pgq._patience(), by polling. Done: each counts one dependency fewer, and the one at 0
+-- becomes pending (its queue notified when it is due). Failed or cancelled: each is cancelled with
+-- last_error naming the dependency (and the root, further down a chain); its trigger deletes its
+-- links. Returns the budget used, whether dependants in the range are left (more), and those it
+-- cancelled that have dependants of their own, in id order (cancelled).
+CREATE OR REPLACE FUNCTION pgq._dependency_work(ended_id bigint, ended pgq.job_state, from_id bigint,
+                                                below_id bigint, root_id bigint, root_state pgq.job_state,
+                                                budget integer, patient boolean,
+                                                OUT used integer, OUT more boolean, OUT cancelled bigint[])
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET enable_hashjoin = off
+    SET enable_mergejoin = off
+    AS $$
+DECLARE
+    candidates bigint[];
+    locked     bigint[];
+    picked     bigint[];
+    due_queues text[];
+    patience   timestamptz;
+BEGIN
+    used := 0;
+    cancelled := '{}';
+    candidates := ARRAY(SELECT d.job_id FROM pgq.job_dependencies AS d
+                        WHERE d.depends_on = _dependency_work.ended_id
+                          AND d.job_id >= _dependency_work.from_id AND d.job_id < _dependency_work.below_id
+                        ORDER BY d.job_id
+                        LIMIT _dependency_work.budget);
+    IF cardinality(candidates) = 0 THEN
+        more := false;
+        RETURN;
+    END IF;
+    locked := ARRAY(SELECT j.id FROM pgq.jobs AS j WHERE j.id = ANY (candidates) ORDER BY j.id
+                    FOR NO KEY UPDATE SKIP LOCKED);
+    IF patient AND cardinality(locked) < cardinality(candidates) THEN
+        patience := pgq._patience();
+        WHILE cardinality(locked) < cardinality(candidates) AND clock_timestamp() < patience LOOP
+            PERFORM pg_sleep(0.001);
+            locked := locked || ARRAY(SELECT j.id FROM pgq.jobs AS j
+                                      WHERE j.id = ANY (candidates) AND j.id <> ALL (locked)
+                                      ORDER BY j.id FOR NO KEY UPDATE SKIP LOCKED);
+        END LOOP;
+    END IF;
+
+    IF _dependency_work.ended = 'done' THEN
+        picked := locked;
+        used := cardinality(picked);
+        WITH gone AS (
+            DELETE FROM pgq.job_dependencies AS d
+            WHERE d.depends_on = _dependency_work.ended_id AND d.job_id = ANY (picked)
+            RETURNING d.job_id
+        ), released AS (
             UPDATE pgq.jobs AS j
             SET dependencies_left = j.dependencies_left - 1,
                 state = CASE WHEN j.dependencies_left = 1 THEN 'pending' ELSE 'waiting' END::pgq.job_state,
                 last_event = CASE WHEN j.dependencies_left = 1 THEN 'dependencies_done' ELSE j.last_event END
-            FROM pgq.job_dependencies AS d
-            WHERE d.depends_on = ended_id AND j.id = d.job_id AND j.state = 'waiting'
+            WHERE j.id = ANY (ARRAY(SELECT g.job_id FROM gone AS g)) AND j.state = 'waiting'
             RETURNING j.id, j.queue, j.attempt, j.state, j.run_at
         ), events AS (
             INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
             SELECT r.id, r.attempt, NULL, 'dependencies_done', 'waiting', 'pending',
-                   format('the last of its dependencies, job %s, is done', ended_id)
+                   format('the last of its dependencies, job %s, is done', _dependency_work.ended_id)
             FROM released AS r JOIN pgq.queues AS q ON q.name = r.queue AND q.audit
             WHERE r.state = 'pending'
         )
@@ -51,58 +240,183 @@ BEGIN
         FROM released AS r WHERE r.state = 'pending' AND r.run_at <= pgq._now();
         PERFORM pgq._notify(n.queue) FROM unnest(due_queues) AS n(queue);
     ELSE
-        WITH RECURSIVE chain (id, dependency) AS (
-            SELECT d.job_id, d.depends_on
-            FROM pgq.job_dependencies AS d JOIN pgq.jobs AS w ON w.id = d.job_id AND w.state = 'waiting'
-            WHERE d.depends_on = ended_id
-            UNION
-            SELECT d.job_id, d.depends_on
-            FROM chain AS c JOIN pgq.job_dependencies AS d ON d.depends_on = c.id
-            JOIN pgq.jobs AS w ON w.id = d.job_id AND w.state = 'waiting'
-        ), cancelled AS (
+        -- As many as the budget allows, each counting the links its cancellation deletes.
+        SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}'), coalesce(max(c.total), 0)::integer
+        INTO picked, used
+        FROM (SELECT j.id, sum(CASE WHEN j.state = 'waiting' THEN greatest(j.dependencies_left, 1) ELSE 1 END)
+                               OVER (ORDER BY j.id) AS total,
+                     row_number() OVER (ORDER BY j.id) AS n
+              FROM pgq.jobs AS j WHERE j.id = ANY (locked)) AS c
+        WHERE c.total <= _dependency_work.budget OR c.n = 1;
+        -- (A link to a job that is no longer waiting goes with the others; there should be none.)
+        DELETE FROM pgq.job_dependencies AS d
+        WHERE d.depends_on = _dependency_work.ended_id AND d.job_id = ANY (picked);
+        WITH gone AS (
             UPDATE pgq.jobs AS j
             SET state = 'cancelled', finished_at = pgq._now(), last_event = 'dependency_ended',
-                last_error = CASE WHEN c.dependency = ended_id
-                                  THEN format('pgq: cancelled: its dependency, job %s, ended %s', ended_id, new_state)
+                last_error = CASE WHEN _dependency_work.ended_id = _dependency_work.root_id
+                                  THEN format('pgq: cancelled: its dependency, job %s, ended %s',
+                                              _dependency_work.ended_id, _dependency_work.ended)
                                   ELSE format('pgq: cancelled: its dependency, job %s, was cancelled because job %s, '
-                                              'up its chain, ended %s', c.dependency, ended_id, new_state) END
-            FROM (SELECT DISTINCT ON (c.id) c.id, c.dependency FROM chain AS c
-                  ORDER BY c.id, c.dependency <> ended_id, c.dependency) AS c
-            WHERE j.id = c.id AND j.state = 'waiting'
+                                              'up its chain, ended %s', _dependency_work.ended_id,
+                                              _dependency_work.root_id, _dependency_work.root_state) END
+            WHERE j.id = ANY (picked) AND j.state = 'waiting'
             RETURNING j.id, j.queue, j.attempt, j.last_error
+        ), events AS (
+            INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+            SELECT c.id, c.attempt, NULL, 'dependency_ended', 'waiting', 'cancelled', c.last_error
+            FROM gone AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
         )
-        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
-        SELECT c.id, c.attempt, NULL, 'dependency_ended', 'waiting', 'cancelled', c.last_error
-        FROM cancelled AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit;
+        SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}') INTO cancelled FROM gone AS c;
+        -- Their triggers have deleted their own links; those that jobs wait for go on down the chain.
+        cancelled := ARRAY(SELECT c.id FROM unnest(cancelled) AS c(id)
+                           WHERE EXISTS (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = c.id)
+                           ORDER BY c.id);
     END IF;
-    DELETE FROM pgq.job_dependencies AS d WHERE d.depends_on = ended_id;
+    more := EXISTS (SELECT FROM pgq.job_dependencies AS d
+                    WHERE d.depends_on = _dependency_work.ended_id
+                      AND d.job_id >= _dependency_work.from_id AND d.job_id < _dependency_work.below_id);
 END
 $$;
-COMMENT ON FUNCTION pgq._dependency_ended(bigint, pgq.job_state, pgq.job_state, boolean) IS
-    'Called by pgq._count_finished when a job that has dependants, or waits, ends: releases (done) '
-    'or cancels (failed, cancelled) its waiting dependants; a waiting job that ends deletes its links.';
+
+-- The sweep's step through the backlog: its rows, oldest first, each moving on as many dependants
+-- as are left of max_dependants (pgq._dependency_work, never waiting: a dependant another
+-- transaction holds, or a row another sweep is working on, is left for the next sweep). The jobs a
+-- row cancels that have dependants of their own join the backlog at its end (and this very step
+-- goes on with them); a row with nothing left goes. Returns how many dependants it moved on.
+CREATE OR REPLACE FUNCTION pgq._work_backlog(max_dependants integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET enable_hashjoin = off
+    SET enable_mergejoin = off
+    AS $$
+DECLARE
+    left_over integer := max_dependants;
+    r         pgq.dependency_backlog;
+    step      record;
+    after     bigint := 0;
+    below     bigint := pgq._next_job_id();
+BEGIN
+    WHILE left_over > 0 LOOP
+        SELECT * INTO r FROM pgq.dependency_backlog AS b WHERE b.id > after ORDER BY b.id LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        after := r.id;
+        step := pgq._dependency_work(r.job_id, r.ended, r.from_id, r.below_id, r.root_id, r.root_state,
+                                     left_over, false);
+        left_over := left_over - step.used;
+        INSERT INTO pgq.dependency_backlog (job_id, ended, from_id, below_id, root_id, root_state)
+        SELECT c.id, 'cancelled', 0, below, r.root_id, r.root_state
+        FROM unnest(step.cancelled) WITH ORDINALITY AS c(id, n) ORDER BY c.n;
+        IF NOT step.more THEN
+            DELETE FROM pgq.dependency_backlog AS b WHERE b.id = r.id;
+        END IF;
+    END LOOP;
+    RETURN max_dependants - left_over;
+END
+$$;
+
+-- The sweep's step through the checks (pgq.dependency_checks, left by enqueues with depends_on and
+-- by ends under older snapshots): up to max_checks, oldest first, each taken once its writer has
+-- committed (a row another sweep holds is skipped). Its dependency has ended (or is gone): the
+-- jobs still linked to it move on as after a fresh end of it (a backlog row, root itself). It has
+-- not: when no transaction holds its row, any end of it will see the links (it looks them up after
+-- locking the row), and the check goes; when one does (its end may be in flight), the check goes to
+-- the back, for the next sweep. "Holds" is read from the row's xmax (never set on a version no
+-- transaction has locked or updated), and where that is set, by locking the rows with SKIP LOCKED in
+-- a subtransaction that is then rolled back (the locks go with it; a job so held for that moment is
+-- skipped by a claim, or waited for by its owner, for the moment only). Returns how many it settled.
+CREATE OR REPLACE FUNCTION pgq._settle_checks(max_checks integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET enable_hashjoin = off
+    SET enable_mergejoin = off
+    AS $$
+DECLARE
+    check_ids  bigint[];
+    dep_ids    bigint[];
+    dep_states pgq.job_state[];
+    touched    boolean[];
+    ended_ids  bigint[] := '{}';
+    ended_states pgq.job_state[] := '{}';
+    suspects   bigint[] := '{}';  -- not ended, and a transaction has locked the row since it was written
+    got_ids    bigint[] := '{}';
+    got_states pgq.job_state[] := '{}';
+    busy       bigint[] := '{}';
+BEGIN
+    SELECT coalesce(array_agg(p.id ORDER BY p.id), '{}'), array_agg(p.job_id ORDER BY p.id),
+           array_agg(j.state ORDER BY p.id), array_agg(NOT (j.xmax = '0'::xid) ORDER BY p.id)
+    INTO check_ids, dep_ids, dep_states, touched
+    FROM (SELECT c.id, c.job_id FROM pgq.dependency_checks AS c ORDER BY c.id LIMIT max_checks
+          FOR UPDATE SKIP LOCKED) AS p
+    LEFT JOIN LATERAL (SELECT x.state, x.xmax FROM pgq.jobs AS x WHERE x.id = p.job_id) AS j ON true;
+    IF cardinality(check_ids) = 0 THEN
+        RETURN 0;
+    END IF;
+    FOR i IN 1..cardinality(check_ids) LOOP
+        IF dep_states[i] IS NULL OR dep_states[i] IN ('done', 'failed', 'cancelled') THEN
+            ended_ids := ended_ids || dep_ids[i];
+            ended_states := ended_states || coalesce(dep_states[i], 'cancelled');
+        ELSIF touched[i] AND NOT dep_ids[i] = ANY (suspects) THEN
+            suspects := suspects || dep_ids[i];
+        END IF;
+    END LOOP;
+    IF cardinality(suspects) > 0 THEN
+        BEGIN
+            -- The newest row versions: an end committed since this function's first statement is read.
+            SELECT coalesce(array_agg(x.id), '{}'), coalesce(array_agg(x.state), '{}')
+            INTO got_ids, got_states
+            FROM (SELECT j.id, j.state FROM pgq.jobs AS j WHERE j.id = ANY (suspects) ORDER BY j.id
+                  FOR NO KEY UPDATE SKIP LOCKED) AS x;
+            RAISE EXCEPTION 'pgq: the locks are taken back' USING ERRCODE = 'PGQ24';
+        EXCEPTION WHEN SQLSTATE 'PGQ24' THEN
+            NULL;
+        END;
+        FOR i IN 1..cardinality(got_ids) LOOP
+            IF got_states[i] IN ('done', 'failed', 'cancelled') THEN
+                ended_ids := ended_ids || got_ids[i];
+                ended_states := ended_states || got_states[i];
+            END IF;
+        END LOOP;
+        busy := ARRAY(SELECT s.id FROM unnest(suspects) AS s(id) WHERE s.id <> ALL (got_ids) ORDER BY s.id);
+    END IF;
+    -- Ended with jobs still linked to it: they move on as after a fresh end (those of an earlier end
+    -- before a retry are left to its rows).
+    INSERT INTO pgq.dependency_backlog (job_id, ended, from_id, below_id, root_id, root_state)
+    SELECT e.id, e.state,
+           coalesce((SELECT max(b.below_id) FROM pgq.dependency_backlog AS b WHERE b.job_id = e.id), 0),
+           pgq._next_job_id(), e.id, e.state
+    FROM (SELECT DISTINCT ON (u.id) u.id, u.state FROM unnest(ended_ids, ended_states) AS u(id, state)
+          ORDER BY u.id) AS e
+    WHERE EXISTS (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = e.id)
+    ORDER BY e.id;
+    DELETE FROM pgq.dependency_checks AS c WHERE c.id = ANY (check_ids);
+    INSERT INTO pgq.dependency_checks (job_id) SELECT b.id FROM unnest(busy) AS b(id);
+    RETURN cardinality(check_ids) - cardinality(busy);
+END
+$$;
 
 -- The dependencies of a job being enqueued (pgq.enqueue's and pgq.enqueue_many's depends_on),
--- checked and locked. Each row is updated (has_dependants, which arms its trigger) in id order,
--- so a concurrent end of a dependency either committed first (and its state is read here) or
--- waits for this transaction and then sees the new job's link (an end under REPEATABLE READ or
--- SERIALIZABLE fails with 40001 instead: the row was updated). A job of a queue whose read
--- grants do not admit the login counts as absent, like in pgq.get_job. Returns the distinct ids
--- in order, those not done yet (the new job waits for them) and the first that ended failed or
--- cancelled (the new job is then cancelled at once), with its state.
-CREATE OR REPLACE FUNCTION pgq._lock_dependencies(depends_on bigint[], OUT ids bigint[], OUT open_ids bigint[],
-                                       OUT ended_id bigint, OUT ended_state pgq.job_state)
+-- checked and read, not locked. A job of a queue whose read grants do not admit the login counts as
+-- absent, exactly as an unknown id (like in pgq.get_job). Returns the distinct ids in order, those
+-- not done yet (the new job waits for them) and the first that ended failed or cancelled (the new
+-- job is then cancelled at once), with its state.
+CREATE OR REPLACE FUNCTION pgq._read_dependencies(depends_on bigint[], OUT ids bigint[], OUT open_ids bigint[],
+                                                  OUT ended_id bigint, OUT ended_state pgq.job_state)
     LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET enable_hashjoin = off
+    SET enable_mergejoin = off
     AS $$
 DECLARE
     missing bigint;
 BEGIN
-    IF array_ndims(_lock_dependencies.depends_on) > 1 THEN
+    IF array_ndims(_read_dependencies.depends_on) > 1 THEN
         PERFORM pgq._bad_argument('depends_on', 'must be a one-dimensional array of job ids');
-    ELSIF array_position(_lock_dependencies.depends_on, NULL) IS NOT NULL THEN
+    ELSIF array_position(_read_dependencies.depends_on, NULL) IS NOT NULL THEN
         PERFORM pgq._bad_argument('depends_on', 'must not contain NULL');
     END IF;
-    ids := ARRAY(SELECT DISTINCT d.id FROM unnest(_lock_dependencies.depends_on) AS d(id) ORDER BY d.id);
+    ids := ARRAY(SELECT DISTINCT d.id FROM unnest(_read_dependencies.depends_on) AS d(id) ORDER BY d.id);
     IF cardinality(ids) > 10000 THEN
         PERFORM pgq._bad_argument('depends_on', format('must name at most 10000 jobs, got %s', cardinality(ids)),
             'A job that waits for more: enqueue it after an intermediate job that waits for the rest.');
@@ -110,36 +424,29 @@ BEGIN
     IF cardinality(ids) = 0 THEN
         RETURN;
     END IF;
-    -- Locked in id order (so concurrent enqueues never deadlock on them), then updated.
-    PERFORM FROM pgq.jobs AS j WHERE j.id = ANY (ids) ORDER BY j.id FOR NO KEY UPDATE;
-    WITH locked AS (
-        UPDATE pgq.jobs AS j SET has_dependants = true
-        WHERE j.id = ANY (ids)
-        RETURNING j.id, j.state, j.queue
-    ), seen AS (
-        SELECT l.id, l.state FROM locked AS l JOIN pgq.queues AS q ON q.name = l.queue
-        WHERE q.restricted IS NULL OR pgq._may(q.name, q.restricted, 'read')
+    WITH seen AS (
+        SELECT j.id, j.state FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue
+        WHERE j.id = ANY (ids) AND (q.restricted IS NULL OR pgq._may(q.name, q.restricted, 'read'))
     )
     SELECT (SELECT min(i.id) FROM unnest(ids) AS i(id) WHERE i.id NOT IN (SELECT s.id FROM seen AS s)),
            ARRAY(SELECT s.id FROM seen AS s WHERE s.state NOT IN ('done', 'failed', 'cancelled') ORDER BY s.id),
-           (SELECT s.id FROM seen AS s WHERE s.state IN ('failed', 'cancelled') ORDER BY s.id LIMIT 1)
-    INTO missing, open_ids, ended_id;
+           (SELECT s.id FROM seen AS s WHERE s.state IN ('failed', 'cancelled') ORDER BY s.id LIMIT 1),
+           (SELECT s.state FROM seen AS s WHERE s.state IN ('failed', 'cancelled') ORDER BY s.id LIMIT 1)
+    INTO missing, open_ids, ended_id, ended_state;
     IF missing IS NOT NULL THEN
         PERFORM pgq._bad_argument('depends_on', format('names no job with id %s', missing),
             'A job that never existed, or a finished one that pgq.prune has deleted (after its queue''s '
             'retention), cannot be depended on.');
     END IF;
-    IF ended_id IS NOT NULL THEN
-        ended_state := (SELECT j.state FROM pgq.jobs AS j WHERE j.id = ended_id);
-    END IF;
 END
 $$;
-COMMENT ON FUNCTION pgq._lock_dependencies(bigint[]) IS
-    'For pgq.enqueue''s depends_on: checks and locks the dependencies; returns them, those not done '
-    'yet and the first that ended failed or cancelled.';
+COMMENT ON FUNCTION pgq._read_dependencies(bigint[]) IS
+    'For pgq.enqueue''s depends_on: checks and reads the dependencies (locking none); returns them, those '
+    'not done yet and the first that ended failed or cancelled.';
 
--- The jobs `ids`, just enqueued waiting, with pgq._lock_dependencies' answer for their
--- dependencies: linked to the open ones (pgq.job_dependencies) or, when one had ended failed or
+-- The jobs `ids`, just enqueued waiting, with pgq._read_dependencies' answer for their
+-- dependencies: linked to the open ones (pgq.job_dependencies), each of which gets a check (an end
+-- of it in flight now cannot see these links: pgq._settle_checks), or, when one had ended failed or
 -- cancelled (ended_id), cancelled at once, as if they had been waiting then. For pgq.enqueue and
 -- pgq.enqueue_many.
 CREATE OR REPLACE FUNCTION pgq._wait_for_dependencies(ids bigint[], open_ids bigint[], ended_id bigint,
@@ -155,6 +462,8 @@ BEGIN
         INSERT INTO pgq.job_dependencies (depends_on, job_id)
         SELECT d.id, n.id
         FROM unnest(_wait_for_dependencies.open_ids) AS d(id) CROSS JOIN unnest(_wait_for_dependencies.ids) AS n(id);
+        INSERT INTO pgq.dependency_checks (job_id)
+        SELECT d.id FROM unnest(_wait_for_dependencies.open_ids) AS d(id);
     END IF;
 END
 $$;

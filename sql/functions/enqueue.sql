@@ -96,10 +96,10 @@ BEGIN
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
-    -- With dependencies: waiting for those not done yet (locked by pgq._lock_dependencies until
-    -- this transaction ends, so none of them ends unseen), or cancelled at once (below) when one
-    -- has ended failed or cancelled. An empty array is no dependency. A live job that holds the
-    -- unique_key is answered first, so that a deduplicated call writes nothing here either.
+    -- With dependencies: waiting for those not done yet (read, not locked: an end of one in flight
+    -- now is settled by the check pgq._wait_for_dependencies leaves), or cancelled at once (below)
+    -- when one has ended failed or cancelled. An empty array is no dependency. A live job that
+    -- holds the unique_key is answered first, so that a deduplicated call writes nothing here either.
     IF enqueue.depends_on IS NOT NULL THEN
         IF enqueue.unique_key IS NOT NULL THEN
             SELECT j.id INTO new_id
@@ -110,7 +110,7 @@ BEGIN
                 RETURN new_id;
             END IF;
         END IF;
-        deps := pgq._lock_dependencies(enqueue.depends_on);
+        deps := pgq._read_dependencies(enqueue.depends_on);
         IF cardinality(deps.ids) > 0 THEN
             dep_ids := deps.ids;
             left_count := cardinality(deps.open_ids);
@@ -214,7 +214,7 @@ BEGIN
     END IF;
     -- The same dependencies for every job, as in pgq.enqueue.
     IF enqueue_many.depends_on IS NOT NULL THEN
-        deps := pgq._lock_dependencies(enqueue_many.depends_on);
+        deps := pgq._read_dependencies(enqueue_many.depends_on);
         IF cardinality(deps.ids) > 0 THEN
             dep_ids := deps.ids;
             left_count := cardinality(deps.open_ids);

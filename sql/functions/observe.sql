@@ -103,6 +103,9 @@ BEGIN
         RAISE EXCEPTION 'pgq: no job with id %', get_job.id
             USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
     END IF;
+    -- Whether jobs wait for it now (the column is no longer written: an enqueue would lock this row).
+    job.has_dependants := job.has_dependants
+                          OR EXISTS (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = get_job.id);
     RETURN job;
 END
 $$;

@@ -12,12 +12,18 @@
 -- drive the UPDATE from jobs_lease_idx instead of the locked ids, and with statistics that say
 -- few jobs are running it did, reading every expired lease once per recovered job (1.5 s for a
 -- sweep(1000) over 2,850 expired leases, growing with their square).
+-- The ends of a recovery move no dependant on (this transaction's dependency budget is 0 meanwhile:
+-- they go to pgq.dependency_backlog): a claim never works for, nor waits on, the dependency graph,
+-- and the sweep's backlog step takes them after its recovery.
 CREATE OR REPLACE FUNCTION pgq._recover_expired(max_jobs integer)
     RETURNS TABLE (queue text, recovered bigint)
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
     AS $$
+DECLARE
+    budget text := current_setting('pgq.dependency_budget', true);
 BEGIN
+    PERFORM set_config('pgq.dependency_budget', '0', true);
     RETURN QUERY
     WITH expired AS (
         SELECT j.id, j.attempt
@@ -50,6 +56,7 @@ BEGIN
         WHERE r.audit
     )
     SELECT r.queue, count(*) FROM recovered AS r GROUP BY r.queue;
+    PERFORM set_config('pgq.dependency_budget', coalesce(budget, ''), true);
 END
 $$;
 
@@ -78,6 +85,10 @@ BEGIN
     IF EXISTS (SELECT FROM pgq.schedules AS s WHERE s.enabled AND s.next_run_at <= pgq._now()) THEN
         PERFORM pgq._fire_schedules(sweep.max_jobs);
     END IF;
+    -- Dependencies: the checks of enqueues that may have overlapped an end (cheap: up to ten per
+    -- job of max_jobs), then up to max_jobs dependants of the backlog (pgq.dependency_backlog).
+    PERFORM pgq._settle_checks(least(10 * sweep.max_jobs, 100000));
+    PERFORM pgq._work_backlog(sweep.max_jobs);
     -- Keeps pgq.finished_deltas short where no exporter calls pgq.metrics().
     PERFORM pgq._fold_finished();
     -- Forgets the per-key rate limits' buckets that are full again.
@@ -89,4 +100,4 @@ END
 $$;
 COMMENT ON FUNCTION pgq.sweep(integer) IS
     'Recovers up to max_jobs running jobs whose lease expired or whose attempt timed out (returns '
-    'how many), and fires up to max_jobs due schedules.';
+    'how many), fires up to max_jobs due schedules, and moves up to max_jobs waiting dependants on.';
