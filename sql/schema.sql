@@ -1442,8 +1442,10 @@ COMMENT ON FUNCTION pgq._fold_finished() IS
 --   the rest goes to pgq.dependency_backlog, which every sweep works through, oldest row first,
 --   max_jobs dependants at a time (pgq._work_backlog). The ends of a claim's or a sweep's recovery
 --   of expired leases move none at all (a claim never works for, nor waits on, the dependency
---   graph). Every statement reads by primary key or job_dependencies_job_idx, with sequential
---   scans and hash and merge joins disabled (the SET clauses).
+--   graph). Every statement reads by primary key or job_dependencies_job_idx in index order, with
+--   sequential and bitmap scans and hash and merge joins disabled (the SET clauses): a bitmap scan
+--   of a fan-out's 100,000 links, sorted to take the first 1000, is what statistics that say
+--   "few" would otherwise choose.
 -- * A dependant's row is updated by each of its dependencies' ends, and they take turns on it (so
 --   the count is exact: each decrement reads the newest row version). An owner's or admin's end
 --   waits for a dependant's row that another transaction holds (say, the completion of another part
@@ -1512,6 +1514,7 @@ CREATE OR REPLACE FUNCTION pgq._dependency_ended(ended_id bigint, old_state pgq.
                                                  waited_for boolean, cascaded boolean) RETURNS void
     LANGUAGE plpgsql
     SET enable_seqscan = off
+    SET enable_bitmapscan = off
     SET enable_hashjoin = off
     SET enable_mergejoin = off
     AS $$
@@ -1544,6 +1547,10 @@ COMMENT ON FUNCTION pgq._dependency_ended(bigint, pgq.job_state, pgq.job_state, 
 CREATE OR REPLACE FUNCTION pgq._move_dependants_on(ended_id bigint, ended pgq.job_state, budget integer)
     RETURNS integer
     LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    SET enable_hashjoin = off
+    SET enable_mergejoin = off
     AS $$
 DECLARE
     below   bigint := pgq._next_job_id();
@@ -1594,22 +1601,26 @@ CREATE OR REPLACE FUNCTION pgq._dependency_work(ended_id bigint, ended pgq.job_s
                                                 OUT used integer, OUT more boolean, OUT cancelled bigint[])
     LANGUAGE plpgsql
     SET enable_seqscan = off
+    SET enable_bitmapscan = off
     SET enable_hashjoin = off
     SET enable_mergejoin = off
     AS $$
 DECLARE
-    candidates bigint[];
-    locked     bigint[];
-    picked     bigint[];
+    candidates bigint[];  -- the first links' dependants, in id order
+    locked     bigint[];  -- those this step holds
+    picked     bigint[];  -- those it moves on (within the budget)
+    waiting    bigint[];  -- of those, the ones still waiting (the others only lose the link)
     due_queues text[];
     patience   timestamptz;
 BEGIN
     used := 0;
     cancelled := '{}';
+    -- The links by primary key alone (the row comparisons fit no other index), in index order.
     candidates := ARRAY(SELECT d.job_id FROM pgq.job_dependencies AS d
                         WHERE d.depends_on = _dependency_work.ended_id
-                          AND d.job_id >= _dependency_work.from_id AND d.job_id < _dependency_work.below_id
-                        ORDER BY d.job_id
+                          AND (d.depends_on, d.job_id) >= (_dependency_work.ended_id, _dependency_work.from_id)
+                          AND (d.depends_on, d.job_id) < (_dependency_work.ended_id, _dependency_work.below_id)
+                        ORDER BY d.depends_on, d.job_id
                         LIMIT _dependency_work.budget);
     IF cardinality(candidates) = 0 THEN
         more := false;
@@ -1626,20 +1637,32 @@ BEGIN
                                       ORDER BY j.id FOR NO KEY UPDATE SKIP LOCKED);
         END LOOP;
     END IF;
+    -- The newest versions of the rows it holds (this statement's snapshot is newer than the locks):
+    -- as many as the budget allows, a release counting one, a cancellation the links it deletes (all
+    -- the dependant's own), at least one. Read by id here, so that the writes below name only ids.
+    SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}'),
+           coalesce(array_agg(c.id ORDER BY c.id) FILTER (WHERE c.state = 'waiting'), '{}'),
+           coalesce(max(c.total), 0)::integer
+    INTO picked, waiting, used
+    FROM (SELECT j.id, j.state,
+                 sum(CASE WHEN _dependency_work.ended = 'done' OR j.state <> 'waiting' THEN 1
+                          ELSE greatest(j.dependencies_left, 1) END) OVER (ORDER BY j.id) AS total,
+                 row_number() OVER (ORDER BY j.id) AS n
+          FROM pgq.jobs AS j WHERE j.id = ANY (locked)) AS c
+    WHERE c.total <= _dependency_work.budget OR c.n = 1;
+    -- The links of those it moves on (a link to a job that no longer waits goes too; there is none).
+    DELETE FROM pgq.job_dependencies AS d
+    WHERE d.depends_on = _dependency_work.ended_id AND d.job_id = ANY (picked)
+      AND (d.depends_on, d.job_id) >= (_dependency_work.ended_id, picked[1])
+      AND (d.depends_on, d.job_id) <= (_dependency_work.ended_id, picked[cardinality(picked)]);
 
     IF _dependency_work.ended = 'done' THEN
-        picked := locked;
-        used := cardinality(picked);
-        WITH gone AS (
-            DELETE FROM pgq.job_dependencies AS d
-            WHERE d.depends_on = _dependency_work.ended_id AND d.job_id = ANY (picked)
-            RETURNING d.job_id
-        ), released AS (
+        WITH released AS (
             UPDATE pgq.jobs AS j
             SET dependencies_left = j.dependencies_left - 1,
                 state = CASE WHEN j.dependencies_left = 1 THEN 'pending' ELSE 'waiting' END::pgq.job_state,
                 last_event = CASE WHEN j.dependencies_left = 1 THEN 'dependencies_done' ELSE j.last_event END
-            WHERE j.id = ANY (ARRAY(SELECT g.job_id FROM gone AS g)) AND j.state = 'waiting'
+            WHERE j.id = ANY (waiting)
             RETURNING j.id, j.queue, j.attempt, j.state, j.run_at
         ), events AS (
             INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
@@ -1652,17 +1675,6 @@ BEGIN
         FROM released AS r WHERE r.state = 'pending' AND r.run_at <= pgq._now();
         PERFORM pgq._notify(n.queue) FROM unnest(due_queues) AS n(queue);
     ELSE
-        -- As many as the budget allows, each counting the links its cancellation deletes.
-        SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}'), coalesce(max(c.total), 0)::integer
-        INTO picked, used
-        FROM (SELECT j.id, sum(CASE WHEN j.state = 'waiting' THEN greatest(j.dependencies_left, 1) ELSE 1 END)
-                               OVER (ORDER BY j.id) AS total,
-                     row_number() OVER (ORDER BY j.id) AS n
-              FROM pgq.jobs AS j WHERE j.id = ANY (locked)) AS c
-        WHERE c.total <= _dependency_work.budget OR c.n = 1;
-        -- (A link to a job that is no longer waiting goes with the others; there should be none.)
-        DELETE FROM pgq.job_dependencies AS d
-        WHERE d.depends_on = _dependency_work.ended_id AND d.job_id = ANY (picked);
         WITH gone AS (
             UPDATE pgq.jobs AS j
             SET state = 'cancelled', finished_at = pgq._now(), last_event = 'dependency_ended',
@@ -1672,7 +1684,7 @@ BEGIN
                                   ELSE format('pgq: cancelled: its dependency, job %s, was cancelled because job %s, '
                                               'up its chain, ended %s', _dependency_work.ended_id,
                                               _dependency_work.root_id, _dependency_work.root_state) END
-            WHERE j.id = ANY (picked) AND j.state = 'waiting'
+            WHERE j.id = ANY (waiting)
             RETURNING j.id, j.queue, j.attempt, j.last_error
         ), events AS (
             INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
@@ -1681,13 +1693,17 @@ BEGIN
         )
         SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}') INTO cancelled FROM gone AS c;
         -- Their triggers have deleted their own links; those that jobs wait for go on down the chain.
+        -- (One probe each: a LATERAL subquery with LIMIT, which the planner cannot turn into a join
+        -- over every link, as it did an EXISTS once the statistics said the links had one dependency.)
         cancelled := ARRAY(SELECT c.id FROM unnest(cancelled) AS c(id)
-                           WHERE EXISTS (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = c.id)
+                           CROSS JOIN LATERAL (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = c.id
+                                               LIMIT 1) AS x
                            ORDER BY c.id);
     END IF;
     more := EXISTS (SELECT FROM pgq.job_dependencies AS d
                     WHERE d.depends_on = _dependency_work.ended_id
-                      AND d.job_id >= _dependency_work.from_id AND d.job_id < _dependency_work.below_id);
+                      AND (d.depends_on, d.job_id) >= (_dependency_work.ended_id, _dependency_work.from_id)
+                      AND (d.depends_on, d.job_id) < (_dependency_work.ended_id, _dependency_work.below_id));
 END
 $$;
 
@@ -1699,6 +1715,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgq._work_backlog(max_dependants integer) RETURNS integer
     LANGUAGE plpgsql
     SET enable_seqscan = off
+    SET enable_bitmapscan = off
     SET enable_hashjoin = off
     SET enable_mergejoin = off
     AS $$
@@ -1741,6 +1758,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgq._settle_checks(max_checks integer) RETURNS integer
     LANGUAGE plpgsql
     SET enable_seqscan = off
+    SET enable_bitmapscan = off
     SET enable_hashjoin = off
     SET enable_mergejoin = off
     AS $$
@@ -1800,7 +1818,7 @@ BEGIN
            pgq._next_job_id(), e.id, e.state
     FROM (SELECT DISTINCT ON (u.id) u.id, u.state FROM unnest(ended_ids, ended_states) AS u(id, state)
           ORDER BY u.id) AS e
-    WHERE EXISTS (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = e.id)
+    CROSS JOIN LATERAL (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = e.id LIMIT 1) AS x
     ORDER BY e.id;
     DELETE FROM pgq.dependency_checks AS c WHERE c.id = ANY (check_ids);
     INSERT INTO pgq.dependency_checks (job_id) SELECT b.id FROM unnest(busy) AS b(id);
@@ -1817,6 +1835,7 @@ CREATE OR REPLACE FUNCTION pgq._read_dependencies(depends_on bigint[], OUT ids b
                                                   OUT ended_id bigint, OUT ended_state pgq.job_state)
     LANGUAGE plpgsql
     SET enable_seqscan = off
+    SET enable_bitmapscan = off
     SET enable_hashjoin = off
     SET enable_mergejoin = off
     AS $$
@@ -2677,9 +2696,18 @@ BEGIN
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
-    -- The same dependencies for every job, as in pgq.enqueue.
+    -- The same dependencies for every job, as in pgq.enqueue. One call writes at most 10000 links
+    -- (the product of the payloads and the jobs named, whatever their states: the same call is
+    -- accepted or refused whenever it is made), as many as one pgq.enqueue naming 10000 jobs.
     IF enqueue_many.depends_on IS NOT NULL THEN
         deps := pgq._read_dependencies(enqueue_many.depends_on);
+        IF cardinality(deps.ids)::bigint * cardinality(enqueue_many.payloads) > 10000 THEN
+            PERFORM pgq._bad_argument('depends_on',
+                format('names %s jobs for %s payloads: %s links, and one call writes at most 10000 '
+                       '(payloads x jobs named)', cardinality(deps.ids), cardinality(enqueue_many.payloads),
+                       cardinality(deps.ids)::bigint * cardinality(enqueue_many.payloads)),
+                'Split the payloads over several calls, or make them depend on one job that depends on the others.');
+        END IF;
         IF cardinality(deps.ids) > 0 THEN
             dep_ids := deps.ids;
             left_count := cardinality(deps.open_ids);

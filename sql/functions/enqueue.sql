@@ -212,9 +212,18 @@ BEGIN
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
-    -- The same dependencies for every job, as in pgq.enqueue.
+    -- The same dependencies for every job, as in pgq.enqueue. One call writes at most 10000 links
+    -- (the product of the payloads and the jobs named, whatever their states: the same call is
+    -- accepted or refused whenever it is made), as many as one pgq.enqueue naming 10000 jobs.
     IF enqueue_many.depends_on IS NOT NULL THEN
         deps := pgq._read_dependencies(enqueue_many.depends_on);
+        IF cardinality(deps.ids)::bigint * cardinality(enqueue_many.payloads) > 10000 THEN
+            PERFORM pgq._bad_argument('depends_on',
+                format('names %s jobs for %s payloads: %s links, and one call writes at most 10000 '
+                       '(payloads x jobs named)', cardinality(deps.ids), cardinality(enqueue_many.payloads),
+                       cardinality(deps.ids)::bigint * cardinality(enqueue_many.payloads)),
+                'Split the payloads over several calls, or make them depend on one job that depends on the others.');
+        END IF;
         IF cardinality(deps.ids) > 0 THEN
             dep_ids := deps.ids;
             left_count := cardinality(deps.open_ids);
