@@ -323,6 +323,31 @@ def test_ten_thousand_bogus_completes_write_one_event(conn, login):
     assert rejections(conn, job_id) == [(999999, 10000, "complete")]
 
 
+def test_a_flood_naming_every_attempt_from_one_login_writes_two_events(conn, login):
+    """Issue 24: keyed on the attempt, the dedup let a flood naming attempts 1000 to 4000 write 3,001
+    events. The first attempt named keeps its event; the second event names the latest other one;
+    together they count every call."""
+    job_id, attempt = running_job(conn)
+    worker = login("pgq_worker")
+    before = one(conn, "SELECT count(*) FROM pgq.job_events")
+    assert one(worker, "SELECT count(*) FILTER (WHERE pgq.complete(%s, a)) FROM generate_series(1000, 4000) AS a",
+               (job_id,)) == 0
+    assert one(conn, "SELECT count(*) FROM pgq.job_events") - before == 2
+    assert rejections(conn, job_id) == [(1000, 1, "complete"), (4000, 3000, "complete")]
+    assert one(conn, "SELECT note FROM pgq.job_events WHERE job_id = %s AND event = 'rejected' ORDER BY id DESC "
+                     "LIMIT 1", (job_id,)).startswith("complete from attempt 4000 rejected")
+    # The first attempt named again counts on its own event; the same flood through complete_many and
+    # the other operations: two events each, at most.
+    assert one(worker, "SELECT pgq.complete(%s, 1000)", (job_id,)) is False
+    worker.execute("SELECT pgq.complete_many(ARRAY(SELECT %s::bigint FROM generate_series(1, 3001)), "
+                   "ARRAY(SELECT a FROM generate_series(1000, 4000) AS a))", (job_id,))
+    worker.execute("SELECT count(pgq.renew(%s, a)) FROM generate_series(1000, 4000) AS a", (job_id,))
+    assert rejections(conn, job_id) == [(1000, 2, "complete"), (4000, 3000, "complete"),
+                                        (1000, 1, "complete_many"), (4000, 3000, "complete_many"),
+                                        (1000, 1, "renew"), (4000, 3000, "renew")]
+    assert one(conn, "SELECT pgq.complete(%s, %s)", (job_id, attempt)) is True  # the owner, unhindered
+
+
 def test_complete_many_with_30000_copies_of_one_pair_writes_one_event(conn, login):
     job_id, _ = running_job(conn)
     worker = login("pgq_worker")

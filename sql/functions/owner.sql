@@ -3,41 +3,55 @@
 
 -- Records a rejected write by an owner that no longer owns the job (a stale attempt), so that a
 -- duplicate execution can be diagnosed from pgq.job_events. Writes nothing for unknown ids or
--- for queues with audit off. A repeated rejection (the same job, attempt and operation, the note
--- starting with the operation's name, while the job is in the same state) is recorded once:
--- `times` more on the event that recorded it first, so 10,000 bogus calls write one event, not
--- 10,000 (a rejection after the job moved on, say from running to done, is an event of its own).
--- Rejections of one (job, attempt) take turns (a transaction-level advisory lock on the pair, one
--- bigint key), so two concurrent ones cannot both find no event and both write one.
+-- for queues with audit off. The rejections of one job by one login, of one operation while the
+-- job is in one state, are at most two events however many calls and whatever attempts they name
+-- (issue 24: keyed on the attempt too, a flood naming attempts 1000 to 4000 wrote 3,001 events):
+-- the first names the first attempt named and counts (times) the rejections that named it again;
+-- the second names the latest other attempt, and counts all the rejections that named another one.
+-- A rejection after the job moved on (say from running to done) starts over, as does one by another
+-- login (so one login's flood cannot hide another's forged calls in its count).
+-- Rejections of one job by one login take turns (a transaction-level advisory lock on the pair:
+-- another login's never waits for this one's), so two concurrent ones cannot both find no event
+-- and both write one.
 CREATE OR REPLACE FUNCTION pgq._reject(job_id bigint, attempt integer, operation text, times integer DEFAULT 1)
     RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
     job pgq.jobs;
+    seen bigint[];        -- the events of this key, oldest first: at most two
+    first_attempt integer;
+    new_note text;
 BEGIN
     SELECT j.* INTO job FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue AND q.audit
     WHERE j.id = _reject.job_id;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    PERFORM pg_advisory_xact_lock((_reject.job_id << 31) # _reject.attempt);
-    -- The key of "the same rejection": job, attempt, operation, the job's state and the login
-    -- that made the call (one more condition per column that should tell rejections apart).
-    UPDATE pgq.job_events AS e
-    SET times = e.times + _reject.times
-    WHERE e.job_id = _reject.job_id AND e.attempt = _reject.attempt AND e.event = 'rejected'
-      AND starts_with(e.note, _reject.operation || ' from attempt ') AND e.from_state = job.state
-      AND e.session_role IS NOT DISTINCT FROM session_user;
-    IF FOUND THEN
-        RETURN;
-    END IF;
-    INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note, times)
-    VALUES (job.id, _reject.attempt, NULL, 'rejected', job.state, NULL,
-            format('%s from attempt %s rejected: the job is %s at attempt %s (last claimed by %s%s)',
+    PERFORM pg_advisory_xact_lock('pgq.job_events'::regclass::oid::integer,
+                                  hashtext(_reject.job_id::text || ' ' || session_user));
+    new_note := format('%s from attempt %s rejected: the job is %s at attempt %s (last claimed by %s%s)',
                    _reject.operation, _reject.attempt, job.state, job.attempt, job.claimed_by,
-                   CASE WHEN NOT pgq._same_login(job.session_role) THEN ', login ' || job.session_role END),
-            _reject.times);
+                   CASE WHEN NOT pgq._same_login(job.session_role) THEN ', login ' || job.session_role END);
+    -- The key of "the same rejections": job, operation, the job's state and the login that made the
+    -- call (one more condition per column that should tell rejections apart).
+    SELECT array_agg(e.id ORDER BY e.id), (array_agg(e.attempt ORDER BY e.id))[1] INTO seen, first_attempt
+    FROM (SELECT x.id, x.attempt FROM pgq.job_events AS x
+          WHERE x.job_id = _reject.job_id AND x.event = 'rejected'
+            AND starts_with(x.note, _reject.operation || ' from attempt ') AND x.from_state = job.state
+            AND x.session_role IS NOT DISTINCT FROM session_user
+          ORDER BY x.id LIMIT 2) AS e;
+    IF first_attempt = _reject.attempt THEN
+        UPDATE pgq.job_events AS e SET times = e.times + _reject.times
+        WHERE e.job_id = _reject.job_id AND e.id = seen[1];
+    ELSIF cardinality(seen) = 2 THEN
+        UPDATE pgq.job_events AS e
+        SET times = e.times + _reject.times, attempt = _reject.attempt, note = new_note, at = clock_timestamp()
+        WHERE e.job_id = _reject.job_id AND e.id = seen[2];
+    ELSE
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note, times)
+        VALUES (job.id, _reject.attempt, NULL, 'rejected', job.state, NULL, new_note, _reject.times);
+    END IF;
 END
 $$;
 
