@@ -2207,6 +2207,8 @@ $$;
 -- Overrides a queue's key_max_running for one concurrency key (max_running 0: no limit for this
 -- key; NULL: the override is removed). Returns the limit now in effect for the key (0: none).
 -- Under the queue row's lock, so that claims see the override and queues.key_limited together.
+-- A queue that does not exist is refused (22023), as by pause, grant_queue and drop_queue: a typo
+-- creates nothing (it used to create the queue).
 CREATE OR REPLACE FUNCTION pgq.set_key_limit(queue text, key text, max_running integer)
     RETURNS integer
     LANGUAGE plpgsql
@@ -2227,8 +2229,11 @@ BEGIN
             format('must be between 0 (no limit for this key) and 100000, or NULL (remove the override), got %s',
                    set_key_limit.max_running));
     END IF;
-    q := pgq._queue(set_key_limit.queue);
+    q := pgq._existing_queue('queue', set_key_limit.queue);
     q := pgq._lock_queue(set_key_limit.queue);
+    IF q.name IS NULL THEN
+        PERFORM pgq._existing_queue('queue', set_key_limit.queue);  -- dropped meanwhile: 22023
+    END IF;
     IF set_key_limit.max_running IS NULL THEN
         DELETE FROM pgq.key_limits AS l WHERE l.queue = set_key_limit.queue AND l.key = set_key_limit.key;
     ELSE
@@ -2245,7 +2250,7 @@ END
 $$;
 COMMENT ON FUNCTION pgq.set_key_limit(text, text, integer) IS
     'Overrides the queue''s key_max_running for one concurrency key (NULL removes the override); '
-    'returns the limit now in effect for the key (0: none).';
+    'returns the limit now in effect for the key (0: none); 22023 when there is no such queue.';
 
 -- Every queue with a limit (max_running, key limits or rate limits; or the named one, 22023 when
 -- there is no such queue): its due jobs, its running ones, its limits, and how many of the due

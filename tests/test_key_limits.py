@@ -139,6 +139,7 @@ def test_set_key_limit_overrides_the_queue_default_and_null_removes_it(conn: psy
 
 
 def test_an_override_limits_a_key_on_a_queue_without_a_default(conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('q')")
     conn.execute("SELECT pgq.set_key_limit('q', 'slow', 1)")
     enqueue_keyed(conn, "q", "slow", 3)
     enqueue_keyed(conn, "q", "fast", 3)
@@ -217,9 +218,25 @@ def test_bad_arguments_are_refused_and_write_nothing(conn: psycopg.Connection, c
     assert one(conn, "SELECT count(*) FROM pgq.key_limits") == 0
 
 
+def test_set_key_limit_of_a_queue_that_does_not_exist_is_refused_and_creates_nothing(conn: psycopg.Connection) -> None:
+    """Issue 24: it created the queue (a typo made a new, empty queue with a key limit); pause,
+    grant_queue and drop_queue refuse such a queue with 22023, and so does it now."""
+    conn.execute("SELECT pgq.configure_queue('exports')")
+    before = conn.execute("SELECT (SELECT count(*) FROM pgq.queues), (SELECT count(*) FROM pgq.key_limits)").fetchone()
+    for max_running in (2, 0, None):
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
+            conn.execute("SELECT pgq.set_key_limit('exprots', 'acme', %s)", (max_running,))
+        assert refused.value.diag.message_primary == "pgq: argument \"queue\" names no queue: 'exprots'"
+        assert "pgq.configure_queue" in (refused.value.diag.message_hint or "")
+    assert conn.execute("SELECT (SELECT count(*) FROM pgq.queues), (SELECT count(*) FROM pgq.key_limits)"
+                        ).fetchone() == before
+    assert one(conn, "SELECT pgq.set_key_limit('exports', 'acme', 2)") == 2  # an existing queue still works
+
+
 def test_a_queue_without_key_limits_never_reads_them(conn: psycopg.Connection) -> None:
     """The hot path of a plain queue: its claim reads neither pgq.key_limits nor counts keys (the
     queue row says it has no key limit; only a key-limited queue takes the extra step)."""
+    conn.execute("SELECT pgq.configure_queue('other')")
     conn.execute("SELECT pgq.set_key_limit('other', 'a', 1)")  # key limits exist, on another queue
     conn.execute("SELECT pgq.enqueue_many('plain', 'k', array_fill('{}'::jsonb, ARRAY[20]), "
                  "concurrency_key => 'a')")
