@@ -207,6 +207,44 @@ def test_skip_if_running_skips_and_counts_occurrences_while_the_last_job_is_pend
     assert len(scheduled_jobs(conn, "free")) == 2
 
 
+def test_a_paused_queues_schedule_keeps_one_job_waiting_and_collapses_the_rest_into_it(conn):
+    """Issue 24: a schedule kept firing into a paused queue and its jobs piled up. Its occurrences
+    collapse into the one job waiting, as missed ones do; the resume runs that one, and the schedule
+    goes on."""
+    set_clock(conn, T0)
+    schedule(conn, every="1 minute")
+    conn.execute("SELECT pgq.pause('q')")
+    for minute in range(35, 60):  # 25 minutes of sweeps
+        set_clock(conn, f"2030-01-01 12:{minute}:00+00")
+        one(conn, "SELECT pgq.sweep()")
+    jobs = scheduled_jobs(conn)
+    assert len(jobs) == 1, f"{len(jobs)} jobs of the schedule in the paused queue"
+    ((first, run_at, state),) = jobs
+    assert (run_at, state) == (utc("2030-01-01 12:35:00+00"), "pending")
+    s = schedules(conn)["s"]
+    assert (s["next_run_at"], s["last_job_id"], s["skipped"]) == (utc("2030-01-01 13:00:00+00"), first, 0)
+    # Another schedule of the same paused queue keeps one of its own.
+    schedule(conn, "other", every="1 minute")
+    set_clock(conn, "2030-01-01 13:00:00+00")
+    one(conn, "SELECT pgq.sweep()")
+    assert [len(scheduled_jobs(conn, name)) for name in ("s", "other")] == [1, 1]
+    # Resumed, their jobs run; paused again, a running job is not a waiting one: one more each, then
+    # no more.
+    conn.execute("SELECT pgq.resume('q')")
+    assert len(claim(conn, lease="1 hour", batch=10)) == 2
+    conn.execute("SELECT pgq.pause('q')")
+    for minute in range(1, 6):
+        set_clock(conn, f"2030-01-01 13:0{minute}:00+00")
+        one(conn, "SELECT pgq.sweep()")
+    for name in ("s", "other"):
+        assert [r[2] for r in scheduled_jobs(conn, name)] == ["running", "pending"]
+    # Resumed for good: the schedule fires as before (an unpaused queue's jobs are its workers' to take).
+    conn.execute("SELECT pgq.resume('q')")
+    set_clock(conn, "2030-01-01 13:06:00+00")
+    one(conn, "SELECT pgq.sweep()")
+    assert [r[2] for r in scheduled_jobs(conn)] == ["running", "pending", "pending"]
+
+
 def test_a_disabled_schedule_never_fires_and_enabling_it_starts_after_now(conn):
     set_clock(conn, T0)
     schedule(conn, every="1 minute", enabled=False)

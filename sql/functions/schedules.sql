@@ -60,7 +60,10 @@ $$;
 -- missed ones before it collapse into it) becomes one job whose run_at is the fire time, in the
 -- same transaction that moves next_run_at past now: at most one job per (schedule, fire time).
 -- With skip_if_running, an occurrence is skipped (counted in skipped) while the schedule's last
--- job is pending or running. Then the queues' next_schedule_at is brought up to date: of the
+-- job is pending or running. A paused queue's schedule keeps at most one job waiting: while its
+-- last job is still pending there, a due occurrence collapses into it, as missed ones collapse into
+-- the latest (no job, nothing counted; next_run_at moves on), so a pause of a week leaves one job
+-- for the resume, not a week of them (issue 24). Then the queues' next_schedule_at is brought up to date: of the
 -- queues whose schedules it handled, and of those whose value says due (a value computed by a
 -- concurrent firing from an older snapshot is corrected here, by the next claim or sweep).
 CREATE OR REPLACE FUNCTION pgq._fire_schedules(max_schedules integer, queues text[] DEFAULT NULL) RETURNS integer
@@ -117,6 +120,14 @@ BEGIN
             UPDATE pgq.schedules AS x
             SET next_run_at = pgq._next_fire(s.cron, s.every, s.timezone, at_now),
                 last_skipped_at = fire, skipped = x.skipped + 1
+            WHERE x.name = s.name;
+            CONTINUE;
+        END IF;
+
+        IF EXISTS (SELECT FROM pgq.queues AS u WHERE u.name = s.queue AND u.paused)
+           AND EXISTS (SELECT FROM pgq.jobs AS j WHERE j.id = s.last_job_id AND j.state = 'pending') THEN
+            UPDATE pgq.schedules AS x
+            SET next_run_at = pgq._next_fire(s.cron, s.every, s.timezone, at_now)
             WHERE x.name = s.name;
             CONTINUE;
         END IF;
