@@ -50,3 +50,13 @@ def test_the_ab_command_answers_help_and_bad_arguments_with_its_usage_not_a_trac
         refused = subprocess.run([sys.executable, "-m", "pgq_thin.tools.bench", *bad], capture_output=True, text=True)
         assert refused.returncode == 2 and refused.stderr.startswith("usage:"), (bad, refused.stderr)
         assert "Traceback" not in refused.stderr
+
+
+def test_a_side_of_the_ab_can_be_a_git_revision_its_migrations_and_function_source() -> None:
+    """git:REV builds that revision's schema as its pgq_thin.migrate would (here the commit that
+    added migration 0014 and the function source, against head)."""
+    from pgq_thin.tools.bench import server_loop_cpu_ab
+
+    result = server_loop_cpu_ab(jobs=300, repeats=1, before="git:fa02e66", after="head")
+    assert (result["before"], result["after"]) == ("git:fa02e66", "head")
+    assert all(us > 0 for v in result["cpu_us_per_claim_complete"].values() for us in v)

@@ -1300,12 +1300,46 @@ AB_AFTER = "0004_schedules_timeouts_progress"
 
 #: The A/B's name for what `pgq-thin migrate` installs: every migration, then the function source.
 HEAD = "head"
+#: A side "git:REV" of the A/B: the migrations and the function source of that revision of this
+#: checkout (git archive), applied as that revision's pgq_thin.migrate would: an A/B of two
+#: function sources, say this branch's head against main's (``git:main head``).
+GIT = "git:"
+
+
+def _apply_revision(dsn: str, revision: str) -> list[str]:
+    """Apply the migrations of git revision ``revision`` of the checkout this module runs from, then
+    its function source (sql/all_functions.sql, when it has one) in one transaction."""
+    from yoyo import get_backend, read_migrations
+
+    from pgq_thin.migrate import yoyo_url
+
+    root = Path(__file__).resolve().parents[2]
+    with tempfile.TemporaryDirectory(prefix="pgq-ab-") as out:
+        listed = subprocess.run(["git", "-C", str(root), "ls-tree", "--name-only", revision, "sql/"],
+                                capture_output=True, text=True, check=True).stdout.split()
+        paths = ["migrations"] + [p for p in listed if p == "sql/all_functions.sql"]
+        archive = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", revision, *paths],
+                                 capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", out], input=archive.stdout, check=True)
+        backend = get_backend(yoyo_url(dsn))
+        try:
+            migrations = read_migrations(str(Path(out) / "migrations"))
+            with backend.lock():
+                backend.apply_migrations_only(backend.to_apply(migrations))
+            functions = Path(out) / "sql" / "all_functions.sql"
+            if functions.exists():
+                with backend.transaction():
+                    backend.connection.execute(functions.read_text())
+            return [m.id for m in migrations]
+        finally:
+            backend.connection.close()
 
 
 def _migrate_to(dsn: str, last: str) -> list[str]:
     """Apply pgq's migrations up to and including ``last``, with the functions as those migrations
     wrote them (not the function source: a landed schema as it was); ``last`` = HEAD: what
-    pgq_thin.migrate installs. Returns the ids of the migrations the database then has."""
+    pgq_thin.migrate installs; ``last`` = git:REV: what that revision's would (_apply_revision).
+    Returns the ids of the migrations the database then has."""
     from yoyo import get_backend, read_migrations
 
     from pgq_thin.migrate import migrations_dir, yoyo_url
@@ -1315,6 +1349,8 @@ def _migrate_to(dsn: str, last: str) -> list[str]:
 
         migrate(dsn)
         return [m.id for m in read_migrations(str(migrations_dir()))]
+    if last.startswith(GIT):
+        return _apply_revision(dsn, last.removeprefix(GIT))
     backend = get_backend(yoyo_url(dsn))
     try:
         wanted = read_migrations(str(migrations_dir())).filter(lambda m: m.id <= last)
@@ -1561,7 +1597,8 @@ if __name__ == "__main__":
 
     usage = ("usage: python -m pgq_thin.tools.bench [JOBS WORKERS REPEATS [BEFORE AFTER]]\n"
              "  the A/B of two migrations (file names without .sql, or head: every migration and the\n"
-             f"  function source; default: {AB_BEFORE} {AB_AFTER}): client drains with fsync on and off,\n"
+             "  function source, or git:REV: those of a git revision of this checkout, e.g. git:main;\n"
+             f"  default: {AB_BEFORE} {AB_AFTER}): client drains with fsync on and off,\n"
              "  then the server loop (its backend's CPU with fsync on and off)")
     args = sys.argv[1:]
     if any(a in ("-h", "--help") for a in args):
