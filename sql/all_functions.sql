@@ -1181,19 +1181,23 @@ BEGIN
                  row_number() OVER (ORDER BY j.id) AS n
           FROM pgq.jobs AS j WHERE j.id = ANY (locked)) AS c
     WHERE c.total <= _dependency_work.budget OR c.n = 1;
-    -- The links of those it moves on (a link to a job that no longer waits goes too; there is none).
-    DELETE FROM pgq.job_dependencies AS d
-    WHERE d.depends_on = _dependency_work.ended_id AND d.job_id = ANY (picked)
-      AND (d.depends_on, d.job_id) >= (_dependency_work.ended_id, picked[1])
-      AND (d.depends_on, d.job_id) <= (_dependency_work.ended_id, picked[cardinality(picked)]);
-
+    -- Each moves on only if this statement deletes its link to the ended job: a sweep that took
+    -- the row after another one had moved it on (both read the link before either committed) finds
+    -- no link and does nothing. (A link to a job that no longer waits goes too; there is none.)
+    -- One array per id condition: two on one column made the index scan take their product.
     IF _dependency_work.ended = 'done' THEN
-        WITH released AS (
+        WITH gone AS (
+            DELETE FROM pgq.job_dependencies AS d
+            WHERE d.depends_on = _dependency_work.ended_id AND d.job_id = ANY (picked)
+              AND (d.depends_on, d.job_id) >= (_dependency_work.ended_id, picked[1])
+              AND (d.depends_on, d.job_id) <= (_dependency_work.ended_id, picked[cardinality(picked)])
+            RETURNING d.job_id
+        ), released AS (
             UPDATE pgq.jobs AS j
             SET dependencies_left = j.dependencies_left - 1,
                 state = CASE WHEN j.dependencies_left = 1 THEN 'pending' ELSE 'waiting' END::pgq.job_state,
                 last_event = CASE WHEN j.dependencies_left = 1 THEN 'dependencies_done' ELSE j.last_event END
-            WHERE j.id = ANY (waiting)
+            WHERE j.id = ANY (ARRAY(SELECT g.job_id FROM gone AS g WHERE g.job_id = ANY (waiting)))
             RETURNING j.id, j.queue, j.attempt, j.state, j.run_at
         ), events AS (
             INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
@@ -1206,7 +1210,13 @@ BEGIN
         FROM released AS r WHERE r.state = 'pending' AND r.run_at <= pgq._now();
         PERFORM pgq._notify(n.queue) FROM unnest(due_queues) AS n(queue);
     ELSE
-        WITH gone AS (
+        WITH unlinked AS (
+            DELETE FROM pgq.job_dependencies AS d
+            WHERE d.depends_on = _dependency_work.ended_id AND d.job_id = ANY (picked)
+              AND (d.depends_on, d.job_id) >= (_dependency_work.ended_id, picked[1])
+              AND (d.depends_on, d.job_id) <= (_dependency_work.ended_id, picked[cardinality(picked)])
+            RETURNING d.job_id
+        ), gone AS (
             UPDATE pgq.jobs AS j
             SET state = 'cancelled', finished_at = pgq._now(), last_event = 'dependency_ended',
                 last_error = CASE WHEN _dependency_work.ended_id = _dependency_work.root_id
@@ -1215,7 +1225,7 @@ BEGIN
                                   ELSE format('pgq: cancelled: its dependency, job %s, was cancelled because job %s, '
                                               'up its chain, ended %s', _dependency_work.ended_id,
                                               _dependency_work.root_id, _dependency_work.root_state) END
-            WHERE j.id = ANY (waiting)
+            WHERE j.id = ANY (ARRAY(SELECT u.job_id FROM unlinked AS u WHERE u.job_id = ANY (waiting)))
             RETURNING j.id, j.queue, j.attempt, j.last_error
         ), events AS (
             INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
