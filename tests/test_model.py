@@ -205,8 +205,9 @@ class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.conn = psycopg.connect(self.dsn, autocommit=True)
-        self.conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.job_dependencies, pgq.dependency_checks,"
-                          " pgq.dependency_backlog RESTART IDENTITY")
+        tables = [t for t in ("pgq.jobs", "pgq.job_events", "pgq.job_dependencies", "pgq.dependency_checks",
+                              "pgq.dependency_backlog") if self.q("SELECT to_regclass(%s) IS NOT NULL", (t,))]
+        self.conn.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY")
         self.conn.execute("UPDATE pgq_test.clock SET shift = '0'")
         self.model = Model()
         self.previous: dict[int, tuple[Any, ...]] = {}
