@@ -339,6 +339,12 @@ class QueueMachine(RuleBasedStateMachine):
         self.model.now += minutes
         self.conn.execute("UPDATE pgq_test.clock SET shift = make_interval(mins => %s)", (self.model.now,))
 
+    @precondition(lambda self: self.model.backlog)
+    @rule(max_jobs=st.sampled_from([1000, 2, 1]))
+    def sweep_with_a_backlog(self, max_jobs: int) -> None:
+        """A sweep while dependants wait in the backlog (the plain rule below may not come soon)."""
+        self.sweep(max_jobs)
+
     @rule(max_jobs=st.sampled_from([1000, 2, 1]))
     def sweep(self, max_jobs: int) -> None:
         expired = sum(1 for j in self.model.jobs.values()
@@ -447,7 +453,7 @@ def test_the_sql_api_behaves_like_the_model_queue_step_by_step(dsn: str, conn: p
     QueueMachine.dsn = dsn
     run_state_machine_as_test(
         QueueMachine,
-        settings=settings(max_examples=100, stateful_step_count=50, deadline=None, derandomize=True,
+        settings=settings(max_examples=200, stateful_step_count=50, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
     missing = {"claimed", "renewed", "stale renew rejected", "completed", "stale complete rejected",
                "failed, now pending", "failed, now failed", "lease expired, now pending",

@@ -1307,13 +1307,17 @@ GIT = "git:"
 
 
 def _apply_revision(dsn: str, revision: str) -> list[str]:
-    """Apply the migrations of git revision ``revision`` of the checkout this module runs from, then
-    its function source (sql/all_functions.sql, when it has one) in one transaction."""
+    """Apply the migrations of git revision ``revision`` of the checkout this module runs from (or,
+    installed, of the checkout the current directory is in), then its function source
+    (sql/all_functions.sql, when it has one) in one transaction."""
     from yoyo import get_backend, read_migrations
 
     from pgq_thin.migrate import yoyo_url
 
     root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                                   check=True).stdout.strip())
     with tempfile.TemporaryDirectory(prefix="pgq-ab-") as out:
         listed = subprocess.run(["git", "-C", str(root), "ls-tree", "--name-only", revision, "sql/"],
                                 capture_output=True, text=True, check=True).stdout.split()
