@@ -168,7 +168,8 @@ class JobRecord:
     depends_on: list[int] | None = None
     #: While ``waiting``: how many of them are not done yet (None: enqueued without depends_on).
     dependencies_left: int | None = None
-    #: Whether a job was ever enqueued to depend on this one.
+    #: Whether jobs wait for this one (from get_job; the column list_jobs shows was written only by
+    #: releases before migration 0015, whose enqueue locked this job's row to set it).
     has_dependants: bool = False
 
 
