@@ -135,8 +135,19 @@ def migrate(dsn: str, lock_timeout: str = "5s") -> list[str]:
     backend = get_backend(yoyo_url(dsn))
     try:
         migrations = read_migrations(str(migrations_dir()))
+        setting = f"SET lock_timeout = '{_interval(lock_timeout)}'"
+        backend.execute(setting)
+        # yoyo applies each migration on a connection of its own (backend.copy()): those get the
+        # same lock_timeout, so the landed migrations, which set none, wait a bounded time too.
+        copy = backend.copy
+
+        def bounded_copy() -> Any:
+            migration_backend = copy()
+            migration_backend.execute(setting)
+            return migration_backend
+
+        backend.copy = bounded_copy
         with backend.lock():
-            backend.execute(f"SET lock_timeout = '{_interval(lock_timeout)}'")
             newer = _unknown_applied(backend, migrations)
             if newer:
                 raise NewerSchema(f"this database has migrations this pgq-thin does not ship ({', '.join(newer)}): "
