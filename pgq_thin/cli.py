@@ -206,7 +206,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         pending = pending_migrations(dsn)
         say("\n".join(f"pending: {m}" for m in pending) if pending else "up to date: no pending migrations")
         return 0
-    applied = migrate(dsn)
+    try:
+        applied = migrate(dsn, lock_timeout=args.lock_timeout)
+    except ValueError as exc:
+        raise BadArgument(f"--{exc}".replace("lock_timeout", "lock-timeout", 1)) from None
     say((f"applied: {', '.join(applied)}" if applied else "up to date: no pending migrations")
         + "; functions installed")
     return 0
@@ -682,6 +685,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("migrate", cmd_migrate, "apply pgq's pending migrations, then its functions (idempotent)")
     p.add_argument("--list", action="store_true", help="only list the pending migrations")
+    p.add_argument("--lock-timeout", default="5s", metavar="DURATION",
+                   help="how long each statement may wait for a lock, e.g. 5s or 500ms (default 5s); "
+                        "one that waits longer fails, changes nothing, and can be run again")
 
     p = command("enqueue", cmd_enqueue, "add a job; prints its id")
     p.add_argument("queue")

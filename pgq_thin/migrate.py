@@ -165,9 +165,10 @@ def migrate(dsn: str, lock_timeout: str = "5s") -> list[str]:
 
 
 def _interval(value: str) -> str:
-    """A lock_timeout value as PostgreSQL reads it ('5s', '500ms', '0'); refuses anything else."""
-    if not re.fullmatch(r"\d+(\.\d+)?\s*(ms|s|min)?", value.strip()):
-        raise ValueError(f"lock_timeout must be a duration such as '5s' or '500ms', got {value!r}")
+    """A lock_timeout value with its unit ('5s', '500ms', '1min'; '0': no limit), as PostgreSQL
+    reads it; refuses anything else (a bare '5' would be 5 ms to PostgreSQL)."""
+    if not re.fullmatch(r"\d+(\.\d+)?\s*(ms|s|min)|0", value.strip()):
+        raise ValueError(f"lock_timeout must be a duration with its unit, such as '5s' or '500ms', got {value!r}")
     return value.strip()
 
 

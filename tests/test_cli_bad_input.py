@@ -58,6 +58,10 @@ BAD_INPUT: list[Any] = [
     pytest.param(["jobs", "--state", b"\xff"], 'argument "state"', id="state-undecodable"),
     pytest.param(["pause", b"q\xff"], 'argument "queue"', id="pause"),
     pytest.param(["no-such-command"], "invalid choice", id="unknown-command"),
+    pytest.param(["migrate", "--lock-timeout", "5"], "--lock-timeout must be a duration with its unit",
+                 id="lock-timeout-without-unit"),
+    pytest.param(["migrate", "--lock-timeout", "5s; DROP SCHEMA pgq"], "--lock-timeout must be a duration",
+                 id="lock-timeout-sql"),
 ]
 
 
