@@ -95,22 +95,18 @@ def _program(postgres: str, name: str) -> str:
 
 class Standby(ThrowawayPostgres):
     """A hot standby made with ``pg_basebackup -R`` from ``primary``, streaming from it under the
-    application_name ``name`` (what synchronous_standby_names names). ``port`` keeps a fixed port
-    (a replacement standby takes the old primary's, so a multi-host DSN stays valid)."""
+    application_name ``name`` (what synchronous_standby_names names; kept as ``application_name``).
+    ``port`` keeps a fixed port (a replacement standby takes the old primary's, so a multi-host DSN
+    stays valid)."""
 
     def __init__(self, primary: ThrowawayPostgres, *, name: str = "standby1", port: int | None = None) -> None:
         self.primary = primary
-        self.name = name
+        self.application_name = name  # (``name`` is the library's: the class name, which names the log)
         super().__init__(postgres_args=primary.postgres_args, initdb=primary.initdb,
-                         postgres=primary.postgres, port=port)
+                         postgres=primary.postgres, port=port, initdb_once=False)
 
-    def _initdb(self) -> None:  # a base backup of the primary instead of an empty cluster
-        os.makedirs(self.socket_dir, mode=0o700)
-        account = _unprivileged_account()
-        if account:
-            entry = pwd.getpwnam(account)
-            for path in (self.base_dir, self.socket_dir):
-                os.chown(path, entry.pw_uid, entry.pw_gid)
+    def initialize_database(self) -> None:  # a base backup of the primary instead of initdb
+        self._hand_over()
         command = _unprivileged_prefix() + [
             _program(self.postgres, "pg_basebackup"), "-D", self.data_dir, "-h", "127.0.0.1",
             "-p", str(self.primary.port), "-U", "postgres", "-X", "stream", "-R", "-c", "fast"]
@@ -120,7 +116,7 @@ class Standby(ThrowawayPostgres):
         # -R wrote standby.signal and a primary_conninfo; this later line names the standby.
         with open(os.path.join(self.data_dir, "postgresql.auto.conf"), "a") as conf:
             conf.write(f"primary_conninfo = 'host=127.0.0.1 port={self.primary.port} user=postgres "
-                       f"application_name={self.name}'\n")
+                       f"application_name={self.application_name}'\n")
 
     def replay_lsn(self) -> str:
         with psycopg.connect(self.dsn_for("postgres"), autocommit=True) as conn:
