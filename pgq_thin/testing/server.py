@@ -40,6 +40,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import time
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -228,6 +229,18 @@ class ThrowawayPostgres(testing.postgresql.Postgresql):  # type: ignore[misc]  #
         command: list[str] = super().get_server_commandline()
         return _unprivileged_prefix() + command
 
+    def wait_booting(self) -> None:
+        """The library's wait for the server to accept connections, polling every 20 ms instead
+        of 100 ms (a start takes about 100 ms)."""
+        assert self.child_process is not None
+        deadline = time.monotonic() + BOOT_TIMEOUT
+        while not self.is_server_available():
+            if self.child_process.poll() is not None:
+                raise RuntimeError(f"*** failed to launch {self.name} ***\n{self.read_log()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"*** failed to launch {self.name} (timeout) ***\n{self.read_log()}")
+            time.sleep(0.02)
+
     def cleanup(self) -> None:
         """Remove the server's files once it is stopped; not while a start is being retried, and
         not from a forked child of the process that started it."""
@@ -312,11 +325,14 @@ _clusters: dict[str, ThrowawayPostgres] = {}
 
 
 def _initialized_cluster(initdb: str, postgres: str) -> str:
-    """The data directory of a cluster ``initdb`` made (once per process; removed at exit)."""
+    """The data directory of a cluster ``initdb`` made (once per process; removed at exit), started
+    once to create the database ``test`` and shut down cleanly: a copy starts without recovery and
+    without a CREATE DATABASE."""
     cluster = _clusters.get(initdb)
     if cluster is None:
-        cluster = ThrowawayPostgres(initdb=initdb, postgres=postgres, auto_start=False, initdb_once=False)
+        cluster = ThrowawayPostgres(initdb=initdb, postgres=postgres, initdb_once=False)
         atexit.register(cluster.stop)
+        cluster.terminate()  # fast shutdown; the files stay until the process exits
         _clusters[initdb] = cluster
     return cluster.data_dir
 
