@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from pgq_thin import __version__
+from pgq_thin import __version__, queries
 from pgq_thin.client import Client, resolve_dsn
 from pgq_thin.errors import BadArgument, PgqError, translate
 from pgq_thin.models import UnreadableJson
@@ -147,7 +147,7 @@ def _client(args: argparse.Namespace) -> Client:
     # Connect once directly first: an unreachable server then fails at once, with libpq's own
     # message, instead of the pool retrying in the background.
     with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
-        if conn.execute("SELECT to_regnamespace('pgq') IS NULL").fetchone() == (True,):
+        if conn.execute(queries.SCHEMA_MISSING).fetchone() == (True,):
             raise PgqError('schema "pgq" does not exist', "3F000", _NOT_INSTALLED)
     return Client(dsn, min_size=1, max_size=2)
 
@@ -242,7 +242,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             # transaction that wrote nothing has no transaction id.
             with client.pool.connection() as conn, conn.transaction():
                 job_id = client.enqueue(args.queue, args.kind, payload, conn=conn, **settings)
-                existing = conn.execute("SELECT pg_current_xact_id_if_assigned() IS NULL").fetchone() == (True,)
+                existing = conn.execute(queries.WROTE_NOTHING).fetchone() == (True,)
     say(job_id)
     if existing:
         say(f"pgq-thin: existing job {job_id} (unique key {args.unique_key}): nothing enqueued", err=True, lines=False)
@@ -568,9 +568,9 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
     dsn = resolve_dsn(args.dsn)
     with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:  # a wrong address fails now
-        if conn.execute("SELECT to_regnamespace('pgq') IS NULL").fetchone() == (True,):
+        if conn.execute(queries.SCHEMA_MISSING).fetchone() == (True,):
             raise PgqError('schema "pgq" does not exist', "3F000", _NOT_INSTALLED)
-        if conn.execute("SELECT to_regprocedure('pgq.metrics()') IS NULL").fetchone() == (True,):
+        if conn.execute(queries.METRICS_MISSING).fetchone() == (True,):
             raise PgqError("this database's pgq schema has no pgq.metrics() (migration 0010)", "42883",
                            "run pgq-thin migrate")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

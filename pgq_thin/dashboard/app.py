@@ -1,9 +1,9 @@
 """The dashboard's ASGI app (Starlette): server-rendered pages, a JSON API and the actions.
 
 Every read and every action is one method of a pgq_thin Client, i.e. one call of a pgq function
-with the request's values as bound parameters (no SQL is built from a request). The only statement
-of its own is the catalog question "may this role call pgq.retry, pgq.pause, ...?"
-(has_function_privilege), asked to show a pgq_monitor login as read-only. pgq itself stays the
+with the request's values as bound parameters (no SQL is built from a request). The only other
+statement is the catalog question "may this role call pgq.retry, pgq.pause, ...?"
+(queries.PRIVILEGES), asked to show a pgq_monitor login as read-only. pgq itself stays the
 authority: an action the role may not make is refused by the database too. ``GET /metrics`` is
 pgq_thin.metrics.exposition over a pooled connection (the same text as ``pgq-thin metrics``).
 
@@ -39,7 +39,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pgq_thin import __version__
+from pgq_thin import __version__, queries
 from pgq_thin.client import Client
 from pgq_thin.errors import (
     ConnectionLost,
@@ -62,15 +62,8 @@ COOKIE = "pgq_dashboard"
 #: Paths served without the token: the login form and the static files (the wheel's own CSS/JS).
 OPEN_PATHS = ("/login", "/static/")
 #: The pgq functions behind the actions, and the catalog question whether the role may call each.
-ACTIONS = {
-    "retry": "pgq.retry(bigint)",
-    "cancel": "pgq.cancel(bigint)",
-    "resolve": "pgq.resolve(bigint,text)",
-    "pause": "pgq.pause(text)",
-    "resume": "pgq.resume(text)",
-}
-PRIVILEGES = ("SELECT current_user, "
-              + ", ".join(f"has_function_privilege('{sig}', 'EXECUTE') AS {name}" for name, sig in ACTIONS.items()))
+ACTIONS = queries.ACTION_FUNCTIONS
+PRIVILEGES = queries.PRIVILEGES
 JOB_STATES = ("waiting", "pending", "running", "done", "failed", "cancelled", "outcome_unknown")
 RESOLVE_STATES = ("done", "pending", "failed", "cancelled")
 MAX_BIGINT = 2**63 - 1

@@ -51,6 +51,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from testing.common.database import Database
 
+from pgq_thin import queries
+
 __all__ = ["Databases", "ThrowawayPostgres", "server_programs", "server_version", "start"]
 
 #: The server's settings: TCP on 127.0.0.1 only, fsync off (-F) unless the caller says otherwise.
@@ -373,9 +375,8 @@ class Databases:
     def create(self, name: str | None = None, template: str | None = None) -> str:
         """CREATE DATABASE (a copy of ``template`` when given); returns its DSN."""
         name = name or self.new_name()
-        stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-        if template:
-            stmt = sql.SQL("{} TEMPLATE {}").format(stmt, sql.Identifier(template))
+        stmt = sql.SQL(queries.CREATE_DATABASE_FROM if template else queries.CREATE_DATABASE).format(
+            name=sql.Identifier(name), template=sql.Identifier(template or ""))
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
             conn.execute(stmt)
         self.created.append(name)
@@ -384,7 +385,7 @@ class Databases:
     def drop(self, name: str) -> None:
         """DROP DATABASE ... WITH (FORCE): its sessions are ended first."""
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(sql.SQL(queries.DROP_DATABASE).format(name=sql.Identifier(name)))
         if name in self.created:
             self.created.remove(name)
 

@@ -29,7 +29,9 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
+from pgq_thin import queries
 from pgq_thin.testing.server import (
     SERVER_SETTINGS,
     ThrowawayPostgres,
@@ -120,7 +122,7 @@ class Standby(ThrowawayPostgres):
 
     def replay_lsn(self) -> str:
         with psycopg.connect(self.dsn_for("postgres"), autocommit=True) as conn:
-            row = conn.execute("SELECT pg_last_wal_replay_lsn()::text").fetchone()
+            row = conn.execute(queries.REPLAY_LSN).fetchone()
             assert row is not None
             return str(row[0])
 
@@ -128,24 +130,23 @@ class Standby(ThrowawayPostgres):
         """Stop receiving WAL (primary_conninfo emptied, the walreceiver ends): what the primary
         writes from now on never reaches this standby, as when the network between them fails."""
         with psycopg.connect(self.dsn_for("postgres"), autocommit=True) as conn:
-            conn.execute("ALTER SYSTEM SET primary_conninfo = ''")
-            conn.execute("SELECT pg_reload_conf()")
-            wait_for(lambda: conn.execute("SELECT count(*) = 0 FROM pg_stat_wal_receiver").fetchone()[0],  # type: ignore[index]
+            conn.execute(queries.CLEAR_PRIMARY_CONNINFO)
+            conn.execute(queries.RELOAD_CONF)
+            wait_for(lambda: conn.execute(queries.WAL_RECEIVER_STOPPED).fetchone()[0],  # type: ignore[index]
                      "the standby's walreceiver to stop")
 
     def promote(self) -> None:
         """pg_promote(): the standby becomes a primary on a new timeline (waits until it is)."""
         with psycopg.connect(self.dsn_for("postgres"), autocommit=True) as conn:
-            conn.execute("SELECT pg_promote(wait => true, wait_seconds => 60)")
-            wait_for(lambda: not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0],  # type: ignore[index]
+            conn.execute(queries.PROMOTE)
+            wait_for(lambda: not conn.execute(queries.IN_RECOVERY).fetchone()[0],  # type: ignore[index]
                      "the promoted standby to leave recovery")
 
 
 def timeline(dsn: str) -> int:
     """The timeline a primary writes WAL on now (from its current WAL file's name)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer"
-                           ).fetchone()
+        row = conn.execute(queries.TIMELINE).fetchone()
         assert row is not None
         return int(row[0])
 
@@ -178,16 +179,14 @@ class ReplicatedPair:
     def _attach_standby(self, port: int | None) -> None:
         self.standby = Standby(self.primary, port=port)
         with psycopg.connect(self.primary.dsn_for("postgres"), autocommit=True) as conn:
-            wait_for(lambda: conn.execute(
-                "SELECT state = 'streaming' FROM pg_stat_replication WHERE application_name = 'standby1'"
-            ).fetchone(), "the standby to stream")
-            setting = "standby1" if self.synchronous else ""
-            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{setting}'")
-            conn.execute("SELECT pg_reload_conf()")
+            name = {"name": self.standby.application_name}
+            wait_for(lambda: conn.execute(queries.STANDBY_STREAMING, name).fetchone(), "the standby to stream")
+            setting = self.standby.application_name if self.synchronous else ""
+            conn.execute(sql.SQL(queries.SET_SYNCHRONOUS_STANDBY_NAMES).format(value=sql.Literal(setting)))
+            conn.execute(queries.RELOAD_CONF)
             if self.synchronous:
-                wait_for(lambda: conn.execute(
-                    "SELECT sync_state = 'sync' FROM pg_stat_replication WHERE application_name = 'standby1'"
-                ).fetchone()[0], "the standby to become synchronous")  # type: ignore[index]
+                wait_for(lambda: conn.execute(queries.STANDBY_SYNCHRONOUS, name).fetchone()[0],  # type: ignore[index]
+                         "the standby to become synchronous")
 
     def dsn(self, database: str = "test", **params: str) -> str:
         extra = "".join(f" {k}={v}" for k, v in params.items())
@@ -199,12 +198,12 @@ class ReplicatedPair:
         assert self.standby is not None
         standby = self.standby
         with psycopg.connect(self.primary.dsn_for("postgres"), autocommit=True) as conn:
-            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            row = conn.execute(queries.CURRENT_WAL_LSN).fetchone()
             assert row is not None
             target = row[0]
         with psycopg.connect(standby.dsn_for("postgres"), autocommit=True) as conn:
-            wait_for(lambda: conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,)
-                                          ).fetchone()[0], "the standby to catch up")  # type: ignore[index]
+            wait_for(lambda: conn.execute(queries.REPLAYED_UP_TO, {"lsn": target}).fetchone()[0],  # type: ignore[index]
+                     "the standby to catch up")
 
     def fail_over(self, *, rebuild: bool = True) -> None:
         """kill -9 the primary, promote the standby; with ``rebuild``, a new synchronous (or
