@@ -41,6 +41,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pgq_thin import __version__, queries
 from pgq_thin.client import Client
+from pgq_thin.durations import format_duration
 from pgq_thin.errors import (
     ConnectionLost,
     InvalidArgument,
@@ -50,7 +51,7 @@ from pgq_thin.errors import (
     WrongState,
     translated,
 )
-from pgq_thin.models import QueueSettings
+from pgq_thin.models import QueueSettings, error_summary
 
 __all__ = ["COOKIE", "create_app", "serve"]
 
@@ -161,18 +162,8 @@ def _settings_text(q: QueueSettings) -> str:
     return " · ".join(parts)
 
 
-def _ago(value: timedelta | None) -> str:
-    """A short age for the pages: 4s, 3m 12s, 2h 5m, 3d 4h."""
-    if value is None:
-        return "-"
-    seconds = int(value.total_seconds())
-    if seconds < 60:
-        return f"{max(seconds, 0)}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60}s"
-    if seconds < 86400:
-        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
-    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+#: A duration or an age for the pages, as the CLI writes it: 4.5s, 3m 12s, 1h, 2h 5m, 3d 4h.
+_ago = format_duration
 
 
 def _when(value: datetime | None) -> str:
@@ -189,7 +180,7 @@ def _templates() -> jinja2.Environment:
         autoescape=True,  # every value is escaped: a payload's "<script>" shows as text
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(ago=_ago, when=_when, pretty=_pretty)
+    env.filters.update(ago=_ago, when=_when, pretty=_pretty, error_line=error_summary)  # a traceback's exception
     return env
 
 
