@@ -196,6 +196,7 @@ DRAIN_CLAIMED = ("SELECT id FROM pgq.jobs WHERE claimed_by = %(worker)s::text AN
 # The test kit: throwaway servers' databases and replication topologies --------------------------------
 # (psycopg.sql templates where a name is an identifier or a literal: {name}, {template}, {value})
 
+DATABASE_EXISTS = "SELECT 1 FROM pg_database WHERE datname = %(name)s::text"
 CREATE_DATABASE = "CREATE DATABASE {name}"
 CREATE_DATABASE_FROM = "CREATE DATABASE {name} TEMPLATE {template}"
 #: Its sessions are ended first.
