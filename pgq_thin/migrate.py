@@ -24,6 +24,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend, read_migrations
 
+from pgq_thin import queries
 from pgq_thin.sqlsource import install_functions
 
 __all__ = ["NewerSchema", "migrate", "migrations_dir", "pending_migrations", "shipped_schema_version",
@@ -75,7 +76,7 @@ def warn_if_schema_is_old(conn: psycopg.Connection[Any]) -> None:
         if database in _schema_checked:
             return
         try:
-            row = conn.execute("SELECT pgq.version()").fetchone()
+            row = conn.execute(queries.VERSION).fetchone()
             installed = None if row is None else str(row[0])
         except (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName):
             installed = None
@@ -124,7 +125,7 @@ def _unknown_applied(backend: Any, migrations: Any) -> list[str]:
     """The migrations the database has applied that ``migrations`` does not hold (a newer pgq's)."""
     known = {m.hash for m in migrations}
     backend.ensure_internal_schema_updated()
-    rows = backend.execute(f"SELECT migration_id, migration_hash FROM {backend.migration_table_quoted}").fetchall()
+    rows = backend.execute(queries.APPLIED_MIGRATIONS.format(table=backend.migration_table_quoted)).fetchall()
     return sorted(str(row[0]) for row in rows if row[1] not in known)
 
 
@@ -135,7 +136,7 @@ def migrate(dsn: str, lock_timeout: str = "5s") -> list[str]:
     backend = get_backend(yoyo_url(dsn))
     try:
         migrations = read_migrations(str(migrations_dir()))
-        setting = f"SET lock_timeout = '{_interval(lock_timeout)}'"
+        setting = queries.SET_LOCK_TIMEOUT.format(timeout=_interval(lock_timeout))
         backend.execute(setting)
         # yoyo applies each migration on a connection of its own (backend.copy()): those get the
         # same lock_timeout, so the landed migrations, which set none, wait a bounded time too.
@@ -181,10 +182,11 @@ def yoyo_post_apply(conn: psycopg.Connection[Any], directory: str) -> None:
     default), as the hook always did."""
     ids = {path.stem for path in Path(directory).glob("*.sql") if re.match(r"\d+_", path.name)}
     with conn.transaction():
-        table = conn.execute("SELECT to_regclass('_yoyo_migration')").fetchone()
-        applied = set() if table is None or table[0] is None else {
-            str(row[0]) for row in conn.execute("SELECT migration_id FROM _yoyo_migration").fetchall()}
+        table = conn.execute(queries.YOYO_TABLE).fetchone()
+        applied = set()
+        if table and table[0]:
+            applied = {str(row[0]) for row in conn.execute(queries.YOYO_APPLIED).fetchall()}
         if ids <= applied:
             install_functions(conn)
         else:
-            conn.execute("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC")
+            conn.execute(queries.REVOKE_PUBLIC_EXECUTE)

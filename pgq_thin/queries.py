@@ -216,3 +216,16 @@ PROMOTE = "SELECT pg_promote(wait => true, wait_seconds => 60)"
 IN_RECOVERY = "SELECT pg_is_in_recovery()"
 #: The timeline a primary writes WAL on now (the first 8 hex digits of its current WAL file's name).
 TIMELINE = "SELECT ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer"
+
+# Applying pgq's SQL (pgq_thin.migrate): yoyo's bookkeeping, the migrations' lock bound ------------------
+
+#: Every statement of an apply waits at most this long for a lock ({timeout}: a checked duration).
+SET_LOCK_TIMEOUT = "SET lock_timeout = '{timeout}'"
+#: The migrations a database has applied, from yoyo's table ({table}: yoyo's quoted name for it).
+APPLIED_MIGRATIONS = "SELECT migration_id, migration_hash FROM {table}"
+#: Whether yoyo's table exists (the post-apply hook's connection: yoyo's default name).
+YOYO_TABLE = "SELECT to_regclass('_yoyo_migration') IS NOT NULL"
+YOYO_APPLIED = "SELECT migration_id FROM _yoyo_migration"
+#: What the post-apply hook does while some migrations are not applied: no function a migration
+#: created may be reached by PUBLIC.
+REVOKE_PUBLIC_EXECUTE = "REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC"
