@@ -134,9 +134,9 @@ def of_exception(exc: BaseException, jlog: JobLog) -> Outcome:
 
 #: Where the frames of the worker runtime come from: pgq_thin/worker/ and, on the asyncio
 #: runtime, the standard library's asyncio, concurrent.futures and threading that run a handler.
-_RUNTIME_FILES = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+_RUNTIME_FILES = tuple(os.path.dirname(os.path.abspath(str(m.__file__))) + os.sep
                        for m in (asyncio, concurrent.futures)) + (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
-_RUNTIME_MODULES = (os.path.abspath(threading.__file__),)
+_RUNTIME_MODULES = (os.path.abspath(str(threading.__file__)),)
 
 
 def _runtime_frame(filename: str) -> bool:
