@@ -21,10 +21,11 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from pgq_thin import __version__
+from pgq_thin import __version__, queries
 from pgq_thin.client import Client, resolve_dsn
+from pgq_thin.durations import format_duration, parse_duration
 from pgq_thin.errors import BadArgument, PgqError, translate
-from pgq_thin.models import UnreadableJson
+from pgq_thin.models import UnreadableJson, error_summary
 from pgq_thin.worker import AsyncWorker, Worker
 
 # What the command prints ---------------------------------------------------------------------------
@@ -79,20 +80,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{clean(self.prog)}: error: {clean(message)} (see {clean(self.prog)} --help)\n")
 
 
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-#: The longest duration a timedelta holds.
-_MAX_DAYS = timedelta.max.days
-
-
 def duration(text: str) -> timedelta:
-    """'30' / '30s' / '500ms' / '5m' / '2h' / '7d' -> timedelta."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 30s, 5m, 2h, 7d)")
-    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
-    if not seconds <= _MAX_DAYS * 86400:  # a timedelta holds it (and it is not infinite)
-        raise argparse.ArgumentTypeError(f"duration too long: {text.strip()!r} (at most {_MAX_DAYS}d)")
-    return timedelta(seconds=seconds)
+    """'30s' / '500ms' / '5m' / '2h' / '7d' / '1h 30m' -> timedelta; a number needs its unit."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def job_id(text: str) -> int:
@@ -142,13 +135,21 @@ def prefetch_setting(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be auto or a number, got {text!r}") from None
 
 
+def _check_database(dsn: str, *, metrics: bool = False) -> None:
+    """Connect once directly: an unreachable server then fails at once, with libpq's own message,
+    instead of a pool (or a worker) retrying in the background; a database without pgq (or, with
+    ``metrics``, without pgq.metrics()) is told what to run."""
+    with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
+        if conn.execute(queries.SCHEMA_MISSING).fetchone() == (True,):
+            raise PgqError('schema "pgq" does not exist', "3F000", _NOT_INSTALLED)
+        if metrics and conn.execute(queries.METRICS_MISSING).fetchone() == (True,):
+            raise PgqError("this database's pgq schema has no pgq.metrics() (migration 0010)", "42883",
+                           "run pgq-thin migrate")
+
+
 def _client(args: argparse.Namespace) -> Client:
     dsn = resolve_dsn(args.dsn)
-    # Connect once directly first: an unreachable server then fails at once, with libpq's own
-    # message, instead of the pool retrying in the background.
-    with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
-        if conn.execute("SELECT to_regnamespace('pgq') IS NULL").fetchone() == (True,):
-            raise PgqError('schema "pgq" does not exist', "3F000", _NOT_INSTALLED)
+    _check_database(dsn)
     return Client(dsn, min_size=1, max_size=2)
 
 
@@ -157,7 +158,7 @@ def _fmt(value: Any, lines: bool = False) -> str:
     if value is None:
         return "-"
     if isinstance(value, timedelta):
-        return f"{value.total_seconds():.1f}s"
+        return format_duration(value)  # as the dashboard writes it: 1h, 3m 12s, 4.5s
     return clean(str(value), lines=lines)
 
 
@@ -171,8 +172,9 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 # The hints pgq's functions give name SQL; a CLI user is told the command instead.
+_RESOLVE_HINT = "Use pgq.resolve for outcome_unknown jobs."
 _CLI_HINTS = {
-    "Use pgq.resolve for outcome_unknown jobs.": "Settle it with pgq-thin resolve {id} done|pending|failed|cancelled.",
+    _RESOLVE_HINT: "Settle it with pgq-thin resolve {id} done|pending|failed|cancelled.",
     "No worker is claiming or sweeping: run pgq.sweep() and check the workers.":
         "No worker is claiming or sweeping: run pgq-thin sweep and check the workers.",
     "Find out what happened, then pgq.resolve(id, 'done' | 'pending' | 'failed' | 'cancelled').":
@@ -191,6 +193,8 @@ def _for_cli(exc: PgqError, job_id: int | None = None) -> PgqError:
     hint = exc.hint
     if exc.sqlstate == "3F000" and '"pgq"' in exc.message:  # invalid_schema_name: no schema pgq
         hint = _NOT_INSTALLED
+    elif hint == _RESOLVE_HINT and " is outcome_unknown," not in exc.message:
+        hint = None  # pgq.retry of a job that is not outcome_unknown: resolve would refuse it too
     elif hint in _CLI_HINTS:
         hint = _CLI_HINTS[hint].replace("{id}", str(job_id) if job_id is not None else "ID")
     return type(exc)(exc.message, exc.sqlstate, hint)
@@ -206,7 +210,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         pending = pending_migrations(dsn)
         say("\n".join(f"pending: {m}" for m in pending) if pending else "up to date: no pending migrations")
         return 0
-    applied = migrate(dsn)
+    try:
+        applied = migrate(dsn, lock_timeout=args.lock_timeout)
+    except ValueError as exc:
+        raise BadArgument(f"--{exc}".replace("lock_timeout", "lock-timeout", 1)) from None
     say((f"applied: {', '.join(applied)}" if applied else "up to date: no pending migrations")
         + "; functions installed")
     return 0
@@ -243,7 +250,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             # transaction that wrote nothing has no transaction id.
             with client.pool.connection() as conn, conn.transaction():
                 job_id = client.enqueue(args.queue, args.kind, payload, conn=conn, **settings)
-                existing = conn.execute("SELECT pg_current_xact_id_if_assigned() IS NULL").fetchone() == (True,)
+                existing = conn.execute(queries.WROTE_NOTHING).fetchone() == (True,)
     say(job_id)
     if existing:
         say(f"pgq-thin: existing job {job_id} (unique key {args.unique_key}): nothing enqueued", err=True, lines=False)
@@ -278,11 +285,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings: dict[str, Any] = {"queues": args.queues, "concurrency": args.concurrency, "prefetch": args.prefetch}
     if args.pooled:
         settings["pooled"] = True
+    dsn = resolve_dsn(args.dsn)
+    # A worker that cannot reach its database when it starts exits 1 with the reason; once it
+    # runs, a lost connection is retried (a restart of the server is not the end of the worker).
+    _check_database(dsn)
     try:
         if isinstance(worker, AsyncWorker):
-            asyncio.run(worker.run(resolve_dsn(args.dsn), **settings))
+            asyncio.run(worker.run(dsn, **settings))
         else:
-            worker.run(resolve_dsn(args.dsn), **settings)
+            worker.run(dsn, **settings)
     except ValueError as exc:  # a setting out of range (run() checks them before it connects)
         raise BadArgument(str(exc)) from None
     return 1 if worker.stopped_at_once else 0  # a second signal: its running jobs were left to their leases
@@ -432,11 +443,10 @@ def _when_short(value: datetime | None) -> str | None:
     return None if value is None else f"{value:%Y-%m-%d %H:%M:%S}"
 
 
-def _first_line(text: str | None, width: int = 60) -> str | None:
-    if not text:
-        return None
-    line = text.strip().splitlines()[-1] if text.strip() else ""  # a traceback's last line says what
-    return line if len(line) <= width else line[:width - 1] + "…"
+def _error_line(text: str | None, width: int = 60) -> str | None:
+    """An error in one cell: a traceback's exception line (models.error_summary), cut to ``width``."""
+    line = error_summary(text)
+    return line if line is None or len(line) <= width else line[:width - 1] + "…"
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -447,7 +457,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         return 0
     say(_table(["id", "queue", "kind", "state", "attempt", "created", "finished", "last error"],
                  [[j.id, j.queue, j.kind, j.state, f"{j.attempt}/{j.max_attempts}", _when_short(j.created_at),
-                   _when_short(j.finished_at), _first_line(j.last_error)] for j in rows]))
+                   _when_short(j.finished_at), _error_line(j.last_error)] for j in rows]))
     if len(rows) == args.limit:
         say(f"(the newest {len(rows)}; older ones: the same command with --before {rows[-1].id})")
     return 0
@@ -476,10 +486,18 @@ def cmd_job(args: argparse.Namespace) -> int:
         say(f"{name:<12} {text}" if "\n" not in text else f"{name:<12} " + text.replace("\n", "\n" + " " * 13))
     say()
     say("history (oldest first)")
+    # A note of several lines (a failed attempt's traceback) is summed up in its row and printed
+    # in full below the table, on lines of its own.
+    blocks = [e for e in history if e.note is not None and "\n" in e.note.strip()]
     say(_table(["at", "attempt", "event", "worker", "login", "from", "to", "note"],
                  [[f"{e.at:%Y-%m-%d %H:%M:%S}", e.attempt, e.event if e.times == 1 else f"{e.event} x{e.times}",
-                   e.worker, e.session_role, e.from_state, e.to_state, e.note]
+                   e.worker, e.session_role, e.from_state, e.to_state,
+                   f"{_error_line(e.note, 100)} (in full below)" if e in blocks else e.note]
                   for e in history]) if history else "no events (the queue's audit is off, or they were pruned)")
+    for e in blocks:
+        assert e.note is not None
+        say(f"\n{e.event} at attempt {e.attempt} ({e.at:%Y-%m-%d %H:%M:%S}):")
+        say("  " + _fmt(e.note.strip(), lines=True).replace("\n", "\n  "))
     return 0
 
 
@@ -574,12 +592,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from pgq_thin import metrics
 
     dsn = resolve_dsn(args.dsn)
-    with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:  # a wrong address fails now
-        if conn.execute("SELECT to_regnamespace('pgq') IS NULL").fetchone() == (True,):
-            raise PgqError('schema "pgq" does not exist', "3F000", _NOT_INSTALLED)
-        if conn.execute("SELECT to_regprocedure('pgq.metrics()') IS NULL").fetchone() == (True,):
-            raise PgqError("this database's pgq schema has no pgq.metrics() (migration 0010)", "42883",
-                           "run pgq-thin migrate")
+    _check_database(dsn, metrics=True)  # a wrong address fails now
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         stop = metrics.serve(dsn, args.port, args.host, args.token or os.environ.get("PGQ_METRICS_TOKEN") or None)
@@ -682,6 +695,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("migrate", cmd_migrate, "apply pgq's pending migrations, then its functions (idempotent)")
     p.add_argument("--list", action="store_true", help="only list the pending migrations")
+    p.add_argument("--lock-timeout", default="5s", metavar="DURATION",
+                   help="how long each statement may wait for a lock, e.g. 5s or 500ms (default 5s); "
+                        "one that waits longer fails, changes nothing, and can be run again")
 
     p = command("enqueue", cmd_enqueue, "add a job; prints its id")
     p.add_argument("queue")
@@ -746,8 +762,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("kind")
     when = sp.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", metavar="EXPR", help="a 5-field cron expression or @hourly, @daily, ...")
-    when.add_argument("--every", type=duration, help="an interval: fires at the multiples of it since "
-                      "the epoch (e.g. 30s, 5m, 1h)")
+    when.add_argument("--every", type=duration, help="an interval with its unit: fires at the multiples of "
+                      "it since the epoch (e.g. 30s, 5m, 1h, 1h 30m; a bare number is refused)")
     sp.add_argument("--payload", default="{}", help="a JSON object, or - to read it from stdin")
     sp.add_argument("--timezone", default="UTC", help="the time zone the cron expression is read in (default UTC)")
     sp.add_argument("--priority", type=int, default=0)
@@ -866,7 +882,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe is caught, rather than at the interpreter's exit
+        return status
     except BadArgument as exc:  # refused before anything was sent: a usage error, as argparse's
         say(f"pgq-thin: error: {exc}", err=True, lines=False)
         return 2
@@ -881,6 +899,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+#: The exit status of a command ended by a closed pipe: a shell's for a program SIGPIPE ended.
+CLOSED_PIPE = 128 + signal.SIGPIPE
+
+
+def _closed_pipe() -> int:
+    """Whoever read the output went away (``pgq-thin jobs | head -1``): end quietly, as Unix tools
+    do, with no traceback, and keep the interpreter's last flush of stdout from failing again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a file descriptor
+        pass
+    return CLOSED_PIPE
 
 
 if __name__ == "__main__":

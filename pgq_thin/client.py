@@ -9,6 +9,7 @@ own transaction, so the job is written atomically with their business data.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -26,10 +27,16 @@ T = TypeVar("T")
 
 
 def resolve_dsn(dsn: str | None = None) -> str:
-    """The database to use: the argument, else $PGQ_DSN, else $DATABASE_URL."""
+    """The database to use: the argument, else $PGQ_DSN, else $DATABASE_URL. A URL of another
+    database (mysql://...) is refused with BadArgument."""
     found = dsn or os.environ.get("PGQ_DSN") or os.environ.get("DATABASE_URL")
     if not found:
         raise PgqError("no database given: pass a DSN (--dsn) or set PGQ_DSN or DATABASE_URL")
+    scheme = re.match(r"\s*([A-Za-z][A-Za-z0-9+.-]*)://", found)
+    if scheme and scheme.group(1).lower() not in ("postgresql", "postgres"):
+        raise BadArgument(f"pgq needs a PostgreSQL database, and the address is a {scheme.group(1)}:// URL: give "
+                          "a postgresql:// URL (postgresql://user@host:5432/dbname) or libpq's key=value form "
+                          "(host=... dbname=...)", "22023")
     if not found.isascii():
         try:
             found.encode()

@@ -57,11 +57,10 @@ FINISHED_STATES = ("done", "failed", "cancelled")
 SEVERITIES = ("ok", "warning", "critical")
 
 METRICS_SQL = queries.METRICS  # the columns in QueueMetrics' order
-HEALTH_SQL = 'SELECT "check", severity, count(*) FROM pgq.health() GROUP BY 1, 2 ORDER BY 1, 2'
+HEALTH_SQL = queries.HEALTH_FINDINGS
 #: The limits of pgq_jobs_held_back, in the order of LIMITS_SQL's columns.
 LIMITS = ("max_running", "key_limit", "rate_limit", "key_rate_limit")
-LIMITS_SQL = ("SELECT queue, held_by_max_running, held_by_key_limit, held_by_rate_limit, held_by_key_rate_limit"
-              " FROM pgq.queue_limits()")
+LIMITS_SQL = queries.LIMITS_HELD_BACK
 
 #: The rows of one scrape: pgq.metrics(), the health findings, the limits (see ``read``).
 Rows = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]

@@ -24,6 +24,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend, read_migrations
 
+from pgq_thin import queries
 from pgq_thin.sqlsource import install_functions
 
 __all__ = ["NewerSchema", "migrate", "migrations_dir", "pending_migrations", "shipped_schema_version",
@@ -75,7 +76,7 @@ def warn_if_schema_is_old(conn: psycopg.Connection[Any]) -> None:
         if database in _schema_checked:
             return
         try:
-            row = conn.execute("SELECT pgq.version()").fetchone()
+            row = conn.execute(queries.VERSION).fetchone()
             installed = None if row is None else str(row[0])
         except (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName):
             installed = None
@@ -124,7 +125,7 @@ def _unknown_applied(backend: Any, migrations: Any) -> list[str]:
     """The migrations the database has applied that ``migrations`` does not hold (a newer pgq's)."""
     known = {m.hash for m in migrations}
     backend.ensure_internal_schema_updated()
-    rows = backend.execute(f"SELECT migration_id, migration_hash FROM {backend.migration_table_quoted}").fetchall()
+    rows = backend.execute(queries.APPLIED_MIGRATIONS.format(table=backend.migration_table_quoted)).fetchall()
     return sorted(str(row[0]) for row in rows if row[1] not in known)
 
 
@@ -135,8 +136,19 @@ def migrate(dsn: str, lock_timeout: str = "5s") -> list[str]:
     backend = get_backend(yoyo_url(dsn))
     try:
         migrations = read_migrations(str(migrations_dir()))
+        setting = queries.SET_LOCK_TIMEOUT.format(timeout=_interval(lock_timeout))
+        backend.execute(setting)
+        # yoyo applies each migration on a connection of its own (backend.copy()): those get the
+        # same lock_timeout, so the landed migrations, which set none, wait a bounded time too.
+        copy = backend.copy
+
+        def bounded_copy() -> Any:
+            migration_backend = copy()
+            migration_backend.execute(setting)
+            return migration_backend
+
+        backend.copy = bounded_copy
         with backend.lock():
-            backend.execute(f"SET lock_timeout = '{_interval(lock_timeout)}'")
             newer = _unknown_applied(backend, migrations)
             if newer:
                 raise NewerSchema(f"this database has migrations this pgq-thin does not ship ({', '.join(newer)}): "
@@ -154,9 +166,10 @@ def migrate(dsn: str, lock_timeout: str = "5s") -> list[str]:
 
 
 def _interval(value: str) -> str:
-    """A lock_timeout value as PostgreSQL reads it ('5s', '500ms', '0'); refuses anything else."""
-    if not re.fullmatch(r"\d+(\.\d+)?\s*(ms|s|min)?", value.strip()):
-        raise ValueError(f"lock_timeout must be a duration such as '5s' or '500ms', got {value!r}")
+    """A lock_timeout value with its unit ('5s', '500ms', '1min'; '0': no limit), as PostgreSQL
+    reads it; refuses anything else (a bare '5' would be 5 ms to PostgreSQL)."""
+    if not re.fullmatch(r"\d+(\.\d+)?\s*(ms|s|min)|0", value.strip()):
+        raise ValueError(f"lock_timeout must be a duration with its unit, such as '5s' or '500ms', got {value!r}")
     return value.strip()
 
 
@@ -169,10 +182,11 @@ def yoyo_post_apply(conn: psycopg.Connection[Any], directory: str) -> None:
     default), as the hook always did."""
     ids = {path.stem for path in Path(directory).glob("*.sql") if re.match(r"\d+_", path.name)}
     with conn.transaction():
-        table = conn.execute("SELECT to_regclass('_yoyo_migration')").fetchone()
-        applied = set() if table is None or table[0] is None else {
-            str(row[0]) for row in conn.execute("SELECT migration_id FROM _yoyo_migration").fetchall()}
+        table = conn.execute(queries.YOYO_TABLE).fetchone()
+        applied = set()
+        if table and table[0]:
+            applied = {str(row[0]) for row in conn.execute(queries.YOYO_APPLIED).fetchall()}
         if ids <= applied:
             install_functions(conn)
         else:
-            conn.execute("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC")
+            conn.execute(queries.REVOKE_PUBLIC_EXECUTE)

@@ -280,6 +280,26 @@ class QueueGrant:
     granted_by: str
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def error_summary(error: str | None) -> str | None:
+    """An error in one line, for lists: for a Python traceback (what the worker stores for a
+    handler that raised) the exception's line, ``ValueError: bad address``, after the traceback's
+    last frame (of the last exception, when they are chained); for any other text its first line.
+    None for no error."""
+    if not error or not error.strip():
+        return None
+    lines = error.strip().splitlines()
+    if not lines[0].startswith(_TRACEBACK):
+        return lines[0]
+    # After the last exception's header, its frames are indented; the exception's line is not.
+    after = max(i for i, line in enumerate(lines) if line.startswith(_TRACEBACK)) + 1
+    while after < len(lines) and lines[after][:1].isspace():
+        after += 1
+    return lines[after] if after < len(lines) else lines[-1]
+
+
 def record(cls: type[T], row: dict[str, Any]) -> T:
     """A dataclass from a row, ignoring columns it does not know (added by later migrations)."""
     fields = cls.__dataclass_fields__  # type: ignore[attr-defined]

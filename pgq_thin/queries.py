@@ -1,5 +1,9 @@
-"""Every statement pgq_thin sends, in one place: each calls exactly one pgq function, with named
-arguments and explicit casts. Nothing here decides queue state; the functions do."""
+"""Every statement pgq_thin sends, in one place: the client's and the worker's each call exactly one
+pgq function, with named arguments and explicit casts. Nothing here decides queue state; the
+functions do. The sections at the end hold the few statements that are not a pgq function's call:
+the catalog questions of the CLI and the dashboard, the database clock, LISTEN, and the test kit's
+(the drain's view of the tables, the throwaway servers' databases, the replication topologies).
+The development tools (pgq_thin/tools/) and the migrations runner keep their own SQL."""
 
 from __future__ import annotations
 
@@ -135,3 +139,93 @@ LIST_JOBS = (
 GET_JOB = "SELECT * FROM pgq.get_job(id => %(id)s::bigint)"
 JOB_HISTORY = "SELECT * FROM pgq.job_history(id => %(id)s::bigint)"
 VERSION = "SELECT pgq.version()"
+
+# Around the functions: the catalog, the clock, LISTEN ---------------------------------------------
+
+#: The channel pgq's functions NOTIFY when a job becomes due (payload: the queue's name).
+CHANNEL = "pgq"
+LISTEN = f"LISTEN {CHANNEL}"
+
+#: The database's clock now (not the transaction's start): lease deadlines are on this clock.
+CLOCK = "SELECT clock_timestamp()"
+
+#: Whether the schema pgq is missing (the CLI's check before it makes a pool).
+SCHEMA_MISSING = "SELECT to_regnamespace('pgq') IS NULL"
+#: Whether pgq.metrics() is missing (a schema older than migration 0010).
+METRICS_MISSING = "SELECT to_regprocedure('pgq.metrics()') IS NULL"
+#: Whether the transaction has written nothing so far (no transaction id assigned): after
+#: pgq.enqueue with a unique key, true when the key's live job was answered and nothing added.
+WROTE_NOTHING = "SELECT pg_current_xact_id_if_assigned() IS NULL"
+
+#: The dashboard's actions: the pgq function behind each, for the catalog question whether the
+#: role may call it.
+ACTION_FUNCTIONS = {
+    "retry": "pgq.retry(bigint)",
+    "cancel": "pgq.cancel(bigint)",
+    "resolve": "pgq.resolve(bigint,text)",
+    "pause": "pgq.pause(text)",
+    "resume": "pgq.resume(text)",
+}
+#: current_user and, per action (a column named after it), whether the role may call its function.
+PRIVILEGES = ("SELECT current_user, " + ", ".join(
+    f"has_function_privilege('{signature}', 'EXECUTE') AS {action}" for action, signature in ACTION_FUNCTIONS.items()))
+
+#: The metrics' health findings, counted by check and severity.
+HEALTH_FINDINGS = 'SELECT "check", severity, count(*) FROM pgq.health() GROUP BY 1, 2 ORDER BY 1, 2'
+#: What each limit holds back per queue (the columns in pgq_thin.metrics.LIMITS' order).
+LIMITS_HELD_BACK = ("SELECT queue, held_by_max_running, held_by_key_limit, held_by_rate_limit,"
+                    " held_by_key_rate_limit FROM pgq.queue_limits()")
+
+# The test kit: the drain's view of the tables ---------------------------------------------------------
+
+#: Per queue of the worker's (all when NULL): its due jobs of the worker's kinds in an unpaused
+#: queue (the jobs the worker would claim: it claims only the kinds it has handlers for), and its
+#: running jobs.
+DRAIN_BUSY = """
+    SELECT q.name,
+           count(*) FILTER (WHERE j.state = 'pending' AND j.run_at <= now() AND NOT q.paused
+                              AND j.kind = ANY (%(kinds)s::text[])),
+           count(*) FILTER (WHERE j.state = 'running')
+    FROM pgq.queues AS q JOIN pgq.jobs AS j ON j.queue = q.name
+    WHERE (%(queues)s::text[] IS NULL OR q.name = ANY (%(queues)s::text[])) AND j.state IN ('pending', 'running')
+    GROUP BY q.name ORDER BY q.name"""
+#: The jobs a drained worker claimed since the drain began.
+DRAIN_CLAIMED = ("SELECT id FROM pgq.jobs WHERE claimed_by = %(worker)s::text AND claimed_at >= %(since)s::timestamptz"
+                 " ORDER BY id")
+
+# The test kit: throwaway servers' databases and replication topologies --------------------------------
+# (psycopg.sql templates where a name is an identifier or a literal: {name}, {template}, {value})
+
+DATABASE_EXISTS = "SELECT 1 FROM pg_database WHERE datname = %(name)s::text"
+CREATE_DATABASE = "CREATE DATABASE {name}"
+CREATE_DATABASE_FROM = "CREATE DATABASE {name} TEMPLATE {template}"
+#: Its sessions are ended first.
+DROP_DATABASE = "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+
+RELOAD_CONF = "SELECT pg_reload_conf()"
+SET_SYNCHRONOUS_STANDBY_NAMES = "ALTER SYSTEM SET synchronous_standby_names = {value}"
+#: Stop a standby's WAL receiver for good (as when the network to its primary fails).
+CLEAR_PRIMARY_CONNINFO = "ALTER SYSTEM SET primary_conninfo = ''"
+STANDBY_STREAMING = "SELECT state = 'streaming' FROM pg_stat_replication WHERE application_name = %(name)s::text"
+STANDBY_SYNCHRONOUS = "SELECT sync_state = 'sync' FROM pg_stat_replication WHERE application_name = %(name)s::text"
+WAL_RECEIVER_STOPPED = "SELECT count(*) = 0 FROM pg_stat_wal_receiver"
+CURRENT_WAL_LSN = "SELECT pg_current_wal_lsn()::text"
+REPLAY_LSN = "SELECT pg_last_wal_replay_lsn()::text"
+REPLAYED_UP_TO = "SELECT pg_last_wal_replay_lsn() >= %(lsn)s::pg_lsn"
+PROMOTE = "SELECT pg_promote(wait => true, wait_seconds => 60)"
+IN_RECOVERY = "SELECT pg_is_in_recovery()"
+#: The timeline a primary writes WAL on now (the first 8 hex digits of its current WAL file's name).
+TIMELINE = "SELECT ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer"
+
+# Applying pgq's SQL (pgq_thin.migrate): yoyo's bookkeeping, the migrations' lock bound ------------------
+
+#: Every statement of an apply waits at most this long for a lock ({timeout}: a checked duration).
+SET_LOCK_TIMEOUT = "SET lock_timeout = '{timeout}'"
+#: The migrations a database has applied, from yoyo's table ({table}: yoyo's quoted name for it).
+APPLIED_MIGRATIONS = "SELECT migration_id, migration_hash FROM {table}"
+#: Whether yoyo's table exists (the post-apply hook's connection: yoyo's default name).
+YOYO_TABLE = "SELECT to_regclass('_yoyo_migration') IS NOT NULL"
+YOYO_APPLIED = "SELECT migration_id FROM _yoyo_migration"
+#: What the post-apply hook does while some migrations are not applied: no function a migration
+#: created may be reached by PUBLIC.
+REVOKE_PUBLIC_EXECUTE = "REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC"

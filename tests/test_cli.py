@@ -125,7 +125,8 @@ def test_version_flag() -> None:
     assert result.returncode == 0 and result.stdout.strip() == f"pgq-thin {pgq_thin.__version__}"
 
 
-@pytest.mark.parametrize("text, seconds", [("30", 30), ("500ms", 0.5), ("5m", 300), ("2h", 7200), ("7d", 604800)])
+@pytest.mark.parametrize("text, seconds", [("30s", 30), ("500ms", 0.5), ("5m", 300), ("2h", 7200), ("7d", 604800),
+                                           ("1h 30m", 5400), ("1h30m", 5400)])
 def test_durations_on_the_command_line(text: str, seconds: float) -> None:
     from pgq_thin.cli import duration
 
@@ -166,7 +167,7 @@ def test_schedule_add_list_rm(dsn: str, conn: psycopg.Connection) -> None:
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
     assert lines[0].split()[:4] == ["name", "queue", "kind", "when"]
-    assert lines[2].split()[:5] == ["hourly-report", "reports", "build", "every", "3600.0s"]
+    assert lines[2].split()[:5] == ["hourly-report", "reports", "build", "every", "1h"]
     neither = pgq("schedule", "add", "x", "q", "k", dsn=dsn)
     assert neither.returncode == 2 and "one of the arguments --cron --every is required" in neither.stderr
     bad = pgq("schedule", "add", "x", "q", "k", "--every", "0.5s", dsn=dsn)

@@ -58,6 +58,10 @@ BAD_INPUT: list[Any] = [
     pytest.param(["jobs", "--state", b"\xff"], 'argument "state"', id="state-undecodable"),
     pytest.param(["pause", b"q\xff"], 'argument "queue"', id="pause"),
     pytest.param(["no-such-command"], "invalid choice", id="unknown-command"),
+    pytest.param(["migrate", "--lock-timeout", "5"], "--lock-timeout must be a duration with its unit",
+                 id="lock-timeout-without-unit"),
+    pytest.param(["migrate", "--lock-timeout", "5s; DROP SCHEMA pgq"], "--lock-timeout must be a duration",
+                 id="lock-timeout-sql"),
 ]
 
 
@@ -137,8 +141,11 @@ def test_text_from_the_database_is_printed_with_its_control_characters_escaped(
     assert "last error   Traceback:\n               line 1\n             \\x1b[31mred" in detail
     for shown in ("worker\\x1b[31m", "key\\x1b[31m", "t\\x1b[31m", "\\u001b[31mred", "\\x9b2J"):
         assert shown in detail, shown
-    history = detail.split("history (oldest first)\n")[1].splitlines()
-    assert len(history) == 4 and "Traceback:\\n  line 1\\r\\n\\x1b[31mred" in history[3]  # the note: one line
+    # The history's note of several lines: summed up in its row, in full on lines of its own below.
+    table, block = detail.split("history (oldest first)\n")[1].split("\n\n", 1)
+    assert len(table.splitlines()) == 4 and table.splitlines()[3].endswith("Traceback: (in full below)")
+    assert block.splitlines()[1:4] == ["  Traceback:", "    line 1", "  \\x1b[31mred\\x1b[0m \\x1b]0;title\\x07 "
+                                       "\\x9b2J \\x7f\\x08 \\u202eevil\\u202c \\x0b\\x0c"]
 
 
 def test_an_error_message_is_printed_escaped(dsn: str) -> None:

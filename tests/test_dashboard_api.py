@@ -75,7 +75,7 @@ def test_the_overview_shows_each_queues_settings_to_a_monitor(pgq_client: Client
     with dashboard(roles["pgq_monitor"]) as http:
         page = http.get("/").text
         settings = http.get("/api/queues").json()["settings"]
-    assert "fair · max 3 running · lease 45s · max run 10m 0s · 25 attempts · grants: claim" in page
+    assert "fair · max 3 running · lease 45s · max run 10m · 25 attempts · grants: claim" in page
     assert "fifo · lease 30s · 25 attempts" in page
     by_name = {q["name"]: q for q in settings}
     assert (by_name["batch"]["fair"], by_name["batch"]["max_running"], by_name["batch"]["restricted"]) == (

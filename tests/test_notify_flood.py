@@ -146,8 +146,10 @@ def test_a_job_enqueued_during_and_after_a_flood_is_picked_up_by_its_notify(
         after = one(conn, "SELECT pgq.enqueue('q', 'k')")
         # The worker never polls (every hour) nor sweeps: only a wake-up can start these claims,
         # and this wait is far shorter than a poll interval.
-        wait_for(lambda: {during, after} <= set(running.done), "both jobs to be done", timeout=60)
-        assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'done'") == 2
+        wait_for(lambda: {during, after} <= set(running.done), "both jobs' handlers to run", timeout=60)
+        # (The handler has run before its completion commits: wait for that too, not just read.)
+        wait_for(lambda: one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'done'") == 2,
+                 "both jobs to be done", timeout=60)
 
 
 def test_the_wake_limit_lets_a_burst_through_then_one_claim_per_1_over_rate() -> None:

@@ -22,6 +22,8 @@ from test_schema_matches_migrations import MIGRATION_SHA256, assert_same_catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = {ROOT / "sql" / "schema.sql", ROOT / "sql" / "all_functions.sql"}
+#: The source in this tree (pgq_thin.sqlsource.source_dir() is the installed package's copy of it).
+SOURCE = ROOT / "sql" / "functions"
 #: The migrations that landed before the function source existed: databases have them applied,
 #: their bytes are pinned, and they hold the function bodies of their day.
 LANDED = {ROOT / "migrations" / name for name in MIGRATION_SHA256 if int(name[:4]) <= 13}
@@ -47,7 +49,9 @@ def source_functions() -> dict[str, str]:
 
 
 def test_the_function_source_is_the_files_of_sql_functions_in_the_order_applied():
-    assert sorted(SOURCE_FILES) == sorted(p.name for p in source_dir().glob("*.sql"))
+    assert sorted(SOURCE_FILES) == sorted(p.name for p in SOURCE.glob("*.sql"))
+    assert all((source_dir() / name).read_text() == (SOURCE / name).read_text() for name in SOURCE_FILES), \
+        "the installed function source is not this tree's: reinstall (pip install .)"
     assert len(set(SOURCE_FILES)) == len(SOURCE_FILES)
     assert SOURCE_FILES[-2:] == ("cleanup.sql", "grants.sql")
     assert source_functions()["claim"] == "claim.sql"
@@ -61,7 +65,7 @@ def test_each_function_is_written_once_in_the_tree_outside_the_landed_migrations
     elsewhere = []
     for relative in files:
         path = ROOT / relative
-        if path in LANDED or path in GENERATED or path.parent == source_dir() or not path.is_file():
+        if path in LANDED or path in GENERATED or path.parent == SOURCE or not path.is_file():
             continue
         if path.suffix not in {".sql", ".py", ".md", ".in", ".sh", ".mjs", ".txt", ".toml"}:
             continue

@@ -11,6 +11,7 @@ finished; and the catalog equals a fresh install's."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -219,3 +220,25 @@ def test_a_database_at_each_landed_version_holding_jobs_upgrades_without_strandi
         left = su.execute("SELECT id, state::text FROM pgq.jobs WHERE state NOT IN ('done', 'failed', 'cancelled') "
                           "ORDER BY id").fetchall()
         assert left == [], left
+
+
+def test_a_migration_that_needs_a_lock_a_session_holds_gives_up_after_lock_timeout_and_runs_again(upgraded):
+    """0013 adds columns to pgq.jobs (ACCESS EXCLUSIVE): behind a reader's open transaction it waits
+    lock_timeout, fails with nothing applied, and runs once the reader is gone. (Landed migrations set
+    no lock_timeout of their own: pgq_thin.migrate sets it on every connection yoyo applies one on.)"""
+    dsn = upgraded
+    _migrate_to(dsn, "0012_waiting_state")
+    with psycopg.connect(dsn) as reader:
+        reader.execute("LOCK TABLE pgq.jobs IN ACCESS SHARE MODE")
+        # (Should the migration wait without bound, the reader lets go after 60 s and the test fails.)
+        release = threading.Timer(60, reader.rollback)
+        release.start()
+        try:
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                migrate(dsn, lock_timeout="200ms")
+        finally:
+            release.cancel()
+        with psycopg.connect(dsn, autocommit=True) as su:
+            assert one(su, "SELECT max(migration_id) FROM _yoyo_migration") == "0012_waiting_state"
+        reader.rollback()
+    assert migrate(dsn) == ["0013_job_dependencies", "0014_catalog_comments"]

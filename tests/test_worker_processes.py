@@ -133,7 +133,11 @@ with lock:
     os.kill(os.getpid(), signal.SIGTERM)
     for _ in range(1000):  # bytecodes: the handlers run here, in this thread
         pass
-sys.exit(0 if both.wait(10) and sorted(asked) == [False, True] else 3)  # two threads: either order
+ok = both.wait(10) and sorted(asked) == [False, True]  # two threads: either order
+for thread in threading.enumerate():  # each logs its line after its stop(): wait for the lines
+    if thread.name == "pgq-signal":
+        thread.join(10)
+sys.exit(0 if ok else 3)
 """
 
 

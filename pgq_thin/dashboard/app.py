@@ -1,9 +1,9 @@
 """The dashboard's ASGI app (Starlette): server-rendered pages, a JSON API and the actions.
 
 Every read and every action is one method of a pgq_thin Client, i.e. one call of a pgq function
-with the request's values as bound parameters (no SQL is built from a request). The only statement
-of its own is the catalog question "may this role call pgq.retry, pgq.pause, ...?"
-(has_function_privilege), asked to show a pgq_monitor login as read-only. pgq itself stays the
+with the request's values as bound parameters (no SQL is built from a request). The only other
+statement is the catalog question "may this role call pgq.retry, pgq.pause, ...?"
+(queries.PRIVILEGES), asked to show a pgq_monitor login as read-only. pgq itself stays the
 authority: an action the role may not make is refused by the database too. ``GET /metrics`` is
 pgq_thin.metrics.exposition over a pooled connection (the same text as ``pgq-thin metrics``).
 
@@ -37,7 +37,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from pgq_thin import __version__
+from pgq_thin import __version__, queries
 from pgq_thin.client import Client
 from pgq_thin.dashboard.guard import (
     COOKIE,
@@ -50,6 +50,7 @@ from pgq_thin.dashboard.guard import (
     parse_json,
     wants_html,
 )
+from pgq_thin.durations import format_duration
 from pgq_thin.errors import (
     ConnectionLost,
     InvalidArgument,
@@ -59,7 +60,7 @@ from pgq_thin.errors import (
     WrongState,
     translated,
 )
-from pgq_thin.models import QueueSettings
+from pgq_thin.models import QueueSettings, error_summary
 from pgq_thin.webguard import Throttle
 from pgq_thin.webguard import allowed_hosts as allowed_hosts_of
 
@@ -69,15 +70,8 @@ log = logging.getLogger("pgq_thin.dashboard")
 
 HERE = Path(__file__).parent
 #: The pgq functions behind the actions, and the catalog question whether the role may call each.
-ACTIONS = {
-    "retry": "pgq.retry(bigint)",
-    "cancel": "pgq.cancel(bigint)",
-    "resolve": "pgq.resolve(bigint,text)",
-    "pause": "pgq.pause(text)",
-    "resume": "pgq.resume(text)",
-}
-PRIVILEGES = ("SELECT current_user, "
-              + ", ".join(f"has_function_privilege('{sig}', 'EXECUTE') AS {name}" for name, sig in ACTIONS.items()))
+ACTIONS = queries.ACTION_FUNCTIONS
+PRIVILEGES = queries.PRIVILEGES
 JOB_STATES = ("waiting", "pending", "running", "done", "failed", "cancelled", "outcome_unknown")
 RESOLVE_STATES = ("done", "pending", "failed", "cancelled")
 MAX_BIGINT = 2**63 - 1
@@ -167,18 +161,8 @@ def _settings_text(q: QueueSettings) -> str:
     return " · ".join(parts)
 
 
-def _ago(value: timedelta | None) -> str:
-    """A short age for the pages: 4s, 3m 12s, 2h 5m, 3d 4h."""
-    if value is None:
-        return "-"
-    seconds = int(value.total_seconds())
-    if seconds < 60:
-        return f"{max(seconds, 0)}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60}s"
-    if seconds < 86400:
-        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
-    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+#: A duration or an age for the pages, as the CLI writes it: 4.5s, 3m 12s, 1h, 2h 5m, 3d 4h.
+_ago = format_duration
 
 
 def _when(value: datetime | None) -> str:
@@ -195,7 +179,7 @@ def _templates() -> jinja2.Environment:
         autoescape=True,  # every value is escaped: a payload's "<script>" shows as text
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(ago=_ago, when=_when, pretty=_pretty)
+    env.filters.update(ago=_ago, when=_when, pretty=_pretty, error_line=error_summary)  # a traceback's exception
     return env
 
 

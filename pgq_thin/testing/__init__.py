@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgq_thin import queries
 from pgq_thin.client import Client
 from pgq_thin.models import JobRecord
 
@@ -129,18 +130,6 @@ def _fresh_copy(worker: Any) -> Any:
     return copy
 
 
-#: Per queue of the worker's (all when NULL): its due jobs of the worker's kinds in an unpaused
-#: queue (the jobs the worker would claim: it claims only the kinds it has handlers for), and its
-#: running jobs.
-_BUSY = """
-    SELECT q.name,
-           count(*) FILTER (WHERE j.state = 'pending' AND j.run_at <= now() AND NOT q.paused
-                              AND j.kind = ANY (%(kinds)s::text[])),
-           count(*) FILTER (WHERE j.state = 'running')
-    FROM pgq.queues AS q JOIN pgq.jobs AS j ON j.queue = q.name
-    WHERE (%(queues)s::text[] IS NULL OR q.name = ANY (%(queues)s::text[])) AND j.state IN ('pending', 'running')
-    GROUP BY q.name ORDER BY q.name"""
-
 Busy = list[tuple[str, int, int]]  # (queue, due jobs of the worker's kinds, running jobs)
 
 
@@ -159,7 +148,7 @@ class _Observer:
         self.client = Client(dsn, min_size=1, max_size=1, pooled=pooled)
         try:
             with self.client.pool.connection() as conn:
-                row = conn.execute("SELECT clock_timestamp()").fetchone()
+                row = conn.execute(queries.CLOCK).fetchone()
                 assert row is not None
                 self.started = row[0]
         except BaseException:
@@ -168,14 +157,14 @@ class _Observer:
 
     def busy(self, queues: Sequence[str] | None, kinds: Sequence[str]) -> Busy:
         with self.client.pool.connection() as conn:
-            return [(str(q), int(due), int(running)) for q, due, running in conn.execute(
-                _BUSY, {"queues": None if queues is None else list(queues), "kinds": list(kinds)}).fetchall()]
+            params = {"queues": None if queues is None else list(queues), "kinds": list(kinds)}
+            return [(str(q), int(due), int(running))
+                    for q, due, running in conn.execute(queries.DRAIN_BUSY, params).fetchall()]
 
     def result(self, worker_name: str) -> DrainResult:
         with self.client.pool.connection() as conn:
             ids = [row[0] for row in conn.execute(
-                "SELECT id FROM pgq.jobs WHERE claimed_by = %s AND claimed_at >= %s ORDER BY id",
-                (worker_name, self.started)).fetchall()]
+                queries.DRAIN_CLAIMED, {"worker": worker_name, "since": self.started}).fetchall()]
         return DrainResult({job_id: _drained_job(self.client.get_job(job_id)) for job_id in ids})
 
     def close(self) -> None:

@@ -8,6 +8,10 @@ nothing until a test asks for one of its fixtures).
   and no server is started.
 - ``pgq_client``: a ``pgq_thin.Client`` on ``pgq_dsn``.
 
+The fixtures need the ``testing`` extra (``pip install 'pgq-thin[testing]'``: testing.postgresql,
+which starts the throwaway server). The plugin imports it only when a test asks for a fixture, so
+that pytest runs as before in a project without it, and such a test fails saying what to install.
+
 ``pgq_thin.testing.drain(worker)`` then runs the due jobs on the test's database.
 """
 
@@ -15,19 +19,32 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pgq_thin import testing
 from pgq_thin.client import Client
-from pgq_thin.testing.server import Databases
 
-__all__ = ["pgq_client", "pgq_dsn", "pgq_databases"]
+if TYPE_CHECKING:
+    from pgq_thin.testing.server import Databases
+
+__all__ = ["INSTALL", "pgq_client", "pgq_dsn", "pgq_databases"]
+
+#: What a test that uses a fixture is told when the testing extra is missing.
+INSTALL = ("pgq's fixtures (pgq_dsn, pgq_client) need the testing extra, for testing.postgresql: "
+           "pip install 'pgq-thin[testing]'")
 
 
 @pytest.fixture(scope="session")
 def pgq_databases() -> Iterator[Databases]:
     """Where the test databases are made: a throwaway server, or the one $PGQ_TEST_DSN names."""
+    try:
+        from pgq_thin.testing.server import Databases
+    except ImportError as exc:
+        if not (exc.name or "").startswith(("testing", "pg8000")):
+            raise
+        pytest.fail(f"{INSTALL} (missing: {exc.name})", pytrace=False)
     databases = Databases(os.environ.get("PGQ_TEST_DSN") or None, prefix="pgq_test")
     try:
         yield databases

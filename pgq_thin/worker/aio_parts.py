@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 
+from pgq_thin import queries
 from pgq_thin.async_client import AsyncClient
 from pgq_thin.errors import PgqError
 from pgq_thin.models import Job
@@ -32,7 +33,7 @@ from pgq_thin.worker.metrics import JobWatch, WorkerMetrics
 from pgq_thin.worker.owner import released
 from pgq_thin.worker.prefetch import PrefetchPolicy
 from pgq_thin.worker.renewer import DatabaseClock, renewal_failed, renewed, until_next
-from pgq_thin.worker.support import CHANNEL, KEEPALIVES, Backoff, Delay, Flags, JobLog, Repeat, log, transient
+from pgq_thin.worker.support import KEEPALIVES, Backoff, Delay, Flags, JobLog, Repeat, log, transient
 
 __all__ = ["AsyncClaimer", "AsyncCompleter", "AsyncListener", "AsyncOwnerCalls", "AsyncRenewer", "AsyncSlots"]
 
@@ -232,7 +233,7 @@ async def read_clock(clock: DatabaseClock, client: AsyncClient) -> None:
     try:
         async with client.pool.connection() as conn:
             before = time.time()
-            row = await (await conn.execute("SELECT clock_timestamp()")).fetchone()
+            row = await (await conn.execute(queries.CLOCK)).fetchone()
             after = time.time()
     except psycopg.Error as exc:
         log.debug("could not read the database clock: %s", exc)
@@ -261,7 +262,7 @@ class AsyncListener:
                 async with await psycopg.AsyncConnection.connect(
                         self.dsn, autocommit=True, connect_timeout=5,
                         application_name=f"pgq-listen {self.worker_name}"[:63], **KEEPALIVES) as conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
+                    await conn.execute(queries.LISTEN)
                     self.listening.set()
                     self.wake()
                     reconnects.listening()

@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 
 import psycopg
 
-from pgq_thin.worker.support import CHANNEL, KEEPALIVES, Backoff, ThreadPart, log
+from pgq_thin import queries
+from pgq_thin.worker.support import KEEPALIVES, Backoff, ThreadPart, log
 
 __all__ = ["Listener", "concerns"]
 
@@ -68,7 +69,7 @@ class Listener(ThreadPart):
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5,
                                      application_name=f"pgq-listen {self.worker_name}"[:63], **KEEPALIVES) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(queries.LISTEN)
                     self.listening.set()
                     self.wake()  # anything enqueued while we were not listening
                     reconnects.listening()

@@ -4,6 +4,10 @@ function that records it. Both runtimes use it; neither decides this anywhere el
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import os
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -125,7 +129,28 @@ def of_exception(exc: BaseException, jlog: JobLog) -> Outcome:
         jlog.warning("the handler cannot tell whether the job's effect happened: %s", exc.note)
         return Outcome("mark_unknown", {"note": sendable(str(exc.note))})
     jlog.warning("the handler raised %r", exc, exc_info=True)
-    return Outcome("fail", {"error": sendable(traceback.format_exc())})
+    return Outcome("fail", {"error": sendable(handler_traceback(exc))})
+
+
+#: Where the frames of the worker runtime come from: pgq_thin/worker/ and, on the asyncio
+#: runtime, the standard library's asyncio, concurrent.futures and threading that run a handler.
+_RUNTIME_FILES = tuple(os.path.dirname(os.path.abspath(str(m.__file__))) + os.sep
+                       for m in (asyncio, concurrent.futures)) + (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+_RUNTIME_MODULES = (os.path.abspath(str(threading.__file__)),)
+
+
+def _runtime_frame(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return path.startswith(_RUNTIME_FILES) or path in _RUNTIME_MODULES
+
+
+def handler_traceback(exc: BaseException) -> str:
+    """The traceback of what a handler raised, as the job's error stores it: from the handler's own
+    frame on (the worker runtime's frames that called it, pgq's executor first, are left out)."""
+    tb = exc.__traceback__
+    while tb is not None and _runtime_frame(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
 def unreadable(job: Job, jlog: JobLog) -> Outcome | None:

@@ -8,6 +8,7 @@ from datetime import datetime
 
 import psycopg
 
+from pgq_thin import queries
 from pgq_thin.client import Client
 from pgq_thin.errors import PgqError
 from pgq_thin.models import Job
@@ -35,7 +36,7 @@ class DatabaseClock:
         try:
             with client.pool.connection() as conn:
                 before = time.time()
-                row = conn.execute("SELECT clock_timestamp()").fetchone()
+                row = conn.execute(queries.CLOCK).fetchone()
                 after = time.time()
         except psycopg.Error as exc:
             log.debug("could not read the database clock: %s", exc)

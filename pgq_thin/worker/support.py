@@ -15,13 +15,14 @@ from typing import Any, Protocol
 
 import psycopg
 
+from pgq_thin import queries
 from pgq_thin.errors import ConnectionLost, PgqError
 from pgq_thin.models import Job
 
 log = logging.getLogger("pgq_thin.worker")
 
 #: The channel the pgq functions notify, with the queue name as payload.
-CHANNEL = "pgq"
+CHANNEL = queries.CHANNEL
 
 #: TCP keepalives, so that a silently dead connection (a LISTEN waiting for news) is noticed.
 KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
