@@ -12,8 +12,8 @@ finished; and the catalog equals a fresh install's."""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
