@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -25,7 +24,7 @@ from pgq_thin import migrate
 from pgq_thin.tools.bench import _migrate_to  # the migrations up to one, with their own functions
 
 from sqlhelpers import fresh_database, one
-from test_schema_matches_migrations import MIGRATION_SHA256, assert_same_catalog, catalog
+from test_schema_matches_migrations import MIGRATION_SHA256, MIGRATIONS, assert_same_catalog, catalog
 
 #: The migrations that landed before the function source: each a schema version users' databases
 #: may be at.
@@ -243,7 +242,6 @@ def test_a_migration_that_needs_a_lock_a_session_holds_gives_up_after_lock_timeo
             assert one(su, "SELECT max(migration_id) FROM _yoyo_migration") == "0012_waiting_state"
         reader.rollback()
     # Every migration from 0013 on is applied by that second call (the names from the tree's own).
-    pending = sorted(p.stem for p in (Path(__file__).parents[1] / "migrations").glob("*.sql")
-                     if p.stem >= "0013_job_dependencies")
+    pending = sorted(p.stem for p in MIGRATIONS.glob("*.sql") if p.stem >= "0013_job_dependencies")
     assert pending[:2] == ["0013_job_dependencies", "0014_catalog_comments"]
     assert migrate(dsn) == pending
