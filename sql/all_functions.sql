@@ -1619,14 +1619,22 @@ COMMENT ON FUNCTION pgq.rate_limit_wait(text[]) IS
 -- (or by fair mode's round-robin), of which at most as many per concurrency_key as the key has
 -- free slots (its limit, pgq.key_limits or the queue's key_max_running, less its running jobs);
 -- jobs without a key, or of a key without a limit, are not limited. A full key is left out of the
--- scan, so it never blocks the keys behind it. Race-free because the claim holds the queue's row
--- (FOR NO KEY UPDATE, as for max_running) before this counts the running jobs in a fresh snapshot:
--- claimers of a key-limited queue take turns. Each pass reads the next candidates past the full
--- keys; a pass that fills a key reads again without it, so at most `room` passes (for a fair
--- queue, one job per _fair_pick call). Returns the picked ids, locked FOR NO KEY UPDATE.
--- A queue with key_rate_limit also counts each key's tokens at `at` (the claim's rate clock): a
--- key without one is left out like a full key. A rate-limited queue without a per-key step
--- (pgq.queues.rate_limited only) gets its first `room` jobs, locked, or its fair pick.
+-- scan, so it never blocks the keys behind it.
+-- Race-free without the queue's row lock: the claim takes each limited key it meets (a
+-- transaction-level advisory lock on (1885827435, hashtext(queue || chr(31) || key)), tried, never
+-- waited for) before it counts the key's running jobs, in a statement whose fresh snapshot sees
+-- every earlier claim of that key (a transaction's locks are released after its commit is
+-- visible). A key another claim holds is left out of this call like a full one, so claims of
+-- different keys run side by side, and a claim never waits for another. The keys that look full
+-- at the start (a snapshot taken before any lock: a hint, never trusted for a free slot) are left
+-- out of the scan at once. Each pass reads the next candidates past the full keys; a pass that
+-- fills (or cannot take) a key reads again without it, so at most `room` passes plus one (for a
+-- fair queue, one job per _fair_pick call). Returns the picked ids, locked FOR NO KEY UPDATE.
+-- A new limit (pgq.set_key_limit, configure_queue) binds the claims that start after it commits.
+-- A queue with key_rate_limit also counts each key's tokens at `at` (the claim's rate clock; its
+-- queue row is held, as for every rate-limited queue): a key without one is left out like a full
+-- key. A rate-limited queue without a per-key step (pgq.queues.rate_limited only) gets its first
+-- `room` jobs, locked, or its fair pick.
 CREATE OR REPLACE FUNCTION pgq._keyed_pick(queue text, room integer, kinds text[], fair boolean,
                                 at timestamptz DEFAULT NULL) RETURNS SETOF bigint
     LANGUAGE plpgsql
@@ -1637,13 +1645,15 @@ DECLARE
     key_limited boolean;       -- queues.key_limited
     key_rate  integer;         -- queues.key_rate_limit (0: none), per period
     period    interval;        -- queues.rate_period
-    slots    jsonb;            -- key -> free slots, for the limited keys with running jobs
-    avail    jsonb := '{}';    -- key -> how many more of its jobs this call may pick, for the keys met
-    full_keys text[];          -- the keys without a free slot (or, with key_rate, without a token)
+    avail    jsonb := '{}';    -- key -> how many more of its jobs this call may pick, for the keys it holds
+    full_keys text[];          -- the keys left out: full, without a token, or held by another claim
     picked   bigint[] := '{}';
-    filled   boolean;          -- whether this pass filled a key
-    before   integer;          -- how many were picked before this pass
-    r        record;
+    ids      bigint[];         -- a pass's candidates, in order,
+    keys     text[];           -- their keys,
+    limited  boolean[];        -- and whether their key has a limit (or the queue key_rate_limit)
+    held     text[];           -- the limited keys of a pass that this call took now
+    met      text[];           -- and all those the pass met for the first time
+    filled   boolean;          -- whether this pass filled (or could not take) a key
     n        integer;
 BEGIN
     SELECT q.key_max_running, q.key_limited, q.key_rate_limit, q.rate_period
@@ -1666,15 +1676,15 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    SELECT coalesce(jsonb_object_agg(c.key, coalesce(l.max_running, default_limit) - c.n), '{}')
-    INTO slots
-    FROM (SELECT j.concurrency_key AS key, count(*)::integer AS n
-          FROM pgq.jobs AS j
-          WHERE j.lease_until IS NOT NULL AND j.queue = _keyed_pick.queue AND j.concurrency_key IS NOT NULL
-          GROUP BY j.concurrency_key) AS c
-    LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = c.key
-    WHERE coalesce(l.max_running, default_limit) > 0;
-    full_keys := ARRAY(SELECT e.key FROM jsonb_each(slots) AS e(key, value) WHERE e.value::integer <= 0);
+    -- The keys that look full now (a hint: whether a key has a free slot is counted once it is held).
+    full_keys := ARRAY(
+        SELECT c.key
+        FROM (SELECT j.concurrency_key AS key, count(*)::integer AS n
+              FROM pgq.jobs AS j
+              WHERE j.lease_until IS NOT NULL AND j.queue = _keyed_pick.queue AND j.concurrency_key IS NOT NULL
+              GROUP BY j.concurrency_key) AS c
+        LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = c.key
+        WHERE coalesce(l.max_running, default_limit) > 0 AND c.n >= coalesce(l.max_running, default_limit));
     IF key_rate > 0 THEN
         -- The keys without a token (key_rates_tat_idx: those whose tat is furthest ahead), so that
         -- each key a pass meets has at least one.
@@ -1683,20 +1693,21 @@ BEGIN
             WHERE k.queue = _keyed_pick.queue
               AND k.tat > _keyed_pick.at + period - period / key_rate - interval '1 microsecond'
               AND pgq._tokens(k.tat, key_rate, period, _keyed_pick.at) < 1);
-        -- The others' tokens are read as their keys come (the passes' tat column).
     END IF;
     LOOP
-        filled := false;
-        before := cardinality(picked);
-        FOR r IN
-            SELECT x.id, x.key, coalesce(l.max_running, default_limit) AS max_running, k.tat
+        IF _keyed_pick.fair THEN
+            SELECT array_agg(j.id), array_agg(j.concurrency_key),
+                   array_agg(coalesce(l.max_running, default_limit) > 0 OR key_rate > 0)
+            INTO ids, keys, limited
             FROM pgq._fair_pick(_keyed_pick.queue, 1, _keyed_pick.kinds, full_keys, picked) AS f(id)
-            JOIN LATERAL (SELECT j.id, j.concurrency_key AS key FROM pgq.jobs AS j WHERE j.id = f.id) AS x ON true
-            LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = x.key
-            LEFT JOIN pgq.key_rates AS k ON k.queue = _keyed_pick.queue AND k.key = x.key AND key_rate > 0
-            WHERE _keyed_pick.fair
-            UNION ALL
-            SELECT x.id, x.key, coalesce(l.max_running, default_limit), k.tat
+            JOIN pgq.jobs AS j ON j.id = f.id
+            LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = j.concurrency_key;
+        ELSE
+            SELECT array_agg(x.id ORDER BY x.priority DESC, x.run_at, x.id),
+                   array_agg(x.key ORDER BY x.priority DESC, x.run_at, x.id),
+                   array_agg(coalesce(l.max_running, default_limit) > 0 OR key_rate > 0
+                             ORDER BY x.priority DESC, x.run_at, x.id)
+            INTO ids, keys, limited
             FROM (SELECT j.id, j.concurrency_key AS key, j.priority, j.run_at
                   FROM pgq.jobs AS j
                   WHERE j.queue = _keyed_pick.queue
@@ -1707,33 +1718,54 @@ BEGIN
                     AND j.id <> ALL (picked)
                   ORDER BY j.priority DESC, j.run_at, j.id
                   LIMIT _keyed_pick.room - cardinality(picked)) AS x
-            LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = x.key
-            LEFT JOIN pgq.key_rates AS k ON k.queue = _keyed_pick.queue AND k.key = x.key AND key_rate > 0
-            WHERE NOT _keyed_pick.fair
-        LOOP
-            IF r.key IS NULL OR (r.max_running = 0 AND key_rate = 0) THEN
-                picked := picked || r.id;
-            ELSIF r.key <> ALL (full_keys) THEN  -- (a key this pass filled: its later jobs wait)
-                n := (avail ->> r.key)::integer;
-                IF n IS NULL THEN  -- the key's first job in this call: its free slots, its tokens
-                    n := least(CASE WHEN r.max_running > 0 THEN coalesce((slots ->> r.key)::integer, r.max_running) END,
-                               CASE WHEN key_rate > 0 THEN pgq._tokens(r.tat, key_rate, period, _keyed_pick.at) END);
-                END IF;
+            LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = x.key;
+        END IF;
+        EXIT WHEN ids IS NULL;  -- no candidate left
+        -- The limited keys met for the first time: each is taken now, or left out for this call.
+        met := ARRAY(SELECT DISTINCT c.key FROM unnest(keys, limited) AS c(key, limited)
+                     WHERE c.limited AND c.key IS NOT NULL AND NOT avail ? c.key);
+        IF met <> '{}' THEN
+            held := ARRAY(SELECT m.key FROM unnest(met) AS m(key)
+                          WHERE pg_try_advisory_xact_lock(1885827435, hashtext(_keyed_pick.queue || chr(31) || m.key)));
+            -- Their free slots (and tokens), in this statement's snapshot, taken after the locks.
+            SELECT avail || coalesce(jsonb_object_agg(m.key, coalesce(least(
+                       CASE WHEN coalesce(l.max_running, default_limit) > 0
+                            THEN coalesce(l.max_running, default_limit) - coalesce(r.n, 0) END,
+                       CASE WHEN key_rate > 0 THEN pgq._tokens(k.tat, key_rate, period, _keyed_pick.at) END), 0)), '{}')
+            INTO avail
+            FROM unnest(met) AS m(key)
+            LEFT JOIN (SELECT j.concurrency_key AS key, count(*)::integer AS n
+                       FROM pgq.jobs AS j
+                       WHERE j.lease_until IS NOT NULL AND j.queue = _keyed_pick.queue
+                         AND j.concurrency_key = ANY (held)
+                       GROUP BY j.concurrency_key) AS r ON r.key = m.key
+            LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = m.key
+            LEFT JOIN pgq.key_rates AS k ON k.queue = _keyed_pick.queue AND k.key = m.key AND key_rate > 0
+            WHERE m.key = ANY (held);
+            -- A key another claim holds: none of its jobs this call.
+            avail := avail || coalesce((SELECT jsonb_object_agg(m.key, 0) FROM unnest(met) AS m(key)
+                                        WHERE m.key <> ALL (held)), '{}');
+        END IF;
+        filled := false;
+        FOR i IN 1..cardinality(ids) LOOP
+            IF keys[i] IS NULL OR NOT limited[i] THEN
+                picked := picked || ids[i];
+            ELSIF keys[i] <> ALL (full_keys) THEN  -- (a key this pass filled: its later jobs wait)
+                n := (avail ->> keys[i])::integer;
                 IF n > 0 THEN
-                    picked := picked || r.id;
+                    picked := picked || ids[i];
                     n := n - 1;
+                    avail := avail || jsonb_build_object(keys[i], n);
                 END IF;
-                avail := avail || jsonb_build_object(r.key, n);
                 IF n <= 0 THEN
-                    full_keys := full_keys || r.key;
+                    full_keys := full_keys || keys[i];
                     filled := true;
                 END IF;
             END IF;
         END LOOP;
         -- A plain pass that filled no key took every job it read: all there are, or enough. A fair
-        -- pass reads one job (never of a full key): it goes on while there was one.
-        EXIT WHEN cardinality(picked) >= _keyed_pick.room
-                  OR CASE WHEN _keyed_pick.fair THEN cardinality(picked) = before AND NOT filled ELSE NOT filled END;
+        -- pass reads one job (never of a full key), and goes on while there is one.
+        EXIT WHEN cardinality(picked) >= _keyed_pick.room OR (NOT _keyed_pick.fair AND NOT filled);
     END LOOP;
     -- The picks of the plain pass are locked here, re-checked on the newest row version (a job
     -- cancelled meanwhile, or one another session holds, is left out); _fair_pick locked its own.
@@ -1902,9 +1934,10 @@ $$;
 -- checked by one probe (so tenants without one that are passed over cost a probe each: pgq.prune
 -- removes tenants without jobs). Tenants behind the busiest by more than a round all start at
 -- busiest - 1 and are served in virtual-time order, then by name.
--- The winners' tenant rows are locked for the last update with SKIP LOCKED: a tenant another
--- claimer holds (an idle transaction that claimed from this queue, say) is left for this call,
--- with its picked jobs, instead of waited for; so no claimer waits for another or deadlocks.
+-- The ranked tenants' rows are locked as they are read, with SKIP LOCKED: a tenant another
+-- claimer holds (an idle transaction that claimed from this queue, say) is passed over for this
+-- call, and the next one ranked instead, never waited for; so no claimer waits for another or
+-- deadlocks, and a held tenant does not stop a one-job pick (a key-limited queue's) short.
 -- A key-limited queue's pick (pgq._keyed_pick) passes the keys that are full (skip_keys) and the
 -- jobs it already holds (skip_ids); NULL for the others.
 CREATE OR REPLACE FUNCTION pgq._fair_pick(queue text, room integer, kinds text[] DEFAULT NULL,
@@ -1951,6 +1984,7 @@ BEGIN
                             AND (_fair_pick.skip_ids IS NULL OR j.id <> ALL (_fair_pick.skip_ids)))
             ORDER BY t.vtime, t.tenant
             LIMIT _fair_pick.room
+            FOR NO KEY UPDATE SKIP LOCKED
         )
         SELECT c.id
         FROM ranked AS r
@@ -2329,12 +2363,14 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- however many exist) or a due schedule (queues_schedule_due_idx), unpaused.
 -- Three queue settings change the pick: a queue with max_running > 0 is locked for the claim and
 -- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
--- a fair queue's candidates come from pgq._fair_pick, and a key-limited queue (key_max_running or
--- pgq.set_key_limit) is locked the same way and its candidates come from pgq._keyed_pick (at
--- most each key's free slots). Queues with none of them pay nothing for them.
--- A claim never waits for another session's lock: a capped queue's row (or a fair queue's tenant
--- row) that another transaction holds is skipped for this call (SKIP LOCKED), so an idle
--- transaction that claimed from a capped queue holds up no other worker's claims.
+-- a fair queue's candidates come from pgq._fair_pick, and a key-limited queue's (key_max_running
+-- or pgq.set_key_limit) from pgq._keyed_pick, at most each key's free slots: it locks each key it
+-- takes, not the queue, so claims of different keys run side by side (a rate-limited queue's row
+-- is locked like a capped one's, for its tokens). Queues with none of them pay nothing for them.
+-- A claim never waits for another session's lock: a capped queue's row (a fair queue's tenant
+-- row, a key) that another transaction holds is skipped for this call (SKIP LOCKED, tried
+-- advisory locks), so an idle transaction that claimed from a limited queue holds up no other
+-- worker's claims.
 -- Before any of that, the failover fence: the first claim of a session checks that the fences
 -- were moved on this server's timeline (pgq._check_timeline); later ones read one setting.
 --
@@ -2539,7 +2575,8 @@ CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[])
 $$;
 
 -- For a claim of capped queues (pgq._claimable_queues): which of `queues` it takes jobs from (names),
--- and how many each may start now (rooms). A capped queue is locked before its running jobs are
+-- and how many each may start now (rooms). A capped queue (max_running or a rate limit; a queue
+-- with key limits alone is not locked: pgq._keyed_pick locks its keys) is locked before its running jobs are
 -- counted by the second statement, whose fresh snapshot sees every earlier claim; one that another
 -- transaction holds is skipped (this call claims none of its jobs), never waited for. (Under
 -- REPEATABLE READ or SERIALIZABLE that count would come from an older snapshot and could pass the
@@ -2564,7 +2601,7 @@ BEGIN
                   HINT = 'Claim in autocommit mode, or in a READ COMMITTED transaction.';
     END IF;
     locked := ARRAY(SELECT q.name FROM pgq.queues AS q
-                    WHERE (q.max_running > 0 OR q.key_limited OR q.rate_limited) AND NOT q.paused
+                    WHERE (q.max_running > 0 OR q.rate_limited) AND NOT q.paused
                       AND q.name = ANY (_claim_rooms.queues)
                     FOR NO KEY UPDATE SKIP LOCKED);
     rate_now := pgq._rate_clock();
@@ -2583,7 +2620,7 @@ BEGIN
                AS room
         FROM pgq.queues AS q
         WHERE NOT q.paused AND q.name = ANY (_claim_rooms.queues)
-          AND ((q.max_running = 0 AND NOT q.key_limited AND NOT q.rate_limited) OR q.name = ANY (locked))
+          AND ((q.max_running = 0 AND NOT q.rate_limited) OR q.name = ANY (locked))
     ) AS e
     WHERE e.room > 0;
 END

@@ -300,3 +300,56 @@ def test_an_expired_lease_keeps_its_keys_slot_until_recovered(conn: psycopg.Conn
     [again] = claim(conn, queues=["keyed"], batch=5)  # recovered first, then the key's one slot
     assert running_per_key(conn, "keyed") == {"a": 1}
     assert again["id"] == held["id"] and again["attempt"] == 2
+
+
+def keys_of(conn: psycopg.Connection, rows: list[dict]) -> list[str | None]:
+    return [one(conn, "SELECT concurrency_key FROM pgq.jobs WHERE id = %s", (r["id"],)) for r in rows]
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_claims_of_different_keys_run_side_by_side(dsn: str, conn: psycopg.Connection, fair: bool) -> None:
+    """Issue 25: a claim that holds key a (its transaction still open) takes no lock of the queue:
+    another claim takes key b's jobs meanwhile, at once (it used to skip the whole queue)."""
+    conn.execute("SELECT pgq.configure_queue('keyed', key_max_running => 1, fair => %s)", (fair,))
+    enqueue_keyed(conn, "keyed", "a", 3, tenant="t1")
+    enqueue_keyed(conn, "keyed", "b", 3, tenant="t2")
+    with psycopg.connect(dsn) as first:  # a transaction left open after its claim
+        [held] = claim(first, queues=["keyed"])
+        assert one(conn, "SELECT concurrency_key FROM pgq.jobs WHERE id = %s", (held["id"],)) == "a"
+        with psycopg.connect(dsn, autocommit=True) as second:
+            second.execute("SET statement_timeout = '10s'")  # a wait would fail here, not hang
+            got = claim(second, queues=["keyed"], batch=5)
+            assert keys_of(conn, got) == ["b"]
+        first.rollback()
+    assert keys_of(conn, claim(conn, queues=["keyed"], batch=5)) == ["a"]  # a's slot is free again
+
+
+def test_a_key_another_claim_holds_is_skipped_for_this_call(dsn: str, conn: psycopg.Connection) -> None:
+    """While a claim of key a has not committed, another claim cannot count a's running jobs (the
+    first claim's are not visible yet): it leaves a out for this call, even with a free slot, and
+    takes the other keys' jobs; once the first commits, a's free slot is claimable again."""
+    conn.execute("SELECT pgq.configure_queue('keyed', key_max_running => 2)")
+    enqueue_keyed(conn, "keyed", "a", 4)
+    enqueue_keyed(conn, "keyed", "b", 1)
+    with psycopg.connect(dsn) as first:
+        assert keys_of(conn, claim(first, queues=["keyed"])) == ["a"]
+        with psycopg.connect(dsn, autocommit=True) as second:
+            second.execute("SET statement_timeout = '10s'")
+            assert keys_of(conn, claim(second, queues=["keyed"], batch=5)) == ["b"]
+            first.commit()
+            assert keys_of(conn, claim(second, queues=["keyed"], batch=5)) == ["a"]  # its second slot
+    assert running_per_key(conn, "keyed") == {"a": 2, "b": 1}
+
+
+def test_a_capped_queue_still_takes_turns_with_key_limits(dsn: str, conn: psycopg.Connection) -> None:
+    """max_running is the queue's own count: its claims still hold the queue row (skipped by the
+    others while held), key limits or not."""
+    conn.execute("SELECT pgq.configure_queue('keyed', key_max_running => 1, max_running => 5)")
+    enqueue_keyed(conn, "keyed", "a", 2)
+    enqueue_keyed(conn, "keyed", "b", 2)
+    with psycopg.connect(dsn) as first:
+        assert keys_of(conn, claim(first, queues=["keyed"])) == ["a"]
+        with psycopg.connect(dsn, autocommit=True) as second:
+            assert claim(second, queues=["keyed"], batch=5) == []
+        first.commit()
+    assert keys_of(conn, claim(conn, queues=["keyed"], batch=5)) == ["b"]

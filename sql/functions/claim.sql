@@ -19,12 +19,14 @@
 -- however many exist) or a due schedule (queues_schedule_due_idx), unpaused.
 -- Three queue settings change the pick: a queue with max_running > 0 is locked for the claim and
 -- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
--- a fair queue's candidates come from pgq._fair_pick, and a key-limited queue (key_max_running or
--- pgq.set_key_limit) is locked the same way and its candidates come from pgq._keyed_pick (at
--- most each key's free slots). Queues with none of them pay nothing for them.
--- A claim never waits for another session's lock: a capped queue's row (or a fair queue's tenant
--- row) that another transaction holds is skipped for this call (SKIP LOCKED), so an idle
--- transaction that claimed from a capped queue holds up no other worker's claims.
+-- a fair queue's candidates come from pgq._fair_pick, and a key-limited queue's (key_max_running
+-- or pgq.set_key_limit) from pgq._keyed_pick, at most each key's free slots: it locks each key it
+-- takes, not the queue, so claims of different keys run side by side (a rate-limited queue's row
+-- is locked like a capped one's, for its tokens). Queues with none of them pay nothing for them.
+-- A claim never waits for another session's lock: a capped queue's row (a fair queue's tenant
+-- row, a key) that another transaction holds is skipped for this call (SKIP LOCKED, tried
+-- advisory locks), so an idle transaction that claimed from a limited queue holds up no other
+-- worker's claims.
 -- Before any of that, the failover fence: the first claim of a session checks that the fences
 -- were moved on this server's timeline (pgq._check_timeline); later ones read one setting.
 --
@@ -229,7 +231,8 @@ CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[])
 $$;
 
 -- For a claim of capped queues (pgq._claimable_queues): which of `queues` it takes jobs from (names),
--- and how many each may start now (rooms). A capped queue is locked before its running jobs are
+-- and how many each may start now (rooms). A capped queue (max_running or a rate limit; a queue
+-- with key limits alone is not locked: pgq._keyed_pick locks its keys) is locked before its running jobs are
 -- counted by the second statement, whose fresh snapshot sees every earlier claim; one that another
 -- transaction holds is skipped (this call claims none of its jobs), never waited for. (Under
 -- REPEATABLE READ or SERIALIZABLE that count would come from an older snapshot and could pass the
@@ -254,7 +257,7 @@ BEGIN
                   HINT = 'Claim in autocommit mode, or in a READ COMMITTED transaction.';
     END IF;
     locked := ARRAY(SELECT q.name FROM pgq.queues AS q
-                    WHERE (q.max_running > 0 OR q.key_limited OR q.rate_limited) AND NOT q.paused
+                    WHERE (q.max_running > 0 OR q.rate_limited) AND NOT q.paused
                       AND q.name = ANY (_claim_rooms.queues)
                     FOR NO KEY UPDATE SKIP LOCKED);
     rate_now := pgq._rate_clock();
@@ -273,7 +276,7 @@ BEGIN
                AS room
         FROM pgq.queues AS q
         WHERE NOT q.paused AND q.name = ANY (_claim_rooms.queues)
-          AND ((q.max_running = 0 AND NOT q.key_limited AND NOT q.rate_limited) OR q.name = ANY (locked))
+          AND ((q.max_running = 0 AND NOT q.rate_limited) OR q.name = ANY (locked))
     ) AS e
     WHERE e.room > 0;
 END

@@ -26,9 +26,10 @@ $$;
 -- checked by one probe (so tenants without one that are passed over cost a probe each: pgq.prune
 -- removes tenants without jobs). Tenants behind the busiest by more than a round all start at
 -- busiest - 1 and are served in virtual-time order, then by name.
--- The winners' tenant rows are locked for the last update with SKIP LOCKED: a tenant another
--- claimer holds (an idle transaction that claimed from this queue, say) is left for this call,
--- with its picked jobs, instead of waited for; so no claimer waits for another or deadlocks.
+-- The ranked tenants' rows are locked as they are read, with SKIP LOCKED: a tenant another
+-- claimer holds (an idle transaction that claimed from this queue, say) is passed over for this
+-- call, and the next one ranked instead, never waited for; so no claimer waits for another or
+-- deadlocks, and a held tenant does not stop a one-job pick (a key-limited queue's) short.
 -- A key-limited queue's pick (pgq._keyed_pick) passes the keys that are full (skip_keys) and the
 -- jobs it already holds (skip_ids); NULL for the others.
 CREATE OR REPLACE FUNCTION pgq._fair_pick(queue text, room integer, kinds text[] DEFAULT NULL,
@@ -75,6 +76,7 @@ BEGIN
                             AND (_fair_pick.skip_ids IS NULL OR j.id <> ALL (_fair_pick.skip_ids)))
             ORDER BY t.vtime, t.tenant
             LIMIT _fair_pick.room
+            FOR NO KEY UPDATE SKIP LOCKED
         )
         SELECT c.id
         FROM ranked AS r

@@ -119,7 +119,7 @@ def _part_b(h: Harness, v: Verdict) -> dict:  # type: ignore[type-arg]
         steps = h.round(f"B{r}", [(w, f"B{r}_{w.name}_claim", CLAIM_KEYED,
                                    {"worker": w.name, "queue": q, "batch": 3}) for w in workers])
         blocked += sum(s.blocked for s in steps)
-        # A claim that found the queue's row held by another (SKIP LOCKED) came back empty: the
+        # A claim that found the keys it met held by other claims (tried locks) came back empty: the
         # worker claims once more after the others, as its next poll would, so that every worker
         # has a claim in each round whatever the scheduling (and a key can reach its limit).
         steps += [h.step(s.session, f"B{r}_{s.session}_claim_again", CLAIM_KEYED,
