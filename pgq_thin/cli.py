@@ -865,7 +865,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker counts, comma-separated (default 4,16)")
     p.add_argument("--repeats", type=int, help="repetitions per measurement")
     p.add_argument("--workloads", type=lambda t: tuple(w.strip() for w in t.split(",") if w.strip()),
-                   help="comma-separated subset of enqueue,drain,latency,claim_latency,churn,old_snapshot,many,limits")
+                   help="comma-separated subset of enqueue,drain,latency,claim_latency,churn,old_snapshot,many,limits,"
+                        "keyed")
     p.add_argument("--fsync", choices=("on", "off"), default="on",
                    help="the throwaway server's fsync (default on, as users run it; ignored with --dsn: "
                         "the tables state the server's own setting)")

@@ -31,13 +31,20 @@ def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp
     for system in ("raw b1", "raw b10", "pgq b1", "pgq b10", "pgq b10 fair", "pgq worker", "pgq worker prefetch",
                    "pgbench"):
         assert drain[system]["median"] > 0, system  # a drain only reports after its done count matched
-    assert set(result) >= {"enqueue", "latency", "claim_latency", "churn", "old_snapshot", "many", "limits"}
+    assert set(result) >= {"enqueue", "latency", "claim_latency", "churn", "old_snapshot", "many", "limits",
+                           "keyed"}
     limits = result["limits"]  # each limited drain only reports after all its jobs are done
     assert limits["no limit"]["jobs_per_s"]["median"] > 0 and limits["no limit"]["most_running_per_key"] >= 1
     assert 1 <= limits["key_max_running 2"]["most_running_per_key"] <= 2
     rated = limits["rate_limit 200/s"]  # 800 jobs: a burst of 200, then 3 s of tokens at 200 a second
     assert rated["jobs"] == 800 and rated["min_seconds"] == 3.0 and rated["seconds"] >= 3.0
     assert "| key_max_running 2 | 40 |" in (tmp_path / "bench.md").read_text()
+    keyed = result["keyed"]["rows"]  # each keyed drain reports after all its handlers ran
+    assert {(x["order"], x["queue"]) for x in keyed} == {(o, q) for o in ("interleaved", "blocks")
+                                                         for q in ("no limit", "key_max_running 1")}
+    assert all(x["most_running_per_key"] == 1 for x in keyed if x["queue"] == "key_max_running 1"), keyed
+    assert all(x["ceiling"] == 1000 for x in keyed), keyed  # 2 workers, 2 ms handlers
+    assert "| blocks | 2 | key_max_running 1 |" in (tmp_path / "bench.md").read_text()
     many = result["many"]
     assert many["claim(queues => NULL), 1 queue + 200 idle"]["claim_ms"]["median"] > 0
     assert any("queues_pkey" in plan for plan in many["fair claim, 200 tenants"]["plans"])

@@ -839,6 +839,120 @@ def _limited_drains(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
     return res
 
 
+# Workload 9: the Worker on a queue with one running job per key --------------------------------
+
+KEYED_QUEUE = "bench_keyed"
+KEYED_KEYS = 16
+KEYED_LIMIT = 1
+KEYED_SLEEP = 0.002  # seconds per handler
+#: How the jobs' keys follow one another in the queue's order: round-robin, or each key's jobs in
+#: one run (the head of the queue is then one key's, and the claims must walk past it).
+KEYED_ORDERS = ("interleaved", "blocks")
+
+
+def _keyed_load(conn: psycopg.Connection, n: int, keys: int, order: str) -> None:
+    conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
+    key = "mod(g, %s)" if order == "interleaved" else "(g - 1) * %s / " + str(n)
+    conn.execute(f"SELECT pgq.enqueue(%s, 'keyed', jsonb_build_object('key', 'key-' || ({key})),"
+                 f" concurrency_key => 'key-' || ({key})) FROM generate_series(1, %s) AS g",
+                 (KEYED_QUEUE, keys, keys, n))
+    conn.execute("VACUUM ANALYZE pgq.jobs")
+
+
+def _most_at_once(intervals: Sequence[tuple[float, float]]) -> int:
+    """The most of these (start, end) intervals open at one moment (an end before a start at a tie)."""
+    events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def _keyed_drain(dsn: str, workers: int, n: int) -> dict[str, Any]:
+    """The Worker with its defaults (concurrency ``workers``) drains the keyed queue's n jobs, whose
+    handler sleeps KEYED_SLEEP; every handler's (start, end) is recorded, per key. Timed like the
+    other drains: from the Worker's start to an outside observer's count of done jobs reaching n."""
+    from pgq_thin.worker import Worker
+
+    intervals: dict[str, list[tuple[float, float]]] = {}
+    lock = threading.Lock()
+    worker = Worker(queues=[KEYED_QUEUE], concurrency=workers, name="bench-keyed")
+
+    @worker.handler("keyed")
+    def keyed(job: Any, ctx: Any) -> None:
+        start = time.monotonic()
+        time.sleep(KEYED_SLEEP)
+        end = time.monotonic()
+        with lock:
+            intervals.setdefault(job.payload["key"], []).append((start, end))
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run(dsn, install_signal_handlers=False)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    with _connect(dsn) as observer:
+        thread = threading.Thread(target=run, daemon=True)
+        started = time.perf_counter()
+        thread.start()
+        try:
+            while True:
+                done = int(observer.execute("SELECT count(*) FROM pgq.jobs WHERE queue = %s AND state = 'done'",
+                                            (KEYED_QUEUE,), prepare=True).fetchone()[0])  # type: ignore[index]
+                elapsed = time.perf_counter() - started
+                if done >= n or errors:
+                    break
+                if elapsed > 600:
+                    raise RuntimeError(f"keyed drain: {done} of {n} jobs done after 600 s")
+                time.sleep(OBSERVER_POLL)
+        finally:
+            worker.stop()
+            thread.join(timeout=60)
+    if errors:
+        raise errors[0]
+    handled = sum(len(v) for v in intervals.values())
+    if handled != n:
+        raise RuntimeError(f"keyed drain: {handled} handlers ran, expected {n}")
+    return {"jobs_per_s": n / elapsed, "most_running_per_key": max(_most_at_once(v) for v in intervals.values())}
+
+
+def _keyed_drains(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
+    """The same n jobs over KEYED_KEYS keys, in each KEYED_ORDERS order, drained by the Worker at
+    each of cfg.workers: on a queue without a limit (the reference, in this run) and with
+    key_max_running KEYED_LIMIT. Alternating, cfg.repeats times. The ceiling of a drain is
+    min(W, keys × limit) / sleep jobs a second (W / sleep without a limit)."""
+    cases = {"no limit": 0, f"key_max_running {KEYED_LIMIT}": KEYED_LIMIT}
+    runs: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for r in range(cfg.repeats):
+        for order in KEYED_ORDERS:
+            for w in cfg.workers:
+                for name, limit in (list(cases.items()) if r % 2 == 0 else list(reversed(cases.items()))):
+                    with _connect(dsn) as conn:
+                        conn.execute("SELECT pgq.configure_queue(%s, key_max_running => %s, audit => false)",
+                                     (KEYED_QUEUE, limit))
+                        _keyed_load(conn, cfg.jobs, KEYED_KEYS, order)
+                    runs.setdefault((order, w, name), []).append(_keyed_drain(dsn, w, cfg.jobs))
+    with _connect(dsn) as conn:
+        conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
+        conn.execute("SELECT pgq.drop_queue(%s)", (KEYED_QUEUE,))
+    rows = []
+    for (order, w, name), rs in runs.items():
+        limit = cases[name]
+        ceiling = (min(w, KEYED_KEYS * limit) if limit else w) / KEYED_SLEEP
+        rate = _summary([x["jobs_per_s"] for x in rs])
+        rows.append({"order": order, "workers": w, "queue": name, "jobs_per_s": rate, "ceiling": ceiling,
+                     "of_ceiling": rate["median"] / ceiling,
+                     "most_running_per_key": max(x["most_running_per_key"] for x in rs)})
+        log.info("keyed %-11s W%-3d %-18s %8.0f jobs/s (%.2f of %g), most running of one key %d", order, w, name,
+                 rate["median"], rows[-1]["of_ceiling"], ceiling, rows[-1]["most_running_per_key"])
+    return {"jobs": cfg.jobs, "keys": KEYED_KEYS, "limit": KEYED_LIMIT, "sleep_ms": KEYED_SLEEP * 1000,
+            "rows": rows}
+
+
 # Workloads 5 and 6: churn with pruning, and an old snapshot ---------------------------------------
 
 
@@ -1045,6 +1159,22 @@ def _markdown(res: dict[str, Any]) -> str:
                       f"(pgq.job_events.at), written a little after the bucket's clock is read, so a second of "
                       f"events can hold one or two more than the {2 * RATE_LIMIT} (burst + a second's tokens) "
                       f"of the bucket's own clock.", ""]
+    if "keyed" in res:
+        kd = res["keyed"]
+        lines += [f"### The Worker on a key-limited queue ({kd['jobs']:,} jobs over {kd['keys']} keys, handlers of "
+                  f"{kd['sleep_ms']:g} ms, the Worker's defaults; {fs})", "",
+                  "| keys' order | W | queue | jobs/s | × no limit | ceiling jobs/s | of ceiling |"
+                  " most running of one key |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|"]
+        refs = {(x["order"], x["workers"]): x["jobs_per_s"]["median"] for x in kd["rows"] if x["queue"] == "no limit"}
+        for x in kd["rows"]:
+            lines.append(f"| {x['order']} | {x['workers']} | {x['queue']} | {_fmt_rate(x['jobs_per_s'])} |"
+                         f" {x['jobs_per_s']['median'] / refs[(x['order'], x['workers'])]:.2f} |"
+                         f" {x['ceiling']:,.0f} | {x['of_ceiling']:.2f} | {x['most_running_per_key']} |")
+        lines += ["", f"Ceiling: min(W, keys × limit) / handler time (W / handler time without a limit). Most "
+                      f"running of one key: the most handlers of one key whose recorded (start, end) intervals "
+                      f"overlap (limit {kd['limit']}). Interleaved: the keys take turns in the queue's order; "
+                      f"blocks: each key's jobs in one run.", ""]
     if "old_snapshot" in res:
         lines += [f"### Churn while a REPEATABLE READ snapshot is held, and after ({fs})", "",
                   "| phase | jobs/s | dead tuples at end | jobs table + indexes |", "|---|---:|---:|---:|"]
@@ -1210,7 +1340,8 @@ def _loadavg() -> str:
     except OSError:
         return "?"
 
-WORKLOADS = ("enqueue", "drain", "latency", "claim_latency", "churn", "old_snapshot", "many", "limits")
+WORKLOADS = ("enqueue", "drain", "latency", "claim_latency", "churn", "old_snapshot", "many", "limits",
+             "keyed")
 
 
 def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
@@ -1276,6 +1407,8 @@ def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
             res["many"] = _many_queues_and_tenants(server.dsn, cfg)
         if "limits" in workloads:
             res["limits"] = _limited_drains(server.dsn, cfg)
+        if "keyed" in workloads:
+            res["keyed"] = _keyed_drains(server.dsn, cfg)
     finally:
         server.stop()
     res["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
