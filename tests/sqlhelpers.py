@@ -93,3 +93,13 @@ def wait_for(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
+
+
+def claims(conn: psycopg.Connection, name: str) -> int:
+    """pgq.claim's calls in this database so far, once the sessions of worker ``name`` are gone
+    (a backend reports its function counts when it exits, at the latest)."""
+    wait_for(lambda: one(conn, "SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name LIKE %s",
+                         (f"pgq-% {name}",)), "the worker's sessions to end")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return int(one(conn, "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions "
+                         "WHERE schemaname = 'pgq' AND funcname = 'claim'"))

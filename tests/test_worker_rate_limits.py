@@ -18,19 +18,9 @@ from psycopg.conninfo import conninfo_to_dict
 from pgq_thin.worker import AsyncWorker, Worker
 from pgq_thin.worker.pace import RatePace
 
-from sqlhelpers import one, wait_for
+from sqlhelpers import claims, one, wait_for
 
 NOTIFIES = "BEGIN; NOTIFY pgq, 'q'; COMMIT; " * 200
-
-
-def claims(conn: psycopg.Connection, name: str) -> int:
-    """pgq.claim's calls in this database so far, once the sessions of worker ``name`` are gone
-    (a backend reports its function counts when it exits, at the latest)."""
-    wait_for(lambda: one(conn, "SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name LIKE %s",
-                         (f"pgq-% {name}",)), "the worker's sessions to end")
-    conn.execute("SELECT pg_stat_clear_snapshot()")
-    return int(one(conn, "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions "
-                         "WHERE schemaname = 'pgq' AND funcname = 'claim'"))
 
 
 def run_worker(runtime: str, dsn: str, settings: dict[str, Any], done: list[int],

@@ -103,9 +103,11 @@ class AsyncWorker(WorkerBase):
             raise
         policy = PrefetchPolicy(self.prefetch, self.concurrency)
         owner = AsyncOwnerCalls(client, held, flags, self.name)
-        completer = AsyncCompleter(owner, held, flags)
+        # (The claimer, made below, is told when a slot frees and when completions commit.)
+        completer = AsyncCompleter(owner, held, flags, recorded=lambda: claimer.recorded())
         wake = asyncio.Event()  # the claimer's: set when a slot frees, a NOTIFY comes, stop()
-        slots = AsyncSlots(self.concurrency, self._handlers, owner, completer, policy, flags, freed=wake.set)
+        slots = AsyncSlots(self.concurrency, self._handlers, owner, completer, policy, flags,
+                           freed=lambda: claimer.freed(completer.queued))
         slots.watch = watch
         renewer = AsyncRenewer(client, held, clock, flags, self.lease)
         timer = PollTimer(self.poll_interval, self.sweep_interval, self.queues)

@@ -125,10 +125,12 @@ class AsyncCompleter:
     """Completer for asyncio: ``add()`` queues, its task records all that is queued in one
     pgq.complete_many."""
 
-    def __init__(self, owner: AsyncOwnerCalls, held: HeldJobs, flags: Flags) -> None:
+    def __init__(self, owner: AsyncOwnerCalls, held: HeldJobs, flags: Flags,
+                 recorded: Callable[[], None] = lambda: None) -> None:
         self.owner = owner
         self.held = held
         self.flags = flags
+        self.recorded = recorded  # called after each batch is settled (Completer.recorded)
         self._queue: list[Held] = []
         self._queued = asyncio.Event()
         self._stopped = False
@@ -159,9 +161,11 @@ class AsyncCompleter:
             for held in batch:
                 await self.owner.refused("complete", held, exc)
             self.held.forget(batch)
+            self.recorded()
             return
         self.held.forget(batch)
         report(batch, done)
+        self.recorded()
 
     async def try_flush(self) -> None:
         try:
@@ -449,12 +453,28 @@ class AsyncClaimer:
         self.flags = flags
         self.listening = listening
         self._wake = wake
+        self._own = False  # whether the wake-up is our own (Claimer.ours)
 
     metrics: WorkerMetrics | None = None  # set by the worker when metrics are on
 
     def wake(self) -> None:
         """Look again at once (call in the loop's thread)."""
         self._wake.set()
+
+    def ours(self) -> None:
+        """A wake-up of our own, never held back by the WakeLimit (Claimer.ours)."""
+        self._own = True
+        self._wake.set()
+
+    def freed(self, completions_queued: int) -> None:
+        """A slot finished a job (Claimer.freed)."""
+        if not (self.timer.short and completions_queued):
+            self.ours()
+
+    def recorded(self) -> None:
+        """Our completer settled a batch (Claimer.recorded)."""
+        if self.timer.short:
+            self.ours()
 
     async def run(self) -> None:
         timer = self.timer
@@ -508,10 +528,11 @@ class AsyncClaimer:
             return
         try:
             await asyncio.wait_for(self._wake.wait(), self.timer.until(seconds))
-            if limited and (hold := self.timer.wakes.held()):
+            if limited and not self._own and (hold := self.timer.wakes.held()):
                 await asyncio.sleep(hold)
         except TimeoutError:
             pass
+        self._own = False
         self._wake.clear()
 
     async def hand_over(self, job: Job) -> None:

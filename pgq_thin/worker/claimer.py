@@ -1,9 +1,10 @@
 """The claimer: THE CLAIM LOOP. It claims as many jobs as the prefetch policy allows (free slots,
 plus places for jobs that wait for a slot) with pgq.claim, hands them to the slots, sweeps now and
-then (pgq.sweep), and sleeps until woken (a NOTIFY, a freed slot, stop) or the next poll. After a
-claim that found nothing, wake-ups start at most about WAKE_RATE claims a second (any login may
-NOTIFY pgq). After a short claim on rate-limited queues it waits for their next token as the
-database says (pgq_thin.worker.pace)."""
+then (pgq.sweep), and sleeps until woken (a NOTIFY, a freed slot, its completions committed after
+a short claim, stop) or the next poll. After a claim that found nothing, NOTIFY wake-ups start at
+most about WAKE_RATE claims a second (any login may NOTIFY pgq); its own are never held back.
+After a short claim on rate-limited queues it waits for their next token as the database says
+(pgq_thin.worker.pace)."""
 
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ class PollTimer:
         self.wakes = WakeLimit()
         self.pace = RatePace(queues)
         self.next_sweep = math.inf
+        self.short = False  # whether the last claim took fewer jobs than it asked for
         self.swept()
 
     def swept(self) -> None:
@@ -96,6 +98,7 @@ class PollTimer:
         jobs and covers a missing or broken LISTEN."""
         log.debug("claimed %d of %d", jobs, batch, extra={"worker": worker_name, "batch": batch, "claimed": jobs})
         self.errors.reset()
+        self.short = jobs < batch
         if jobs:
             self.idle.reset()
             return 0.0
@@ -129,7 +132,8 @@ class Claimer(ThreadPart):
         self.flags = flags
         self.listening = listening
         self.error: BaseException | None = None
-        self._wake = wake  # set to look again at once; the slots set it as each job finishes
+        self._wake = wake  # set to look again at once
+        self._own = False  # whether the wake-up is our own (ours()): the WakeLimit does not hold it
         super().__init__()
 
     thread_name = "pgq-claim"
@@ -137,6 +141,25 @@ class Claimer(ThreadPart):
 
     def wake(self) -> None:
         self._wake.set()
+
+    def ours(self) -> None:
+        """Look again at once for a reason of our own (a slot freed, our completions committed):
+        never held back by the WakeLimit, which is for wake-ups anyone can send (NOTIFY)."""
+        self._own = True
+        self._wake.set()
+
+    def freed(self, completions_queued: int) -> None:
+        """A slot finished a job. After a claim that came back short, while that job's completion
+        is still queued, the claim waits for it (recorded()): until it commits, the job counts as
+        running (a full key, a capped queue's place) and the claim would come back short again."""
+        if not (self.timer.short and completions_queued):
+            self.ours()
+
+    def recorded(self) -> None:
+        """Our completer committed completions (or settled them otherwise): after a claim that
+        came back short, claim again, since our own running jobs may be what held it back."""
+        if self.timer.short:
+            self.ours()
 
     def run(self) -> None:
         """The claim loop, in the calling thread."""
@@ -185,8 +208,9 @@ class Claimer(ThreadPart):
         ``quiet`` (every queue waits for a rate limit's token): only stop() wakes us sooner."""
         if quiet:
             self.flags.stopping.wait(self.timer.until(seconds))
-        elif self._wake.wait(self.timer.until(seconds)) and limited:
+        elif self._wake.wait(self.timer.until(seconds)) and limited and not self._own:
             self.flags.stopping.wait(self.timer.wakes.held())
+        self._own = False
         self._wake.clear()
 
     def hand_over(self, job: Job) -> None:

@@ -1,10 +1,11 @@
 """The completer: records the completions of handlers that returned None, each time all of those
 queued since its last call in one pgq.complete_many (fenced per job like pgq.complete), on its own
-connection, while the claimer claims."""
+connection, while the claimer claims; after each, ``recorded`` tells the claimer."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from pgq_thin.errors import PgqError
 from pgq_thin.worker.held import BUSY, GONE, Held, HeldJobs
@@ -27,10 +28,12 @@ class Completer(ThreadPart):
     """``add(held)`` queues a completion; the completer's thread (``start()``) flushes the queue
     until ``stop()`` or a hard stop. ``flush()`` records the queue now (the shutdown does)."""
 
-    def __init__(self, owner: OwnerCalls, held: HeldJobs, flags: Flags) -> None:
+    def __init__(self, owner: OwnerCalls, held: HeldJobs, flags: Flags,
+                 recorded: Callable[[], None] = lambda: None) -> None:
         self.owner = owner
         self.held = held
         self.flags = flags
+        self.recorded = recorded  # called after each batch is settled (the claimer may claim again)
         self._queue: list[Held] = []
         self._lock = threading.Lock()
         self._queued = threading.Event()
@@ -73,9 +76,11 @@ class Completer(ThreadPart):
             for held in batch:
                 self.owner.refused("complete", held, exc)
             self.held.forget(batch)
+            self.recorded()
             return
         self.held.forget(batch)
         report(batch, done)
+        self.recorded()
 
     def try_flush(self) -> None:
         """flush(), once: at shutdown a connection error leaves those jobs to their leases."""

@@ -116,10 +116,11 @@ class Worker(WorkerBase):
             raise
         policy = PrefetchPolicy(self.prefetch, self.concurrency)
         owner = OwnerCalls(client, held, flags, self.name)
-        completer = Completer(owner, held, flags)
+        # (The claimer, made below, is told when a slot frees and when completions commit.)
+        completer = Completer(owner, held, flags, recorded=lambda: claimer.recorded())
         wake = threading.Event()  # the claimer's: set when a slot frees, a NOTIFY comes, stop()
         slots = Slots(self.concurrency, Executor(self._handlers, owner, completer, watch), owner, policy, flags,
-                      freed=wake.set)
+                      freed=lambda: claimer.freed(completer.queued))
         renewer = Renewer(client, held, clock, flags, self.lease)
         timer = PollTimer(self.poll_interval, self.sweep_interval, self.queues)
         self._claimer = claimer = Claimer(
