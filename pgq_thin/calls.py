@@ -23,6 +23,7 @@ from psycopg.types.json import Jsonb, JsonbBinaryLoader, JsonbLoader
 from pgq_thin import queries, tracecontext
 from pgq_thin.errors import BadArgument, BadArgumentType
 from pgq_thin.models import (
+    CompletedAndClaimed,
     HealthFinding,
     Job,
     JobEvent,
@@ -414,6 +415,23 @@ def complete_many(job_ids: Sequence[int], attempts: Sequence[int]) -> Call[list[
     return Call(queries.COMPLETE_MANY, {"ids": _ints("ids", job_ids), "attempts": _ints("attempts", attempts)}, _ids)
 
 
+def complete_and_claim(job_ids: Sequence[int], attempts: Sequence[int], worker: str,
+                       queues: Sequence[str] | None = None, batch: int = 1, lease: Interval | None = None,
+                       kinds: Sequence[str] | None = None) -> Call[CompletedAndClaimed]:
+    """pgq.complete_and_claim: complete_many's pairs, then claim's jobs, in one transaction: the ids
+    completed and the jobs claimed."""
+    return Call(queries.COMPLETE_AND_CLAIM, {
+        "ids": _ints("ids", job_ids), "attempts": _ints("attempts", attempts),
+        "worker": worker, "queues": _names("queues", queues),
+        "batch": batch, "lease": _interval("lease", lease), "kinds": _names("kinds", kinds),
+    }, _completed_and_claimed)
+
+
+def _completed_and_claimed(rows: list[Any]) -> CompletedAndClaimed:
+    # Every row carries the completed ids; a row without a job (id NULL) says none was claimed.
+    return CompletedAndClaimed(list(rows[0][0]) if rows else [], [Job(*r[1:]) for r in rows if r[1] is not None])
+
+
 def fail(job_id: int, attempt: int, error: str, retry_in: Interval | None = None,
          retryable: bool = True) -> Call[str | None]:
     """pgq.fail: the new state ('pending' to retry, or 'failed'); None when not ours."""
@@ -705,6 +723,7 @@ class PgqCalls:
     renew = Method(renew)
     complete = Method(complete)
     complete_many = Method(complete_many)
+    complete_and_claim = Method(complete_and_claim)
     fail = Method(fail)
     release = Method(release)
     snooze = Method(snooze)

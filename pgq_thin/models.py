@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -52,6 +52,13 @@ class Job:
     deadline: datetime | None = None
     #: The producer's metadata (enqueue's ``meta``; None: none), with the trace context under "otel".
     meta: dict[str, Any] | None = None
+
+
+class CompletedAndClaimed(NamedTuple):
+    """What pgq.complete_and_claim returns: the ids of the pairs completed, and the jobs claimed."""
+
+    completed: list[int]
+    jobs: list[Job]
 
 
 @dataclass(frozen=True)

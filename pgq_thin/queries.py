@@ -56,6 +56,16 @@ COMPLETE_MANY = (
     "SELECT id FROM pgq.complete_many(ids => %(ids)s::bigint[], attempts => %(attempts)s::integer[]) AS t(id)"
 )
 
+#: Complete several attempts and claim the next jobs in one transaction: each row is the ids
+#: completed, then a claimed job's fields in CLAIM's order (NULL when none was claimed).
+COMPLETE_AND_CLAIM = (
+    "SELECT completed, id, queue, kind, payload, priority, attempt, max_attempts, run_at, created_at,"
+    " lease_until, tenant, progress, deadline, meta"
+    " FROM pgq.complete_and_claim(ids => %(ids)s::bigint[], attempts => %(attempts)s::integer[],"
+    " worker => %(worker)s::text, queues => %(queues)s::text[], batch => %(batch)s::integer,"
+    " lease => %(lease)s::interval, kinds => %(kinds)s::text[])"
+)
+
 #: Record a failed attempt; returns the new state, NULL when the job is no longer ours.
 FAIL = (
     "SELECT pgq.fail(id => %(id)s::bigint, attempt => %(attempt)s::integer, error => %(error)s::text,"

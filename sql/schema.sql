@@ -399,6 +399,15 @@ COMMENT ON COLUMN pgq.dependency_backlog.root_id IS
     'dependants'' last_error.';
 COMMENT ON COLUMN pgq.dependency_backlog.root_state IS 'How the root job ended.';
 
+CREATE TABLE pgq.key_slots (
+    slot  integer NOT NULL,
+    CONSTRAINT key_slots_pkey PRIMARY KEY (slot),
+    CONSTRAINT key_slots_slot_check CHECK ((slot BETWEEN 0 AND 16383))
+);
+COMMENT ON TABLE pgq.key_slots IS
+    'One row per hash slot of (queue, concurrency_key): a claim locks the slot of each limited '
+    'key it takes (FOR NO KEY UPDATE SKIP LOCKED) before it counts the key''s running jobs.';
+
 ALTER TABLE pgq.grants ADD CONSTRAINT grants_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_limits ADD CONSTRAINT key_limits_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_rates ADD CONSTRAINT key_rates_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
@@ -407,6 +416,7 @@ ALTER TABLE pgq.key_rates ADD CONSTRAINT key_rates_queue_fkey FOREIGN KEY (queue
 
 INSERT INTO pgq.fence (timeline)
 VALUES (('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer);
+INSERT INTO pgq.key_slots (slot) SELECT s FROM generate_series(0, 16383) AS s;
 
 -- Indexes -------------------------------------------------------------------------------------
 
@@ -457,6 +467,12 @@ COMMENT ON INDEX pgq.jobs_unique_key_idx IS
     'Deduplication: one live job per (queue, unique_key), race-free. outcome_unknown counts as '
     'live: its effect may have happened, which is exactly when a duplicate would hurt; so does '
     'waiting (enqueued with depends_on, it will run).';
+CREATE INDEX jobs_key_ready_idx ON pgq.jobs USING btree (queue, concurrency_key, priority DESC, run_at, id) WHERE ((state = 'pending'::pgq.job_state) AND (attempt < max_attempts) AND (concurrency_key IS NOT NULL));
+COMMENT ON INDEX pgq.jobs_key_ready_idx IS
+    'A key-limited queue''s claim reads the first jobs of keys other than the full ones here '
+    '(pgq._keyed_pick), one probe per key, when full keys hold the head of the queue.';
+CREATE INDEX jobs_key_running_idx ON pgq.jobs USING btree (queue, concurrency_key) WHERE ((lease_until IS NOT NULL) AND (concurrency_key IS NOT NULL));
+COMMENT ON INDEX pgq.jobs_key_running_idx IS 'A key-limited queue''s claim counts the running jobs of the keys it takes here.';
 CREATE INDEX schedules_due_idx ON pgq.schedules USING btree (next_run_at) WHERE enabled;
 COMMENT ON INDEX pgq.schedules_due_idx IS 'The sweep''s probe and the firing read the enabled schedules by next_run_at.';
 CREATE INDEX schedules_queue_idx ON pgq.schedules USING btree (queue, next_run_at) WHERE enabled;
@@ -711,7 +727,7 @@ $$;
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '15'::text $$;
+    AS $$ SELECT '16'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -2087,23 +2103,31 @@ COMMENT ON FUNCTION pgq.rate_limit_wait(text[]) IS
 -- A key-limited queue's pick (queues.key_limited): up to `room` claimable jobs in the total order
 -- (or by fair mode's round-robin), of which at most as many per concurrency_key as the key has
 -- free slots (its limit, pgq.key_limits or the queue's key_max_running, less its running jobs);
--- jobs without a key, or of a key without a limit, are not limited. A full key is left out of the
--- scan, so it never blocks the keys behind it.
--- Race-free without the queue's row lock: the claim takes each limited key it meets (a
--- transaction-level advisory lock on (1885827435, hashtext(queue || chr(31) || key)), tried, never
--- waited for) before it counts the key's running jobs, in a statement whose fresh snapshot sees
--- every earlier claim of that key (a transaction's locks are released after its commit is
--- visible). A key another claim holds is left out of this call like a full one, so claims of
--- different keys run side by side, and a claim never waits for another. The keys that look full
--- at the start (a snapshot taken before any lock: a hint, never trusted for a free slot) are left
--- out of the scan at once. Each pass reads the next candidates past the full keys; a pass that
--- fills (or cannot take) a key reads again without it, so at most `room` passes plus one (for a
--- fair queue, one job per _fair_pick call). Returns the picked ids, locked FOR NO KEY UPDATE.
+-- jobs without a key, or of a key without a limit, are not limited. A full key never blocks the
+-- keys behind it, and the work of one pick is bounded however the queue's jobs fall:
+--   1. the head: the queue's first room + 16 candidates in the total order, whatever their keys
+--      (one read of jobs_ready_idx of at most that many rows), of which it takes what the keys
+--      allow;
+--   2. other keys: when the head was all read and the pick is still short (keys at their limit
+--      hold the head: a key's jobs in one run, a hot key), the keys with a claimable job that it
+--      has not met yet, one probe of jobs_key_ready_idx each, at most room + 16 of them (the full
+--      keys it passes are at most the running jobs), walked in key order from where this
+--      session's last walk stopped (so every key comes round), and their first jobs, the best
+--      in the total order first.
+-- Race-free without the queue's row lock: before it counts a limited key's running jobs (in a
+-- statement whose fresh snapshot sees every earlier claim of that key: a transaction's row locks
+-- are released after its commit is visible), the pick locks the key's slot (pgq.key_slots, a hash
+-- of queue and key) FOR NO KEY UPDATE SKIP LOCKED. Claims of one key take turns; claims of
+-- different keys run side by side (two keys whose slots meet take turns too); a key whose slot
+-- another claim holds is left out of this call like a full one, never waited for. The keys that
+-- look full at the start (counted before any lock: a hint, never trusted for a free slot) are
+-- left out at once. Returns the picked ids, locked FOR NO KEY UPDATE.
 -- A new limit (pgq.set_key_limit, configure_queue) binds the claims that start after it commits.
 -- A queue with key_rate_limit also counts each key's tokens at `at` (the claim's rate clock; its
 -- queue row is held, as for every rate-limited queue): a key without one is left out like a full
 -- key. A rate-limited queue without a per-key step (pgq.queues.rate_limited only) gets its first
--- `room` jobs, locked, or its fair pick.
+-- `room` jobs, locked, or its fair pick. A fair queue's pick goes one job at a time
+-- (pgq._fair_pick, passing the keys left out).
 CREATE OR REPLACE FUNCTION pgq._keyed_pick(queue text, room integer, kinds text[], fair boolean,
                                 at timestamptz DEFAULT NULL) RETURNS SETOF bigint
     LANGUAGE plpgsql
@@ -2114,15 +2138,18 @@ DECLARE
     key_limited boolean;       -- queues.key_limited
     key_rate  integer;         -- queues.key_rate_limit (0: none), per period
     period    interval;        -- queues.rate_period
-    avail    jsonb := '{}';    -- key -> how many more of its jobs this call may pick, for the keys it holds
+    avail    jsonb := '{}';    -- key -> how many more of its jobs this call may pick, for the keys met
     full_keys text[];          -- the keys left out: full, without a token, or held by another claim
     picked   bigint[] := '{}';
-    ids      bigint[];         -- a pass's candidates, in order,
-    keys     text[];           -- their keys,
-    limited  boolean[];        -- and whether their key has a limit (or the queue key_rate_limit)
-    held     text[];           -- the limited keys of a pass that this call took now
-    met      text[];           -- and all those the pass met for the first time
-    filled   boolean;          -- whether this pass filled (or could not take) a key
+    ids      bigint[];         -- candidates, in order,
+    keys     text[];           -- their keys
+    head     integer := _keyed_pick.room + 16;  -- how many candidates the head read takes
+    seen     integer;          -- how many it read
+    order_keys text[];         -- the candidates' keys not left out, in the order first met
+    taken    integer := 0;     -- how many of those (then: of walked) were taken
+    walked   text[];           -- the other keys the second step met
+    turn     text[];           -- the keys of one turn of that step
+    cursor   text;             -- where this session's last walk of this queue's keys stopped
     n        integer;
 BEGIN
     SELECT q.key_max_running, q.key_limited, q.key_rate_limit, q.rate_period
@@ -2150,100 +2177,205 @@ BEGIN
         SELECT c.key
         FROM (SELECT j.concurrency_key AS key, count(*)::integer AS n
               FROM pgq.jobs AS j
-              WHERE j.lease_until IS NOT NULL AND j.queue = _keyed_pick.queue AND j.concurrency_key IS NOT NULL
+              WHERE j.queue = _keyed_pick.queue AND j.lease_until IS NOT NULL AND j.concurrency_key IS NOT NULL
               GROUP BY j.concurrency_key) AS c
         LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = c.key
         WHERE coalesce(l.max_running, default_limit) > 0 AND c.n >= coalesce(l.max_running, default_limit));
     IF key_rate > 0 THEN
-        -- The keys without a token (key_rates_tat_idx: those whose tat is furthest ahead), so that
-        -- each key a pass meets has at least one.
+        -- The keys without a token (key_rates_tat_idx: those whose tat is furthest ahead).
         full_keys := full_keys || ARRAY(
             SELECT k.key FROM pgq.key_rates AS k
             WHERE k.queue = _keyed_pick.queue
               AND k.tat > _keyed_pick.at + period - period / key_rate - interval '1 microsecond'
               AND pgq._tokens(k.tat, key_rate, period, _keyed_pick.at) < 1);
     END IF;
-    LOOP
-        IF _keyed_pick.fair THEN
-            SELECT array_agg(j.id), array_agg(j.concurrency_key),
-                   array_agg(coalesce(l.max_running, default_limit) > 0 OR key_rate > 0)
-            INTO ids, keys, limited
+
+    IF _keyed_pick.fair THEN
+        -- One job a pass, never of a key left out, while there is one.
+        LOOP
+            SELECT array_agg(j.id), array_agg(j.concurrency_key) INTO ids, keys
             FROM pgq._fair_pick(_keyed_pick.queue, 1, _keyed_pick.kinds, full_keys, picked) AS f(id)
-            JOIN pgq.jobs AS j ON j.id = f.id
-            LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = j.concurrency_key;
-        ELSE
-            SELECT array_agg(x.id ORDER BY x.priority DESC, x.run_at, x.id),
-                   array_agg(x.key ORDER BY x.priority DESC, x.run_at, x.id),
-                   array_agg(coalesce(l.max_running, default_limit) > 0 OR key_rate > 0
-                             ORDER BY x.priority DESC, x.run_at, x.id)
-            INTO ids, keys, limited
-            FROM (SELECT j.id, j.concurrency_key AS key, j.priority, j.run_at
-                  FROM pgq.jobs AS j
-                  WHERE j.queue = _keyed_pick.queue
-                    AND j.state = 'pending' AND j.attempt < j.max_attempts
-                    AND j.run_at <= pgq._now()
-                    AND (_keyed_pick.kinds IS NULL OR j.kind = ANY (_keyed_pick.kinds))
-                    AND (j.concurrency_key IS NULL OR j.concurrency_key <> ALL (full_keys))
-                    AND j.id <> ALL (picked)
-                  ORDER BY j.priority DESC, j.run_at, j.id
-                  LIMIT _keyed_pick.room - cardinality(picked)) AS x
-            LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = x.key;
-        END IF;
-        EXIT WHEN ids IS NULL;  -- no candidate left
-        -- The limited keys met for the first time: each is taken now, or left out for this call.
-        met := ARRAY(SELECT DISTINCT c.key FROM unnest(keys, limited) AS c(key, limited)
-                     WHERE c.limited AND c.key IS NOT NULL AND NOT avail ? c.key);
-        IF met <> '{}' THEN
-            held := ARRAY(SELECT m.key FROM unnest(met) AS m(key)
-                          WHERE pg_try_advisory_xact_lock(1885827435, hashtext(_keyed_pick.queue || chr(31) || m.key)));
-            -- Their free slots (and tokens), in this statement's snapshot, taken after the locks.
-            SELECT avail || coalesce(jsonb_object_agg(m.key, coalesce(least(
-                       CASE WHEN coalesce(l.max_running, default_limit) > 0
-                            THEN coalesce(l.max_running, default_limit) - coalesce(r.n, 0) END,
-                       CASE WHEN key_rate > 0 THEN pgq._tokens(k.tat, key_rate, period, _keyed_pick.at) END), 0)), '{}')
-            INTO avail
-            FROM unnest(met) AS m(key)
-            LEFT JOIN (SELECT j.concurrency_key AS key, count(*)::integer AS n
-                       FROM pgq.jobs AS j
-                       WHERE j.lease_until IS NOT NULL AND j.queue = _keyed_pick.queue
-                         AND j.concurrency_key = ANY (held)
-                       GROUP BY j.concurrency_key) AS r ON r.key = m.key
-            LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = m.key
-            LEFT JOIN pgq.key_rates AS k ON k.queue = _keyed_pick.queue AND k.key = m.key AND key_rate > 0
-            WHERE m.key = ANY (held);
-            -- A key another claim holds: none of its jobs this call.
-            avail := avail || coalesce((SELECT jsonb_object_agg(m.key, 0) FROM unnest(met) AS m(key)
-                                        WHERE m.key <> ALL (held)), '{}');
-        END IF;
-        filled := false;
-        FOR i IN 1..cardinality(ids) LOOP
-            IF keys[i] IS NULL OR NOT limited[i] THEN
-                picked := picked || ids[i];
-            ELSIF keys[i] <> ALL (full_keys) THEN  -- (a key this pass filled: its later jobs wait)
-                n := (avail ->> keys[i])::integer;
+            JOIN pgq.jobs AS j ON j.id = f.id;
+            EXIT WHEN ids IS NULL;
+            IF keys[1] IS NOT NULL AND NOT avail ? keys[1] THEN
+                avail := avail || pgq._take_keys(_keyed_pick.queue, keys, _keyed_pick.room, default_limit, key_rate,
+                                                 period, _keyed_pick.at);
+            END IF;
+            IF keys[1] IS NULL THEN
+                picked := picked || ids[1];
+            ELSE
+                n := (avail ->> keys[1])::integer;
                 IF n > 0 THEN
-                    picked := picked || ids[i];
-                    n := n - 1;
-                    avail := avail || jsonb_build_object(keys[i], n);
+                    picked := picked || ids[1];
+                    avail := avail || jsonb_build_object(keys[1], n - 1);
                 END IF;
-                IF n <= 0 THEN
-                    full_keys := full_keys || keys[i];
-                    filled := true;
+                IF n <= 1 THEN
+                    full_keys := full_keys || keys[1];
                 END IF;
             END IF;
+            EXIT WHEN cardinality(picked) >= _keyed_pick.room;
         END LOOP;
-        -- A plain pass that filled no key took every job it read: all there are, or enough. A fair
-        -- pass reads one job (never of a full key), and goes on while there is one.
-        EXIT WHEN cardinality(picked) >= _keyed_pick.room OR (NOT _keyed_pick.fair AND NOT filled);
-    END LOOP;
-    -- The picks of the plain pass are locked here, re-checked on the newest row version (a job
-    -- cancelled meanwhile, or one another session holds, is left out); _fair_pick locked its own.
+    ELSE
+        -- 1. The head of the queue, whatever its keys.
+        SELECT array_agg(x.id ORDER BY x.priority DESC, x.run_at, x.id),
+               array_agg(x.key ORDER BY x.priority DESC, x.run_at, x.id), count(*)
+        INTO ids, keys, seen
+        FROM (SELECT j.id, j.concurrency_key AS key, j.priority, j.run_at
+              FROM pgq.jobs AS j
+              WHERE j.queue = _keyed_pick.queue
+                AND j.state = 'pending' AND j.attempt < j.max_attempts
+                AND j.run_at <= pgq._now()
+                AND (_keyed_pick.kinds IS NULL OR j.kind = ANY (_keyed_pick.kinds))
+              ORDER BY j.priority DESC, j.run_at, j.id
+              LIMIT head) AS x;
+        IF ids IS NOT NULL THEN
+            -- Each key is taken (pgq._take_keys) when the walk of the candidates first meets it,
+            -- with the next keys not met yet, as many as the jobs still wanted: no more keys are
+            -- held than the claim could use.
+            order_keys := ARRAY(SELECT k.key FROM unnest(keys) WITH ORDINALITY AS k(key, i)
+                                WHERE k.key IS NOT NULL AND k.key <> ALL (full_keys)
+                                GROUP BY k.key ORDER BY min(k.i));
+            FOR i IN 1..cardinality(ids) LOOP
+                EXIT WHEN cardinality(picked) >= _keyed_pick.room;
+                IF keys[i] IS NULL THEN
+                    picked := picked || ids[i];
+                ELSIF keys[i] <> ALL (full_keys) THEN
+                    IF NOT avail ? keys[i] THEN
+                        avail := avail || pgq._take_keys(_keyed_pick.queue,
+                                     order_keys[taken + 1 : taken + _keyed_pick.room - cardinality(picked)],
+                                     _keyed_pick.room, default_limit, key_rate, period, _keyed_pick.at);
+                        taken := taken + _keyed_pick.room - cardinality(picked);
+                    END IF;
+                    n := (avail ->> keys[i])::integer;
+                    IF n > 0 THEN
+                        picked := picked || ids[i];
+                        avail := avail || jsonb_build_object(keys[i], n - 1);
+                    END IF;
+                    IF n <= 1 THEN
+                        full_keys := full_keys || keys[i];
+                    END IF;
+                END IF;
+            END LOOP;
+        END IF;
+        -- 2. Other keys' first jobs, when the head was all read and is held by keys left out.
+        IF cardinality(picked) < _keyed_pick.room AND seen = head THEN
+            cursor := current_setting('pgq.key_walk', true);
+            cursor := CASE WHEN split_part(cursor, chr(31), 1) = _keyed_pick.queue THEN split_part(cursor, chr(31), 2) END;
+            full_keys := full_keys || ARRAY(SELECT jsonb_object_keys(avail));  -- met already
+            taken := 0;
+            walked := ARRAY(SELECT w.key FROM pgq._walk_keys(_keyed_pick.queue, coalesce(cursor, ''), NULL, full_keys, head) AS w(key));
+            IF cursor IS NOT NULL AND cardinality(walked) < head THEN  -- round again, from the first key
+                walked := walked || ARRAY(SELECT w.key FROM pgq._walk_keys(_keyed_pick.queue, '', cursor, full_keys,
+                                                                           head - cardinality(walked)) AS w(key));
+            END IF;
+            -- In turns of as many keys as jobs are still wanted, each turn's keys taken, then
+            -- their first jobs (as many as each key allows), the best in the total order first.
+            WHILE cardinality(picked) < _keyed_pick.room AND taken < cardinality(walked) LOOP
+                turn := walked[taken + 1 : taken + _keyed_pick.room - cardinality(picked)];
+                taken := taken + cardinality(turn);
+                avail := pgq._take_keys(_keyed_pick.queue, turn, _keyed_pick.room, default_limit, key_rate, period,
+                                        _keyed_pick.at);
+                picked := picked || ARRAY(
+                    SELECT h.id
+                    FROM unnest(turn) AS w(key)
+                    CROSS JOIN LATERAL (
+                        SELECT j.id, j.priority, j.run_at
+                        FROM pgq.jobs AS j
+                        WHERE j.queue = _keyed_pick.queue AND j.concurrency_key = w.key
+                          AND j.state = 'pending' AND j.attempt < j.max_attempts
+                          AND j.run_at <= pgq._now()
+                          AND (_keyed_pick.kinds IS NULL OR j.kind = ANY (_keyed_pick.kinds))
+                        ORDER BY j.priority DESC, j.run_at, j.id
+                        LIMIT (avail ->> w.key)::integer
+                    ) AS h
+                    WHERE (avail ->> w.key)::integer > 0
+                    ORDER BY h.priority DESC, h.run_at, h.id
+                    LIMIT _keyed_pick.room - cardinality(picked));
+            END LOOP;
+            IF taken > 0 THEN  -- the next walk of this session starts after the last key taken
+                PERFORM set_config('pgq.key_walk', _keyed_pick.queue || chr(31) || walked[taken], false);
+            END IF;
+        END IF;
+    END IF;
+    -- The picks are locked here, re-checked on the newest row version (a job cancelled meanwhile,
+    -- or one another session holds, is left out); _fair_pick locked its own.
     RETURN QUERY
     SELECT j.id FROM pgq.jobs AS j
     WHERE j.id = ANY (picked) AND j.state = 'pending' AND j.attempt < j.max_attempts
     ORDER BY j.id
     FOR NO KEY UPDATE SKIP LOCKED;
 END
+$$;
+
+-- The slot of a key (pgq.key_slots): a hash of queue and key, 0 to 16383.
+CREATE OR REPLACE FUNCTION pgq._key_slot(queue text, key text) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT (hashtextextended($1 || chr(31) || $2, 0) & 16383)::integer $$;
+
+-- For a keyed pick (pgq._keyed_pick): how many more jobs of each of `keys` this claim may take
+-- (key -> number). A key without a limit (and without key_rate): `room`, unlocked. A limited key:
+-- its slot is locked FOR NO KEY UPDATE SKIP LOCKED first; then, in the next statement (a fresh
+-- snapshot, which sees every claim of the key that committed before the lock was free), its
+-- free slots (its limit less its running jobs, counted by jobs_key_running_idx) and with key_rate
+-- its tokens at `at`; a key whose slot another transaction holds: 0.
+CREATE OR REPLACE FUNCTION pgq._take_keys(queue text, keys text[], room integer, default_limit integer,
+                                          key_rate integer, period interval, at timestamptz)
+    RETURNS jsonb
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    wanted integer[];  -- the slots of the limited keys
+    held   integer[] := '{}';  -- those this transaction holds now
+BEGIN
+    wanted := ARRAY(SELECT pgq._key_slot(_take_keys.queue, k.key)
+                    FROM unnest(_take_keys.keys) AS k(key)
+                    LEFT JOIN pgq.key_limits AS l ON l.queue = _take_keys.queue AND l.key = k.key
+                    WHERE coalesce(l.max_running, _take_keys.default_limit) > 0 OR _take_keys.key_rate > 0);
+    IF wanted <> '{}' THEN
+        held := ARRAY(SELECT s.slot FROM pgq.key_slots AS s WHERE s.slot = ANY (wanted)
+                      FOR NO KEY UPDATE SKIP LOCKED);
+    END IF;
+    RETURN (
+        SELECT coalesce(jsonb_object_agg(k.key, CASE
+                   WHEN coalesce(l.max_running, _take_keys.default_limit) = 0 AND _take_keys.key_rate = 0
+                       THEN _take_keys.room
+                   WHEN pgq._key_slot(_take_keys.queue, k.key) <> ALL (held) THEN 0
+                   ELSE greatest(coalesce(least(
+                       CASE WHEN coalesce(l.max_running, _take_keys.default_limit) > 0
+                            THEN coalesce(l.max_running, _take_keys.default_limit)
+                                 - (SELECT count(*) FROM pgq.jobs AS j
+                                    WHERE j.queue = _take_keys.queue AND j.concurrency_key = k.key
+                                      AND j.lease_until IS NOT NULL)::integer END,
+                       CASE WHEN _take_keys.key_rate > 0
+                            THEN pgq._tokens(r.tat, _take_keys.key_rate, _take_keys.period, _take_keys.at) END), 0), 0)
+                   END), '{}')
+        FROM unnest(_take_keys.keys) AS k(key)
+        LEFT JOIN pgq.key_limits AS l ON l.queue = _take_keys.queue AND l.key = k.key
+        LEFT JOIN pgq.key_rates AS r ON r.queue = _take_keys.queue AND r.key = k.key AND _take_keys.key_rate > 0);
+END
+$$;
+
+-- The keys of `queue` with a claimable job, in key order after `after` (and up to `upto`, when
+-- given), leaving out `skip`: at most `m` of them, one probe of jobs_key_ready_idx each (and one
+-- per skipped key). For pgq._keyed_pick's second step.
+CREATE OR REPLACE FUNCTION pgq._walk_keys(queue text, after text, upto text, skip text[], m integer)
+    RETURNS SETOF text
+    LANGUAGE sql STABLE
+    AS $$
+    WITH RECURSIVE walk(key) AS (
+        (SELECT j.concurrency_key FROM pgq.jobs AS j
+         WHERE j.queue = $1 AND j.state = 'pending' AND j.attempt < j.max_attempts
+           AND j.concurrency_key IS NOT NULL AND j.concurrency_key > $2 AND ($3 IS NULL OR j.concurrency_key <= $3)
+         ORDER BY j.concurrency_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.concurrency_key FROM pgq.jobs AS j
+                WHERE j.queue = $1 AND j.state = 'pending' AND j.attempt < j.max_attempts
+                  AND j.concurrency_key IS NOT NULL AND j.concurrency_key > w.key
+                  AND ($3 IS NULL OR j.concurrency_key <= $3)
+                ORDER BY j.concurrency_key LIMIT 1)
+        FROM walk AS w WHERE w.key IS NOT NULL
+    )
+    SELECT w.key FROM walk AS w WHERE w.key IS NOT NULL AND w.key <> ALL ($4) LIMIT $5
 $$;
 
 -- Overrides a queue's key_max_running for one concurrency key (max_running 0: no limit for this
@@ -2946,6 +3078,45 @@ COMMENT ON FUNCTION pgq.claim(text, text[], integer, interval, text[]) IS
     'Claims up to batch due jobs (of kinds, when given) for worker, in order priority DESC, run_at, '
     'id. The returned '
     'attempt is the fencing token for renew, complete, fail, release, snooze and mark_unknown.';
+
+-- Completes the caller's finished attempts and claims the next jobs, in one call and one
+-- transaction (one commit where a worker would pay two): pgq.complete_many(ids, attempts), then
+-- pgq.claim(worker, queues, batch, lease, kinds), with their arguments, their checks (a bad
+-- argument of either changes nothing) and their fences. The claim sees the completions: a key or
+-- a capped queue's place that one of them held is free for it. One row per claimed job, each
+-- carrying `completed` (the ids of the pairs completed, as complete_many returns them); a call
+-- that claims nothing returns one row whose job columns are NULL, so that `completed` still
+-- arrives. For a worker whose backlog is deep: a job's completion and the claim of the next one
+-- cost one round trip.
+CREATE OR REPLACE FUNCTION pgq.complete_and_claim(ids bigint[], attempts integer[], worker text,
+                                                  queues text[] DEFAULT NULL, batch integer DEFAULT 1,
+                                                  lease interval DEFAULT NULL, kinds text[] DEFAULT NULL)
+    RETURNS TABLE (completed bigint[], id bigint, queue text, kind text, payload jsonb, priority integer,
+                   attempt integer, max_attempts integer, run_at timestamptz, created_at timestamptz,
+                   lease_until timestamptz, tenant text, progress jsonb, deadline timestamptz, meta jsonb)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    done_ids bigint[];
+BEGIN
+    done_ids := ARRAY(SELECT d.id FROM pgq.complete_many(complete_and_claim.ids, complete_and_claim.attempts) AS d(id));
+    RETURN QUERY
+    SELECT done_ids, c.id, c.queue, c.kind, c.payload, c.priority, c.attempt, c.max_attempts, c.run_at,
+           c.created_at, c.lease_until, c.tenant, c.progress, c.deadline, c.meta
+    FROM pgq.claim(complete_and_claim.worker, complete_and_claim.queues, complete_and_claim.batch,
+                   complete_and_claim.lease, complete_and_claim.kinds) AS c;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT done_ids, NULL::bigint, NULL::text, NULL::text, NULL::jsonb, NULL::integer,
+                            NULL::integer, NULL::integer, NULL::timestamptz, NULL::timestamptz,
+                            NULL::timestamptz, NULL::text, NULL::jsonb, NULL::timestamptz, NULL::jsonb;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION pgq.complete_and_claim(bigint[], integer[], text, text[], integer, interval, text[]) IS
+    'pgq.complete_many then pgq.claim in one transaction: one row per claimed job, each with the ids '
+    'completed (one row with NULL job columns when none is claimed).';
 
 -- Whether every element of `names` is a name (pgq._is_name's rule), in one expression (no query,
 -- inlined where it is used). Names cannot contain a comma, so one match of the joined names (the
@@ -5202,6 +5373,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.renew(bigint, integer, interval),
     pgq.complete(bigint, integer, jsonb),
     pgq.complete_many(bigint[], integer[]),
+    pgq.complete_and_claim(bigint[], integer[], text, text[], integer, interval, text[]),
     pgq.fail(bigint, integer, text, interval, boolean),
     pgq.release(bigint, integer),
     pgq.snooze(bigint, integer, interval),
@@ -5277,6 +5449,7 @@ REVOKE ALL ON TABLE pgq.job_events FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.jobs FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.key_limits FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.key_rates FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.key_slots FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.queues FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.schedules FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.tenants FROM PUBLIC;

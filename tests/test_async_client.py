@@ -31,7 +31,7 @@ def test_every_call_is_a_method_of_both_clients_with_the_same_name_signature_and
             assert getattr(Client, method.__name__) is getattr(AsyncClient, method.__name__) is method
             assert inspect.signature(bound) == inspect.signature(method.build)
             assert bound.__doc__ == method.build.__doc__ and bound.__doc__.startswith("pgq.")
-    assert len(calls.ALL) == 39  # every pgq function a role may call, but cron_next (SQL only)
+    assert len(calls.ALL) == 40  # every pgq function a role may call, but cron_next (SQL only)
 
     async def awaitable(client: AsyncClient) -> bool:
         pending = client.version()
@@ -67,6 +67,7 @@ def test_the_owner_and_admin_calls_answer_as_the_clients_do(dsn: str) -> None:
             "fail": await client.fail(a.id, a.attempt, "boom", retry_in=60),
             "snooze": await client.snooze(b.id, b.attempt, 30),
             "many": await client.complete_many([c.id], [c.attempt]),
+            "and_claim": await client.complete_and_claim([], [], "w", ["q"]),
             "cancel": await client.cancel(a.id),
             "retry": await client.retry(a.id),
             "record": await client.get_job(c.id),
@@ -79,6 +80,7 @@ def test_the_owner_and_admin_calls_answer_as_the_clients_do(dsn: str) -> None:
     got = run(scenario, dsn)
     assert len(got["ids"]) == 3 and got["renew"] is not None and got["stale"] is None
     assert got["fail"] == "pending" and got["snooze"] is not None and got["many"] == [got["ids"][2]]
+    assert got["and_claim"].completed == [] and got["and_claim"].jobs == []  # (a is failed, b snoozed, c done)
     assert got["cancel"] is True and got["retry"] is True
     assert got["record"].state == "done" and got["history"] == ["claimed", "completed"]
     assert isinstance(got["paused"], QueueSettings) and got["paused"].paused

@@ -92,6 +92,18 @@ def test_stale_owner_gets_not_yours_answers(client: Client, conn: psycopg.Connec
     assert client.complete_many([new.id], [new.attempt]) == [new.id]
 
 
+def test_complete_and_claim_returns_the_ids_completed_and_the_jobs_claimed(client: Client,
+                                                                          conn: psycopg.Connection) -> None:
+    ids = client.enqueue_many("q", "k", [{"n": i} for i in range(3)])
+    first = client.claim("w1", ["q"], batch=2)
+    got = client.complete_and_claim([j.id for j in first], [j.attempt for j in first], "w1", ["q"], batch=5)
+    assert sorted(got.completed) == ids[:2] and [j.id for j in got.jobs] == ids[2:]
+    assert got.jobs[0].payload == {"n": 2} and got.jobs[0].attempt == 1
+    last = client.complete_and_claim([got.jobs[0].id], [got.jobs[0].attempt], "w1", ["q"])
+    assert last.completed == [ids[2]] and last.jobs == []
+    assert [job(conn, i)["state"] for i in ids] == ["done", "done", "done"]
+
+
 def test_sweep_recovers_expired_leases(client: Client, conn: psycopg.Connection) -> None:
     client.enqueue("q", "k")
     [claimed] = client.claim("w1", ["q"])

@@ -100,6 +100,12 @@ CASES: list[tuple[str, str, Any, str, str]] = [
     ("complete_many more ids", "SELECT pgq.complete_many(ARRAY[$JOB, 1]::bigint[], '{1}')", None, "22023", "attempts"),
     ("complete_many NULL id", "SELECT pgq.complete_many(ARRAY[$JOB, NULL]::bigint[], '{1, 1}')", None, "22023", "ids"),
     ("complete_many NULL attempt", "SELECT pgq.complete_many(ARRAY[$JOB]::bigint[], '{NULL}')", None, "22023", "ids"),
+    # complete_and_claim: complete_many's checks, then claim's
+    ("complete_and_claim ids NULL", "SELECT * FROM pgq.complete_and_claim(NULL, '{1}', 'w')", None, "22004", "ids"),
+    ("complete_and_claim mismatched", "SELECT * FROM pgq.complete_and_claim(ARRAY[$JOB]::bigint[], '{1, 1}', 'w')", None, "22023", "attempts"),
+    ("complete_and_claim worker NULL", "SELECT * FROM pgq.complete_and_claim('{}', '{}', NULL)", None, "22004", "worker"),
+    ("complete_and_claim batch zero", "SELECT * FROM pgq.complete_and_claim('{}', '{}', 'w', batch => 0)", None, "22023", "batch"),
+    ("complete_and_claim queues bad name", "SELECT * FROM pgq.complete_and_claim('{}', '{}', 'w', ARRAY['x;--'])", None, "22023", "queues[1]"),
     # fail
     ("fail id NULL", "SELECT pgq.fail(NULL, 1, 'e')", None, "22004", "id"),
     ("fail attempt NULL", "SELECT pgq.fail($JOB, NULL, 'e')", None, "22004", "attempt"),

@@ -28,6 +28,7 @@ API: dict[str, tuple[str, set[str]]] = {
     "renew": ("SELECT pgq.renew(1, 1)", WORKER),
     "complete": ("SELECT pgq.complete(1, 1)", WORKER),
     "complete_many": ("SELECT pgq.complete_many('{1}', '{1}')", WORKER),
+    "complete_and_claim": ("SELECT * FROM pgq.complete_and_claim('{1}', '{1}', 'w')", WORKER),
     "fail": ("SELECT pgq.fail(1, 1, 'e')", WORKER),
     "release": ("SELECT pgq.release(1, 1)", WORKER),
     "snooze": ("SELECT pgq.snooze(1, 1, '1 minute')", WORKER),
@@ -75,7 +76,8 @@ TABLE_STATEMENTS = [
 ]
 TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "tenant", "schedules": "name",
           "fence": "timeline", "grants": "queue",
-          "finished_counts": "total", "finished_deltas": "queue", "key_limits": "key", "key_rates": "key"}
+          "finished_counts": "total", "finished_deltas": "queue", "key_limits": "key", "key_rates": "key",
+          "key_slots": "slot"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:

@@ -134,6 +134,45 @@ COMMENT ON FUNCTION pgq.claim(text, text[], integer, interval, text[]) IS
     'id. The returned '
     'attempt is the fencing token for renew, complete, fail, release, snooze and mark_unknown.';
 
+-- Completes the caller's finished attempts and claims the next jobs, in one call and one
+-- transaction (one commit where a worker would pay two): pgq.complete_many(ids, attempts), then
+-- pgq.claim(worker, queues, batch, lease, kinds), with their arguments, their checks (a bad
+-- argument of either changes nothing) and their fences. The claim sees the completions: a key or
+-- a capped queue's place that one of them held is free for it. One row per claimed job, each
+-- carrying `completed` (the ids of the pairs completed, as complete_many returns them); a call
+-- that claims nothing returns one row whose job columns are NULL, so that `completed` still
+-- arrives. For a worker whose backlog is deep: a job's completion and the claim of the next one
+-- cost one round trip.
+CREATE OR REPLACE FUNCTION pgq.complete_and_claim(ids bigint[], attempts integer[], worker text,
+                                                  queues text[] DEFAULT NULL, batch integer DEFAULT 1,
+                                                  lease interval DEFAULT NULL, kinds text[] DEFAULT NULL)
+    RETURNS TABLE (completed bigint[], id bigint, queue text, kind text, payload jsonb, priority integer,
+                   attempt integer, max_attempts integer, run_at timestamptz, created_at timestamptz,
+                   lease_until timestamptz, tenant text, progress jsonb, deadline timestamptz, meta jsonb)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    done_ids bigint[];
+BEGIN
+    done_ids := ARRAY(SELECT d.id FROM pgq.complete_many(complete_and_claim.ids, complete_and_claim.attempts) AS d(id));
+    RETURN QUERY
+    SELECT done_ids, c.id, c.queue, c.kind, c.payload, c.priority, c.attempt, c.max_attempts, c.run_at,
+           c.created_at, c.lease_until, c.tenant, c.progress, c.deadline, c.meta
+    FROM pgq.claim(complete_and_claim.worker, complete_and_claim.queues, complete_and_claim.batch,
+                   complete_and_claim.lease, complete_and_claim.kinds) AS c;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT done_ids, NULL::bigint, NULL::text, NULL::text, NULL::jsonb, NULL::integer,
+                            NULL::integer, NULL::integer, NULL::timestamptz, NULL::timestamptz,
+                            NULL::timestamptz, NULL::text, NULL::jsonb, NULL::timestamptz, NULL::jsonb;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION pgq.complete_and_claim(bigint[], integer[], text, text[], integer, interval, text[]) IS
+    'pgq.complete_many then pgq.claim in one transaction: one row per claimed job, each with the ids '
+    'completed (one row with NULL job columns when none is claimed).';
+
 -- Whether every element of `names` is a name (pgq._is_name's rule), in one expression (no query,
 -- inlined where it is used). Names cannot contain a comma, so one match of the joined names (the
 -- pattern, repeated) checks them all, and so does the length (no run of 129 characters without a

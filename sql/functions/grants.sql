@@ -21,6 +21,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.renew(bigint, integer, interval),
     pgq.complete(bigint, integer, jsonb),
     pgq.complete_many(bigint[], integer[]),
+    pgq.complete_and_claim(bigint[], integer[], text, text[], integer, interval, text[]),
     pgq.fail(bigint, integer, text, interval, boolean),
     pgq.release(bigint, integer),
     pgq.snooze(bigint, integer, interval),
