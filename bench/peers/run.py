@@ -204,19 +204,25 @@ def adapter_command(system: str) -> tuple[list[str], dict[str, str]]:
 
 
 class Server:
-    """The one throwaway PostgreSQL; a template database per system, migrated once by the
-    system's own migrator, and a fresh copy of it for every drain."""
+    """The one server: a throwaway PostgreSQL (or the one ``admin_dsn`` names, whose role may
+    CREATE DATABASE); a template database per system, migrated once by the system's own migrator,
+    and a fresh copy of it for every drain. ``stop()`` drops them all (and stops a throwaway)."""
 
-    def __init__(self, fsync: bool, logs: Path) -> None:
-        self.databases = Databases(postgres_args=f"{SERVER_SETTINGS} -c fsync={'on' if fsync else 'off'}",
-                                   prefix="peers")
+    def __init__(self, fsync: bool, logs: Path, admin_dsn: str | None = None) -> None:
+        settings = {} if admin_dsn else {"postgres_args": f"{SERVER_SETTINGS} -c fsync={'on' if fsync else 'off'}"}
+        self.databases = Databases(admin_dsn, prefix="peers", **settings)
+        self.tag = f"peers_{os.getpid()}"
+        self.copies: set[str] = set()
         self.logs = logs
 
     def admin(self) -> psycopg.Connection[Any]:
         return psycopg.connect(self.databases.admin_dsn, autocommit=True)
 
+    def _name(self, kind: str, system: str) -> str:
+        return f"{self.tag}_{kind}_{system.replace('-', '_')}"
+
     def template(self, system: str) -> None:
-        dsn = self.databases.create(f"tpl_{system.replace('-', '_')}")
+        dsn = self.databases.create(self._name("tpl", system))
         if system == "raw":
             bench._prepare_database(dsn)
             return
@@ -228,15 +234,21 @@ class Server:
 
     def fresh(self, system: str) -> str:
         """A new copy of ``system``'s template (the previous drain's copy dropped)."""
-        name = f"run_{system.replace('-', '_')}"
+        name = self._name("run", system)
         with self.admin() as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
             conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(f"tpl_{system.replace('-', '_')}")))
+                sql.Identifier(name), sql.Identifier(self._name("tpl", system))))
+        self.copies.add(name)
         return self.databases.dsn_for(name)
 
     def stop(self) -> None:
-        self.databases.close()
+        try:
+            with self.admin() as conn:
+                for name in self.copies:
+                    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        finally:
+            self.databases.close()
 
 
 def busy_jiffies() -> int:
@@ -374,14 +386,18 @@ def drain(server: Server, section: str, row: Row, workers: int, n: int, rep: int
 
 
 def run(out: Path, *, jobs: int, keyed_jobs: int, workers: Sequence[int], repeats: int, systems: set[str],
-        sections: Sequence[str], fsync: bool, readme: str | None, skip_install: bool = False) -> dict[str, Any]:
+        sections: Sequence[str], fsync: bool, readme: str | None = None, skip_install: bool = False,
+        admin_dsn: str | None = None, print_table: bool = True) -> dict[str, Any]:
+    """The drains of ``sections`` for every system of ``systems`` at each W of ``workers``,
+    ``repeats`` times; writes peers.md and peers.json into ``out`` and returns what peers.json holds.
+    ``admin_dsn``: run on that server instead of a throwaway one (its own settings then apply)."""
     out.mkdir(parents=True, exist_ok=True)
     log_dir = out / "logs"
     log_dir.mkdir(exist_ok=True)
     load_before = bench._loadavg()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     broken = {} if skip_install else install(systems)
-    server = Server(fsync, log_dir)
+    server = Server(fsync, log_dir, admin_dsn)
     samples: list[Sample] = []
     failures: dict[str, str] = {}
     try:
@@ -421,6 +437,7 @@ def run(out: Path, *, jobs: int, keyed_jobs: int, workers: Sequence[int], repeat
     res: dict[str, Any] = {
         "started": started, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         **info, "machine": bench._machine(), "cpus": os.cpu_count(),
+        "server": "one throwaway PostgreSQL (pgq_thin.testing.server)" if admin_dsn is None else "the server given",
         "load_average": {"before": load_before, "after": bench._loadavg()},
         "observer_poll_ms": bench.OBSERVER_POLL * 1000, "versions": versions(),
         "config": {"jobs": jobs, "keyed_jobs": keyed_jobs, "workers": list(workers), "repeats": repeats,
@@ -433,7 +450,8 @@ def run(out: Path, *, jobs: int, keyed_jobs: int, workers: Sequence[int], repeat
     (out / "peers.json").write_text(json.dumps(res, indent=1) + "\n")
     if readme is not None:
         update_readme(readme, table)
-    print(table)
+    if print_table:
+        print(table)
     return res
 
 
@@ -469,10 +487,10 @@ def markdown(res: dict[str, Any]) -> str:
     cfg = res["config"]
     fs = f"fsync {res['fsync']}, synchronous_commit {res['synchronous_commit']}"
     v = res["versions"]
-    lines = [f"pgq and its peers, started {res['started']}, finished {res['finished']}, on one throwaway PostgreSQL "
-             f"(pgq_thin.testing.server): PostgreSQL {res['server_version']}, **{fs}**, {res['cpus']} CPUs, load "
-             f"average {res['load_average']['before']} before the start and {res['load_average']['after']} at the "
-             f"end; {cfg['repeats']} repetitions, median (min–max)", "",
+    lines = [f"pgq and its peers, started {res['started']}, finished {res['finished']}, on {res['server']}: "
+             f"PostgreSQL {res['server_version']}, **{fs}**, {res['cpus']} CPUs, load average "
+             f"{res['load_average']['before']} before the start and {res['load_average']['after']} at the end; "
+             f"{cfg['repeats']} repetition(s), median (min–max)", "",
              f"Machine: {res['machine']}; the server, the observer and every system's process share it.", "",
              f"Server settings: {res['server_settings']}.", "",
              "Versions: " + ", ".join(f"{k} {v[k]}" for k in ("pgq", "graphile-worker", "pg-boss", "node",
