@@ -175,16 +175,16 @@ def versions() -> dict[str, str]:
         if manifest.exists():
             out[name] = json.loads(manifest.read_text())["version"]
     if NODE.exists():
-        out["node"] = subprocess.run([NODE, "--version"], capture_output=True, text=True).stdout.strip().lstrip("v")
+        out["Node.js"] = subprocess.run([NODE, "--version"], capture_output=True, text=True).stdout.strip().lstrip("v")
     if (VENV / "bin" / "python").exists():
         script = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
                   "('procrastinate', 'pgqueuer', 'psycopg', 'asyncpg')}))")
         got = subprocess.run([VENV / "bin" / "python", "-c", script], capture_output=True, text=True)
         if got.returncode == 0:
-            out.update(json.loads(got.stdout))
+            out.update({k if k in ("procrastinate", "pgqueuer") else f"{k} (the Python peers' driver)": v
+                        for k, v in json.loads(got.stdout).items()})
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    out["pgq"] = commit.stdout.strip() or "?"
-    return out
+    return {"pgq (commit)": commit.stdout.strip() or "?", **out}
 
 
 # Processes and databases ----------------------------------------------------------------------------
@@ -493,9 +493,7 @@ def markdown(res: dict[str, Any]) -> str:
              f"{cfg['repeats']} repetition(s), median (min–max)", "",
              f"Machine: {res['machine']}; the server, the observer and every system's process share it.", "",
              f"Server settings: {res['server_settings']}.", "",
-             "Versions: " + ", ".join(f"{k} {v[k]}" for k in ("pgq", "graphile-worker", "pg-boss", "node",
-                                                               "procrastinate", "pgqueuer", "psycopg", "asyncpg")
-                                      if k in v) + ".", ""]
+             "Versions: " + ", ".join(f"{k} {v[k]}" for k in v) + ".", ""]
     if "plain" in cfg["sections"]:
         entries = summarize(res, "plain")
         lines += [f"### Drain: {cfg['jobs']:,} queued no-op jobs ({fs})", "",
