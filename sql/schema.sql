@@ -136,8 +136,8 @@ COMMENT ON COLUMN pgq.queues.rate_limited IS
     'Whether the queue has a rate limit (rate_limit > 0 or key_rate_limit > 0), kept by '
     'pgq.configure_queue: only such a queue''s claim takes the rate step.';
 COMMENT ON COLUMN pgq.queues.rate_tat IS
-    'The rate limit''s state (GCRA): the moment its bucket is full again (NULL or past: full '
-    'now). Written by pgq.claim under the queue''s row lock.';
+    'Not read nor written since 0016 (the queue''s bucket is pgq.rate_buckets); '
+    'pgq.queue_settings shows the buckets'' latest tat here.';
 
 CREATE TABLE pgq.tenants (
     queue   text NOT NULL,
@@ -408,9 +408,23 @@ COMMENT ON TABLE pgq.key_slots IS
     'One row per hash slot of (queue, concurrency_key): a claim locks the slot of each limited '
     'key it takes (FOR NO KEY UPDATE SKIP LOCKED) before it counts the key''s running jobs.';
 
+CREATE TABLE pgq.rate_buckets (
+    queue  text NOT NULL,
+    shard  smallint NOT NULL,
+    rate   integer NOT NULL,
+    tat    timestamp with time zone,
+    CONSTRAINT rate_buckets_pkey PRIMARY KEY (queue, shard),
+    CONSTRAINT rate_buckets_rate_check CHECK ((rate > 0)),
+    CONSTRAINT rate_buckets_shard_check CHECK ((shard BETWEEN 0 AND 15))
+);
+COMMENT ON TABLE pgq.rate_buckets IS
+    'A rate-limited queue''s GCRA bucket in shards (pgq._rate_shards of them): each holds rate '
+    'tokens per queues.rate_period; tat is when the shard is full again (NULL or past: full).';
+
 ALTER TABLE pgq.grants ADD CONSTRAINT grants_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_limits ADD CONSTRAINT key_limits_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_rates ADD CONSTRAINT key_rates_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
+ALTER TABLE pgq.rate_buckets ADD CONSTRAINT rate_buckets_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 
 -- Rows of a fresh install ---------------------------------------------------------------------
 
@@ -914,8 +928,10 @@ BEGIN
         PERFORM pgq._make_fair(configure_queue.queue);
     END IF;
     -- A new rate or period keeps what the buckets handed out: their debt is rescaled to as many
-    -- tokens of the new rate (pgq._rescaled_tat); a rate set to 0 forgets it. (Read after the
-    -- queue's row lock, like a claim's.)
+    -- tokens of the new rate (pgq._rescaled_tat, pgq._set_rate_buckets, which waits for the claims
+    -- that hold a shard); a rate set to 0 forgets it. A claim in flight meanwhile spends a key's
+    -- tokens by the settings it started with: a new rate binds the claims that start after it
+    -- commits.
     rate_now := pgq._rate_clock();
     new_rate := coalesce(configure_queue.rate_limit, q.rate_limit);
     new_period := coalesce(configure_queue.rate_period, q.rate_period);
@@ -926,6 +942,9 @@ BEGIN
         UPDATE pgq.key_rates AS k
         SET tat = pgq._rescaled_tat(k.tat, q.key_rate_limit, q.rate_period, new_key_rate, new_period, rate_now)
         WHERE k.queue = configure_queue.queue AND k.tat > rate_now;
+    END IF;
+    IF new_rate <> q.rate_limit OR (new_rate > 0 AND new_period <> q.rate_period) THEN
+        PERFORM pgq._set_rate_buckets(configure_queue.queue, q.rate_period, new_rate, new_period, rate_now);
     END IF;
     UPDATE pgq.queues AS s
     SET lease = coalesce(configure_queue.lease, s.lease),
@@ -946,13 +965,10 @@ BEGIN
         rate_limit = new_rate,
         rate_period = new_period,
         key_rate_limit = new_key_rate,
-        rate_limited = new_rate > 0 OR new_key_rate > 0,
-        rate_tat = CASE WHEN new_rate = 0 THEN NULL
-                        WHEN new_rate = s.rate_limit AND new_period = s.rate_period THEN s.rate_tat
-                        ELSE pgq._rescaled_tat(s.rate_tat, s.rate_limit, s.rate_period, new_rate, new_period, rate_now)
-                   END
+        rate_limited = new_rate > 0 OR new_key_rate > 0
     WHERE s.name = configure_queue.queue
     RETURNING * INTO q;
+    q.rate_tat := (SELECT max(b.tat) FROM pgq.rate_buckets AS b WHERE b.queue = q.name);  -- (as queue_settings shows it)
     RETURN q;
 END
 $$;
@@ -1958,18 +1974,34 @@ COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) 
 -- rate + floor(W * rate / period) tokens (the tat advances by period / rate per token and never
 -- passes the latest clock reading plus period). The arithmetic is exact (numeric epochs, tat
 -- rounded up to the microsecond).
+--
+-- A queue's bucket (rate_limit) is split into shards (pgq.rate_buckets, pgq._rate_shards of them),
+-- each a GCRA bucket of its part of the rate: their sum is the queue's rate, and so is the sum of
+-- the bounds above, so together they never hand out more than the one bucket would. A claim locks
+-- only the shards it spends (the fullest first, FOR NO KEY UPDATE SKIP LOCKED, never waited for),
+-- so claimers of one queue spend side by side instead of taking turns on one row. A key's bucket
+-- (key_rate_limit, pgq.key_rates) is one row, spent under the key's slot (pgq.key_slots).
 
--- The clock of the rate limits: clock_timestamp(), read by pgq.claim once it holds the queue rows
--- it limits. Not pgq._now() (statement_timestamp) or now(): a claim whose statement or
+-- The clock of the rate limits: clock_timestamp(), read by pgq.claim once it holds the shards it
+-- may spend (to count their tokens), and again once all its locks are held, keys' slots included,
+-- before it hands the jobs out (to spend them). Not pgq._now() (statement_timestamp) or now(): a claim whose statement or
 -- transaction started before another claim's took the lock would spend tokens at an earlier
 -- moment than they are handed out, and so refill the bucket for the claims after it; read after
--- the lock, the readings of one queue's claims come in the order they hand out their jobs. (A
--- test database may replace this function, like pgq._now().)
+-- the locks, the readings of one bucket's claims come in the order they hand out their jobs. A
+-- count at an earlier reading than the spend only finds fewer tokens. (A test database may replace
+-- this function, like pgq._now().)
 CREATE OR REPLACE FUNCTION pgq._rate_clock() RETURNS timestamptz
     LANGUAGE sql VOLATILE PARALLEL SAFE
     AS $$ SELECT clock_timestamp() $$;
 COMMENT ON FUNCTION pgq._rate_clock() IS
     'The clock of the rate limits: clock_timestamp(), read once the claim holds its queue rows.';
+
+-- How many shards a queue's bucket of `rate` tokens per `period` has: one per 100 tokens a second,
+-- 1 to 16 and at most `rate`, so that each shard still gains a token at least every 10 ms. (Written
+-- out in migration 0016, which made the first buckets.)
+CREATE OR REPLACE FUNCTION pgq._rate_shards(rate integer, period interval) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT greatest(1, least(16, $1, floor($1 / extract(epoch FROM $2) / 100)))::integer $$;
 
 -- How many tokens a bucket (its tat, rate and period) holds at `at`.
 CREATE OR REPLACE FUNCTION pgq._tokens(tat timestamptz, rate integer, period interval, at timestamptz) RETURNS integer
@@ -2010,48 +2042,116 @@ CREATE OR REPLACE FUNCTION pgq._rescaled_tat(tat timestamptz, old_rate integer, 
            END
 $$;
 
+-- Makes a queue's shards (pgq.rate_buckets) for a new rate or period (pgq.configure_queue, which
+-- holds the queue's row): every shard is locked first (waiting for the claims that hold one, as
+-- admin calls wait), then what the old shards handed out and have not regained (their debt, in
+-- tokens) is kept as as many tokens of the new rate (at most a whole bucket: empty), shared by
+-- the new shards in proportion (each as full as the bucket). Rate 0: no shard.
+CREATE OR REPLACE FUNCTION pgq._set_rate_buckets(queue text, old_period interval, rate integer, period interval,
+                                                 at timestamptz) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    debt  float8;        -- tokens handed out and not regained yet
+    tat   timestamptz;   -- the new shards' tat
+    n     integer;
+BEGIN
+    PERFORM FROM pgq.rate_buckets AS b WHERE b.queue = _set_rate_buckets.queue ORDER BY b.shard FOR UPDATE;
+    SELECT coalesce(sum(extract(epoch FROM b.tat - _set_rate_buckets.at) * b.rate
+                        / extract(epoch FROM _set_rate_buckets.old_period)), 0)
+    INTO debt
+    FROM pgq.rate_buckets AS b WHERE b.queue = _set_rate_buckets.queue AND b.tat > _set_rate_buckets.at;
+    DELETE FROM pgq.rate_buckets AS b WHERE b.queue = _set_rate_buckets.queue;
+    IF _set_rate_buckets.rate = 0 THEN
+        RETURN;
+    END IF;
+    IF debt > 0 THEN
+        tat := _set_rate_buckets.at + least(debt / _set_rate_buckets.rate, 1) * _set_rate_buckets.period;
+    END IF;
+    n := pgq._rate_shards(_set_rate_buckets.rate, _set_rate_buckets.period);
+    INSERT INTO pgq.rate_buckets (queue, shard, rate, tat)
+    SELECT _set_rate_buckets.queue, s.shard, _set_rate_buckets.rate / n + (s.shard < _set_rate_buckets.rate % n)::integer,
+           tat
+    FROM generate_series(0, n - 1) AS s(shard);
+END
+$$;
+
+-- How many tokens a queue's shards hold at `at` (its rate_period: `period`); 0 without shards.
+CREATE OR REPLACE FUNCTION pgq._bucket_tokens(queue text, period interval, at timestamptz) RETURNS integer
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(sum(pgq._tokens(b.tat, b.rate, $2, $3)), 0)::integer FROM pgq.rate_buckets AS b WHERE b.queue = $1
+$$;
+
+-- When a queue's bucket holds a token again: NULL when one of its shards holds one at `at` (or it
+-- has none), else the earliest next token of a shard.
+CREATE OR REPLACE FUNCTION pgq._bucket_next_token_at(queue text, period interval, at timestamptz)
+    RETURNS timestamptz
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT CASE WHEN bool_or(pgq._tokens(b.tat, b.rate, $2, $3) >= 1) THEN NULL
+                ELSE min(pgq._next_token_at(b.tat, b.rate, $2, $3)) END
+    FROM pgq.rate_buckets AS b WHERE b.queue = $1
+$$;
+
 -- Deletes up to max_rows rows of pgq.key_rates whose bucket is full again (pgq.sweep,
--- pgq.prune), queue by queue under the queue's row lock, like the claims that write them (a queue
--- whose row another session holds is skipped): at the clock read after the lock, such a row
--- says what no row says, so no claim after it can tell.
+-- pgq.prune), each under its key's slot (pgq.key_slots), like the claims that write them (a key
+-- whose slot another session holds is skipped): at the clock read after the lock, such a row says
+-- what no row says, so no claim after it can tell.
 CREATE OR REPLACE FUNCTION pgq._prune_key_rates(max_rows integer) RETURNS integer
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    deleted integer := 0;
-    r record;
+    queues text[];
+    keys   text[];
+    held   integer[];
+    deleted integer;
 BEGIN
-    FOR r IN SELECT DISTINCT k.queue FROM pgq.key_rates AS k WHERE k.tat <= pgq._rate_clock() LOOP
-        EXIT WHEN deleted >= _prune_key_rates.max_rows;
-        PERFORM FROM pgq.queues AS q WHERE q.name = r.queue FOR NO KEY UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        WITH gone AS (
-            DELETE FROM pgq.key_rates AS k
-            WHERE k.queue = r.queue AND k.key IN (
-                SELECT x.key FROM pgq.key_rates AS x
-                WHERE x.queue = r.queue AND x.tat <= pgq._rate_clock()
-                LIMIT _prune_key_rates.max_rows - deleted)
-            RETURNING 1
-        )
-        SELECT deleted + count(*) INTO deleted FROM gone;
-    END LOOP;
+    SELECT array_agg(k.queue), array_agg(k.key) INTO queues, keys
+    FROM (SELECT k.queue, k.key FROM pgq.key_rates AS k WHERE k.tat <= pgq._rate_clock()
+          LIMIT _prune_key_rates.max_rows) AS k;
+    IF queues IS NULL THEN
+        RETURN 0;
+    END IF;
+    held := ARRAY(SELECT s.slot FROM pgq.key_slots AS s
+                  WHERE s.slot = ANY (ARRAY(SELECT pgq._key_slot(c.queue, c.key) FROM unnest(queues, keys) AS c(queue, key)))
+                  ORDER BY s.slot
+                  FOR NO KEY UPDATE SKIP LOCKED);
+    WITH gone AS (
+        DELETE FROM pgq.key_rates AS k
+        USING unnest(queues, keys) AS c(queue, key)
+        WHERE k.queue = c.queue AND k.key = c.key AND pgq._key_slot(c.queue, c.key) = ANY (held)
+          AND k.tat <= pgq._rate_clock()
+        RETURNING 1
+    )
+    SELECT count(*) INTO deleted FROM gone;
     RETURN deleted;
 END
 $$;
 
--- For pgq.claim, which holds the queues' rows: spends the tokens of the rate-limited queues (and
--- keys) for those of `ids` (its picks) that it handed out, at the rate clock's reading `at`.
-CREATE OR REPLACE FUNCTION pgq._spend_tokens(ids bigint[], at timestamptz) RETURNS void
+-- For pgq.claim: spends the tokens of the rate-limited queues (from the shards it holds,
+-- `buckets`, the fullest first) and of their keys (whose slots it holds) for those of `ids` (its
+-- picks) that it handed out, at the rate clock's reading `at` (read once all its locks were held,
+-- and so no earlier than the reading it counted the tokens at: they hold at least what it takes).
+CREATE OR REPLACE FUNCTION pgq._spend_tokens(ids bigint[], buckets pgq.rate_buckets[], at timestamptz) RETURNS void
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
     AS $$
 BEGIN
-    UPDATE pgq.queues AS q
-    SET rate_tat = pgq._tat_after(q.rate_tat, q.rate_limit, q.rate_period, _spend_tokens.at, c.n)
-    FROM (SELECT j.queue, count(*)::integer AS n FROM pgq.jobs AS j
-          WHERE j.id = ANY (_spend_tokens.ids) AND j.state = 'running'
-          GROUP BY j.queue) AS c
-    WHERE q.name = c.queue AND q.rate_limit > 0;
+    IF buckets <> '{}' THEN
+        UPDATE pgq.rate_buckets AS b
+        SET tat = pgq._tat_after(b.tat, b.rate, s.period, _spend_tokens.at, least(s.tokens, c.n - (s.upto - s.tokens)))
+        FROM (SELECT h.queue, h.shard, q.rate_period AS period,
+                     pgq._tokens(h.tat, h.rate, q.rate_period, _spend_tokens.at) AS tokens,
+                     sum(pgq._tokens(h.tat, h.rate, q.rate_period, _spend_tokens.at))
+                         OVER (PARTITION BY h.queue ORDER BY h.tat NULLS FIRST, h.shard)::integer AS upto
+              FROM unnest(_spend_tokens.buckets) AS h
+              JOIN pgq.queues AS q ON q.name = h.queue) AS s,
+             (SELECT j.queue, count(*)::integer AS n FROM pgq.jobs AS j
+              WHERE j.id = ANY (_spend_tokens.ids) AND j.state = 'running'
+              GROUP BY j.queue) AS c
+        WHERE c.queue = s.queue AND b.queue = s.queue AND b.shard = s.shard AND c.n > s.upto - s.tokens;
+    END IF;
     INSERT INTO pgq.key_rates AS k (queue, key, tat)
     SELECT c.queue, c.key, pgq._tat_after(NULL, q.key_rate_limit, q.rate_period, _spend_tokens.at, c.n)
     FROM (SELECT j.queue, j.concurrency_key AS key, count(*)::integer AS n FROM pgq.jobs AS j
@@ -2067,7 +2167,7 @@ $$;
 
 -- For a worker after a claim that came back short: each rate-limited queue of `queues` (NULL:
 -- every one), with how long until a claim may get a job its rate limits hold back now: 0 while
--- its bucket holds a token and none of its keys is out of tokens; otherwise until the queue's
+-- a shard of its bucket holds a token and none of its keys is out of tokens; otherwise until the queue's
 -- next token, or the earliest next token of a key out of tokens (whether or not that key has due
 -- jobs: an index range, never a read of the jobs). A worker calls it only for queues it knows are
 -- rate-limited (this function's last answer), so other queues pay nothing.
@@ -2079,7 +2179,7 @@ CREATE OR REPLACE FUNCTION pgq.rate_limit_wait(queues text[] DEFAULT NULL)
     SET jit = off
     AS $$
     SELECT q.name,
-           greatest(coalesce(pgq._next_token_at(q.rate_tat, q.rate_limit, q.rate_period, c.at),
+           greatest(coalesce(pgq._bucket_next_token_at(q.name, q.rate_period, c.at),
                              (SELECT min(pgq._next_token_at(k.tat, q.key_rate_limit, q.rate_period, c.at))
                               FROM pgq.key_rates AS k
                               WHERE q.key_rate_limit > 0 AND k.queue = q.name
@@ -2491,9 +2591,9 @@ CREATE OR REPLACE FUNCTION pgq.queue_limits(queue text DEFAULT NULL)
            CASE WHEN q.max_running > 0 THEN greatest(t.ready - greatest(q.max_running - t.running, 0), 0) ELSE 0 END,
            coalesce(k.held_by_key_limit, 0)::bigint,
            CASE WHEN q.rate_limit > 0
-                THEN greatest(t.ready - pgq._tokens(q.rate_tat, q.rate_limit, q.rate_period, c.at), 0) ELSE 0 END,
+                THEN greatest(t.ready - pgq._bucket_tokens(q.name, q.rate_period, c.at), 0) ELSE 0 END,
            coalesce(k.held_by_key_rate_limit, 0)::bigint,
-           pgq._next_token_at(q.rate_tat, q.rate_limit, q.rate_period, c.at),
+           pgq._bucket_next_token_at(q.name, q.rate_period, c.at),
            CASE WHEN k.held_by_key_rate_limit > 0 THEN k.next_key_token_at END
     FROM listed AS q
     CROSS JOIN clock AS c
@@ -2966,12 +3066,13 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
 -- a fair queue's candidates come from pgq._fair_pick, and a key-limited queue's (key_max_running
 -- or pgq.set_key_limit) from pgq._keyed_pick, at most each key's free slots: it locks each key it
--- takes, not the queue, so claims of different keys run side by side (a rate-limited queue's row
--- is locked like a capped one's, for its tokens). Queues with none of them pay nothing for them.
+-- takes (its slot), not the queue, so claims of different keys run side by side; a rate-limited
+-- queue's tokens come from the shards of its bucket the claim locks (pgq._claim_rooms), so its
+-- claimers spend side by side too. Queues with none of them pay nothing for them.
 -- A claim never waits for another session's lock: a capped queue's row (a fair queue's tenant
--- row, a key) that another transaction holds is skipped for this call (SKIP LOCKED, tried
--- advisory locks), so an idle transaction that claimed from a limited queue holds up no other
--- worker's claims.
+-- row, a key's slot, a bucket's shard) that another transaction holds is skipped for this call
+-- (SKIP LOCKED), so an idle transaction that claimed from a limited queue holds up no other
+-- worker's claims of anything else.
 -- Before any of that, the failover fence: the first claim of a session checks that the fences
 -- were moved on this server's timeline (pgq._check_timeline); later ones read one setting.
 --
@@ -3002,7 +3103,9 @@ DECLARE
     keyed_ids bigint[] := '{}';
     capped   boolean;    -- whether any of them has max_running, key limits or rate limits
     rated    boolean;    -- then: whether any of those it holds has a rate limit
-    rate_now timestamptz;  -- then: the rate limits' clock, read once they are held
+    rate_now timestamptz;  -- then: the rate limits' clock, read once their shards are held
+    buckets  pgq.rate_buckets[];  -- then: the shards of the rate-limited queues' buckets it holds
+    spend_at timestamptz;  -- then: the rate clock the tokens are spent at
     expired  boolean;    -- whether any lease has expired
     due      boolean;    -- whether one of them has a schedule due
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
@@ -3037,8 +3140,8 @@ BEGIN
         rooms := array_fill(claim.batch, ARRAY[cardinality(names)]);
         keyeds := array_fill(false, ARRAY[cardinality(names)]);
     ELSE
-        SELECT e.names, e.rooms, e.fairs, e.keyeds, e.rated, e.rate_now
-        INTO names, rooms, fairs, keyeds, rated, rate_now
+        SELECT e.names, e.rooms, e.fairs, e.keyeds, e.rated, e.rate_now, e.buckets
+        INTO names, rooms, fairs, keyeds, rated, rate_now, buckets
         FROM pgq._claim_rooms(names, claim.batch) AS e;
     END IF;
 
@@ -3064,13 +3167,19 @@ BEGIN
                            WHERE e.keyed);
     END IF;
 
+    -- The rate clock the tokens are spent at: read once every lock is held (the shards', the
+    -- keys', the picks'), before the jobs are handed out (their claimed events come after it).
+    IF rated THEN
+        spend_at := pgq._rate_clock();
+    END IF;
+
     RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, names, rooms, fairs, keyeds, fair_ids || keyed_ids,
                                                claim.batch, claim.lease, claim.kinds);
 
     -- The rate-limited queues' tokens, spent for the jobs this claim handed out: its picks
     -- (locked by it, pending until its UPDATE) that are running now.
     IF rated THEN
-        PERFORM pgq._spend_tokens(keyed_ids, rate_now);
+        PERFORM pgq._spend_tokens(keyed_ids, buckets, spend_at);
     END IF;
 END
 $$;
@@ -3215,25 +3324,31 @@ CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[])
 $$;
 
 -- For a claim of capped queues (pgq._claimable_queues): which of `queues` it takes jobs from (names),
--- and how many each may start now (rooms). A capped queue (max_running or a rate limit; a queue
--- with key limits alone is not locked: pgq._keyed_pick locks its keys) is locked before its running jobs are
--- counted by the second statement, whose fresh snapshot sees every earlier claim; one that another
--- transaction holds is skipped (this call claims none of its jobs), never waited for. (Under
--- REPEATABLE READ or SERIALIZABLE that count would come from an older snapshot and could pass the
--- cap: such a claim of a capped queue is refused.) keyeds: whether each takes the per-key step
--- (pgq._keyed_pick); rated: whether any of them has a rate limit, whose tokens pgq.claim spends at
--- rate_now, the rate limits' clock read once their queues are held (see pgq._rate_clock). A
--- rate-limited queue's room is at most the tokens its bucket holds now; it takes the per-key step,
--- whose picks are known before the claim, so that the tokens spent are those of the jobs handed
--- out (counted after it). Queues without room are left out.
+-- and how many each may start now (rooms). A queue with max_running is locked before its running
+-- jobs are counted by the last statement, whose fresh snapshot sees every earlier claim; one that
+-- another transaction holds is skipped (this call claims none of its jobs), never waited for. A
+-- queue with a rate limit is not locked: the claim locks the shards of its bucket it may spend
+-- (`buckets`: per queue, shards that hold a token by a reading before the locks, as many as hold
+-- `batch` tokens on average, from a random one on; each tried with SKIP LOCKED), and its room is
+-- at most the tokens those hold at rate_now, the rate clock read once they are held (see pgq._rate_clock); a queue none of
+-- whose shards it could lock gets no room. A queue with key limits alone is not locked either
+-- (pgq._keyed_pick locks its keys). (Under REPEATABLE READ or SERIALIZABLE the counts would come
+-- from an older snapshot and could pass the limits: such a claim of a capped queue is refused.)
+-- keyeds: whether each takes the per-key step (pgq._keyed_pick); rated: whether any of them has
+-- a rate limit, whose tokens pgq.claim spends. A rate-limited queue takes the per-key step, whose
+-- picks are known before the claim, so that the tokens spent are those of the jobs handed out
+-- (counted after it). Queues without room are left out.
 CREATE OR REPLACE FUNCTION pgq._claim_rooms(queues text[], batch integer, OUT names text[], OUT rooms integer[],
                                             OUT fairs boolean[], OUT keyeds boolean[], OUT rated boolean,
-                                            OUT rate_now timestamptz)
+                                            OUT rate_now timestamptz, OUT buckets pgq.rate_buckets[])
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    locked   text[];     -- the capped ones this call holds (the others are skipped)
+    locked   text[];     -- the queues with max_running this call holds (the others are skipped)
+    start    integer;    -- the shard a rate-limited queue's locks start at
+    r        record;
 BEGIN
+    buckets := '{}';
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'pgq: a claim of a queue with max_running, key limits or rate limits must run at READ COMMITTED, not %',
             upper(current_setting('transaction_isolation'))
@@ -3241,9 +3356,28 @@ BEGIN
                   HINT = 'Claim in autocommit mode, or in a READ COMMITTED transaction.';
     END IF;
     locked := ARRAY(SELECT q.name FROM pgq.queues AS q
-                    WHERE (q.max_running > 0 OR q.rate_limited) AND NOT q.paused
-                      AND q.name = ANY (_claim_rooms.queues)
+                    WHERE q.max_running > 0 AND NOT q.paused AND q.name = ANY (_claim_rooms.queues)
                     FOR NO KEY UPDATE SKIP LOCKED);
+    -- Per rate-limited queue, as many of its shards with a token (by a reading before the locks)
+    -- as hold `batch` tokens on average, from a random shard on: claimers at once start at
+    -- different shards, and each takes the next free ones (SKIP LOCKED with LIMIT).
+    FOR r IN
+        SELECT q.name, q.rate_period, count(*)::integer AS shards,
+               sum(pgq._tokens(b.tat, b.rate, q.rate_period, pgq._rate_clock()))::integer AS tokens
+        FROM pgq.queues AS q
+        JOIN pgq.rate_buckets AS b ON b.queue = q.name
+        WHERE q.rate_limit > 0 AND NOT q.paused AND q.name = ANY (_claim_rooms.queues)
+        GROUP BY q.name, q.rate_period
+    LOOP
+        CONTINUE WHEN r.tokens = 0;
+        start := floor(random() * r.shards)::integer;
+        buckets := buckets || ARRAY(
+            SELECT b FROM pgq.rate_buckets AS b
+            WHERE b.queue = r.name AND pgq._tokens(b.tat, b.rate, r.rate_period, pgq._rate_clock()) >= 1
+            ORDER BY (b.shard + start) % r.shards
+            LIMIT least(r.shards, ceil(_claim_rooms.batch::numeric * r.shards / r.tokens))::integer
+            FOR NO KEY UPDATE SKIP LOCKED);
+    END LOOP;
     rate_now := pgq._rate_clock();
     SELECT array_agg(e.name ORDER BY e.name), array_agg(e.room ORDER BY e.name),
            array_agg(e.fair ORDER BY e.name), array_agg(e.keyed ORDER BY e.name),
@@ -3256,11 +3390,13 @@ BEGIN
                                    SELECT count(*) FROM pgq.jobs AS j
                                    WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
                      END,
-                     CASE WHEN q.rate_limit > 0 THEN pgq._tokens(q.rate_tat, q.rate_limit, q.rate_period, rate_now) END)
+                     CASE WHEN q.rate_limit > 0
+                          THEN (SELECT coalesce(sum(pgq._tokens(h.tat, h.rate, q.rate_period, rate_now)), 0)::integer
+                                FROM unnest(buckets) AS h WHERE h.queue = q.name) END)
                AS room
         FROM pgq.queues AS q
         WHERE NOT q.paused AND q.name = ANY (_claim_rooms.queues)
-          AND ((q.max_running = 0 AND NOT q.rate_limited) OR q.name = ANY (locked))
+          AND (q.max_running = 0 OR q.name = ANY (locked))
     ) AS e
     WHERE e.room > 0;
 END
@@ -5072,7 +5208,11 @@ CREATE OR REPLACE FUNCTION pgq.queue_settings(queue text DEFAULT NULL)
     SET search_path = pgq, pg_temp
     AS $$
     SELECT pgq._existing_queue('queue', queue_settings.queue) WHERE queue_settings.queue IS NOT NULL;
-    SELECT q.* FROM pgq.queues AS q
+    -- (rate_tat: the latest tat of the queue's rate shards, pgq.rate_buckets, which hold its state
+    -- since migration 0016: when its bucket is full again.)
+    SELECT (jsonb_populate_record(q, jsonb_build_object(
+               'rate_tat', (SELECT max(b.tat) FROM pgq.rate_buckets AS b WHERE b.queue = q.name)))).*
+    FROM pgq.queues AS q
     WHERE queue_settings.queue IS NULL OR q.name = queue_settings.queue
     ORDER BY q.name;
 $$;
@@ -5451,6 +5591,7 @@ REVOKE ALL ON TABLE pgq.key_limits FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.key_rates FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.key_slots FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.queues FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.rate_buckets FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.schedules FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.tenants FROM PUBLIC;
 REVOKE ALL ON SEQUENCE pgq.job_events_id_seq FROM PUBLIC;

@@ -60,3 +60,13 @@ def test_a_side_of_the_ab_can_be_a_git_revision_its_migrations_and_function_sour
     result = server_loop_cpu_ab(jobs=300, repeats=1, before="git:fa02e66", after="head")
     assert (result["before"], result["after"]) == ("git:fa02e66", "head")
     assert all(us > 0 for v in result["cpu_us_per_claim_complete"].values() for us in v)
+
+
+def test_the_concerns_ab_times_a_plain_queue_beside_each_feature_it_does_not_use() -> None:
+    from pgq_thin.tools.bench import CONCERNS, concerns_ab
+
+    result = concerns_ab(jobs=200, repeats=2, fsync=False)
+    assert set(result["cpu_us_per_claim_complete"]) == set(CONCERNS) >= {
+        "plain", "limits", "fairness", "schedules", "dependencies", "grants", "audit off"}
+    assert all(len(v) == 2 for v in result["cpu_us_per_claim_complete"].values())  # each round's done count matched
+    assert result["ratio_to_plain"]["plain"] == 1.0

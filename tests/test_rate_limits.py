@@ -234,7 +234,60 @@ def test_a_new_rate_keeps_what_was_handed_out_as_tokens_of_the_new_rate(conn: ps
     assert len(claim(conn, queues=["api"], batch=50)) == 1
     conn.execute("SELECT pgq.configure_queue('api', rate_limit => 0)")  # no limit: its state is forgotten
     assert one(conn, "SELECT (rate_limited, rate_tat) FROM pgq.queues WHERE name = 'api'") == ("f", None)
+    assert one(conn, "SELECT count(*) FROM pgq.rate_buckets") == 0
     assert len(claim(conn, queues=["api"], batch=50)) == 50 - 21
+
+
+# Shards: a fast rate's bucket spent side by side (issue 25) ------------------------------------
+
+
+def shards(conn: psycopg.Connection, queue: str = "api") -> list[int]:
+    return [r[0] for r in conn.execute("SELECT rate FROM pgq.rate_buckets WHERE queue = %s ORDER BY shard",
+                                       (queue,)).fetchall()]
+
+
+def test_a_bucket_has_a_shard_per_100_tokens_a_second_and_their_rates_add_up_to_the_queues(
+        conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('api', rate_limit => 50, rate_period => '1 minute')")
+    assert shards(conn) == [50]
+    conn.execute("SELECT pgq.configure_queue('api', rate_limit => 250, rate_period => '1 second')")
+    assert shards(conn) == [125, 125]
+    conn.execute("SELECT pgq.configure_queue('api', rate_limit => 3001)")
+    assert len(shards(conn)) == 16 and sum(shards(conn)) == 3001 and max(shards(conn)) - min(shards(conn)) == 1
+    conn.execute("SELECT pgq.configure_queue('api', rate_period => '1 minute')")  # 50 a second: one shard
+    assert shards(conn) == [3001]
+    assert one(conn, "SELECT rate_tat FROM pgq.queue_settings('api')") is None  # full
+
+
+def test_one_claim_takes_the_whole_burst_across_the_shards_then_the_rate(conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('api', rate_limit => 400, rate_period => '1 second')")
+    assert len(shards(conn)) == 4
+    set_clock(conn, at(0))
+    enqueue(conn, "api", 1000)
+    assert len(claim(conn, queues=["api"], batch=1000)) == 400
+    assert claim(conn, queues=["api"], batch=1000) == []
+    assert one(conn, "SELECT rate_tat FROM pgq.queue_settings('api')") == T0 + timedelta(seconds=1)
+    set_clock(conn, at(0.5))  # 50 tokens a shard
+    assert len(claim(conn, queues=["api"], batch=1000)) == 200
+    row = conn.execute("SELECT held_by_rate_limit, next_token_at FROM pgq.queue_limits('api')").fetchone()
+    assert row == (400, T0 + timedelta(seconds=0.51))  # 400 due jobs held; each shard's next token in 10 ms
+
+
+def test_claimers_of_a_fast_rate_limit_spend_side_by_side(dsn: str, conn: psycopg.Connection) -> None:  # noqa: F811 (clockdb's dsn)
+    """A claim of a rate-limited queue locks only the shards it spends: while one claim's
+    transaction stays open, another claim takes tokens from the other shards at once (it used to
+    find the queue's row held and get nothing)."""
+    conn.execute("SELECT pgq.configure_queue('api', rate_limit => 400, rate_period => '1 second')")
+    set_clock(conn, at(0))
+    enqueue(conn, "api", 1000)
+    with psycopg.connect(dsn) as first:  # a transaction left open after its claim
+        assert len(claim(first, queues=["api"], batch=1)) == 1
+        with psycopg.connect(dsn, autocommit=True) as second:
+            second.execute("SET statement_timeout = '10s'")  # a wait would fail here, not hang
+            got = claim(second, queues=["api"], batch=1000)
+            assert len(got) == 300  # the three shards the first claim does not hold
+        first.rollback()
+    assert len(claim(conn, queues=["api"], batch=1000)) == 100  # the fourth, given back whole
 
 
 def test_changing_another_setting_keeps_the_rate_state(conn: psycopg.Connection) -> None:
@@ -414,10 +467,15 @@ def _bound_holds(claims: list[tuple[datetime, int]], burst: int, period: float) 
 
 
 @pytest.mark.parametrize("fair", [False, True])
-def test_many_concurrent_claimers_never_pass_the_rate_limits(dsn: str, conn: psycopg.Connection, fair: bool) -> None:  # noqa: F811 (clockdb's dsn)
+@pytest.mark.parametrize("rate, key_rate, period, done", [
+    (3, 1, 0.2, 60),        # small bursts, one shard: a token handed out twice passes the bound
+    (400, 100, 1.0, 800),   # four shards (issue 25), spent side by side: together never above the rate
+])
+def test_many_concurrent_claimers_never_pass_the_rate_limits(dsn: str, conn: psycopg.Connection, fair: bool,  # noqa: F811 (clockdb's dsn)
+                                                             rate: int, key_rate: int, period: float,
+                                                             done: int) -> None:
     """8 claimers hammer pgq.claim (each call a worker name of its own) on a queue with a rate
     limit and a key rate limit; every window of the claimed events keeps both bounds."""
-    rate, key_rate, period = 3, 1, 0.2  # small bursts: a token handed out twice passes the bound
     conn.execute("SELECT pgq.configure_queue('api', rate_limit => %s, key_rate_limit => %s, "
                  "rate_period => make_interval(secs => %s), fair => %s)", (rate, key_rate, period, fair))
     for i, key in enumerate(["a", "b", "c", "d", None]):
@@ -447,8 +505,8 @@ def test_many_concurrent_claimers_never_pass_the_rate_limits(dsn: str, conn: psy
     threads = [threading.Thread(target=claimer, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
-    wait_for(lambda: one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'done'") >= 60,
-             "60 jobs done", timeout=120)
+    wait_for(lambda: one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'done'") >= done,
+             f"{done} jobs done", timeout=120)
     stop.set()
     for t in threads:
         t.join(timeout=30)
@@ -465,7 +523,7 @@ def test_many_concurrent_claimers_never_pass_the_rate_limits(dsn: str, conn: psy
         entry[1] += n
         if key is not None:
             per_key[key].append((first, n))
-    assert sum(n for _, n in per_claim.values()) >= 60
+    assert sum(n for _, n in per_claim.values()) >= done
     assert not _bound_holds([(e, n) for e, n in per_claim.values()], rate, period)
     for key, claims in per_key.items():
         assert not _bound_holds(claims, key_rate, period), key

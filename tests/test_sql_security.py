@@ -77,7 +77,7 @@ TABLE_STATEMENTS = [
 TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "tenant", "schedules": "name",
           "fence": "timeline", "grants": "queue",
           "finished_counts": "total", "finished_deltas": "queue", "key_limits": "key", "key_rates": "key",
-          "key_slots": "slot"}
+          "key_slots": "slot", "rate_buckets": "rate"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:

@@ -87,7 +87,9 @@ def test_workers_of_the_previous_release_drain_a_queue_while_it_is_migrated(
                 assert "0014" in migrated.stdout and "0015" in migrated.stdout
                 reader.rollback()
             ended = one(conn, "SELECT clock_timestamp()")
-            assert one(conn, "SELECT pgq.version()") == "15"
+            newest = max(p.stem for p in (ROOT / "migrations").glob("*.sql"))  # (every migration since 0013 ran)
+            assert one(conn, "SELECT pgq.version()") == str(int(newest[:4]))
+            assert newest[:4] in migrated.stdout
             assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE claimed_at BETWEEN %s AND %s",
                        (started, ended)) > 0, "no job was claimed while the migration ran: it proved nothing"
             assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'pending'") > 0, \

@@ -724,6 +724,7 @@ LIMITED_QUEUE = "bench-limited"
 LIMITED_KEYS = 16
 KEY_MAX_RUNNING = 2
 RATE_LIMIT = 200  # jobs per second
+FAST_RATE_LIMIT = 2000  # jobs per second: 16 shards, whose claimers spend side by side
 
 
 def _limited_load(conn: psycopg.Connection, n: int, keys: int) -> None:
@@ -740,7 +741,7 @@ def _limited_drain(dsn: str, workers: int, n: int, batch: int = 10) -> dict[str,
     empty claim while jobs remain (every key full, or no token) waits 1 ms and claims again. A
     sampler counts the most running jobs of one key every 2 ms. Jobs per second by the wall clock."""
     stop = threading.Event()
-    most = {"per_key": 0, "samples": 0, "empty_claims": 0}
+    most = {"per_key": 0, "samples": 0, "empty_claims": 0, "done": 0}
     lock = threading.Lock()
 
     def sampler() -> None:
@@ -760,14 +761,15 @@ def _limited_drain(dsn: str, workers: int, n: int, batch: int = 10) -> dict[str,
             while True:
                 rows = conn.execute(queries.CLAIM, params, prepare=True).fetchall()
                 if rows:
-                    conn.execute(queries.COMPLETE_MANY, {"ids": [r[0] for r in rows],
-                                                         "attempts": [r[5] for r in rows]}, prepare=True)
+                    done = conn.execute(queries.COMPLETE_MANY, {"ids": [r[0] for r in rows],
+                                                                "attempts": [r[5] for r in rows]},
+                                        prepare=True).fetchall()
+                    with lock:
+                        most["done"] += len(done)
                     continue
-                left = conn.execute("SELECT count(*) FROM pgq.jobs WHERE queue = %s AND state <> 'done'",
-                                    (LIMITED_QUEUE,), prepare=True).fetchone()[0]  # type: ignore[index]
-                if not left:
-                    return
-                with lock:
+                with lock:  # (counted by the threads: a count(*) of the table per empty claim cost CPU)
+                    if most["done"] >= n:
+                        return
                     most["empty_claims"] += 1
                 time.sleep(0.001)
 
@@ -803,12 +805,15 @@ def _limited_drain(dsn: str, workers: int, n: int, batch: int = 10) -> dict[str,
 def _limited_drains(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
     """Drains of one queue with the same jobs (LIMITED_KEYS keys) and workers: without limits (the
     reference, in this run), with key_max_running KEY_MAX_RUNNING, and with a rate limit of
-    RATE_LIMIT a second (its n: 3 s of tokens after the burst). Alternating, cfg.repeats times."""
+    RATE_LIMIT and of FAST_RATE_LIMIT a second (n: 3 s of tokens after the burst). Alternating,
+    cfg.repeats times."""
     workers = max(cfg.workers)
     cases: dict[str, tuple[dict[str, Any], int]] = {
         "no limit": ({"key_max_running": 0, "rate_limit": 0}, cfg.jobs),
         f"key_max_running {KEY_MAX_RUNNING}": ({"key_max_running": KEY_MAX_RUNNING, "rate_limit": 0}, cfg.jobs),
         f"rate_limit {RATE_LIMIT}/s": ({"key_max_running": 0, "rate_limit": RATE_LIMIT}, 4 * RATE_LIMIT),
+        f"rate_limit {FAST_RATE_LIMIT}/s": ({"key_max_running": 0, "rate_limit": FAST_RATE_LIMIT},
+                                            4 * FAST_RATE_LIMIT),
     }
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in cases}
     with _connect(dsn) as conn:
@@ -829,8 +834,9 @@ def _limited_drains(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
         n = cases[name][1]
         res[name] = {"jobs": n, "jobs_per_s": _summary([x["jobs_per_s"] for x in rs]),
                      "seconds": min(x["seconds"] for x in rs),
-                     # The rate limit's floor: after its burst of RATE_LIMIT, one token per 1/RATE_LIMIT s.
-                     "min_seconds": (n - RATE_LIMIT) / RATE_LIMIT if cases[name][0]["rate_limit"] else 0.0,
+                     # The rate limit's floor: after its burst of r, one token per 1/r s.
+                     "min_seconds": ((n - cases[name][0]["rate_limit"]) / cases[name][0]["rate_limit"]
+                                     if cases[name][0]["rate_limit"] else 0.0),
                      "most_running_per_key": max(x["most_running_per_key"] for x in rs),
                      "busiest_second": max(x["busiest_second"] for x in rs),
                      "samples": sum(x["samples"] for x in rs), "empty_claims": sum(x["empty_claims"] for x in rs)}
@@ -1153,12 +1159,13 @@ def _markdown(res: dict[str, Any]) -> str:
                              f" {v['jobs_per_s']['median'] / ref:.2f} | {v['most_running_per_key']} |"
                              f" {v['seconds']:.2f} ({v['min_seconds']:.2f}) | {v['busiest_second']} |")
         lines += ["", f"Most running of one key: the largest count a sampler saw (every 2 ms) during the drains "
-                      f"(limit {KEY_MAX_RUNNING}). A rate limit of {RATE_LIMIT}/s hands out a burst of {RATE_LIMIT}, "
-                      f"then one job per {1000 / RATE_LIMIT:g} ms, so n jobs take at least (n − {RATE_LIMIT}) / "
-                      f"{RATE_LIMIT} s (the floor in brackets). Most claims in one second: by the claim events' times "
-                      f"(pgq.job_events.at), written a little after the bucket's clock is read, so a second of "
-                      f"events can hold one or two more than the {2 * RATE_LIMIT} (burst + a second's tokens) "
-                      f"of the bucket's own clock.", ""]
+                      f"(limit {KEY_MAX_RUNNING}). A rate limit of r a second hands out a burst of r, then one job "
+                      f"per 1/r s, so n jobs take at least (n − r) / r s (the floor in brackets): the drains of "
+                      f"{RATE_LIMIT}/s and of {FAST_RATE_LIMIT}/s (its bucket in 16 shards, spent side by side by the "
+                      f"{lim['workers']} claimers) should be near their floors. Most claims in one second: by the "
+                      f"claim events' times (pgq.job_events.at), written a little after the bucket's clock is read, so "
+                      f"a second of events can hold one or two more than 2r (burst + a second's tokens) of the "
+                      f"bucket's own clock.", ""]
     if "keyed" in res:
         kd = res["keyed"]
         lines += [f"### The Worker on a key-limited queue ({kd['jobs']:,} jobs over {kd['keys']} keys, handlers of "
@@ -1665,6 +1672,68 @@ def server_loop_cpu_ab(*, jobs: int = 3000, repeats: int = 12, before: str = AB_
         databases.close()
 
 
+# A/B per concern: what a plain queue's claim pays for what other queues use (issue 25) -----------
+
+#: Per concern, what the database holds besides the plain queue 'bench' (run again after each round's
+#: TRUNCATE of the jobs): another queue that uses it, or (audit off) the plain queue without its
+#: event log. The reference, "plain", holds nothing else.
+CONCERNS: dict[str, list[str]] = {
+    "plain": [],
+    "limits": ["SELECT pgq.configure_queue('other', max_running => 5, key_max_running => 2, rate_limit => 1000)",
+               "SELECT pgq.enqueue('other', 'k', concurrency_key => 'key-' || g % 50) FROM generate_series(1, 1000) g"],
+    "fairness": ["SELECT pgq.configure_queue('other', fair => true)",
+                 "SELECT pgq.enqueue('other', 'k', tenant => 't' || g % 100) FROM generate_series(1, 1000) g"],
+    "schedules": ["SELECT pgq.schedule('s' || g, 'other', 'k', every => '1 hour') FROM generate_series(1, 100) g"
+                  " WHERE NOT EXISTS (SELECT FROM pgq.schedules())"],
+    "dependencies": ["SELECT pgq.enqueue('other', 'dependant', depends_on => ARRAY[pgq.enqueue('other', 'k')])"
+                     " FROM generate_series(1, 500)"],
+    "grants": ["SELECT pgq.grant_queue('other', 'pgq_worker', 'claim')"
+               " WHERE NOT EXISTS (SELECT FROM pgq.queue_grants())"],
+    "audit off": ["SELECT pgq.configure_queue('bench', audit => false)"],
+}
+
+
+def concerns_ab(*, jobs: int = 3000, repeats: int = 8, fsync: bool = True) -> dict[str, Any]:
+    """What a plain queue pays for the features it does not use, in one run: one database per
+    CONCERNS entry on one server (every one at this checkout's schema), the plain queue's
+    AB_SERVER_LOOP (claim + complete, each committed) timed by the backend's CPU in each, the
+    databases in a rotating order each round (the first round warms up). Microseconds of backend
+    CPU per pair, medians and minimums, and the ratio of each median to the plain database's."""
+    databases = Databases(postgres_args=f"{SERVER_SETTINGS} -c fsync={'on' if fsync else 'off'}")
+    try:
+        dsns = {}
+        for i, name in enumerate(CONCERNS):
+            dsns[name] = databases.create(f"concern_{i}")
+            _migrate_to(dsns[name], HEAD)
+        per_pair: dict[str, list[float]] = {k: [] for k in CONCERNS}
+        names = list(CONCERNS)
+        for r in range(repeats + 1):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                with _connect(dsns[name]) as conn:
+                    conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.job_dependencies")
+                    for statement in CONCERNS[name]:
+                        conn.execute(statement)
+                    conn.execute("SELECT pgq.enqueue_many(%s, 'noop', array_fill('{}'::jsonb, ARRAY[%s]))",
+                                 (QUEUE, jobs))
+                    conn.execute("VACUUM ANALYZE")
+                    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+                    used = _backend_cpu_seconds(pid)
+                    conn.execute(AB_SERVER_LOOP % int(jobs))
+                    used = _backend_cpu_seconds(pid) - used
+                    done = conn.execute("SELECT count(*) FROM pgq.jobs WHERE queue = %s AND state = 'done'",
+                                        (QUEUE,)).fetchone()[0]  # type: ignore[index]
+                    if done != jobs:
+                        raise RuntimeError(f"concern {name}: {done} of {jobs} jobs done")
+                if r:
+                    per_pair[name].append(used / jobs * 1e6)
+        med = {k: statistics.median(v) for k, v in per_pair.items()}
+        return {"jobs": jobs, "repeats": repeats, "fsync": fsync, "cpu_us_per_claim_complete": per_pair,
+                "median_us": med, "min_us": {k: min(v) for k, v in per_pair.items()},
+                "ratio_to_plain": {k: med[k] / med["plain"] for k in med}}
+    finally:
+        databases.close()
+
+
 # A/B: the claim before and after migration 0006 (kinds, list_jobs' and the kinds' indexes) ---------
 
 OPERATORS_BEFORE = "0005_version"
@@ -1733,11 +1802,18 @@ if __name__ == "__main__":
     import sys
 
     usage = ("usage: python -m pgq_thin.tools.bench [JOBS WORKERS REPEATS [BEFORE AFTER]]\n"
+             "       python -m pgq_thin.tools.bench concerns [JOBS REPEATS]: what a plain queue pays for\n"
+             "  the features other queues use (concerns_ab), fsync on and off\n"
              "  the A/B of two migrations (file names without .sql, or head: every migration and the\n"
              "  function source, or git:REV: those of a git revision of this checkout, e.g. git:main;\n"
              f"  default: {AB_BEFORE} {AB_AFTER}): client drains with fsync on and off,\n"
              "  then the server loop (its backend's CPU with fsync on and off)")
     args = sys.argv[1:]
+    if args[:1] == ["concerns"]:  # concerns_ab, fsync on and off
+        counts: dict[str, int] = dict(zip(("jobs", "repeats"), (int(x) for x in args[1:3])))
+        for on in (True, False):
+            print(json.dumps(concerns_ab(**counts, fsync=on), indent=1))
+        sys.exit(0)
     if any(a in ("-h", "--help") for a in args):
         print(usage)
         sys.exit(0)

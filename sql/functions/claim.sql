@@ -21,12 +21,13 @@
 -- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
 -- a fair queue's candidates come from pgq._fair_pick, and a key-limited queue's (key_max_running
 -- or pgq.set_key_limit) from pgq._keyed_pick, at most each key's free slots: it locks each key it
--- takes, not the queue, so claims of different keys run side by side (a rate-limited queue's row
--- is locked like a capped one's, for its tokens). Queues with none of them pay nothing for them.
+-- takes (its slot), not the queue, so claims of different keys run side by side; a rate-limited
+-- queue's tokens come from the shards of its bucket the claim locks (pgq._claim_rooms), so its
+-- claimers spend side by side too. Queues with none of them pay nothing for them.
 -- A claim never waits for another session's lock: a capped queue's row (a fair queue's tenant
--- row, a key) that another transaction holds is skipped for this call (SKIP LOCKED, tried
--- advisory locks), so an idle transaction that claimed from a limited queue holds up no other
--- worker's claims.
+-- row, a key's slot, a bucket's shard) that another transaction holds is skipped for this call
+-- (SKIP LOCKED), so an idle transaction that claimed from a limited queue holds up no other
+-- worker's claims of anything else.
 -- Before any of that, the failover fence: the first claim of a session checks that the fences
 -- were moved on this server's timeline (pgq._check_timeline); later ones read one setting.
 --
@@ -57,7 +58,9 @@ DECLARE
     keyed_ids bigint[] := '{}';
     capped   boolean;    -- whether any of them has max_running, key limits or rate limits
     rated    boolean;    -- then: whether any of those it holds has a rate limit
-    rate_now timestamptz;  -- then: the rate limits' clock, read once they are held
+    rate_now timestamptz;  -- then: the rate limits' clock, read once their shards are held
+    buckets  pgq.rate_buckets[];  -- then: the shards of the rate-limited queues' buckets it holds
+    spend_at timestamptz;  -- then: the rate clock the tokens are spent at
     expired  boolean;    -- whether any lease has expired
     due      boolean;    -- whether one of them has a schedule due
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
@@ -92,8 +95,8 @@ BEGIN
         rooms := array_fill(claim.batch, ARRAY[cardinality(names)]);
         keyeds := array_fill(false, ARRAY[cardinality(names)]);
     ELSE
-        SELECT e.names, e.rooms, e.fairs, e.keyeds, e.rated, e.rate_now
-        INTO names, rooms, fairs, keyeds, rated, rate_now
+        SELECT e.names, e.rooms, e.fairs, e.keyeds, e.rated, e.rate_now, e.buckets
+        INTO names, rooms, fairs, keyeds, rated, rate_now, buckets
         FROM pgq._claim_rooms(names, claim.batch) AS e;
     END IF;
 
@@ -119,13 +122,19 @@ BEGIN
                            WHERE e.keyed);
     END IF;
 
+    -- The rate clock the tokens are spent at: read once every lock is held (the shards', the
+    -- keys', the picks'), before the jobs are handed out (their claimed events come after it).
+    IF rated THEN
+        spend_at := pgq._rate_clock();
+    END IF;
+
     RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, names, rooms, fairs, keyeds, fair_ids || keyed_ids,
                                                claim.batch, claim.lease, claim.kinds);
 
     -- The rate-limited queues' tokens, spent for the jobs this claim handed out: its picks
     -- (locked by it, pending until its UPDATE) that are running now.
     IF rated THEN
-        PERFORM pgq._spend_tokens(keyed_ids, rate_now);
+        PERFORM pgq._spend_tokens(keyed_ids, buckets, spend_at);
     END IF;
 END
 $$;
@@ -270,25 +279,31 @@ CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[])
 $$;
 
 -- For a claim of capped queues (pgq._claimable_queues): which of `queues` it takes jobs from (names),
--- and how many each may start now (rooms). A capped queue (max_running or a rate limit; a queue
--- with key limits alone is not locked: pgq._keyed_pick locks its keys) is locked before its running jobs are
--- counted by the second statement, whose fresh snapshot sees every earlier claim; one that another
--- transaction holds is skipped (this call claims none of its jobs), never waited for. (Under
--- REPEATABLE READ or SERIALIZABLE that count would come from an older snapshot and could pass the
--- cap: such a claim of a capped queue is refused.) keyeds: whether each takes the per-key step
--- (pgq._keyed_pick); rated: whether any of them has a rate limit, whose tokens pgq.claim spends at
--- rate_now, the rate limits' clock read once their queues are held (see pgq._rate_clock). A
--- rate-limited queue's room is at most the tokens its bucket holds now; it takes the per-key step,
--- whose picks are known before the claim, so that the tokens spent are those of the jobs handed
--- out (counted after it). Queues without room are left out.
+-- and how many each may start now (rooms). A queue with max_running is locked before its running
+-- jobs are counted by the last statement, whose fresh snapshot sees every earlier claim; one that
+-- another transaction holds is skipped (this call claims none of its jobs), never waited for. A
+-- queue with a rate limit is not locked: the claim locks the shards of its bucket it may spend
+-- (`buckets`: per queue, shards that hold a token by a reading before the locks, as many as hold
+-- `batch` tokens on average, from a random one on; each tried with SKIP LOCKED), and its room is
+-- at most the tokens those hold at rate_now, the rate clock read once they are held (see pgq._rate_clock); a queue none of
+-- whose shards it could lock gets no room. A queue with key limits alone is not locked either
+-- (pgq._keyed_pick locks its keys). (Under REPEATABLE READ or SERIALIZABLE the counts would come
+-- from an older snapshot and could pass the limits: such a claim of a capped queue is refused.)
+-- keyeds: whether each takes the per-key step (pgq._keyed_pick); rated: whether any of them has
+-- a rate limit, whose tokens pgq.claim spends. A rate-limited queue takes the per-key step, whose
+-- picks are known before the claim, so that the tokens spent are those of the jobs handed out
+-- (counted after it). Queues without room are left out.
 CREATE OR REPLACE FUNCTION pgq._claim_rooms(queues text[], batch integer, OUT names text[], OUT rooms integer[],
                                             OUT fairs boolean[], OUT keyeds boolean[], OUT rated boolean,
-                                            OUT rate_now timestamptz)
+                                            OUT rate_now timestamptz, OUT buckets pgq.rate_buckets[])
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    locked   text[];     -- the capped ones this call holds (the others are skipped)
+    locked   text[];     -- the queues with max_running this call holds (the others are skipped)
+    start    integer;    -- the shard a rate-limited queue's locks start at
+    r        record;
 BEGIN
+    buckets := '{}';
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'pgq: a claim of a queue with max_running, key limits or rate limits must run at READ COMMITTED, not %',
             upper(current_setting('transaction_isolation'))
@@ -296,9 +311,28 @@ BEGIN
                   HINT = 'Claim in autocommit mode, or in a READ COMMITTED transaction.';
     END IF;
     locked := ARRAY(SELECT q.name FROM pgq.queues AS q
-                    WHERE (q.max_running > 0 OR q.rate_limited) AND NOT q.paused
-                      AND q.name = ANY (_claim_rooms.queues)
+                    WHERE q.max_running > 0 AND NOT q.paused AND q.name = ANY (_claim_rooms.queues)
                     FOR NO KEY UPDATE SKIP LOCKED);
+    -- Per rate-limited queue, as many of its shards with a token (by a reading before the locks)
+    -- as hold `batch` tokens on average, from a random shard on: claimers at once start at
+    -- different shards, and each takes the next free ones (SKIP LOCKED with LIMIT).
+    FOR r IN
+        SELECT q.name, q.rate_period, count(*)::integer AS shards,
+               sum(pgq._tokens(b.tat, b.rate, q.rate_period, pgq._rate_clock()))::integer AS tokens
+        FROM pgq.queues AS q
+        JOIN pgq.rate_buckets AS b ON b.queue = q.name
+        WHERE q.rate_limit > 0 AND NOT q.paused AND q.name = ANY (_claim_rooms.queues)
+        GROUP BY q.name, q.rate_period
+    LOOP
+        CONTINUE WHEN r.tokens = 0;
+        start := floor(random() * r.shards)::integer;
+        buckets := buckets || ARRAY(
+            SELECT b FROM pgq.rate_buckets AS b
+            WHERE b.queue = r.name AND pgq._tokens(b.tat, b.rate, r.rate_period, pgq._rate_clock()) >= 1
+            ORDER BY (b.shard + start) % r.shards
+            LIMIT least(r.shards, ceil(_claim_rooms.batch::numeric * r.shards / r.tokens))::integer
+            FOR NO KEY UPDATE SKIP LOCKED);
+    END LOOP;
     rate_now := pgq._rate_clock();
     SELECT array_agg(e.name ORDER BY e.name), array_agg(e.room ORDER BY e.name),
            array_agg(e.fair ORDER BY e.name), array_agg(e.keyed ORDER BY e.name),
@@ -311,11 +345,13 @@ BEGIN
                                    SELECT count(*) FROM pgq.jobs AS j
                                    WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
                      END,
-                     CASE WHEN q.rate_limit > 0 THEN pgq._tokens(q.rate_tat, q.rate_limit, q.rate_period, rate_now) END)
+                     CASE WHEN q.rate_limit > 0
+                          THEN (SELECT coalesce(sum(pgq._tokens(h.tat, h.rate, q.rate_period, rate_now)), 0)::integer
+                                FROM unnest(buckets) AS h WHERE h.queue = q.name) END)
                AS room
         FROM pgq.queues AS q
         WHERE NOT q.paused AND q.name = ANY (_claim_rooms.queues)
-          AND ((q.max_running = 0 AND NOT q.rate_limited) OR q.name = ANY (locked))
+          AND (q.max_running = 0 OR q.name = ANY (locked))
     ) AS e
     WHERE e.room > 0;
 END

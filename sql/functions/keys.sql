@@ -391,9 +391,9 @@ CREATE OR REPLACE FUNCTION pgq.queue_limits(queue text DEFAULT NULL)
            CASE WHEN q.max_running > 0 THEN greatest(t.ready - greatest(q.max_running - t.running, 0), 0) ELSE 0 END,
            coalesce(k.held_by_key_limit, 0)::bigint,
            CASE WHEN q.rate_limit > 0
-                THEN greatest(t.ready - pgq._tokens(q.rate_tat, q.rate_limit, q.rate_period, c.at), 0) ELSE 0 END,
+                THEN greatest(t.ready - pgq._bucket_tokens(q.name, q.rate_period, c.at), 0) ELSE 0 END,
            coalesce(k.held_by_key_rate_limit, 0)::bigint,
-           pgq._next_token_at(q.rate_tat, q.rate_limit, q.rate_period, c.at),
+           pgq._bucket_next_token_at(q.name, q.rate_period, c.at),
            CASE WHEN k.held_by_key_rate_limit > 0 THEN k.next_key_token_at END
     FROM listed AS q
     CROSS JOIN clock AS c

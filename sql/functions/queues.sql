@@ -179,8 +179,10 @@ BEGIN
         PERFORM pgq._make_fair(configure_queue.queue);
     END IF;
     -- A new rate or period keeps what the buckets handed out: their debt is rescaled to as many
-    -- tokens of the new rate (pgq._rescaled_tat); a rate set to 0 forgets it. (Read after the
-    -- queue's row lock, like a claim's.)
+    -- tokens of the new rate (pgq._rescaled_tat, pgq._set_rate_buckets, which waits for the claims
+    -- that hold a shard); a rate set to 0 forgets it. A claim in flight meanwhile spends a key's
+    -- tokens by the settings it started with: a new rate binds the claims that start after it
+    -- commits.
     rate_now := pgq._rate_clock();
     new_rate := coalesce(configure_queue.rate_limit, q.rate_limit);
     new_period := coalesce(configure_queue.rate_period, q.rate_period);
@@ -191,6 +193,9 @@ BEGIN
         UPDATE pgq.key_rates AS k
         SET tat = pgq._rescaled_tat(k.tat, q.key_rate_limit, q.rate_period, new_key_rate, new_period, rate_now)
         WHERE k.queue = configure_queue.queue AND k.tat > rate_now;
+    END IF;
+    IF new_rate <> q.rate_limit OR (new_rate > 0 AND new_period <> q.rate_period) THEN
+        PERFORM pgq._set_rate_buckets(configure_queue.queue, q.rate_period, new_rate, new_period, rate_now);
     END IF;
     UPDATE pgq.queues AS s
     SET lease = coalesce(configure_queue.lease, s.lease),
@@ -211,13 +216,10 @@ BEGIN
         rate_limit = new_rate,
         rate_period = new_period,
         key_rate_limit = new_key_rate,
-        rate_limited = new_rate > 0 OR new_key_rate > 0,
-        rate_tat = CASE WHEN new_rate = 0 THEN NULL
-                        WHEN new_rate = s.rate_limit AND new_period = s.rate_period THEN s.rate_tat
-                        ELSE pgq._rescaled_tat(s.rate_tat, s.rate_limit, s.rate_period, new_rate, new_period, rate_now)
-                   END
+        rate_limited = new_rate > 0 OR new_key_rate > 0
     WHERE s.name = configure_queue.queue
     RETURNING * INTO q;
+    q.rate_tat := (SELECT max(b.tat) FROM pgq.rate_buckets AS b WHERE b.queue = q.name);  -- (as queue_settings shows it)
     RETURN q;
 END
 $$;

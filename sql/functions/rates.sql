@@ -8,18 +8,34 @@
 -- rate + floor(W * rate / period) tokens (the tat advances by period / rate per token and never
 -- passes the latest clock reading plus period). The arithmetic is exact (numeric epochs, tat
 -- rounded up to the microsecond).
+--
+-- A queue's bucket (rate_limit) is split into shards (pgq.rate_buckets, pgq._rate_shards of them),
+-- each a GCRA bucket of its part of the rate: their sum is the queue's rate, and so is the sum of
+-- the bounds above, so together they never hand out more than the one bucket would. A claim locks
+-- only the shards it spends (the fullest first, FOR NO KEY UPDATE SKIP LOCKED, never waited for),
+-- so claimers of one queue spend side by side instead of taking turns on one row. A key's bucket
+-- (key_rate_limit, pgq.key_rates) is one row, spent under the key's slot (pgq.key_slots).
 
--- The clock of the rate limits: clock_timestamp(), read by pgq.claim once it holds the queue rows
--- it limits. Not pgq._now() (statement_timestamp) or now(): a claim whose statement or
+-- The clock of the rate limits: clock_timestamp(), read by pgq.claim once it holds the shards it
+-- may spend (to count their tokens), and again once all its locks are held, keys' slots included,
+-- before it hands the jobs out (to spend them). Not pgq._now() (statement_timestamp) or now(): a claim whose statement or
 -- transaction started before another claim's took the lock would spend tokens at an earlier
 -- moment than they are handed out, and so refill the bucket for the claims after it; read after
--- the lock, the readings of one queue's claims come in the order they hand out their jobs. (A
--- test database may replace this function, like pgq._now().)
+-- the locks, the readings of one bucket's claims come in the order they hand out their jobs. A
+-- count at an earlier reading than the spend only finds fewer tokens. (A test database may replace
+-- this function, like pgq._now().)
 CREATE OR REPLACE FUNCTION pgq._rate_clock() RETURNS timestamptz
     LANGUAGE sql VOLATILE PARALLEL SAFE
     AS $$ SELECT clock_timestamp() $$;
 COMMENT ON FUNCTION pgq._rate_clock() IS
     'The clock of the rate limits: clock_timestamp(), read once the claim holds its queue rows.';
+
+-- How many shards a queue's bucket of `rate` tokens per `period` has: one per 100 tokens a second,
+-- 1 to 16 and at most `rate`, so that each shard still gains a token at least every 10 ms. (Written
+-- out in migration 0016, which made the first buckets.)
+CREATE OR REPLACE FUNCTION pgq._rate_shards(rate integer, period interval) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT greatest(1, least(16, $1, floor($1 / extract(epoch FROM $2) / 100)))::integer $$;
 
 -- How many tokens a bucket (its tat, rate and period) holds at `at`.
 CREATE OR REPLACE FUNCTION pgq._tokens(tat timestamptz, rate integer, period interval, at timestamptz) RETURNS integer
@@ -60,48 +76,116 @@ CREATE OR REPLACE FUNCTION pgq._rescaled_tat(tat timestamptz, old_rate integer, 
            END
 $$;
 
+-- Makes a queue's shards (pgq.rate_buckets) for a new rate or period (pgq.configure_queue, which
+-- holds the queue's row): every shard is locked first (waiting for the claims that hold one, as
+-- admin calls wait), then what the old shards handed out and have not regained (their debt, in
+-- tokens) is kept as as many tokens of the new rate (at most a whole bucket: empty), shared by
+-- the new shards in proportion (each as full as the bucket). Rate 0: no shard.
+CREATE OR REPLACE FUNCTION pgq._set_rate_buckets(queue text, old_period interval, rate integer, period interval,
+                                                 at timestamptz) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    debt  float8;        -- tokens handed out and not regained yet
+    tat   timestamptz;   -- the new shards' tat
+    n     integer;
+BEGIN
+    PERFORM FROM pgq.rate_buckets AS b WHERE b.queue = _set_rate_buckets.queue ORDER BY b.shard FOR UPDATE;
+    SELECT coalesce(sum(extract(epoch FROM b.tat - _set_rate_buckets.at) * b.rate
+                        / extract(epoch FROM _set_rate_buckets.old_period)), 0)
+    INTO debt
+    FROM pgq.rate_buckets AS b WHERE b.queue = _set_rate_buckets.queue AND b.tat > _set_rate_buckets.at;
+    DELETE FROM pgq.rate_buckets AS b WHERE b.queue = _set_rate_buckets.queue;
+    IF _set_rate_buckets.rate = 0 THEN
+        RETURN;
+    END IF;
+    IF debt > 0 THEN
+        tat := _set_rate_buckets.at + least(debt / _set_rate_buckets.rate, 1) * _set_rate_buckets.period;
+    END IF;
+    n := pgq._rate_shards(_set_rate_buckets.rate, _set_rate_buckets.period);
+    INSERT INTO pgq.rate_buckets (queue, shard, rate, tat)
+    SELECT _set_rate_buckets.queue, s.shard, _set_rate_buckets.rate / n + (s.shard < _set_rate_buckets.rate % n)::integer,
+           tat
+    FROM generate_series(0, n - 1) AS s(shard);
+END
+$$;
+
+-- How many tokens a queue's shards hold at `at` (its rate_period: `period`); 0 without shards.
+CREATE OR REPLACE FUNCTION pgq._bucket_tokens(queue text, period interval, at timestamptz) RETURNS integer
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(sum(pgq._tokens(b.tat, b.rate, $2, $3)), 0)::integer FROM pgq.rate_buckets AS b WHERE b.queue = $1
+$$;
+
+-- When a queue's bucket holds a token again: NULL when one of its shards holds one at `at` (or it
+-- has none), else the earliest next token of a shard.
+CREATE OR REPLACE FUNCTION pgq._bucket_next_token_at(queue text, period interval, at timestamptz)
+    RETURNS timestamptz
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT CASE WHEN bool_or(pgq._tokens(b.tat, b.rate, $2, $3) >= 1) THEN NULL
+                ELSE min(pgq._next_token_at(b.tat, b.rate, $2, $3)) END
+    FROM pgq.rate_buckets AS b WHERE b.queue = $1
+$$;
+
 -- Deletes up to max_rows rows of pgq.key_rates whose bucket is full again (pgq.sweep,
--- pgq.prune), queue by queue under the queue's row lock, like the claims that write them (a queue
--- whose row another session holds is skipped): at the clock read after the lock, such a row
--- says what no row says, so no claim after it can tell.
+-- pgq.prune), each under its key's slot (pgq.key_slots), like the claims that write them (a key
+-- whose slot another session holds is skipped): at the clock read after the lock, such a row says
+-- what no row says, so no claim after it can tell.
 CREATE OR REPLACE FUNCTION pgq._prune_key_rates(max_rows integer) RETURNS integer
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    deleted integer := 0;
-    r record;
+    queues text[];
+    keys   text[];
+    held   integer[];
+    deleted integer;
 BEGIN
-    FOR r IN SELECT DISTINCT k.queue FROM pgq.key_rates AS k WHERE k.tat <= pgq._rate_clock() LOOP
-        EXIT WHEN deleted >= _prune_key_rates.max_rows;
-        PERFORM FROM pgq.queues AS q WHERE q.name = r.queue FOR NO KEY UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        WITH gone AS (
-            DELETE FROM pgq.key_rates AS k
-            WHERE k.queue = r.queue AND k.key IN (
-                SELECT x.key FROM pgq.key_rates AS x
-                WHERE x.queue = r.queue AND x.tat <= pgq._rate_clock()
-                LIMIT _prune_key_rates.max_rows - deleted)
-            RETURNING 1
-        )
-        SELECT deleted + count(*) INTO deleted FROM gone;
-    END LOOP;
+    SELECT array_agg(k.queue), array_agg(k.key) INTO queues, keys
+    FROM (SELECT k.queue, k.key FROM pgq.key_rates AS k WHERE k.tat <= pgq._rate_clock()
+          LIMIT _prune_key_rates.max_rows) AS k;
+    IF queues IS NULL THEN
+        RETURN 0;
+    END IF;
+    held := ARRAY(SELECT s.slot FROM pgq.key_slots AS s
+                  WHERE s.slot = ANY (ARRAY(SELECT pgq._key_slot(c.queue, c.key) FROM unnest(queues, keys) AS c(queue, key)))
+                  ORDER BY s.slot
+                  FOR NO KEY UPDATE SKIP LOCKED);
+    WITH gone AS (
+        DELETE FROM pgq.key_rates AS k
+        USING unnest(queues, keys) AS c(queue, key)
+        WHERE k.queue = c.queue AND k.key = c.key AND pgq._key_slot(c.queue, c.key) = ANY (held)
+          AND k.tat <= pgq._rate_clock()
+        RETURNING 1
+    )
+    SELECT count(*) INTO deleted FROM gone;
     RETURN deleted;
 END
 $$;
 
--- For pgq.claim, which holds the queues' rows: spends the tokens of the rate-limited queues (and
--- keys) for those of `ids` (its picks) that it handed out, at the rate clock's reading `at`.
-CREATE OR REPLACE FUNCTION pgq._spend_tokens(ids bigint[], at timestamptz) RETURNS void
+-- For pgq.claim: spends the tokens of the rate-limited queues (from the shards it holds,
+-- `buckets`, the fullest first) and of their keys (whose slots it holds) for those of `ids` (its
+-- picks) that it handed out, at the rate clock's reading `at` (read once all its locks were held,
+-- and so no earlier than the reading it counted the tokens at: they hold at least what it takes).
+CREATE OR REPLACE FUNCTION pgq._spend_tokens(ids bigint[], buckets pgq.rate_buckets[], at timestamptz) RETURNS void
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
     AS $$
 BEGIN
-    UPDATE pgq.queues AS q
-    SET rate_tat = pgq._tat_after(q.rate_tat, q.rate_limit, q.rate_period, _spend_tokens.at, c.n)
-    FROM (SELECT j.queue, count(*)::integer AS n FROM pgq.jobs AS j
-          WHERE j.id = ANY (_spend_tokens.ids) AND j.state = 'running'
-          GROUP BY j.queue) AS c
-    WHERE q.name = c.queue AND q.rate_limit > 0;
+    IF buckets <> '{}' THEN
+        UPDATE pgq.rate_buckets AS b
+        SET tat = pgq._tat_after(b.tat, b.rate, s.period, _spend_tokens.at, least(s.tokens, c.n - (s.upto - s.tokens)))
+        FROM (SELECT h.queue, h.shard, q.rate_period AS period,
+                     pgq._tokens(h.tat, h.rate, q.rate_period, _spend_tokens.at) AS tokens,
+                     sum(pgq._tokens(h.tat, h.rate, q.rate_period, _spend_tokens.at))
+                         OVER (PARTITION BY h.queue ORDER BY h.tat NULLS FIRST, h.shard)::integer AS upto
+              FROM unnest(_spend_tokens.buckets) AS h
+              JOIN pgq.queues AS q ON q.name = h.queue) AS s,
+             (SELECT j.queue, count(*)::integer AS n FROM pgq.jobs AS j
+              WHERE j.id = ANY (_spend_tokens.ids) AND j.state = 'running'
+              GROUP BY j.queue) AS c
+        WHERE c.queue = s.queue AND b.queue = s.queue AND b.shard = s.shard AND c.n > s.upto - s.tokens;
+    END IF;
     INSERT INTO pgq.key_rates AS k (queue, key, tat)
     SELECT c.queue, c.key, pgq._tat_after(NULL, q.key_rate_limit, q.rate_period, _spend_tokens.at, c.n)
     FROM (SELECT j.queue, j.concurrency_key AS key, count(*)::integer AS n FROM pgq.jobs AS j
@@ -117,7 +201,7 @@ $$;
 
 -- For a worker after a claim that came back short: each rate-limited queue of `queues` (NULL:
 -- every one), with how long until a claim may get a job its rate limits hold back now: 0 while
--- its bucket holds a token and none of its keys is out of tokens; otherwise until the queue's
+-- a shard of its bucket holds a token and none of its keys is out of tokens; otherwise until the queue's
 -- next token, or the earliest next token of a key out of tokens (whether or not that key has due
 -- jobs: an index range, never a read of the jobs). A worker calls it only for queues it knows are
 -- rate-limited (this function's last answer), so other queues pay nothing.
@@ -129,7 +213,7 @@ CREATE OR REPLACE FUNCTION pgq.rate_limit_wait(queues text[] DEFAULT NULL)
     SET jit = off
     AS $$
     SELECT q.name,
-           greatest(coalesce(pgq._next_token_at(q.rate_tat, q.rate_limit, q.rate_period, c.at),
+           greatest(coalesce(pgq._bucket_next_token_at(q.name, q.rate_period, c.at),
                              (SELECT min(pgq._next_token_at(k.tat, q.key_rate_limit, q.rate_period, c.at))
                               FROM pgq.key_rates AS k
                               WHERE q.key_rate_limit > 0 AND k.queue = q.name
