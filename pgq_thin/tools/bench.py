@@ -1687,7 +1687,8 @@ CONCERNS: dict[str, list[str]] = {
                   " WHERE NOT EXISTS (SELECT FROM pgq.schedules())"],
     "dependencies": ["SELECT pgq.enqueue('other', 'dependant', depends_on => ARRAY[pgq.enqueue('other', 'k')])"
                      " FROM generate_series(1, 500)"],
-    "grants": ["SELECT pgq.grant_queue('other', 'pgq_worker', 'claim')"
+    "grants": ["SELECT pgq.configure_queue('other')",
+               "SELECT pgq.grant_queue('other', 'pgq_worker', 'claim')"
                " WHERE NOT EXISTS (SELECT FROM pgq.queue_grants())"],
     "audit off": ["SELECT pgq.configure_queue('bench', audit => false)"],
 }
