@@ -11,19 +11,18 @@
 -- * jobs_key_ready_idx: each key's claimable jobs in the total order, so that a claim whose
 --   head of the queue belongs to keys at their limit takes other keys' first jobs by a few index
 --   probes instead of reading past every job of the full keys.
--- * jobs_key_running_idx: each key's running jobs, so that counting them reads those alone.
 -- * pgq.rate_buckets: a rate-limited queue's GCRA bucket as 1 to 16 shards (queues.rate_tat was
 --   its one state, so every claim of the queue held the queue's row to its commit and the others
 --   got nothing meanwhile). Each shard has its part of the rate; a claim locks the shards it
---   spends (the fullest first, SKIP LOCKED), so claimers of one queue spend side by side and
+--   spends (SKIP LOCKED), so claimers of one queue spend side by side and
 --   together never above the rate. The buckets of today's rate-limited queues are made here from
 --   their rate_tat (each shard as full as the bucket was); queues.rate_tat is no longer used.
 --
--- Both indexes hold keyed jobs only (concurrency_key IS NOT NULL): queues without keys write
--- nothing more. CREATE INDEX holds SHARE on pgq.jobs while it reads the table (about a second
--- per million rows): workers' writes wait that long. To build them without that wait first,
--- run the two CREATE INDEX CONCURRENTLY IF NOT EXISTS statements of docs/upgrading.md; this
--- migration then finds them (IF NOT EXISTS) and only creates the slots.
+-- The index holds keyed jobs only (concurrency_key IS NOT NULL): queues without keys write no
+-- entry in it. CREATE INDEX holds SHARE on pgq.jobs while it reads the table (about a second per
+-- million rows): workers' writes wait that long. To build it without that wait first, run the
+-- CREATE INDEX CONCURRENTLY IF NOT EXISTS statement of docs/upgrading.md; this migration then
+-- finds it (IF NOT EXISTS).
 SET LOCAL lock_timeout = '5s';
 
 CREATE TABLE pgq.key_slots (
@@ -69,8 +68,3 @@ CREATE INDEX IF NOT EXISTS jobs_key_ready_idx ON pgq.jobs (queue, concurrency_ke
 COMMENT ON INDEX pgq.jobs_key_ready_idx IS
     'A key-limited queue''s claim reads the first jobs of keys other than the full ones here '
     '(pgq._keyed_pick), one probe per key, when full keys hold the head of the queue.';
-
-CREATE INDEX IF NOT EXISTS jobs_key_running_idx ON pgq.jobs (queue, concurrency_key)
-    WHERE lease_until IS NOT NULL AND concurrency_key IS NOT NULL;
-COMMENT ON INDEX pgq.jobs_key_running_idx IS
-    'A key-limited queue''s claim counts the running jobs of the keys it takes here.';

@@ -165,7 +165,7 @@ MIGRATION_SHA256 = {
     "0013_job_dependencies.sql": "7406371bc135471de0e801758180b873787281245267914da4228fd911d545a1",
     "0014_catalog_comments.sql": "cb73194e6a28f5781d1d2443d68e7a4c499fd07636e4cc79ebc4e7992151e797",
     "0015_dependency_backlog.sql": "dc0a6724b570381b0c6ae7120a76ca715f0377e78cad45fc4583098f7de2c67b",
-    "0016_per_key_claims.sql": "80b3266b4720e0d942ec7b6bea3080fa9ffc08175e3768c63eb81d13f52305d1",
+    "0016_per_key_claims.sql": "758b69c002eddc1bf02d5892421c03d90892d226bebd44936eb697f8782c9f31",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 

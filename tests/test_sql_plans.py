@@ -243,8 +243,8 @@ def test_a_key_limited_claim_reads_a_bounded_head_then_other_keys_by_their_index
     """The extra step of a key-limited queue (pgq._keyed_pick), whose work is bounded however the
     jobs fall (issue 25): the head of the queue read from jobs_ready_idx, at most batch + 16 rows
     whatever their keys; when keys at their limit hold it, the other keys walked one probe each
-    (jobs_key_ready_idx) and their first jobs read there; the running jobs of the keys counted
-    through jobs_key_running_idx; the picks locked by primary key. The full key's 199 waiting jobs
+    (jobs_key_ready_idx) and their first jobs read there; the running jobs counted through
+    jobs_lease_idx; the picks locked by primary key. The full key's 199 waiting jobs
     at the head are never read past."""
     session.execute("SELECT pgq.configure_queue('kq', key_max_running => 1)")
     try:
@@ -272,7 +272,7 @@ def test_a_key_limited_claim_reads_a_bounded_head_then_other_keys_by_their_index
         assert sum(s.rows for s in walks) <= 3 * (10 + 16) + 80, everything  # (the 80 keys the warm-up filled)
         counts = [s for p in plans if "lease_until IS NOT NULL" in p.query and "concurrency_key" in p.query
                   for s in p.job_scans]
-        assert counts and all(s.index == "jobs_key_running_idx" for s in counts), everything
+        assert counts and all(s.index == "jobs_lease_idx" for s in counts), everything  # (the running jobs)
         # Nothing reads the table beyond that: every scan of pgq.jobs in the claim is bounded.
         assert all(s.rows <= 1000 for p in plans for s in p.job_scans), everything
     finally:

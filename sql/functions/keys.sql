@@ -77,7 +77,7 @@ BEGIN
         SELECT c.key
         FROM (SELECT j.concurrency_key AS key, count(*)::integer AS n
               FROM pgq.jobs AS j
-              WHERE j.queue = _keyed_pick.queue AND j.lease_until IS NOT NULL AND j.concurrency_key IS NOT NULL
+              WHERE j.lease_until IS NOT NULL AND j.queue = _keyed_pick.queue AND j.concurrency_key IS NOT NULL
               GROUP BY j.concurrency_key) AS c
         LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = c.key
         WHERE coalesce(l.max_running, default_limit) > 0 AND c.n >= coalesce(l.max_running, default_limit));
@@ -216,7 +216,8 @@ CREATE OR REPLACE FUNCTION pgq._key_slot(queue text, key text) RETURNS integer
 -- (key -> number). A key without a limit (and without key_rate): `room`, unlocked. A limited key:
 -- its slot is locked FOR NO KEY UPDATE SKIP LOCKED first; then, in the next statement (a fresh
 -- snapshot, which sees every claim of the key that committed before the lock was free), its
--- free slots (its limit less its running jobs, counted by jobs_key_running_idx) and with key_rate
+-- free slots (its limit less its running jobs, counted in one read of jobs_lease_idx: the running
+-- jobs, which the workers' slots bound) and with key_rate
 -- its tokens at `at`; a key whose slot another transaction holds: 0.
 CREATE OR REPLACE FUNCTION pgq._take_keys(queue text, keys text[], room integer, default_limit integer,
                                           key_rate integer, period interval, at timestamptz)
@@ -242,16 +243,18 @@ BEGIN
                    WHEN pgq._key_slot(_take_keys.queue, k.key) <> ALL (held) THEN 0
                    ELSE greatest(coalesce(least(
                        CASE WHEN coalesce(l.max_running, _take_keys.default_limit) > 0
-                            THEN coalesce(l.max_running, _take_keys.default_limit)
-                                 - (SELECT count(*) FROM pgq.jobs AS j
-                                    WHERE j.queue = _take_keys.queue AND j.concurrency_key = k.key
-                                      AND j.lease_until IS NOT NULL)::integer END,
+                            THEN coalesce(l.max_running, _take_keys.default_limit) - coalesce(c.n, 0) END,
                        CASE WHEN _take_keys.key_rate > 0
                             THEN pgq._tokens(r.tat, _take_keys.key_rate, _take_keys.period, _take_keys.at) END), 0), 0)
                    END), '{}')
         FROM unnest(_take_keys.keys) AS k(key)
         LEFT JOIN pgq.key_limits AS l ON l.queue = _take_keys.queue AND l.key = k.key
-        LEFT JOIN pgq.key_rates AS r ON r.queue = _take_keys.queue AND r.key = k.key AND _take_keys.key_rate > 0);
+        LEFT JOIN pgq.key_rates AS r ON r.queue = _take_keys.queue AND r.key = k.key AND _take_keys.key_rate > 0
+        LEFT JOIN (SELECT j.concurrency_key AS key, count(*)::integer AS n
+                   FROM pgq.jobs AS j
+                   WHERE j.lease_until IS NOT NULL AND j.queue = _take_keys.queue
+                     AND j.concurrency_key = ANY (_take_keys.keys)
+                   GROUP BY j.concurrency_key) AS c ON c.key = k.key);
 END
 $$;
 
