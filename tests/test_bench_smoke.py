@@ -28,8 +28,8 @@ def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp
 
     result = json.loads((tmp_path / "bench.json").read_text())
     drain = result["drain"]["2"]
-    for system in ("raw b1", "raw b10", "pgq b1", "pgq b10", "pgq b10 fair", "pgq worker", "pgq worker prefetch",
-                   "pgbench"):
+    for system in ("raw b1", "raw b10", "pgq b1", "pgq b10", "pgq b1 cc", "pgq b10 cc", "pgq b10 fair", "pgq worker",
+                   "pgq worker prefetch", "pgbench"):
         assert drain[system]["median"] > 0, system  # a drain only reports after its done count matched
     assert set(result) >= {"enqueue", "latency", "claim_latency", "churn", "old_snapshot", "many", "limits",
                            "keyed"}

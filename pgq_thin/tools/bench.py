@@ -251,10 +251,22 @@ def _drain_raw(dsn: str, workers: int, batch: int) -> None:
     _run_threads(workers, work)
 
 
-def _drain_pgq(dsn: str, workers: int, batch: int) -> None:
+def _drain_pgq(dsn: str, workers: int, batch: int, together: bool = False) -> None:
+    """W threads claim ``batch`` and complete what they claimed (one pgq.complete per job at batch
+    1, one pgq.complete_many otherwise), each call a transaction; ``together``: each thread's
+    completions ride with its next claim, one pgq.complete_and_claim per round (the "cc" rows)."""
     def work(i: int) -> None:
         with _connect(dsn) as conn:
             params = {"worker": f"bench-{i}", "queues": [QUEUE], "batch": batch, "lease": None, "kinds": None}
+            if together:
+                held: list[Any] = []
+                while True:
+                    rows = conn.execute(queries.COMPLETE_AND_CLAIM, {**params, "ids": [r[1] for r in held],
+                                                                     "attempts": [r[6] for r in held]},
+                                        prepare=True).fetchall()
+                    held = [r for r in rows if r[1] is not None]
+                    if not held:
+                        return
             while True:
                 rows = conn.execute(queries.CLAIM, params, prepare=True).fetchall()
                 if not rows:
@@ -298,7 +310,7 @@ def _done_count(conn: psycopg.Connection, system: str) -> int:
 
 
 DRAIN_SYSTEMS = ("raw b1", "raw b10", "pgq b1", "pgq b10", "pgq b1 audit off", "pgq b10 audit off",
-                 "pgq b10 fair", "pgq worker", "pgq worker prefetch")
+                 "pgq b1 cc", "pgq b10 cc", "pgq b10 fair", "pgq worker", "pgq worker prefetch")
 
 #: How often the outside observer of a drain counts the done jobs (the timing's resolution).
 OBSERVER_POLL = 0.005
@@ -311,9 +323,9 @@ def _consumers(dsn: str, system: str, workers: int, stop: threading.Event) -> No
     elif system == "raw b10":
         _drain_raw(dsn, workers, 10)
     elif system.startswith("pgq b10"):
-        _drain_pgq(dsn, workers, 10)
+        _drain_pgq(dsn, workers, 10, system.endswith(" cc"))
     elif system.startswith("pgq b1"):
-        _drain_pgq(dsn, workers, 1)
+        _drain_pgq(dsn, workers, 1, system.endswith(" cc"))
     elif system == "pgq worker":
         _drain_worker(dsn, workers, stop)
     elif system == "pgq worker prefetch":
@@ -1214,6 +1226,10 @@ def _targets(res: dict[str, Any], fs: str) -> list[str]:
 
     drain_row("batch-1 drain ≥ 0.8× raw b1", "pgq b1", "raw b1", 0.8)
     drain_row("batch-10 drain ≥ 0.95× raw b10", "pgq b10", "raw b10", 0.95)
+    drain_row("batch-1 drain, completions with the next claim (complete_and_claim) ≥ 0.8× raw b1",
+              "pgq b1 cc", "raw b1", 0.8)
+    drain_row("batch-10 drain, completions with the next claim (complete_and_claim) ≥ 0.95× raw b10",
+              "pgq b10 cc", "raw b10", 0.95)
     drain_row("worker defaults ≥ 1.3× raw b10", "pgq worker", "raw b10", 1.3)
     e = res.get("enqueue", {})
     if e:
