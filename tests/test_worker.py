@@ -23,7 +23,7 @@ import pytest
 
 from pgq_thin import Client, Job
 from pgq_thin.errors import PgqError
-from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Retry, Snooze, Worker
+from pgq_thin.worker import AUTO_PREFETCH_MAX, AsyncWorker, JobContext, OutcomeUnknown, Retry, Snooze, Worker
 from pgq_thin.worker.completer import Completer
 from pgq_thin.worker.held import HeldJobs
 from pgq_thin.worker.owner import OwnerCalls
@@ -451,6 +451,22 @@ def test_by_default_a_worker_of_short_jobs_claims_more_than_its_free_slots(
     # The first claim asks for the two free slots (nothing is measured yet); once jobs are seen to
     # take far less than the waiting budget, claims take jobs that wait for a slot too.
     assert largest_claim(conn) > 2
+
+
+def test_by_default_claims_grow_past_the_first_cap_while_the_backlog_stays_deep(
+        dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker(concurrency=2)  # prefetch "auto", the default
+
+    @worker.handler("quick")
+    def quick(job: Job, ctx: JobContext) -> None:
+        return None
+
+    conn.execute("SELECT pgq.enqueue_many('default', 'quick', array_fill('{}'::jsonb, array[3000]))")
+    with running(worker, dsn):
+        wait_for(lambda: state_counts(conn) == {"done": 3000}, "all jobs done", timeout=60)
+    # Free slots plus AUTO_PREFETCH_MAX at first; each claim that came back full let the next one
+    # take more (up to AUTO_PREFETCH_DEEP waiting).
+    assert largest_claim(conn) > 2 + AUTO_PREFETCH_MAX
 
 
 def test_by_default_a_worker_of_long_jobs_claims_only_its_free_slots(
