@@ -43,9 +43,14 @@ class Worker(WorkerBase):
     waits (its lease runs and is renewed; no other worker can take it), and a graceful stop gives
     it back at once. ``"auto"`` (the default) sizes the prefetch by the handlers' run time: as
     many waiting jobs as the slots get through in AUTO_PREFETCH_WAIT (0.1 s), at most
-    AUTO_PREFETCH_MAX (100), and none until a job has been timed or while jobs take long (a
-    slower job counts at once, a faster one gradually). An integer fixes it; 0 means a claim asks
-    for the free slots only.
+    AUTO_PREFETCH_MAX (100), a cap that each claim coming back full doubles, up to
+    AUTO_PREFETCH_DEEP (1000), and each short one halves again; and none until a job has been
+    timed or while jobs take long (a slower job counts at once, a faster one gradually). An
+    integer fixes it; 0 means a claim asks for the free slots only.
+
+    A handler that returns None is completed in a batch (pgq.complete_many) with the others
+    finished meanwhile; those queued when the worker is about to claim go with that claim, in one
+    pgq.complete_and_claim.
 
     ``metrics_port`` serves the worker's Prometheus metrics on http://metrics_host:port/metrics
     while run() runs (needs pgq-thin[metrics]; 0: a free port, see ``metrics.port``); bound to a
