@@ -675,10 +675,11 @@ def test_without_listen_an_idle_worker_picks_up_a_job_by_polling(
 
 
 def worker_claim_after(conn: psycopg.Connection, since: Any) -> bool:
-    """A backend of the worker has finished a pgq.claim statement that started after ``since``
-    (database clock): the claim loop has been round since then."""
+    """A backend of the worker has finished a pgq.claim statement that started at ``since`` or
+    after (database clock; a claim's claimed_at is its statement's start): that claim has
+    answered."""
     return bool(one(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pgq-worker%%'"
-                          " AND state = 'idle' AND query LIKE '%%pgq.claim%%' AND query_start > %s", (since,)))
+                          " AND state = 'idle' AND query LIKE '%%pgq.claim%%' AND query_start >= %s", (since,)))
 
 
 def test_a_notify_wakes_an_idle_worker_long_before_its_poll_interval(
@@ -701,12 +702,12 @@ def test_a_notify_wakes_an_idle_worker_long_before_its_poll_interval(
         try:
             wait_for(lambda: listening_backends(conn) == 1, "the worker to LISTEN")
             listener.execute("LISTEN pgq")  # the test's own ear: it sees the NOTIFY pgq sends
-            # A job that holds one slot: once claimed, the loop claims again at once (nothing more
-            # is due) and then waits for a wake-up; its claim is seen done before the probe job exists.
+            # A job that holds one slot: its claim comes back short (nothing more is due), so the
+            # loop then waits for a wake-up; that claim is seen done before the probe job exists.
             holder = enqueue(conn, "hold")
             wait_for(lambda: job(conn, holder)["state"] == "running", "the holding job to start")
             claimed_at = job(conn, holder)["claimed_at"]
-            wait_for(lambda: worker_claim_after(conn, claimed_at), "the worker's claim after the holding job's")
+            wait_for(lambda: worker_claim_after(conn, claimed_at), "the holding job's claim to answer")
             list(listener.notifies(timeout=0.01))  # drop the holding job's notification
             job_id = enqueue(conn, "ping")
             seen = list(listener.notifies(timeout=10, stop_after=1))

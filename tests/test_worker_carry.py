@@ -23,7 +23,7 @@ from pgq_thin.models import Job
 from pgq_thin.worker import AsyncWorker, JobContext, Worker
 from pgq_thin.worker.aio_parts import AsyncClaimer, AsyncCompleter, AsyncOwnerCalls, AsyncSlots
 from pgq_thin.worker.claimer import Claimer, PollTimer
-from pgq_thin.worker.completer import Completer
+from pgq_thin.worker.completer import CARRY_CLAIM_MAX, CARRY_MAX, Completer, carries
 from pgq_thin.worker.held import Held, HeldJobs
 from pgq_thin.worker.owner import OwnerCalls
 from pgq_thin.worker.prefetch import PrefetchPolicy
@@ -114,10 +114,14 @@ def test_a_slots_completion_and_the_claim_of_its_keys_next_job_are_one_call(
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), f"key {key}: handlers overlapped"
     carried = function_calls(conn, name, "complete_and_claim")
     alone = function_calls(conn, name, "complete_many") - carried  # complete_and_claim calls it too
+    made = function_calls(conn, name, "claim")  # (complete_and_claim's included)
     # Each job's completion comes with the claim of its key's next job: one call for both. (A
     # completion that came while no claim was about to be made goes alone.)
     assert carried >= jobs // 2, (carried, alone)
     assert alone <= jobs // 4, (carried, alone)
+    # About one claim per job: none made only to come back empty while our completions were on
+    # their way (a short claim waits for them; a wake-up the claim already answered is dropped).
+    assert made <= jobs + 4, made
     messages = [r.getMessage() for r in caplog.records]
     assert sum(m.endswith(": completed") for m in messages) == jobs  # one line per job, whoever sent it
 
@@ -318,3 +322,36 @@ def test_on_a_database_without_complete_and_claim_the_completions_go_alone(
     messages = [r.getMessage() for r in caplog.records]
     assert sum("no pgq.complete_and_claim" in m for m in messages) == 1
     assert sum(m.endswith(": completed") for m in messages) == jobs
+
+
+def test_a_large_claim_carries_no_completion_and_a_claim_carries_at_most_carry_max(
+        client: Client, conn: psycopg.Connection) -> None:
+    """pgq.complete_and_claim costs more than its two parts once both are large: a claim of more
+    than CARRY_CLAIM_MAX jobs goes alone (the completer sends the completions), and a claim
+    carries the oldest CARRY_MAX completions, the completer the rest (woken for them)."""
+    conn.execute("SELECT pgq.enqueue_many('default', 'k', array_fill('{}'::jsonb, array[%s]))",
+                 (CARRY_MAX + 5 + CARRY_CLAIM_MAX + 1,))
+    held, flags = HeldJobs(), Flags()
+    owner = OwnerCalls(client, held, flags, "w")
+    completer = Completer(owner, held, flags)  # its thread is not started
+    taker = Taker()
+    claimer = Claimer(client, "w", ["default"], None, PollTimer(0.1, 0), PrefetchPolicy(0, 2), taker, held, owner,
+                      DatabaseClock(), flags, threading.Event(), threading.Event(), completer=completer)
+    mine = client.claim("w", ["default"], batch=CARRY_MAX + 5)
+    for j in mine:
+        assert completer.add(held.hold(j, JobContext(job=j, client=client, worker_name="w"), 30.0))
+    assert not carries(CARRY_CLAIM_MAX + 1) and carries(CARRY_CLAIM_MAX)
+    assert len(claimer.claim(CARRY_CLAIM_MAX + 1)) == CARRY_CLAIM_MAX + 1
+    assert completer.queued == CARRY_MAX + 5  # none carried
+    assert len(claimer.claim(1)) == 0  # (nothing left to claim; the completions went)
+    assert completer.queued == 5 and completer._queued.is_set()  # the rest: the completer's, woken
+    done = [r[0] for r in conn.execute("SELECT id FROM pgq.jobs WHERE state = 'done' ORDER BY id").fetchall()]
+    assert done == sorted(j.id for j in mine[:CARRY_MAX])  # the oldest
+
+
+def test_a_short_claim_claims_again_at_once_only_with_completions_to_carry() -> None:
+    timer = PollTimer(5.0, 0)
+    assert timer.claimed(10, 10, "w", listening=True, again=False) == 0  # full: there may be more
+    assert timer.claimed(3, 10, "w", listening=True, again=True) == 0  # ours go with the next one
+    assert timer.claimed(3, 10, "w", listening=True, again=False) > 1  # what it left is not claimable
+    assert timer.claimed(0, 10, "w", listening=True, again=True) > 1  # (an empty one: as ever)

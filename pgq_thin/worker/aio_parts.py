@@ -27,7 +27,7 @@ from pgq_thin.errors import PgqError
 from pgq_thin.models import Job, UnreadableJson
 from pgq_thin.worker import outcomes
 from pgq_thin.worker.claimer import UNDEFINED_FUNCTION, PollTimer
-from pgq_thin.worker.completer import CARRY_PATIENCE, report
+from pgq_thin.worker.completer import CARRY_MAX, CARRY_PATIENCE, carries, report
 from pgq_thin.worker.context import Handler, JobContext
 from pgq_thin.worker.held import GRANTED, Held, HeldJobs, Verdict
 from pgq_thin.worker.listener import Reconnects, concerns
@@ -160,8 +160,13 @@ class AsyncCompleter:
         if not on and self._queue:
             self._queued.set()
 
-    def take(self) -> list[Held]:
-        batch, self._queue = self._queue, []
+    def take(self, most: int | None = None) -> list[Held]:
+        queue = self._queue
+        if most is None or len(queue) <= most:
+            self._queue = []
+            return queue
+        batch, self._queue = queue[:most], queue[most:]
+        self._queued.set()
         return batch
 
     def settled(self, batch: list[Held], done: Sequence[int]) -> None:
@@ -544,6 +549,11 @@ class AsyncClaimer:
         if completer is not None and completer.carried is not on and (self.combined or not on):
             completer.carry(on)
 
+    def carrying(self) -> bool:
+        """Whether completions wait to go with our next claim (Claimer.carrying)."""
+        completer = self.completer
+        return completer is not None and completer.carried and completer.queued > 0
+
     async def run(self) -> None:
         timer, policy, slots = self.timer, self.policy, self.slots
         timer.pace.learned(await self.rate_waits())
@@ -556,9 +566,13 @@ class AsyncClaimer:
                     continue
                 batch = policy.claim_size(slots.assigned)
                 if batch == 0:
-                    await self.sleep(timer.poll_interval, carry=policy.claim_size(slots.assigned - 1) > 0)
+                    await self.sleep(timer.poll_interval, carry=carries(policy.claim_size(slots.assigned - 1)))
                     continue
-                self.carry(True)
+                self.carry(carries(batch))
+                # What wakes us from now on is news to this claim (a wake-up set before it, by a
+                # slot whose completion it carries, say, would only make an empty claim after it).
+                self._own = False
+                self._wake.clear()
                 try:
                     jobs = await self.claim(batch)
                 except PgqError as exc:
@@ -572,12 +586,13 @@ class AsyncClaimer:
                 if jobs:
                     await self.hand_over_all(jobs)
                 policy.claimed(len(jobs), batch)
-                wait = timer.claimed(len(jobs), batch, self.name, self.listening.is_set())
+                wait = timer.claimed(len(jobs), batch, self.name, self.listening.is_set(), again=self.carrying())
                 quiet = False
                 if timer.pace.wanted(len(jobs), batch):
                     wait, quiet = timer.pace.paced(await self.rate_waits(), wait)
                 if wait:
-                    await self.sleep(wait, limited=True, quiet=quiet, carry=not quiet)
+                    await self.sleep(wait, limited=True, quiet=quiet,
+                                     carry=not quiet and carries(policy.claim_size(slots.assigned - 1)))
         finally:
             self.carry(False)
 
@@ -586,7 +601,7 @@ class AsyncClaimer:
         if self.kinds == []:  # no handler: nothing here could run a job
             return []
         completer = self.completer
-        carried = completer.take() if completer is not None and self.combined else []
+        carried = completer.take(CARRY_MAX) if completer is not None and self.combined and carries(batch) else []
         if completer is None or not carried:
             return await self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
         try:

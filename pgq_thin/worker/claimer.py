@@ -10,6 +10,7 @@ queues it waits for their next token as the database says (pgq_thin.worker.pace)
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -19,7 +20,7 @@ from datetime import timedelta
 from pgq_thin.client import Client
 from pgq_thin.errors import PgqError
 from pgq_thin.models import Job
-from pgq_thin.worker.completer import Completer
+from pgq_thin.worker.completer import CARRY_MAX, Completer, carries
 from pgq_thin.worker.context import JobContext
 from pgq_thin.worker.held import HeldJobs
 from pgq_thin.worker.metrics import WorkerMetrics
@@ -98,17 +99,21 @@ class PollTimer:
         log.warning("claim failed (%s); retrying in %.1fs", exc, delay, extra={"worker": worker_name})
         return delay
 
-    def claimed(self, jobs: int, batch: int, worker_name: str, listening: bool) -> float:
-        """How long to wait after a claim that took ``jobs`` of ``batch``: none when it took some
-        (there may be more: a batch can come back short when other workers claim at the same
-        moment). When nothing is due, a NOTIFY wakes us for new work; polling finds scheduled
+    def claimed(self, jobs: int, batch: int, worker_name: str, listening: bool, again: bool = True) -> float:
+        """How long to wait after a claim that took ``jobs`` of ``batch``: none when it came back
+        full (there may be more), nor when it took some and ``again`` (our completions wait to
+        go with the next claim, which they may make longer: a key or a capped queue's place they
+        free). A short claim otherwise waits as an empty one: what it left was not claimable, and
+        a freed slot, our completions committing or a NOTIFY wakes us; polling finds scheduled
         jobs and covers a missing or broken LISTEN."""
-        log.debug("claimed %d of %d", jobs, batch, extra={"worker": worker_name, "batch": batch, "claimed": jobs})
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("claimed %d of %d", jobs, batch, extra={"worker": worker_name, "batch": batch, "claimed": jobs})
         self.errors.reset()
         self.short = jobs < batch
         if jobs:
             self.idle.reset()
-            return 0.0
+            if not self.short or again:
+                return 0.0
         return min(self.poll_interval, jitter(self.poll_interval)) if listening else self.idle.next()
 
     def until(self, wait: float) -> float:
@@ -180,6 +185,11 @@ class Claimer(ThreadPart):
         if completer is not None and completer.carried is not on and (self.combined or not on):
             completer.carry(on)
 
+    def carrying(self) -> bool:
+        """Whether completions wait to go with our next claim."""
+        completer = self.completer
+        return completer is not None and completer.carried and completer.queued > 0
+
     def run(self) -> None:
         """The claim loop, in the calling thread."""
         timer, policy, slots = self.timer, self.policy, self.slots
@@ -194,9 +204,13 @@ class Claimer(ThreadPart):
                 batch = policy.claim_size(slots.assigned)
                 if batch == 0:  # every place taken: a finishing job wakes us (and, if that makes
                     # us claim, its completion goes with the claim)
-                    self.sleep(timer.poll_interval, carry=policy.claim_size(slots.assigned - 1) > 0)
+                    self.sleep(timer.poll_interval, carry=carries(policy.claim_size(slots.assigned - 1)))
                     continue
-                self.carry(True)
+                self.carry(carries(batch))
+                # What wakes us from now on is news to this claim (a wake-up set before it, by a
+                # slot whose completion it carries, say, would only make an empty claim after it).
+                self._own = False
+                self._wake.clear()
                 try:
                     jobs = self.claim(batch)
                 except PgqError as exc:
@@ -210,12 +224,13 @@ class Claimer(ThreadPart):
                 if jobs:
                     self.hand_over_all(jobs)
                 policy.claimed(len(jobs), batch)
-                wait = timer.claimed(len(jobs), batch, self.name, self.listening.is_set())
+                wait = timer.claimed(len(jobs), batch, self.name, self.listening.is_set(), again=self.carrying())
                 quiet = False
                 if timer.pace.wanted(len(jobs), batch):
                     wait, quiet = timer.pace.paced(self.rate_waits(), wait)
                 if wait:
-                    self.sleep(wait, limited=True, quiet=quiet, carry=not quiet)
+                    self.sleep(wait, limited=True, quiet=quiet,
+                                     carry=not quiet and carries(policy.claim_size(slots.assigned - 1)))
         finally:
             self.carry(False)  # whatever is queued now is the completer's
 
@@ -226,7 +241,7 @@ class Claimer(ThreadPart):
         if self.kinds == []:  # no handler: nothing here could run a job
             return []
         completer = self.completer
-        carried = completer.take() if completer is not None and self.combined else []
+        carried = completer.take(CARRY_MAX) if completer is not None and self.combined and carries(batch) else []
         if completer is None or not carried:
             return self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
         try:
