@@ -188,6 +188,15 @@ class Taker:
         self.taken.extend(helds)
 
 
+def short_claimed() -> PollTimer:
+    """A claim loop's timer after a claim that came back short: its next claim carries (a claim
+    after a full one does not: test_a_claim_after_a_full_one_carries_nothing)."""
+    timer = PollTimer(0.1, 0)
+    timer.claimed(1, 2, "w", listening=True)
+    assert timer.short
+    return timer
+
+
 def stale_and_mine(client: Client, conn: psycopg.Connection) -> list[Job]:
     """Three jobs claimed by worker w; the third then expired and taken by another worker."""
     conn.execute("SELECT pgq.enqueue_many('default', 'k', array_fill('{}'::jsonb, array[5]))")
@@ -222,7 +231,7 @@ def test_the_claimer_carries_the_queued_completions_and_reports_a_refused_one(
     owner = OwnerCalls(client, held, flags, "w")
     completer = Completer(owner, held, flags)  # its thread is not started: only the claimer sends
     taker = Taker()
-    claimer = Claimer(client, "w", ["default"], None, PollTimer(0.1, 0), PrefetchPolicy(0, 2), taker, held, owner,
+    claimer = Claimer(client, "w", ["default"], None, short_claimed(), PrefetchPolicy(0, 2), taker, held, owner,
                       DatabaseClock(), flags, threading.Event(), threading.Event(), completer=completer)
     for j in mine:
         assert completer.add(held.hold(j, JobContext(job=j, client=client, worker_name="w"), 30.0))
@@ -244,7 +253,7 @@ def test_the_async_claimer_carries_the_queued_completions_and_reports_a_refused_
             owner = AsyncOwnerCalls(aclient, held, flags, "w")
             completer = AsyncCompleter(owner, held, flags)  # its task is not started
             slots = AsyncSlots(2, {}, owner, completer, PrefetchPolicy(0, 2), flags, lambda: None)
-            claimer = AsyncClaimer(aclient, "w", ["default"], None, PollTimer(0.1, 0), PrefetchPolicy(0, 2), slots,
+            claimer = AsyncClaimer(aclient, "w", ["default"], None, short_claimed(), PrefetchPolicy(0, 2), slots,
                                    held, owner, DatabaseClock(), flags, threading.Event(), asyncio.Event(),
                                    completer=completer)
             for j in mine:
@@ -267,7 +276,7 @@ def test_a_claim_that_fails_gives_its_carried_completions_back_to_the_completer(
         held, flags = HeldJobs(), Flags()
         owner = OwnerCalls(client, held, flags, "w")
         completer = Completer(owner, held, flags)
-        claimer = Claimer(client, "w", ["default"], None, PollTimer(0.1, 0), PrefetchPolicy(0, 2), Taker(), held,
+        claimer = Claimer(client, "w", ["default"], None, short_claimed(), PrefetchPolicy(0, 2), Taker(), held,
                           owner, DatabaseClock(), flags, threading.Event(), threading.Event(), completer=completer)
         mine = client.claim("w", ["default"], batch=2)
         for j in mine:
@@ -303,10 +312,13 @@ def test_on_a_database_without_complete_and_claim_the_completions_go_alone(
     says so once, and from then on the claims go alone, the completer sends every completion."""
     caplog.set_level(logging.INFO, logger="pgq_thin.worker")
     conn.execute("DROP FUNCTION pgq.complete_and_claim(bigint[], integer[], text, text[], integer, interval, text[])")
+    conn.execute("SELECT pgq.configure_queue('q', key_max_running => 1)")  # short claims: they would carry
+    for key in ("a", "b"):
+        conn.execute("SELECT pgq.enqueue_many('q', 'k', array_fill('{}'::jsonb, ARRAY[30]), concurrency_key => %s)",
+                     (key,))
     jobs = 60
-    conn.execute("SELECT pgq.enqueue_many('q', 'k', array_fill('{}'::jsonb, ARRAY[%s]))", (jobs,))
     errors: list[BaseException] = []
-    settings: dict[str, Any] = {"queues": ["q"], "concurrency": 2, "prefetch": 0, "poll_interval": 0.05,
+    settings: dict[str, Any] = {"queues": ["q"], "concurrency": 4, "poll_interval": 0.05,
                                 "sweep_interval": 0, "name": f"old-{runtime}"}
     worker: Worker | AsyncWorker = Worker(**settings) if runtime == "thread" else AsyncWorker(**settings)
     worker.handler("k")(lambda job, ctx: None)
@@ -335,7 +347,7 @@ def test_a_large_claim_carries_no_completion_and_a_claim_carries_at_most_carry_m
     owner = OwnerCalls(client, held, flags, "w")
     completer = Completer(owner, held, flags)  # its thread is not started
     taker = Taker()
-    claimer = Claimer(client, "w", ["default"], None, PollTimer(0.1, 0), PrefetchPolicy(0, 2), taker, held, owner,
+    claimer = Claimer(client, "w", ["default"], None, short_claimed(), PrefetchPolicy(0, 2), taker, held, owner,
                       DatabaseClock(), flags, threading.Event(), threading.Event(), completer=completer)
     mine = client.claim("w", ["default"], batch=CARRY_MAX + 5)
     for j in mine:
@@ -355,3 +367,22 @@ def test_a_short_claim_claims_again_at_once_only_with_completions_to_carry() -> 
     assert timer.claimed(3, 10, "w", listening=True, again=True) == 0  # ours go with the next one
     assert timer.claimed(3, 10, "w", listening=True, again=False) > 1  # what it left is not claimable
     assert timer.claimed(0, 10, "w", listening=True, again=True) > 1  # (an empty one: as ever)
+
+
+def test_a_claim_after_a_full_one_carries_nothing(client: Client, conn: psycopg.Connection) -> None:
+    """While claims come back full (a deep backlog) the completer sends the completions beside
+    them: carried, they would wait for the claim in flight and make the next one longer."""
+    conn.execute("SELECT pgq.enqueue_many('default', 'k', array_fill('{}'::jsonb, array[6]))")
+    held, flags = HeldJobs(), Flags()
+    owner = OwnerCalls(client, held, flags, "w")
+    completer = Completer(owner, held, flags)
+    timer = PollTimer(0.1, 0)
+    claimer = Claimer(client, "w", ["default"], None, timer, PrefetchPolicy(0, 2), Taker(), held, owner,
+                      DatabaseClock(), flags, threading.Event(), threading.Event(), completer=completer)
+    for j in client.claim("w", ["default"], batch=2):
+        assert completer.add(held.hold(j, JobContext(job=j, client=client, worker_name="w"), 30.0))
+    timer.claimed(2, 2, "w", listening=True)  # the last claim came back full
+    assert len(claimer.claim(2)) == 2 and completer.queued == 2
+    timer.claimed(1, 2, "w", listening=True)  # ... short: the next one carries
+    assert len(claimer.claim(2)) == 2 and completer.queued == 0
+    assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'done'") == 2

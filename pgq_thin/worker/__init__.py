@@ -15,8 +15,9 @@ function, called through pgq_thin.Client):
 - ``claimer``: THE CLAIM LOOP. Claims with pgq.claim as many jobs as the ``prefetch`` policy
   allows (free slots, plus places for jobs that wait for a slot; more while claims come back
   full), hands them to the ``slots``, sweeps now and then (pgq.sweep), and sleeps until a NOTIFY,
-  a freed slot or the next poll. A claim carries the completions queued meanwhile
-  (pgq.complete_and_claim: one call, one commit).
+  a freed slot or the next poll. After a claim that came back short (keys at their limit, a
+  capped queue), a claim carries the completions queued meanwhile (pgq.complete_and_claim: one
+  call, one commit, and the claim sees the places they free).
 - ``executor``: runs one handler and turns its outcome into exactly one owner call
   (``outcomes`` maps returned / raised to the call): a handler that returns None joins the
   ``completer``'s queue, sent by its next pgq.complete_many or with the claimer's next claim,

@@ -549,6 +549,10 @@ class AsyncClaimer:
         if completer is not None and completer.carried is not on and (self.combined or not on):
             completer.carry(on)
 
+    def carries(self, batch: int) -> bool:
+        """Whether a claim of ``batch`` jobs would carry our completions (Claimer.carries)."""
+        return self.combined and self.timer.short and carries(batch)
+
     def carrying(self) -> bool:
         """Whether completions wait to go with our next claim (Claimer.carrying)."""
         completer = self.completer
@@ -566,9 +570,9 @@ class AsyncClaimer:
                     continue
                 batch = policy.claim_size(slots.assigned)
                 if batch == 0:
-                    await self.sleep(timer.poll_interval, carry=carries(policy.claim_size(slots.assigned - 1)))
+                    await self.sleep(timer.poll_interval, carry=self.carries(policy.claim_size(slots.assigned - 1)))
                     continue
-                self.carry(carries(batch))
+                self.carry(self.carries(batch))
                 # What wakes us from now on is news to this claim (a wake-up set before it, by a
                 # slot whose completion it carries, say, would only make an empty claim after it).
                 self._own = False
@@ -592,7 +596,7 @@ class AsyncClaimer:
                     wait, quiet = timer.pace.paced(await self.rate_waits(), wait)
                 if wait:
                     await self.sleep(wait, limited=True, quiet=quiet,
-                                     carry=not quiet and carries(policy.claim_size(slots.assigned - 1)))
+                                     carry=not quiet and self.carries(policy.claim_size(slots.assigned - 1)))
         finally:
             self.carry(False)
 
@@ -601,7 +605,7 @@ class AsyncClaimer:
         if self.kinds == []:  # no handler: nothing here could run a job
             return []
         completer = self.completer
-        carried = completer.take(CARRY_MAX) if completer is not None and self.combined and carries(batch) else []
+        carried = completer.take(CARRY_MAX) if completer is not None and self.carries(batch) else []
         if completer is None or not carried:
             return await self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
         try:

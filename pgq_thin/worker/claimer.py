@@ -1,11 +1,12 @@
 """The claimer: THE CLAIM LOOP. It claims as many jobs as the prefetch policy allows (free slots,
 plus places for jobs that wait for a slot) with pgq.claim, hands them to the slots, sweeps now and
 then (pgq.sweep), and sleeps until woken (a NOTIFY, a freed slot, its completions committed after
-a short claim, stop) or the next poll. A claim carries the completions queued meanwhile: with
-some, it is one pgq.complete_and_claim (one round trip, one commit; the claim sees them, so a key
-that one of them frees is claimable at once); see pgq_thin.worker.completer for who sends what.
-After a claim that found nothing, NOTIFY wake-ups start at most about WAKE_RATE claims a second
-(any login may NOTIFY pgq); its own are never held back. After a short claim on rate-limited
+a short claim, stop) or the next poll. After a claim that came back short, a small claim carries
+the completions queued meanwhile: with some, it is one pgq.complete_and_claim (one round trip, one
+commit; the claim sees them, so a key that one of them frees is claimable at once); see
+Claimer.carries, and pgq_thin.worker.completer for who sends what.
+After a claim that found nothing (or less than it asked for), NOTIFY wake-ups start at most about
+WAKE_RATE claims a second (any login may NOTIFY pgq); its own are never held back. After a short claim on rate-limited
 queues it waits for their next token as the database says (pgq_thin.worker.pace)."""
 
 from __future__ import annotations
@@ -185,6 +186,14 @@ class Claimer(ThreadPart):
         if completer is not None and completer.carried is not on and (self.combined or not on):
             completer.carry(on)
 
+    def carries(self, batch: int) -> bool:
+        """Whether a claim of ``batch`` jobs would carry our completions: a small one (carries()),
+        after a claim that came back short. Then our running jobs may be what holds the claims
+        back (a key at its limit, a capped queue's places), and the claim sees the completions.
+        While claims come back full (a deep backlog) the completer sends them, beside the claims:
+        carried, they would wait for the claim in flight and then make the next one longer."""
+        return self.combined and self.timer.short and carries(batch)
+
     def carrying(self) -> bool:
         """Whether completions wait to go with our next claim."""
         completer = self.completer
@@ -204,9 +213,9 @@ class Claimer(ThreadPart):
                 batch = policy.claim_size(slots.assigned)
                 if batch == 0:  # every place taken: a finishing job wakes us (and, if that makes
                     # us claim, its completion goes with the claim)
-                    self.sleep(timer.poll_interval, carry=carries(policy.claim_size(slots.assigned - 1)))
+                    self.sleep(timer.poll_interval, carry=self.carries(policy.claim_size(slots.assigned - 1)))
                     continue
-                self.carry(carries(batch))
+                self.carry(self.carries(batch))
                 # What wakes us from now on is news to this claim (a wake-up set before it, by a
                 # slot whose completion it carries, say, would only make an empty claim after it).
                 self._own = False
@@ -230,7 +239,7 @@ class Claimer(ThreadPart):
                     wait, quiet = timer.pace.paced(self.rate_waits(), wait)
                 if wait:
                     self.sleep(wait, limited=True, quiet=quiet,
-                                     carry=not quiet and carries(policy.claim_size(slots.assigned - 1)))
+                               carry=not quiet and self.carries(policy.claim_size(slots.assigned - 1)))
         finally:
             self.carry(False)  # whatever is queued now is the completer's
 
@@ -241,7 +250,7 @@ class Claimer(ThreadPart):
         if self.kinds == []:  # no handler: nothing here could run a job
             return []
         completer = self.completer
-        carried = completer.take(CARRY_MAX) if completer is not None and self.combined and carries(batch) else []
+        carried = completer.take(CARRY_MAX) if completer is not None and self.carries(batch) else []
         if completer is None or not carried:
             return self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
         try:
@@ -272,7 +281,8 @@ class Claimer(ThreadPart):
     def sleep(self, seconds: float, limited: bool = False, quiet: bool = False, carry: bool = False) -> None:
         """Wait until woken, ``seconds`` pass or the next sweep is due. The wake-up is cleared
         *before* the next claim, so a job committed before the clear is seen by that claim.
-        ``limited`` (after a claim that found nothing): a wake-up is held as the WakeLimit says.
+        ``limited`` (after a claim that came back short or empty): a wake-up is held as the
+        WakeLimit says.
         ``quiet`` (every queue waits for a rate limit's token): only stop() wakes us sooner.
         ``carry``: a freed slot makes us claim at once, so the completions queued meanwhile wait
         for that claim (not while a wake-up is held back); otherwise the completer sends them."""

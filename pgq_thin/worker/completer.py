@@ -3,10 +3,10 @@ that records them, each time all of those queued since its last call in one pgq.
 (fenced per job like pgq.complete), on its own connection; after each, ``recorded`` tells the
 claimer.
 
-The claimer may carry them instead: while it is about to claim (``carry(True)``), a completion
-queued does not wake the completer's thread, and the claimer ``take()``s the queue into its
-claim (pgq.complete_and_claim: one round trip and one commit for both; a small claim, with at
-most CARRY_MAX of them). Whoever takes the queue
+The claimer may carry them instead: while it is about to claim (``carry(True)``: a small claim
+after one that came back short, Claimer.carries), a completion queued does not wake the
+completer's thread, and the claimer ``take()``s the queue into its claim (pgq.complete_and_claim:
+one round trip and one commit for both, at most CARRY_MAX of them). Whoever takes the queue
 under its lock sends what it took, so each completion is sent once. When the claimer will not
 claim after all (it sleeps, no slot is free, it stops) it hands the queue back (``carry(False)``
 wakes the thread); a call of its that fails gives its completions back (``give_back``); and what

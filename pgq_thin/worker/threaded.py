@@ -49,8 +49,8 @@ class Worker(WorkerBase):
     integer fixes it; 0 means a claim asks for the free slots only.
 
     A handler that returns None is completed in a batch (pgq.complete_many) with the others
-    finished meanwhile; those queued when the worker is about to make a small claim go with it, in
-    one pgq.complete_and_claim (pgq_thin.worker.completer: CARRY_MAX, CARRY_CLAIM_MAX).
+    finished meanwhile; after a claim that came back short, those queued when the worker is about
+    to make a small claim go with it, in one pgq.complete_and_claim (Claimer.carries).
 
     ``metrics_port`` serves the worker's Prometheus metrics on http://metrics_host:port/metrics
     while run() runs (needs pgq-thin[metrics]; 0: a free port, see ``metrics.port``); bound to a
