@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -72,6 +73,7 @@ class Client(PgqCalls):
         error, raised as a PgqError that names this switch."""
         self.pooled = pooled
         self._prepare = prepare and not pooled
+        self._schema_seen: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
         if pool is not None:
             self.pool = pool
             self._owns_pool = False
@@ -107,7 +109,10 @@ class Client(PgqCalls):
                 yield conn.cursor()
             else:
                 with self.pool.connection() as pooled:
-                    warn_if_schema_is_old(pooled)  # once per database and process
+                    # Once per database and process; asked once per connection (not per call:
+                    # reading conn.info.dsn costs about 130 Python calls).
+                    if pooled not in self._schema_seen and warn_if_schema_is_old(pooled):
+                        self._schema_seen.add(pooled)
                     yield pooled.cursor()
 
     def _send(self, call: Call[T]) -> T:

@@ -66,26 +66,30 @@ def schema_warning(installed: str | None) -> str | None:
             f"ships (up to {shipped}): run `pgq-thin migrate`")
 
 
-def warn_if_schema_is_old(conn: psycopg.Connection[Any]) -> None:
+def warn_if_schema_is_old(conn: psycopg.Connection[Any]) -> bool:
     """Once per database and process: log a warning when the schema that ``conn`` (an autocommit
-    connection) sees is older than the migrations this installation ships."""
+    connection) sees is older than the migrations this installation ships. True once that
+    database has been checked (a caller may stop asking), False when it could not be yet."""
     database = conn.info.dsn
-    if database in _schema_checked or not conn.autocommit:
-        return
+    if database in _schema_checked:
+        return True
+    if not conn.autocommit:
+        return False
     with _schema_checked_lock:
         if database in _schema_checked:
-            return
+            return True
         try:
             row = conn.execute(queries.VERSION).fetchone()
             installed = None if row is None else str(row[0])
         except (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName):
             installed = None
         except psycopg.Error:
-            return  # e.g. the connection broke: look again on the next one
+            return False  # e.g. the connection broke: look again on the next one
         _schema_checked.add(database)
     message = schema_warning(installed)
     if message:
         log.warning(message)
+    return True
 
 
 def yoyo_url(dsn: str) -> str:

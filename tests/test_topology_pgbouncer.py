@@ -243,3 +243,43 @@ def test_a_pooled_worker_drains_through_transaction_pooling_in_process(through: 
     result = drain(worker, dsn) if runtime == "Worker" else asyncio.run(adrain(worker, dsn))
     assert result.outcomes == {i: "done" for i in ids}
     assert sorted(seen) == list(range(1, 31))
+
+
+def test_a_pooled_worker_sends_its_completions_with_its_claims_through_the_pooler(
+        through: tuple[str, str]) -> None:
+    """pgq.complete_and_claim is one statement: a pooled worker's claims carry its completions
+    through PgBouncer too. One key at one running job: each claim after the first comes back
+    short, so the next carries the completion that frees the key (a job finished by the very
+    statement that claimed the next: the same statement timestamp)."""
+    import threading
+
+    from pgq_thin.testing.topology import wait_for
+    from pgq_thin.worker import Worker
+
+    dsn, direct = through
+    with psycopg.connect(direct, autocommit=True) as conn:
+        conn.execute("SELECT pgq.configure_queue('q', key_max_running => 1)")
+        conn.execute("SELECT pgq.enqueue_many('q', 'k', array_fill('{}'::jsonb, ARRAY[20]), concurrency_key => 'a')")
+        worker = Worker(["q"], concurrency=2, pooled=True, sweep_interval=0, name="pooled-carry")
+        worker.handler("k")(lambda job, ctx: None)
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                worker.run(dsn, install_signal_handlers=False)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        try:
+            wait_for(lambda: conn.execute("SELECT count(*) = 20 FROM pgq.jobs WHERE state = 'done'").fetchone()[0]
+                     or errors, "every job done", timeout=60)  # type: ignore[index]
+        finally:
+            worker.stop()
+            thread.join(timeout=30)
+        assert not errors, errors
+        carried = conn.execute("SELECT count(*) FROM pgq.jobs AS a JOIN pgq.jobs AS b"
+                               " ON b.claimed_at = a.finished_at AND b.id <> a.id").fetchone()[0]  # type: ignore[index]
+        assert carried >= 10, carried
+        assert conn.execute("SELECT count(*) FROM pgq.job_events WHERE event = 'completed'").fetchone() == (20,)

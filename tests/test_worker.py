@@ -23,7 +23,7 @@ import pytest
 
 from pgq_thin import Client, Job
 from pgq_thin.errors import PgqError
-from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Retry, Snooze, Worker
+from pgq_thin.worker import AUTO_PREFETCH_MAX, AsyncWorker, JobContext, OutcomeUnknown, Retry, Snooze, Worker
 from pgq_thin.worker.completer import Completer
 from pgq_thin.worker.held import HeldJobs
 from pgq_thin.worker.owner import OwnerCalls
@@ -453,6 +453,22 @@ def test_by_default_a_worker_of_short_jobs_claims_more_than_its_free_slots(
     assert largest_claim(conn) > 2
 
 
+def test_by_default_claims_grow_past_the_first_cap_while_the_backlog_stays_deep(
+        dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker(concurrency=2)  # prefetch "auto", the default
+
+    @worker.handler("quick")
+    def quick(job: Job, ctx: JobContext) -> None:
+        return None
+
+    conn.execute("SELECT pgq.enqueue_many('default', 'quick', array_fill('{}'::jsonb, array[3000]))")
+    with running(worker, dsn):
+        wait_for(lambda: state_counts(conn) == {"done": 3000}, "all jobs done", timeout=60)
+    # Free slots plus AUTO_PREFETCH_MAX at first; each claim that came back full let the next one
+    # take more (up to AUTO_PREFETCH_DEEP waiting).
+    assert largest_claim(conn) > 2 + AUTO_PREFETCH_MAX
+
+
 def test_by_default_a_worker_of_long_jobs_claims_only_its_free_slots(
         dsn: str, conn: psycopg.Connection) -> None:
     worker = fast_worker(concurrency=2)
@@ -659,10 +675,11 @@ def test_without_listen_an_idle_worker_picks_up_a_job_by_polling(
 
 
 def worker_claim_after(conn: psycopg.Connection, since: Any) -> bool:
-    """A backend of the worker has finished a pgq.claim statement that started after ``since``
-    (database clock): the claim loop has been round since then."""
+    """A backend of the worker has finished a pgq.claim statement that started at ``since`` or
+    after (database clock; a claim's claimed_at is its statement's start): that claim has
+    answered."""
     return bool(one(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pgq-worker%%'"
-                          " AND state = 'idle' AND query LIKE '%%pgq.claim%%' AND query_start > %s", (since,)))
+                          " AND state = 'idle' AND query LIKE '%%pgq.claim%%' AND query_start >= %s", (since,)))
 
 
 def test_a_notify_wakes_an_idle_worker_long_before_its_poll_interval(
@@ -685,12 +702,12 @@ def test_a_notify_wakes_an_idle_worker_long_before_its_poll_interval(
         try:
             wait_for(lambda: listening_backends(conn) == 1, "the worker to LISTEN")
             listener.execute("LISTEN pgq")  # the test's own ear: it sees the NOTIFY pgq sends
-            # A job that holds one slot: once claimed, the loop claims again at once (nothing more
-            # is due) and then waits for a wake-up; its claim is seen done before the probe job exists.
+            # A job that holds one slot: its claim comes back short (nothing more is due), so the
+            # loop then waits for a wake-up; that claim is seen done before the probe job exists.
             holder = enqueue(conn, "hold")
             wait_for(lambda: job(conn, holder)["state"] == "running", "the holding job to start")
             claimed_at = job(conn, holder)["claimed_at"]
-            wait_for(lambda: worker_claim_after(conn, claimed_at), "the worker's claim after the holding job's")
+            wait_for(lambda: worker_claim_after(conn, claimed_at), "the holding job's claim to answer")
             list(listener.notifies(timeout=0.01))  # drop the holding job's notification
             job_id = enqueue(conn, "ping")
             seen = list(listener.notifies(timeout=10, stop_after=1))

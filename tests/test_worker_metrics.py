@@ -199,6 +199,32 @@ def test_one_span_per_job_attempt_with_its_attributes(conn, dsn, runtime, provid
     assert flaky_span.status.status_code == trace.StatusCode.ERROR
 
 
+def test_without_a_tracer_provider_a_job_starts_no_span_and_one_set_later_is_used(monkeypatch):
+    """opentelemetry-api installed, no provider configured: no span per job, and the global
+    provider is looked at once per UNSET_RECHECK, not per job; once the application sets one,
+    the jobs' spans start."""
+    from datetime import datetime, timezone
+
+    from pgq_thin.worker.tracing import Tracing
+
+    now = datetime.now(timezone.utc)
+    job = Job(id=1, queue="q", kind="k", payload={}, priority=0, attempt=1, max_attempts=3, run_at=now,
+              created_at=now, lease_until=now, tenant=None)
+    tracing = Tracing.create()  # the global provider
+    assert tracing is not None
+    looks = []
+    unset = trace.get_tracer_provider()
+    assert isinstance(unset, trace.ProxyTracerProvider)  # (no test sets the process-wide one)
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: looks.append(1) or unset)
+    assert [tracing.start(job) for _ in range(100)] == [None] * 100
+    assert len(looks) == 1
+    configured = TracerProvider()  # as if the application set it now
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: configured)
+    started = wait_for(lambda: tracing.start(job), "a span once a provider is set")
+    tracing.end(started, "completed")
+    assert Tracing.create(trace.NoOpTracerProvider()) is None  # a no-op provider given: no tracing at all
+
+
 def test_a_worker_without_metrics_or_opentelemetry_imports_neither_and_works(dsn, conn, tmp_path):
     """prometheus_client and opentelemetry made unimportable: a worker drains, and one asked
     for metrics says what to install."""

@@ -22,7 +22,7 @@ from pgq_thin.worker.executor import Executor
 from pgq_thin.worker.held import Held, HeldJobs, Verdict
 from pgq_thin.worker.listener import Listener, concerns
 from pgq_thin.worker.owner import OwnerCalls
-from pgq_thin.worker.prefetch import AUTO_PREFETCH_MAX, PrefetchPolicy
+from pgq_thin.worker.prefetch import AUTO_PREFETCH_DEEP, AUTO_PREFETCH_MAX, PrefetchPolicy
 from pgq_thin.worker.renewer import DatabaseClock, Renewer
 from pgq_thin.worker.signals import Signals
 from pgq_thin.worker.slots import Slots
@@ -127,6 +127,42 @@ def test_auto_prefetch_starts_at_none_grows_for_short_jobs_and_stops_at_once_for
     for _ in range(200):  # a faster one moves the estimate gradually
         policy.timed(0.01)
     assert 0 < policy.limit() <= 40
+
+
+def test_auto_prefetch_grows_while_claims_come_back_full_and_shrinks_when_one_is_short() -> None:
+    policy = PrefetchPolicy("auto", concurrency=4)
+    policy.timed(0.0001)  # 4 slots x 0.1 s / 0.1 ms = 4,000 jobs: only the cap holds it
+    assert policy.limit() == AUTO_PREFETCH_MAX
+    policy.claimed(got=104, asked=104)  # a full claim: the backlog is deeper than we took
+    assert policy.limit() == 2 * AUTO_PREFETCH_MAX
+    for _ in range(10):
+        policy.claimed(got=500, asked=500)
+    assert policy.limit() == AUTO_PREFETCH_DEEP and policy.claim_size(assigned=0) == 1000  # a claim's most
+    policy.claimed(got=3, asked=500)  # a short claim: the backlog is drained, or others took it
+    assert policy.limit() == AUTO_PREFETCH_DEEP // 2
+    for _ in range(10):
+        policy.claimed(got=0, asked=10)
+    assert policy.limit() == AUTO_PREFETCH_MAX  # never below where it started
+
+
+def test_auto_prefetch_of_long_jobs_stays_none_however_deep_the_backlog() -> None:
+    policy = PrefetchPolicy("auto", concurrency=4)
+    policy.timed(0.5)  # 4 slots x 0.1 s / 0.5 s: no job may wait for a slot
+    for _ in range(20):
+        policy.claimed(got=4, asked=4)  # every claim full: a deep backlog
+    assert policy.limit() == 0 and policy.claim_size(assigned=4) == 0 and policy.claim_size(assigned=3) == 1
+    for _ in range(2000):  # the jobs turn short: the prefetch starts again from the start's cap,
+        policy.timed(0.0001)  # not from one the long jobs' full claims had grown
+    assert policy.limit() == AUTO_PREFETCH_MAX
+
+
+def test_a_fixed_prefetch_stays_what_it_was_set_to_whatever_the_claims_bring() -> None:
+    for prefetch in (0, 7):
+        policy = PrefetchPolicy(prefetch, concurrency=2)
+        policy.timed(0.0001)
+        for _ in range(10):
+            policy.claimed(got=2 + prefetch, asked=2 + prefetch)
+        assert policy.limit() == prefetch and policy.claim_size(assigned=0) == 2 + prefetch
 
 
 def test_prefetch_settings_out_of_range_are_refused() -> None:
@@ -356,6 +392,9 @@ class Taker:
 
     def submit(self, held: Held) -> None:
         self.taken.append(held)
+
+    def submit_all(self, helds: list[Held]) -> None:
+        self.taken.extend(helds)
 
 
 def a_claimer(client: Client, held: HeldJobs, flags: Flags, owner: OwnerCalls, slots: Any,

@@ -13,11 +13,15 @@ A worker is made of parts, each a module of its own with one job (every state ch
 function, called through pgq_thin.Client):
 
 - ``claimer``: THE CLAIM LOOP. Claims with pgq.claim as many jobs as the ``prefetch`` policy
-  allows (free slots, plus places for jobs that wait for a slot), hands them to the ``slots``,
-  sweeps now and then (pgq.sweep), and sleeps until a NOTIFY, a freed slot or the next poll.
+  allows (free slots, plus places for jobs that wait for a slot; more while claims come back
+  full), hands them to the ``slots``, sweeps now and then (pgq.sweep), and sleeps until a NOTIFY,
+  a freed slot or the next poll. After a claim that came back short (keys at their limit, a
+  capped queue), a claim carries the completions queued meanwhile (pgq.complete_and_claim: one
+  call, one commit, and the claim sees the places they free).
 - ``executor``: runs one handler and turns its outcome into exactly one owner call
   (``outcomes`` maps returned / raised to the call): a handler that returns None joins the
-  ``completer``'s next pgq.complete_many batch; any other outcome is one call of pgq.complete,
+  ``completer``'s queue, sent by its next pgq.complete_many or with the claimer's next claim,
+  whichever takes it first; any other outcome is one call of pgq.complete,
   pgq.fail, pgq.snooze or pgq.mark_unknown (``owner``), repeated with the same attempt while the
   connection is down.
 - ``held``: the registry of the jobs we hold, and the one place that decides that a job is
@@ -42,9 +46,9 @@ from pgq_thin.worker.aio import AsyncWorker
 from pgq_thin.worker.base import POOLED_POLL_INTERVAL
 from pgq_thin.worker.context import Handler, JobContext
 from pgq_thin.worker.outcomes import OutcomeUnknown, Retry, Snooze
-from pgq_thin.worker.prefetch import AUTO_PREFETCH_MAX, AUTO_PREFETCH_WAIT
+from pgq_thin.worker.prefetch import AUTO_PREFETCH_DEEP, AUTO_PREFETCH_MAX, AUTO_PREFETCH_WAIT
 from pgq_thin.worker.support import CHANNEL
 from pgq_thin.worker.threaded import Worker
 
-__all__ = ["AUTO_PREFETCH_MAX", "AUTO_PREFETCH_WAIT", "CHANNEL", "POOLED_POLL_INTERVAL", "AsyncWorker", "Handler",
-           "JobContext", "OutcomeUnknown", "Retry", "Snooze", "Worker"]
+__all__ = ["AUTO_PREFETCH_DEEP", "AUTO_PREFETCH_MAX", "AUTO_PREFETCH_WAIT", "CHANNEL", "POOLED_POLL_INTERVAL",
+           "AsyncWorker", "Handler", "JobContext", "OutcomeUnknown", "Retry", "Snooze", "Worker"]

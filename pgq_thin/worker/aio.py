@@ -103,17 +103,19 @@ class AsyncWorker(WorkerBase):
             raise
         policy = PrefetchPolicy(self.prefetch, self.concurrency)
         owner = AsyncOwnerCalls(client, held, flags, self.name)
-        # (The claimer, made below, is told when a slot frees and when completions commit.)
+        # (The claimer, made below, is told when a slot frees and when completions commit; its
+        # claims carry the completions queued.)
         completer = AsyncCompleter(owner, held, flags, recorded=lambda: claimer.recorded())
         wake = asyncio.Event()  # the claimer's: set when a slot frees, a NOTIFY comes, stop()
         slots = AsyncSlots(self.concurrency, self._handlers, owner, completer, policy, flags,
-                           freed=lambda: claimer.freed(completer.queued))
+                           freed=lambda: claimer.freed())
         slots.watch = watch
         renewer = AsyncRenewer(client, held, clock, flags, self.lease)
         timer = PollTimer(self.poll_interval, self.sweep_interval, self.queues)
         self._claimer = claimer = AsyncClaimer(
             client, self.name, self.queues, self.lease, timer,
-            policy, slots, held, owner, clock, flags, self._listening, wake, kinds=self.kinds)
+            policy, slots, held, owner, clock, flags, self._listening, wake, kinds=self.kinds, completer=completer)
+        slots.freed = claimer.freed  # (the same, without the lambda's call per job)
         claimer.metrics = self.metrics
         listener = AsyncListener(dsn, self.queues, claimer.wake, self.name, self._listening,
                                  ignores=timer.pace.ignores)

@@ -7,9 +7,11 @@ What differs is only how each part waits (await instead of a blocked thread)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import functools
 import inspect
+import logging
 import queue
 import threading
 import time
@@ -22,12 +24,12 @@ import psycopg
 from pgq_thin import queries
 from pgq_thin.async_client import AsyncClient
 from pgq_thin.errors import PgqError
-from pgq_thin.models import Job
+from pgq_thin.models import Job, UnreadableJson
 from pgq_thin.worker import outcomes
-from pgq_thin.worker.claimer import PollTimer
-from pgq_thin.worker.completer import report
+from pgq_thin.worker.claimer import UNDEFINED_FUNCTION, PollTimer
+from pgq_thin.worker.completer import CARRY_MAX, CARRY_PATIENCE, carries, report
 from pgq_thin.worker.context import Handler, JobContext
-from pgq_thin.worker.held import Held, HeldJobs, Verdict
+from pgq_thin.worker.held import GRANTED, Held, HeldJobs, Verdict
 from pgq_thin.worker.listener import Reconnects, concerns
 from pgq_thin.worker.metrics import JobWatch, WorkerMetrics
 from pgq_thin.worker.owner import released
@@ -123,7 +125,8 @@ class AsyncOwnerCalls:
 
 class AsyncCompleter:
     """Completer for asyncio: ``add()`` queues, its task records all that is queued in one
-    pgq.complete_many."""
+    pgq.complete_many, unless the claimer carries it (Completer's rules: carry, take, settled,
+    give_back, CARRY_PATIENCE)."""
 
     def __init__(self, owner: AsyncOwnerCalls, held: HeldJobs, flags: Flags,
                  recorded: Callable[[], None] = lambda: None) -> None:
@@ -131,29 +134,59 @@ class AsyncCompleter:
         self.held = held
         self.flags = flags
         self.recorded = recorded  # called after each batch is settled (Completer.recorded)
+        self.carried = False  # the claimer takes the queue with its next call (Completer.carry)
         self._queue: list[Held] = []
+        self._since = 0.0  # when the oldest completion queued was queued (time.monotonic())
         self._queued = asyncio.Event()
         self._stopped = False
 
     async def add(self, held: Held) -> bool:
-        if not await self.owner.granted(held):
+        if self.held.settle(held) is not GRANTED and not await self.owner.granted(held):
             held.log.warning("no longer ours: complete not sent, the handler's outcome is discarded")
             return False
+        if not self._queue:
+            self._since = time.monotonic()
         self._queue.append(held)
-        self._queued.set()
+        if not self.carried:
+            self._queued.set()
         return True
 
     @property
     def queued(self) -> int:
         return len(self._queue)
 
+    def carry(self, on: bool) -> None:
+        self.carried = on
+        if not on and self._queue:
+            self._queued.set()
+
+    def take(self, most: int | None = None) -> list[Held]:
+        queue = self._queue
+        if most is None or len(queue) <= most:
+            self._queue = []
+            return queue
+        batch, self._queue = queue[:most], queue[most:]
+        self._queued.set()
+        return batch
+
+    def settled(self, batch: list[Held], done: Sequence[int]) -> None:
+        self.held.forget(batch)
+        report(batch, done)
+
+    def give_back(self, batch: list[Held]) -> None:
+        if not batch:
+            return
+        if not self._queue:
+            self._since = time.monotonic()
+        self._queue[:0] = batch
+        self._queued.set()
+
     async def flush(self) -> None:
-        batch, self._queue = self._queue, []
+        batch = self.take()
         if not batch:
             return
         try:
-            done = set(await self.owner.client.complete_many([h.job.id for h in batch],
-                                                             [h.job.attempt for h in batch]))
+            done = await self.owner.client.complete_many([h.job.id for h in batch], [h.job.attempt for h in batch])
         except Exception as exc:
             if transient(exc) and not self.flags.done.is_set():
                 self._queue[:0] = batch
@@ -163,8 +196,7 @@ class AsyncCompleter:
             self.held.forget(batch)
             self.recorded()
             return
-        self.held.forget(batch)
-        report(batch, done)
+        self.settled(batch, done)
         self.recorded()
 
     async def try_flush(self) -> None:
@@ -174,12 +206,16 @@ class AsyncCompleter:
             log.warning("complete_many did not reach the server at shutdown (%s); the leases cover "
                         "those jobs", exc, extra={"worker": self.owner.worker_name})
 
+    def _overdue(self) -> bool:
+        return bool(self._queue) and time.monotonic() - self._since >= CARRY_PATIENCE
+
     async def run(self) -> None:
         errors = Backoff(first=0.1, cap=10.0)
         while not self._stopped and not self.flags.hard_stop.is_set():
-            await nap(0.5, self.flags, self._queued)
             if not self._queued.is_set():
-                continue
+                await nap(CARRY_PATIENCE, self.flags, self._queued)
+                if not self._queued.is_set() and not self._overdue():
+                    continue
             self._queued.clear()
             try:
                 await self.flush()
@@ -349,17 +385,29 @@ class AsyncSlots:
         self.freed = freed
         self.assigned = 0
         self.watch: JobWatch | None = None  # metrics and spans; None: neither is on
-        self._ready: asyncio.Queue[Held] = asyncio.Queue()
+        # The jobs handed over and not started, and the slots waiting for one (asyncio.Queue's
+        # rules, without its five calls per put and per get).
+        self._ready: collections.deque[Held] = collections.deque()
+        self._idle: collections.deque[asyncio.Future[None]] = collections.deque()
         self._threads = HandlerThreads(concurrency)
+        self._async_kinds: dict[str, bool] = {}  # whether a kind's handler is ``async def`` (asked once)
 
     def submit(self, held: Held) -> None:
-        self.assigned += 1
-        self._ready.put_nowait(held)
+        self.submit_all([held])
+
+    def submit_all(self, helds: list[Held]) -> None:
+        self.assigned += len(helds)
+        self._ready.extend(helds)
+        idle, wake = self._idle, len(helds)
+        while wake and idle:  # one waiting slot per job (a busy slot may take it first: then it
+            waiter = idle.popleft()  # looks, finds none, and waits again)
+            if not waiter.done():
+                waiter.set_result(None)
+                wake -= 1
 
     def take_waiting(self) -> list[Held]:
-        waiting: list[Held] = []
-        while not self._ready.empty():
-            waiting.append(self._ready.get_nowait())
+        waiting = list(self._ready)
+        self._ready.clear()
         self.assigned -= len(waiting)
         return waiting
 
@@ -376,30 +424,37 @@ class AsyncSlots:
                 outcome = done = await self.outcome(held)
             finally:
                 watch.finished(token, held, done)
-        if not outcome.batched:
+        if outcome.batched:
+            if not await self.completer.add(held):
+                self.owner.held.forget([held])
+        else:
             await self.owner.settle(held, outcome)
-        elif not await self.completer.add(held):
-            self.owner.held.forget([held])
 
     async def outcome(self, held: Held) -> outcomes.Outcome:
         """Run the handler: what it returned or raised, as the call that records it."""
-        job, jlog = held.job, held.log
-        jlog.debug("started")
+        job = held.job
+        if log.isEnabledFor(logging.DEBUG):
+            held.log.debug("started")
         function = self.handlers.get(job.kind)
         if function is None:
-            return outcomes.no_handler(job, self.owner.worker_name, sorted(self.handlers), jlog)
-        if (refused := outcomes.unreadable(job, jlog)) is not None:
-            return refused
+            return outcomes.no_handler(job, self.owner.worker_name, sorted(self.handlers), held.log)
+        if isinstance(job.payload, UnreadableJson) or isinstance(job.progress, UnreadableJson):
+            refused = outcomes.unreadable(job, held.log)  # (not called per job: the common case is neither)
+            if refused is not None:
+                return refused
         try:
-            return outcomes.of_result(await self._call(function, job, held.ctx))
+            is_async = self._async_kinds.get(job.kind)
+            if is_async is None:
+                is_async = self._async_kinds[job.kind] = inspect.iscoroutinefunction(function)
+            result = await (function(job, held.ctx) if is_async else self._call(function, job, held.ctx))
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - any handler failure is an outcome
-            return outcomes.of_exception(exc, jlog)
+            return outcomes.of_exception(exc, held.log)
+        return outcomes.BATCHED if result is None else outcomes.of_result(result)
 
     async def _call(self, function: Handler, job: Job, ctx: JobContext) -> Any:
-        if inspect.iscoroutinefunction(function):
-            return await function(job, ctx)
+        """A plain handler, in one of the handler threads."""
         call = functools.partial(function, job, ctx)
         if self.watch is not None:  # the handler's thread sees the attempt's span as current
             call = functools.partial(contextvars.copy_context().run, call)
@@ -407,15 +462,22 @@ class AsyncSlots:
         return await result if inspect.isawaitable(result) else result
 
     async def run_slot(self) -> None:
+        ready, idle, stopping, execute, timed = (self._ready, self._idle, self.flags.stopping, self.execute,
+                                                 self.policy.timed)
+        monotonic, loop = time.monotonic, asyncio.get_running_loop()
         while True:
-            held = await self._ready.get()
+            while not ready:
+                waiter: asyncio.Future[None] = loop.create_future()
+                idle.append(waiter)
+                await waiter  # (a cancelled slot leaves a done future behind: submit_all skips it)
+            held = ready.popleft()
             started: float | None = None
             try:
-                if self.flags.stopping.is_set():
+                if stopping.is_set():
                     await self.owner.give_back_unstarted(held, "claimed before shutdown, never started")
                 else:
-                    started = time.monotonic()
-                    await self.execute(held)
+                    started = monotonic()
+                    await execute(held)
             except asyncio.CancelledError:
                 raise
             except BaseException:  # noqa: BLE001 - a slot must survive anything; the lease covers the job
@@ -423,7 +485,7 @@ class AsyncSlots:
                 self.owner.held.forget([held])
             finally:
                 if started is not None:
-                    self.policy.timed(time.monotonic() - started)
+                    timed(monotonic() - started)
                 self.assigned -= 1
                 self.freed()
 
@@ -433,12 +495,14 @@ class AsyncSlots:
 
 
 class AsyncClaimer:
-    """Claimer for asyncio: the claim loop (see pgq_thin.worker.claimer)."""
+    """Claimer for asyncio: the claim loop (see pgq_thin.worker.claimer), carrying the
+    completions queued in ``completer``."""
 
     def __init__(self, client: AsyncClient, name: str, queues: Sequence[str] | None, lease: Delay | None,
                  timer: PollTimer, policy: PrefetchPolicy, slots: AsyncSlots, held: HeldJobs,
                  owner: AsyncOwnerCalls, clock: DatabaseClock, flags: Flags, listening: Any,
-                 wake: asyncio.Event, kinds: Sequence[str] | None = None) -> None:
+                 wake: asyncio.Event, kinds: Sequence[str] | None = None,
+                 completer: AsyncCompleter | None = None) -> None:
         self.client = client
         self.name = name
         self.queues = queues
@@ -452,6 +516,8 @@ class AsyncClaimer:
         self.clock = clock
         self.flags = flags
         self.listening = listening
+        self.completer = completer  # whose completions our claims carry (Claimer.completer)
+        self.combined = True  # False once the database turned out to have no pgq.complete_and_claim
         self._wake = wake
         self._own = False  # whether the wake-up is our own (Claimer.ours)
 
@@ -466,9 +532,10 @@ class AsyncClaimer:
         self._own = True
         self._wake.set()
 
-    def freed(self, completions_queued: int) -> None:
+    def freed(self) -> None:
         """A slot finished a job (Claimer.freed)."""
-        if not (self.timer.short and completions_queued):
+        completer = self.completer
+        if not self.timer.short or completer is None or completer.carried or not completer.queued:
             self.ours()
 
     def recorded(self) -> None:
@@ -476,37 +543,87 @@ class AsyncClaimer:
         if self.timer.short:
             self.ours()
 
+    def carry(self, on: bool) -> None:
+        """Whether our next call carries the completions queued from now on (Claimer.carry)."""
+        completer = self.completer
+        if completer is not None and completer.carried is not on and (self.combined or not on):
+            completer.carry(on)
+
+    def carries(self, batch: int) -> bool:
+        """Whether a claim of ``batch`` jobs would carry our completions (Claimer.carries)."""
+        return self.combined and self.timer.short and carries(batch)
+
+    def carrying(self) -> bool:
+        """Whether completions wait to go with our next claim (Claimer.carrying)."""
+        completer = self.completer
+        return completer is not None and completer.carried and completer.queued > 0
+
     async def run(self) -> None:
-        timer = self.timer
+        timer, policy, slots = self.timer, self.policy, self.slots
         timer.pace.learned(await self.rate_waits())
-        while not self.flags.stopping.is_set():
-            if timer.sweep_due():
-                await self.sweep()
-                timer.swept()
-                continue
-            batch = self.policy.claim_size(self.slots.assigned)
-            if batch == 0:
-                await self.sleep(timer.poll_interval)
-                continue
-            try:
-                jobs = (await self.client.claim(self.name, self.queues, batch=batch, lease=self.lease,
-                                                kinds=self.kinds)
-                        if self.kinds != [] else [])  # no handler: nothing here could run a job
-            except PgqError as exc:
-                delay = timer.claim_failed(exc, self.name)
-                await self.owner.drop_broken_connections()
-                await self.sleep(delay)
-                continue
-            if self.metrics is not None:
-                self.metrics.claimed(len(jobs))
-            for job in jobs:
-                await self.hand_over(job)
-            wait = timer.claimed(len(jobs), batch, self.name, self.listening.is_set())
-            quiet = False
-            if timer.pace.wanted(len(jobs), batch):
-                wait, quiet = timer.pace.paced(await self.rate_waits(), wait)
-            if wait:
-                await self.sleep(wait, limited=True, quiet=quiet)
+        try:
+            while not self.flags.stopping.is_set():
+                if timer.sweep_due():
+                    self.carry(False)
+                    await self.sweep()
+                    timer.swept()
+                    continue
+                batch = policy.claim_size(slots.assigned)
+                if batch == 0:
+                    await self.sleep(timer.poll_interval, carry=self.carries(policy.claim_size(slots.assigned - 1)))
+                    continue
+                self.carry(self.carries(batch))
+                # What wakes us from now on is news to this claim (a wake-up set before it, by a
+                # slot whose completion it carries, say, would only make an empty claim after it).
+                self._own = False
+                self._wake.clear()
+                try:
+                    jobs = await self.claim(batch)
+                except PgqError as exc:
+                    self.carry(False)
+                    delay = timer.claim_failed(exc, self.name)
+                    await self.owner.drop_broken_connections()
+                    await self.sleep(delay)
+                    continue
+                if self.metrics is not None:
+                    self.metrics.claimed(len(jobs))
+                if jobs:
+                    await self.hand_over_all(jobs)
+                policy.claimed(len(jobs), batch)
+                wait = timer.claimed(len(jobs), batch, self.name, self.listening.is_set(), again=self.carrying())
+                quiet = False
+                if timer.pace.wanted(len(jobs), batch):
+                    wait, quiet = timer.pace.paced(await self.rate_waits(), wait)
+                if wait:
+                    await self.sleep(wait, limited=True, quiet=quiet,
+                                     carry=not quiet and self.carries(policy.claim_size(slots.assigned - 1)))
+        finally:
+            self.carry(False)
+
+    async def claim(self, batch: int) -> list[Job]:
+        """Claim up to ``batch`` jobs, carrying the completions queued (Claimer.claim)."""
+        if self.kinds == []:  # no handler: nothing here could run a job
+            return []
+        completer = self.completer
+        carried = completer.take(CARRY_MAX) if completer is not None and self.carries(batch) else []
+        if completer is None or not carried:
+            return await self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
+        try:
+            answer = await self.client.complete_and_claim(
+                [h.job.id for h in carried], [h.job.attempt for h in carried], self.name, self.queues,
+                batch=batch, lease=self.lease, kinds=self.kinds)
+        except BaseException as exc:
+            completer.give_back(carried)
+            if not (isinstance(exc, PgqError) and exc.sqlstate == UNDEFINED_FUNCTION):
+                raise
+            log.warning("this database has no pgq.complete_and_claim (its pgq schema is older than this "
+                        "pgq-thin: run `pgq-thin migrate`); completions are sent apart from the claims",
+                        extra={"worker": self.name})
+            self.combined = False
+            completer.carry(False)
+            return await self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
+        completer.settled(carried, answer.completed)
+        return answer.jobs
 
     async def rate_waits(self) -> Mapping[str, timedelta]:
         """pgq.rate_limit_wait for our queues ({} when it fails; Claimer.rate_waits)."""
@@ -516,32 +633,45 @@ class AsyncClaimer:
             log.debug("could not read the rate limits (%s)", exc, extra={"worker": self.name})
             return {}
 
-    async def sleep(self, seconds: float, limited: bool = False, quiet: bool = False) -> None:
+    async def sleep(self, seconds: float, limited: bool = False, quiet: bool = False, carry: bool = False) -> None:
         """Wait until woken, ``seconds`` pass or the next sweep is due; the wake-up is cleared
         before the next claim. ``limited``: a wake-up is held as the WakeLimit says; ``quiet``:
-        only a stop wakes us sooner (Claimer.sleep)."""
+        only a stop wakes us sooner; ``carry``: the completions queued meanwhile wait for the
+        claim a freed slot starts (Claimer.sleep)."""
+        self.carry(carry)
         if quiet:
             deadline = time.monotonic() + self.timer.until(seconds)
             while not self.flags.stopping.is_set() and (left := deadline - time.monotonic()) > 0:
                 await asyncio.sleep(min(left, 0.05))
             self._wake.clear()
             return
-        try:
-            await asyncio.wait_for(self._wake.wait(), self.timer.until(seconds))
-            if limited and not self._own and (hold := self.timer.wakes.held()):
-                await asyncio.sleep(hold)
-        except TimeoutError:
-            pass
+        if not self._wake.is_set():
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.timer.until(seconds))
+            except TimeoutError:
+                pass
+        if self._wake.is_set() and limited and not self._own and (hold := self.timer.wakes.held()):
+            self.carry(False)
+            await asyncio.sleep(hold)
         self._own = False
         self._wake.clear()
 
     async def hand_over(self, job: Job) -> None:
-        if self.flags.stopping.is_set():
-            await self.owner.give_back(job, "claimed during shutdown, never started")
+        await self.hand_over_all([job])
+
+    async def hand_over_all(self, jobs: list[Job]) -> None:
+        """Hold the jobs of one claim and hand them to the slots, or give them back if we are
+        stopping (Claimer.hand_over_all)."""
+        stopping = self.flags.stopping
+        if stopping.is_set():
+            for job in jobs:
+                await self.owner.give_back(job, "claimed during shutdown, never started")
             return
-        ctx = JobContext(job=job, client=self.client, worker_name=self.name, shutting_down=self.flags.stopping,
-                         deadline_monotonic=self.clock.monotonic_of(job.deadline))
-        self.slots.submit(self.held.hold(job, ctx, self.clock.lease_of(job, self.lease)))
+        client, name, clock = self.client, self.name, self.clock
+        contexts = [JobContext(job, client, name, stopping,
+                               deadline_monotonic=None if job.deadline is None else clock.monotonic_of(job.deadline))
+                    for job in jobs]
+        self.slots.submit_all(self.held.hold_all(jobs, contexts, clock.leases_of(jobs, self.lease)))
 
     async def sweep(self) -> None:
         try:

@@ -1,13 +1,17 @@
 """The claimer: THE CLAIM LOOP. It claims as many jobs as the prefetch policy allows (free slots,
 plus places for jobs that wait for a slot) with pgq.claim, hands them to the slots, sweeps now and
 then (pgq.sweep), and sleeps until woken (a NOTIFY, a freed slot, its completions committed after
-a short claim, stop) or the next poll. After a claim that found nothing, NOTIFY wake-ups start at
-most about WAKE_RATE claims a second (any login may NOTIFY pgq); its own are never held back.
-After a short claim on rate-limited queues it waits for their next token as the database says
-(pgq_thin.worker.pace)."""
+a short claim, stop) or the next poll. After a claim that came back short, a small claim carries
+the completions queued meanwhile: with some, it is one pgq.complete_and_claim (one round trip, one
+commit; the claim sees them, so a key that one of them frees is claimable at once); see
+Claimer.carries, and pgq_thin.worker.completer for who sends what.
+After a claim that found nothing (or less than it asked for), NOTIFY wake-ups start at most about
+WAKE_RATE claims a second (any login may NOTIFY pgq); its own are never held back. After a short claim on rate-limited
+queues it waits for their next token as the database says (pgq_thin.worker.pace)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -17,6 +21,7 @@ from datetime import timedelta
 from pgq_thin.client import Client
 from pgq_thin.errors import PgqError
 from pgq_thin.models import Job
+from pgq_thin.worker.completer import CARRY_MAX, Completer, carries
 from pgq_thin.worker.context import JobContext
 from pgq_thin.worker.held import HeldJobs
 from pgq_thin.worker.metrics import WorkerMetrics
@@ -28,6 +33,10 @@ from pgq_thin.worker.slots import Slots
 from pgq_thin.worker.support import Backoff, Delay, Flags, ThreadPart, jitter, log, transient
 
 __all__ = ["WAKE_BURST", "WAKE_RATE", "Claimer", "PollTimer", "WakeLimit"]
+
+#: SQLSTATE undefined_function: a database whose schema is older than this pgq-thin (no
+#: pgq.complete_and_claim yet; docs/upgrading.md: migrate first, then the workers).
+UNDEFINED_FUNCTION = "42883"
 
 #: After a claim that found nothing, the claims that wake-ups start: WAKE_RATE a second at most,
 #: after a burst of WAKE_BURST. Any login may NOTIFY pgq, even one without a pgq role: a flood
@@ -91,17 +100,21 @@ class PollTimer:
         log.warning("claim failed (%s); retrying in %.1fs", exc, delay, extra={"worker": worker_name})
         return delay
 
-    def claimed(self, jobs: int, batch: int, worker_name: str, listening: bool) -> float:
-        """How long to wait after a claim that took ``jobs`` of ``batch``: none when it took some
-        (there may be more: a batch can come back short when other workers claim at the same
-        moment). When nothing is due, a NOTIFY wakes us for new work; polling finds scheduled
+    def claimed(self, jobs: int, batch: int, worker_name: str, listening: bool, again: bool = True) -> float:
+        """How long to wait after a claim that took ``jobs`` of ``batch``: none when it came back
+        full (there may be more), nor when it took some and ``again`` (our completions wait to
+        go with the next claim, which they may make longer: a key or a capped queue's place they
+        free). A short claim otherwise waits as an empty one: what it left was not claimable, and
+        a freed slot, our completions committing or a NOTIFY wakes us; polling finds scheduled
         jobs and covers a missing or broken LISTEN."""
-        log.debug("claimed %d of %d", jobs, batch, extra={"worker": worker_name, "batch": batch, "claimed": jobs})
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("claimed %d of %d", jobs, batch, extra={"worker": worker_name, "batch": batch, "claimed": jobs})
         self.errors.reset()
         self.short = jobs < batch
         if jobs:
             self.idle.reset()
-            return 0.0
+            if not self.short or again:
+                return 0.0
         return min(self.poll_interval, jitter(self.poll_interval)) if listening else self.idle.next()
 
     def until(self, wait: float) -> float:
@@ -111,13 +124,14 @@ class PollTimer:
 
 class Claimer(ThreadPart):
     """Claims for ``queues`` as ``name`` until ``flags.stopping``; ``wake()`` (or setting the
-    ``wake`` Event it was given) makes it look again at once. An error that retrying cannot fix
-    ends it: ``error`` holds it (after ``join()``)."""
+    ``wake`` Event it was given) makes it look again at once. With a ``completer``, each claim
+    carries the completions it has queued. An error that retrying cannot fix ends it: ``error``
+    holds it (after ``join()``)."""
 
     def __init__(self, client: Client, name: str, queues: Sequence[str] | None, lease: Delay | None,
                  timer: PollTimer, policy: PrefetchPolicy, slots: Slots, held: HeldJobs, owner: OwnerCalls,
                  clock: DatabaseClock, flags: Flags, listening: threading.Event, wake: threading.Event,
-                 kinds: Sequence[str] | None = None) -> None:
+                 kinds: Sequence[str] | None = None, completer: Completer | None = None) -> None:
         self.client = client
         self.name = name
         self.queues = queues
@@ -131,6 +145,8 @@ class Claimer(ThreadPart):
         self.clock = clock
         self.flags = flags
         self.listening = listening
+        self.completer = completer  # whose completions our claims carry (None: they go alone)
+        self.combined = True  # False once the database turned out to have no pgq.complete_and_claim
         self.error: BaseException | None = None
         self._wake = wake  # set to look again at once
         self._own = False  # whether the wake-up is our own (ours()): the WakeLimit does not hold it
@@ -146,13 +162,16 @@ class Claimer(ThreadPart):
         """Look again at once for a reason of our own (a slot freed, our completions committed):
         never held back by the WakeLimit, which is for wake-ups anyone can send (NOTIFY)."""
         self._own = True
-        self._wake.set()
+        if not self._wake.is_set():  # (set() costs six calls; a wake-up already set is enough)
+            self._wake.set()
 
-    def freed(self, completions_queued: int) -> None:
-        """A slot finished a job. After a claim that came back short, while that job's completion
-        is still queued, the claim waits for it (recorded()): until it commits, the job counts as
-        running (a full key, a capped queue's place) and the claim would come back short again."""
-        if not (self.timer.short and completions_queued):
+    def freed(self) -> None:
+        """A slot finished a job: look again at once. But after a claim that came back short,
+        while that job's completion is queued for the completer (not carried by our next claim),
+        the claim waits for it (recorded()): until it commits, the job counts as running (a full
+        key, a capped queue's place) and the claim would come back short again."""
+        completer = self.completer
+        if not self.timer.short or completer is None or completer.carried or not completer.queued:
             self.ours()
 
     def recorded(self) -> None:
@@ -161,37 +180,95 @@ class Claimer(ThreadPart):
         if self.timer.short:
             self.ours()
 
+    def carry(self, on: bool) -> None:
+        """Whether our next call carries the completions queued from now on (Completer.carry)."""
+        completer = self.completer
+        if completer is not None and completer.carried is not on and (self.combined or not on):
+            completer.carry(on)
+
+    def carries(self, batch: int) -> bool:
+        """Whether a claim of ``batch`` jobs would carry our completions: a small one (carries()),
+        after a claim that came back short. Then our running jobs may be what holds the claims
+        back (a key at its limit, a capped queue's places), and the claim sees the completions.
+        While claims come back full (a deep backlog) the completer sends them, beside the claims:
+        carried, they would wait for the claim in flight and then make the next one longer."""
+        return self.combined and self.timer.short and carries(batch)
+
+    def carrying(self) -> bool:
+        """Whether completions wait to go with our next claim."""
+        completer = self.completer
+        return completer is not None and completer.carried and completer.queued > 0
+
     def run(self) -> None:
         """The claim loop, in the calling thread."""
-        timer = self.timer
+        timer, policy, slots = self.timer, self.policy, self.slots
         timer.pace.learned(self.rate_waits())
-        while not self.flags.stopping.is_set():
-            if timer.sweep_due():
-                self.sweep()
-                timer.swept()
-                continue  # look at the stop flag again: the sweep may have waited for a connection
-            batch = self.policy.claim_size(self.slots.assigned)
-            if batch == 0:  # every place taken: a finishing job wakes us
-                self.sleep(timer.poll_interval)
-                continue
-            try:
-                jobs = (self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
-                        if self.kinds != [] else [])  # no handler: nothing here could run a job
-            except PgqError as exc:
-                delay = timer.claim_failed(exc, self.name)
-                self.owner.drop_broken_connections()
-                self.sleep(delay)
-                continue
-            if self.metrics is not None:
-                self.metrics.claimed(len(jobs))
-            for job in jobs:
-                self.hand_over(job)
-            wait = timer.claimed(len(jobs), batch, self.name, self.listening.is_set())
-            quiet = False
-            if timer.pace.wanted(len(jobs), batch):
-                wait, quiet = timer.pace.paced(self.rate_waits(), wait)
-            if wait:
-                self.sleep(wait, limited=True, quiet=quiet)
+        try:
+            while not self.flags.stopping.is_set():
+                if timer.sweep_due():
+                    self.carry(False)
+                    self.sweep()
+                    timer.swept()
+                    continue  # look at the stop flag again: the sweep may have waited for a connection
+                batch = policy.claim_size(slots.assigned)
+                if batch == 0:  # every place taken: a finishing job wakes us (and, if that makes
+                    # us claim, its completion goes with the claim)
+                    self.sleep(timer.poll_interval, carry=self.carries(policy.claim_size(slots.assigned - 1)))
+                    continue
+                self.carry(self.carries(batch))
+                # What wakes us from now on is news to this claim (a wake-up set before it, by a
+                # slot whose completion it carries, say, would only make an empty claim after it).
+                self._own = False
+                self._wake.clear()
+                try:
+                    jobs = self.claim(batch)
+                except PgqError as exc:
+                    self.carry(False)
+                    delay = timer.claim_failed(exc, self.name)
+                    self.owner.drop_broken_connections()
+                    self.sleep(delay)
+                    continue
+                if self.metrics is not None:
+                    self.metrics.claimed(len(jobs))
+                if jobs:
+                    self.hand_over_all(jobs)
+                policy.claimed(len(jobs), batch)
+                wait = timer.claimed(len(jobs), batch, self.name, self.listening.is_set(), again=self.carrying())
+                quiet = False
+                if timer.pace.wanted(len(jobs), batch):
+                    wait, quiet = timer.pace.paced(self.rate_waits(), wait)
+                if wait:
+                    self.sleep(wait, limited=True, quiet=quiet,
+                               carry=not quiet and self.carries(policy.claim_size(slots.assigned - 1)))
+        finally:
+            self.carry(False)  # whatever is queued now is the completer's
+
+    def claim(self, batch: int) -> list[Job]:
+        """Claim up to ``batch`` jobs (pgq.claim). With completions queued, take them and send them
+        with the claim (pgq.complete_and_claim): settled here when it answers, given back to the
+        completer when it fails (the error is raised)."""
+        if self.kinds == []:  # no handler: nothing here could run a job
+            return []
+        completer = self.completer
+        carried = completer.take(CARRY_MAX) if completer is not None and self.carries(batch) else []
+        if completer is None or not carried:
+            return self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
+        try:
+            answer = self.client.complete_and_claim([h.job.id for h in carried], [h.job.attempt for h in carried],
+                                                    self.name, self.queues, batch=batch, lease=self.lease,
+                                                    kinds=self.kinds)
+        except BaseException as exc:
+            completer.give_back(carried)
+            if not (isinstance(exc, PgqError) and exc.sqlstate == UNDEFINED_FUNCTION):
+                raise
+            log.warning("this database has no pgq.complete_and_claim (its pgq schema is older than this "
+                        "pgq-thin: run `pgq-thin migrate`); completions are sent apart from the claims",
+                        extra={"worker": self.name})
+            self.combined = False
+            completer.carry(False)
+            return self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
+        completer.settled(carried, answer.completed)
+        return answer.jobs
 
     def rate_waits(self) -> Mapping[str, timedelta]:
         """pgq.rate_limit_wait for our queues ({} when it fails: then we know of no rate limit)."""
@@ -201,26 +278,42 @@ class Claimer(ThreadPart):
             log.debug("could not read the rate limits (%s)", exc, extra={"worker": self.name})
             return {}
 
-    def sleep(self, seconds: float, limited: bool = False, quiet: bool = False) -> None:
+    def sleep(self, seconds: float, limited: bool = False, quiet: bool = False, carry: bool = False) -> None:
         """Wait until woken, ``seconds`` pass or the next sweep is due. The wake-up is cleared
         *before* the next claim, so a job committed before the clear is seen by that claim.
-        ``limited`` (after a claim that found nothing): a wake-up is held as the WakeLimit says.
-        ``quiet`` (every queue waits for a rate limit's token): only stop() wakes us sooner."""
+        ``limited`` (after a claim that came back short or empty): a wake-up is held as the
+        WakeLimit says.
+        ``quiet`` (every queue waits for a rate limit's token): only stop() wakes us sooner.
+        ``carry``: a freed slot makes us claim at once, so the completions queued meanwhile wait
+        for that claim (not while a wake-up is held back); otherwise the completer sends them."""
+        self.carry(carry)
         if quiet:
             self.flags.stopping.wait(self.timer.until(seconds))
         elif self._wake.wait(self.timer.until(seconds)) and limited and not self._own:
-            self.flags.stopping.wait(self.timer.wakes.held())
+            hold = self.timer.wakes.held()
+            if hold:
+                self.carry(False)
+                self.flags.stopping.wait(hold)
         self._own = False
         self._wake.clear()
 
     def hand_over(self, job: Job) -> None:
         """Hold ``job`` and hand it to the slots, or give it back if we are stopping."""
-        if self.flags.stopping.is_set():
-            self.owner.give_back(job, "claimed during shutdown, never started")
+        self.hand_over_all([job])
+
+    def hand_over_all(self, jobs: list[Job]) -> None:
+        """Hold the jobs of one claim and hand them to the slots, or give them back if we are
+        stopping. (Once per claim, not per job: the clocks, the registry's lock, the slots'.)"""
+        stopping = self.flags.stopping
+        if stopping.is_set():
+            for job in jobs:
+                self.owner.give_back(job, "claimed during shutdown, never started")
             return
-        ctx = JobContext(job=job, client=self.client, worker_name=self.name, shutting_down=self.flags.stopping,
-                         deadline_monotonic=self.clock.monotonic_of(job.deadline))
-        self.slots.submit(self.held.hold(job, ctx, self.clock.lease_of(job, self.lease)))
+        client, name, clock = self.client, self.name, self.clock
+        contexts = [JobContext(job, client, name, stopping,
+                               deadline_monotonic=None if job.deadline is None else clock.monotonic_of(job.deadline))
+                    for job in jobs]
+        self.slots.submit_all(self.held.hold_all(jobs, contexts, clock.leases_of(jobs, self.lease)))
 
     def sweep(self) -> None:
         """pgq.sweep, so expired leases recover even when nobody claims; and re-read the database

@@ -90,6 +90,15 @@ class JobContext:
         event = self._lease_lost
         return event is not None and event.is_set()
 
+    def ended(self) -> bool:
+        """is_lost() or past_deadline(): this attempt is no longer ours to record (one call, as
+        the registry asks once per job)."""
+        event = self._lease_lost
+        if event is not None and event.is_set():
+            return True
+        deadline = self.deadline_monotonic
+        return deadline is not None and time.monotonic() >= deadline
+
     def __repr__(self) -> str:
         return f"JobContext(job={self.job!r}, worker_name={self.worker_name!r})"
 

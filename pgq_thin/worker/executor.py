@@ -4,15 +4,18 @@ of pgq.complete, pgq.fail, pgq.snooze or pgq.mark_unknown (outcomes.py says whic
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
+from pgq_thin.models import UnreadableJson
 from pgq_thin.worker import outcomes
 from pgq_thin.worker.completer import Completer
 from pgq_thin.worker.context import Handler
 from pgq_thin.worker.held import Held
 from pgq_thin.worker.metrics import JobWatch
-from pgq_thin.worker.outcomes import Outcome
+from pgq_thin.worker.outcomes import BATCHED, Outcome
 from pgq_thin.worker.owner import OwnerCalls
+from pgq_thin.worker.support import log
 
 __all__ = ["Executor"]
 
@@ -39,21 +42,26 @@ class Executor:
                 outcome = done = self.outcome(held)
             finally:
                 watch.finished(token, held, done)
-        if not outcome.batched:
+        if outcome.batched:
+            if not self.completer.add(held):
+                self.owner.held.forget([held])
+        else:
             self.owner.settle(held, outcome)
-        elif not self.completer.add(held):
-            self.owner.held.forget([held])
 
     def outcome(self, held: Held) -> Outcome:
         """Run the handler: what it returned or raised, as the call that records it."""
-        job, jlog = held.job, held.log
-        jlog.debug("started")
+        job = held.job
+        if log.isEnabledFor(logging.DEBUG):
+            held.log.debug("started")
         function = self.handlers.get(job.kind)
         if function is None:
-            return outcomes.no_handler(job, self.owner.worker_name, sorted(self.handlers), jlog)
-        if (refused := outcomes.unreadable(job, jlog)) is not None:
-            return refused
+            return outcomes.no_handler(job, self.owner.worker_name, sorted(self.handlers), held.log)
+        if isinstance(job.payload, UnreadableJson) or isinstance(job.progress, UnreadableJson):
+            refused = outcomes.unreadable(job, held.log)  # (not called per job: the common case is neither)
+            if refused is not None:
+                return refused
         try:
-            return outcomes.of_result(function(job, held.ctx))
+            result = function(job, held.ctx)
         except BaseException as exc:  # noqa: BLE001 - any handler failure is an outcome
-            return outcomes.of_exception(exc, jlog)
+            return outcomes.of_exception(exc, held.log)
+        return BATCHED if result is None else outcomes.of_result(result)

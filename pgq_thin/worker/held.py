@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from pgq_thin.models import Job
@@ -42,14 +42,22 @@ GRANTED, GONE, BUSY = Verdict.GRANTED, Verdict.GONE, Verdict.BUSY
 @dataclass(eq=False, slots=True)
 class Held:
     """One job while we hold it. ``lease_seconds`` and ``next_renew`` (time.monotonic()) belong
-    to the renewer."""
+    to the renewer. ``log`` is the job's logger (made when first used: most jobs log nothing
+    that is not filtered)."""
 
     job: Job
     ctx: JobContext
-    log: JobLog
     lease_seconds: float
     next_renew: float
     state: str = "held"
+    _log: JobLog | None = None
+
+    @property
+    def log(self) -> JobLog:
+        jlog = self._log
+        if jlog is None:
+            jlog = self._log = JobLog(self.job)
+        return jlog
 
 
 class HeldJobs:
@@ -63,18 +71,27 @@ class HeldJobs:
 
     def hold(self, job: Job, ctx: JobContext, lease_seconds: float) -> Held:
         """Register a claimed job; its first renewal is due at a third of its lease."""
-        first = time.monotonic() + lease_seconds / 3
-        if ctx.deadline_monotonic is not None:  # the renewer wakes at the deadline, at the latest
-            first = min(first, ctx.deadline_monotonic)
-        held = Held(job, ctx, JobLog(job), lease_seconds, first)
+        return self.hold_all([job], [ctx], [lease_seconds])[0]
+
+    def hold_all(self, jobs: Sequence[Job], contexts: Sequence[JobContext], leases: Sequence[float]) -> list[Held]:
+        """hold() for the jobs of one claim, their contexts and leases (one lock for them all)."""
+        now = time.monotonic()
+        helds = []
+        for job, ctx, lease_seconds in zip(jobs, contexts, leases):
+            first = now + lease_seconds / 3
+            if ctx.deadline_monotonic is not None:  # the renewer wakes at the deadline, at the latest
+                first = min(first, ctx.deadline_monotonic)
+            helds.append(Held(job, ctx, lease_seconds, first))
         with self._lock:
-            self._jobs[job.id] = held
-        return held
+            registry = self._jobs
+            for held in helds:
+                registry[held.job.id] = held
+        return helds
 
     def settle(self, held: Held) -> Verdict:
         """Ask for the one call that ends this attempt (see Verdict)."""
         with self._lock:
-            if held.state == "held" and not held.ctx.is_lost() and not held.ctx.past_deadline():
+            if held.state == "held" and not held.ctx.ended():
                 held.state = "settled"
                 return GRANTED
             return BUSY if held.state == "renewing" else GONE

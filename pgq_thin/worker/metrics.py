@@ -134,11 +134,14 @@ class JobWatch:
 
     def finished(self, token: tuple[float, Any], held: Held, outcome: Outcome | None) -> None:
         started, span = token
+        metrics = self.metrics
+        if metrics is None and span is None:
+            return  # (tracing on, no tracer provider configured: nothing to count or end)
         label = outcome_label(held, outcome)
-        if self.metrics is not None:
+        if metrics is not None:
             job = held.job
-            self.metrics.busy.dec()
-            self.metrics.jobs.labels(job.queue, job.kind, label).inc()
-            self.metrics.duration.labels(job.queue, job.kind).observe(time.monotonic() - started)
+            metrics.busy.dec()
+            metrics.jobs.labels(job.queue, job.kind, label).inc()
+            metrics.duration.labels(job.queue, job.kind).observe(time.monotonic() - started)
         if span is not None and self.tracing is not None:
             self.tracing.end(span, label)

@@ -4,6 +4,7 @@ the database clock; a refusal means the job is no longer ours: the handler is to
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import datetime
 
 import psycopg
@@ -56,8 +57,14 @@ class DatabaseClock:
 
     def lease_of(self, job: Job, lease: Delay | None) -> float:
         """The lease a just-claimed job has: the worker's own, or what is left of the queue's."""
-        left = seconds(lease) if lease is not None else job.lease_until.timestamp() - (time.time() + self.offset)
-        return max(left, MIN_LEASE)
+        return self.leases_of([job], lease)[0]
+
+    def leases_of(self, jobs: Sequence[Job], lease: Delay | None) -> list[float]:
+        """lease_of() for the jobs of one claim (the clock read once)."""
+        if lease is not None:
+            return [max(seconds(lease), MIN_LEASE)] * len(jobs)
+        now = time.time() + self.offset
+        return [max(job.lease_until.timestamp() - now, MIN_LEASE) for job in jobs]
 
 
 def renewed(held: Held, until: datetime | None, clock: DatabaseClock, lease: Delay | None) -> bool:

@@ -40,9 +40,15 @@ class Slots:
         return self._assigned
 
     def submit(self, held: Held) -> None:
+        self.submit_all([held])
+
+    def submit_all(self, helds: list[Held]) -> None:
+        """submit() the jobs of one claim."""
         with self._lock:
-            self._assigned += 1
-        self._ready.put(held)
+            self._assigned += len(helds)
+        put = self._ready.put
+        for held in helds:
+            put(held)
 
     def take_waiting(self) -> list[Held]:
         """Take back the jobs no slot has started (the shutdown gives them back at once)."""
@@ -59,21 +65,24 @@ class Slots:
         return waiting
 
     def _loop(self) -> None:
-        while (held := self._ready.get()) is not None:
+        ready, stopping, run, timed, lock = (self._ready, self.flags.stopping, self.executor.run, self.policy.timed,
+                                             self._lock)
+        monotonic = time.monotonic
+        while (held := ready.get()) is not None:
             started: float | None = None
             try:
-                if self.flags.stopping.is_set():
+                if stopping.is_set():
                     self.owner.give_back_unstarted(held, "claimed before shutdown, never started")
                 else:
-                    started = time.monotonic()
-                    self.executor.run(held)
+                    started = monotonic()
+                    run(held)
             except BaseException:  # noqa: BLE001 - a slot must survive anything; the lease covers the job
                 held.log.exception("the slot failed while running this job")
                 self.owner.held.forget([held])
             finally:
-                with self._lock:
+                with lock:
                     if started is not None:
-                        self.policy.timed(time.monotonic() - started)
+                        timed(monotonic() - started)
                     self._assigned -= 1
                 self.freed()  # a free slot, and maybe a completion to record
 

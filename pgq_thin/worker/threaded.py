@@ -43,9 +43,14 @@ class Worker(WorkerBase):
     waits (its lease runs and is renewed; no other worker can take it), and a graceful stop gives
     it back at once. ``"auto"`` (the default) sizes the prefetch by the handlers' run time: as
     many waiting jobs as the slots get through in AUTO_PREFETCH_WAIT (0.1 s), at most
-    AUTO_PREFETCH_MAX (100), and none until a job has been timed or while jobs take long (a
-    slower job counts at once, a faster one gradually). An integer fixes it; 0 means a claim asks
-    for the free slots only.
+    AUTO_PREFETCH_MAX (100), a cap that each claim coming back full doubles, up to
+    AUTO_PREFETCH_DEEP (1000), and each short one halves again; and none until a job has been
+    timed or while jobs take long (a slower job counts at once, a faster one gradually). An
+    integer fixes it; 0 means a claim asks for the free slots only.
+
+    A handler that returns None is completed in a batch (pgq.complete_many) with the others
+    finished meanwhile; after a claim that came back short, those queued when the worker is about
+    to make a small claim go with it, in one pgq.complete_and_claim (Claimer.carries).
 
     ``metrics_port`` serves the worker's Prometheus metrics on http://metrics_host:port/metrics
     while run() runs (needs pgq-thin[metrics]; 0: a free port, see ``metrics.port``); bound to a
@@ -116,16 +121,18 @@ class Worker(WorkerBase):
             raise
         policy = PrefetchPolicy(self.prefetch, self.concurrency)
         owner = OwnerCalls(client, held, flags, self.name)
-        # (The claimer, made below, is told when a slot frees and when completions commit.)
+        # (The claimer, made below, is told when a slot frees and when completions commit; its
+        # claims carry the completions queued.)
         completer = Completer(owner, held, flags, recorded=lambda: claimer.recorded())
         wake = threading.Event()  # the claimer's: set when a slot frees, a NOTIFY comes, stop()
         slots = Slots(self.concurrency, Executor(self._handlers, owner, completer, watch), owner, policy, flags,
-                      freed=lambda: claimer.freed(completer.queued))
+                      freed=lambda: claimer.freed())
         renewer = Renewer(client, held, clock, flags, self.lease)
         timer = PollTimer(self.poll_interval, self.sweep_interval, self.queues)
         self._claimer = claimer = Claimer(
             client, self.name, self.queues, self.lease, timer,
-            policy, slots, held, owner, clock, flags, self._listening, wake, kinds=self.kinds)
+            policy, slots, held, owner, clock, flags, self._listening, wake, kinds=self.kinds, completer=completer)
+        slots.freed = claimer.freed  # (the same, without the lambda's call per job)
         claimer.metrics = self.metrics
         listener = Listener(dsn, self.queues, claimer.wake, self.name, self._listening, ignores=timer.pace.ignores)
         background: list[Part] = [renewer, completer, *([listener] if self.listen else [])]

@@ -12,19 +12,28 @@ run hours after the enqueue, and a retry links to the same producer again. ``pgq
 says whether it has one.
 
 Without opentelemetry-api, ``Tracing.create()`` is None and the worker does nothing for traces.
-With the API but no SDK configured by the application, the spans are the API's no-ops. Spans go
+With the API but no tracer provider configured by the application (the global one not set, or
+``Worker(tracer_provider=...)`` a no-op one), no span is started and a job costs next to nothing:
+the global provider is looked at again at most once a second (UNSET_RECHECK), so one the
+application sets while the worker runs is used from then on. Spans go
 wherever the application's tracer provider sends them (the global one, or
 ``Worker(tracer_provider=...)``); pgq configures no exporter.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 from pgq_thin import tracecontext
 from pgq_thin.models import Job
 
-__all__ = ["Tracing"]
+__all__ = ["UNSET_RECHECK", "Tracing"]
+
+#: While no global tracer provider is set, how often (seconds) the worker looks whether one is.
+UNSET_RECHECK = 1.0
+_PROVIDED = math.inf  # (the time of the next look, once there is a provider: never)
 
 _FINE = frozenset({"completed", "snoozed"})
 
@@ -38,6 +47,10 @@ class Tracing:
         self._trace = trace
         self._context = context
         self._tracer = trace.get_tracer("pgq_thin.worker", __version__, tracer_provider=tracer_provider)
+        # The global provider is one of these until the application sets one (asking costs four
+        # calls: not per job, but at most once per UNSET_RECHECK while it is unset).
+        self._unset = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+        self._check_at = 0.0 if tracer_provider is None else _PROVIDED  # when to look (time.monotonic())
 
     @classmethod
     def create(cls, tracer_provider: Any = None) -> Tracing | None:
@@ -48,10 +61,21 @@ class Tracing:
             from opentelemetry import context, trace
         except ImportError:
             return None
+        if isinstance(tracer_provider, trace.NoOpTracerProvider):
+            return None
         return cls(trace, context, tracer_provider)
 
-    def start(self, job: Job) -> tuple[Any, Any]:
-        """Open the attempt's span and make it current; the token to pass to end()."""
+    def start(self, job: Job) -> tuple[Any, Any] | None:
+        """Open the attempt's span and make it current; the token to pass to end(). None when
+        no tracer provider is configured (a span would be a no-op)."""
+        check_at = self._check_at
+        if check_at != _PROVIDED:
+            if time.monotonic() < check_at:
+                return None
+            if isinstance(self._trace.get_tracer_provider(), self._unset):
+                self._check_at = time.monotonic() + UNSET_RECHECK
+                return None
+            self._check_at = _PROVIDED  # a provider once set stays set
         producer = tracecontext.extract(job.meta) if job.meta is not None else None
         span = self._tracer.start_span(f"process {job.queue}", kind=self._trace.SpanKind.CONSUMER, attributes={
             "pgq.job.id": job.id, "pgq.job.queue": job.queue, "pgq.job.kind": job.kind,
