@@ -51,5 +51,5 @@ const runner = await run({
 })
 await terminated()
 await runner.stop()
-recorder.report()
+await recorder.report()
 process.exit(0)

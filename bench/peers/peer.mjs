@@ -74,7 +74,10 @@ export class Recorder {
     this.handled += 1
   }
 
+  // Resolves once the line is written: process.exit() right after a write to a pipe would cut it
+  // off at the pipe's 64 KiB (a keyed run's intervals are more).
   report () {
-    process.stdout.write('RESULT ' + JSON.stringify({ handled: this.handled, intervals: this.intervals }) + '\n')
+    const line = 'RESULT ' + JSON.stringify({ handled: this.handled, intervals: this.intervals }) + '\n'
+    return new Promise((resolve) => process.stdout.write(line, resolve))
   }
 }

@@ -64,5 +64,5 @@ await boss.work(QUEUE, options, async (jobs) => {
 })
 await terminated()
 await boss.stop({ graceful: true })
-recorder.report()
+await recorder.report()
 process.exit(0)
