@@ -133,7 +133,8 @@ class QueueSettings:
     key_rate_limit: int = 0
     #: Whether the queue has a rate limit (rate_limit or key_rate_limit).
     rate_limited: bool = False
-    #: The rate limit's state: when its bucket is full again (None or past: full now).
+    #: The rate limit's state: when its bucket is full again, the latest of its shards (None or
+    #: past: full now).
     rate_tat: datetime | None = None
 
 
