@@ -26,8 +26,8 @@ from pgq_thin.async_client import AsyncClient
 from pgq_thin.errors import PgqError
 from pgq_thin.models import Job, UnreadableJson
 from pgq_thin.worker import outcomes
-from pgq_thin.worker.claimer import UNDEFINED_FUNCTION, PollTimer
-from pgq_thin.worker.completer import CARRY_MAX, CARRY_PATIENCE, carries, report
+from pgq_thin.worker.claimer import UNDEFINED_FUNCTION, CarryRules, PollTimer
+from pgq_thin.worker.completer import CARRY_MAX, CARRY_PATIENCE, report
 from pgq_thin.worker.context import Handler, JobContext
 from pgq_thin.worker.held import GRANTED, Held, HeldJobs, Verdict
 from pgq_thin.worker.listener import Reconnects, concerns
@@ -494,9 +494,9 @@ class AsyncSlots:
         self._threads.close()
 
 
-class AsyncClaimer:
+class AsyncClaimer(CarryRules):
     """Claimer for asyncio: the claim loop (see pgq_thin.worker.claimer), carrying the
-    completions queued in ``completer``."""
+    completions queued in ``completer`` by the same rules (CarryRules)."""
 
     def __init__(self, client: AsyncClient, name: str, queues: Sequence[str] | None, lease: Delay | None,
                  timer: PollTimer, policy: PrefetchPolicy, slots: AsyncSlots, held: HeldJobs,
@@ -522,6 +522,7 @@ class AsyncClaimer:
         self._own = False  # whether the wake-up is our own (Claimer.ours)
 
     metrics: WorkerMetrics | None = None  # set by the worker when metrics are on
+    completer: AsyncCompleter | None
 
     def wake(self) -> None:
         """Look again at once (call in the loop's thread)."""
@@ -531,32 +532,6 @@ class AsyncClaimer:
         """A wake-up of our own, never held back by the WakeLimit (Claimer.ours)."""
         self._own = True
         self._wake.set()
-
-    def freed(self) -> None:
-        """A slot finished a job (Claimer.freed)."""
-        completer = self.completer
-        if not self.timer.short or completer is None or completer.carried or not completer.queued:
-            self.ours()
-
-    def recorded(self) -> None:
-        """Our completer settled a batch (Claimer.recorded)."""
-        if self.timer.short:
-            self.ours()
-
-    def carry(self, on: bool) -> None:
-        """Whether our next call carries the completions queued from now on (Claimer.carry)."""
-        completer = self.completer
-        if completer is not None and completer.carried is not on and (self.combined or not on):
-            completer.carry(on)
-
-    def carries(self, batch: int) -> bool:
-        """Whether a claim of ``batch`` jobs would carry our completions (Claimer.carries)."""
-        return self.combined and self.timer.short and carries(batch)
-
-    def carrying(self) -> bool:
-        """Whether completions wait to go with our next claim (Claimer.carrying)."""
-        completer = self.completer
-        return completer is not None and completer.carried and completer.queued > 0
 
     async def run(self) -> None:
         timer, policy, slots = self.timer, self.policy, self.slots

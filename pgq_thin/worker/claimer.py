@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
+from typing import Protocol
 
 from pgq_thin.client import Client
 from pgq_thin.errors import PgqError
@@ -122,48 +123,29 @@ class PollTimer:
         return max(0.0, min(wait, self.next_sweep - time.monotonic()))
 
 
-class Claimer(ThreadPart):
-    """Claims for ``queues`` as ``name`` until ``flags.stopping``; ``wake()`` (or setting the
-    ``wake`` Event it was given) makes it look again at once. With a ``completer``, each claim
-    carries the completions it has queued. An error that retrying cannot fix ends it: ``error``
-    holds it (after ``join()``)."""
+class QueuedCompletions(Protocol):
+    """What the claim loop needs of its completer (Completer, AsyncCompleter)."""
 
-    def __init__(self, client: Client, name: str, queues: Sequence[str] | None, lease: Delay | None,
-                 timer: PollTimer, policy: PrefetchPolicy, slots: Slots, held: HeldJobs, owner: OwnerCalls,
-                 clock: DatabaseClock, flags: Flags, listening: threading.Event, wake: threading.Event,
-                 kinds: Sequence[str] | None = None, completer: Completer | None = None) -> None:
-        self.client = client
-        self.name = name
-        self.queues = queues
-        self.kinds = kinds  # claim only these (the worker's handlers); None: any kind
-        self.lease = lease
-        self.timer = timer
-        self.policy = policy
-        self.slots = slots
-        self.held = held
-        self.owner = owner
-        self.clock = clock
-        self.flags = flags
-        self.listening = listening
-        self.completer = completer  # whose completions our claims carry (None: they go alone)
-        self.combined = True  # False once the database turned out to have no pgq.complete_and_claim
-        self.error: BaseException | None = None
-        self._wake = wake  # set to look again at once
-        self._own = False  # whether the wake-up is our own (ours()): the WakeLimit does not hold it
-        super().__init__()
+    @property
+    def carried(self) -> bool: ...
 
-    thread_name = "pgq-claim"
-    metrics: WorkerMetrics | None = None  # set by the worker when metrics are on
+    @property
+    def queued(self) -> int: ...
 
-    def wake(self) -> None:
-        self._wake.set()
+    def carry(self, on: bool) -> None: ...
+
+
+class CarryRules:
+    """When the claim loop looks again, and whether its next claim carries the completions queued:
+    the rules both runtimes' claimers share (Claimer, AsyncClaimer: each has a ``timer``, a
+    ``completer``, ``combined`` and an ``ours()`` that wakes its loop)."""
+
+    timer: PollTimer
+    completer: QueuedCompletions | None
+    combined: bool  # False once the database turned out to have no pgq.complete_and_claim
 
     def ours(self) -> None:
-        """Look again at once for a reason of our own (a slot freed, our completions committed):
-        never held back by the WakeLimit, which is for wake-ups anyone can send (NOTIFY)."""
-        self._own = True
-        if not self._wake.is_set():  # (set() costs six calls; a wake-up already set is enough)
-            self._wake.set()
+        raise NotImplementedError
 
     def freed(self) -> None:
         """A slot finished a job: look again at once. But after a claim that came back short,
@@ -198,6 +180,51 @@ class Claimer(ThreadPart):
         """Whether completions wait to go with our next claim."""
         completer = self.completer
         return completer is not None and completer.carried and completer.queued > 0
+
+
+class Claimer(CarryRules, ThreadPart):
+    """Claims for ``queues`` as ``name`` until ``flags.stopping``; ``wake()`` (or setting the
+    ``wake`` Event it was given) makes it look again at once. With a ``completer``, each claim
+    carries the completions it has queued. An error that retrying cannot fix ends it: ``error``
+    holds it (after ``join()``)."""
+
+    def __init__(self, client: Client, name: str, queues: Sequence[str] | None, lease: Delay | None,
+                 timer: PollTimer, policy: PrefetchPolicy, slots: Slots, held: HeldJobs, owner: OwnerCalls,
+                 clock: DatabaseClock, flags: Flags, listening: threading.Event, wake: threading.Event,
+                 kinds: Sequence[str] | None = None, completer: Completer | None = None) -> None:
+        self.client = client
+        self.name = name
+        self.queues = queues
+        self.kinds = kinds  # claim only these (the worker's handlers); None: any kind
+        self.lease = lease
+        self.timer = timer
+        self.policy = policy
+        self.slots = slots
+        self.held = held
+        self.owner = owner
+        self.clock = clock
+        self.flags = flags
+        self.listening = listening
+        self.completer = completer  # whose completions our claims carry (None: they go alone)
+        self.combined = True  # False once the database turned out to have no pgq.complete_and_claim
+        self.error: BaseException | None = None
+        self._wake = wake  # set to look again at once
+        self._own = False  # whether the wake-up is our own (ours()): the WakeLimit does not hold it
+        super().__init__()
+
+    thread_name = "pgq-claim"
+    metrics: WorkerMetrics | None = None  # set by the worker when metrics are on
+    completer: Completer | None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def ours(self) -> None:
+        """Look again at once for a reason of our own (a slot freed, our completions committed):
+        never held back by the WakeLimit, which is for wake-ups anyone can send (NOTIFY)."""
+        self._own = True
+        if not self._wake.is_set():  # (set() costs six calls; a wake-up already set is enough)
+            self._wake.set()
 
     def run(self) -> None:
         """The claim loop, in the calling thread."""
