@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,6 +13,7 @@ import psycopg
 import pytest
 
 from pgq_thin.testing.server import Databases
+from pgq_thin.worker import AsyncWorker, Worker
 
 _counter = itertools.count()
 
@@ -103,3 +106,20 @@ def claims(conn: psycopg.Connection, name: str) -> int:
     conn.execute("SELECT pg_stat_clear_snapshot()")
     return int(one(conn, "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions "
                          "WHERE schemaname = 'pgq' AND funcname = 'claim'"))
+
+
+def run_worker(worker: Worker | AsyncWorker, dsn: str, errors: list[BaseException]) -> threading.Thread:
+    """Runs ``worker`` (either runtime) on ``dsn`` in a thread of its own, without signal
+    handlers; what it raises goes into ``errors``. Stop it with worker.stop() and join the thread."""
+    def main() -> None:
+        try:
+            if isinstance(worker, AsyncWorker):
+                asyncio.run(worker.run(dsn, install_signal_handlers=False))
+            else:
+                worker.run(dsn, install_signal_handlers=False)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    return thread

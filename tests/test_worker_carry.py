@@ -30,7 +30,7 @@ from pgq_thin.worker.prefetch import PrefetchPolicy
 from pgq_thin.worker.renewer import DatabaseClock
 from pgq_thin.worker.support import Flags, transient
 
-from sqlhelpers import claims, events, expire_lease, one, wait_for
+from sqlhelpers import claims, events, expire_lease, one, run_worker, wait_for
 
 DEADLINE = 30.0
 
@@ -45,21 +45,6 @@ def function_calls(conn: psycopg.Connection, name: str, function: str) -> int:
 
 def track_functions(dsn: str, conn: psycopg.Connection) -> None:
     conn.execute(f"ALTER DATABASE {conninfo_to_dict(dsn)['dbname']} SET track_functions = 'pl'")
-
-
-def run_worker(worker: Worker | AsyncWorker, dsn: str, errors: list[BaseException]) -> threading.Thread:
-    def main() -> None:
-        try:
-            if isinstance(worker, AsyncWorker):
-                asyncio.run(worker.run(dsn, install_signal_handlers=False))
-            else:
-                worker.run(dsn, install_signal_handlers=False)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-
-    thread = threading.Thread(target=main, daemon=True)
-    thread.start()
-    return thread
 
 
 def completed_once_each(conn: psycopg.Connection, jobs: int) -> None:

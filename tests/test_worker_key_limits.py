@@ -6,7 +6,6 @@ every handler's recorded interval, and the claims are counted by pg_stat_user_fu
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import defaultdict
@@ -18,7 +17,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pgq_thin.worker import AsyncWorker, Worker
 
-from sqlhelpers import claims, one, wait_for
+from sqlhelpers import claims, one, run_worker, wait_for
 
 
 @pytest.mark.parametrize("runtime", ["thread", "async"])
@@ -52,17 +51,7 @@ def test_a_worker_drains_a_key_limited_queue_without_waiting_for_its_poll(dsn: s
     worker: Worker | AsyncWorker = Worker(**settings) if runtime == "thread" else AsyncWorker(**settings)
     worker.handler("k")(handler)
 
-    def main() -> None:
-        try:
-            if isinstance(worker, AsyncWorker):
-                asyncio.run(worker.run(dsn, install_signal_handlers=False))
-            else:
-                worker.run(dsn, install_signal_handlers=False)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-
-    thread = threading.Thread(target=main, daemon=True)
-    thread.start()
+    thread = run_worker(worker, dsn, errors)
     try:
         wait_for(lambda: one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'done'") == jobs or errors,
                  f"all {jobs} jobs done without a poll", timeout=60)

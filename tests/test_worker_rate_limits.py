@@ -5,7 +5,6 @@ claim per token. Both runtimes, a real database; the claims are counted by pg_st
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from datetime import timedelta
@@ -18,28 +17,16 @@ from psycopg.conninfo import conninfo_to_dict
 from pgq_thin.worker import AsyncWorker, Worker
 from pgq_thin.worker.pace import RatePace
 
-from sqlhelpers import claims, one, wait_for
+from sqlhelpers import claims, one, run_worker, wait_for
 
 NOTIFIES = "BEGIN; NOTIFY pgq, 'q'; COMMIT; " * 200
 
 
-def run_worker(runtime: str, dsn: str, settings: dict[str, Any], done: list[int],
+def start_worker(runtime: str, dsn: str, settings: dict[str, Any], done: list[int],
                errors: list[BaseException]) -> tuple[Worker | AsyncWorker, threading.Thread]:
     worker: Worker | AsyncWorker = Worker(**settings) if runtime == "thread" else AsyncWorker(**settings)
     worker.handler("k")(lambda job, ctx: done.append(job.id))
-
-    def main() -> None:
-        try:
-            if isinstance(worker, AsyncWorker):
-                asyncio.run(worker.run(dsn, install_signal_handlers=False))
-            else:
-                worker.run(dsn, install_signal_handlers=False)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-
-    thread = threading.Thread(target=main, daemon=True)
-    thread.start()
-    return worker, thread
+    return worker, run_worker(worker, dsn, errors)
 
 
 @pytest.mark.parametrize("runtime", ["thread", "async"])
@@ -64,8 +51,8 @@ def test_a_worker_claims_a_rate_limited_queue_at_the_limits_pace(dsn: str, conn:
     before = claims(conn, "-")
     # It never polls (every hour) nor sweeps: without the pace, the jobs beyond the first claim's
     # burst would wait for a poll (listen=False) or go at the NOTIFYs' pace (listen=True).
-    worker, thread = run_worker(runtime, dsn, {"queues": ["q"], "concurrency": 2, "poll_interval": 3600.0,
-                                               "sweep_interval": 0, "name": name, "listen": listen}, done, errors)
+    worker, thread = start_worker(runtime, dsn, {"queues": ["q"], "concurrency": 2, "poll_interval": 3600.0,
+                                                 "sweep_interval": 0, "name": name, "listen": listen}, done, errors)
     if listen:
         flooder.start()
     try:
@@ -116,8 +103,8 @@ def test_a_queue_without_rate_limits_costs_its_worker_no_call_per_claim(dsn: str
     conn.execute("SELECT pgq.enqueue_many('q', 'k', array_fill('{}'::jsonb, ARRAY[30]))")
     done: list[int] = []
     errors: list[BaseException] = []
-    worker, thread = run_worker("thread", dsn, {"queues": ["q"], "concurrency": 1, "prefetch": 0,
-                                                "sweep_interval": 0, "name": "plain"}, done, errors)
+    worker, thread = start_worker("thread", dsn, {"queues": ["q"], "concurrency": 1, "prefetch": 0,
+                                                  "sweep_interval": 0, "name": "plain"}, done, errors)
     wait_for(lambda: len(done) == 30, "all 30 jobs done", timeout=60)
     worker.stop()
     thread.join(timeout=60)
@@ -147,9 +134,9 @@ def test_a_worker_of_a_limited_and_a_plain_queue_ignores_the_limited_ones_notifi
                 c.execute(NOTIFIES)
 
     before = claims(conn, "-")
-    worker, thread = run_worker(runtime, dsn, {"queues": ["q", "plain"], "concurrency": 2,
-                                               "poll_interval": 3600.0, "sweep_interval": 0, "name": name},
-                                done, errors)
+    worker, thread = start_worker(runtime, dsn, {"queues": ["q", "plain"], "concurrency": 2,
+                                                 "poll_interval": 3600.0, "sweep_interval": 0, "name": name},
+                                  done, errors)
     flooder = threading.Thread(target=flood, daemon=True)
     try:
         wait_for(lambda: len(done) == 1, "the first token's job", timeout=60)
