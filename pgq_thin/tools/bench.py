@@ -1654,6 +1654,17 @@ def _backend_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _server_loop_cpu_us(conn: psycopg.Connection, jobs: int) -> float:
+    """Enqueue ``jobs`` jobs into the plain queue, then run AB_SERVER_LOOP over them on ``conn``:
+    microseconds of its backend's CPU (from /proc, so the server must be local) per pair."""
+    conn.execute("SELECT pgq.enqueue_many(%s, 'noop', array_fill('{}'::jsonb, ARRAY[%s]))", (QUEUE, jobs))
+    conn.execute("VACUUM ANALYZE")
+    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+    used = _backend_cpu_seconds(pid)
+    conn.execute(AB_SERVER_LOOP % int(jobs))
+    return (_backend_cpu_seconds(pid) - used) / jobs * 1e6
+
+
 def server_loop_cpu_ab(*, jobs: int = 3000, repeats: int = 12, before: str = AB_BEFORE,
                        after: str = AB_AFTER, fsync: bool = False) -> dict[str, Any]:
     """The server-side A/B of schedules_timeouts_ab_server, measured by the CPU time the backend
@@ -1670,15 +1681,9 @@ def server_loop_cpu_ab(*, jobs: int = 3000, repeats: int = 12, before: str = AB_
             for label in (("A", "B") if r % 2 == 0 else ("B", "A")):
                 with _connect(dsns[label]) as conn:
                     conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
-                    conn.execute("SELECT pgq.enqueue_many(%s, 'noop', array_fill('{}'::jsonb, ARRAY[%s]))",
-                                 (QUEUE, jobs))
-                    conn.execute("VACUUM ANALYZE pgq.jobs")
-                    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-                    used = _backend_cpu_seconds(pid)
-                    conn.execute(AB_SERVER_LOOP % int(jobs))
-                    used = _backend_cpu_seconds(pid) - used
+                    us = _server_loop_cpu_us(conn, jobs)
                 if r:
-                    per_pair[label].append(used / jobs * 1e6)
+                    per_pair[label].append(us)
         med = {k: statistics.median(v) for k, v in per_pair.items()}
         best = {k: min(v) for k, v in per_pair.items()}
         return {"jobs": jobs, "repeats": repeats, "before": before, "after": after, "fsync": fsync,
@@ -1730,19 +1735,13 @@ def concerns_ab(*, jobs: int = 3000, repeats: int = 8, fsync: bool = True) -> di
                     conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.job_dependencies")
                     for statement in CONCERNS[name]:
                         conn.execute(statement)
-                    conn.execute("SELECT pgq.enqueue_many(%s, 'noop', array_fill('{}'::jsonb, ARRAY[%s]))",
-                                 (QUEUE, jobs))
-                    conn.execute("VACUUM ANALYZE")
-                    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-                    used = _backend_cpu_seconds(pid)
-                    conn.execute(AB_SERVER_LOOP % int(jobs))
-                    used = _backend_cpu_seconds(pid) - used
+                    us = _server_loop_cpu_us(conn, jobs)
                     done = conn.execute("SELECT count(*) FROM pgq.jobs WHERE queue = %s AND state = 'done'",
                                         (QUEUE,)).fetchone()[0]  # type: ignore[index]
                     if done != jobs:
                         raise RuntimeError(f"concern {name}: {done} of {jobs} jobs done")
                 if r:
-                    per_pair[name].append(used / jobs * 1e6)
+                    per_pair[name].append(us)
         med = {k: statistics.median(v) for k, v in per_pair.items()}
         return {"jobs": jobs, "repeats": repeats, "fsync": fsync, "cpu_us_per_claim_complete": per_pair,
                 "median_us": med, "min_us": {k: min(v) for k, v in per_pair.items()},
