@@ -469,7 +469,7 @@ BEGIN
         rate_limited = new_rate > 0 OR new_key_rate > 0
     WHERE s.name = configure_queue.queue
     RETURNING * INTO q;
-    q.rate_tat := (SELECT max(b.tat) FROM pgq.rate_buckets AS b WHERE b.queue = q.name);  -- (as queue_settings shows it)
+    q.rate_tat := pgq._bucket_full_at(q.name);
     RETURN q;
 END
 $$;
@@ -1583,6 +1583,12 @@ CREATE OR REPLACE FUNCTION pgq._bucket_tokens(queue text, period interval, at ti
     AS $$
     SELECT coalesce(sum(pgq._tokens(b.tat, b.rate, $2, $3)), 0)::integer FROM pgq.rate_buckets AS b WHERE b.queue = $1
 $$;
+
+-- When a queue's bucket is full again: the latest tat of its shards (NULL: full, or no limit).
+-- pgq.configure_queue and pgq.queue_settings show it as queues.rate_tat.
+CREATE OR REPLACE FUNCTION pgq._bucket_full_at(queue text) RETURNS timestamptz
+    LANGUAGE sql STABLE
+    AS $$ SELECT max(b.tat) FROM pgq.rate_buckets AS b WHERE b.queue = $1 $$;
 
 -- When a queue's bucket holds a token again: NULL when one of its shards holds one at `at` (or it
 -- has none), else the earliest next token of a shard.
@@ -4712,10 +4718,9 @@ CREATE OR REPLACE FUNCTION pgq.queue_settings(queue text DEFAULT NULL)
     SET search_path = pgq, pg_temp
     AS $$
     SELECT pgq._existing_queue('queue', queue_settings.queue) WHERE queue_settings.queue IS NOT NULL;
-    -- (rate_tat: the latest tat of the queue's rate shards, pgq.rate_buckets, which hold its state
-    -- since migration 0016: when its bucket is full again.)
-    SELECT (jsonb_populate_record(q, jsonb_build_object(
-               'rate_tat', (SELECT max(b.tat) FROM pgq.rate_buckets AS b WHERE b.queue = q.name)))).*
+    -- (rate_tat: when the queue's bucket is full again, from its shards, pgq.rate_buckets, which
+    -- hold its state since migration 0016.)
+    SELECT (jsonb_populate_record(q, jsonb_build_object('rate_tat', pgq._bucket_full_at(q.name)))).*
     FROM pgq.queues AS q
     WHERE queue_settings.queue IS NULL OR q.name = queue_settings.queue
     ORDER BY q.name;

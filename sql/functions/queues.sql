@@ -219,7 +219,7 @@ BEGIN
         rate_limited = new_rate > 0 OR new_key_rate > 0
     WHERE s.name = configure_queue.queue
     RETURNING * INTO q;
-    q.rate_tat := (SELECT max(b.tat) FROM pgq.rate_buckets AS b WHERE b.queue = q.name);  -- (as queue_settings shows it)
+    q.rate_tat := pgq._bucket_full_at(q.name);
     RETURN q;
 END
 $$;

@@ -117,6 +117,12 @@ CREATE OR REPLACE FUNCTION pgq._bucket_tokens(queue text, period interval, at ti
     SELECT coalesce(sum(pgq._tokens(b.tat, b.rate, $2, $3)), 0)::integer FROM pgq.rate_buckets AS b WHERE b.queue = $1
 $$;
 
+-- When a queue's bucket is full again: the latest tat of its shards (NULL: full, or no limit).
+-- pgq.configure_queue and pgq.queue_settings show it as queues.rate_tat.
+CREATE OR REPLACE FUNCTION pgq._bucket_full_at(queue text) RETURNS timestamptz
+    LANGUAGE sql STABLE
+    AS $$ SELECT max(b.tat) FROM pgq.rate_buckets AS b WHERE b.queue = $1 $$;
+
 -- When a queue's bucket holds a token again: NULL when one of its shards holds one at `at` (or it
 -- has none), else the earliest next token of a shard.
 CREATE OR REPLACE FUNCTION pgq._bucket_next_token_at(queue text, period interval, at timestamptz)
