@@ -1976,8 +1976,8 @@ COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) 
 -- A queue's bucket (rate_limit) is split into shards (pgq.rate_buckets, pgq._rate_shards of them),
 -- each a GCRA bucket of its part of the rate: their sum is the queue's rate, and so is the sum of
 -- the bounds above, so together they never hand out more than the one bucket would. A claim locks
--- only the shards it spends (the fullest first, FOR NO KEY UPDATE SKIP LOCKED, never waited for),
--- so claimers of one queue spend side by side instead of taking turns on one row. A key's bucket
+-- only the shards it spends (pgq._claim_rooms: from a random one on, FOR NO KEY UPDATE SKIP LOCKED,
+-- never waited for), so claimers of one queue spend side by side instead of taking turns on one row. A key's bucket
 -- (key_rate_limit, pgq.key_rates) is one row, spent under the key's slot (pgq.key_slots).
 
 -- The clock of the rate limits: clock_timestamp(), read by pgq.claim once it holds the shards it
@@ -3337,10 +3337,11 @@ $$;
 -- queue with a rate limit is not locked: the claim locks the shards of its bucket it may spend
 -- (`buckets`: per queue, shards that hold a token by a reading before the locks, as many as hold
 -- `batch` tokens on average, from a random one on; each tried with SKIP LOCKED), and its room is
--- at most the tokens those hold at rate_now, the rate clock read once they are held (see pgq._rate_clock); a queue none of
--- whose shards it could lock gets no room. A queue with key limits alone is not locked either
--- (pgq._keyed_pick locks its keys). (Under REPEATABLE READ or SERIALIZABLE the counts would come
--- from an older snapshot and could pass the limits: such a claim of a capped queue is refused.)
+-- at most the tokens those hold at rate_now, the rate clock read once they are held (see
+-- pgq._rate_clock); a queue none of whose shards it could lock gets no room. A queue with key
+-- limits alone is not locked either (pgq._keyed_pick locks its keys). (Under REPEATABLE READ or
+-- SERIALIZABLE the counts would come from an older snapshot and could pass the limits: such a
+-- claim of a capped queue is refused.)
 -- keyeds: whether each takes the per-key step (pgq._keyed_pick); rated: whether any of them has
 -- a rate limit, whose tokens pgq.claim spends. A rate-limited queue takes the per-key step, whose
 -- picks are known before the claim, so that the tokens spent are those of the jobs handed out

@@ -285,10 +285,11 @@ $$;
 -- queue with a rate limit is not locked: the claim locks the shards of its bucket it may spend
 -- (`buckets`: per queue, shards that hold a token by a reading before the locks, as many as hold
 -- `batch` tokens on average, from a random one on; each tried with SKIP LOCKED), and its room is
--- at most the tokens those hold at rate_now, the rate clock read once they are held (see pgq._rate_clock); a queue none of
--- whose shards it could lock gets no room. A queue with key limits alone is not locked either
--- (pgq._keyed_pick locks its keys). (Under REPEATABLE READ or SERIALIZABLE the counts would come
--- from an older snapshot and could pass the limits: such a claim of a capped queue is refused.)
+-- at most the tokens those hold at rate_now, the rate clock read once they are held (see
+-- pgq._rate_clock); a queue none of whose shards it could lock gets no room. A queue with key
+-- limits alone is not locked either (pgq._keyed_pick locks its keys). (Under REPEATABLE READ or
+-- SERIALIZABLE the counts would come from an older snapshot and could pass the limits: such a
+-- claim of a capped queue is refused.)
 -- keyeds: whether each takes the per-key step (pgq._keyed_pick); rated: whether any of them has
 -- a rate limit, whose tokens pgq.claim spends. A rate-limited queue takes the per-key step, whose
 -- picks are known before the claim, so that the tokens spent are those of the jobs handed out

@@ -12,8 +12,8 @@
 -- A queue's bucket (rate_limit) is split into shards (pgq.rate_buckets, pgq._rate_shards of them),
 -- each a GCRA bucket of its part of the rate: their sum is the queue's rate, and so is the sum of
 -- the bounds above, so together they never hand out more than the one bucket would. A claim locks
--- only the shards it spends (the fullest first, FOR NO KEY UPDATE SKIP LOCKED, never waited for),
--- so claimers of one queue spend side by side instead of taking turns on one row. A key's bucket
+-- only the shards it spends (pgq._claim_rooms: from a random one on, FOR NO KEY UPDATE SKIP LOCKED,
+-- never waited for), so claimers of one queue spend side by side instead of taking turns on one row. A key's bucket
 -- (key_rate_limit, pgq.key_rates) is one row, spent under the key's slot (pgq.key_slots).
 
 -- The clock of the rate limits: clock_timestamp(), read by pgq.claim once it holds the shards it
