@@ -2143,7 +2143,7 @@ $$;
 
 -- Called by pgq._count_finished when a member of `batch` ends `state` (by -1 from pgq.retry,
 -- which takes an end back): counts it in one shard; once the batch is sealed, enqueues its callback
--- if this was the last member to end.
+-- if this was the last member to end (pgq._finish_batch).
 CREATE OR REPLACE FUNCTION pgq._batch_member_ended(batch bigint, state pgq.job_state, n integer DEFAULT 1)
     RETURNS void
     LANGUAGE plpgsql
@@ -2163,7 +2163,10 @@ BEGIN
     IF sealed AND n > 0 THEN
         sums := pgq._batch_sums(_batch_member_ended.batch);
         IF sums.done + sums.failed + sums.cancelled >= sums.added THEN
-            PERFORM pgq._finish_batch(_batch_member_ended.batch, false);
+            -- Inside a claim's or a sweep's recovery of expired leases (its dependency budget is 0),
+            -- a batch row another transaction holds is left to the sweep: a claim never waits.
+            PERFORM pgq._finish_batch(_batch_member_ended.batch,
+                                      current_setting('pgq.dependency_budget', true) = '0');
         END IF;
     END IF;
 END
