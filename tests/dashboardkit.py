@@ -135,13 +135,17 @@ def close_batch(dsn: str, batch_id: int) -> bool:
 
 
 def enqueue_linked(dsn: str, queue: str = "work", kind: str = "step", *, depends_on: list[int] | None = None,
-                   dependency_mode: str = "all_done", batch: int | None = None, count: int = 1) -> list[int]:
-    """``count`` jobs in one pgq.enqueue_many, with depends_on, dependency_mode and batch as given."""
+                   dependency_mode: str | None = None, batch: int | None = None, count: int = 1) -> list[int]:
+    """``count`` jobs in one pgq.enqueue_many, with depends_on, dependency_mode and batch when given
+    (left to their defaults otherwise)."""
+    given = {k: v for k, v in (("depends_on", depends_on), ("dependency_mode", dependency_mode), ("batch", batch))
+             if v is not None}
+    casts = {"depends_on": "bigint[]", "dependency_mode": "text", "batch": "bigint"}
+    extra = "".join(f", {name} => %({name})s::{casts[name]}" for name in given)
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT id FROM pgq.enqueue_many(queue => %s, kind => %s, payloads => %s::jsonb[],"
-            " depends_on => %s::bigint[], dependency_mode => %s, batch => %s) AS t(id)",
-            (queue, kind, ["{}"] * count, depends_on, dependency_mode, batch)).fetchall()
+            f"SELECT id FROM pgq.enqueue_many(queue => %(queue)s, kind => %(kind)s, payloads => %(payloads)s::jsonb[]"
+            f"{extra}) AS t(id)", {"queue": queue, "kind": kind, "payloads": ["{}"] * count, **given}).fetchall()
     return [int(r[0]) for r in rows]
 
 
