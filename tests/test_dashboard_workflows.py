@@ -130,7 +130,7 @@ def test_a_batch_before_and_after_sealing_and_after_its_callback(pgq_client: Cli
         answer = http.get(f"/api/batches/{batch}")
         assert answer.status_code == 200, answer.text
         status = answer.json()["batch"]
-        assert status["id"] == batch and status["state"] == "open" and status["sealed_at"] is None
+        assert status["batch_id"] == batch and status["state"] == "open" and status["sealed_at"] is None
         counts = {k: status[k] for k in ("members", "unfinished", "done", "failed", "cancelled")}
         assert counts == {"members": 3, "unfinished": 3, "done": 0, "failed": 0, "cancelled": 0}
         assert (status["callback_queue"], status["callback_kind"], status["run_when"]) == ("after", "report",
@@ -232,3 +232,16 @@ def test_the_pages_read_with_the_dashboards_login_behind_the_token(
         assert form.status_code == 401 and 'name="token"' in form.text and f"/batches/{batch}" in form.text
         assert http.get(f"/batches/{batch}", headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
+
+
+def test_the_job_page_works_on_a_database_without_job_links(pgq_client: Client) -> None:
+    """A dashboard newer than the database's schema (pgq.job_links is migration 0017's): the job page
+    and /api/jobs/{id} still answer, saying the links are not there (null in the API)."""
+    job_id = pgq_client.enqueue("mail", "send", {})
+    with psycopg.connect(pgq_client.dsn, autocommit=True) as conn:
+        conn.execute("DROP FUNCTION pgq.job_links(bigint, integer)")
+    with dashboard(pgq_client.dsn) as http:
+        answer = http.get(f"/api/jobs/{job_id}")
+        assert answer.status_code == 200 and answer.json()["links"] is None
+        page = http.get(f"/jobs/{job_id}")
+        assert page.status_code == 200 and 'id="no-links"' in page.text and "migration 0017" in page.text
