@@ -188,6 +188,25 @@ def test_an_all_done_batch_with_a_failure_shows_its_cancelled_callback(pgq_clien
         assert f'<a href="/jobs/{callback}">job {callback}</a>' in page
 
 
+def test_a_cancelled_batch(pgq_client: Client) -> None:
+    dsn = pgq_client.dsn
+    batch = open_batch(dsn)
+    members = enqueue_linked(dsn, "work", "member", batch=batch, count=2)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT pgq.cancel_batch(id => %s)", (batch,)).fetchone() == (2,)
+    with dashboard(dsn) as http:
+        status = http.get(f"/api/batches/{batch}").json()["batch"]
+        assert (status["state"], status["cancelled"], status["unfinished"]) == ("cancelled", 2, 0)
+        page = http.get(f"/batches/{batch}").text
+        assert '<span class="state cancelled">cancelled</span>' in page
+        assert '<td class="num" data-col="cancelled">2</td>' in page
+        callback = status["callback_job_id"]  # every member ended: the callback, enqueued already cancelled
+        assert http.get(f"/api/jobs/{callback}").json()["job"]["state"] == "cancelled"
+        assert f'<a href="/jobs/{callback}">job {callback}</a>' in page
+        member = http.get(f"/jobs/{members[0]}").text
+        assert f'<a href="/batches/{batch}">batch {batch}</a>' in member and "state cancelled" in member
+
+
 def test_an_empty_sealed_batch_has_its_callback_at_once(pgq_client: Client) -> None:
     batch = open_batch(pgq_client.dsn)
     close_batch(pgq_client.dsn, batch)
