@@ -522,7 +522,7 @@ def cmd_job(args: argparse.Namespace) -> int:
             say(_table(["id", "queue", "kind", "state"], [[r.job_id, r.queue, r.kind, r.state] for r in rows]))
     if batch is not None:
         say()
-        say(f"batch {batch.id}: {batch.state}, {batch.members} member(s): {batch.unfinished} unfinished, "
+        say(f"batch {batch.batch_id}: {batch.state}, {batch.members} member(s): {batch.unfinished} unfinished, "
             f"{batch.done} done, {batch.failed} failed, {batch.cancelled} cancelled")
         callback = f"{_fmt(batch.callback_queue)}/{_fmt(batch.callback_kind)} when {batch.run_when}"
         say(f"callback     {callback}: " + (f"job {batch.callback_job_id}" if batch.callback_job_id is not None

@@ -240,7 +240,7 @@ class BatchStatus:
     callback. ``state``: 'open' (members may still be added), 'sealed' (pgq.batch_close; members
     still unfinished), 'finished' (the callback was enqueued) or 'cancelled' (pgq.cancel_batch)."""
 
-    id: int
+    batch_id: int
     state: str
     opened_by: str
     callback_queue: str

@@ -106,8 +106,8 @@ def test_a_batch_counts_its_members_and_enqueues_its_callback_once_sealed_and_en
     members = client.enqueue_many("members", "m", [{"n": n} for n in range(3)], batch=batch)
     opened = client.batch_status(batch)
     assert isinstance(opened, BatchStatus)
-    assert (opened.id, opened.state, opened.members, opened.unfinished, opened.run_when, opened.callback_job_id) == (
-        batch, "open", 3, 3, "all_ended", None)
+    assert (opened.batch_id, opened.state, opened.members, opened.unfinished, opened.run_when,
+            opened.callback_job_id) == (batch, "open", 3, 3, "all_ended", None)
     assert (opened.callback_queue, opened.callback_kind, opened.sealed_at) == ("callbacks", "report", None)
     finish(client, members[0], "done")
     finish(client, members[1], "failed")
@@ -405,7 +405,8 @@ def test_a_worker_handler_reads_every_dependency_of_a_fan_in(dsn: str, client: C
 
 def test_an_async_worker_handler_reads_every_dependency_with_async_for_or_await(dsn: str, client: Client) -> None:
     deps, dependant = _fan_in(client)
-    awaited = client.enqueue("fanin", "awaited", depends_on=deps[:3], notify_finished=True)
+    awaited = client.enqueue("fanin", "awaited", depends_on=deps[:3], dependency_mode="all_ended",
+                             notify_finished=True)
     worker = AsyncWorker(queues=["deps", "fanin"], concurrency=4, name="fanin-async")
     worker.handler("dep")(_dep)
 
