@@ -507,8 +507,8 @@ def cmd_job(args: argparse.Namespace) -> int:
               ("conc. key", j.concurrency_key),
               ("depends on", None if j.depends_on is None
                else ", ".join(map(str, j.depends_on)) + (f" ({j.dependency_mode})" if j.dependency_mode else "")),
-              ("batch", None if j.batch_id is None else j.batch_id),
-              ("created at", j.created_at), ("run at", j.run_at), ("claimed by", j.claimed_by),
+              ("batch", j.batch_id), ("created at", j.created_at), ("enqueued by", j.enqueued_by),
+              ("run at", j.run_at), ("claimed by", j.claimed_by),
               ("claimed at", j.claimed_at), ("login", j.session_role), ("lease until", j.lease_until),
               ("finished at", j.finished_at)]
     for name, value in fields:

@@ -124,7 +124,7 @@ def test_enqueue_takes_dependency_mode_batch_and_notify_finished(dsn: str, conn:
     assert unknown_batch.returncode == 1 and "batch" in unknown_batch.stderr and "22023" in unknown_batch.stderr
 
 
-def test_job_shows_its_dependencies_dependants_and_batch(dsn: str, client: Client) -> None:
+def test_job_shows_its_dependencies_dependants_and_batch(dsn: str, conn: psycopg.Connection, client: Client) -> None:
     a, b = client.enqueue("q", "a"), client.enqueue("other", "b")
     batch = client.batch_open("callbacks", "report", run_when="all_done")
     c = client.enqueue("q", "c", depends_on=[a, b], dependency_mode="all_ended", batch=batch)
@@ -135,6 +135,7 @@ def test_job_shows_its_dependencies_dependants_and_batch(dsn: str, client: Clien
     lines = shown.stdout.splitlines()
     assert f"depends on   {a}, {b} (all_ended)" in lines
     assert f"batch        {batch}" in lines
+    assert f"enqueued by  {one(conn, 'SELECT session_user')}" in lines
     deps = lines.index("dependencies")
     assert lines[deps + 1].split() == ["id", "queue", "kind", "state"]
     assert lines[deps + 3].split() == [str(a), "q", "a", "pending"]
