@@ -152,9 +152,10 @@ class Client(PgqCalls):
         It listens on the channel pgq_finished on a connection of its own, then reads the result
         (so an end between the enqueue and the LISTEN is not missed), and reads it again on each
         notification naming the job (a job enqueued with ``notify_finished=True``) and at least
-        every ``poll_interval`` (any other job). Behind a transaction-pooling proxy
-        (``pooled=True``) there is no LISTEN: it reads every ``poll_interval``. The job must be
-        one this login enqueued, or of a queue it may read (JobNotFound otherwise)."""
+        every ``poll_interval`` (any other job). That connection is made with the pool's conninfo
+        and kwargs (a pool's ``configure`` callback is not run on it). Behind a transaction-pooling
+        proxy (``pooled=True``) there is no LISTEN: it reads every ``poll_interval`` over the pool.
+        The job must be one this login enqueued, or of a queue it may read (JobNotFound otherwise)."""
         waiting = Waiting(job_id, timeout, poll_interval)
         with self._finished_listener(waiting) as conn:
             while True:
