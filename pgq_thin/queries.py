@@ -272,15 +272,3 @@ YOYO_APPLIED = "SELECT migration_id FROM _yoyo_migration"
 #: What the post-apply hook does while some migrations are not applied: no function a migration
 #: created may be reached by PUBLIC.
 REVOKE_PUBLIC_EXECUTE = "REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC"
-
-# Dashboard: workflows (issue 26) ------------------------------------------------------------------
-# The job page's dependencies and dependants and the batch page (pgq_monitor / pgq_admin functions);
-# the job page reads pgq.get_job's whole row with GET_JOB (its dependency_mode and batch_id too).
-
-#: A batch's state, counts by state and callback.
-DASHBOARD_BATCH_STATUS = "SELECT * FROM pgq.batch_status(id => %(id)s::bigint)"
-#: A job's dependencies, then its dependants (at most limit_rows of each, in id order).
-DASHBOARD_JOB_LINKS = (
-    "SELECT relation, job_id, queue, kind, state FROM pgq.job_links(id => %(id)s::bigint,"
-    " limit_rows => %(limit_rows)s::integer)"
-)

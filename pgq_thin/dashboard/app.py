@@ -4,10 +4,11 @@ Every read and every action is one method of a pgq_thin Client, i.e. one call of
 with the request's values as bound parameters (no SQL is built from a request). The other
 statements are the catalog question "may this role call pgq.retry, pgq.pause, ...?"
 (queries.PRIVILEGES), asked to show a pgq_monitor login as read-only, and the workflow reads of the
-job and batch pages (pgq.get_job's whole row, pgq.job_links, pgq.batch_status: queries.GET_JOB and
-queries.DASHBOARD_*), each one call of a pgq function too, over the Client's pool. pgq itself stays the
-authority: an action the role may not make is refused by the database too. ``GET /metrics`` is
-pgq_thin.metrics.exposition over a pooled connection (the same text as ``pgq-thin metrics``).
+job and batch pages (pgq.get_job's whole row, pgq.job_links, pgq.batch_status: the clients' own
+queries.GET_JOB, JOB_LINKS and BATCH_STATUS), each one call of a pgq function too, over the
+Client's pool. pgq itself stays the authority: an action the role may not make is refused by the
+database too. ``GET /metrics`` is pgq_thin.metrics.exposition over a pooled connection (the same
+text as ``pgq-thin metrics``).
 
 Security (pgq_thin.dashboard.guard, before any route): ``allowed_hosts`` (the loopback names when it
 binds a loopback address) refuses other Host headers, against DNS rebinding; request bodies are
@@ -290,7 +291,7 @@ class Dashboard:
         return {"findings": findings, "worst": _worst(findings)}
 
     # Workflows (issue 26): a job's dependencies, dependants and batch; a batch --------------------
-    # Read with the dashboard's own statements (queries.DASHBOARD_*, and GET_JOB for pgq.get_job's
+    # Read with the clients' statements (queries.JOB_LINKS, BATCH_STATUS, and GET_JOB for pgq.get_job's
     # whole row), over the Client's pool: the dashboard's login, as every other page.
 
     def _rows(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -309,7 +310,7 @@ class Dashboard:
         """The first LINKS_SHOWN dependencies and dependants (id order) from pgq.job_links, and
         whether there are more of each; None when the schema has no pgq.job_links (before 0017)."""
         try:
-            rows = self._rows(queries.DASHBOARD_JOB_LINKS, {"id": job_id, "limit_rows": LINKS_SHOWN + 1})
+            rows = self._rows(queries.JOB_LINKS, {"id": job_id, "limit_rows": LINKS_SHOWN + 1})
         except PgqError as exc:
             if exc.sqlstate == "42883":  # undefined_function: the database is not migrated to 0017 yet
                 return None
@@ -323,7 +324,7 @@ class Dashboard:
     def batch_status(self, batch_id: int) -> dict[str, Any]:
         """pgq.batch_status's row: to the login that opened the batch, pgq_monitor and pgq_admin
         (P0002 for anyone else, and for an unknown id)."""
-        rows = self._rows(queries.DASHBOARD_BATCH_STATUS, {"id": batch_id})
+        rows = self._rows(queries.BATCH_STATUS, {"batch_id": batch_id})
         if not rows:
             raise NotFound(f"pgq: no batch with id {batch_id}", "P0002")
         return rows[0]
