@@ -1489,13 +1489,14 @@ COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) 
 --
 -- * pgq.batch_open writes the batch row and 16 count shards (pgq.batch_counts). A member's enqueue
 --   holds the batch row FOR SHARE (so pgq.batch_close, which updates it, waits for the enqueues in
---   flight and no member joins a sealed batch). The batch row is otherwise locked FOR NO KEY UPDATE,
---   never FOR UPDATE: a shard's second update in one transaction checks its foreign key (FOR KEY
---   SHARE on the batch row), which FOR UPDATE would make wait and adds to one shard; a member's end (the trigger
---   of pgq.jobs: pgq._count_finished) adds to one shard and never locks the batch row. The shard is
---   the first one, from the backend's own (pg_backend_pid() % 16), that no other transaction holds
---   (SKIP LOCKED; one it holds itself is taken again): members of one batch end side by side, and
---   only with more than 16 transactions counting into one batch at once does one wait for another.
+--   flight and no member joins a sealed batch) and adds to one shard; a member's end (the trigger
+--   of pgq.jobs: pgq._count_finished) adds to one shard and never locks the batch row (the shards
+--   have no foreign key to the batch: a shard's second update in one transaction would check it,
+--   FOR KEY SHARE on the batch row, a cost per member end and a wait behind a batch_close). The
+--   shard is the first one, from the backend's own (pg_backend_pid() % 16), that no other
+--   transaction holds (SKIP LOCKED), then the same one for the rest of the transaction: members of
+--   one batch end side by side, and only with more than 16 transactions counting into one batch at
+--   once does one wait for another.
 -- * Once the batch is sealed, a member's end sums the 16 shards. Near the end (at most
 --   pgq._batch_tail() members left as it sees them) it locks the batch row, held to its commit, and
 --   if every member added has ended and no callback is recorded, enqueues it (pgq._finish_batch):
@@ -5012,12 +5013,16 @@ BEGIN
     )
     SELECT count(*) INTO deleted FROM gone;
     -- Batches whose callback was enqueued before the same horizon and whose members are all
-    -- deleted (their counts go with them).
-    DELETE FROM pgq.batches AS b
-    WHERE b.id IN (SELECT x.id FROM pgq.batches AS x
-                   WHERE x.finished_at < pgq._now() - coalesce(prune.older_than, interval '7 days')
-                     AND NOT EXISTS (SELECT FROM pgq.batch_members AS m WHERE m.batch_id = x.id)
-                   ORDER BY x.finished_at LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);
+    -- deleted, with their counts.
+    WITH gone AS (
+        DELETE FROM pgq.batches AS b
+        WHERE b.id IN (SELECT x.id FROM pgq.batches AS x
+                       WHERE x.finished_at < pgq._now() - coalesce(prune.older_than, interval '7 days')
+                         AND NOT EXISTS (SELECT FROM pgq.batch_members AS m WHERE m.batch_id = x.id)
+                       ORDER BY x.finished_at LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED)
+        RETURNING b.id
+    )
+    DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id;
 
     -- Idle tenants, queue by queue under the queue's writer lock, taken without waiting and held
     -- (a session lock) only while they are deleted: an enqueue that read a tenant's row before

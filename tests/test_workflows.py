@@ -547,3 +547,18 @@ def test_job_links_lists_dependencies_and_dependants_after_release(conn):
     with pytest.raises(psycopg.Error) as e:
         conn.execute("SELECT * FROM pgq.job_links(%s)", (987654,))
     assert e.value.sqlstate == "P0002"
+
+
+def test_prune_deletes_a_finished_batch_with_its_members_rows_and_counts(conn):
+    batch = int(one(conn, "SELECT pgq.batch_open('cb', 'report')"))
+    member = enqueue(conn, "m", batch=batch)
+    one(conn, "SELECT pgq.batch_close(%s)", (batch,))
+    finish(conn, member, "done")
+    [cb] = callbacks(conn, batch)
+    conn.execute("UPDATE pgq.jobs SET finished_at = now() - interval '30 days' WHERE id = %s", (member,))
+    conn.execute("UPDATE pgq.batches SET finished_at = now() - interval '30 days' WHERE id = %s", (batch,))
+    assert one(conn, "SELECT pgq.prune(interval '1 day')") == 1
+    rows = [one(conn, f"SELECT count(*) FROM pgq.{t} WHERE batch_id = %s", (batch,))
+            for t in ("batch_members", "batch_counts")]
+    assert rows == [0, 0] and one(conn, "SELECT count(*) FROM pgq.batches") == 0
+    assert state(conn, cb["id"]) == "pending"  # the callback is a job of its own queue, kept

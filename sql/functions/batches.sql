@@ -4,13 +4,14 @@
 --
 -- * pgq.batch_open writes the batch row and 16 count shards (pgq.batch_counts). A member's enqueue
 --   holds the batch row FOR SHARE (so pgq.batch_close, which updates it, waits for the enqueues in
---   flight and no member joins a sealed batch). The batch row is otherwise locked FOR NO KEY UPDATE,
---   never FOR UPDATE: a shard's second update in one transaction checks its foreign key (FOR KEY
---   SHARE on the batch row), which FOR UPDATE would make wait and adds to one shard; a member's end (the trigger
---   of pgq.jobs: pgq._count_finished) adds to one shard and never locks the batch row. The shard is
---   the first one, from the backend's own (pg_backend_pid() % 16), that no other transaction holds
---   (SKIP LOCKED; one it holds itself is taken again): members of one batch end side by side, and
---   only with more than 16 transactions counting into one batch at once does one wait for another.
+--   flight and no member joins a sealed batch) and adds to one shard; a member's end (the trigger
+--   of pgq.jobs: pgq._count_finished) adds to one shard and never locks the batch row (the shards
+--   have no foreign key to the batch: a shard's second update in one transaction would check it,
+--   FOR KEY SHARE on the batch row, a cost per member end and a wait behind a batch_close). The
+--   shard is the first one, from the backend's own (pg_backend_pid() % 16), that no other
+--   transaction holds (SKIP LOCKED), then the same one for the rest of the transaction: members of
+--   one batch end side by side, and only with more than 16 transactions counting into one batch at
+--   once does one wait for another.
 -- * Once the batch is sealed, a member's end sums the 16 shards. Near the end (at most
 --   pgq._batch_tail() members left as it sees them) it locks the batch row, held to its commit, and
 --   if every member added has ended and no callback is recorded, enqueues it (pgq._finish_batch):
