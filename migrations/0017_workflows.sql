@@ -64,12 +64,14 @@ CREATE TABLE pgq.batches (
     cancel_after     bigint,
     callback_job_id  bigint,
     finished_at      timestamptz,
+    tail             boolean     DEFAULT false NOT NULL,
     CONSTRAINT batches_pkey PRIMARY KEY (id),
     CONSTRAINT batches_run_when_check CHECK (run_when IN ('all_done', 'all_ended'))
 );
 COMMENT ON TABLE pgq.batches IS
     'Batches (pgq.batch_open): a callback job enqueued once, when the batch is sealed (sealed_at) and '
-    'its last member has ended. cancel_after: where pgq.cancel_batch''s next step starts (NULL: none left).';
+    'its last member has ended. cancel_after: where pgq.cancel_batch''s next step starts (NULL: none left). '
+    'tail: few enough members are left that each end takes its turn on this row (pgq._batch_tail()).';
 REVOKE ALL ON pgq.batches FROM PUBLIC;
 CREATE INDEX batches_unsettled_idx ON pgq.batches (id) WHERE sealed_at IS NOT NULL AND callback_job_id IS NULL;
 CREATE INDEX batches_cancelling_idx ON pgq.batches (id) WHERE cancel_after IS NOT NULL;
@@ -82,13 +84,15 @@ CREATE TABLE pgq.batch_counts (
     done      bigint   DEFAULT 0 NOT NULL,
     failed    bigint   DEFAULT 0 NOT NULL,
     cancelled bigint   DEFAULT 0 NOT NULL,
+    sealed    boolean  DEFAULT false NOT NULL,
     CONSTRAINT batch_counts_pkey PRIMARY KEY (batch_id, shard),
     CONSTRAINT batch_counts_shard_check CHECK (shard BETWEEN 0 AND 15)
 );
 COMMENT ON TABLE pgq.batch_counts IS
     'A batch''s members added and ended, by state, in 16 shards: their sums are the batch''s counts '
     '(no foreign key: a member''s every end updates a shard, and a key check per update would cost '
-    'more than the count; pgq.prune deletes them with their batch).';
+    'more than the count; pgq.prune deletes them with their batch). sealed: the batch is, as the end '
+    'that updates the shard reads it in the same statement.';
 REVOKE ALL ON pgq.batch_counts FROM PUBLIC;
 
 CREATE TABLE pgq.batch_members (

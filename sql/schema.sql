@@ -458,13 +458,15 @@ CREATE TABLE pgq.batches (
     cancel_after      bigint,
     callback_job_id   bigint,
     finished_at       timestamp with time zone,
+    tail              boolean DEFAULT false NOT NULL,
     CONSTRAINT batches_pkey PRIMARY KEY (id),
     CONSTRAINT batches_run_when_check CHECK ((run_when = ANY (ARRAY['all_done'::text, 'all_ended'::text])))
 );
 COMMENT ON TABLE pgq.batches IS
     'Batches (pgq.batch_open): a callback job enqueued once, when the batch is sealed '
     '(sealed_at) and its last member has ended. cancel_after: where pgq.cancel_batch''s next '
-    'step starts (NULL: none left).';
+    'step starts (NULL: none left). tail: few enough members are left that each end takes its '
+    'turn on this row (pgq._batch_tail()).';
 
 CREATE TABLE pgq.batch_counts (
     batch_id   bigint NOT NULL,
@@ -473,13 +475,15 @@ CREATE TABLE pgq.batch_counts (
     done       bigint DEFAULT 0 NOT NULL,
     failed     bigint DEFAULT 0 NOT NULL,
     cancelled  bigint DEFAULT 0 NOT NULL,
+    sealed     boolean DEFAULT false NOT NULL,
     CONSTRAINT batch_counts_pkey PRIMARY KEY (batch_id, shard),
     CONSTRAINT batch_counts_shard_check CHECK ((shard BETWEEN 0 AND 15))
 );
 COMMENT ON TABLE pgq.batch_counts IS
     'A batch''s members added and ended, by state, in 16 shards: their sums are the batch''s '
     'counts (no foreign key: a member''s every end updates a shard, and a key check per update '
-    'would cost more than the count; pgq.prune deletes them with their batch).';
+    'would cost more than the count; pgq.prune deletes them with their batch). sealed: the '
+    'batch is, as the end that updates the shard reads it in the same statement.';
 
 CREATE TABLE pgq.batch_members (
     batch_id  bigint NOT NULL,
@@ -2066,9 +2070,10 @@ COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) 
 --   transaction holds (SKIP LOCKED), then the same one for the rest of the transaction: members of
 --   one batch end side by side, and only with more than 16 transactions counting into one batch at
 --   once does one wait for another.
--- * Once the batch is sealed, a member's end sums the 16 shards. Near the end (at most
---   pgq._batch_tail() members left as it sees them) it locks the batch row, held to its commit, and
---   if every member added has ended and no callback is recorded, enqueues it (pgq._finish_batch):
+-- * Once the batch is sealed, a member's end checks how many are left: in the batch's tail (at most
+--   pgq._batch_tail() members left: batches.tail, marked by the seal or by the first end that sums
+--   the shards and finds so, one in 32 of each shard's ends) it locks the batch row, held to its
+--   commit, and if every member added has ended and no callback is recorded, enqueues it (pgq._finish_batch):
 --   exactly once, since the callback's id is read and written under that lock. The lock makes the
 --   last ends take turns: of two last ends in flight at once (each counted in its own shard, each
 --   seeing the other's as not committed), the second to lock waits for the first's commit and then
@@ -2172,32 +2177,73 @@ END
 $$;
 
 -- Called by pgq._count_finished when a member of `batch` ends `state` (by -1 from pgq.retry,
--- which takes an end back): counts it in one shard; once the batch is sealed, enqueues its callback
--- if this was the last member to end (pgq._finish_batch).
+-- which takes an end back): counts it in one shard, in a statement that also reads whether the
+-- batch is sealed (the shard's copy, written by the seal) and how many ends the shard holds. An
+-- unsealed batch's end stops there. A sealed one's reads the batch row: in its tail (few members
+-- left: batches.tail) it takes its turn on that row and enqueues the callback when every member
+-- has ended (pgq._finish_batch); before it, every 32nd end of a shard sums the shards and, when
+-- at most pgq._batch_tail() members are left, marks the tail (so an end costs one shard update
+-- and one read, and the sum of 16 rows once in 32 ends).
 CREATE OR REPLACE FUNCTION pgq._batch_member_ended(batch bigint, state pgq.job_state, n integer DEFAULT 1)
     RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    mine   smallint := pgq._batch_shard(_batch_member_ended.batch);
-    sealed boolean;
-    sums   record;
+    last     text := current_setting('pgq.batch_shard', true);
+    mine     smallint;
+    sealed   boolean;
+    in_shard bigint;
+    tail     boolean;
+    sums     record;
 BEGIN
+    IF split_part(last, ':', 1) = _batch_member_ended.batch::text THEN
+        mine := split_part(last, ':', 2)::smallint;  -- the shard this transaction holds already
+    ELSE
+        mine := pgq._batch_shard(_batch_member_ended.batch);
+    END IF;
+    -- One statement: the count, and for a sealed batch its row's tail and callback (a probe).
     UPDATE pgq.batch_counts AS c
     SET done = c.done + CASE WHEN _batch_member_ended.state = 'done' THEN n ELSE 0 END,
         failed = c.failed + CASE WHEN _batch_member_ended.state = 'failed' THEN n ELSE 0 END,
         cancelled = c.cancelled + CASE WHEN _batch_member_ended.state = 'cancelled' THEN n ELSE 0 END
-    WHERE c.batch_id = _batch_member_ended.batch AND c.shard = mine;
-    SELECT b.sealed_at IS NOT NULL AND b.callback_job_id IS NULL INTO sealed
-    FROM pgq.batches AS b WHERE b.id = _batch_member_ended.batch;
-    IF sealed AND n > 0 THEN
-        sums := pgq._batch_sums(_batch_member_ended.batch);
-        IF sums.added - (sums.done + sums.failed + sums.cancelled) <= pgq._batch_tail() THEN
-            -- Inside a claim's or a sweep's recovery of expired leases (its dependency budget is 0),
-            -- a batch row another transaction holds is left to the sweep: a claim never waits.
-            PERFORM pgq._finish_batch(_batch_member_ended.batch,
-                                      current_setting('pgq.dependency_budget', true) = '0');
+    WHERE c.batch_id = _batch_member_ended.batch AND c.shard = mine
+    RETURNING c.sealed, c.done + c.failed + c.cancelled,
+              CASE WHEN c.sealed THEN (SELECT x.tail FROM pgq.batches AS x
+                                       WHERE x.id = c.batch_id AND x.callback_job_id IS NULL) END
+    INTO sealed, in_shard, tail;
+    IF NOT sealed OR tail IS NULL OR n <= 0 THEN
+        RETURN;  -- not sealed, or its callback is enqueued already (or the batch is gone)
+    END IF;
+    IF NOT tail THEN
+        IF in_shard % 32 <> 0 THEN
+            RETURN;
         END IF;
+        sums := pgq._batch_sums(_batch_member_ended.batch);
+        IF sums.added - (sums.done + sums.failed + sums.cancelled) > pgq._batch_tail() THEN
+            RETURN;
+        END IF;
+    END IF;
+    -- Inside a claim's or a sweep's recovery of expired leases (its dependency budget is 0), a
+    -- batch row another transaction holds is left to the sweep: a claim never waits.
+    PERFORM pgq._finish_batch(_batch_member_ended.batch, current_setting('pgq.dependency_budget', true) = '0');
+END
+$$;
+
+-- Seals the batch `batch` (its row held by the caller): no member joins it after. Waits for the
+-- ends in flight (they hold their shards; they did not see the seal), marks the shards sealed, and
+-- marks the tail when few members are left. For pgq.batch_close and pgq.cancel_batch.
+CREATE OR REPLACE FUNCTION pgq._seal_batch(batch bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    sums record;
+BEGIN
+    UPDATE pgq.batches AS x SET sealed_at = coalesce(x.sealed_at, pgq._now()) WHERE x.id = _seal_batch.batch;
+    PERFORM FROM pgq.batch_counts AS c WHERE c.batch_id = _seal_batch.batch ORDER BY c.shard FOR NO KEY UPDATE;
+    UPDATE pgq.batch_counts AS c SET sealed = true WHERE c.batch_id = _seal_batch.batch AND NOT c.sealed;
+    sums := pgq._batch_sums(_seal_batch.batch);
+    IF sums.added - (sums.done + sums.failed + sums.cancelled) <= pgq._batch_tail() THEN
+        UPDATE pgq.batches AS x SET tail = true WHERE x.id = _seal_batch.batch;
     END IF;
 END
 $$;
@@ -2228,6 +2274,9 @@ BEGIN
     END IF;
     sums := pgq._batch_sums(b.id);
     IF sums.done + sums.failed + sums.cancelled < sums.added THEN
+        IF NOT b.tail AND sums.added - (sums.done + sums.failed + sums.cancelled) <= pgq._batch_tail() THEN
+            UPDATE pgq.batches AS x SET tail = true WHERE x.id = b.id;  -- from now on every end takes its turn
+        END IF;
         RETURN false;
     END IF;
     IF b.cancelled_at IS NOT NULL THEN
@@ -2402,9 +2451,7 @@ BEGIN
     IF b.sealed_at IS NOT NULL THEN
         RETURN false;
     END IF;
-    UPDATE pgq.batches AS x SET sealed_at = pgq._now() WHERE x.id = b.id;
-    -- The ends in flight did not see the seal: wait for them (they hold their shards), then count.
-    PERFORM FROM pgq.batch_counts AS c WHERE c.batch_id = b.id ORDER BY c.shard FOR NO KEY UPDATE;
+    PERFORM pgq._seal_batch(b.id);
     PERFORM pgq._finish_batch(b.id, false);
     RETURN true;
 END
@@ -2461,9 +2508,8 @@ DECLARE
     gone integer := 0;
 BEGIN
     IF b.cancelled_at IS NULL THEN
-        UPDATE pgq.batches AS x
-        SET cancelled_at = pgq._now(), sealed_at = coalesce(x.sealed_at, pgq._now()), cancel_after = 0
-        WHERE x.id = b.id;
+        UPDATE pgq.batches AS x SET cancelled_at = pgq._now(), cancel_after = 0 WHERE x.id = b.id;
+        PERFORM pgq._seal_batch(b.id);
     END IF;
     gone := pgq._cancel_batch_step(b.id, pgq._dependency_step());
     -- A callback enqueued already and not started is cancelled too.
