@@ -476,14 +476,15 @@ CREATE TABLE pgq.batch_counts (
     failed     bigint DEFAULT 0 NOT NULL,
     cancelled  bigint DEFAULT 0 NOT NULL,
     sealed     boolean DEFAULT false NOT NULL,
+    tail       boolean DEFAULT false NOT NULL,
     CONSTRAINT batch_counts_pkey PRIMARY KEY (batch_id, shard),
     CONSTRAINT batch_counts_shard_check CHECK ((shard BETWEEN 0 AND 15))
 );
 COMMENT ON TABLE pgq.batch_counts IS
     'A batch''s members added and ended, by state, in 16 shards: their sums are the batch''s '
     'counts (no foreign key: a member''s every end updates a shard, and a key check per update '
-    'would cost more than the count; pgq.prune deletes them with their batch). sealed: the '
-    'batch is, as the end that updates the shard reads it in the same statement.';
+    'would cost more than the count; pgq.prune deletes them with their batch). sealed, tail: '
+    'the batch''s, as the end that updates the shard reads them in the same statement.';
 
 CREATE TABLE pgq.batch_members (
     batch_id  bigint NOT NULL,
@@ -2071,9 +2072,10 @@ COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) 
 --   one batch end side by side, and only with more than 16 transactions counting into one batch at
 --   once does one wait for another.
 -- * Once the batch is sealed, a member's end checks how many are left: in the batch's tail (at most
---   pgq._batch_tail() members left: batches.tail, marked by the seal or by the first end that sums
---   the shards and finds so, one in 32 of each shard's ends) it locks the batch row, held to its
---   commit, and if every member added has ended and no callback is recorded, enqueues it (pgq._finish_batch):
+--   pgq._batch_tail() members left, marked by the seal or by the first end that sums the shards
+--   and finds so, on the batch row and on its shards: pgq._mark_tail) it locks the batch row, held
+--   to its commit, and if every member added has ended and no callback is recorded, enqueues it
+--   (pgq._finish_batch):
 --   exactly once, since the callback's id is read and written under that lock. The lock makes the
 --   last ends take turns: of two last ends in flight at once (each counted in its own shard, each
 --   seeing the other's as not committed), the second to lock waits for the first's commit and then
@@ -2177,13 +2179,14 @@ END
 $$;
 
 -- Called by pgq._count_finished when a member of `batch` ends `state` (by -1 from pgq.retry,
--- which takes an end back): counts it in one shard, in a statement that also reads whether the
--- batch is sealed (the shard's copy, written by the seal) and how many ends the shard holds. An
--- unsealed batch's end stops there. A sealed one's reads the batch row: in its tail (few members
--- left: batches.tail) it takes its turn on that row and enqueues the callback when every member
--- has ended (pgq._finish_batch); before it, every 32nd end of a shard sums the shards and, when
--- at most pgq._batch_tail() members are left, marks the tail (so an end costs one shard update
--- and one read, and the sum of 16 rows once in 32 ends).
+-- which takes an end back): counts it in one shard, in a statement that also reads the batch's
+-- state as the shard holds it (sealed, tail: written by the seal and by the tail's marking). An
+-- unsealed batch's end stops there. A sealed one's, in the tail, takes its turn on the batch row
+-- and enqueues the callback when every member has ended (pgq._finish_batch). Before the tail, the
+-- first end of a transaction in the shard and every 32nd end of the shard read the batch row: when
+-- the tail is marked there, the end marks its own shard (it holds it) and takes its turn; else
+-- the 32nd sums the shards, and with at most pgq._batch_tail() members left takes its turn, which
+-- marks the tail. So most ends cost one update of a row the transaction holds.
 CREATE OR REPLACE FUNCTION pgq._batch_member_ended(batch bigint, state pgq.job_state, n integer DEFAULT 1)
     RETURNS void
     LANGUAGE plpgsql
@@ -2191,41 +2194,67 @@ CREATE OR REPLACE FUNCTION pgq._batch_member_ended(batch bigint, state pgq.job_s
 DECLARE
     last     text := current_setting('pgq.batch_shard', true);
     mine     smallint;
+    first    boolean := false;
     sealed   boolean;
-    in_shard bigint;
     tail     boolean;
+    in_shard bigint;
+    b        record;
     sums     record;
 BEGIN
     IF split_part(last, ':', 1) = _batch_member_ended.batch::text THEN
         mine := split_part(last, ':', 2)::smallint;  -- the shard this transaction holds already
     ELSE
         mine := pgq._batch_shard(_batch_member_ended.batch);
+        first := true;
     END IF;
-    -- One statement: the count, and for a sealed batch its row's tail and callback (a probe).
     UPDATE pgq.batch_counts AS c
     SET done = c.done + CASE WHEN _batch_member_ended.state = 'done' THEN n ELSE 0 END,
         failed = c.failed + CASE WHEN _batch_member_ended.state = 'failed' THEN n ELSE 0 END,
         cancelled = c.cancelled + CASE WHEN _batch_member_ended.state = 'cancelled' THEN n ELSE 0 END
     WHERE c.batch_id = _batch_member_ended.batch AND c.shard = mine
-    RETURNING c.sealed, c.done + c.failed + c.cancelled,
-              CASE WHEN c.sealed THEN (SELECT x.tail FROM pgq.batches AS x
-                                       WHERE x.id = c.batch_id AND x.callback_job_id IS NULL) END
-    INTO sealed, in_shard, tail;
-    IF NOT sealed OR tail IS NULL OR n <= 0 THEN
-        RETURN;  -- not sealed, or its callback is enqueued already (or the batch is gone)
+    RETURNING c.sealed, c.tail, c.done + c.failed + c.cancelled INTO sealed, tail, in_shard;
+    IF NOT sealed OR n <= 0 THEN
+        RETURN;
     END IF;
     IF NOT tail THEN
-        IF in_shard % 32 <> 0 THEN
+        IF NOT first AND in_shard % 32 <> 0 THEN
             RETURN;
         END IF;
-        sums := pgq._batch_sums(_batch_member_ended.batch);
-        IF sums.added - (sums.done + sums.failed + sums.cancelled) > pgq._batch_tail() THEN
+        SELECT x.tail, x.callback_job_id INTO b FROM pgq.batches AS x WHERE x.id = _batch_member_ended.batch;
+        IF NOT FOUND OR b.callback_job_id IS NOT NULL THEN
             RETURN;
+        END IF;
+        IF b.tail THEN
+            UPDATE pgq.batch_counts AS c SET tail = true
+            WHERE c.batch_id = _batch_member_ended.batch AND c.shard = mine;
+        ELSIF in_shard % 32 <> 0 THEN
+            RETURN;
+        ELSE
+            sums := pgq._batch_sums(_batch_member_ended.batch);
+            IF sums.added - (sums.done + sums.failed + sums.cancelled) > pgq._batch_tail() THEN
+                RETURN;
+            END IF;
         END IF;
     END IF;
     -- Inside a claim's or a sweep's recovery of expired leases (its dependency budget is 0), a
     -- batch row another transaction holds is left to the sweep: a claim never waits.
     PERFORM pgq._finish_batch(_batch_member_ended.batch, current_setting('pgq.dependency_budget', true) = '0');
+END
+$$;
+
+-- Marks the tail of the batch `batch` (its row held by the caller): on its row, and on every
+-- shard no other transaction holds (those that one holds are marked by their next reader of the
+-- row: pgq._batch_member_ended).
+CREATE OR REPLACE FUNCTION pgq._mark_tail(batch bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE pgq.batches AS x SET tail = true WHERE x.id = _mark_tail.batch AND NOT x.tail;
+    UPDATE pgq.batch_counts AS c SET tail = true
+    WHERE c.batch_id = _mark_tail.batch
+      AND c.shard = ANY (ARRAY(SELECT y.shard FROM pgq.batch_counts AS y
+                               WHERE y.batch_id = _mark_tail.batch AND NOT y.tail
+                               ORDER BY y.shard FOR NO KEY UPDATE SKIP LOCKED));
 END
 $$;
 
@@ -2243,7 +2272,7 @@ BEGIN
     UPDATE pgq.batch_counts AS c SET sealed = true WHERE c.batch_id = _seal_batch.batch AND NOT c.sealed;
     sums := pgq._batch_sums(_seal_batch.batch);
     IF sums.added - (sums.done + sums.failed + sums.cancelled) <= pgq._batch_tail() THEN
-        UPDATE pgq.batches AS x SET tail = true WHERE x.id = _seal_batch.batch;
+        PERFORM pgq._mark_tail(_seal_batch.batch);
     END IF;
 END
 $$;
@@ -2275,7 +2304,7 @@ BEGIN
     sums := pgq._batch_sums(b.id);
     IF sums.done + sums.failed + sums.cancelled < sums.added THEN
         IF NOT b.tail AND sums.added - (sums.done + sums.failed + sums.cancelled) <= pgq._batch_tail() THEN
-            UPDATE pgq.batches AS x SET tail = true WHERE x.id = b.id;  -- from now on every end takes its turn
+            PERFORM pgq._mark_tail(b.id);  -- from now on every end takes its turn
         END IF;
         RETURN false;
     END IF;
