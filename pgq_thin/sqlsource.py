@@ -34,6 +34,7 @@ SOURCE_FILES = (
     "fence.sql",         # the failover fence: timelines
     "counters.sql",      # the finished counters (the trigger of pgq.jobs)
     "dependencies.sql",  # waiting jobs and their release or cancellation
+    "batches.sql",       # batches: member counts and the one callback
     "rates.sql",         # rate limits (GCRA buckets)
     "keys.sql",          # per-key concurrency limits
     "fairness.sql",      # fair queues: tenants by virtual time

@@ -242,7 +242,7 @@ $$;
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '16'::text $$;
+    AS $$ SELECT '17'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -898,12 +898,21 @@ BEGIN
         PERFORM pgq._dependency_ended(NEW.id, OLD.state, NEW.state, waited_for,
                                       NEW.last_event = 'dependency_ended');
     END IF;
+    -- A batch's member (pgq._batch_member_ended), a job someone awaits (pgq.job_result): two
+    -- tests of the row for every other job.
+    IF NEW.batch_id IS NOT NULL THEN
+        PERFORM pgq._batch_member_ended(NEW.batch_id, NEW.state);
+    END IF;
+    IF NEW.notify_finished THEN
+        PERFORM pg_notify('pgq_finished', NEW.id::text);
+    END IF;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION pgq._count_finished() IS
     'Trigger of pgq.jobs: records one transition into done, failed or cancelled in pgq.finished_deltas, '
-    'and moves the jobs waiting for it on (pgq._dependency_ended).';
+    'moves the jobs waiting for it on (pgq._dependency_ended), counts a batch member''s end and '
+    'notifies pgq_finished for a job enqueued with notify_finished.';
 
 -- Moves the deltas into the totals, in one transaction (so a reader sees each finished job once,
 -- in one table or the other). One fold at a time: a fold that finds another one running skips
@@ -1124,9 +1133,9 @@ $$;
 -- links it deletes: all of the dependant's own; at least one dependant). Each is locked first; one
 -- that another transaction holds is skipped (left for later) unless `patient`, when it is waited
 -- for until pgq._patience(), by polling. Done: each counts one dependency fewer, and the one at 0
--- becomes pending (its queue notified when it is due). Failed or cancelled: each is cancelled with
--- last_error naming the dependency (and the root, further down a chain); its trigger deletes its
--- links. Returns the budget used, whether dependants in the range are left (more), and those it
+-- becomes pending (its queue notified when it is due). Failed or cancelled: each that waits by
+-- all_done is cancelled with last_error naming the dependency (and the root, further down a
+-- chain; its trigger deletes its links), each that waits by all_ended counts it as a done one. Returns the budget used, whether dependants in the range are left (more), and those it
 -- cancelled that have dependants of their own, in id order (cancelled).
 CREATE OR REPLACE FUNCTION pgq._dependency_work(ended_id bigint, ended pgq.job_state, from_id bigint,
                                                 below_id bigint, root_id bigint, root_state pgq.job_state,
@@ -1142,7 +1151,9 @@ DECLARE
     candidates bigint[];  -- the first links' dependants, in id order
     locked     bigint[];  -- those this step holds
     picked     bigint[];  -- those it moves on (within the budget)
-    waiting    bigint[];  -- of those, the ones still waiting (the others only lose the link)
+    waiting    bigint[];  -- of those, the ones still waiting that it releases (or counts down)
+    doomed     bigint[];  -- and those still waiting that it cancels (all_done, and the end was no success)
+    unlinked   bigint[];  -- the picked ones whose link this step deleted
     due_queues text[];
     patience   timestamptz;
 BEGIN
@@ -1173,52 +1184,59 @@ BEGIN
     -- The newest versions of the rows it holds (this statement's snapshot is newer than the locks):
     -- as many as the budget allows, a release counting one, a cancellation the links it deletes (all
     -- the dependant's own), at least one. Read by id here, so that the writes below name only ids.
+    -- A dependant moves on by its own rule: one that waits for every dependency to be done is
+    -- cancelled by a failed or cancelled one; one that waits for every one to end (all_ended)
+    -- counts it as it counts a done one.
     SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}'),
-           coalesce(array_agg(c.id ORDER BY c.id) FILTER (WHERE c.state = 'waiting'), '{}'),
+           coalesce(array_agg(c.id ORDER BY c.id) FILTER (WHERE c.state = 'waiting' AND c.releases), '{}'),
+           coalesce(array_agg(c.id ORDER BY c.id) FILTER (WHERE c.state = 'waiting' AND NOT c.releases), '{}'),
            coalesce(max(c.total), 0)::integer
-    INTO picked, waiting, used
-    FROM (SELECT j.id, j.state,
-                 sum(CASE WHEN _dependency_work.ended = 'done' OR j.state <> 'waiting' THEN 1
+    INTO picked, waiting, doomed, used
+    FROM (SELECT j.id, j.state, r.releases,
+                 sum(CASE WHEN r.releases OR j.state <> 'waiting' THEN 1
                           ELSE greatest(j.dependencies_left, 1) END) OVER (ORDER BY j.id) AS total,
                  row_number() OVER (ORDER BY j.id) AS n
-          FROM pgq.jobs AS j WHERE j.id = ANY (locked)) AS c
+          FROM pgq.jobs AS j
+          CROSS JOIN LATERAL (SELECT _dependency_work.ended = 'done'
+                                     OR j.dependency_mode IS NOT DISTINCT FROM 'all_ended' AS releases) AS r
+          WHERE j.id = ANY (locked)) AS c
     WHERE c.total <= _dependency_work.budget OR c.n = 1;
     -- Each moves on only if this statement deletes its link to the ended job: a sweep that took
     -- the row after another one had moved it on (both read the link before either committed) finds
     -- no link and does nothing. (A link to a job that no longer waits goes too; there is none.)
     -- One array per id condition: two on one column made the index scan take their product.
-    IF _dependency_work.ended = 'done' THEN
-        WITH gone AS (
-            DELETE FROM pgq.job_dependencies AS d
-            WHERE d.depends_on = _dependency_work.ended_id AND d.job_id = ANY (picked)
-              AND (d.depends_on, d.job_id) >= (_dependency_work.ended_id, picked[1])
-              AND (d.depends_on, d.job_id) <= (_dependency_work.ended_id, picked[cardinality(picked)])
-            RETURNING d.job_id
-        ), released AS (
+    WITH gone AS (
+        DELETE FROM pgq.job_dependencies AS d
+        WHERE d.depends_on = _dependency_work.ended_id AND d.job_id = ANY (picked)
+          AND (d.depends_on, d.job_id) >= (_dependency_work.ended_id, picked[1])
+          AND (d.depends_on, d.job_id) <= (_dependency_work.ended_id, picked[cardinality(picked)])
+        RETURNING d.job_id
+    )
+    SELECT coalesce(array_agg(g.job_id), '{}') INTO unlinked FROM gone AS g;
+    IF cardinality(waiting) > 0 THEN
+        WITH released AS (
             UPDATE pgq.jobs AS j
             SET dependencies_left = j.dependencies_left - 1,
                 state = CASE WHEN j.dependencies_left = 1 THEN 'pending' ELSE 'waiting' END::pgq.job_state,
                 last_event = CASE WHEN j.dependencies_left = 1 THEN 'dependencies_done' ELSE j.last_event END
-            WHERE j.id = ANY (ARRAY(SELECT g.job_id FROM gone AS g WHERE g.job_id = ANY (waiting)))
+            WHERE j.id = ANY (ARRAY(SELECT u.id FROM unnest(unlinked) AS u(id) WHERE u.id = ANY (waiting)))
             RETURNING j.id, j.queue, j.attempt, j.state, j.run_at
         ), events AS (
             INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
             SELECT r.id, r.attempt, NULL, 'dependencies_done', 'waiting', 'pending',
-                   format('the last of its dependencies, job %s, is done', _dependency_work.ended_id)
+                   CASE WHEN _dependency_work.ended = 'done'
+                        THEN format('the last of its dependencies, job %s, is done', _dependency_work.ended_id)
+                        ELSE format('the last of its dependencies, job %s, has ended %s (all_ended)',
+                                    _dependency_work.ended_id, _dependency_work.ended) END
             FROM released AS r JOIN pgq.queues AS q ON q.name = r.queue AND q.audit
             WHERE r.state = 'pending'
         )
         SELECT array_agg(DISTINCT r.queue) INTO due_queues
         FROM released AS r WHERE r.state = 'pending' AND r.run_at <= pgq._now();
         PERFORM pgq._notify(n.queue) FROM unnest(due_queues) AS n(queue);
-    ELSE
-        WITH unlinked AS (
-            DELETE FROM pgq.job_dependencies AS d
-            WHERE d.depends_on = _dependency_work.ended_id AND d.job_id = ANY (picked)
-              AND (d.depends_on, d.job_id) >= (_dependency_work.ended_id, picked[1])
-              AND (d.depends_on, d.job_id) <= (_dependency_work.ended_id, picked[cardinality(picked)])
-            RETURNING d.job_id
-        ), gone AS (
+    END IF;
+    IF cardinality(doomed) > 0 THEN
+        WITH gone AS (
             UPDATE pgq.jobs AS j
             SET state = 'cancelled', finished_at = pgq._now(), last_event = 'dependency_ended',
                 last_error = CASE WHEN _dependency_work.ended_id = _dependency_work.root_id
@@ -1227,7 +1245,7 @@ BEGIN
                                   ELSE format('pgq: cancelled: its dependency, job %s, was cancelled because job %s, '
                                               'up its chain, ended %s', _dependency_work.ended_id,
                                               _dependency_work.root_id, _dependency_work.root_state) END
-            WHERE j.id = ANY (ARRAY(SELECT u.job_id FROM unlinked AS u WHERE u.job_id = ANY (waiting)))
+            WHERE j.id = ANY (ARRAY(SELECT u.id FROM unnest(unlinked) AS u(id) WHERE u.id = ANY (doomed)))
             RETURNING j.id, j.queue, j.attempt, j.last_error
         ), events AS (
             INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
@@ -1462,6 +1480,409 @@ CREATE OR REPLACE FUNCTION pgq._cancel_for_dependency(ids bigint[], dependency b
 $$;
 COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) IS
     'Cancels waiting jobs whose dependency has ended failed or cancelled, with last_error naming it.';
+
+-- sql/functions/batches.sql ---------------------------------------------------------------------------
+
+-- sql/functions/batches.sql: batches: their members' counts and the one callback.
+
+-- How a batch is counted without a hot row (issue 26):
+--
+-- * pgq.batch_open writes the batch row and 16 count shards (pgq.batch_counts). A member's enqueue
+--   holds the batch row FOR SHARE (so pgq.batch_close, which updates it, waits for the enqueues in
+--   flight and no member joins a sealed batch) and adds to one shard; a member's end (the trigger
+--   of pgq.jobs: pgq._count_finished) adds to one shard and never locks the batch row. The shard is
+--   the first one, from the backend's own (pg_backend_pid() % 16), that no other transaction holds
+--   (SKIP LOCKED; one it holds itself is taken again): members of one batch end side by side, and
+--   only with more than 16 transactions counting into one batch at once does one wait for another.
+-- * Once the batch is sealed, a member's end sums the 16 shards; when every member added has ended,
+--   it locks the batch row and, if no callback is recorded yet, enqueues it (pgq._finish_batch):
+--   exactly once, since the callback's id is read and written under that lock. Two ends that are
+--   the last two at once in different shards each see the other's as not yet committed and neither
+--   enqueues it; pgq.sweep settles that (pgq._settle_batches: every sealed batch without a callback,
+--   by batches_unsettled_idx). So the callback is enqueued in the transaction of the last end, or
+--   when ends overlapped at the very end, by the first sweep after they committed; never twice,
+--   never before the last member has ended.
+-- * pgq.retry of a failed or cancelled member takes its end back (a shard's count goes down), so
+--   its next end counts once. A member retried after the callback was enqueued changes the counts
+--   pgq.batch_status shows, not the callback.
+-- * pgq.cancel_batch seals the batch, marks it cancelled and cancels its members that have not
+--   started, at most pgq._dependency_step() of them per call, walking jobs_batch_idx from where the
+--   last step stopped (batches.cancel_after); the sweep takes the next steps.
+-- Every function here runs as the owner; every name is schema-qualified.
+
+-- The shard of `batch` this transaction counts into, locked (FOR NO KEY UPDATE): the first one
+-- from the backend's own that no other transaction holds, or, when all 16 are held, the backend's
+-- own, waited for.
+CREATE OR REPLACE FUNCTION pgq._batch_shard(batch bigint) RETURNS smallint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    own   smallint := (pg_backend_pid() % 16)::smallint;
+    taken smallint;
+BEGIN
+    SELECT c.shard INTO taken FROM pgq.batch_counts AS c
+    WHERE c.batch_id = _batch_shard.batch
+    ORDER BY (c.shard - own + 16) % 16
+    LIMIT 1
+    FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        taken := own;
+        PERFORM FROM pgq.batch_counts AS c WHERE c.batch_id = _batch_shard.batch AND c.shard = own
+        FOR NO KEY UPDATE;
+    END IF;
+    RETURN taken;
+END
+$$;
+
+-- The batch's counts: members added, and those ended done, failed and cancelled (sums of its
+-- shards, as this statement sees them).
+CREATE OR REPLACE FUNCTION pgq._batch_sums(batch bigint, OUT added bigint, OUT done bigint,
+                                           OUT failed bigint, OUT cancelled bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(sum(c.added), 0)::bigint, coalesce(sum(c.done), 0)::bigint,
+           coalesce(sum(c.failed), 0)::bigint, coalesce(sum(c.cancelled), 0)::bigint
+    FROM pgq.batch_counts AS c WHERE c.batch_id = _batch_sums.batch
+$$;
+
+-- For pgq.enqueue and pgq.enqueue_many with `batch`, before they insert: the batch row, held FOR
+-- SHARE to this transaction's end (pgq.batch_close waits for it). 22023 naming batch for an unknown
+-- id, 55000 for a sealed or cancelled batch.
+CREATE OR REPLACE FUNCTION pgq._join_batch(batch bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    b pgq.batches;
+BEGIN
+    SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _join_batch.batch FOR SHARE;
+    IF NOT FOUND THEN
+        PERFORM pgq._bad_argument('batch', format('names no batch with id %s', _join_batch.batch),
+            'A batch is opened by pgq.batch_open, which returns its id.');
+    ELSIF b.sealed_at IS NOT NULL THEN
+        RAISE EXCEPTION 'pgq: batch % is %, no member can join it', _join_batch.batch,
+            CASE WHEN b.cancelled_at IS NOT NULL THEN 'cancelled' ELSE 'sealed' END
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Members join a batch between pgq.batch_open and pgq.batch_close (argument batch).';
+    END IF;
+END
+$$;
+
+-- For pgq.enqueue and pgq.enqueue_many: `n` members have joined `batch` (after pgq._join_batch).
+CREATE OR REPLACE FUNCTION pgq._batch_added(batch bigint, n bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    mine smallint := pgq._batch_shard(_batch_added.batch);
+BEGIN
+    UPDATE pgq.batch_counts AS c SET added = c.added + _batch_added.n
+    WHERE c.batch_id = _batch_added.batch AND c.shard = mine;
+END
+$$;
+
+-- Called by pgq._count_finished when a member of `batch` ends `state` (by -1 from pgq.retry,
+-- which takes an end back): counts it in one shard; once the batch is sealed, enqueues its callback
+-- if this was the last member to end.
+CREATE OR REPLACE FUNCTION pgq._batch_member_ended(batch bigint, state pgq.job_state, n integer DEFAULT 1)
+    RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    mine   smallint := pgq._batch_shard(_batch_member_ended.batch);
+    sealed boolean;
+    sums   record;
+BEGIN
+    UPDATE pgq.batch_counts AS c
+    SET done = c.done + CASE WHEN _batch_member_ended.state = 'done' THEN n ELSE 0 END,
+        failed = c.failed + CASE WHEN _batch_member_ended.state = 'failed' THEN n ELSE 0 END,
+        cancelled = c.cancelled + CASE WHEN _batch_member_ended.state = 'cancelled' THEN n ELSE 0 END
+    WHERE c.batch_id = _batch_member_ended.batch AND c.shard = mine;
+    SELECT b.sealed_at IS NOT NULL AND b.callback_job_id IS NULL INTO sealed
+    FROM pgq.batches AS b WHERE b.id = _batch_member_ended.batch;
+    IF sealed AND n > 0 THEN
+        sums := pgq._batch_sums(_batch_member_ended.batch);
+        IF sums.done + sums.failed + sums.cancelled >= sums.added THEN
+            PERFORM pgq._finish_batch(_batch_member_ended.batch, false);
+        END IF;
+    END IF;
+END
+$$;
+
+-- Enqueues the callback of the sealed batch `batch` if every member has ended and none is
+-- recorded yet, under the batch row's lock (taken here: FOR UPDATE, waited for unless `skip`,
+-- when a batch row another transaction holds is left for later). Returns whether it enqueued it.
+-- The callback: the batch's callback queue, kind and payload, meta {"batch": {id, members, done,
+-- failed, cancelled}}, enqueued by the batch's opener; cancelled at once (last_error says why)
+-- when the batch was cancelled, or runs when all_done and a member failed or was cancelled.
+CREATE OR REPLACE FUNCTION pgq._finish_batch(batch bigint, skip boolean) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    b      pgq.batches;
+    sums   record;
+    q      pgq.queues;
+    job_id bigint;
+    why    text;
+BEGIN
+    IF skip THEN
+        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _finish_batch.batch FOR UPDATE SKIP LOCKED;
+    ELSE
+        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _finish_batch.batch FOR UPDATE;
+    END IF;
+    IF NOT FOUND OR b.sealed_at IS NULL OR b.callback_job_id IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    sums := pgq._batch_sums(b.id);
+    IF sums.done + sums.failed + sums.cancelled < sums.added THEN
+        RETURN false;
+    END IF;
+    IF b.cancelled_at IS NOT NULL THEN
+        why := format('pgq: cancelled: its batch %s was cancelled', b.id);
+    ELSIF b.run_when = 'all_done' AND sums.failed + sums.cancelled > 0 THEN
+        why := format('pgq: cancelled: %s of the %s members of its batch %s failed and %s were cancelled '
+                      '(run_when all_done)', sums.failed, sums.added, b.id, sums.cancelled);
+    END IF;
+    -- The queue's writer lock, shared, as an enqueue takes it (see pgq.drop_queue).
+    PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(b.callback_queue));
+    q := pgq._queue(b.callback_queue);
+    INSERT INTO pgq.jobs AS j (queue, kind, payload, max_attempts, tenant, meta, enqueued_by)
+    VALUES (b.callback_queue, b.callback_kind, b.callback_payload, q.max_attempts,
+            CASE WHEN q.fair THEN pgq._fair_tenant(q.name, NULL) END,
+            jsonb_build_object('batch', jsonb_build_object('id', b.id, 'members', sums.added, 'done', sums.done,
+                                                           'failed', sums.failed, 'cancelled', sums.cancelled)),
+            b.opened_by)
+    RETURNING j.id INTO job_id;
+    IF why IS NOT NULL THEN
+        -- An update, not an insert in that state: the finished counters count it (their trigger).
+        UPDATE pgq.jobs AS j
+        SET state = 'cancelled', finished_at = pgq._now(), last_event = 'batch_ended', last_error = why
+        WHERE j.id = job_id;
+    ELSIF q.notify THEN
+        PERFORM pg_notify('pgq', b.callback_queue);
+    END IF;
+    UPDATE pgq.batches AS x SET callback_job_id = job_id, finished_at = pgq._now() WHERE x.id = b.id;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgq._finish_batch(bigint, boolean) IS
+    'Enqueues a sealed batch''s callback once every member has ended and none is recorded yet.';
+
+-- One step of a cancelled batch's cancellation: up to `max_members` of its members from
+-- cancel_after on (jobs_batch_idx, in id order), those not started (waiting or pending; one another
+-- transaction holds is passed over) cancelled. Moves cancel_after on (NULL once past the last
+-- member). The caller holds the batch row. Returns how many it cancelled.
+CREATE OR REPLACE FUNCTION pgq._cancel_batch_step(batch bigint, max_members integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    AS $$
+DECLARE
+    after   bigint := (SELECT b.cancel_after FROM pgq.batches AS b WHERE b.id = _cancel_batch_step.batch);
+    seen    bigint[];
+    gone    integer;
+BEGIN
+    IF after IS NULL THEN
+        RETURN 0;
+    END IF;
+    seen := ARRAY(SELECT j.id FROM pgq.jobs AS j
+                  WHERE j.batch_id = _cancel_batch_step.batch AND j.id > after
+                  ORDER BY j.batch_id, j.id LIMIT _cancel_batch_step.max_members);
+    WITH doomed AS (
+        SELECT j.id, j.state FROM pgq.jobs AS j
+        WHERE j.id = ANY (seen) AND j.state IN ('waiting', 'pending')
+        ORDER BY j.id FOR NO KEY UPDATE SKIP LOCKED
+    ), cancelled AS (
+        UPDATE pgq.jobs AS j
+        SET state = 'cancelled', lease_until = NULL, finished_at = pgq._now(), last_event = 'cancelled',
+            last_error = format('pgq: cancelled: its batch %s was cancelled', _cancel_batch_step.batch)
+        FROM doomed AS d WHERE j.id = d.id AND j.state IN ('waiting', 'pending')
+        RETURNING j.id, j.queue, j.attempt, j.last_error, d.state AS was
+    ), events AS (
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+        SELECT c.id, c.attempt, NULL, 'cancelled', c.was, 'cancelled', c.last_error
+        FROM cancelled AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
+    )
+    SELECT count(*) INTO gone FROM cancelled;
+    UPDATE pgq.batches AS b
+    SET cancel_after = CASE WHEN cardinality(seen) < _cancel_batch_step.max_members THEN NULL
+                            ELSE seen[cardinality(seen)] END
+    WHERE b.id = _cancel_batch_step.batch;
+    RETURN gone;
+END
+$$;
+
+-- The sweep's part: the cancellations of cancelled batches, up to max_members members, and the
+-- sealed batches without a callback whose members have all ended (ends that overlapped at the very
+-- end), up to max_batches of them, oldest first; batch rows another transaction holds are left for
+-- the next sweep. Returns how many callbacks it enqueued.
+CREATE OR REPLACE FUNCTION pgq._settle_batches(max_batches integer, max_members integer) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r        record;
+    enqueued integer := 0;
+    left_over integer := max_members;
+BEGIN
+    FOR r IN SELECT b.id FROM pgq.batches AS b WHERE b.cancel_after IS NOT NULL ORDER BY b.id LIMIT max_batches LOOP
+        EXIT WHEN left_over <= 0;
+        CONTINUE WHEN NOT EXISTS (SELECT FROM pgq.batches AS b WHERE b.id = r.id FOR UPDATE SKIP LOCKED);
+        left_over := left_over - pgq._cancel_batch_step(r.id, left_over);
+    END LOOP;
+    FOR r IN SELECT b.id FROM pgq.batches AS b WHERE b.sealed_at IS NOT NULL AND b.callback_job_id IS NULL
+             ORDER BY b.id LIMIT max_batches LOOP
+        IF pgq._finish_batch(r.id, true) THEN
+            enqueued := enqueued + 1;
+        END IF;
+    END LOOP;
+    RETURN enqueued;
+END
+$$;
+
+-- The batch `id` for a call of its opener (or an admin): the row, locked FOR UPDATE when `lock`;
+-- P0002 for an unknown id or a batch another login opened.
+CREATE OR REPLACE FUNCTION pgq._own_batch(id bigint, lock boolean) RETURNS pgq.batches
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    b pgq.batches;
+BEGIN
+    IF _own_batch.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    IF lock THEN
+        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _own_batch.id FOR UPDATE;
+    ELSE
+        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _own_batch.id;
+    END IF;
+    IF NOT FOUND OR NOT (b.opened_by = session_user OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')) THEN
+        RAISE EXCEPTION 'pgq: no batch with id %', _own_batch.id
+            USING ERRCODE = 'no_data_found', HINT = 'A batch is seen by the login that opened it, and by admins.';
+    END IF;
+    RETURN b;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgq.batch_open(callback_queue text, callback_kind text,
+                                          callback_payload jsonb DEFAULT '{}', run_when text DEFAULT 'all_ended')
+    RETURNS bigint
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    q      pgq.queues;
+    new_id bigint;
+BEGIN
+    PERFORM pgq._check_name('callback_queue', batch_open.callback_queue);
+    PERFORM pgq._check_name('callback_kind', batch_open.callback_kind);
+    PERFORM pgq._check_payload('callback_payload', batch_open.callback_payload);
+    IF batch_open.run_when IS NULL OR batch_open.run_when NOT IN ('all_ended', 'all_done') THEN
+        PERFORM pgq._bad_argument('run_when', format('must be ''all_ended'' or ''all_done'', got %s',
+                                                     coalesce(quote_literal(batch_open.run_when), 'NULL')));
+    END IF;
+    SELECT * INTO q FROM pgq.queues AS s WHERE s.name = batch_open.callback_queue;
+    IF FOUND AND q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'enqueue') THEN
+        PERFORM pgq._denied(q.name, 'enqueue');
+    END IF;
+    INSERT INTO pgq.batches AS b (opened_by, callback_queue, callback_kind, callback_payload, run_when)
+    VALUES (session_user, batch_open.callback_queue, batch_open.callback_kind, batch_open.callback_payload,
+            batch_open.run_when)
+    RETURNING b.id INTO new_id;
+    INSERT INTO pgq.batch_counts (batch_id, shard) SELECT new_id, s FROM generate_series(0, 15) AS s;
+    RETURN new_id;
+END
+$$;
+COMMENT ON FUNCTION pgq.batch_open(text, text, jsonb, text) IS
+    'Opens a batch and returns its id: members join it by enqueue(..., batch => id); once it is sealed '
+    '(pgq.batch_close) and its last member has ended, one callback job is enqueued.';
+
+CREATE OR REPLACE FUNCTION pgq.batch_close(id bigint)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    b pgq.batches := pgq._own_batch(batch_close.id, true);
+BEGIN
+    IF b.sealed_at IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    UPDATE pgq.batches AS x SET sealed_at = pgq._now() WHERE x.id = b.id;
+    PERFORM pgq._finish_batch(b.id, false);
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgq.batch_close(bigint) IS
+    'Seals a batch (no member joins it after): true when this call sealed it, false when it was sealed; '
+    'an empty batch''s callback is enqueued at once. P0002: unknown, or another login''s.';
+
+CREATE OR REPLACE FUNCTION pgq.batch_status(id bigint)
+    RETURNS TABLE (batch_id bigint, state text, opened_by text, callback_queue text, callback_kind text,
+                   run_when text, members bigint, unfinished bigint, done bigint, failed bigint,
+                   cancelled bigint, callback_job_id bigint, created_at timestamptz, sealed_at timestamptz,
+                   finished_at timestamptz)
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    b    pgq.batches;
+    sums record;
+BEGIN
+    IF batch_status.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    SELECT * INTO b FROM pgq.batches AS x WHERE x.id = batch_status.id;
+    IF NOT FOUND OR NOT (b.opened_by = session_user OR pg_has_role(session_user, 'pgq_monitor', 'MEMBER')
+                         OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')) THEN
+        RAISE EXCEPTION 'pgq: no batch with id %', batch_status.id
+            USING ERRCODE = 'no_data_found',
+                  HINT = 'A batch is seen by the login that opened it, by monitors and by admins.';
+    END IF;
+    sums := pgq._batch_sums(b.id);
+    RETURN QUERY SELECT b.id,
+        CASE WHEN b.cancelled_at IS NOT NULL THEN 'cancelled' WHEN b.callback_job_id IS NOT NULL THEN 'finished'
+             WHEN b.sealed_at IS NOT NULL THEN 'sealed' ELSE 'open' END,
+        b.opened_by, b.callback_queue, b.callback_kind, b.run_when, sums.added,
+        greatest(sums.added - sums.done - sums.failed - sums.cancelled, 0), sums.done, sums.failed, sums.cancelled,
+        b.callback_job_id, b.created_at, b.sealed_at, b.finished_at;
+END
+$$;
+COMMENT ON FUNCTION pgq.batch_status(bigint) IS
+    'A batch''s state (open, sealed, finished, cancelled), its members'' counts by state and its callback '
+    'job once enqueued. P0002 for logins other than its opener, monitors and admins.';
+
+CREATE OR REPLACE FUNCTION pgq.cancel_batch(id bigint)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    b    pgq.batches := pgq._own_batch(cancel_batch.id, true);
+    gone integer := 0;
+BEGIN
+    IF b.cancelled_at IS NULL THEN
+        UPDATE pgq.batches AS x
+        SET cancelled_at = pgq._now(), sealed_at = coalesce(x.sealed_at, pgq._now()), cancel_after = 0
+        WHERE x.id = b.id;
+    END IF;
+    gone := pgq._cancel_batch_step(b.id, pgq._dependency_step());
+    -- A callback enqueued already and not started is cancelled too.
+    IF b.callback_job_id IS NOT NULL THEN
+        UPDATE pgq.jobs AS j
+        SET state = 'cancelled', finished_at = pgq._now(), last_event = 'cancelled',
+            last_error = format('pgq: cancelled: its batch %s was cancelled', b.id)
+        WHERE j.id = b.callback_job_id AND j.state IN ('waiting', 'pending');
+    END IF;
+    PERFORM pgq._finish_batch(b.id, false);
+    RETURN gone;
+END
+$$;
+COMMENT ON FUNCTION pgq.cancel_batch(bigint) IS
+    'Cancels a batch: seals it, cancels up to 1000 of its members that have not started (returns how many; '
+    'pgq.sweep cancels the rest) and its callback. P0002: unknown, or another login''s.';
 
 -- sql/functions/rates.sql -----------------------------------------------------------------------------
 
@@ -2314,12 +2735,31 @@ BEGIN
 END
 $$;
 
+-- Validates pgq.enqueue's and pgq.enqueue_many's dependency_mode and notify_finished (22004 / 22023).
+CREATE OR REPLACE FUNCTION pgq._check_workflow(dependency_mode text, notify_finished boolean) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_workflow.dependency_mode IS NULL THEN
+        PERFORM pgq._bad_argument('dependency_mode', 'must not be NULL', 'Omit it for ''all_done''.');
+    ELSIF _check_workflow.dependency_mode NOT IN ('all_done', 'all_ended') THEN
+        PERFORM pgq._bad_argument('dependency_mode',
+            format('must be ''all_done'' or ''all_ended'', got %s', quote_literal(_check_workflow.dependency_mode)),
+            'all_done: released when every dependency is done; all_ended: when every one has ended, however.');
+    END IF;
+    IF _check_workflow.notify_finished IS NULL THEN
+        PERFORM pgq._bad_argument('notify_finished', 'must not be NULL', 'Omit it for false.');
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFAULT '{}',
                             run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
                             max_attempts integer DEFAULT NULL, unique_key text DEFAULT NULL,
                             tenant text DEFAULT NULL, max_run_time interval DEFAULT NULL,
                             meta jsonb DEFAULT NULL, concurrency_key text DEFAULT NULL,
-                            depends_on bigint[] DEFAULT NULL)
+                            depends_on bigint[] DEFAULT NULL, dependency_mode text DEFAULT 'all_done',
+                            batch bigint DEFAULT NULL, notify_finished boolean DEFAULT false)
     RETURNS bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -2334,6 +2774,7 @@ DECLARE
     new_state  pgq.job_state := 'pending';
     dep_ids    bigint[];
     left_count integer;
+    mode       text;
 BEGIN
     -- Every argument checked in one plain expression (no query, no nested call); only a call that
     -- fails it runs the checks that name the bad argument and raise. (The nested checks cost about
@@ -2352,12 +2793,15 @@ BEGIN
                                  AND pgq._is_span(enqueue.max_run_time), true)
                     AND (enqueue.meta IS NULL OR jsonb_typeof(enqueue.meta) = 'object'
                          AND pgq._jsonb_size(enqueue.meta) <= 1048576)
-                    AND coalesce(length(enqueue.concurrency_key) BETWEEN 1 AND 256, true), false) THEN
+                    AND coalesce(length(enqueue.concurrency_key) BETWEEN 1 AND 256, true)
+                    AND enqueue.dependency_mode IN ('all_done', 'all_ended')
+                    AND enqueue.notify_finished IS NOT NULL, false) THEN
         PERFORM pgq._check_enqueue(enqueue.queue, enqueue.kind, enqueue.run_at, enqueue.priority,
                                    enqueue.max_attempts, enqueue.tenant, enqueue.max_run_time, enqueue.meta,
                                    enqueue.concurrency_key);
         PERFORM pgq._check_payload('payload', enqueue.payload);
         PERFORM pgq._check_unique_key(enqueue.unique_key);
+        PERFORM pgq._check_workflow(enqueue.dependency_mode, enqueue.notify_finished);
     END IF;
     -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
     PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(enqueue.queue));
@@ -2370,6 +2814,9 @@ BEGIN
     END IF;
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
+    END IF;
+    IF enqueue.batch IS NOT NULL THEN
+        PERFORM pgq._join_batch(enqueue.batch);
     END IF;
     -- With dependencies: waiting for those not done yet (read, not locked: an end of one in flight
     -- now is settled by the check pgq._wait_for_dependencies leaves), or cancelled at once (below)
@@ -2389,6 +2836,10 @@ BEGIN
         IF cardinality(deps.ids) > 0 THEN
             dep_ids := deps.ids;
             left_count := cardinality(deps.open_ids);
+            mode := enqueue.dependency_mode;
+            IF mode = 'all_ended' THEN
+                deps.ended_id := NULL;  -- a failed or cancelled dependency has ended: it is not waited for
+            END IF;
             IF left_count > 0 OR deps.ended_id IS NOT NULL THEN
                 new_state := 'waiting';
             END IF;
@@ -2399,20 +2850,22 @@ BEGIN
         -- A plain INSERT: ON CONFLICT would make it a speculative insertion even without a key.
         INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant,
                                    max_run_time, meta, concurrency_key, state, depends_on,
-                                   dependencies_left)
+                                   dependencies_left, dependency_mode, batch_id, notify_finished)
         VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                 coalesce(enqueue.max_attempts, q.max_attempts), job_tenant, enqueue.max_run_time,
-                enqueue.meta, enqueue.concurrency_key, new_state, dep_ids, left_count)
+                enqueue.meta, enqueue.concurrency_key, new_state, dep_ids, left_count, mode,
+                enqueue.batch, enqueue.notify_finished)
         RETURNING j.id INTO new_id;
     ELSE
         LOOP
             INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
                                        unique_key, tenant, max_run_time, meta, concurrency_key,
-                                       state, depends_on, dependencies_left)
+                                       state, depends_on, dependencies_left, dependency_mode, batch_id,
+                                       notify_finished)
             VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                     coalesce(enqueue.max_attempts, q.max_attempts), enqueue.unique_key, job_tenant,
                     enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key, new_state, dep_ids,
-                    left_count)
+                    left_count, mode, enqueue.batch, enqueue.notify_finished)
             ON CONFLICT (queue, unique_key)
                 WHERE unique_key IS NOT NULL AND state IN ('waiting', 'pending', 'running', 'outcome_unknown')
                 DO NOTHING
@@ -2430,6 +2883,12 @@ BEGIN
         END LOOP;
     END IF;
 
+    IF enqueue.batch IS NOT NULL THEN
+        PERFORM pgq._batch_added(enqueue.batch, 1);
+    END IF;
+    IF dep_ids IS NOT NULL THEN
+        INSERT INTO pgq.job_dependants (depends_on, job_id) SELECT d.id, new_id FROM unnest(dep_ids) AS d(id);
+    END IF;
     IF new_state = 'waiting' THEN
         PERFORM pgq._wait_for_dependencies(ARRAY[new_id], deps.open_ids, deps.ended_id, deps.ended_state);
         RETURN new_id;
@@ -2440,16 +2899,20 @@ BEGIN
     RETURN new_id;
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[]) IS
+COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean) IS
     'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it. '
     'meta: a JSON object (or NULL) kept with the job and returned by pgq.claim. depends_on: the job '
-    'waits until those jobs are done (cancelled if one fails or is cancelled).';
+    'waits until those jobs are done (dependency_mode all_done: cancelled if one fails or is cancelled) '
+    'or have ended however (all_ended). batch: joins that open batch. notify_finished: its end '
+    'notifies channel pgq_finished.';
 
 CREATE OR REPLACE FUNCTION pgq.enqueue_many(queue text, kind text, payloads jsonb[],
                                  run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
                                  max_attempts integer DEFAULT NULL, tenant text DEFAULT NULL,
                                  max_run_time interval DEFAULT NULL, meta jsonb DEFAULT NULL,
-                                 concurrency_key text DEFAULT NULL, depends_on bigint[] DEFAULT NULL)
+                                 concurrency_key text DEFAULT NULL, depends_on bigint[] DEFAULT NULL,
+                                 dependency_mode text DEFAULT 'all_done', batch bigint DEFAULT NULL,
+                                 notify_finished boolean DEFAULT false)
     RETURNS SETOF bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -2464,10 +2927,12 @@ DECLARE
     dep_ids    bigint[];
     left_count integer;
     new_ids    bigint[];
+    mode       text;
 BEGIN
     PERFORM pgq._check_enqueue(enqueue_many.queue, enqueue_many.kind, enqueue_many.run_at,
                                enqueue_many.priority, enqueue_many.max_attempts, enqueue_many.tenant,
                                enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key);
+    PERFORM pgq._check_workflow(enqueue_many.dependency_mode, enqueue_many.notify_finished);
     IF enqueue_many.payloads IS NULL THEN
         PERFORM pgq._bad_argument('payloads', 'must not be NULL');
     END IF;
@@ -2487,6 +2952,9 @@ BEGIN
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
+    IF enqueue_many.batch IS NOT NULL THEN
+        PERFORM pgq._join_batch(enqueue_many.batch);
+    END IF;
     -- The same dependencies for every job, as in pgq.enqueue. One call writes at most 10000 links
     -- (the product of the payloads and the jobs named, whatever their states: the same call is
     -- accepted or refused whenever it is made), as many as one pgq.enqueue naming 10000 jobs.
@@ -2502,23 +2970,30 @@ BEGIN
         IF cardinality(deps.ids) > 0 THEN
             dep_ids := deps.ids;
             left_count := cardinality(deps.open_ids);
+            mode := enqueue_many.dependency_mode;
+            IF mode = 'all_ended' THEN
+                deps.ended_id := NULL;  -- a failed or cancelled dependency has ended: it is not waited for
+            END IF;
             IF left_count > 0 OR deps.ended_id IS NOT NULL THEN
                 new_state := 'waiting';
             END IF;
         END IF;
     END IF;
+    IF enqueue_many.batch IS NOT NULL AND cardinality(enqueue_many.payloads) > 0 THEN
+        PERFORM pgq._batch_added(enqueue_many.batch, cardinality(enqueue_many.payloads));
+    END IF;
 
-    IF new_state = 'pending' THEN
+    IF new_state = 'pending' AND dep_ids IS NULL THEN
         -- Identity values are drawn in the order the rows are inserted, so ordering by id returns
         -- the ids in payload order.
         RETURN QUERY
         WITH inserted AS (
             INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant, max_run_time,
-                                  meta, concurrency_key, depends_on, dependencies_left)
+                                  meta, concurrency_key, batch_id, notify_finished)
             SELECT enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.priority,
                    enqueue_many.run_at, coalesce(enqueue_many.max_attempts, q.max_attempts),
                    job_tenant, enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key,
-                   dep_ids, left_count
+                   enqueue_many.batch, enqueue_many.notify_finished
             FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
             ORDER BY p.n
             RETURNING jobs.id
@@ -2533,23 +3008,30 @@ BEGIN
 
     WITH inserted AS (
         INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant, max_run_time,
-                              meta, concurrency_key, state, depends_on, dependencies_left)
+                              meta, concurrency_key, state, depends_on, dependencies_left, dependency_mode,
+                              batch_id, notify_finished)
         SELECT enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.priority,
                enqueue_many.run_at, coalesce(enqueue_many.max_attempts, q.max_attempts),
                job_tenant, enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key,
-               'waiting', dep_ids, left_count
+               new_state, dep_ids, left_count, mode, enqueue_many.batch, enqueue_many.notify_finished
         FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
         ORDER BY p.n
         RETURNING jobs.id
     )
     SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') INTO new_ids FROM inserted AS i;
-    PERFORM pgq._wait_for_dependencies(new_ids, deps.open_ids, deps.ended_id, deps.ended_state);
+    INSERT INTO pgq.job_dependants (depends_on, job_id)
+    SELECT d.id, n.id FROM unnest(dep_ids) AS d(id) CROSS JOIN unnest(new_ids) AS n(id);
+    IF new_state = 'waiting' THEN
+        PERFORM pgq._wait_for_dependencies(new_ids, deps.open_ids, deps.ended_id, deps.ended_state);
+    ELSIF q.notify AND enqueue_many.run_at <= pgq._now() AND cardinality(new_ids) > 0 THEN
+        PERFORM pg_notify('pgq', enqueue_many.queue);
+    END IF;
     RETURN QUERY SELECT unnest(new_ids);
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[]) IS
+COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean) IS
     'Adds one job per payload in one INSERT and returns their ids in payload order; each job '
-    'gets the same meta and the same depends_on.';
+    'gets the same meta, depends_on, dependency_mode, batch and notify_finished.';
 
 -- sql/functions/claim.sql -----------------------------------------------------------------------------
 
@@ -3463,6 +3945,51 @@ $$;
 COMMENT ON FUNCTION pgq.progress(bigint, integer, jsonb) IS
     'Stores the caller''s attempt''s checkpoint on the job (kept across retries); false when not yours.';
 
+-- The results of the caller's own running job's dependencies (its inputs), in dependency id order,
+-- those with ids above after_id, at most limit_rows: paged by the last dependency_id. Fenced like
+-- pgq.progress (the attempt, the login); a caller that does not own the attempt gets 55000. A
+-- dependency pruned since has a NULL state.
+CREATE OR REPLACE FUNCTION pgq.dependency_results(id bigint, attempt integer, limit_rows integer DEFAULT 100,
+                                                  after_id bigint DEFAULT NULL)
+    RETURNS TABLE (dependency_id bigint, state text, result jsonb, last_error text, finished_at timestamptz)
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET enable_seqscan = off
+    AS $$
+#variable_conflict use_column
+DECLARE
+    deps bigint[];
+BEGIN
+    PERFORM pgq._check_fence(dependency_results.id, dependency_results.attempt);
+    IF dependency_results.limit_rows IS NULL OR dependency_results.limit_rows NOT BETWEEN 1 AND 1000 THEN
+        PERFORM pgq._bad_argument('limit_rows',
+            format('must be between 1 and 1000, got %s', coalesce(dependency_results.limit_rows::text, 'NULL')),
+            'Page with after_id => the last dependency_id of the previous page.');
+    END IF;
+    SELECT j.depends_on INTO deps FROM pgq.jobs AS j
+    WHERE j.id = dependency_results.id AND j.attempt = dependency_results.attempt AND j.state = 'running'
+      AND pgq._owns(j.session_role);
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgq: job % attempt % is not running as this login''s', dependency_results.id,
+            dependency_results.attempt
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'A job''s dependency results are read by the owner of its running attempt.';
+    END IF;
+    RETURN QUERY
+    SELECT d.id, j.state::text, j.result, j.last_error, j.finished_at
+    FROM (SELECT x.id FROM unnest(deps) AS x(id)
+          WHERE x.id > coalesce(dependency_results.after_id, 0)
+          ORDER BY x.id LIMIT dependency_results.limit_rows) AS d
+    LEFT JOIN LATERAL (SELECT y.state, y.result, y.last_error, y.finished_at FROM pgq.jobs AS y
+                       WHERE y.id = d.id) AS j ON true
+    ORDER BY d.id;
+END
+$$;
+COMMENT ON FUNCTION pgq.dependency_results(bigint, integer, integer, bigint) IS
+    'The state, result, last_error and finished_at of the caller''s running job''s dependencies, in id '
+    'order after after_id, at most limit_rows; 55000 when the attempt is not the caller''s.';
+
 -- sql/functions/recovery.sql --------------------------------------------------------------------------
 
 -- sql/functions/recovery.sql: expired leases: their recovery, and pgq.sweep.
@@ -3556,6 +4083,12 @@ BEGIN
     -- job of max_jobs), then up to max_jobs dependants of the backlog (pgq.dependency_backlog).
     PERFORM pgq._settle_checks(least(10 * sweep.max_jobs, 100000));
     PERFORM pgq._work_backlog(sweep.max_jobs);
+    -- Batches: the next steps of cancelled batches' cancellation, and the callbacks of sealed
+    -- batches whose last members ended side by side (pgq._settle_batches).
+    IF EXISTS (SELECT FROM pgq.batches AS b WHERE b.sealed_at IS NOT NULL AND b.callback_job_id IS NULL)
+       OR EXISTS (SELECT FROM pgq.batches AS b WHERE b.cancel_after IS NOT NULL) THEN
+        PERFORM pgq._settle_batches(least(sweep.max_jobs, 1000), sweep.max_jobs);
+    END IF;
     -- Keeps pgq.finished_deltas short where no exporter calls pgq.metrics().
     PERFORM pgq._fold_finished();
     -- Forgets the per-key rate limits' buckets that are full again.
@@ -3567,7 +4100,8 @@ END
 $$;
 COMMENT ON FUNCTION pgq.sweep(integer) IS
     'Recovers up to max_jobs running jobs whose lease expired or whose attempt timed out (returns '
-    'how many), fires up to max_jobs due schedules, and moves up to max_jobs waiting dependants on.';
+    'how many), fires up to max_jobs due schedules, moves up to max_jobs waiting dependants on, and '
+    'settles batches (callbacks, cancellations).';
 
 -- sql/functions/cron.sql ------------------------------------------------------------------------------
 
@@ -4342,6 +4876,10 @@ BEGIN
                   HINT = 'Wait for that job to finish, or cancel it first.';
     END;
     PERFORM pgq._admin_event(job, 'retried', 'pending');
+    IF job.batch_id IS NOT NULL THEN
+        -- Its end is taken back: its next one counts (pgq._batch_member_ended).
+        PERFORM pgq._batch_member_ended(job.batch_id, job.state, -1);
+    END IF;
     PERFORM pgq._notify(job.queue);
     RETURN true;
 END
@@ -4433,11 +4971,21 @@ BEGIN
         LIMIT prune.max_jobs
         FOR UPDATE OF j SKIP LOCKED
     ), gone AS (
-        DELETE FROM pgq.jobs AS j USING doomed AS d WHERE j.id = d.id RETURNING j.id
+        DELETE FROM pgq.jobs AS j USING doomed AS d WHERE j.id = d.id RETURNING j.id, j.depends_on
     ), events AS (
         DELETE FROM pgq.job_events AS e USING gone AS g WHERE e.job_id = g.id
+    ), links AS (
+        DELETE FROM pgq.job_dependants AS l
+        USING (SELECT x.dep, g.id FROM gone AS g CROSS JOIN LATERAL unnest(g.depends_on) AS x(dep)
+               WHERE g.depends_on IS NOT NULL) AS k
+        WHERE l.depends_on = k.dep AND l.job_id = k.id
     )
     SELECT count(*) INTO deleted FROM gone;
+    -- Batches whose callback was enqueued before the same horizon (their counts with them).
+    DELETE FROM pgq.batches AS b
+    WHERE b.id IN (SELECT x.id FROM pgq.batches AS x
+                   WHERE x.finished_at < pgq._now() - coalesce(prune.older_than, interval '7 days')
+                   ORDER BY x.finished_at LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);
 
     -- Idle tenants, queue by queue under the queue's writer lock, taken without waiting and held
     -- (a session lock) only while they are deleted: an enqueue that read a tenant's row before
@@ -4593,6 +5141,91 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pgq.get_job(bigint) IS 'The job row; P0002 when there is no such job.';
+
+-- The outcome of one job, for the login that enqueued it, admins, and logins whose read grants
+-- admit its queue (monitors, for a queue without read grants); P0002 for anyone else, as for an
+-- unknown id. Not finished yet: its state, and NULLs.
+CREATE OR REPLACE FUNCTION pgq.job_result(id bigint)
+    RETURNS TABLE (state text, result jsonb, last_error text, finished_at timestamptz)
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    job pgq.jobs;
+    restricted text[];
+BEGIN
+    IF job_result.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = job_result.id;
+    IF FOUND THEN
+        restricted := (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = job.queue);
+    END IF;
+    IF NOT FOUND
+       OR NOT (job.enqueued_by = session_user
+               OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')
+               OR (pgq._may(job.queue, restricted, 'read')
+                   AND ('read' = ANY (coalesce(restricted, '{}'))
+                        OR pg_has_role(session_user, 'pgq_monitor', 'MEMBER')))) THEN
+        RAISE EXCEPTION 'pgq: no job with id %', job_result.id
+            USING ERRCODE = 'no_data_found',
+                  HINT = 'A job''s result is read by the login that enqueued it, by admins and by readers of its queue.';
+    END IF;
+    RETURN QUERY SELECT job.state::text, CASE WHEN job.state = 'done' THEN job.result END,
+                        CASE WHEN job.state IN ('done', 'failed', 'cancelled') THEN job.last_error END,
+                        job.finished_at;
+END
+$$;
+COMMENT ON FUNCTION pgq.job_result(bigint) IS
+    'A job''s state, result, last_error and finished_at, for the login that enqueued it, admins and '
+    'readers of its queue; P0002 for anyone else.';
+
+-- A job's links: its dependencies (its depends_on, id order) then its dependants (the jobs whose
+-- depends_on names it, id order: pgq.job_dependants), at most limit_rows of each, with their
+-- queue, kind and state (NULL for a job pruned since). Jobs of queues the login may not read are
+-- left out; the job itself must be readable (P0002 otherwise, as for an unknown id).
+CREATE OR REPLACE FUNCTION pgq.job_links(id bigint, limit_rows integer DEFAULT 100)
+    RETURNS TABLE (relation text, job_id bigint, queue text, kind text, state text)
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    AS $$
+#variable_conflict use_column
+DECLARE
+    job pgq.jobs;
+BEGIN
+    IF job_links.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    ELSIF job_links.limit_rows IS NULL OR job_links.limit_rows NOT BETWEEN 1 AND 1000 THEN
+        PERFORM pgq._bad_argument('limit_rows',
+            format('must be between 1 and 1000, got %s', coalesce(job_links.limit_rows::text, 'NULL')));
+    END IF;
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = job_links.id;
+    IF NOT FOUND OR NOT pgq._may_read(job.queue) THEN
+        RAISE EXCEPTION 'pgq: no job with id %', job_links.id
+            USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
+    END IF;
+    RETURN QUERY
+    SELECT 'dependency'::text, d.id, j.queue, j.kind, j.state::text
+    FROM (SELECT x.id FROM unnest(job.depends_on) AS x(id) ORDER BY x.id LIMIT job_links.limit_rows) AS d
+    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = d.id) AS j ON true
+    WHERE j.queue IS NULL OR pgq._may_read(j.queue)
+    ORDER BY d.id;
+    RETURN QUERY
+    SELECT 'dependant'::text, e.job_id, j.queue, j.kind, j.state::text
+    FROM (SELECT x.job_id FROM pgq.job_dependants AS x WHERE x.depends_on = job_links.id
+          ORDER BY x.depends_on, x.job_id LIMIT job_links.limit_rows) AS e
+    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = e.job_id) AS j ON true
+    WHERE j.queue IS NULL OR pgq._may_read(j.queue)
+    ORDER BY e.job_id;
+END
+$$;
+COMMENT ON FUNCTION pgq.job_links(bigint, integer) IS
+    'A job''s dependencies and dependants (relation, job_id, queue, kind, state), at most limit_rows of each.';
 
 -- A job's attempt history, oldest first (empty when its queue has audit off, or it was pruned).
 CREATE OR REPLACE FUNCTION pgq.job_history(id bigint)
@@ -5013,9 +5646,17 @@ $cleanup$;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC, pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
 
 GRANT EXECUTE ON FUNCTION
-    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[]),
-    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[])
+    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean),
+    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean),
+    pgq.batch_open(text, text, jsonb, text),
+    pgq.batch_close(bigint),
+    pgq.batch_status(bigint),
+    pgq.cancel_batch(bigint)
     TO pgq_producer;
+
+-- The outcome of a job: to the login that enqueued it (and readers of its queue), whichever pgq
+-- role it has.
+GRANT EXECUTE ON FUNCTION pgq.job_result(bigint) TO pgq_producer, pgq_worker, pgq_monitor;
 
 GRANT EXECUTE ON FUNCTION
     pgq.claim(text, text[], integer, interval, text[]),
@@ -5029,6 +5670,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.snooze(bigint, integer, interval),
     pgq.mark_unknown(bigint, integer, text),
     pgq.progress(bigint, integer, jsonb),
+    pgq.dependency_results(bigint, integer, integer, bigint),
     pgq.sweep(integer),
     pgq.rate_limit_wait(text[])
     TO pgq_worker;
@@ -5055,6 +5697,8 @@ GRANT EXECUTE ON FUNCTION
     pgq.health(interval, interval),
     pgq.get_job(bigint),
     pgq.job_history(bigint),
+    pgq.job_links(bigint, integer),
+    pgq.batch_status(bigint),
     pgq.list_jobs(text, text, text, integer, bigint),
     pgq.queue_status(text[]),
     pgq.schedules(),

@@ -80,7 +80,7 @@ def test_two_sessions_claiming_at_once_never_get_the_same_job_in_any_permutation
         dsn: str, conn: psycopg.Connection) -> None:
     assert len(PERMUTATIONS) == 20
     for permutation in PERMUTATIONS:
-        conn.execute("TRUNCATE pgq.jobs, pgq.job_events RESTART IDENTITY")
+        conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.job_dependants RESTART IDENTITY")
         with Harness(dsn, experiment=" ".join(permutation), step_timeout=10) as h:
             _claim_permutation(h, conn, permutation)
 

@@ -90,6 +90,7 @@ class MJob:
     last_event: str = "enqueued"
     completions: int = 0
     waiting_for: set[int] = field(default_factory=set)  # while waiting: the dependencies not done yet
+    mode: str = "all_done"  # dependency_mode: all_ended counts a failed or cancelled dependency as ended
 
 
 @dataclass
@@ -146,9 +147,11 @@ class Model:
         candidates = self.dependants(item.job, item.low, item.below)[:budget]
         used, cancelled = 0, []
         for j in candidates:
-            if item.state == "done":
+            if item.state == "done" or j.mode == "all_ended":
                 used += 1
                 j.waiting_for.discard(item.job)
+                if item.state != "done":
+                    EXERCISED["all_ended: counted a dependency that ended " + item.state] += 1
                 if not j.waiting_for:
                     j.state, j.last_event = "pending", "dependencies_done"
                     EXERCISED["released by the last dependency"] += 1
@@ -206,7 +209,8 @@ class QueueMachine(RuleBasedStateMachine):
         super().__init__()
         self.conn = psycopg.connect(self.dsn, autocommit=True)
         tables = [t for t in ("pgq.jobs", "pgq.job_events", "pgq.job_dependencies", "pgq.dependency_checks",
-                              "pgq.dependency_backlog") if self.q("SELECT to_regclass(%s) IS NOT NULL", (t,))]
+                              "pgq.dependency_backlog", "pgq.job_dependants")
+                  if self.q("SELECT to_regclass(%s) IS NOT NULL", (t,))]
         self.conn.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY")
         self.conn.execute("UPDATE pgq_test.clock SET shift = '0'")
         self.model = Model()
@@ -242,14 +246,21 @@ class QueueMachine(RuleBasedStateMachine):
         self.model.jobs[job_id] = MJob(job_id, priority, max_attempts, run_at=(0, self.model.tick()))
 
     @precondition(lambda self: self.model.jobs)
-    @rule(data=st.data(), max_attempts=st.sampled_from([3, 1, 2]))
-    def enqueue_dependant(self, data: st.DataObject, max_attempts: int) -> None:
+    @rule(data=st.data(), max_attempts=st.sampled_from([3, 1, 2]), mode=st.sampled_from(["all_done", "all_ended"]))
+    def enqueue_dependant(self, data: st.DataObject, max_attempts: int, mode: str) -> None:
         m = self.model
         deps = data.draw(st.lists(st.sampled_from(sorted(m.jobs)), min_size=1, max_size=3))
-        job_id = self.q("SELECT pgq.enqueue('q', 'k', '{}', max_attempts => %s, depends_on => %s)",
-                        (max_attempts, deps))
-        j = m.jobs[job_id] = MJob(job_id, 0, max_attempts, run_at=(0, m.tick()))
-        if any(m.jobs[d].state in ("failed", "cancelled") for d in deps):
+        job_id = self.q("SELECT pgq.enqueue('q', 'k', '{}', max_attempts => %s, depends_on => %s, "
+                        "dependency_mode => %s)", (max_attempts, deps, mode))
+        j = m.jobs[job_id] = MJob(job_id, 0, max_attempts, run_at=(0, m.tick()), mode=mode)
+        if mode == "all_ended":
+            j.waiting_for = {d for d in deps if m.jobs[d].state not in TERMINAL}
+            if j.waiting_for:
+                j.state = "waiting"
+                EXERCISED["all_ended: enqueued waiting"] += 1
+            else:
+                EXERCISED["all_ended: enqueued pending, its dependencies had ended"] += 1
+        elif any(m.jobs[d].state in ("failed", "cancelled") for d in deps):
             j.state, j.last_event = "cancelled", "dependency_ended"
             EXERCISED["enqueued cancelled: a dependency had ended"] += 1
         elif any(m.jobs[d].state != "done" for d in deps):
@@ -462,7 +473,10 @@ def test_the_sql_api_behaves_like_the_model_queue_step_by_step(dsn: str, conn: p
                "enqueued cancelled: a dependency had ended", "enqueued pending: its dependencies were done",
                "cancelled while waiting", "an end left dependants to the backlog",
                "the sweep moved dependants on from the backlog",
-               "an end in a recovery left its dependants to the sweep"} - set(EXERCISED)
+               "an end in a recovery left its dependants to the sweep", "all_ended: enqueued waiting",
+               "all_ended: counted a dependency that ended failed",
+               "all_ended: counted a dependency that ended cancelled",
+               "all_ended: enqueued pending, its dependencies had ended"} - set(EXERCISED)
     assert not missing, f"the runs never reached: {sorted(missing)} ({dict(EXERCISED)})"
 
 

@@ -35,6 +35,13 @@ API: dict[str, tuple[str, set[str]]] = {
     "mark_unknown": ("SELECT pgq.mark_unknown(1, 1, 'n')", WORKER),
     "progress": ("SELECT pgq.progress(1, 1, '{}')", WORKER),
     "sweep": ("SELECT pgq.sweep()", WORKER),
+    "dependency_results": ("SELECT * FROM pgq.dependency_results(1, 1)", WORKER),
+    "batch_open": ("SELECT pgq.batch_open('q', 'k')", PRODUCER),
+    "batch_close": ("SELECT pgq.batch_close(1)", PRODUCER),
+    "batch_status": ("SELECT * FROM pgq.batch_status(1)", PRODUCER | MONITOR),
+    "cancel_batch": ("SELECT pgq.cancel_batch(1)", PRODUCER),
+    "job_result": ("SELECT * FROM pgq.job_result(1)", {"pgq_producer", "pgq_worker", "pgq_monitor", "pgq_admin"}),
+    "job_links": ("SELECT * FROM pgq.job_links(1)", MONITOR),
     "cancel": ("SELECT pgq.cancel(1)", ADMIN),
     "retry": ("SELECT pgq.retry(1)", ADMIN),
     "resolve": ("SELECT pgq.resolve(1, 'done')", ADMIN),
@@ -77,7 +84,8 @@ TABLE_STATEMENTS = [
 TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "tenant", "schedules": "name",
           "fence": "timeline", "grants": "queue",
           "finished_counts": "total", "finished_deltas": "queue", "key_limits": "key", "key_rates": "key",
-          "key_slots": "slot", "rate_buckets": "rate"}
+          "key_slots": "slot", "rate_buckets": "rate", "job_dependants": "job_id", "batches": "run_when",
+          "batch_counts": "done"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:

@@ -95,6 +95,10 @@ BEGIN
                   HINT = 'Wait for that job to finish, or cancel it first.';
     END;
     PERFORM pgq._admin_event(job, 'retried', 'pending');
+    IF job.batch_id IS NOT NULL THEN
+        -- Its end is taken back: its next one counts (pgq._batch_member_ended).
+        PERFORM pgq._batch_member_ended(job.batch_id, job.state, -1);
+    END IF;
     PERFORM pgq._notify(job.queue);
     RETURN true;
 END
@@ -186,11 +190,21 @@ BEGIN
         LIMIT prune.max_jobs
         FOR UPDATE OF j SKIP LOCKED
     ), gone AS (
-        DELETE FROM pgq.jobs AS j USING doomed AS d WHERE j.id = d.id RETURNING j.id
+        DELETE FROM pgq.jobs AS j USING doomed AS d WHERE j.id = d.id RETURNING j.id, j.depends_on
     ), events AS (
         DELETE FROM pgq.job_events AS e USING gone AS g WHERE e.job_id = g.id
+    ), links AS (
+        DELETE FROM pgq.job_dependants AS l
+        USING (SELECT x.dep, g.id FROM gone AS g CROSS JOIN LATERAL unnest(g.depends_on) AS x(dep)
+               WHERE g.depends_on IS NOT NULL) AS k
+        WHERE l.depends_on = k.dep AND l.job_id = k.id
     )
     SELECT count(*) INTO deleted FROM gone;
+    -- Batches whose callback was enqueued before the same horizon (their counts with them).
+    DELETE FROM pgq.batches AS b
+    WHERE b.id IN (SELECT x.id FROM pgq.batches AS x
+                   WHERE x.finished_at < pgq._now() - coalesce(prune.older_than, interval '7 days')
+                   ORDER BY x.finished_at LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);
 
     -- Idle tenants, queue by queue under the queue's writer lock, taken without waiting and held
     -- (a session lock) only while they are deleted: an enqueue that read a tenant's row before

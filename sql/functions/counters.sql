@@ -24,12 +24,21 @@ BEGIN
         PERFORM pgq._dependency_ended(NEW.id, OLD.state, NEW.state, waited_for,
                                       NEW.last_event = 'dependency_ended');
     END IF;
+    -- A batch's member (pgq._batch_member_ended), a job someone awaits (pgq.job_result): two
+    -- tests of the row for every other job.
+    IF NEW.batch_id IS NOT NULL THEN
+        PERFORM pgq._batch_member_ended(NEW.batch_id, NEW.state);
+    END IF;
+    IF NEW.notify_finished THEN
+        PERFORM pg_notify('pgq_finished', NEW.id::text);
+    END IF;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION pgq._count_finished() IS
     'Trigger of pgq.jobs: records one transition into done, failed or cancelled in pgq.finished_deltas, '
-    'and moves the jobs waiting for it on (pgq._dependency_ended).';
+    'moves the jobs waiting for it on (pgq._dependency_ended), counts a batch member''s end and '
+    'notifies pgq_finished for a job enqueued with notify_finished.';
 
 -- Moves the deltas into the totals, in one transaction (so a reader sees each finished job once,
 -- in one table or the other). One fold at a time: a fold that finds another one running skips

@@ -179,9 +179,9 @@ $$;
 -- links it deletes: all of the dependant's own; at least one dependant). Each is locked first; one
 -- that another transaction holds is skipped (left for later) unless `patient`, when it is waited
 -- for until pgq._patience(), by polling. Done: each counts one dependency fewer, and the one at 0
--- becomes pending (its queue notified when it is due). Failed or cancelled: each is cancelled with
--- last_error naming the dependency (and the root, further down a chain); its trigger deletes its
--- links. Returns the budget used, whether dependants in the range are left (more), and those it
+-- becomes pending (its queue notified when it is due). Failed or cancelled: each that waits by
+-- all_done is cancelled with last_error naming the dependency (and the root, further down a
+-- chain; its trigger deletes its links), each that waits by all_ended counts it as a done one. Returns the budget used, whether dependants in the range are left (more), and those it
 -- cancelled that have dependants of their own, in id order (cancelled).
 CREATE OR REPLACE FUNCTION pgq._dependency_work(ended_id bigint, ended pgq.job_state, from_id bigint,
                                                 below_id bigint, root_id bigint, root_state pgq.job_state,
@@ -197,7 +197,9 @@ DECLARE
     candidates bigint[];  -- the first links' dependants, in id order
     locked     bigint[];  -- those this step holds
     picked     bigint[];  -- those it moves on (within the budget)
-    waiting    bigint[];  -- of those, the ones still waiting (the others only lose the link)
+    waiting    bigint[];  -- of those, the ones still waiting that it releases (or counts down)
+    doomed     bigint[];  -- and those still waiting that it cancels (all_done, and the end was no success)
+    unlinked   bigint[];  -- the picked ones whose link this step deleted
     due_queues text[];
     patience   timestamptz;
 BEGIN
@@ -228,52 +230,59 @@ BEGIN
     -- The newest versions of the rows it holds (this statement's snapshot is newer than the locks):
     -- as many as the budget allows, a release counting one, a cancellation the links it deletes (all
     -- the dependant's own), at least one. Read by id here, so that the writes below name only ids.
+    -- A dependant moves on by its own rule: one that waits for every dependency to be done is
+    -- cancelled by a failed or cancelled one; one that waits for every one to end (all_ended)
+    -- counts it as it counts a done one.
     SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}'),
-           coalesce(array_agg(c.id ORDER BY c.id) FILTER (WHERE c.state = 'waiting'), '{}'),
+           coalesce(array_agg(c.id ORDER BY c.id) FILTER (WHERE c.state = 'waiting' AND c.releases), '{}'),
+           coalesce(array_agg(c.id ORDER BY c.id) FILTER (WHERE c.state = 'waiting' AND NOT c.releases), '{}'),
            coalesce(max(c.total), 0)::integer
-    INTO picked, waiting, used
-    FROM (SELECT j.id, j.state,
-                 sum(CASE WHEN _dependency_work.ended = 'done' OR j.state <> 'waiting' THEN 1
+    INTO picked, waiting, doomed, used
+    FROM (SELECT j.id, j.state, r.releases,
+                 sum(CASE WHEN r.releases OR j.state <> 'waiting' THEN 1
                           ELSE greatest(j.dependencies_left, 1) END) OVER (ORDER BY j.id) AS total,
                  row_number() OVER (ORDER BY j.id) AS n
-          FROM pgq.jobs AS j WHERE j.id = ANY (locked)) AS c
+          FROM pgq.jobs AS j
+          CROSS JOIN LATERAL (SELECT _dependency_work.ended = 'done'
+                                     OR j.dependency_mode IS NOT DISTINCT FROM 'all_ended' AS releases) AS r
+          WHERE j.id = ANY (locked)) AS c
     WHERE c.total <= _dependency_work.budget OR c.n = 1;
     -- Each moves on only if this statement deletes its link to the ended job: a sweep that took
     -- the row after another one had moved it on (both read the link before either committed) finds
     -- no link and does nothing. (A link to a job that no longer waits goes too; there is none.)
     -- One array per id condition: two on one column made the index scan take their product.
-    IF _dependency_work.ended = 'done' THEN
-        WITH gone AS (
-            DELETE FROM pgq.job_dependencies AS d
-            WHERE d.depends_on = _dependency_work.ended_id AND d.job_id = ANY (picked)
-              AND (d.depends_on, d.job_id) >= (_dependency_work.ended_id, picked[1])
-              AND (d.depends_on, d.job_id) <= (_dependency_work.ended_id, picked[cardinality(picked)])
-            RETURNING d.job_id
-        ), released AS (
+    WITH gone AS (
+        DELETE FROM pgq.job_dependencies AS d
+        WHERE d.depends_on = _dependency_work.ended_id AND d.job_id = ANY (picked)
+          AND (d.depends_on, d.job_id) >= (_dependency_work.ended_id, picked[1])
+          AND (d.depends_on, d.job_id) <= (_dependency_work.ended_id, picked[cardinality(picked)])
+        RETURNING d.job_id
+    )
+    SELECT coalesce(array_agg(g.job_id), '{}') INTO unlinked FROM gone AS g;
+    IF cardinality(waiting) > 0 THEN
+        WITH released AS (
             UPDATE pgq.jobs AS j
             SET dependencies_left = j.dependencies_left - 1,
                 state = CASE WHEN j.dependencies_left = 1 THEN 'pending' ELSE 'waiting' END::pgq.job_state,
                 last_event = CASE WHEN j.dependencies_left = 1 THEN 'dependencies_done' ELSE j.last_event END
-            WHERE j.id = ANY (ARRAY(SELECT g.job_id FROM gone AS g WHERE g.job_id = ANY (waiting)))
+            WHERE j.id = ANY (ARRAY(SELECT u.id FROM unnest(unlinked) AS u(id) WHERE u.id = ANY (waiting)))
             RETURNING j.id, j.queue, j.attempt, j.state, j.run_at
         ), events AS (
             INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
             SELECT r.id, r.attempt, NULL, 'dependencies_done', 'waiting', 'pending',
-                   format('the last of its dependencies, job %s, is done', _dependency_work.ended_id)
+                   CASE WHEN _dependency_work.ended = 'done'
+                        THEN format('the last of its dependencies, job %s, is done', _dependency_work.ended_id)
+                        ELSE format('the last of its dependencies, job %s, has ended %s (all_ended)',
+                                    _dependency_work.ended_id, _dependency_work.ended) END
             FROM released AS r JOIN pgq.queues AS q ON q.name = r.queue AND q.audit
             WHERE r.state = 'pending'
         )
         SELECT array_agg(DISTINCT r.queue) INTO due_queues
         FROM released AS r WHERE r.state = 'pending' AND r.run_at <= pgq._now();
         PERFORM pgq._notify(n.queue) FROM unnest(due_queues) AS n(queue);
-    ELSE
-        WITH unlinked AS (
-            DELETE FROM pgq.job_dependencies AS d
-            WHERE d.depends_on = _dependency_work.ended_id AND d.job_id = ANY (picked)
-              AND (d.depends_on, d.job_id) >= (_dependency_work.ended_id, picked[1])
-              AND (d.depends_on, d.job_id) <= (_dependency_work.ended_id, picked[cardinality(picked)])
-            RETURNING d.job_id
-        ), gone AS (
+    END IF;
+    IF cardinality(doomed) > 0 THEN
+        WITH gone AS (
             UPDATE pgq.jobs AS j
             SET state = 'cancelled', finished_at = pgq._now(), last_event = 'dependency_ended',
                 last_error = CASE WHEN _dependency_work.ended_id = _dependency_work.root_id
@@ -282,7 +291,7 @@ BEGIN
                                   ELSE format('pgq: cancelled: its dependency, job %s, was cancelled because job %s, '
                                               'up its chain, ended %s', _dependency_work.ended_id,
                                               _dependency_work.root_id, _dependency_work.root_state) END
-            WHERE j.id = ANY (ARRAY(SELECT u.job_id FROM unlinked AS u WHERE u.job_id = ANY (waiting)))
+            WHERE j.id = ANY (ARRAY(SELECT u.id FROM unnest(unlinked) AS u(id) WHERE u.id = ANY (doomed)))
             RETURNING j.id, j.queue, j.attempt, j.last_error
         ), events AS (
             INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)

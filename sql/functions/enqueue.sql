@@ -39,12 +39,31 @@ BEGIN
 END
 $$;
 
+-- Validates pgq.enqueue's and pgq.enqueue_many's dependency_mode and notify_finished (22004 / 22023).
+CREATE OR REPLACE FUNCTION pgq._check_workflow(dependency_mode text, notify_finished boolean) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_workflow.dependency_mode IS NULL THEN
+        PERFORM pgq._bad_argument('dependency_mode', 'must not be NULL', 'Omit it for ''all_done''.');
+    ELSIF _check_workflow.dependency_mode NOT IN ('all_done', 'all_ended') THEN
+        PERFORM pgq._bad_argument('dependency_mode',
+            format('must be ''all_done'' or ''all_ended'', got %s', quote_literal(_check_workflow.dependency_mode)),
+            'all_done: released when every dependency is done; all_ended: when every one has ended, however.');
+    END IF;
+    IF _check_workflow.notify_finished IS NULL THEN
+        PERFORM pgq._bad_argument('notify_finished', 'must not be NULL', 'Omit it for false.');
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFAULT '{}',
                             run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
                             max_attempts integer DEFAULT NULL, unique_key text DEFAULT NULL,
                             tenant text DEFAULT NULL, max_run_time interval DEFAULT NULL,
                             meta jsonb DEFAULT NULL, concurrency_key text DEFAULT NULL,
-                            depends_on bigint[] DEFAULT NULL)
+                            depends_on bigint[] DEFAULT NULL, dependency_mode text DEFAULT 'all_done',
+                            batch bigint DEFAULT NULL, notify_finished boolean DEFAULT false)
     RETURNS bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -59,6 +78,7 @@ DECLARE
     new_state  pgq.job_state := 'pending';
     dep_ids    bigint[];
     left_count integer;
+    mode       text;
 BEGIN
     -- Every argument checked in one plain expression (no query, no nested call); only a call that
     -- fails it runs the checks that name the bad argument and raise. (The nested checks cost about
@@ -77,12 +97,15 @@ BEGIN
                                  AND pgq._is_span(enqueue.max_run_time), true)
                     AND (enqueue.meta IS NULL OR jsonb_typeof(enqueue.meta) = 'object'
                          AND pgq._jsonb_size(enqueue.meta) <= 1048576)
-                    AND coalesce(length(enqueue.concurrency_key) BETWEEN 1 AND 256, true), false) THEN
+                    AND coalesce(length(enqueue.concurrency_key) BETWEEN 1 AND 256, true)
+                    AND enqueue.dependency_mode IN ('all_done', 'all_ended')
+                    AND enqueue.notify_finished IS NOT NULL, false) THEN
         PERFORM pgq._check_enqueue(enqueue.queue, enqueue.kind, enqueue.run_at, enqueue.priority,
                                    enqueue.max_attempts, enqueue.tenant, enqueue.max_run_time, enqueue.meta,
                                    enqueue.concurrency_key);
         PERFORM pgq._check_payload('payload', enqueue.payload);
         PERFORM pgq._check_unique_key(enqueue.unique_key);
+        PERFORM pgq._check_workflow(enqueue.dependency_mode, enqueue.notify_finished);
     END IF;
     -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
     PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(enqueue.queue));
@@ -95,6 +118,9 @@ BEGIN
     END IF;
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
+    END IF;
+    IF enqueue.batch IS NOT NULL THEN
+        PERFORM pgq._join_batch(enqueue.batch);
     END IF;
     -- With dependencies: waiting for those not done yet (read, not locked: an end of one in flight
     -- now is settled by the check pgq._wait_for_dependencies leaves), or cancelled at once (below)
@@ -114,6 +140,10 @@ BEGIN
         IF cardinality(deps.ids) > 0 THEN
             dep_ids := deps.ids;
             left_count := cardinality(deps.open_ids);
+            mode := enqueue.dependency_mode;
+            IF mode = 'all_ended' THEN
+                deps.ended_id := NULL;  -- a failed or cancelled dependency has ended: it is not waited for
+            END IF;
             IF left_count > 0 OR deps.ended_id IS NOT NULL THEN
                 new_state := 'waiting';
             END IF;
@@ -124,20 +154,22 @@ BEGIN
         -- A plain INSERT: ON CONFLICT would make it a speculative insertion even without a key.
         INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant,
                                    max_run_time, meta, concurrency_key, state, depends_on,
-                                   dependencies_left)
+                                   dependencies_left, dependency_mode, batch_id, notify_finished)
         VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                 coalesce(enqueue.max_attempts, q.max_attempts), job_tenant, enqueue.max_run_time,
-                enqueue.meta, enqueue.concurrency_key, new_state, dep_ids, left_count)
+                enqueue.meta, enqueue.concurrency_key, new_state, dep_ids, left_count, mode,
+                enqueue.batch, enqueue.notify_finished)
         RETURNING j.id INTO new_id;
     ELSE
         LOOP
             INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
                                        unique_key, tenant, max_run_time, meta, concurrency_key,
-                                       state, depends_on, dependencies_left)
+                                       state, depends_on, dependencies_left, dependency_mode, batch_id,
+                                       notify_finished)
             VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                     coalesce(enqueue.max_attempts, q.max_attempts), enqueue.unique_key, job_tenant,
                     enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key, new_state, dep_ids,
-                    left_count)
+                    left_count, mode, enqueue.batch, enqueue.notify_finished)
             ON CONFLICT (queue, unique_key)
                 WHERE unique_key IS NOT NULL AND state IN ('waiting', 'pending', 'running', 'outcome_unknown')
                 DO NOTHING
@@ -155,6 +187,12 @@ BEGIN
         END LOOP;
     END IF;
 
+    IF enqueue.batch IS NOT NULL THEN
+        PERFORM pgq._batch_added(enqueue.batch, 1);
+    END IF;
+    IF dep_ids IS NOT NULL THEN
+        INSERT INTO pgq.job_dependants (depends_on, job_id) SELECT d.id, new_id FROM unnest(dep_ids) AS d(id);
+    END IF;
     IF new_state = 'waiting' THEN
         PERFORM pgq._wait_for_dependencies(ARRAY[new_id], deps.open_ids, deps.ended_id, deps.ended_state);
         RETURN new_id;
@@ -165,16 +203,20 @@ BEGIN
     RETURN new_id;
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[]) IS
+COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean) IS
     'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it. '
     'meta: a JSON object (or NULL) kept with the job and returned by pgq.claim. depends_on: the job '
-    'waits until those jobs are done (cancelled if one fails or is cancelled).';
+    'waits until those jobs are done (dependency_mode all_done: cancelled if one fails or is cancelled) '
+    'or have ended however (all_ended). batch: joins that open batch. notify_finished: its end '
+    'notifies channel pgq_finished.';
 
 CREATE OR REPLACE FUNCTION pgq.enqueue_many(queue text, kind text, payloads jsonb[],
                                  run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
                                  max_attempts integer DEFAULT NULL, tenant text DEFAULT NULL,
                                  max_run_time interval DEFAULT NULL, meta jsonb DEFAULT NULL,
-                                 concurrency_key text DEFAULT NULL, depends_on bigint[] DEFAULT NULL)
+                                 concurrency_key text DEFAULT NULL, depends_on bigint[] DEFAULT NULL,
+                                 dependency_mode text DEFAULT 'all_done', batch bigint DEFAULT NULL,
+                                 notify_finished boolean DEFAULT false)
     RETURNS SETOF bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -189,10 +231,12 @@ DECLARE
     dep_ids    bigint[];
     left_count integer;
     new_ids    bigint[];
+    mode       text;
 BEGIN
     PERFORM pgq._check_enqueue(enqueue_many.queue, enqueue_many.kind, enqueue_many.run_at,
                                enqueue_many.priority, enqueue_many.max_attempts, enqueue_many.tenant,
                                enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key);
+    PERFORM pgq._check_workflow(enqueue_many.dependency_mode, enqueue_many.notify_finished);
     IF enqueue_many.payloads IS NULL THEN
         PERFORM pgq._bad_argument('payloads', 'must not be NULL');
     END IF;
@@ -212,6 +256,9 @@ BEGIN
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
+    IF enqueue_many.batch IS NOT NULL THEN
+        PERFORM pgq._join_batch(enqueue_many.batch);
+    END IF;
     -- The same dependencies for every job, as in pgq.enqueue. One call writes at most 10000 links
     -- (the product of the payloads and the jobs named, whatever their states: the same call is
     -- accepted or refused whenever it is made), as many as one pgq.enqueue naming 10000 jobs.
@@ -227,23 +274,30 @@ BEGIN
         IF cardinality(deps.ids) > 0 THEN
             dep_ids := deps.ids;
             left_count := cardinality(deps.open_ids);
+            mode := enqueue_many.dependency_mode;
+            IF mode = 'all_ended' THEN
+                deps.ended_id := NULL;  -- a failed or cancelled dependency has ended: it is not waited for
+            END IF;
             IF left_count > 0 OR deps.ended_id IS NOT NULL THEN
                 new_state := 'waiting';
             END IF;
         END IF;
     END IF;
+    IF enqueue_many.batch IS NOT NULL AND cardinality(enqueue_many.payloads) > 0 THEN
+        PERFORM pgq._batch_added(enqueue_many.batch, cardinality(enqueue_many.payloads));
+    END IF;
 
-    IF new_state = 'pending' THEN
+    IF new_state = 'pending' AND dep_ids IS NULL THEN
         -- Identity values are drawn in the order the rows are inserted, so ordering by id returns
         -- the ids in payload order.
         RETURN QUERY
         WITH inserted AS (
             INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant, max_run_time,
-                                  meta, concurrency_key, depends_on, dependencies_left)
+                                  meta, concurrency_key, batch_id, notify_finished)
             SELECT enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.priority,
                    enqueue_many.run_at, coalesce(enqueue_many.max_attempts, q.max_attempts),
                    job_tenant, enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key,
-                   dep_ids, left_count
+                   enqueue_many.batch, enqueue_many.notify_finished
             FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
             ORDER BY p.n
             RETURNING jobs.id
@@ -258,20 +312,27 @@ BEGIN
 
     WITH inserted AS (
         INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant, max_run_time,
-                              meta, concurrency_key, state, depends_on, dependencies_left)
+                              meta, concurrency_key, state, depends_on, dependencies_left, dependency_mode,
+                              batch_id, notify_finished)
         SELECT enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.priority,
                enqueue_many.run_at, coalesce(enqueue_many.max_attempts, q.max_attempts),
                job_tenant, enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key,
-               'waiting', dep_ids, left_count
+               new_state, dep_ids, left_count, mode, enqueue_many.batch, enqueue_many.notify_finished
         FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
         ORDER BY p.n
         RETURNING jobs.id
     )
     SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') INTO new_ids FROM inserted AS i;
-    PERFORM pgq._wait_for_dependencies(new_ids, deps.open_ids, deps.ended_id, deps.ended_state);
+    INSERT INTO pgq.job_dependants (depends_on, job_id)
+    SELECT d.id, n.id FROM unnest(dep_ids) AS d(id) CROSS JOIN unnest(new_ids) AS n(id);
+    IF new_state = 'waiting' THEN
+        PERFORM pgq._wait_for_dependencies(new_ids, deps.open_ids, deps.ended_id, deps.ended_state);
+    ELSIF q.notify AND enqueue_many.run_at <= pgq._now() AND cardinality(new_ids) > 0 THEN
+        PERFORM pg_notify('pgq', enqueue_many.queue);
+    END IF;
     RETURN QUERY SELECT unnest(new_ids);
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[]) IS
+COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean) IS
     'Adds one job per payload in one INSERT and returns their ids in payload order; each job '
-    'gets the same meta and the same depends_on.';
+    'gets the same meta, depends_on, dependency_mode, batch and notify_finished.';

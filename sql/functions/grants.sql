@@ -11,9 +11,17 @@
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC, pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
 
 GRANT EXECUTE ON FUNCTION
-    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[]),
-    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[])
+    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean),
+    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean),
+    pgq.batch_open(text, text, jsonb, text),
+    pgq.batch_close(bigint),
+    pgq.batch_status(bigint),
+    pgq.cancel_batch(bigint)
     TO pgq_producer;
+
+-- The outcome of a job: to the login that enqueued it (and readers of its queue), whichever pgq
+-- role it has.
+GRANT EXECUTE ON FUNCTION pgq.job_result(bigint) TO pgq_producer, pgq_worker, pgq_monitor;
 
 GRANT EXECUTE ON FUNCTION
     pgq.claim(text, text[], integer, interval, text[]),
@@ -27,6 +35,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.snooze(bigint, integer, interval),
     pgq.mark_unknown(bigint, integer, text),
     pgq.progress(bigint, integer, jsonb),
+    pgq.dependency_results(bigint, integer, integer, bigint),
     pgq.sweep(integer),
     pgq.rate_limit_wait(text[])
     TO pgq_worker;
@@ -53,6 +62,8 @@ GRANT EXECUTE ON FUNCTION
     pgq.health(interval, interval),
     pgq.get_job(bigint),
     pgq.job_history(bigint),
+    pgq.job_links(bigint, integer),
+    pgq.batch_status(bigint),
     pgq.list_jobs(text, text, text, integer, bigint),
     pgq.queue_status(text[]),
     pgq.schedules(),

@@ -111,6 +111,91 @@ END
 $$;
 COMMENT ON FUNCTION pgq.get_job(bigint) IS 'The job row; P0002 when there is no such job.';
 
+-- The outcome of one job, for the login that enqueued it, admins, and logins whose read grants
+-- admit its queue (monitors, for a queue without read grants); P0002 for anyone else, as for an
+-- unknown id. Not finished yet: its state, and NULLs.
+CREATE OR REPLACE FUNCTION pgq.job_result(id bigint)
+    RETURNS TABLE (state text, result jsonb, last_error text, finished_at timestamptz)
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    job pgq.jobs;
+    restricted text[];
+BEGIN
+    IF job_result.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = job_result.id;
+    IF FOUND THEN
+        restricted := (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = job.queue);
+    END IF;
+    IF NOT FOUND
+       OR NOT (job.enqueued_by = session_user
+               OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')
+               OR (pgq._may(job.queue, restricted, 'read')
+                   AND ('read' = ANY (coalesce(restricted, '{}'))
+                        OR pg_has_role(session_user, 'pgq_monitor', 'MEMBER')))) THEN
+        RAISE EXCEPTION 'pgq: no job with id %', job_result.id
+            USING ERRCODE = 'no_data_found',
+                  HINT = 'A job''s result is read by the login that enqueued it, by admins and by readers of its queue.';
+    END IF;
+    RETURN QUERY SELECT job.state::text, CASE WHEN job.state = 'done' THEN job.result END,
+                        CASE WHEN job.state IN ('done', 'failed', 'cancelled') THEN job.last_error END,
+                        job.finished_at;
+END
+$$;
+COMMENT ON FUNCTION pgq.job_result(bigint) IS
+    'A job''s state, result, last_error and finished_at, for the login that enqueued it, admins and '
+    'readers of its queue; P0002 for anyone else.';
+
+-- A job's links: its dependencies (its depends_on, id order) then its dependants (the jobs whose
+-- depends_on names it, id order: pgq.job_dependants), at most limit_rows of each, with their
+-- queue, kind and state (NULL for a job pruned since). Jobs of queues the login may not read are
+-- left out; the job itself must be readable (P0002 otherwise, as for an unknown id).
+CREATE OR REPLACE FUNCTION pgq.job_links(id bigint, limit_rows integer DEFAULT 100)
+    RETURNS TABLE (relation text, job_id bigint, queue text, kind text, state text)
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    AS $$
+#variable_conflict use_column
+DECLARE
+    job pgq.jobs;
+BEGIN
+    IF job_links.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    ELSIF job_links.limit_rows IS NULL OR job_links.limit_rows NOT BETWEEN 1 AND 1000 THEN
+        PERFORM pgq._bad_argument('limit_rows',
+            format('must be between 1 and 1000, got %s', coalesce(job_links.limit_rows::text, 'NULL')));
+    END IF;
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = job_links.id;
+    IF NOT FOUND OR NOT pgq._may_read(job.queue) THEN
+        RAISE EXCEPTION 'pgq: no job with id %', job_links.id
+            USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
+    END IF;
+    RETURN QUERY
+    SELECT 'dependency'::text, d.id, j.queue, j.kind, j.state::text
+    FROM (SELECT x.id FROM unnest(job.depends_on) AS x(id) ORDER BY x.id LIMIT job_links.limit_rows) AS d
+    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = d.id) AS j ON true
+    WHERE j.queue IS NULL OR pgq._may_read(j.queue)
+    ORDER BY d.id;
+    RETURN QUERY
+    SELECT 'dependant'::text, e.job_id, j.queue, j.kind, j.state::text
+    FROM (SELECT x.job_id FROM pgq.job_dependants AS x WHERE x.depends_on = job_links.id
+          ORDER BY x.depends_on, x.job_id LIMIT job_links.limit_rows) AS e
+    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = e.job_id) AS j ON true
+    WHERE j.queue IS NULL OR pgq._may_read(j.queue)
+    ORDER BY e.job_id;
+END
+$$;
+COMMENT ON FUNCTION pgq.job_links(bigint, integer) IS
+    'A job''s dependencies and dependants (relation, job_id, queue, kind, state), at most limit_rows of each.';
+
 -- A job's attempt history, oldest first (empty when its queue has audit off, or it was pruned).
 CREATE OR REPLACE FUNCTION pgq.job_history(id bigint)
     RETURNS SETOF pgq.job_events

@@ -454,3 +454,48 @@ END
 $$;
 COMMENT ON FUNCTION pgq.progress(bigint, integer, jsonb) IS
     'Stores the caller''s attempt''s checkpoint on the job (kept across retries); false when not yours.';
+
+-- The results of the caller's own running job's dependencies (its inputs), in dependency id order,
+-- those with ids above after_id, at most limit_rows: paged by the last dependency_id. Fenced like
+-- pgq.progress (the attempt, the login); a caller that does not own the attempt gets 55000. A
+-- dependency pruned since has a NULL state.
+CREATE OR REPLACE FUNCTION pgq.dependency_results(id bigint, attempt integer, limit_rows integer DEFAULT 100,
+                                                  after_id bigint DEFAULT NULL)
+    RETURNS TABLE (dependency_id bigint, state text, result jsonb, last_error text, finished_at timestamptz)
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET enable_seqscan = off
+    AS $$
+#variable_conflict use_column
+DECLARE
+    deps bigint[];
+BEGIN
+    PERFORM pgq._check_fence(dependency_results.id, dependency_results.attempt);
+    IF dependency_results.limit_rows IS NULL OR dependency_results.limit_rows NOT BETWEEN 1 AND 1000 THEN
+        PERFORM pgq._bad_argument('limit_rows',
+            format('must be between 1 and 1000, got %s', coalesce(dependency_results.limit_rows::text, 'NULL')),
+            'Page with after_id => the last dependency_id of the previous page.');
+    END IF;
+    SELECT j.depends_on INTO deps FROM pgq.jobs AS j
+    WHERE j.id = dependency_results.id AND j.attempt = dependency_results.attempt AND j.state = 'running'
+      AND pgq._owns(j.session_role);
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgq: job % attempt % is not running as this login''s', dependency_results.id,
+            dependency_results.attempt
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'A job''s dependency results are read by the owner of its running attempt.';
+    END IF;
+    RETURN QUERY
+    SELECT d.id, j.state::text, j.result, j.last_error, j.finished_at
+    FROM (SELECT x.id FROM unnest(deps) AS x(id)
+          WHERE x.id > coalesce(dependency_results.after_id, 0)
+          ORDER BY x.id LIMIT dependency_results.limit_rows) AS d
+    LEFT JOIN LATERAL (SELECT y.state, y.result, y.last_error, y.finished_at FROM pgq.jobs AS y
+                       WHERE y.id = d.id) AS j ON true
+    ORDER BY d.id;
+END
+$$;
+COMMENT ON FUNCTION pgq.dependency_results(bigint, integer, integer, bigint) IS
+    'The state, result, last_error and finished_at of the caller''s running job''s dependencies, in id '
+    'order after after_id, at most limit_rows; 55000 when the attempt is not the caller''s.';

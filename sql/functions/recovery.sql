@@ -89,6 +89,12 @@ BEGIN
     -- job of max_jobs), then up to max_jobs dependants of the backlog (pgq.dependency_backlog).
     PERFORM pgq._settle_checks(least(10 * sweep.max_jobs, 100000));
     PERFORM pgq._work_backlog(sweep.max_jobs);
+    -- Batches: the next steps of cancelled batches' cancellation, and the callbacks of sealed
+    -- batches whose last members ended side by side (pgq._settle_batches).
+    IF EXISTS (SELECT FROM pgq.batches AS b WHERE b.sealed_at IS NOT NULL AND b.callback_job_id IS NULL)
+       OR EXISTS (SELECT FROM pgq.batches AS b WHERE b.cancel_after IS NOT NULL) THEN
+        PERFORM pgq._settle_batches(least(sweep.max_jobs, 1000), sweep.max_jobs);
+    END IF;
     -- Keeps pgq.finished_deltas short where no exporter calls pgq.metrics().
     PERFORM pgq._fold_finished();
     -- Forgets the per-key rate limits' buckets that are full again.
@@ -100,4 +106,5 @@ END
 $$;
 COMMENT ON FUNCTION pgq.sweep(integer) IS
     'Recovers up to max_jobs running jobs whose lease expired or whose attempt timed out (returns '
-    'how many), fires up to max_jobs due schedules, and moves up to max_jobs waiting dependants on.';
+    'how many), fires up to max_jobs due schedules, moves up to max_jobs waiting dependants on, and '
+    'settles batches (callbacks, cancellations).';

@@ -1,0 +1,400 @@
+-- sql/functions/batches.sql: batches: their members' counts and the one callback.
+
+-- How a batch is counted without a hot row (issue 26):
+--
+-- * pgq.batch_open writes the batch row and 16 count shards (pgq.batch_counts). A member's enqueue
+--   holds the batch row FOR SHARE (so pgq.batch_close, which updates it, waits for the enqueues in
+--   flight and no member joins a sealed batch) and adds to one shard; a member's end (the trigger
+--   of pgq.jobs: pgq._count_finished) adds to one shard and never locks the batch row. The shard is
+--   the first one, from the backend's own (pg_backend_pid() % 16), that no other transaction holds
+--   (SKIP LOCKED; one it holds itself is taken again): members of one batch end side by side, and
+--   only with more than 16 transactions counting into one batch at once does one wait for another.
+-- * Once the batch is sealed, a member's end sums the 16 shards; when every member added has ended,
+--   it locks the batch row and, if no callback is recorded yet, enqueues it (pgq._finish_batch):
+--   exactly once, since the callback's id is read and written under that lock. Two ends that are
+--   the last two at once in different shards each see the other's as not yet committed and neither
+--   enqueues it; pgq.sweep settles that (pgq._settle_batches: every sealed batch without a callback,
+--   by batches_unsettled_idx). So the callback is enqueued in the transaction of the last end, or
+--   when ends overlapped at the very end, by the first sweep after they committed; never twice,
+--   never before the last member has ended.
+-- * pgq.retry of a failed or cancelled member takes its end back (a shard's count goes down), so
+--   its next end counts once. A member retried after the callback was enqueued changes the counts
+--   pgq.batch_status shows, not the callback.
+-- * pgq.cancel_batch seals the batch, marks it cancelled and cancels its members that have not
+--   started, at most pgq._dependency_step() of them per call, walking jobs_batch_idx from where the
+--   last step stopped (batches.cancel_after); the sweep takes the next steps.
+-- Every function here runs as the owner; every name is schema-qualified.
+
+-- The shard of `batch` this transaction counts into, locked (FOR NO KEY UPDATE): the first one
+-- from the backend's own that no other transaction holds, or, when all 16 are held, the backend's
+-- own, waited for.
+CREATE OR REPLACE FUNCTION pgq._batch_shard(batch bigint) RETURNS smallint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    own   smallint := (pg_backend_pid() % 16)::smallint;
+    taken smallint;
+BEGIN
+    SELECT c.shard INTO taken FROM pgq.batch_counts AS c
+    WHERE c.batch_id = _batch_shard.batch
+    ORDER BY (c.shard - own + 16) % 16
+    LIMIT 1
+    FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        taken := own;
+        PERFORM FROM pgq.batch_counts AS c WHERE c.batch_id = _batch_shard.batch AND c.shard = own
+        FOR NO KEY UPDATE;
+    END IF;
+    RETURN taken;
+END
+$$;
+
+-- The batch's counts: members added, and those ended done, failed and cancelled (sums of its
+-- shards, as this statement sees them).
+CREATE OR REPLACE FUNCTION pgq._batch_sums(batch bigint, OUT added bigint, OUT done bigint,
+                                           OUT failed bigint, OUT cancelled bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(sum(c.added), 0)::bigint, coalesce(sum(c.done), 0)::bigint,
+           coalesce(sum(c.failed), 0)::bigint, coalesce(sum(c.cancelled), 0)::bigint
+    FROM pgq.batch_counts AS c WHERE c.batch_id = _batch_sums.batch
+$$;
+
+-- For pgq.enqueue and pgq.enqueue_many with `batch`, before they insert: the batch row, held FOR
+-- SHARE to this transaction's end (pgq.batch_close waits for it). 22023 naming batch for an unknown
+-- id, 55000 for a sealed or cancelled batch.
+CREATE OR REPLACE FUNCTION pgq._join_batch(batch bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    b pgq.batches;
+BEGIN
+    SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _join_batch.batch FOR SHARE;
+    IF NOT FOUND THEN
+        PERFORM pgq._bad_argument('batch', format('names no batch with id %s', _join_batch.batch),
+            'A batch is opened by pgq.batch_open, which returns its id.');
+    ELSIF b.sealed_at IS NOT NULL THEN
+        RAISE EXCEPTION 'pgq: batch % is %, no member can join it', _join_batch.batch,
+            CASE WHEN b.cancelled_at IS NOT NULL THEN 'cancelled' ELSE 'sealed' END
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Members join a batch between pgq.batch_open and pgq.batch_close (argument batch).';
+    END IF;
+END
+$$;
+
+-- For pgq.enqueue and pgq.enqueue_many: `n` members have joined `batch` (after pgq._join_batch).
+CREATE OR REPLACE FUNCTION pgq._batch_added(batch bigint, n bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    mine smallint := pgq._batch_shard(_batch_added.batch);
+BEGIN
+    UPDATE pgq.batch_counts AS c SET added = c.added + _batch_added.n
+    WHERE c.batch_id = _batch_added.batch AND c.shard = mine;
+END
+$$;
+
+-- Called by pgq._count_finished when a member of `batch` ends `state` (by -1 from pgq.retry,
+-- which takes an end back): counts it in one shard; once the batch is sealed, enqueues its callback
+-- if this was the last member to end.
+CREATE OR REPLACE FUNCTION pgq._batch_member_ended(batch bigint, state pgq.job_state, n integer DEFAULT 1)
+    RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    mine   smallint := pgq._batch_shard(_batch_member_ended.batch);
+    sealed boolean;
+    sums   record;
+BEGIN
+    UPDATE pgq.batch_counts AS c
+    SET done = c.done + CASE WHEN _batch_member_ended.state = 'done' THEN n ELSE 0 END,
+        failed = c.failed + CASE WHEN _batch_member_ended.state = 'failed' THEN n ELSE 0 END,
+        cancelled = c.cancelled + CASE WHEN _batch_member_ended.state = 'cancelled' THEN n ELSE 0 END
+    WHERE c.batch_id = _batch_member_ended.batch AND c.shard = mine;
+    SELECT b.sealed_at IS NOT NULL AND b.callback_job_id IS NULL INTO sealed
+    FROM pgq.batches AS b WHERE b.id = _batch_member_ended.batch;
+    IF sealed AND n > 0 THEN
+        sums := pgq._batch_sums(_batch_member_ended.batch);
+        IF sums.done + sums.failed + sums.cancelled >= sums.added THEN
+            PERFORM pgq._finish_batch(_batch_member_ended.batch, false);
+        END IF;
+    END IF;
+END
+$$;
+
+-- Enqueues the callback of the sealed batch `batch` if every member has ended and none is
+-- recorded yet, under the batch row's lock (taken here: FOR UPDATE, waited for unless `skip`,
+-- when a batch row another transaction holds is left for later). Returns whether it enqueued it.
+-- The callback: the batch's callback queue, kind and payload, meta {"batch": {id, members, done,
+-- failed, cancelled}}, enqueued by the batch's opener; cancelled at once (last_error says why)
+-- when the batch was cancelled, or runs when all_done and a member failed or was cancelled.
+CREATE OR REPLACE FUNCTION pgq._finish_batch(batch bigint, skip boolean) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    b      pgq.batches;
+    sums   record;
+    q      pgq.queues;
+    job_id bigint;
+    why    text;
+BEGIN
+    IF skip THEN
+        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _finish_batch.batch FOR UPDATE SKIP LOCKED;
+    ELSE
+        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _finish_batch.batch FOR UPDATE;
+    END IF;
+    IF NOT FOUND OR b.sealed_at IS NULL OR b.callback_job_id IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    sums := pgq._batch_sums(b.id);
+    IF sums.done + sums.failed + sums.cancelled < sums.added THEN
+        RETURN false;
+    END IF;
+    IF b.cancelled_at IS NOT NULL THEN
+        why := format('pgq: cancelled: its batch %s was cancelled', b.id);
+    ELSIF b.run_when = 'all_done' AND sums.failed + sums.cancelled > 0 THEN
+        why := format('pgq: cancelled: %s of the %s members of its batch %s failed and %s were cancelled '
+                      '(run_when all_done)', sums.failed, sums.added, b.id, sums.cancelled);
+    END IF;
+    -- The queue's writer lock, shared, as an enqueue takes it (see pgq.drop_queue).
+    PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(b.callback_queue));
+    q := pgq._queue(b.callback_queue);
+    INSERT INTO pgq.jobs AS j (queue, kind, payload, max_attempts, tenant, meta, enqueued_by)
+    VALUES (b.callback_queue, b.callback_kind, b.callback_payload, q.max_attempts,
+            CASE WHEN q.fair THEN pgq._fair_tenant(q.name, NULL) END,
+            jsonb_build_object('batch', jsonb_build_object('id', b.id, 'members', sums.added, 'done', sums.done,
+                                                           'failed', sums.failed, 'cancelled', sums.cancelled)),
+            b.opened_by)
+    RETURNING j.id INTO job_id;
+    IF why IS NOT NULL THEN
+        -- An update, not an insert in that state: the finished counters count it (their trigger).
+        UPDATE pgq.jobs AS j
+        SET state = 'cancelled', finished_at = pgq._now(), last_event = 'batch_ended', last_error = why
+        WHERE j.id = job_id;
+    ELSIF q.notify THEN
+        PERFORM pg_notify('pgq', b.callback_queue);
+    END IF;
+    UPDATE pgq.batches AS x SET callback_job_id = job_id, finished_at = pgq._now() WHERE x.id = b.id;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgq._finish_batch(bigint, boolean) IS
+    'Enqueues a sealed batch''s callback once every member has ended and none is recorded yet.';
+
+-- One step of a cancelled batch's cancellation: up to `max_members` of its members from
+-- cancel_after on (jobs_batch_idx, in id order), those not started (waiting or pending; one another
+-- transaction holds is passed over) cancelled. Moves cancel_after on (NULL once past the last
+-- member). The caller holds the batch row. Returns how many it cancelled.
+CREATE OR REPLACE FUNCTION pgq._cancel_batch_step(batch bigint, max_members integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    AS $$
+DECLARE
+    after   bigint := (SELECT b.cancel_after FROM pgq.batches AS b WHERE b.id = _cancel_batch_step.batch);
+    seen    bigint[];
+    gone    integer;
+BEGIN
+    IF after IS NULL THEN
+        RETURN 0;
+    END IF;
+    seen := ARRAY(SELECT j.id FROM pgq.jobs AS j
+                  WHERE j.batch_id = _cancel_batch_step.batch AND j.id > after
+                  ORDER BY j.batch_id, j.id LIMIT _cancel_batch_step.max_members);
+    WITH doomed AS (
+        SELECT j.id, j.state FROM pgq.jobs AS j
+        WHERE j.id = ANY (seen) AND j.state IN ('waiting', 'pending')
+        ORDER BY j.id FOR NO KEY UPDATE SKIP LOCKED
+    ), cancelled AS (
+        UPDATE pgq.jobs AS j
+        SET state = 'cancelled', lease_until = NULL, finished_at = pgq._now(), last_event = 'cancelled',
+            last_error = format('pgq: cancelled: its batch %s was cancelled', _cancel_batch_step.batch)
+        FROM doomed AS d WHERE j.id = d.id AND j.state IN ('waiting', 'pending')
+        RETURNING j.id, j.queue, j.attempt, j.last_error, d.state AS was
+    ), events AS (
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+        SELECT c.id, c.attempt, NULL, 'cancelled', c.was, 'cancelled', c.last_error
+        FROM cancelled AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
+    )
+    SELECT count(*) INTO gone FROM cancelled;
+    UPDATE pgq.batches AS b
+    SET cancel_after = CASE WHEN cardinality(seen) < _cancel_batch_step.max_members THEN NULL
+                            ELSE seen[cardinality(seen)] END
+    WHERE b.id = _cancel_batch_step.batch;
+    RETURN gone;
+END
+$$;
+
+-- The sweep's part: the cancellations of cancelled batches, up to max_members members, and the
+-- sealed batches without a callback whose members have all ended (ends that overlapped at the very
+-- end), up to max_batches of them, oldest first; batch rows another transaction holds are left for
+-- the next sweep. Returns how many callbacks it enqueued.
+CREATE OR REPLACE FUNCTION pgq._settle_batches(max_batches integer, max_members integer) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r        record;
+    enqueued integer := 0;
+    left_over integer := max_members;
+BEGIN
+    FOR r IN SELECT b.id FROM pgq.batches AS b WHERE b.cancel_after IS NOT NULL ORDER BY b.id LIMIT max_batches LOOP
+        EXIT WHEN left_over <= 0;
+        CONTINUE WHEN NOT EXISTS (SELECT FROM pgq.batches AS b WHERE b.id = r.id FOR UPDATE SKIP LOCKED);
+        left_over := left_over - pgq._cancel_batch_step(r.id, left_over);
+    END LOOP;
+    FOR r IN SELECT b.id FROM pgq.batches AS b WHERE b.sealed_at IS NOT NULL AND b.callback_job_id IS NULL
+             ORDER BY b.id LIMIT max_batches LOOP
+        IF pgq._finish_batch(r.id, true) THEN
+            enqueued := enqueued + 1;
+        END IF;
+    END LOOP;
+    RETURN enqueued;
+END
+$$;
+
+-- The batch `id` for a call of its opener (or an admin): the row, locked FOR UPDATE when `lock`;
+-- P0002 for an unknown id or a batch another login opened.
+CREATE OR REPLACE FUNCTION pgq._own_batch(id bigint, lock boolean) RETURNS pgq.batches
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    b pgq.batches;
+BEGIN
+    IF _own_batch.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    IF lock THEN
+        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _own_batch.id FOR UPDATE;
+    ELSE
+        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _own_batch.id;
+    END IF;
+    IF NOT FOUND OR NOT (b.opened_by = session_user OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')) THEN
+        RAISE EXCEPTION 'pgq: no batch with id %', _own_batch.id
+            USING ERRCODE = 'no_data_found', HINT = 'A batch is seen by the login that opened it, and by admins.';
+    END IF;
+    RETURN b;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgq.batch_open(callback_queue text, callback_kind text,
+                                          callback_payload jsonb DEFAULT '{}', run_when text DEFAULT 'all_ended')
+    RETURNS bigint
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    q      pgq.queues;
+    new_id bigint;
+BEGIN
+    PERFORM pgq._check_name('callback_queue', batch_open.callback_queue);
+    PERFORM pgq._check_name('callback_kind', batch_open.callback_kind);
+    PERFORM pgq._check_payload('callback_payload', batch_open.callback_payload);
+    IF batch_open.run_when IS NULL OR batch_open.run_when NOT IN ('all_ended', 'all_done') THEN
+        PERFORM pgq._bad_argument('run_when', format('must be ''all_ended'' or ''all_done'', got %s',
+                                                     coalesce(quote_literal(batch_open.run_when), 'NULL')));
+    END IF;
+    SELECT * INTO q FROM pgq.queues AS s WHERE s.name = batch_open.callback_queue;
+    IF FOUND AND q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'enqueue') THEN
+        PERFORM pgq._denied(q.name, 'enqueue');
+    END IF;
+    INSERT INTO pgq.batches AS b (opened_by, callback_queue, callback_kind, callback_payload, run_when)
+    VALUES (session_user, batch_open.callback_queue, batch_open.callback_kind, batch_open.callback_payload,
+            batch_open.run_when)
+    RETURNING b.id INTO new_id;
+    INSERT INTO pgq.batch_counts (batch_id, shard) SELECT new_id, s FROM generate_series(0, 15) AS s;
+    RETURN new_id;
+END
+$$;
+COMMENT ON FUNCTION pgq.batch_open(text, text, jsonb, text) IS
+    'Opens a batch and returns its id: members join it by enqueue(..., batch => id); once it is sealed '
+    '(pgq.batch_close) and its last member has ended, one callback job is enqueued.';
+
+CREATE OR REPLACE FUNCTION pgq.batch_close(id bigint)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    b pgq.batches := pgq._own_batch(batch_close.id, true);
+BEGIN
+    IF b.sealed_at IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    UPDATE pgq.batches AS x SET sealed_at = pgq._now() WHERE x.id = b.id;
+    PERFORM pgq._finish_batch(b.id, false);
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgq.batch_close(bigint) IS
+    'Seals a batch (no member joins it after): true when this call sealed it, false when it was sealed; '
+    'an empty batch''s callback is enqueued at once. P0002: unknown, or another login''s.';
+
+CREATE OR REPLACE FUNCTION pgq.batch_status(id bigint)
+    RETURNS TABLE (batch_id bigint, state text, opened_by text, callback_queue text, callback_kind text,
+                   run_when text, members bigint, unfinished bigint, done bigint, failed bigint,
+                   cancelled bigint, callback_job_id bigint, created_at timestamptz, sealed_at timestamptz,
+                   finished_at timestamptz)
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    b    pgq.batches;
+    sums record;
+BEGIN
+    IF batch_status.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    SELECT * INTO b FROM pgq.batches AS x WHERE x.id = batch_status.id;
+    IF NOT FOUND OR NOT (b.opened_by = session_user OR pg_has_role(session_user, 'pgq_monitor', 'MEMBER')
+                         OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')) THEN
+        RAISE EXCEPTION 'pgq: no batch with id %', batch_status.id
+            USING ERRCODE = 'no_data_found',
+                  HINT = 'A batch is seen by the login that opened it, by monitors and by admins.';
+    END IF;
+    sums := pgq._batch_sums(b.id);
+    RETURN QUERY SELECT b.id,
+        CASE WHEN b.cancelled_at IS NOT NULL THEN 'cancelled' WHEN b.callback_job_id IS NOT NULL THEN 'finished'
+             WHEN b.sealed_at IS NOT NULL THEN 'sealed' ELSE 'open' END,
+        b.opened_by, b.callback_queue, b.callback_kind, b.run_when, sums.added,
+        greatest(sums.added - sums.done - sums.failed - sums.cancelled, 0), sums.done, sums.failed, sums.cancelled,
+        b.callback_job_id, b.created_at, b.sealed_at, b.finished_at;
+END
+$$;
+COMMENT ON FUNCTION pgq.batch_status(bigint) IS
+    'A batch''s state (open, sealed, finished, cancelled), its members'' counts by state and its callback '
+    'job once enqueued. P0002 for logins other than its opener, monitors and admins.';
+
+CREATE OR REPLACE FUNCTION pgq.cancel_batch(id bigint)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    b    pgq.batches := pgq._own_batch(cancel_batch.id, true);
+    gone integer := 0;
+BEGIN
+    IF b.cancelled_at IS NULL THEN
+        UPDATE pgq.batches AS x
+        SET cancelled_at = pgq._now(), sealed_at = coalesce(x.sealed_at, pgq._now()), cancel_after = 0
+        WHERE x.id = b.id;
+    END IF;
+    gone := pgq._cancel_batch_step(b.id, pgq._dependency_step());
+    -- A callback enqueued already and not started is cancelled too.
+    IF b.callback_job_id IS NOT NULL THEN
+        UPDATE pgq.jobs AS j
+        SET state = 'cancelled', finished_at = pgq._now(), last_event = 'cancelled',
+            last_error = format('pgq: cancelled: its batch %s was cancelled', b.id)
+        WHERE j.id = b.callback_job_id AND j.state IN ('waiting', 'pending');
+    END IF;
+    PERFORM pgq._finish_batch(b.id, false);
+    RETURN gone;
+END
+$$;
+COMMENT ON FUNCTION pgq.cancel_batch(bigint) IS
+    'Cancels a batch: seals it, cancels up to 1000 of its members that have not started (returns how many; '
+    'pgq.sweep cancels the rest) and its callback. P0002: unknown, or another login''s.';
