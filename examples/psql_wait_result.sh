@@ -75,7 +75,8 @@ if [[ -n $DSN ]]; then args+=(-d "$DSN"); fi
 if [[ -n $JOB ]]; then args+=(-v id="$JOB"); fi
 coproc PSQL { exec psql "${args[@]}" 2>&1; }
 exec {TO_PSQL}>&"${PSQL[1]}" {FROM_PSQL}<&"${PSQL[0]}"
-trap 'echo "\\q" >&"$TO_PSQL" 2>/dev/null; exec {TO_PSQL}>&-' EXIT
+# At exit psql is told to quit; it may be gone already (after an error): no SIGPIPE for that.
+trap 'trap "" PIPE; echo "\\q" >&"$TO_PSQL" 2>/dev/null; exec {TO_PSQL}>&-' EXIT
 
 # Sends the SQL on stdin followed by a marker, and collects psql's output up to the marker into
 # the array OUT. A notification for our job seen on the way sets NOTIFIED. psql stops at the first

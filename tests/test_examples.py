@@ -401,3 +401,4 @@ def test_a_waiter_refuses_a_bad_job_id_and_reports_an_unknown_one(
     waiter = start_waiter(waiter_command, dsn, "--job", "999999", "--timeout", "5")
     _, stderr = finish(waiter)
     assert waiter.returncode == 1, stderr
+    assert "no job with id 999999" in stderr
