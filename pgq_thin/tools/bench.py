@@ -984,8 +984,9 @@ def _batch_load(conn: psycopg.Connection, n: int, batch: int | None) -> None:
     """n no-op jobs in QUEUE, 5,000 per enqueue_many, members of ``batch`` (None: plain jobs)."""
     for start in range(0, n, 5000):
         conn.execute("SELECT count(*) FROM pgq.enqueue_many(queue => %s, kind => 'noop',"
-                     " payloads => ARRAY(SELECT jsonb_build_object('n', g) FROM generate_series(%s, %s) AS g),"
-                     " batch => %s)", (QUEUE, start + 1, min(n, start + 5000), batch))
+                     " payloads => ARRAY(SELECT jsonb_build_object('n', g)"
+                     " FROM generate_series(%s::integer, %s::integer) AS g),"
+                     " batch => %s::bigint)", (QUEUE, start + 1, min(n, start + 5000), batch))
     conn.execute("VACUUM ANALYZE pgq.jobs")
 
 
