@@ -17,8 +17,9 @@
 //
 // Prints the outcome as one line of JSON on stdout, the same line psql_wait_result.sh prints:
 //   {"id" : 42, "state" : "done", "result" : {...}, "last_error" : null, "finished_at" : "..."}
-// Exit status: 0 done; 3 failed or cancelled; 4 timed out (stderr names the job and its state then);
-// 1 an error (SQL or connection); 2 bad usage. Without --timeout it waits as long as it takes.
+// Exit status, as pgq-thin wait's: 0 done; 1 failed or cancelled, or an error (SQL or connection:
+// said on stderr, nothing on stdout); 3 not ended within --timeout (stderr names the job and its
+// state then); 2 bad usage. Without --timeout it waits as long as it takes.
 //
 // A job enqueued with notify_finished => true makes the transaction that ends it (done, failed or
 // cancelled) run pg_notify('pgq_finished', '<job id>'); other jobs notify nothing. The channel
@@ -103,11 +104,11 @@ async function main() {
       if (FINAL.has(state)) {
         console.log(line);
         if (state !== "done") log(`job ${jobId} ended ${state}`);
-        return state === "done" ? 0 : 3;
+        return state === "done" ? 0 : 1;
       }
       if (deadline !== null && Date.now() >= deadline) {
         log(`timed out after ${timeout} s: job ${jobId} is still ${state}`);
-        return 4;
+        return 3;
       }
       log(`job ${jobId} is ${state}; waiting for its notification`);
       const timer = new AbortController();

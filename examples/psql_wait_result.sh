@@ -17,8 +17,9 @@
 #
 # Prints the outcome as one line of JSON on stdout, the same line node_wait_result.mjs prints:
 #   {"id" : 42, "state" : "done", "result" : {...}, "last_error" : null, "finished_at" : "..."}
-# Exit status: 0 done; 3 failed or cancelled; 4 timed out (stderr names the job and its state then);
-# 1 an error (SQL or connection); 2 bad usage. Without --timeout it waits as long as it takes.
+# Exit status, as pgq-thin wait's: 0 done; 1 failed or cancelled, or an error (SQL or connection:
+# said on stderr, nothing on stdout); 3 not ended within --timeout (stderr names the job and its
+# state then); 2 bad usage. Without --timeout it waits as long as it takes.
 #
 # How it works. A job enqueued with notify_finished => true makes the transaction that ends it (done,
 # failed or cancelled) run pg_notify('pgq_finished', '<job id>'); other jobs notify nothing, so the
@@ -51,7 +52,7 @@ while (($#)); do
     case $1 in
         --job) JOB=${2-}; shift 2 || usage "--job needs a job id" ;;
         --timeout) TIMEOUT=${2-}; shift 2 || usage "--timeout needs a number of seconds" ;;
-        -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) usage "unknown argument: $1 (try --help)" ;;
     esac
 done
@@ -126,7 +127,7 @@ finish() {
     echo "$RESULT"
     case $STATE in
         done) exit 0 ;;
-        *) log "job $JOB ended $STATE"; exit 3 ;;
+        *) log "job $JOB ended $STATE"; exit 1 ;;
     esac
 }
 
@@ -139,7 +140,7 @@ while :; do
             read_result  # the last word: it may have ended since the last tick
             case $STATE in done|failed|cancelled) finish ;; esac
             log "timed out after ${TIMEOUT} s: job $JOB is still $STATE"
-            exit 4
+            exit 3
         fi
         sleep "$TICK"
         send <<'SQL'

@@ -333,7 +333,7 @@ def test_a_waiter_prints_the_result_once_a_worker_completes_its_job(
     assert one(conn, "SELECT %s::timestamptz = %s", (out["finished_at"], finished_at))
 
 
-def test_a_waiter_whose_job_fails_for_good_prints_the_error_and_exits_3(
+def test_a_waiter_whose_job_fails_for_good_prints_the_error_and_exits_1(
         waiter_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
     waiter = start_waiter(waiter_command, dsn, "--timeout", "60", QUEUE="results")
     try:
@@ -346,7 +346,7 @@ def test_a_waiter_whose_job_fails_for_good_prints_the_error_and_exits_3(
         if waiter.poll() is None:
             waiter.kill()
             waiter.wait()
-    assert waiter.returncode == 3, stderr
+    assert waiter.returncode == 1, stderr
     assert f"job {job_id} ended failed" in stderr
     out = printed(stdout)
     assert (out["id"], out["state"], out["result"], out["last_error"]) == (
@@ -366,7 +366,7 @@ def test_a_waiter_sees_a_job_that_ended_before_it_listened(
     assert "waiting" not in stderr
 
 
-def test_a_waiter_on_a_cancelled_job_exits_3(
+def test_a_waiter_on_a_cancelled_job_exits_1(
         waiter_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
     job_id = enqueue(conn, "results", {"n": 1}, notify_finished=True)
     waiter = start_waiter(waiter_command, dsn, "--job", str(job_id), "--timeout", "60")
@@ -378,7 +378,7 @@ def test_a_waiter_on_a_cancelled_job_exits_3(
         if waiter.poll() is None:
             waiter.kill()
             waiter.wait()
-    assert waiter.returncode == 3, stderr
+    assert waiter.returncode == 1, stderr
     assert printed(stdout)["state"] == "cancelled"
 
 
@@ -387,7 +387,7 @@ def test_a_waiter_that_times_out_names_the_job_and_its_state(
     job_id = enqueue(conn, "results", {"n": 1}, notify_finished=True)
     waiter = start_waiter(waiter_command, dsn, "--job", str(job_id), "--timeout", "0.3")
     stdout, stderr = finish(waiter)
-    assert waiter.returncode == 4, stderr
+    assert waiter.returncode == 3, stderr
     assert stdout == ""
     assert f"job {job_id} is still pending" in stderr
 
@@ -397,8 +397,9 @@ def test_a_waiter_refuses_a_bad_job_id_and_reports_an_unknown_one(
     waiter = start_waiter(waiter_command, dsn, "--job", "12; DROP TABLE pgq.jobs")
     _, stderr = finish(waiter)
     assert waiter.returncode == 2 and "--job takes a job id" in stderr
-    # An id the login may not read is answered as unknown (P0002): an error, exit status 1.
+    # An id the login may not read is answered as unknown (P0002): an error, exit status 1 with
+    # nothing on stdout (a job that ended badly prints its outcome).
     waiter = start_waiter(waiter_command, dsn, "--job", "999999", "--timeout", "5")
-    _, stderr = finish(waiter)
-    assert waiter.returncode == 1, stderr
+    stdout, stderr = finish(waiter)
+    assert waiter.returncode == 1 and stdout == "", stderr
     assert "no job with id 999999" in stderr
