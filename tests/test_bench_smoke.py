@@ -91,6 +91,7 @@ def test_the_batch_workload_drains_members_beside_plain_jobs_and_sees_one_callba
     assert runs["ratio"] == runs["batch"]["median"] / runs["plain"]["median"]
     assert runs["within_spread"] == (runs["batch"]["median"] >= runs["plain"]["min"])
     assert runs["callbacks"] == [1, 1] and runs["meta_matches"] and runs["status_matches"], runs
+    assert set(runs["callback_by"]) <= {"end", "sweep"} and len(runs["callback_by"]) == 2
     assert runs["status"] == ["finished"]
     table = (tmp_path / "bench.md").read_text()
     assert "### A batch's members drained beside the same plain jobs (60 jobs each" in table
