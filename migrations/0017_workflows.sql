@@ -14,8 +14,13 @@
 -- * pgq.batches and pgq.batch_counts: a batch, and its member counts in 16 shards. A member's
 --   enqueue or end updates one shard row (the first one no other transaction holds), so members
 --   of one batch end side by side; the sum of 16 rows says when the last one has ended.
--- * jobs_batch_idx: a batch's members in id order, for pgq.cancel_batch's bounded steps. Partial:
---   jobs outside batches write no entry.
+-- * pgq.batch_members: a batch's members in id order (pgq.cancel_batch's bounded steps), written
+--   for members only.
+--
+-- The columns are added by one ALTER TABLE: it holds ACCESS EXCLUSIVE on pgq.jobs for an instant
+-- (no rewrite, no scan: NULLs and a constant default), after waiting for the transactions that use
+-- the table (workers' are short; a session that keeps one open makes the migration give up after
+-- its lock_timeout, changing nothing: run it again). No index is built on pgq.jobs.
 SET LOCAL lock_timeout = '5s';
 
 ALTER TABLE pgq.jobs
@@ -85,5 +90,11 @@ COMMENT ON TABLE pgq.batch_counts IS
     'A batch''s members added and ended, by state, in 16 shards: their sums are the batch''s counts.';
 REVOKE ALL ON pgq.batch_counts FROM PUBLIC;
 
-CREATE INDEX jobs_batch_idx ON pgq.jobs (batch_id, id) WHERE batch_id IS NOT NULL;
-COMMENT ON INDEX pgq.jobs_batch_idx IS 'A batch''s members in id order (pgq.cancel_batch).';
+CREATE TABLE pgq.batch_members (
+    batch_id bigint NOT NULL,
+    job_id   bigint NOT NULL,
+    CONSTRAINT batch_members_pkey PRIMARY KEY (batch_id, job_id)
+);
+COMMENT ON TABLE pgq.batch_members IS
+    'The members of each batch, in id order (pgq.cancel_batch); deleted with the member by pgq.prune.';
+REVOKE ALL ON pgq.batch_members FROM PUBLIC;

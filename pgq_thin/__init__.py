@@ -10,14 +10,19 @@ from pgq_thin.errors import (
     JobNotFound,
     PermissionDenied,
     PgqError,
+    WaitTimeout,
     WrongState,
 )
 from pgq_thin.migrate import migrate
 from pgq_thin.models import (
+    BatchStatus,
+    DependencyResult,
     HealthFinding,
     Job,
     JobEvent,
+    JobLink,
     JobRecord,
+    JobResult,
     QueueGrant,
     QueueMetrics,
     QueueSettings,
@@ -31,7 +36,12 @@ from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Retry, Snoo
 __all__ = [
     "AsyncClient",
     "AsyncWorker",
+    "BatchStatus",
     "Client",
+    "DependencyResult",
+    "JobLink",
+    "JobResult",
+    "WaitTimeout",
     "HealthFinding",
     "JobEvent",
     "JobRecord",

@@ -6,18 +6,25 @@ both send the descriptions in pgq_thin.calls.
         job_id = await client.enqueue("default", "send_email", {"to": "a@example.com"})
 
 Producers can pass ``conn=`` (a psycopg.AsyncConnection) to enqueue inside their own transaction.
+``await client.wait(job_id, timeout=...)`` waits for a job to end, as Client.wait does.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from pgq_thin.calls import READING, Call, PgqCalls
-from pgq_thin.client import resolve_dsn
+from pgq_thin import queries
+from pgq_thin.calls import READING, Call, Interval, PgqCalls
+from pgq_thin.client import WAIT_POLL_INTERVAL, Waiting, resolve_dsn
 from pgq_thin.errors import InvalidArgument, translated
+from pgq_thin.models import JobResult
 
 __all__ = ["AsyncClient"]
 
@@ -62,6 +69,46 @@ class AsyncClient(PgqCalls):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def wait(self, job_id: int, timeout: Interval | None = None, *,
+                   poll_interval: Interval = WAIT_POLL_INTERVAL) -> JobResult:
+        """Wait for the job to end and return its pgq.job_result: Client.wait, awaited (WaitTimeout
+        when it has not ended within ``timeout``)."""
+        waiting = Waiting(job_id, timeout, poll_interval)
+        await self.open()
+        async with self._finished_listener(waiting) as conn:
+            while True:
+                seen = await self._send(waiting.on(conn))
+                if seen.finished:
+                    return seen
+                pause = waiting.pause(seen)
+                if conn is None:
+                    await asyncio.sleep(pause)
+                    continue
+                with translated():
+                    async with aclosing(conn.notifies(timeout=pause)) as notifies:
+                        async for notify in notifies:
+                            if notify.payload == waiting.payload:
+                                break
+
+    @asynccontextmanager
+    async def _finished_listener(self, waiting: Waiting) -> AsyncIterator[psycopg.AsyncConnection[Any] | None]:
+        """A connection of its own LISTENing on pgq_finished (None behind a pooling proxy)."""
+        if self.pooled:
+            yield None
+            return
+        pool = self.pool
+        # A pool's conninfo and kwargs may be functions, or coroutine functions, that make them.
+        conninfo = await _made(pool.conninfo)
+        kwargs = await _made(pool.kwargs)
+        with translated():
+            conn = await pool.connection_class.connect(conninfo, **waiting.listen_kwargs(kwargs))
+        try:
+            with translated():
+                await conn.execute(queries.LISTEN_FINISHED)
+            yield conn
+        finally:
+            await conn.close()
+
     # The one place a statement is sent ----------------------------------------------------------
 
     async def _send(self, call: Call[T]) -> T:
@@ -82,3 +129,12 @@ class AsyncClient(PgqCalls):
             cur.row_factory = call.rows  # type: ignore[assignment]  # psycopg's factories serve both cursors
         await cur.execute(call.query, call.params, prepare=self._prepare)
         return call.read(await cur.fetchall())
+
+
+async def _made(setting: Any) -> Any:
+    """A pool's setting: the value, or what the function (or coroutine function) given makes."""
+    if callable(setting):
+        setting = setting()
+        if inspect.isawaitable(setting):
+            setting = await setting
+    return setting

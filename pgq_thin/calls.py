@@ -21,13 +21,17 @@ from psycopg.rows import RowFactory, args_row, dict_row
 from psycopg.types.json import Jsonb, JsonbBinaryLoader, JsonbLoader
 
 from pgq_thin import queries, tracecontext
-from pgq_thin.errors import BadArgument, BadArgumentType
+from pgq_thin.errors import BadArgument, BadArgumentType, JobNotFound
 from pgq_thin.models import (
+    BatchStatus,
     CompletedAndClaimed,
+    DependencyResult,
     HealthFinding,
     Job,
     JobEvent,
+    JobLink,
     JobRecord,
+    JobResult,
     QueueGrant,
     QueueLimits,
     QueueMetrics,
@@ -87,10 +91,13 @@ _PYTHON_NAMES = {"id": "job_id", "ids": "job_ids"}
 #: A parameter not listed gets the checks of its value's type only.
 _WANT: dict[str, type] = {
     **dict.fromkeys(("queue", "kind", "worker", "unique_key", "tenant", "error", "note", "state", "name", "cron",
-                     "timezone", "role", "privilege", "concurrency_key", "key"), str),
+                     "timezone", "role", "privilege", "concurrency_key", "key", "dependency_mode",
+                     "callback_queue", "callback_kind", "run_when"), str),
     **dict.fromkeys(("priority", "max_attempts", "batch", "id", "attempt", "max_jobs", "max_running", "weight",
-                     "limit_rows", "before_id", "key_max_running", "rate_limit", "key_rate_limit"), int),
-    **dict.fromkeys(("retryable", "notify", "audit", "fair", "skip_if_running", "enabled"), bool),
+                     "limit_rows", "before_id", "key_max_running", "rate_limit", "key_rate_limit", "batch_id",
+                     "after_id"), int),
+    **dict.fromkeys(("retryable", "notify", "audit", "fair", "skip_if_running", "enabled", "notify_finished"),
+                    bool),
 }
 
 _INT8 = 2 ** 63
@@ -178,6 +185,18 @@ def _interval(name: str, value: Interval | None) -> timedelta | None:
         return timedelta(seconds=seconds)
     except OverflowError:  # within a rounding of the limit
         raise _refused(name, f"must be at most {timedelta.max.days} days either way, got {_shown(value)}") from None
+
+
+def seconds(name: str, value: Interval, *, positive: bool = False) -> float:
+    """An interval argument of the client itself (not a SQL function's: wait's timeout) as a number
+    of seconds, 0 or more (``positive``: more than 0); a BadArgument naming it otherwise."""
+    interval = _interval(name, value)
+    if interval is None:
+        raise _refused(name, "must be a timedelta or a number of seconds, got None", type_error=True)
+    total = interval.total_seconds()
+    if total < 0 or (positive and total == 0):
+        raise _refused(name, f"must be {'more than 0' if positive else '0 or more'} seconds, got {_shown(total)}")
+    return total
 
 
 def _listed(name: str, value: Any, what: str) -> list[Any]:
@@ -320,6 +339,9 @@ def enqueue(
     trace_context: bool = True,
     concurrency_key: str | None = None,
     depends_on: Sequence[int] | None = None,
+    dependency_mode: str = "all_done",
+    batch: int | None = None,
+    notify_finished: bool = False,
     conn: CallerConnection | None = None,
 ) -> Call[int]:
     """pgq.enqueue: add one job, now or at ``run_at``; returns its id. With ``conn``, the job
@@ -328,8 +350,11 @@ def enqueue(
     (``Job.meta``); with opentelemetry-api and a current span, the span's W3C trace context is
     added under ``meta["otel"]`` (unless ``trace_context=False`` or meta has an "otel" key);
     ``concurrency_key`` puts the job under the queue's per-key limit; ``depends_on`` (job ids)
-    makes it wait (state ``waiting``) until those jobs are done, and cancels it if one of them
-    fails or is cancelled."""
+    makes it wait (state ``waiting``): with ``dependency_mode="all_done"`` until those jobs are
+    done (cancelled if one of them fails or is cancelled), with ``"all_ended"`` until each has
+    ended, whatever the mix (its handler reads how with ``JobContext.dependency_results()``).
+    ``batch``: a member of that open batch (batch_open). ``notify_finished``: its end is notified
+    on the channel pgq_finished, so that ``wait`` returns at once."""
 
     def read(rows: list[Any]) -> int:
         job_id = int(rows[0][0])
@@ -342,6 +367,7 @@ def enqueue(
         "unique_key": unique_key, "tenant": tenant, "max_run_time": _interval("max_run_time", max_run_time),
         "meta": _meta(meta, trace_context),
         "concurrency_key": concurrency_key, "depends_on": _ints("depends_on", depends_on),
+        "dependency_mode": dependency_mode, "batch": batch, "notify_finished": notify_finished,
     }, read, conn=conn)
 
 
@@ -359,16 +385,93 @@ def enqueue_many(
     trace_context: bool = True,
     concurrency_key: str | None = None,
     depends_on: Sequence[int] | None = None,
+    dependency_mode: str = "all_done",
+    batch: int | None = None,
+    notify_finished: bool = False,
     conn: CallerConnection | None = None,
 ) -> Call[list[int]]:
     """pgq.enqueue_many: add one job per payload in one statement; ids in payload order. Every
-    job gets the same ``meta`` (with the trace context, as enqueue's) and the same ``depends_on``."""
+    job gets the same ``meta`` (with the trace context, as enqueue's) and the same ``depends_on``,
+    ``dependency_mode``, ``batch`` and ``notify_finished``."""
     return Call(queries.ENQUEUE_MANY, {
         "queue": queue, "kind": kind, "payloads": _jsons("payloads", payloads),
         "run_at": run_at, "priority": priority, "max_attempts": max_attempts, "tenant": tenant,
         "max_run_time": _interval("max_run_time", max_run_time), "meta": _meta(meta, trace_context),
         "concurrency_key": concurrency_key, "depends_on": _ints("depends_on", depends_on),
+        "dependency_mode": dependency_mode, "batch": batch, "notify_finished": notify_finished,
     }, _ids, conn=conn)
+
+
+# Batches and results ------------------------------------------------------------------------------
+
+
+def _found(cls: type[T], what: str, key: int) -> Callable[[list[Any]], T]:
+    """Reads the one row of a function that raises P0002 for an unknown id (a JobNotFound the
+    same, should it answer no row instead)."""
+
+    def read(rows: list[Any]) -> T:
+        if not rows:
+            raise JobNotFound(f"pgq: no {what} with id {key}", "P0002")
+        return record(cls, rows[0])
+
+    return read
+
+
+def batch_open(callback_queue: str, callback_kind: str, callback_payload: dict[str, Any] | None = None,
+               run_when: str = "all_ended") -> Call[int]:
+    """pgq.batch_open: open a batch; returns its id. Add members with ``enqueue(..., batch=id)``
+    (from any transaction, a member's handler too) and seal it with ``batch_close``; then, once
+    every member has ended (``run_when="all_ended"``), or is done (``"all_done"``: otherwise the
+    callback is enqueued cancelled), one callback job of ``callback_kind`` is enqueued into
+    ``callback_queue`` with ``callback_payload``, its meta ``{"batch": {"id", "members", "done",
+    "failed", "cancelled"}}``."""
+    return Call(queries.BATCH_OPEN, {
+        "callback_queue": callback_queue, "callback_kind": callback_kind,
+        "callback_payload": _json("callback_payload", {} if callback_payload is None else callback_payload),
+        "run_when": run_when,
+    }, _count)
+
+
+def batch_close(batch_id: int) -> Call[bool]:
+    """pgq.batch_close: seal the batch (no members added after); True when sealed by this call,
+    False when it already was. An empty batch's callback is enqueued at once."""
+    return Call(queries.BATCH_CLOSE, {"batch_id": batch_id}, _flag)
+
+
+def batch_status(batch_id: int) -> Call[BatchStatus]:
+    """pgq.batch_status: the batch's state, its members counted by state and its callback job's id
+    once enqueued (to its opener, pgq_monitor and pgq_admin; JobNotFound otherwise)."""
+    return Call(queries.BATCH_STATUS, {"batch_id": batch_id}, _found(BatchStatus, "batch", batch_id), rows=dict_row)
+
+
+def cancel_batch(batch_id: int) -> Call[int]:
+    """pgq.cancel_batch: seal the batch and cancel it: its members that have not started (returns
+    how many it cancelled now; the sweep cancels the rest) and its callback."""
+    return Call(queries.CANCEL_BATCH, {"batch_id": batch_id}, _count)
+
+
+def job_result(job_id: int) -> Call[JobResult]:
+    """pgq.job_result: the job's state and, once it has ended, its result, last error and end
+    (to the login that enqueued it, pgq_admin and the roles that may read its queue; JobNotFound
+    otherwise). ``wait`` waits for it to end."""
+    return Call(queries.JOB_RESULT, {"id": job_id}, _found(JobResult, "job", job_id), rows=dict_row)
+
+
+def dependency_results(job_id: int, attempt: int, limit_rows: int = 100,
+                       after_id: int | None = None) -> Call[list[DependencyResult]]:
+    """pgq.dependency_results: the dependencies of our running attempt's job (an owner operation:
+    WrongState when it is not ours) and how each ended, by id: at most ``limit_rows`` of those
+    after ``after_id``. A handler pages through them with ``JobContext.dependency_results()``."""
+    return Call(queries.DEPENDENCY_RESULTS, {
+        "id": job_id, "attempt": attempt, "limit_rows": limit_rows, "after_id": after_id,
+    }, lambda rows: [DependencyResult(*r) for r in rows])
+
+
+def job_links(job_id: int, limit_rows: int = 100) -> Call[list[JobLink]]:
+    """pgq.job_links: the job's dependencies (relation 'dependency'), then its dependants
+    ('dependant'), each by id and at most ``limit_rows`` of each, with their queue, kind and state."""
+    return Call(queries.JOB_LINKS, {"id": job_id, "limit_rows": limit_rows},
+                lambda rows: [JobLink(*r) for r in rows])
 
 
 # Workers ------------------------------------------------------------------------------------------
@@ -757,6 +860,13 @@ class PgqCalls:
     get_job = Method(get_job)
     job_history = Method(job_history)
     version = Method(version)
+    batch_open = Method(batch_open)
+    batch_close = Method(batch_close)
+    batch_status = Method(batch_status)
+    cancel_batch = Method(cancel_batch)
+    job_result = Method(job_result)
+    dependency_results = Method(dependency_results)
+    job_links = Method(job_links)
 
 
 #: Every call: each client has one method of each name.

@@ -24,8 +24,8 @@ import psycopg
 from pgq_thin import __version__, queries
 from pgq_thin.client import Client, resolve_dsn
 from pgq_thin.durations import format_duration, parse_duration
-from pgq_thin.errors import BadArgument, PgqError, translate
-from pgq_thin.models import UnreadableJson, error_summary
+from pgq_thin.errors import BadArgument, PgqError, WaitTimeout, translate
+from pgq_thin.models import JobResult, UnreadableJson, error_summary
 from pgq_thin.worker import AsyncWorker, Worker
 
 # What the command prints ---------------------------------------------------------------------------
@@ -88,15 +88,20 @@ def duration(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def job_id(text: str) -> int:
+def job_id(text: str, what: str = "job") -> int:
     """A job id: a positive integer a bigint holds."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a job id: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a {what} id: {text!r}") from None
     if not 0 < value < 2 ** 63:
-        raise argparse.ArgumentTypeError(f"not a job id: {text!r} (ids are from 1 to 2^63-1)")
+        raise argparse.ArgumentTypeError(f"not a {what} id: {text!r} (ids are from 1 to 2^63-1)")
     return value
+
+
+def batch_id(text: str) -> int:
+    """A batch id (pgq.batch_open's): a positive integer a bigint holds."""
+    return job_id(text, "batch")
 
 
 def job_ids(text: str) -> list[int]:
@@ -105,6 +110,20 @@ def job_ids(text: str) -> list[int]:
     if not all(parts):
         raise argparse.ArgumentTypeError(f"not a comma-separated list of job ids: {text!r}")
     return [job_id(part) for part in parts]
+
+
+def wait_seconds(text: str) -> float:
+    """wait's --timeout: a number of seconds (0 or more), or a duration with its unit (30s, 5m)."""
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            return parse_duration(text).total_seconds()
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds nor a duration (30s, 5m): {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text!r}")
+    return value
 
 
 def positive_seconds(text: str) -> float:
@@ -240,7 +259,9 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = _payload(args.payload)
     settings = {"run_at": args.run_at, "priority": args.priority, "max_attempts": args.max_attempts,
                 "unique_key": args.unique_key, "tenant": args.tenant, "max_run_time": args.max_run_time,
-                "concurrency_key": args.concurrency_key, "depends_on": args.depends_on}
+                "concurrency_key": args.concurrency_key, "depends_on": args.depends_on,
+                "dependency_mode": args.dependency_mode, "batch": args.batch,
+                "notify_finished": args.notify_finished}
     with _client(args) as client:
         if args.unique_key is None:
             job_id = client.enqueue(args.queue, args.kind, payload, **settings)
@@ -469,21 +490,43 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+#: Linked jobs (dependencies, dependants) pgq-thin job shows of each relation.
+LINKS_SHOWN = 100
+
+
 def cmd_job(args: argparse.Namespace) -> int:
     with _client(args) as client:
         j = client.get_job(args.id)
         history = client.job_history(args.id)
+        # Asked only of a job that has any (a schema before migration 0017 has neither function).
+        links = client.job_links(args.id, LINKS_SHOWN) if j.depends_on or j.has_dependants else []
+        batch = client.batch_status(j.batch_id) if j.batch_id is not None else None
     say(f"job {j.id}: {j.state} (attempt {j.attempt} of {j.max_attempts}), queue {_fmt(j.queue)}, kind {_fmt(j.kind)}")
     fields = [("payload", _json(j.payload)), ("result", _json(j.result)), ("last error", j.last_error),
               ("priority", j.priority), ("tenant", j.tenant), ("unique key", j.unique_key),
               ("conc. key", j.concurrency_key),
-              ("depends on", None if j.depends_on is None else ", ".join(map(str, j.depends_on))),
-              ("created at", j.created_at), ("run at", j.run_at), ("claimed by", j.claimed_by),
+              ("depends on", None if j.depends_on is None
+               else ", ".join(map(str, j.depends_on)) + (f" ({j.dependency_mode})" if j.dependency_mode else "")),
+              ("batch", j.batch_id), ("created at", j.created_at), ("enqueued by", j.enqueued_by),
+              ("run at", j.run_at), ("claimed by", j.claimed_by),
               ("claimed at", j.claimed_at), ("login", j.session_role), ("lease until", j.lease_until),
               ("finished at", j.finished_at)]
     for name, value in fields:
         text = _fmt(value, lines=name == "last error")  # a traceback keeps its lines; the rest, one each
         say(f"{name:<12} {text}" if "\n" not in text else f"{name:<12} " + text.replace("\n", "\n" + " " * 13))
+    for relation, title in (("dependency", "dependencies"), ("dependant", "dependants (jobs that wait for it)")):
+        rows = [link for link in links if link.relation == relation]
+        if rows:
+            say()
+            say(title + (f" (the first {LINKS_SHOWN})" if len(rows) == LINKS_SHOWN else ""))
+            say(_table(["id", "queue", "kind", "state"], [[r.job_id, r.queue, r.kind, r.state] for r in rows]))
+    if batch is not None:
+        say()
+        say(f"batch {batch.batch_id}: {batch.state}, {batch.members} member(s): {batch.unfinished} unfinished, "
+            f"{batch.done} done, {batch.failed} failed, {batch.cancelled} cancelled")
+        callback = f"{_fmt(batch.callback_queue)}/{_fmt(batch.callback_kind)} when {batch.run_when}"
+        say(f"callback     {callback}: " + (f"job {batch.callback_job_id}" if batch.callback_job_id is not None
+                                           else "not enqueued yet"))
     say()
     say("history (oldest first)")
     # A note of several lines (a failed attempt's traceback) is summed up in its row and printed
@@ -499,6 +542,34 @@ def cmd_job(args: argparse.Namespace) -> int:
         say(f"\n{e.event} at attempt {e.attempt} ({e.at:%Y-%m-%d %H:%M:%S}):")
         say("  " + _fmt(e.note.strip(), lines=True).replace("\n", "\n  "))
     return 0
+
+
+#: pgq-thin wait's exit statuses besides 0 (done): 1 failed or cancelled (or an error, said on
+#: stderr, with nothing on stdout), 3 not ended within --timeout; 2 stays a usage error.
+WAIT_ENDED_BADLY = 1
+WAIT_TIMED_OUT = 3
+
+
+def _result_json(result: JobResult) -> str:
+    """A job's result as one line of JSON (ASCII: safe to print, whatever the texts hold)."""
+    value = result.result
+    return json.dumps({
+        "state": result.state,
+        "result": str(value) if isinstance(value, UnreadableJson) else value,
+        "last_error": result.last_error,
+        "finished_at": None if result.finished_at is None else result.finished_at.isoformat(),
+    })
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        try:
+            result = client.wait(args.id, args.timeout)
+        except WaitTimeout as exc:
+            say(f"pgq-thin: {exc}", err=True, lines=False)
+            return WAIT_TIMED_OUT
+    say(_result_json(result))
+    return 0 if result.state == "done" else WAIT_ENDED_BADLY
 
 
 def cmd_grant(args: argparse.Namespace) -> int:
@@ -713,7 +784,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the job's key for the queue's per-key concurrency limit (pgq.set_key_limit)")
     p.add_argument("--depends-on", type=job_ids, metavar="ID,ID,...",
                    help="run the job only once these jobs are done (it waits meanwhile; cancelled if one "
-                        "fails or is cancelled)")
+                        "fails or is cancelled), or, with --dependency-mode all_ended, once each has ended")
+    p.add_argument("--dependency-mode", choices=["all_done", "all_ended"], default="all_done",
+                   help="with --depends-on: all_done (default: every one done; cancelled if one fails or is "
+                        "cancelled) or all_ended (every one done, failed or cancelled, whatever the mix)")
+    p.add_argument("--batch", type=batch_id, metavar="ID", help="a member of this open batch (pgq.batch_open)")
+    p.add_argument("--notify-finished", action="store_true",
+                   help="notify the job's end on the channel pgq_finished (pgq-thin wait returns at once)")
+
+    p = command("wait", cmd_wait, "wait for a job to end and print its result as JSON (state, result, "
+                "last_error, finished_at); exits 0 when it is done, 1 when it failed or was cancelled (or "
+                "on an error, said on stderr), 3 when it has not ended within --timeout, 2 on a usage error")
+    p.add_argument("id", type=job_id)
+    p.add_argument("--timeout", type=wait_seconds, metavar="SECONDS",
+                   help="give up after this long (seconds, or a duration such as 5m); default: no limit")
 
     p = command("worker", cmd_worker, "run a worker until SIGTERM/SIGINT")
     p.add_argument("--app", required=True, help="module:attribute of a pgq_thin Worker or AsyncWorker")
@@ -800,7 +884,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=50, help="at most this many (default 50, at most 1000)")
     p.add_argument("--before", type=job_id, metavar="ID", help="only jobs older than this id (the next page)")
 
-    p = command("job", cmd_job, "one job: its state, payload, result, last error and attempt history")
+    p = command("job", cmd_job, "one job: its state, payload, result, last error, dependencies and dependants, "
+                "batch and attempt history")
     p.add_argument("id", type=job_id)
 
     for name, func, text in (("grant", cmd_grant, "let a role enqueue into, claim from or read a queue (once a "

@@ -3,28 +3,71 @@
 Every method sends exactly one statement from pgq_thin.queries and returns what the function
 returned, typed: pgq_thin.calls describes each (arguments, statement, result), and AsyncClient
 sends the same descriptions over asyncio. Producers can pass ``conn=`` to enqueue inside their
-own transaction, so the job is written atomically with their business data.
+own transaction, so the job is written atomically with their business data. Besides them,
+``wait`` waits for a job to end (LISTEN pgq_finished and pgq.job_result).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import time
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from pgq_thin import calls, queries
 from pgq_thin.calls import READING, Call, Interval, PgqCalls
-from pgq_thin.errors import BadArgument, InvalidArgument, PgqError, translated
+from pgq_thin.errors import BadArgument, InvalidArgument, PgqError, WaitTimeout, translated
 from pgq_thin.migrate import warn_if_schema_is_old
+from pgq_thin.models import JobResult
 
-__all__ = ["Client", "Interval", "resolve_dsn"]
+__all__ = ["WAIT_POLL_INTERVAL", "Client", "Interval", "resolve_dsn"]
 
 T = TypeVar("T")
+
+#: How often wait reads the job's result even without a notification: a job enqueued without
+#: notify_finished, or waited for behind a transaction-pooling proxy (no LISTEN there), still
+#: returns within this long of its end.
+WAIT_POLL_INTERVAL = 1.0
+
+
+class Waiting:
+    """One wait for a job's end, as both clients do it: the read of pgq.job_result, the payload of
+    the job's notification, and the time left. Its arguments are checked when it is made."""
+
+    def __init__(self, job_id: int, timeout: Interval | None, poll_interval: Interval) -> None:
+        self.job_id = job_id
+        self.read = calls.job_result(job_id)  # checks job_id
+        self.payload = str(job_id)
+        self.timeout = None if timeout is None else calls.seconds("timeout", timeout)
+        self.poll = calls.seconds("poll_interval", poll_interval, positive=True)
+        self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
+
+    def on(self, conn: Any) -> Call[JobResult]:
+        """The read of pgq.job_result, sent over ``conn`` (None: a pooled connection)."""
+        return self.read if conn is None else dataclasses.replace(self.read, conn=conn)
+
+    def pause(self, seen: JobResult) -> float:
+        """How long to wait for a notification before reading again, after reading ``seen`` (not
+        finished); WaitTimeout, naming its state, when the time is up."""
+        if self.deadline is None:
+            return self.poll
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            assert self.timeout is not None
+            raise WaitTimeout(self.job_id, seen.state, self.timeout)
+        return min(self.poll, left)
+
+    @staticmethod
+    def listen_kwargs(pool_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+        """The listening connection's arguments: the pool's (its login, its settings), autocommit."""
+        return {**(pool_kwargs or {}), "autocommit": True}
 
 
 def resolve_dsn(dsn: str | None = None) -> str:
@@ -99,6 +142,53 @@ class Client(PgqCalls):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def wait(self, job_id: int, timeout: Interval | None = None, *,
+             poll_interval: Interval = WAIT_POLL_INTERVAL) -> JobResult:
+        """Wait for the job to end (done, failed or cancelled) and return its pgq.job_result (state,
+        result, last error, end); WaitTimeout (a PgqError and a TimeoutError, naming the job and its
+        state) when it has not ended within ``timeout`` (None: no limit; 0: look once).
+
+        It listens on the channel pgq_finished on a connection of its own, then reads the result
+        (so an end between the enqueue and the LISTEN is not missed), and reads it again on each
+        notification naming the job (a job enqueued with ``notify_finished=True``) and at least
+        every ``poll_interval`` (any other job). That connection is made with the pool's conninfo
+        and kwargs (a pool's ``configure`` callback is not run on it). Behind a transaction-pooling
+        proxy (``pooled=True``) there is no LISTEN: it reads every ``poll_interval`` over the pool.
+        The job must be one this login enqueued, or of a queue it may read (JobNotFound otherwise)."""
+        waiting = Waiting(job_id, timeout, poll_interval)
+        with self._finished_listener(waiting) as conn:
+            while True:
+                seen = self._send(waiting.on(conn))
+                if seen.finished:
+                    return seen
+                pause = waiting.pause(seen)
+                if conn is None:
+                    time.sleep(pause)
+                    continue
+                with translated(), closing(conn.notifies(timeout=pause)) as notifies:
+                    for notify in notifies:
+                        if notify.payload == waiting.payload:
+                            break
+
+    @contextmanager
+    def _finished_listener(self, waiting: Waiting) -> Iterator[psycopg.Connection[Any] | None]:
+        """A connection of its own LISTENing on pgq_finished (None behind a pooling proxy)."""
+        if self.pooled:
+            yield None
+            return
+        pool = self.pool
+        # A pool's conninfo and kwargs may be functions that make them (psycopg_pool 3.3).
+        conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+        kwargs = pool.kwargs() if callable(pool.kwargs) else pool.kwargs
+        with translated():
+            conn = pool.connection_class.connect(conninfo, **waiting.listen_kwargs(kwargs))
+        try:
+            with translated():
+                conn.execute(queries.LISTEN_FINISHED)
+            yield conn
+        finally:
+            conn.close()
 
     # The one place a statement is sent ----------------------------------------------------------
 

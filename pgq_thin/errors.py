@@ -2,7 +2,8 @@
 
 Losing ownership of a job is not an error: owner operations answer False / None. These are for
 bad input (InvalidArgument), unknown ids (JobNotFound), admin calls on a job in the wrong state
-(WrongState), missing privileges (PermissionDenied) and an unreachable server (ConnectionLost).
+(WrongState), missing privileges (PermissionDenied), an unreachable server (ConnectionLost), and
+a job that did not finish within Client.wait's timeout (WaitTimeout).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __all__ = [
     "JobNotFound",
     "PermissionDenied",
     "PgqError",
+    "WaitTimeout",
     "WrongState",
     "translate",
     "translated",
@@ -73,6 +75,21 @@ class PermissionDenied(PgqError):
 
 class ConnectionLost(PgqError):
     """The server could not be reached or the connection broke (class 08, or no SQLSTATE)."""
+
+
+class WaitTimeout(PgqError, TimeoutError):
+    """Client.wait (AsyncClient.wait, ``pgq-thin wait``) gave up: the job had not finished within the
+    timeout. ``job_id`` and ``state`` (its state at the last look) are in the message and as
+    attributes. Also a TimeoutError. The job itself is unchanged: wait again, or cancel it."""
+
+    def __init__(self, job_id: int, state: str, timeout: float) -> None:
+        super().__init__(f"job {job_id} did not finish within {timeout:g}s: it is {state}")
+        self.job_id = job_id
+        self.state = state
+        self.timeout = timeout
+
+    def __reduce__(self) -> tuple[type[WaitTimeout], tuple[int, str, float]]:
+        return type(self), (self.job_id, self.state, self.timeout)
 
 
 #: invalid_sql_statement_name (the prepared statement does not exist), duplicate_prepared_statement.

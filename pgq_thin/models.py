@@ -179,6 +179,83 @@ class JobRecord:
     #: Whether jobs wait for this one (from get_job; the column list_jobs shows was written only by
     #: releases before migration 0015, whose enqueue locked this job's row to set it).
     has_dependants: bool = False
+    #: How its dependencies release it: 'all_done' (every one done; cancelled when one fails or is
+    #: cancelled) or 'all_ended' (every one ended, whatever the mix); None: enqueued without depends_on.
+    dependency_mode: str | None = None
+    #: The batch it is a member of (enqueue's ``batch``; None: none).
+    batch_id: int | None = None
+    #: Whether its end is notified on the channel pgq_finished (enqueue's ``notify_finished``).
+    notify_finished: bool = False
+    #: The login that enqueued it (None: enqueued before migration 0017).
+    enqueued_by: str | None = None
+
+
+#: The states a job ends in: pgq.job_result's answer is final in one of them.
+FINISHED_STATES = frozenset({"done", "failed", "cancelled"})
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What pgq.job_result returns: a job's state and, once it has ended, its result (a done job's
+    return value), its last error (a failed job's) and when it finished."""
+
+    state: str
+    result: Any
+    last_error: str | None
+    finished_at: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job has ended (done, failed or cancelled): the answer will not change."""
+        return self.state in FINISHED_STATES
+
+
+@dataclass(frozen=True)
+class DependencyResult:
+    """One row of pgq.dependency_results: a dependency of the caller's job and how it ended
+    (state None: it was pruned since)."""
+
+    dependency_id: int
+    state: str | None
+    result: Any
+    last_error: str | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class JobLink:
+    """One row of pgq.job_links: a job linked to the one asked about, as its ``dependency`` (a job
+    of its depends_on) or its ``dependant`` (a job whose depends_on names it)."""
+
+    relation: str
+    job_id: int
+    queue: str
+    kind: str
+    state: str
+
+
+@dataclass(frozen=True)
+class BatchStatus:
+    """What pgq.batch_status returns: a batch (pgq.batch_open), its members counted by state and its
+    callback. ``state``: 'open' (members may still be added), 'sealed' (pgq.batch_close; members
+    still unfinished), 'finished' (the callback was enqueued) or 'cancelled' (pgq.cancel_batch)."""
+
+    batch_id: int
+    state: str
+    opened_by: str
+    callback_queue: str
+    callback_kind: str
+    run_when: str
+    members: int
+    unfinished: int
+    done: int
+    failed: int
+    cancelled: int
+    #: The callback job, once enqueued (None before).
+    callback_job_id: int | None
+    created_at: datetime
+    sealed_at: datetime | None
+    finished_at: datetime | None
 
 
 @dataclass(frozen=True)

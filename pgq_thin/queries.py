@@ -16,7 +16,9 @@ ENQUEUE = (
     " priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,"
     " unique_key => %(unique_key)s::text, tenant => %(tenant)s::text,"
     " max_run_time => %(max_run_time)s::interval, meta => %(meta)s::jsonb,"
-    " concurrency_key => %(concurrency_key)s::text, depends_on => %(depends_on)s::bigint[])"
+    " concurrency_key => %(concurrency_key)s::text, depends_on => %(depends_on)s::bigint[],"
+    " dependency_mode => %(dependency_mode)s::text, batch => %(batch)s::bigint,"
+    " notify_finished => %(notify_finished)s::boolean)"
 )
 
 #: Add one job per payload in one INSERT; returns the ids in payload order. The payloads go in
@@ -28,8 +30,34 @@ ENQUEUE_MANY = (
     " priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,"
     " tenant => %(tenant)s::text, max_run_time => %(max_run_time)s::interval,"
     " meta => %(meta)s::jsonb,"
-    " concurrency_key => %(concurrency_key)s::text, depends_on => %(depends_on)s::bigint[]) AS t(id)"
+    " concurrency_key => %(concurrency_key)s::text, depends_on => %(depends_on)s::bigint[],"
+    " dependency_mode => %(dependency_mode)s::text, batch => %(batch)s::bigint,"
+    " notify_finished => %(notify_finished)s::boolean) AS t(id)"
 )
+
+# Batches and results -----------------------------------------------------------------------------
+
+#: Open a batch: its callback is enqueued once it is sealed and its members have ended.
+BATCH_OPEN = (
+    "SELECT pgq.batch_open(callback_queue => %(callback_queue)s::text, callback_kind => %(callback_kind)s::text,"
+    " callback_payload => %(callback_payload)s::jsonb, run_when => %(run_when)s::text)"
+)
+#: Seal a batch: true when sealed by this call, false when it already was.
+BATCH_CLOSE = "SELECT pgq.batch_close(id => %(batch_id)s::bigint)"
+BATCH_STATUS = "SELECT * FROM pgq.batch_status(id => %(batch_id)s::bigint)"
+#: Cancel a batch: its members that have not started (up to 1000 now; the sweep the rest) and its callback.
+CANCEL_BATCH = "SELECT pgq.cancel_batch(id => %(batch_id)s::bigint)"
+#: A job's state and, once it has ended, its result, last error and end (to its producer too).
+JOB_RESULT = "SELECT state, result, last_error, finished_at FROM pgq.job_result(id => %(id)s::bigint)"
+#: A page of the dependencies of our attempt's job and how each ended, by dependency id.
+DEPENDENCY_RESULTS = (
+    "SELECT dependency_id, state, result, last_error, finished_at"
+    " FROM pgq.dependency_results(id => %(id)s::bigint, attempt => %(attempt)s::integer,"
+    " limit_rows => %(limit_rows)s::integer, after_id => %(after_id)s::bigint)"
+)
+#: A job's dependencies, then its dependants.
+JOB_LINKS = ("SELECT relation, job_id, queue, kind, state"
+             " FROM pgq.job_links(id => %(id)s::bigint, limit_rows => %(limit_rows)s::integer)")
 
 # Workers -----------------------------------------------------------------------------------------
 
@@ -155,6 +183,11 @@ VERSION = "SELECT pgq.version()"
 #: The channel pgq's functions NOTIFY when a job becomes due (payload: the queue's name).
 CHANNEL = "pgq"
 LISTEN = f"LISTEN {CHANNEL}"
+
+#: The channel pgq notifies when a job enqueued with notify_finished ends (payload: the job's id):
+#: Client.wait listens on it, on a connection of its own.
+FINISHED_CHANNEL = "pgq_finished"
+LISTEN_FINISHED = f"LISTEN {FINISHED_CHANNEL}"
 
 #: The database's clock now (not the transaction's start): lease deadlines are on this clock.
 CLOCK = "SELECT clock_timestamp()"

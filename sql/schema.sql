@@ -480,6 +480,15 @@ COMMENT ON TABLE pgq.batch_counts IS
     'A batch''s members added and ended, by state, in 16 shards: their sums are the batch''s '
     'counts.';
 
+CREATE TABLE pgq.batch_members (
+    batch_id  bigint NOT NULL,
+    job_id    bigint NOT NULL,
+    CONSTRAINT batch_members_pkey PRIMARY KEY (batch_id, job_id)
+);
+COMMENT ON TABLE pgq.batch_members IS
+    'The members of each batch, in id order (pgq.cancel_batch); deleted with the member by '
+    'pgq.prune.';
+
 ALTER TABLE pgq.grants ADD CONSTRAINT grants_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_limits ADD CONSTRAINT key_limits_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_rates ADD CONSTRAINT key_rates_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
@@ -545,8 +554,6 @@ CREATE INDEX jobs_key_ready_idx ON pgq.jobs USING btree (queue, concurrency_key,
 COMMENT ON INDEX pgq.jobs_key_ready_idx IS
     'A key-limited queue''s claim reads the first jobs of keys other than the full ones here '
     '(pgq._keyed_pick), one probe per key, when full keys hold the head of the queue.';
-CREATE INDEX jobs_batch_idx ON pgq.jobs USING btree (batch_id, id) WHERE (batch_id IS NOT NULL);
-COMMENT ON INDEX pgq.jobs_batch_idx IS 'A batch''s members in id order (pgq.cancel_batch).';
 CREATE INDEX schedules_due_idx ON pgq.schedules USING btree (next_run_at) WHERE enabled;
 COMMENT ON INDEX pgq.schedules_due_idx IS 'The sweep''s probe and the firing read the enabled schedules by next_run_at.';
 CREATE INDEX schedules_queue_idx ON pgq.schedules USING btree (queue, next_run_at) WHERE enabled;
@@ -2068,8 +2075,8 @@ COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) 
 --   its next end counts once. A member retried after the callback was enqueued changes the counts
 --   pgq.batch_status shows, not the callback.
 -- * pgq.cancel_batch seals the batch, marks it cancelled and cancels its members that have not
---   started, at most pgq._dependency_step() of them per call, walking jobs_batch_idx from where the
---   last step stopped (batches.cancel_after); the sweep takes the next steps.
+--   started, at most pgq._dependency_step() of them per call, walking pgq.batch_members from where
+--   the last step stopped (batches.cancel_after); the sweep takes the next steps.
 -- Every function here runs as the owner; every name is schema-qualified.
 
 -- The shard of `batch` this transaction counts into, locked (FOR NO KEY UPDATE): the first one
@@ -2129,21 +2136,22 @@ BEGIN
 END
 $$;
 
--- For pgq.enqueue and pgq.enqueue_many: `n` members have joined `batch` (after pgq._join_batch).
-CREATE OR REPLACE FUNCTION pgq._batch_added(batch bigint, n bigint) RETURNS void
+-- For pgq.enqueue and pgq.enqueue_many: the jobs `ids` have joined `batch` (after pgq._join_batch).
+CREATE OR REPLACE FUNCTION pgq._batch_added(batch bigint, ids bigint[]) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
     mine smallint := pgq._batch_shard(_batch_added.batch);
 BEGIN
-    UPDATE pgq.batch_counts AS c SET added = c.added + _batch_added.n
+    INSERT INTO pgq.batch_members (batch_id, job_id) SELECT _batch_added.batch, i.id FROM unnest(ids) AS i(id);
+    UPDATE pgq.batch_counts AS c SET added = c.added + cardinality(_batch_added.ids)
     WHERE c.batch_id = _batch_added.batch AND c.shard = mine;
 END
 $$;
 
 -- Called by pgq._count_finished when a member of `batch` ends `state` (by -1 from pgq.retry,
 -- which takes an end back): counts it in one shard; once the batch is sealed, enqueues its callback
--- if this was the last member to end.
+-- if this was the last member to end (pgq._finish_batch).
 CREATE OR REPLACE FUNCTION pgq._batch_member_ended(batch bigint, state pgq.job_state, n integer DEFAULT 1)
     RETURNS void
     LANGUAGE plpgsql
@@ -2163,7 +2171,10 @@ BEGIN
     IF sealed AND n > 0 THEN
         sums := pgq._batch_sums(_batch_member_ended.batch);
         IF sums.done + sums.failed + sums.cancelled >= sums.added THEN
-            PERFORM pgq._finish_batch(_batch_member_ended.batch, false);
+            -- Inside a claim's or a sweep's recovery of expired leases (its dependency budget is 0),
+            -- a batch row another transaction holds is left to the sweep: a claim never waits.
+            PERFORM pgq._finish_batch(_batch_member_ended.batch,
+                                      current_setting('pgq.dependency_budget', true) = '0');
         END IF;
     END IF;
 END
@@ -2229,7 +2240,7 @@ COMMENT ON FUNCTION pgq._finish_batch(bigint, boolean) IS
     'Enqueues a sealed batch''s callback once every member has ended and none is recorded yet.';
 
 -- One step of a cancelled batch's cancellation: up to `max_members` of its members from
--- cancel_after on (jobs_batch_idx, in id order), those not started (waiting or pending; one another
+-- cancel_after on (pgq.batch_members, in id order), those not started (waiting or pending; one another
 -- transaction holds is passed over) cancelled. Moves cancel_after on (NULL once past the last
 -- member). The caller holds the batch row. Returns how many it cancelled.
 CREATE OR REPLACE FUNCTION pgq._cancel_batch_step(batch bigint, max_members integer) RETURNS integer
@@ -2245,9 +2256,9 @@ BEGIN
     IF after IS NULL THEN
         RETURN 0;
     END IF;
-    seen := ARRAY(SELECT j.id FROM pgq.jobs AS j
-                  WHERE j.batch_id = _cancel_batch_step.batch AND j.id > after
-                  ORDER BY j.batch_id, j.id LIMIT _cancel_batch_step.max_members);
+    seen := ARRAY(SELECT m.job_id FROM pgq.batch_members AS m
+                  WHERE m.batch_id = _cancel_batch_step.batch AND m.job_id > after
+                  ORDER BY m.batch_id, m.job_id LIMIT _cancel_batch_step.max_members);
     WITH doomed AS (
         SELECT j.id, j.state FROM pgq.jobs AS j
         WHERE j.id = ANY (seen) AND j.state IN ('waiting', 'pending')
@@ -3446,7 +3457,7 @@ BEGIN
     END IF;
 
     IF enqueue.batch IS NOT NULL THEN
-        PERFORM pgq._batch_added(enqueue.batch, 1);
+        PERFORM pgq._batch_added(enqueue.batch, ARRAY[new_id]);
     END IF;
     IF dep_ids IS NOT NULL THEN
         INSERT INTO pgq.job_dependants (depends_on, job_id) SELECT d.id, new_id FROM unnest(dep_ids) AS d(id);
@@ -3541,11 +3552,8 @@ BEGIN
             END IF;
         END IF;
     END IF;
-    IF enqueue_many.batch IS NOT NULL AND cardinality(enqueue_many.payloads) > 0 THEN
-        PERFORM pgq._batch_added(enqueue_many.batch, cardinality(enqueue_many.payloads));
-    END IF;
 
-    IF new_state = 'pending' AND dep_ids IS NULL THEN
+    IF new_state = 'pending' AND dep_ids IS NULL AND enqueue_many.batch IS NULL THEN
         -- Identity values are drawn in the order the rows are inserted, so ordering by id returns
         -- the ids in payload order.
         RETURN QUERY
@@ -3581,6 +3589,9 @@ BEGIN
         RETURNING jobs.id
     )
     SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') INTO new_ids FROM inserted AS i;
+    IF enqueue_many.batch IS NOT NULL AND cardinality(new_ids) > 0 THEN
+        PERFORM pgq._batch_added(enqueue_many.batch, new_ids);
+    END IF;
     INSERT INTO pgq.job_dependants (depends_on, job_id)
     SELECT d.id, n.id FROM unnest(dep_ids) AS d(id) CROSS JOIN unnest(new_ids) AS n(id);
     IF new_state = 'waiting' THEN
@@ -5533,7 +5544,7 @@ BEGIN
         LIMIT prune.max_jobs
         FOR UPDATE OF j SKIP LOCKED
     ), gone AS (
-        DELETE FROM pgq.jobs AS j USING doomed AS d WHERE j.id = d.id RETURNING j.id, j.depends_on
+        DELETE FROM pgq.jobs AS j USING doomed AS d WHERE j.id = d.id RETURNING j.id, j.depends_on, j.batch_id
     ), events AS (
         DELETE FROM pgq.job_events AS e USING gone AS g WHERE e.job_id = g.id
     ), links AS (
@@ -5541,12 +5552,17 @@ BEGIN
         USING (SELECT x.dep, g.id FROM gone AS g CROSS JOIN LATERAL unnest(g.depends_on) AS x(dep)
                WHERE g.depends_on IS NOT NULL) AS k
         WHERE l.depends_on = k.dep AND l.job_id = k.id
+    ), members AS (
+        DELETE FROM pgq.batch_members AS m USING gone AS g
+        WHERE g.batch_id IS NOT NULL AND m.batch_id = g.batch_id AND m.job_id = g.id
     )
     SELECT count(*) INTO deleted FROM gone;
-    -- Batches whose callback was enqueued before the same horizon (their counts with them).
+    -- Batches whose callback was enqueued before the same horizon and whose members are all
+    -- deleted (their counts go with them).
     DELETE FROM pgq.batches AS b
     WHERE b.id IN (SELECT x.id FROM pgq.batches AS x
                    WHERE x.finished_at < pgq._now() - coalesce(prune.older_than, interval '7 days')
+                     AND NOT EXISTS (SELECT FROM pgq.batch_members AS m WHERE m.batch_id = x.id)
                    ORDER BY x.finished_at LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);
 
     -- Idle tenants, queue by queue under the queue's writer lock, taken without waiting and held
@@ -6295,6 +6311,7 @@ GRANT USAGE ON SCHEMA pgq TO pgq_monitor;
 GRANT USAGE ON SCHEMA pgq TO pgq_producer;
 GRANT USAGE ON SCHEMA pgq TO pgq_worker;
 REVOKE ALL ON TABLE pgq.batch_counts FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.batch_members FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.batches FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.dependency_backlog FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.dependency_checks FROM PUBLIC;

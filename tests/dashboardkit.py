@@ -113,3 +113,50 @@ def running_dashboard(dsn: str, token: str | None = None, *options: str, output:
             printed, _ = process.communicate()
         if output is not None:
             output.append(printed)
+
+
+# Workflows (issue 26): pgq's SQL called directly (the Client's methods for them are not the dashboard's
+# business), as the superuser of the test's database unless a DSN of another login is given.
+
+def open_batch(dsn: str, callback_queue: str = "after", callback_kind: str = "report",
+               run_when: str = "all_ended") -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pgq.batch_open(callback_queue => %s, callback_kind => %s, run_when => %s)",
+                           (callback_queue, callback_kind, run_when)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def close_batch(dsn: str, batch_id: int) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pgq.batch_close(id => %s)", (batch_id,)).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
+def enqueue_linked(dsn: str, queue: str = "work", kind: str = "step", *, depends_on: list[int] | None = None,
+                   dependency_mode: str | None = None, batch: int | None = None, count: int = 1) -> list[int]:
+    """``count`` jobs in one pgq.enqueue_many, with depends_on, dependency_mode and batch when given
+    (left to their defaults otherwise)."""
+    given = {k: v for k, v in (("depends_on", depends_on), ("dependency_mode", dependency_mode), ("batch", batch))
+             if v is not None}
+    casts = {"depends_on": "bigint[]", "dependency_mode": "text", "batch": "bigint"}
+    extra = "".join(f", {name} => %({name})s::{casts[name]}" for name in given)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            f"SELECT id FROM pgq.enqueue_many(queue => %(queue)s, kind => %(kind)s, payloads => %(payloads)s::jsonb[]"
+            f"{extra}) AS t(id)", {"queue": queue, "kind": kind, "payloads": ["{}"] * count, **given}).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def finish(client: Client, queue: str, outcomes: list[str]) -> list[int]:
+    """Claims one job of ``queue`` per outcome and completes it ("done") or fails it for good ("failed")."""
+    finished = []
+    for outcome in outcomes:
+        [job] = client.claim("test-worker", [queue])
+        if outcome == "done":
+            assert client.complete(job.id, job.attempt)
+        else:
+            assert client.fail(job.id, job.attempt, "it broke", retryable=False) == "failed"
+        finished.append(job.id)
+    return finished

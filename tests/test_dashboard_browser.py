@@ -2,7 +2,8 @@
 ``pgq-thin dashboard`` process on a throwaway database. It logs in with the token (taken from
 $PGQ_DASHBOARD_TOKEN), reads the pages, sees a <script> in a payload and an error shown as text,
 clicks retry on a failed job and sees it pending, watches the throughput chart move, logs out (and
-finds the old session cookie refused), and as a pgq_monitor login finds the buttons disabled.
+finds the old session cookie refused), and as a pgq_monitor login finds the buttons disabled; follows
+a job's links to its dependency, the dependency's batch and the batch's callback job (issue 26).
 Screenshots go to the test's temporary directory (and, with $PGQ_DASHBOARD_SCREENSHOTS set, to that
 directory too: docs/dashboard.png comes from there)."""
 
@@ -19,7 +20,17 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pgq_thin import Client
 
-from dashboardkit import SCRIPT, failed_job, logins, running_dashboard, unknown_job
+from dashboardkit import (
+    SCRIPT,
+    close_batch,
+    enqueue_linked,
+    failed_job,
+    finish,
+    logins,
+    open_batch,
+    running_dashboard,
+    unknown_job,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -166,6 +177,51 @@ def test_a_monitor_login_sees_a_read_only_dashboard(pgq_client: Client, page: Pa
         assert answer[0] == 403 and "read-only" in answer[1]
         screenshot(page, tmp_path, "read-only.png")
     assert pgq_client.get_job(failed).state == "failed"
+
+
+def test_a_job_links_to_its_dependencies_its_batch_and_the_batchs_callback(
+        pgq_client: Client, page: Page, tmp_path: Path) -> None:
+    dsn = pgq_client.dsn
+    batch = open_batch(dsn, "after", "report", "all_ended")
+    members = enqueue_linked(dsn, "work", "member", batch=batch, count=3)
+    [merge] = enqueue_linked(dsn, "flow", "merge", depends_on=members[:2], dependency_mode="all_ended")
+    finish(pgq_client, "work", ["done", "failed"])
+    close_batch(dsn, batch)
+    with logins(dsn) as dsns, running_dashboard(dsns["pgq_monitor"], TOKEN) as url:
+        assert page.goto(f"{url}/jobs/{merge}").status == 401  # the login form, back to the job once in
+        page.fill("input[name=token]", TOKEN)
+        page.click("button:has-text('log in')")
+        expect(page).to_have_url(f"{url}/jobs/{merge}")
+        expect(page.locator("#dependency-mode")).to_have_text("all_ended")
+        expect(page.locator("#dependencies tbody tr")).to_have_count(2)
+        expect(page.locator(f'#dependencies tr[data-job="{members[1]}"]')).to_contain_text("failed")
+        expect(page.locator("#dependants")).to_have_text("None.")
+        screenshot(page, tmp_path, "job-dependencies.png")
+
+        page.click(f"#dependencies >> text={members[0]}")
+        expect(page).to_have_url(f"{url}/jobs/{members[0]}")
+        expect(page.locator(f'#dependants tr[data-job="{merge}"]')).to_contain_text("pending")
+        page.click("#batch a")
+
+        expect(page).to_have_url(f"{url}/batches/{batch}")
+        expect(page.locator("#batch-state")).to_have_text("sealed")
+        counts = page.locator("#counts")
+        for col, value in (("members", "3"), ("unfinished", "1"), ("done", "1"), ("failed", "1"), ("cancelled", "0")):
+            expect(counts.locator(f'td[data-col="{col}"]')).to_have_text(value)
+        expect(page.locator("#run-when")).to_contain_text("all_ended")
+        expect(page.locator("#callback-job")).to_have_text("not enqueued yet")
+        screenshot(page, tmp_path, "batch-sealed.png")
+
+        finish(pgq_client, "work", ["done"])  # the last member (merge, released, waits in flow): the callback
+        page.reload()
+        expect(page.locator("#batch-state")).to_have_text("finished")
+        expect(counts.locator('td[data-col="unfinished"]')).to_have_text("0")
+        expect(counts.locator('td[data-col="done"]')).to_have_text("2")
+        page.click("#callback-job a")
+        expect(page.locator("#job-state")).to_have_text("pending")
+        expect(page.locator("#meta")).to_contain_text(f'"id": {batch}')
+        [callback] = [j.id for j in pgq_client.list_jobs(queue="after")]
+        expect(page).to_have_url(f"{url}/jobs/{callback}")
 
 
 def test_beyond_loopback_without_a_token_it_warns(pgq_dsn: str) -> None:

@@ -29,6 +29,9 @@ from test_schema_matches_migrations import MIGRATION_SHA256, MIGRATIONS, assert_
 #: The migrations that landed before the function source: each a schema version users' databases
 #: may be at.
 LANDED = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256) if int(name[:4]) <= 13]
+#: Releases of the function-source era (migration 0014 on): the schema version users' databases are
+#: at, and the commit of main whose migrations and function source built it (git history: CI clones).
+RELEASED = {"0016_per_key_claims": "95c7c4dd5363b0eee753141d4fa2d7f6e825bed7"}
 OWNER, OTHER = "upgrade_worker_a", "upgrade_worker_b"  # two worker logins (cluster-wide roles)
 
 
@@ -151,12 +154,12 @@ def upgraded(databases) -> Iterator[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", LANDED)
+@pytest.mark.parametrize("version", LANDED + list(RELEASED))
 def test_a_database_at_each_landed_version_holding_jobs_upgrades_without_stranding_one(
         version, upgraded, fresh_catalog):
     dsn = upgraded
     n = _number(version)
-    _migrate_to(dsn, version)
+    _migrate_to(dsn, f"git:{RELEASED[version]}" if version in RELEASED else version)
     made = fill(dsn, version)
     before = snapshot(dsn)
 
@@ -202,6 +205,21 @@ def test_a_database_at_each_landed_version_holding_jobs_upgrades_without_strandi
             assert job_id == made["dependency"]
             assert one(su, "SELECT pgq.complete(%s, %s)", (job_id, job_attempt)) is True
             assert one(su, "SELECT state::text FROM pgq.jobs WHERE id = %s", (made["waiting"],)) == "pending"
+        if n >= 13:  # 0017 kept the links the jobs were enqueued with: pgq.job_links shows them
+            assert su.execute("SELECT relation, job_id FROM pgq.job_links(%s)", (made["waiting"],)).fetchall() \
+                == [("dependency", made["dependency"])]
+            assert su.execute("SELECT relation, job_id FROM pgq.job_links(%s)", (made["dependency"],)).fetchall() \
+                == [("dependant", made["waiting"])]
+        # Jobs from before 0017 have no enqueuer on record (an admin still reads their results);
+        # a batch of the old queues' jobs calls back once.
+        assert one(su, "SELECT count(*) FROM pgq.jobs WHERE id = ANY (%s) AND enqueued_by IS NOT NULL",
+                   ([r["id"] for r in before["jobs"]],)) == 0
+        assert one(su, "SELECT state FROM pgq.job_result(%s)", (made["done"],)) == "done"
+        batch = one(su, "SELECT pgq.batch_open('q', 'batch_done')")
+        member = one(su, "SELECT pgq.enqueue('run', 'k', '{}', batch => %s)", (batch,))
+        assert one(su, "SELECT pgq.batch_close(%s)", (batch,)) is True
+        assert one(su, "SELECT pgq.cancel(%s)", (member,)) is True
+        assert one(su, "SELECT count(*) FROM pgq.jobs WHERE kind = 'batch_done'") == 1
         # The finished counters equal the rows.
         counted = {r[0]: r[1:] for r in su.execute(
             "SELECT queue, done_total, failed_total, cancelled_total FROM pgq.metrics()").fetchall()}
@@ -245,3 +263,26 @@ def test_a_migration_that_needs_a_lock_a_session_holds_gives_up_after_lock_timeo
     pending = sorted(p.stem for p in MIGRATIONS.glob("*.sql") if p.stem >= "0013_job_dependencies")
     assert pending[:2] == ["0013_job_dependencies", "0014_catalog_comments"]
     assert migrate(dsn) == pending
+
+
+def test_0017_behind_a_reader_of_the_jobs_gives_up_changing_nothing_and_runs_again(upgraded):
+    """0017 adds columns to pgq.jobs (ACCESS EXCLUSIVE for an instant): behind a session that keeps
+    pgq.jobs open it gives up after its lock_timeout, the database at 0016 with its functions
+    working, and applies once the session is gone."""
+    dsn = upgraded
+    _migrate_to(dsn, f"git:{RELEASED['0016_per_key_claims']}")
+    with psycopg.connect(dsn) as reader:
+        reader.execute("SELECT count(*) FROM pgq.jobs")  # ACCESS SHARE, held to the transaction's end
+        release = threading.Timer(60, reader.rollback)
+        release.start()
+        try:
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                migrate(dsn, lock_timeout="200ms")
+        finally:
+            release.cancel()
+        with psycopg.connect(dsn, autocommit=True) as su:
+            assert one(su, "SELECT max(migration_id) FROM _yoyo_migration") == "0016_per_key_claims"
+            assert one(su, "SELECT pgq.version()") == "16"
+            assert one(su, "SELECT pgq.enqueue('q', 'k')") is not None
+        reader.rollback()
+    assert migrate(dsn) == ["0017_workflows"]

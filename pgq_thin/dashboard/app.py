@@ -1,11 +1,14 @@
 """The dashboard's ASGI app (Starlette): server-rendered pages, a JSON API and the actions.
 
 Every read and every action is one method of a pgq_thin Client, i.e. one call of a pgq function
-with the request's values as bound parameters (no SQL is built from a request). The only other
-statement is the catalog question "may this role call pgq.retry, pgq.pause, ...?"
-(queries.PRIVILEGES), asked to show a pgq_monitor login as read-only. pgq itself stays the
-authority: an action the role may not make is refused by the database too. ``GET /metrics`` is
-pgq_thin.metrics.exposition over a pooled connection (the same text as ``pgq-thin metrics``).
+with the request's values as bound parameters (no SQL is built from a request). The other
+statements are the catalog question "may this role call pgq.retry, pgq.pause, ...?"
+(queries.PRIVILEGES), asked to show a pgq_monitor login as read-only, and the workflow reads of the
+job and batch pages (pgq.get_job's whole row, pgq.job_links, pgq.batch_status: the clients' own
+queries.GET_JOB, JOB_LINKS and BATCH_STATUS), each one call of a pgq function too, over the
+Client's pool. pgq itself stays the authority: an action the role may not make is refused by the
+database too. ``GET /metrics`` is pgq_thin.metrics.exposition over a pooled connection (the same
+text as ``pgq-thin metrics``).
 
 Security (pgq_thin.dashboard.guard, before any route): ``allowed_hosts`` (the loopback names when it
 binds a loopback address) refuses other Host headers, against DNS rebinding; request bodies are
@@ -29,6 +32,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import jinja2
+from psycopg.rows import dict_row
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -60,7 +64,7 @@ from pgq_thin.errors import (
     WrongState,
     translated,
 )
-from pgq_thin.models import QueueSettings, error_summary
+from pgq_thin.models import JobRecord, QueueSettings, error_summary, record
 from pgq_thin.webguard import Throttle
 from pgq_thin.webguard import allowed_hosts as allowed_hosts_of
 
@@ -77,10 +81,19 @@ RESOLVE_STATES = ("done", "pending", "failed", "cancelled")
 MAX_BIGINT = 2**63 - 1
 #: What a page asks pgq.list_jobs for unless told otherwise.
 PAGE_SIZE = 50
+#: How many of a job's dependencies, and of its dependants, the job page and /api/jobs/{id} list
+#: (pgq.job_links is asked for one more of each, to say when there are more).
+LINKS_SHOWN = 100
+#: pgq.get_job's columns of migration 0017 that the job page shows beside the JobRecord.
+WORKFLOW_COLUMNS = ("dependency_mode", "batch_id")
 
 
 class BadRequest(Exception):
     """A request value the dashboard cannot even pass to pgq (a job id that is not a number)."""
+
+
+class NotFound(JobNotFound):
+    """The dashboard's own "no such ..." (P0002, 404), for a function that answers no row."""
 
 
 def _plain(value: Any) -> Any:
@@ -122,13 +135,14 @@ def _error_body(exc: Exception) -> dict[str, Any]:
     return {"error": str(exc), "sqlstate": None, "hint": None}
 
 
-def _job_id(text: str) -> int:
+def _job_id(text: str, what: str = "job") -> int:
+    """A job's (or a batch's) id from the path: 400 unless it is a bigint, 1 or more."""
     try:
         value = int(text)
     except ValueError:
-        raise BadRequest(f"job id must be a number, got {text[:40]!r}") from None
+        raise BadRequest(f"{what} id must be a number, got {text[:40]!r}") from None
     if not 1 <= value <= MAX_BIGINT:
-        raise BadRequest(f"job id must be between 1 and {MAX_BIGINT}, got {value}")
+        raise BadRequest(f"{what} id must be between 1 and {MAX_BIGINT}, got {value}")
     return value
 
 
@@ -262,8 +276,12 @@ class Dashboard:
 
     def job(self, request: Request) -> dict[str, Any]:
         job_id = _job_id(request.path_params["id"])
-        return {"job": self.client.get_job(job_id), "history": self.client.job_history(job_id),
-                "resolve_states": RESOLVE_STATES}
+        job, workflow = self.job_record(job_id)
+        return {"job": job, "workflow": workflow, "links": self.job_links(job_id),
+                "history": self.client.job_history(job_id), "resolve_states": RESOLVE_STATES}
+
+    def batch(self, request: Request) -> dict[str, Any]:
+        return {"batch": self.batch_status(_job_id(request.path_params["id"], "batch"))}
 
     def schedules(self, request: Request) -> dict[str, Any]:
         return {"schedules": self.client.schedules()}
@@ -271,6 +289,45 @@ class Dashboard:
     def health(self, request: Request) -> dict[str, Any]:
         findings = self.client.health()
         return {"findings": findings, "worst": _worst(findings)}
+
+    # Workflows (issue 26): a job's dependencies, dependants and batch; a batch --------------------
+    # Read with the clients' statements (queries.JOB_LINKS, BATCH_STATUS, and GET_JOB for pgq.get_job's
+    # whole row), over the Client's pool: the dashboard's login, as every other page.
+
+    def _rows(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        with translated(), self.client.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            cur.execute(query, params)
+            return cur.fetchall()
+
+    def job_record(self, job_id: int) -> tuple[JobRecord, dict[str, Any]]:
+        """pgq.get_job's row (P0002 when unknown or not readable): the JobRecord, and its workflow
+        columns (None on a schema before migration 0017)."""
+        [row] = self._rows(queries.GET_JOB, {"id": job_id})
+        return record(JobRecord, row), {name: row.get(name) for name in WORKFLOW_COLUMNS}
+
+    def job_links(self, job_id: int) -> dict[str, Any] | None:
+        """The first LINKS_SHOWN dependencies and dependants (id order) from pgq.job_links, and
+        whether there are more of each; None when the schema has no pgq.job_links (before 0017)."""
+        try:
+            rows = self._rows(queries.JOB_LINKS, {"id": job_id, "limit_rows": LINKS_SHOWN + 1})
+        except PgqError as exc:
+            if exc.sqlstate == "42883":  # undefined_function: the database is not migrated to 0017 yet
+                return None
+            raise
+        links: dict[str, Any] = {}
+        for relation, name in (("dependency", "dependencies"), ("dependant", "dependants")):
+            of = [{k: r[k] for k in ("job_id", "queue", "kind", "state")} for r in rows if r["relation"] == relation]
+            links[name], links[f"more_{name}"] = of[:LINKS_SHOWN], len(of) > LINKS_SHOWN
+        return links
+
+    def batch_status(self, batch_id: int) -> dict[str, Any]:
+        """pgq.batch_status's row: to the login that opened the batch, pgq_monitor and pgq_admin
+        (P0002 for anyone else, and for an unknown id)."""
+        rows = self._rows(queries.BATCH_STATUS, {"batch_id": batch_id})
+        if not rows:
+            raise NotFound(f"pgq: no batch with id {batch_id}", "P0002")
+        return rows[0]
 
     def login_form(self, request: Request) -> Response:
         if self.token is None:
@@ -340,8 +397,15 @@ class Dashboard:
         return {"jobs": jobs, "next_before_id": jobs[-1].id if len(jobs) == limit else None}
 
     def api_job(self, request: Request) -> Any:
+        """The job (pgq.get_job's row), its history, and its links (see job_links; null before 0017)."""
         job_id = _job_id(request.path_params["id"])
-        return {"job": self.client.get_job(job_id), "history": self.client.job_history(job_id)}
+        job, workflow = self.job_record(job_id)
+        return {"job": {**_plain(job), **_plain(workflow)}, "history": self.client.job_history(job_id),
+                "links": self.job_links(job_id)}
+
+    def api_batch(self, request: Request) -> Any:
+        """pgq.batch_status's row: state, counts by state, the callback and its job id once enqueued."""
+        return {"batch": self.batch_status(_job_id(request.path_params["id"], "batch"))}
 
     def api_health(self, request: Request) -> Any:
         findings = self.client.health()
@@ -447,6 +511,7 @@ def create_app(client: Client, *, token: str | None = None, allowed_hosts: Seque
         Route("/", d.page("index.html", d.overview)),
         Route("/jobs", d.page("jobs.html", d.jobs)),
         Route("/jobs/{id}", d.page("job.html", d.job)),
+        Route("/batches/{id}", d.page("batch.html", d.batch)),
         Route("/schedules", d.page("schedules.html", d.schedules)),
         Route("/health", d.page("health.html", d.health)),
         Route("/login", d.login_form, methods=["GET"]),
@@ -457,6 +522,7 @@ def create_app(client: Client, *, token: str | None = None, allowed_hosts: Seque
         Route("/api/queues", d.api(d.api_queues)),
         Route("/api/jobs", d.api(d.api_jobs)),
         Route("/api/jobs/{id}", d.api(d.api_job)),
+        Route("/api/batches/{id}", d.api(d.api_batch)),
         Route("/api/health", d.api(d.api_health)),
         Route("/api/schedules", d.api(d.api_schedules)),
         Route("/api/jobs/{id}/retry", d.job_action("retry"), methods=["POST"]),

@@ -5,13 +5,17 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from datetime import datetime
 from typing import Any
 
-from pgq_thin.models import Job
+from pgq_thin.errors import WrongState
+from pgq_thin.models import DependencyResult, Job
 
-__all__ = ["Handler", "JobContext"]
+__all__ = ["DependencyResults", "Handler", "JobContext"]
+
+#: The dependencies JobContext.dependency_results reads per call of pgq.dependency_results.
+DEPENDENCY_PAGE = 100
 
 
 class JobContext:
@@ -25,6 +29,8 @@ class JobContext:
     lease is no longer renewed, ``lease_lost`` is set and the outcome is discarded (the database
     ends the attempt as timed_out). A long handler should check ``should_stop`` between steps,
     and may record a checkpoint with ``progress({...})`` that a retry finds in ``job.progress``.
+    A job enqueued with ``depends_on`` reads how its dependencies ended (their results, errors)
+    with ``dependency_results()``.
 
     ``client`` is the worker's client: a Client for a Worker, an AsyncClient for an AsyncWorker.
 
@@ -77,6 +83,14 @@ class JobContext:
             return self._checked(answer)
         return self._stored(bool(answer))
 
+    def dependency_results(self) -> DependencyResults:
+        """pgq.dependency_results, page by page: how each dependency of this job ended (a
+        DependencyResult: its id, state, result, last error and end; state None when it was
+        pruned), by id. On a Worker iterate it (``for dep in context.dependency_results()``); on an
+        AsyncWorker, ``async for`` it, or await it for a list. Reading it is an owner operation:
+        when the job is no longer ours it raises WrongState (and sets ``lease_lost``)."""
+        return DependencyResults(self)
+
     async def _checked(self, answer: Any) -> bool:
         return self._stored(bool(await answer))
 
@@ -101,6 +115,70 @@ class JobContext:
 
     def __repr__(self) -> str:
         return f"JobContext(job={self.job!r}, worker_name={self.worker_name!r})"
+
+
+class DependencyResults:
+    """What JobContext.dependency_results returns: an iterator on a Worker, an async iterator (or,
+    awaited, a list) on an AsyncWorker, each reading pgq.dependency_results DEPENDENCY_PAGE rows at
+    a time (after the last id read) for the context's job and attempt."""
+
+    def __init__(self, context: JobContext) -> None:
+        self._context = context
+
+    def _page(self, after_id: int | None) -> Any:
+        """The client's answer for the page after ``after_id`` (to await, on an AsyncWorker)."""
+        job = self._context.job
+        return self._context.client.dependency_results(job.id, job.attempt, limit_rows=DEPENDENCY_PAGE,
+                                                       after_id=after_id)
+
+    def _lost(self) -> None:
+        self._context.lease_lost.set()
+
+    def __iter__(self) -> Iterator[DependencyResult]:
+        after_id: int | None = None
+        while True:
+            try:
+                page = self._page(after_id)
+            except WrongState:
+                self._lost()
+                raise
+            if inspect.isawaitable(page):
+                close = getattr(page, "close", None)
+                if close is not None:
+                    close()  # never awaited: no "was never awaited" warning
+                raise TypeError("on an AsyncWorker, read context.dependency_results() with async for "
+                                "(or await it for a list)")
+            yield from page
+            if len(page) < DEPENDENCY_PAGE:
+                return
+            after_id = page[-1].dependency_id
+
+    async def __aiter__(self) -> AsyncIterator[DependencyResult]:
+        after_id: int | None = None
+        while True:
+            answer = self._page(after_id)
+            if not inspect.isawaitable(answer):
+                raise TypeError("on a Worker, read context.dependency_results() with for (async for and "
+                                "await are for an AsyncWorker)")
+            try:
+                page: list[DependencyResult] = await answer
+            except WrongState:
+                self._lost()
+                raise
+            for row in page:
+                yield row
+            if len(page) < DEPENDENCY_PAGE:
+                return
+            after_id = page[-1].dependency_id
+
+    def __await__(self) -> Generator[Any, None, list[DependencyResult]]:
+        return self._all().__await__()
+
+    async def _all(self) -> list[DependencyResult]:
+        return [row async for row in self]
+
+    def __repr__(self) -> str:
+        return f"<dependency results of job {self._context.job.id}, attempt {self._context.job.attempt}>"
 
 
 _LEASE_LOST_MADE = threading.Lock()  # makes JobContext.lease_lost once per job, whoever asks first

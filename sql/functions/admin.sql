@@ -190,7 +190,7 @@ BEGIN
         LIMIT prune.max_jobs
         FOR UPDATE OF j SKIP LOCKED
     ), gone AS (
-        DELETE FROM pgq.jobs AS j USING doomed AS d WHERE j.id = d.id RETURNING j.id, j.depends_on
+        DELETE FROM pgq.jobs AS j USING doomed AS d WHERE j.id = d.id RETURNING j.id, j.depends_on, j.batch_id
     ), events AS (
         DELETE FROM pgq.job_events AS e USING gone AS g WHERE e.job_id = g.id
     ), links AS (
@@ -198,12 +198,17 @@ BEGIN
         USING (SELECT x.dep, g.id FROM gone AS g CROSS JOIN LATERAL unnest(g.depends_on) AS x(dep)
                WHERE g.depends_on IS NOT NULL) AS k
         WHERE l.depends_on = k.dep AND l.job_id = k.id
+    ), members AS (
+        DELETE FROM pgq.batch_members AS m USING gone AS g
+        WHERE g.batch_id IS NOT NULL AND m.batch_id = g.batch_id AND m.job_id = g.id
     )
     SELECT count(*) INTO deleted FROM gone;
-    -- Batches whose callback was enqueued before the same horizon (their counts with them).
+    -- Batches whose callback was enqueued before the same horizon and whose members are all
+    -- deleted (their counts go with them).
     DELETE FROM pgq.batches AS b
     WHERE b.id IN (SELECT x.id FROM pgq.batches AS x
                    WHERE x.finished_at < pgq._now() - coalesce(prune.older_than, interval '7 days')
+                     AND NOT EXISTS (SELECT FROM pgq.batch_members AS m WHERE m.batch_id = x.id)
                    ORDER BY x.finished_at LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);
 
     -- Idle tenants, queue by queue under the queue's writer lock, taken without waiting and held

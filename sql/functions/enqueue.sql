@@ -188,7 +188,7 @@ BEGIN
     END IF;
 
     IF enqueue.batch IS NOT NULL THEN
-        PERFORM pgq._batch_added(enqueue.batch, 1);
+        PERFORM pgq._batch_added(enqueue.batch, ARRAY[new_id]);
     END IF;
     IF dep_ids IS NOT NULL THEN
         INSERT INTO pgq.job_dependants (depends_on, job_id) SELECT d.id, new_id FROM unnest(dep_ids) AS d(id);
@@ -283,11 +283,8 @@ BEGIN
             END IF;
         END IF;
     END IF;
-    IF enqueue_many.batch IS NOT NULL AND cardinality(enqueue_many.payloads) > 0 THEN
-        PERFORM pgq._batch_added(enqueue_many.batch, cardinality(enqueue_many.payloads));
-    END IF;
 
-    IF new_state = 'pending' AND dep_ids IS NULL THEN
+    IF new_state = 'pending' AND dep_ids IS NULL AND enqueue_many.batch IS NULL THEN
         -- Identity values are drawn in the order the rows are inserted, so ordering by id returns
         -- the ids in payload order.
         RETURN QUERY
@@ -323,6 +320,9 @@ BEGIN
         RETURNING jobs.id
     )
     SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') INTO new_ids FROM inserted AS i;
+    IF enqueue_many.batch IS NOT NULL AND cardinality(new_ids) > 0 THEN
+        PERFORM pgq._batch_added(enqueue_many.batch, new_ids);
+    END IF;
     INSERT INTO pgq.job_dependants (depends_on, job_id)
     SELECT d.id, n.id FROM unnest(dep_ids) AS d(id) CROSS JOIN unnest(new_ids) AS n(id);
     IF new_state = 'waiting' THEN
