@@ -99,6 +99,10 @@ RAW_INSERT = "INSERT INTO bench_raw.jobs (payload) VALUES (%(payload)s::jsonb) R
 RAW_INSERT_MANY = ("INSERT INTO bench_raw.jobs (payload) SELECT p FROM unnest(%(payloads)b::jsonb[]) AS p"
                    " RETURNING id")
 
+#: The enqueue statements' parameters of 0017 (issue 26), for a job of no workflow: what the
+#: client sends by default.
+NO_WORKFLOW: dict[str, Any] = {"dependency_mode": "all_done", "batch": None, "notify_finished": False}
+
 #: The prefetch of the "pgq worker prefetch" drain: claimed jobs that may wait for a slot.
 WORKER_PREFETCH = 100
 
@@ -226,7 +230,7 @@ def _load_pgq(conn: psycopg.Connection, n: int, tenants: int = 0) -> None:
             conn.execute(queries.ENQUEUE_MANY, {
                 "queue": QUEUE, "kind": "noop", "payloads": [Jsonb({"n": i}) for i in ids],
                 "run_at": None, "priority": 0, "max_attempts": None, "tenant": tenant, "max_run_time": None,
-                "meta": None, "concurrency_key": None, "depends_on": None})
+                "meta": None, "concurrency_key": None, "depends_on": None, **NO_WORKFLOW})
     conn.execute("VACUUM ANALYZE pgq.jobs")
     conn.execute("VACUUM ANALYZE pgq.job_events")
 
@@ -450,7 +454,8 @@ def _concurrent_enqueues(dsn: str, producers: int, total: int) -> float:
                 conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": n}),
                                                "run_at": None, "priority": 0, "max_attempts": None,
                                                "unique_key": None, "tenant": None, "max_run_time": None,
-                                               "meta": None, "concurrency_key": None, "depends_on": None}, prepare=True)
+                                               "meta": None, "concurrency_key": None,
+                                               "depends_on": None, **NO_WORKFLOW}, prepare=True)
 
     t = time.perf_counter()
     _run_threads(producers, work)
@@ -469,7 +474,8 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                 conn.execute(queries.ENQUEUE_MANY, {"queue": QUEUE, "kind": "noop", "payloads": payloads,
                                                     "run_at": None, "priority": 0, "max_attempts": None,
                                                     "tenant": None, "max_run_time": None, "meta": None,
-                                                    "concurrency_key": None, "depends_on": None}, prepare=True)
+                                                    "concurrency_key": None,
+                                                    "depends_on": None, **NO_WORKFLOW}, prepare=True)
             out["enqueue_many (1000 per call)"].append((cfg.enqueue_jobs // 1000) * 1000 / (time.perf_counter() - t))
             _reset(conn)
             t = time.perf_counter()
@@ -486,7 +492,8 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                         conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}),
                                                        "run_at": None, "priority": 0, "max_attempts": None,
                                                        "unique_key": None, "tenant": None, "max_run_time": None,
-                                                       "meta": None, "concurrency_key": None, "depends_on": None},
+                                                       "meta": None, "concurrency_key": None,
+                                                       "depends_on": None, **NO_WORKFLOW},
                                      prepare=True)
                 out[label].append(cfg.single_enqueues / (time.perf_counter() - t))
             # TESTING.md 17: the commit-lock cost of NOTIFY. A transaction that notifies takes a
@@ -555,7 +562,8 @@ def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                 warm = conn.execute(queries.ENQUEUE, {
                     "queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": -1}), "run_at": None, "priority": 0,
                     "max_attempts": None, "unique_key": None, "tenant": None,
-                    "max_run_time": None, "meta": None, "concurrency_key": None, "depends_on": None}).fetchone()[0]  # type: ignore[index]
+                    "max_run_time": None, "meta": None, "concurrency_key": None,
+                    "depends_on": None, **NO_WORKFLOW}).fetchone()[0]  # type: ignore[index]
                 while warm not in starts and time.monotonic() < deadline:
                     time.sleep(0.001)
                 for i in range(cfg.latency_samples):
@@ -564,7 +572,8 @@ def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                     job_id = conn.execute(queries.ENQUEUE, {
                         "queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}), "run_at": None, "priority": 0,
                         "max_attempts": None, "unique_key": None, "tenant": None, "max_run_time": None,
-                        "meta": None, "concurrency_key": None, "depends_on": None}).fetchone()[0]  # type: ignore[index]
+                        "meta": None, "concurrency_key": None,
+                        "depends_on": None, **NO_WORKFLOW}).fetchone()[0]  # type: ignore[index]
                     committed[job_id] = time.time()  # autocommit: the COMMIT has returned
                     deadline = time.monotonic() + 5 + 2 * mode["poll_interval"]
                     while job_id not in starts and time.monotonic() < deadline:
@@ -1089,7 +1098,7 @@ def _churn(dsn: str, seconds: float, workers: int = 4, sample_every: float = 2.0
                                                         "run_at": None, "priority": 0, "max_attempts": None,
                                                         "tenant": None, "max_run_time": None,
                                                         "meta": None, "concurrency_key": None,
-                                                        "depends_on": None}, prepare=True)
+                                                        "depends_on": None, **NO_WORKFLOW}, prepare=True)
                 else:
                     time.sleep(0.005)
 
