@@ -472,6 +472,29 @@ def test_an_end_and_an_enqueue_that_overlap_are_settled_by_the_next_sweep(
     assert (links(conn), backlog(conn)) == (0, (0, 0))
 
 
+@pytest.mark.parametrize("first", ["end", "enqueue"])
+def test_an_all_ended_dependant_whose_enqueue_overlapped_a_failure_is_released_by_the_next_sweep(
+        h: Harness, conn: psycopg.Connection, first: str) -> None:
+    a = enqueue(conn)
+    attempt = run(conn, a)
+    ender, producer = h.session("ender"), h.session("producer")
+    h.step(ender, "begin", "BEGIN")
+    h.step(producer, "begin", "BEGIN")
+    sql = "SELECT pgq.enqueue('q', 'k', depends_on => %s, dependency_mode => 'all_ended')"
+    if first == "end":
+        not_blocked(h.step(ender, "end", ENDS["failed"], (a, attempt)))
+        b = not_blocked(h.step(producer, "enqueue", sql, ([a],))).value
+    else:
+        b = not_blocked(h.step(producer, "enqueue", sql, ([a],))).value
+        not_blocked(h.step(ender, "end", ENDS["failed"], (a, attempt)))
+    for session in ((ender, producer) if first == "end" else (producer, ender)):
+        assert h.step(session, "commit", "COMMIT").ok
+    assert (state(conn, a), state(conn, b)) == ("failed", "waiting")
+    assert one(conn, "SELECT pgq.sweep()") == 0
+    assert state(conn, b) == "pending"
+    assert (links(conn), backlog(conn)) == (0, (0, 0))
+
+
 def test_an_end_still_in_flight_at_the_sweep_is_settled_by_the_sweep_after_it_commits(
         h: Harness, conn: psycopg.Connection) -> None:
     a = enqueue(conn)
@@ -569,8 +592,11 @@ def test_a_job_the_login_may_not_read_is_refused_at_once_while_its_owner_holds_i
     assert h.step(owner, "commit", "COMMIT").ok
 
 
+@pytest.mark.parametrize("mode", ["all_done", "all_ended"])
 def test_many_enqueuers_and_completers_at_once_lose_nothing_and_run_nothing_early(
-        dsn: str, conn: psycopg.Connection) -> None:
+        dsn: str, conn: psycopg.Connection, mode: str) -> None:
+    """Both dependency modes: all_done dependants of a failed job are cancelled, all_ended ones
+    released once every dependency has ended, however; none runs before that."""
     conn.execute("SELECT pgq.configure_queue('deps', audit => false)")
     deps = [int(r[0]) for r in conn.execute(
         "SELECT pgq.enqueue_many('deps', 'k', array_fill('{}'::jsonb, ARRAY[300]))")]
@@ -592,7 +618,7 @@ def test_many_enqueuers_and_completers_at_once_lose_nothing_and_run_nothing_earl
                 while not stop.is_set():
                     picked = rng.sample(deps, rng.randint(1, 4))
                     with lock:
-                        enqueued.append((enqueue(c, picked, queue="after"), picked))
+                        enqueued.append((enqueue(c, picked, queue="after", dependency_mode=mode), picked))
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
 
@@ -614,7 +640,9 @@ def test_many_enqueuers_and_completers_at_once_lose_nothing_and_run_nothing_earl
             while not stop.is_set():
                 early.extend(c.execute(
                     "SELECT j.id FROM pgq.jobs AS j WHERE j.queue = 'after' AND j.state = 'pending' AND EXISTS ("
-                    " SELECT FROM pgq.jobs AS d WHERE d.id = ANY (j.depends_on) AND d.state <> 'done')").fetchall())
+                    " SELECT FROM pgq.jobs AS d WHERE d.id = ANY (j.depends_on)"
+                    " AND d.state <> ALL (%s::pgq.job_state[]))",
+                    (["done"] if mode == "all_done" else ["done", "failed", "cancelled"],)).fetchall())
 
     enqueuers = [threading.Thread(target=enqueuer, args=(i,)) for i in range(4)]
     completers = [threading.Thread(target=completer, args=(to_end[i::3],)) for i in range(3)]
@@ -632,7 +660,7 @@ def test_many_enqueuers_and_completers_at_once_lose_nothing_and_run_nothing_earl
     settle(conn)  # the enqueues that overlapped an end
     states = dict(conn.execute("SELECT id, state::text FROM pgq.jobs WHERE queue = 'after'").fetchall())
     wrong = [(b, picked, states[b]) for b, picked in enqueued
-             if states[b] != ("cancelled" if failing & set(picked) else "pending")]
+             if states[b] != ("cancelled" if mode == "all_done" and failing & set(picked) else "pending")]
     assert not wrong, f"dependants in the wrong state: {wrong[:5]}"
     assert links(conn) == 0
 
