@@ -1005,6 +1005,7 @@ def _batch_drain(dsn: str, case: str, workers: int, n: int) -> dict[str, Any]:
     _timed_drain; for the batch, count its callback jobs and compare their meta with the data."""
     with _connect(dsn) as conn:
         _reset(conn)
+        conn.execute("TRUNCATE pgq.batch_members, pgq.batch_counts, pgq.batches")  # the last run's batch
         _set_mode(conn, True)
         batch = None
         if case == "batch":
@@ -1065,6 +1066,7 @@ def _batch_drains(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                  res[str(w)]["ratio"], res[str(w)]["callbacks"], res[str(w)]["callback_by"])
     with _connect(dsn) as conn:
         _reset(conn)
+        conn.execute("TRUNCATE pgq.batch_members, pgq.batch_counts, pgq.batches")
     return res
 
 
