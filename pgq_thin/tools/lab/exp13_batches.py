@@ -132,9 +132,6 @@ DEPENDENCY_RESULTS = (
 COMPLETE_GATHER = ("SELECT pgq.complete(id => %(id)s::bigint, attempt => %(attempt)s::integer,"
                    " result => %(result)s::jsonb) AS completed")
 
-FINAL = ("done", "failed", "cancelled")
-
-
 def _claim(h: Harness, workers: list[Session], queue: str, batch: int, tag: str) -> dict[str, list[dict[str, Any]]]:
     steps = h.round(tag, [(w, f"{w.name}_{tag}", CLAIM, {"worker": w.name, "queues": [queue], "batch": batch,
                                                          "lease": "5 minutes"}) for w in workers])
@@ -181,7 +178,7 @@ def _part_a(h: Harness, v: Verdict) -> dict[str, Any]:
                     items.append((w, tag + "_add_member", ADD_MEMBER_AND_COMPLETE,
                                   {**params, **ids, "child": next_child}))
                     next_child += 1
-                    recorded[job["id"]] = ("done", None)  # its result names the child: read below
+                    recorded[job["id"]] = ("done", None)  # (its result also names the child)
                 else:
                     items.append((w, tag + "_complete", COMPLETE_MEMBER, params))
                     recorded[job["id"]] = ("done", {"n": n})
