@@ -83,11 +83,12 @@ CREATE TABLE pgq.batch_counts (
     failed    bigint   DEFAULT 0 NOT NULL,
     cancelled bigint   DEFAULT 0 NOT NULL,
     CONSTRAINT batch_counts_pkey PRIMARY KEY (batch_id, shard),
-    CONSTRAINT batch_counts_batch_fkey FOREIGN KEY (batch_id) REFERENCES pgq.batches (id) ON DELETE CASCADE,
     CONSTRAINT batch_counts_shard_check CHECK (shard BETWEEN 0 AND 15)
 );
 COMMENT ON TABLE pgq.batch_counts IS
-    'A batch''s members added and ended, by state, in 16 shards: their sums are the batch''s counts.';
+    'A batch''s members added and ended, by state, in 16 shards: their sums are the batch''s counts '
+    '(no foreign key: a member''s every end updates a shard, and a key check per update would cost '
+    'more than the count; pgq.prune deletes them with their batch).';
 REVOKE ALL ON pgq.batch_counts FROM PUBLIC;
 
 CREATE TABLE pgq.batch_members (

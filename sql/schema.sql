@@ -478,7 +478,8 @@ CREATE TABLE pgq.batch_counts (
 );
 COMMENT ON TABLE pgq.batch_counts IS
     'A batch''s members added and ended, by state, in 16 shards: their sums are the batch''s '
-    'counts.';
+    'counts (no foreign key: a member''s every end updates a shard, and a key check per update '
+    'would cost more than the count; pgq.prune deletes them with their batch).';
 
 CREATE TABLE pgq.batch_members (
     batch_id  bigint NOT NULL,
@@ -493,7 +494,6 @@ ALTER TABLE pgq.grants ADD CONSTRAINT grants_queue_fkey FOREIGN KEY (queue) REFE
 ALTER TABLE pgq.key_limits ADD CONSTRAINT key_limits_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_rates ADD CONSTRAINT key_rates_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.rate_buckets ADD CONSTRAINT rate_buckets_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
-ALTER TABLE pgq.batch_counts ADD CONSTRAINT batch_counts_batch_fkey FOREIGN KEY (batch_id) REFERENCES pgq.batches(id) ON DELETE CASCADE;
 
 -- Rows of a fresh install ---------------------------------------------------------------------
 
@@ -2059,18 +2059,25 @@ COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) 
 -- * pgq.batch_open writes the batch row and 16 count shards (pgq.batch_counts). A member's enqueue
 --   holds the batch row FOR SHARE (so pgq.batch_close, which updates it, waits for the enqueues in
 --   flight and no member joins a sealed batch) and adds to one shard; a member's end (the trigger
---   of pgq.jobs: pgq._count_finished) adds to one shard and never locks the batch row. The shard is
---   the first one, from the backend's own (pg_backend_pid() % 16), that no other transaction holds
---   (SKIP LOCKED; one it holds itself is taken again): members of one batch end side by side, and
---   only with more than 16 transactions counting into one batch at once does one wait for another.
--- * Once the batch is sealed, a member's end sums the 16 shards; when every member added has ended,
---   it locks the batch row and, if no callback is recorded yet, enqueues it (pgq._finish_batch):
---   exactly once, since the callback's id is read and written under that lock. Two ends that are
---   the last two at once in different shards each see the other's as not yet committed and neither
---   enqueues it; pgq.sweep settles that (pgq._settle_batches: every sealed batch without a callback,
---   by batches_unsettled_idx). So the callback is enqueued in the transaction of the last end, or
---   when ends overlapped at the very end, by the first sweep after they committed; never twice,
---   never before the last member has ended.
+--   of pgq.jobs: pgq._count_finished) adds to one shard and never locks the batch row (the shards
+--   have no foreign key to the batch: a shard's second update in one transaction would check it,
+--   FOR KEY SHARE on the batch row, a cost per member end and a wait behind a batch_close). The
+--   shard is the first one, from the backend's own (pg_backend_pid() % 16), that no other
+--   transaction holds (SKIP LOCKED), then the same one for the rest of the transaction: members of
+--   one batch end side by side, and only with more than 16 transactions counting into one batch at
+--   once does one wait for another.
+-- * Once the batch is sealed, a member's end sums the 16 shards. Near the end (at most
+--   pgq._batch_tail() members left as it sees them) it locks the batch row, held to its commit, and
+--   if every member added has ended and no callback is recorded, enqueues it (pgq._finish_batch):
+--   exactly once, since the callback's id is read and written under that lock. The lock makes the
+--   last ends take turns: of two last ends in flight at once (each counted in its own shard, each
+--   seeing the other's as not committed), the second to lock waits for the first's commit and then
+--   sees its end, so the last one to commit enqueues the callback in its own transaction.
+--   pgq.batch_close locks the 16 shards after sealing, so it waits for the ends in flight (which
+--   did not see the seal) and then sees them. The rest (more than pgq._batch_tail() ends in flight
+--   at once at the very end, or an end inside a claim's recovery that found the batch row held) is
+--   settled by pgq.sweep (pgq._settle_batches: every sealed batch without a callback, by
+--   batches_unsettled_idx). Never twice, never before the last member has ended.
 -- * pgq.retry of a failed or cancelled member takes its end back (a shard's count goes down), so
 --   its next end counts once. A member retried after the callback was enqueued changes the counts
 --   pgq.batch_status shows, not the callback.
@@ -2079,16 +2086,22 @@ COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) 
 --   the last step stopped (batches.cancel_after); the sweep takes the next steps.
 -- Every function here runs as the owner; every name is schema-qualified.
 
--- The shard of `batch` this transaction counts into, locked (FOR NO KEY UPDATE): the first one
--- from the backend's own that no other transaction holds, or, when all 16 are held, the backend's
--- own, waited for.
+-- The shard of `batch` this transaction counts into, locked (FOR NO KEY UPDATE): the one it took
+-- last time for this batch (the placeholder setting pgq.batch_shard, local to the transaction,
+-- holds "batch:shard"), so that a transaction holds one shard of a batch and waits for no other
+-- once it has one; else the first one from the backend's own (pg_backend_pid() % 16) that no other
+-- transaction holds, or, when all 16 are held, the backend's own, waited for.
 CREATE OR REPLACE FUNCTION pgq._batch_shard(batch bigint) RETURNS smallint
     LANGUAGE plpgsql
     AS $$
 DECLARE
     own   smallint := (pg_backend_pid() % 16)::smallint;
+    last  text := current_setting('pgq.batch_shard', true);
     taken smallint;
 BEGIN
+    IF split_part(last, ':', 1) = _batch_shard.batch::text THEN
+        RETURN split_part(last, ':', 2)::smallint;
+    END IF;
     SELECT c.shard INTO taken FROM pgq.batch_counts AS c
     WHERE c.batch_id = _batch_shard.batch
     ORDER BY (c.shard - own + 16) % 16
@@ -2099,9 +2112,18 @@ BEGIN
         PERFORM FROM pgq.batch_counts AS c WHERE c.batch_id = _batch_shard.batch AND c.shard = own
         FOR NO KEY UPDATE;
     END IF;
+    PERFORM set_config('pgq.batch_shard', _batch_shard.batch || ':' || taken, true);
     RETURN taken;
 END
 $$;
+
+-- How many members may be left, as an end sees them, for the end to lock its batch's row (see
+-- above): more than the ends that can be in flight at once (16 shard holders, a worker's
+-- transaction carrying up to 64 completions), few enough that the ends taking turns are a batch's
+-- last few transactions. (A constant in a function of its own: tests replace it.)
+CREATE OR REPLACE FUNCTION pgq._batch_tail() RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT 4096 $$;
 
 -- The batch's counts: members added, and those ended done, failed and cancelled (sums of its
 -- shards, as this statement sees them).
@@ -2170,7 +2192,7 @@ BEGIN
     FROM pgq.batches AS b WHERE b.id = _batch_member_ended.batch;
     IF sealed AND n > 0 THEN
         sums := pgq._batch_sums(_batch_member_ended.batch);
-        IF sums.done + sums.failed + sums.cancelled >= sums.added THEN
+        IF sums.added - (sums.done + sums.failed + sums.cancelled) <= pgq._batch_tail() THEN
             -- Inside a claim's or a sweep's recovery of expired leases (its dependency budget is 0),
             -- a batch row another transaction holds is left to the sweep: a claim never waits.
             PERFORM pgq._finish_batch(_batch_member_ended.batch,
@@ -2181,7 +2203,7 @@ END
 $$;
 
 -- Enqueues the callback of the sealed batch `batch` if every member has ended and none is
--- recorded yet, under the batch row's lock (taken here: FOR UPDATE, waited for unless `skip`,
+-- recorded yet, under the batch row's lock (taken here: FOR NO KEY UPDATE, waited for unless `skip`,
 -- when a batch row another transaction holds is left for later). Returns whether it enqueued it.
 -- The callback: the batch's callback queue, kind and payload, meta {"batch": {id, members, done,
 -- failed, cancelled}}, enqueued by the batch's opener; cancelled at once (last_error says why)
@@ -2197,9 +2219,9 @@ DECLARE
     why    text;
 BEGIN
     IF skip THEN
-        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _finish_batch.batch FOR UPDATE SKIP LOCKED;
+        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _finish_batch.batch FOR NO KEY UPDATE SKIP LOCKED;
     ELSE
-        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _finish_batch.batch FOR UPDATE;
+        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _finish_batch.batch FOR NO KEY UPDATE;
     END IF;
     IF NOT FOUND OR b.sealed_at IS NULL OR b.callback_job_id IS NOT NULL THEN
         RETURN false;
@@ -2297,7 +2319,7 @@ DECLARE
 BEGIN
     FOR r IN SELECT b.id FROM pgq.batches AS b WHERE b.cancel_after IS NOT NULL ORDER BY b.id LIMIT max_batches LOOP
         EXIT WHEN left_over <= 0;
-        CONTINUE WHEN NOT EXISTS (SELECT FROM pgq.batches AS b WHERE b.id = r.id FOR UPDATE SKIP LOCKED);
+        CONTINUE WHEN NOT EXISTS (SELECT FROM pgq.batches AS b WHERE b.id = r.id FOR NO KEY UPDATE SKIP LOCKED);
         left_over := left_over - pgq._cancel_batch_step(r.id, left_over);
     END LOOP;
     FOR r IN SELECT b.id FROM pgq.batches AS b WHERE b.sealed_at IS NOT NULL AND b.callback_job_id IS NULL
@@ -2310,7 +2332,7 @@ BEGIN
 END
 $$;
 
--- The batch `id` for a call of its opener (or an admin): the row, locked FOR UPDATE when `lock`;
+-- The batch `id` for a call of its opener (or an admin): the row, locked FOR NO KEY UPDATE when `lock`;
 -- P0002 for an unknown id or a batch another login opened.
 CREATE OR REPLACE FUNCTION pgq._own_batch(id bigint, lock boolean) RETURNS pgq.batches
     LANGUAGE plpgsql
@@ -2322,7 +2344,7 @@ BEGIN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
     IF lock THEN
-        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _own_batch.id FOR UPDATE;
+        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _own_batch.id FOR NO KEY UPDATE;
     ELSE
         SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _own_batch.id;
     END IF;
@@ -2381,6 +2403,8 @@ BEGIN
         RETURN false;
     END IF;
     UPDATE pgq.batches AS x SET sealed_at = pgq._now() WHERE x.id = b.id;
+    -- The ends in flight did not see the seal: wait for them (they hold their shards), then count.
+    PERFORM FROM pgq.batch_counts AS c WHERE c.batch_id = b.id ORDER BY c.shard FOR NO KEY UPDATE;
     PERFORM pgq._finish_batch(b.id, false);
     RETURN true;
 END
@@ -5558,12 +5582,16 @@ BEGIN
     )
     SELECT count(*) INTO deleted FROM gone;
     -- Batches whose callback was enqueued before the same horizon and whose members are all
-    -- deleted (their counts go with them).
-    DELETE FROM pgq.batches AS b
-    WHERE b.id IN (SELECT x.id FROM pgq.batches AS x
-                   WHERE x.finished_at < pgq._now() - coalesce(prune.older_than, interval '7 days')
-                     AND NOT EXISTS (SELECT FROM pgq.batch_members AS m WHERE m.batch_id = x.id)
-                   ORDER BY x.finished_at LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);
+    -- deleted, with their counts.
+    WITH gone AS (
+        DELETE FROM pgq.batches AS b
+        WHERE b.id IN (SELECT x.id FROM pgq.batches AS x
+                       WHERE x.finished_at < pgq._now() - coalesce(prune.older_than, interval '7 days')
+                         AND NOT EXISTS (SELECT FROM pgq.batch_members AS m WHERE m.batch_id = x.id)
+                       ORDER BY x.finished_at LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED)
+        RETURNING b.id
+    )
+    DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id;
 
     -- Idle tenants, queue by queue under the queue's writer lock, taken without waiting and held
     -- (a session lock) only while they are deleted: an enqueue that read a tenant's row before

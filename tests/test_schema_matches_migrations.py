@@ -166,7 +166,7 @@ MIGRATION_SHA256 = {
     "0014_catalog_comments.sql": "cb73194e6a28f5781d1d2443d68e7a4c499fd07636e4cc79ebc4e7992151e797",
     "0015_dependency_backlog.sql": "dc0a6724b570381b0c6ae7120a76ca715f0377e78cad45fc4583098f7de2c67b",
     "0016_per_key_claims.sql": "758b69c002eddc1bf02d5892421c03d90892d226bebd44936eb697f8782c9f31",
-    "0017_workflows.sql": "d02dd9fc122d5b2116d9ec9328e1133e763c5cdb1ab5e99866dcd3d07106acce",
+    "0017_workflows.sql": "f6e8adb1dbd8660f9ae601aab671e05cf6f4bb42b3fb9312ae65d0fd962a2036",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 

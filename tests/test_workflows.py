@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import random
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.rows import dict_row
+
+from pgq_thin.tools.lab.harness import Harness, Step
 
 from sqlhelpers import claim, notifications_until_marker, one
 from test_sql_access import PROD, PROD2, WATCH, login  # noqa: F401,F811 - login is a fixture
@@ -344,39 +347,101 @@ def _claimed(conn: psycopg.Connection, queue: str) -> tuple[int, int]:
     return int(row["id"]), int(row["attempt"])
 
 
-def test_two_last_members_ending_at_once_give_one_callback(conn, dsn):
-    """Both end in open transactions (each in its own shard: the first one no other transaction
-    holds), so neither sees the other's end; the sweep enqueues the callback, once."""
+@pytest.fixture
+def h(dsn: str) -> Iterator[Harness]:
+    harness = Harness(dsn, experiment="batches", step_timeout=10)
+    yield harness
+    harness.close()
+
+
+def test_two_last_members_ending_at_once_give_one_callback_in_the_last_ones_transaction(conn, h):
+    """Both end in open transactions, each counted in its own shard (the first one no other
+    transaction holds), so neither sees the other's end; the second takes its turn on the batch row
+    after the first commits, then sees both, and enqueues the callback in its own transaction."""
     batch = int(one(conn, "SELECT pgq.batch_open('cb', 'report')"))
     members = [enqueue(conn, "m", batch=batch), enqueue(conn, "m2", batch=batch)]
     one(conn, "SELECT pgq.batch_close(%s)", (batch,))
     (ja, aa), (jb, ab) = _claimed(conn, "m"), _claimed(conn, "m2")
-    with psycopg.connect(dsn) as t1, psycopg.connect(dsn) as t2:
-        assert one(t1, "SELECT pgq.complete(%s, %s)", (ja, aa)) is True
-        assert one(t2, "SELECT pgq.complete(%s, %s)", (jb, ab)) is True
-        t1.commit()
-        t2.commit()
-    assert [ja, jb] == members and status(conn, batch)["unfinished"] == 0
-    assert len(callbacks(conn, batch)) <= 1
-    conn.execute("SELECT pgq.sweep()")
+    assert [ja, jb] == members
+    first, second = h.session("first"), h.session("second")
+    h.step(first, "begin", "BEGIN")
+    h.step(second, "begin", "BEGIN")
+    assert h.step(first, "complete", "SELECT pgq.complete(%s, %s)", (ja, aa)).value is True
+    waiting = h.step(second, "complete", "SELECT pgq.complete(%s, %s)", (jb, ab))
+    assert waiting.blocked, waiting.outcome  # its turn on the batch row comes at first's commit
+    assert h.step(first, "commit", "COMMIT").ok
+    assert h.wait(waiting).value is True
+    assert callbacks(conn, batch) == []      # the second's transaction has not committed yet
+    assert h.step(second, "commit", "COMMIT").ok
+    [cb] = callbacks(conn, batch)
+    assert cb["meta"]["batch"]["done"] == 2 and status(conn, batch)["callback_job_id"] == cb["id"]
     conn.execute("SELECT pgq.sweep()")
     assert len(callbacks(conn, batch)) == 1
 
 
-def test_a_member_ending_while_the_batch_is_sealed_gives_one_callback(conn, dsn):
-    """The close and the last end overlap: the end does not see the seal, the close does not see
-    the end; the sweep settles it. The other order (close first) is the plain path."""
+def test_a_member_ending_while_the_batch_is_sealed_gives_one_callback_from_the_close(conn, h):
+    """The last end is in flight (it did not see a seal) when batch_close runs: the close waits for
+    its shard, then sees the end and enqueues the callback itself."""
     batch = int(one(conn, "SELECT pgq.batch_open('cb', 'report')"))
     member = enqueue(conn, "m", batch=batch)
     job_id, attempt = _claimed(conn, "m")
-    with psycopg.connect(dsn) as ender, psycopg.connect(dsn) as closer:
-        assert one(ender, "SELECT pgq.complete(%s, %s)", (job_id, attempt)) is True
-        assert one(closer, "SELECT pgq.batch_close(%s)", (batch,)) is True
-        closer.commit()
-        ender.commit()
-    assert member == job_id and len(callbacks(conn, batch)) <= 1
+    assert member == job_id
+    ender, closer = h.session("ender"), h.session("closer")
+    h.step(ender, "begin", "BEGIN")
+    assert h.step(ender, "complete", "SELECT pgq.complete(%s, %s)", (job_id, attempt)).value is True
+    closing = h.step(closer, "close", "SELECT pgq.batch_close(%s)", (batch,))
+    assert closing.blocked, closing.outcome
+    assert h.step(ender, "commit", "COMMIT").ok
+    assert h.wait(closing).value is True
+    [cb] = callbacks(conn, batch)
+    assert cb["meta"]["batch"] == {"id": batch, "members": 1, "done": 1, "failed": 0, "cancelled": 0}
+
+
+def test_a_transaction_ending_two_members_while_the_close_waits_for_it_is_not_a_deadlock(conn, h):
+    """The close holds the batch row and waits for the ender's shard; the ender's second end
+    updates its shard again, which checks the shard's foreign key (FOR KEY SHARE on the batch row):
+    the close holds it FOR NO KEY UPDATE, which does not conflict, so the ender goes on."""
+    batch = int(one(conn, "SELECT pgq.batch_open('cb', 'report')"))
+    for _ in range(3):
+        enqueue(conn, "m", batch=batch)
+    rows = claim(conn, queues=["m"], batch=3)
+    ender, closer = h.session("ender"), h.session("closer")
+    h.step(ender, "begin", "BEGIN")
+    not_blocked(h.step(ender, "first", "SELECT pgq.complete(%s, %s)", (rows[0]["id"], rows[0]["attempt"])))
+    closing = h.step(closer, "close", "SELECT pgq.batch_close(%s)", (batch,))
+    assert closing.blocked, closing.outcome
+    not_blocked(h.step(ender, "second", "SELECT pgq.complete(%s, %s)", (rows[1]["id"], rows[1]["attempt"])))
+    assert h.step(ender, "commit", "COMMIT").ok
+    assert h.wait(closing).value is True
+    assert (status(conn, batch)["done"], callbacks(conn, batch)) == (2, [])
+    assert one(conn, "SELECT pgq.complete(%s, %s)", (rows[2]["id"], rows[2]["attempt"])) is True
+    assert len(callbacks(conn, batch)) == 1
+
+
+def test_ends_beyond_the_tail_in_flight_at_once_are_settled_by_the_sweep(conn, h):
+    """More ends in flight at once than pgq._batch_tail() (1 here): neither locks the batch row, so
+    neither sees the other's; the next sweep enqueues the callback, once."""
+    conn.execute("CREATE OR REPLACE FUNCTION pgq._batch_tail() RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 0'")
+    batch = int(one(conn, "SELECT pgq.batch_open('cb', 'report')"))
+    members = [enqueue(conn, "m", batch=batch), enqueue(conn, "m2", batch=batch)]
+    one(conn, "SELECT pgq.batch_close(%s)", (batch,))
+    (ja, aa), (jb, ab) = _claimed(conn, "m"), _claimed(conn, "m2")
+    assert [ja, jb] == members
+    first, second = h.session("first"), h.session("second")
+    for session, (job_id, attempt) in ((first, (ja, aa)), (second, (jb, ab))):
+        h.step(session, "begin", "BEGIN")
+        assert not_blocked(h.step(session, "complete", "SELECT pgq.complete(%s, %s)", (job_id, attempt))).value
+    assert h.step(first, "commit", "COMMIT").ok
+    assert h.step(second, "commit", "COMMIT").ok
+    assert callbacks(conn, batch) == [] and status(conn, batch)["unfinished"] == 0
+    conn.execute("SELECT pgq.sweep()")
     conn.execute("SELECT pgq.sweep()")
     assert len(callbacks(conn, batch)) == 1
+
+
+def not_blocked(step: Step) -> Step:
+    assert step.ok and not step.blocked, step.outcome
+    return step
 
 
 def test_batch_close_waits_for_a_member_being_added_and_counts_it(conn, dsn):
@@ -453,7 +518,7 @@ def test_many_workers_ending_members_of_one_batch_give_one_callback_with_exact_c
         t.start()
     for t in threads:
         t.join(300)
-    assert not errors, errors
+    assert not errors, [str(e) for e in errors]
     if not sealed.is_set():
         one(conn, "SELECT pgq.batch_close(%s)", (batch,))
     conn.execute("SELECT pgq.sweep()")
@@ -482,3 +547,18 @@ def test_job_links_lists_dependencies_and_dependants_after_release(conn):
     with pytest.raises(psycopg.Error) as e:
         conn.execute("SELECT * FROM pgq.job_links(%s)", (987654,))
     assert e.value.sqlstate == "P0002"
+
+
+def test_prune_deletes_a_finished_batch_with_its_members_rows_and_counts(conn):
+    batch = int(one(conn, "SELECT pgq.batch_open('cb', 'report')"))
+    member = enqueue(conn, "m", batch=batch)
+    one(conn, "SELECT pgq.batch_close(%s)", (batch,))
+    finish(conn, member, "done")
+    [cb] = callbacks(conn, batch)
+    conn.execute("UPDATE pgq.jobs SET finished_at = now() - interval '30 days' WHERE id = %s", (member,))
+    conn.execute("UPDATE pgq.batches SET finished_at = now() - interval '30 days' WHERE id = %s", (batch,))
+    assert one(conn, "SELECT pgq.prune(interval '1 day')") == 1
+    rows = [one(conn, f"SELECT count(*) FROM pgq.{t} WHERE batch_id = %s", (batch,))
+            for t in ("batch_members", "batch_counts")]
+    assert rows == [0, 0] and one(conn, "SELECT count(*) FROM pgq.batches") == 0
+    assert state(conn, cb["id"]) == "pending"  # the callback is a job of its own queue, kept

@@ -204,12 +204,16 @@ BEGIN
     )
     SELECT count(*) INTO deleted FROM gone;
     -- Batches whose callback was enqueued before the same horizon and whose members are all
-    -- deleted (their counts go with them).
-    DELETE FROM pgq.batches AS b
-    WHERE b.id IN (SELECT x.id FROM pgq.batches AS x
-                   WHERE x.finished_at < pgq._now() - coalesce(prune.older_than, interval '7 days')
-                     AND NOT EXISTS (SELECT FROM pgq.batch_members AS m WHERE m.batch_id = x.id)
-                   ORDER BY x.finished_at LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);
+    -- deleted, with their counts.
+    WITH gone AS (
+        DELETE FROM pgq.batches AS b
+        WHERE b.id IN (SELECT x.id FROM pgq.batches AS x
+                       WHERE x.finished_at < pgq._now() - coalesce(prune.older_than, interval '7 days')
+                         AND NOT EXISTS (SELECT FROM pgq.batch_members AS m WHERE m.batch_id = x.id)
+                       ORDER BY x.finished_at LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED)
+        RETURNING b.id
+    )
+    DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id;
 
     -- Idle tenants, queue by queue under the queue's writer lock, taken without waiting and held
     -- (a session lock) only while they are deleted: an enqueue that read a tenant's row before
