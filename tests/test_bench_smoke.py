@@ -23,7 +23,7 @@ def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp
     config = BenchConfig(jobs=40, workers=(2,), repeats=1, enqueue_jobs=1000, single_enqueues=20,
                          latency_samples=2, poll_interval=0.2, finished_levels=(100, 200), claim_samples=5,
                          churn_seconds=0.5, snapshot_seconds=0.3, pgbench_seconds=1, idle_queues=200,
-                         waiting_tenants=200, many_samples=5)
+                         waiting_tenants=200, many_samples=5, batch_jobs=40)
     assert run_bench(str(tmp_path), dsn=dsn, config=config, print_table=False) == 0
 
     result = json.loads((tmp_path / "bench.json").read_text())
@@ -32,7 +32,7 @@ def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp
                    "pgq worker prefetch", "pgbench"):
         assert drain[system]["median"] > 0, system  # a drain only reports after its done count matched
     assert set(result) >= {"enqueue", "latency", "claim_latency", "churn", "old_snapshot", "many", "limits",
-                           "keyed"}
+                           "keyed", "batch"}
     limits = result["limits"]  # each limited drain only reports after all its jobs are done
     assert limits["no limit"]["jobs_per_s"]["median"] > 0 and limits["no limit"]["most_running_per_key"] >= 1
     assert 1 <= limits["key_max_running 2"]["most_running_per_key"] <= 2
@@ -73,6 +73,39 @@ def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp
     # The targets table is computed from the run's own figures.
     drain_ratio = drain["pgq b1"]["median"] / drain["raw b1"]["median"]
     assert f"| batch-1 drain ≥ 0.8× raw b1 | W = 2: {drain_ratio:.2f} |" in table
+
+
+def test_the_batch_workload_drains_members_beside_plain_jobs_and_sees_one_callback_per_batch(
+        dsn: str, tmp_path: Path) -> None:
+    """Workload "batch" alone, tiny: each run's drain reports only after its done count matched, and
+    each batch run counted its callback jobs (one) and compared their meta with the data."""
+    config = BenchConfig(workers=(2,), repeats=2, batch_jobs=60)
+    assert run_bench(str(tmp_path), dsn=dsn, config=config, workloads=("batch",), print_table=False) == 0
+
+    result = json.loads((tmp_path / "bench.json").read_text())
+    batch = result["batch"]
+    assert batch["jobs"] == 60 and set(batch) == {"jobs", "2"}
+    runs = batch["2"]
+    assert len(runs["plain"]["samples"]) == len(runs["batch"]["samples"]) == 2
+    assert runs["plain"]["median"] > 0 and runs["batch"]["median"] > 0
+    assert runs["ratio"] == runs["batch"]["median"] / runs["plain"]["median"]
+    assert runs["within_spread"] == (runs["batch"]["median"] >= runs["plain"]["min"])
+    assert runs["callbacks"] == [1, 1] and runs["meta_matches"] and runs["status_matches"], runs
+    assert set(runs["callback_by"]) <= {"end", "sweep"} and len(runs["callback_by"]) == 2
+    assert runs["status"] == ["finished"]
+    table = (tmp_path / "bench.md").read_text()
+    assert "### A batch's members drained beside the same plain jobs (60 jobs each" in table
+    assert f"| 2 | {_rate(runs['plain'])} | {_rate(runs['batch'])} | {runs['ratio']:.2f} |" in table
+    assert "| a batch of 60 members drains at the plain rate within the spread (W = 2), one callback |" in table
+    # The bench leaves no batch's jobs behind in the scratch database.
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pgq.jobs").fetchone() == (0,)
+
+
+def _rate(s: dict[str, float]) -> str:
+    return f"{s['median']:,.0f} ({s['min']:,.0f}–{s['max']:,.0f})"
 
 
 def test_readme_block_is_replaced_by_the_runs_table(tmp_path: Path) -> None:

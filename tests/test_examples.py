@@ -1,13 +1,17 @@
-"""The workers in examples/ (bash + psql, and Node.js with pg) run against a throwaway database.
+"""The examples in examples/ (bash + psql, and Node.js with pg) run against a throwaway database.
 
-Each test enqueues jobs with SQL, runs one example as a real subprocess and reads the outcome
-from the database: which jobs are done, failed or pending again, with which attempt, and what
-pgq.job_events recorded. Node.js tests install `pg` from the npm registry into a temporary copy
-of the example once per session, and are skipped where `node` or `npm` is not installed.
+The workers: each test enqueues jobs with SQL, runs one example as a real subprocess and reads the
+outcome from the database: which jobs are done, failed or pending again, with which attempt, and
+what pgq.job_events recorded. The waiters (psql_wait_result.sh, node_wait_result.mjs): each test
+runs one as a subprocess that enqueues a job with notify_finished and LISTENs; the test claims and
+ends the job from its own connection, as a worker would, and reads what the waiter printed.
+Node.js tests install `pg` from the npm registry into a temporary copy of the examples once per
+session, and are skipped where `node` or `npm` is not installed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -35,7 +39,7 @@ def node_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.skip("node and npm are not installed")
     directory = tmp_path_factory.mktemp("node_example")
-    for name in ("package.json", "node_worker.mjs"):
+    for name in ("package.json", "node_worker.mjs", "node_wait_result.mjs"):
         shutil.copy(EXAMPLES / name, directory / name)
     proc = subprocess.run(
         ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error"],
@@ -248,3 +252,154 @@ def test_the_node_worker_reads_its_database_from_pgq_dsn_first(node_example: Pat
     proc = run_worker(["node", str(node_example / "node_worker.mjs"), "--drain"],
                       "postgresql://nobody@127.0.0.1:1/nowhere", PGQ_DSN=dsn)
     assert proc.returncode == 0, proc.stderr
+
+
+# The waiters: enqueue with notify_finished, LISTEN pgq_finished, read pgq.job_result ---------------
+
+
+@pytest.fixture(params=["psql", "node"])
+def waiter_command(request: pytest.FixtureRequest) -> list[str]:
+    """The command that starts one example waiter (arguments follow)."""
+    if request.param == "psql":
+        if shutil.which("psql") is None:
+            pytest.skip("psql is not installed")
+        return ["bash", str(EXAMPLES / "psql_wait_result.sh")]
+    directory: Path = request.getfixturevalue("node_example")
+    return ["node", str(directory / "node_wait_result.mjs")]
+
+
+def start_waiter(command: list[str], dsn: str, *args: str, **settings: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([*command, *args], env=worker_env(dsn, **settings),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(waiter: subprocess.Popen[str]) -> tuple[str, str]:
+    try:
+        return waiter.communicate(timeout=TIMEOUT)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+
+
+def the_job_it_enqueued(conn: psycopg.Connection, queue: str) -> int:
+    """The id of the one job in ``queue``, once the waiter (LISTENing since before) enqueued it."""
+    return int(wait_for(lambda: one(conn, "SELECT max(id) FROM pgq.jobs WHERE queue = %s", (queue,)),
+                        f"the waiter's job in {queue}"))
+
+
+def claimed(conn: psycopg.Connection, queue: str) -> tuple[int, int]:
+    row = conn.execute("SELECT id, attempt FROM pgq.claim('example-worker', ARRAY[%s::text])", (queue,)).fetchone()
+    assert row is not None, f"nothing to claim in {queue}"
+    return int(row[0]), int(row[1])
+
+
+def printed(stdout: str) -> dict[str, Any]:
+    lines = stdout.strip().splitlines()
+    assert len(lines) == 1, stdout
+    return dict(json.loads(lines[0]))
+
+
+def test_a_waiter_prints_the_result_once_a_worker_completes_its_job(
+        waiter_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
+    payload = {"text": NASTY, "n": 7}
+    waiter = start_waiter(waiter_command, dsn, "--timeout", "60", QUEUE="results", KIND="report",
+                          PAYLOAD=json.dumps(payload))
+    try:
+        job_id = the_job_it_enqueued(conn, "results")
+        row = job(conn, job_id)
+        assert (row["kind"], row["payload"], row["notify_finished"], row["state"]) == (
+            "report", payload, True, "pending")
+        # Another job's end on the channel is not the waiter's: it keeps waiting for its own.
+        other = enqueue(conn, "results-other", {"n": 1}, notify_finished=True)
+        other_id, other_attempt = claimed(conn, "results-other")
+        assert other_id == other
+        assert one(conn, "SELECT pgq.complete(%s, %s, '{\"other\": true}')", (other_id, other_attempt))
+        # A worker completes the waiter's job, from another connection.
+        claimed_id, attempt = claimed(conn, "results")
+        assert claimed_id == job_id
+        result = {"rows": 3, "text": NASTY}
+        assert one(conn, "SELECT pgq.complete(%s, %s, %s)", (job_id, attempt, Jsonb(result))) is True
+        stdout, stderr = finish(waiter)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+    assert waiter.returncode == 0, stderr
+    assert f"enqueued job {job_id} (queue results, kind report)" in stderr
+    out = printed(stdout)
+    finished_at = job(conn, job_id)["finished_at"]
+    assert (out["id"], out["state"], out["result"], out["last_error"]) == (job_id, "done", result, None)
+    assert one(conn, "SELECT %s::timestamptz = %s", (out["finished_at"], finished_at))
+
+
+def test_a_waiter_whose_job_fails_for_good_prints_the_error_and_exits_1(
+        waiter_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
+    waiter = start_waiter(waiter_command, dsn, "--timeout", "60", QUEUE="results")
+    try:
+        job_id = the_job_it_enqueued(conn, "results")
+        claimed_id, attempt = claimed(conn, "results")
+        assert one(conn, "SELECT pgq.fail(%s, %s, %s, retryable => false)",
+                   (claimed_id, attempt, "no such report: " + NASTY)) == "failed"
+        stdout, stderr = finish(waiter)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+    assert waiter.returncode == 1, stderr
+    assert f"job {job_id} ended failed" in stderr
+    out = printed(stdout)
+    assert (out["id"], out["state"], out["result"], out["last_error"]) == (
+        job_id, "failed", None, "no such report: " + NASTY)
+
+
+def test_a_waiter_sees_a_job_that_ended_before_it_listened(
+        waiter_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
+    """--job ID LISTENs after the job's end was notified: its read after LISTEN finds the result."""
+    job_id = enqueue(conn, "results", {"n": 1}, notify_finished=True)
+    claimed_id, attempt = claimed(conn, "results")
+    assert one(conn, "SELECT pgq.complete(%s, %s, '{\"early\": true}')", (claimed_id, attempt)) is True
+    waiter = start_waiter(waiter_command, dsn, "--job", str(job_id))
+    stdout, stderr = finish(waiter)
+    assert waiter.returncode == 0, stderr
+    assert printed(stdout)["result"] == {"early": True}
+    assert "waiting" not in stderr
+
+
+def test_a_waiter_on_a_cancelled_job_exits_1(
+        waiter_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
+    job_id = enqueue(conn, "results", {"n": 1}, notify_finished=True)
+    waiter = start_waiter(waiter_command, dsn, "--job", str(job_id), "--timeout", "60")
+    try:
+        # Cancelled while the waiter may or may not be listening yet: either way it sees the end.
+        assert one(conn, "SELECT pgq.cancel(%s)", (job_id,)) is True
+        stdout, stderr = finish(waiter)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+    assert waiter.returncode == 1, stderr
+    assert printed(stdout)["state"] == "cancelled"
+
+
+def test_a_waiter_that_times_out_names_the_job_and_its_state(
+        waiter_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
+    job_id = enqueue(conn, "results", {"n": 1}, notify_finished=True)
+    waiter = start_waiter(waiter_command, dsn, "--job", str(job_id), "--timeout", "0.3")
+    stdout, stderr = finish(waiter)
+    assert waiter.returncode == 3, stderr
+    assert stdout == ""
+    assert f"job {job_id} is still pending" in stderr
+
+
+def test_a_waiter_refuses_a_bad_job_id_and_reports_an_unknown_one(
+        waiter_command: list[str], dsn: str) -> None:
+    waiter = start_waiter(waiter_command, dsn, "--job", "12; DROP TABLE pgq.jobs")
+    _, stderr = finish(waiter)
+    assert waiter.returncode == 2 and "--job takes a job id" in stderr
+    # An id the login may not read is answered as unknown (P0002): an error, exit status 1 with
+    # nothing on stdout (a job that ended badly prints its outcome).
+    waiter = start_waiter(waiter_command, dsn, "--job", "999999", "--timeout", "5")
+    stdout, stderr = finish(waiter)
+    assert waiter.returncode == 1 and stdout == "", stderr
+    assert "no job with id 999999" in stderr

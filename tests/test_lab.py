@@ -19,6 +19,7 @@ from pgq_thin.tools.lab import (
     exp5_long_work,
     exp6_abandoned_claim,
     exp11_key_limits,
+    exp13_batches,
     run_experiment,
     run_lab,
 )
@@ -51,7 +52,7 @@ def test_run_lab_writes_the_evidence_package_with_a_pass_row_per_experiment(
 
     acceptance = (out / "acceptance.md").read_text()
     rows = [line for line in acceptance.splitlines() if re.match(r"^\| \d+ \|", line)]
-    assert len(rows) == len(EXPERIMENTS) == 12
+    assert len(rows) == len(EXPERIMENTS) == 13
     assert all(line.rstrip().endswith("| PASS |") for line in rows), rows
     assert "not observed" not in acceptance and "not executed" not in acceptance.lower()
     assert re.search(r"PostgreSQL \d+", acceptance) and "duration" in acceptance
@@ -135,6 +136,28 @@ def test_experiment_11s_observation_reports_the_counts_it_saw() -> None:
                                          {**b, "over_rounds": 3, "max_seen": {"p": 3}, "claims": 41})
     assert "stayed running" in worse[0]
     assert "(41 jobs claimed;" in worse[1] and "{'p': 3}; 3 rounds over a limit" in worse[1]
+
+
+def test_experiment_13s_observation_reports_the_callbacks_and_counts_it_saw() -> None:
+    a = {"batch": 1, "members": 1000, "by_producer": 950, "by_handlers": 50, "states": {"done": 900, "failed": 100},
+         "rounds": 26, "end_rounds": 250, "close": "ok", "close_value": True, "close_round": "A_end_14_3",
+         "late": "error 55000: batch 1 is sealed", "before_sweep": 1, "callbacks": 1, "early": 0, "twice": 0,
+         "samples": 250, "meta": {"id": 1, "members": 1000}, "by": "the transaction of a member's end",
+         "status": "finished"}
+    b = {"gather": 2000, "parts": 50, "failed": 5, "rounds": 4, "released": "pending", "by": "the last part's end",
+         "early": 0, "pages": [20, 20, 10], "rows": 50, "mismatched": 0, "stale": "error 55000: not yours",
+         "result": {"sum_of_squares": 1}}
+    text = exp13_batches.observation(a, b)
+    assert "batch 1 got 1000 members (950 from the producer, 50 added by members' handlers" in text[0]
+    assert "Callback jobs: 1 after the drain, 1 after a sweep (0 early and 0 double" in text[0]
+    assert "enqueued by the transaction of a member's end" in text[0]
+    assert "read 50 dependency results in pages [20, 20, 10], 0 differing" in text[1]
+    worse_a = {**a, "before_sweep": 0, "callbacks": 2, "twice": 3, "by": "neither", "close_round": "",
+               "close_value": False}
+    worse = exp13_batches.observation(worse_a, {**b, "rows": 40, "pages": [20, 20], "mismatched": 7})
+    assert "Callback jobs: 0 after the drain, 2 after a sweep (0 early and 3 double" in worse[0]
+    assert "enqueued by neither" in worse[0] and "(after the drain)" in worse[0] and "→ false" in worse[0]
+    assert "read 40 dependency results in pages [20, 20], 7 differing" in worse[1]
 
 
 def test_experiment_5s_observation_reports_the_probes_measured_wait() -> None:

@@ -12,7 +12,8 @@ References, measured in the same run on the same server:
 - the commit ceiling: pgbench, one single-row UPDATE per transaction, the same client counts.
 
 Workloads: 1 enqueue, 2 drain, 3 enqueue-to-start latency, 4 claim latency against finished rows,
-5 churn with pruning, 6 throughput while an old snapshot is held. Every drain, pgq's and the
+5 churn with pruning, 6 throughput while an old snapshot is held, and more (WORKLOADS), among them
+``batch``: a batch's members drained beside the same plain jobs. Every drain, pgq's and the
 references', is timed by one clock (``_timed_drain``): from starting its consumers to an outside
 observer counting N done jobs in the database; its done count is verified. Systems are alternated
 within each repetition and reported as median (min-max). The throwaway server runs with fsync on
@@ -98,6 +99,10 @@ RAW_INSERT = "INSERT INTO bench_raw.jobs (payload) VALUES (%(payload)s::jsonb) R
 RAW_INSERT_MANY = ("INSERT INTO bench_raw.jobs (payload) SELECT p FROM unnest(%(payloads)b::jsonb[]) AS p"
                    " RETURNING id")
 
+#: The enqueue statements' parameters of 0017 (issue 26), for a job of no workflow: what the
+#: client sends by default.
+NO_WORKFLOW: dict[str, Any] = {"dependency_mode": "all_done", "batch": None, "notify_finished": False}
+
 #: The prefetch of the "pgq worker prefetch" drain: claimed jobs that may wait for a slot.
 WORKER_PREFETCH = 100
 
@@ -124,13 +129,14 @@ class BenchConfig:
     idle_queues: int = 20_000                # workload 7: idle queues beside the one with jobs
     waiting_tenants: int = 50_000            # workload 7: tenants of a fair queue holding due jobs
     many_samples: int = 200                  # workload 7: claims timed per case
+    batch_jobs: int = 100_000                # workload 10: members of one batch (and as many plain jobs)
 
     @classmethod
     def quick(cls) -> BenchConfig:
         return cls(jobs=300, workers=(2,), repeats=1, enqueue_jobs=1_000, single_enqueues=100,
                    latency_samples=4, poll_interval=0.2, finished_levels=(1_000, 5_000), claim_samples=30,
                    churn_seconds=1.5, snapshot_seconds=0.7, pgbench_seconds=1.0, idle_queues=1_000,
-                   waiting_tenants=1_000, many_samples=20)
+                   waiting_tenants=1_000, many_samples=20, batch_jobs=2_000)
 
 
 # Small helpers ------------------------------------------------------------------------------------
@@ -224,7 +230,7 @@ def _load_pgq(conn: psycopg.Connection, n: int, tenants: int = 0) -> None:
             conn.execute(queries.ENQUEUE_MANY, {
                 "queue": QUEUE, "kind": "noop", "payloads": [Jsonb({"n": i}) for i in ids],
                 "run_at": None, "priority": 0, "max_attempts": None, "tenant": tenant, "max_run_time": None,
-                "meta": None, "concurrency_key": None, "depends_on": None})
+                "meta": None, "concurrency_key": None, "depends_on": None, **NO_WORKFLOW})
     conn.execute("VACUUM ANALYZE pgq.jobs")
     conn.execute("VACUUM ANALYZE pgq.job_events")
 
@@ -448,7 +454,8 @@ def _concurrent_enqueues(dsn: str, producers: int, total: int) -> float:
                 conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": n}),
                                                "run_at": None, "priority": 0, "max_attempts": None,
                                                "unique_key": None, "tenant": None, "max_run_time": None,
-                                               "meta": None, "concurrency_key": None, "depends_on": None}, prepare=True)
+                                               "meta": None, "concurrency_key": None,
+                                               "depends_on": None, **NO_WORKFLOW}, prepare=True)
 
     t = time.perf_counter()
     _run_threads(producers, work)
@@ -467,7 +474,8 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                 conn.execute(queries.ENQUEUE_MANY, {"queue": QUEUE, "kind": "noop", "payloads": payloads,
                                                     "run_at": None, "priority": 0, "max_attempts": None,
                                                     "tenant": None, "max_run_time": None, "meta": None,
-                                                    "concurrency_key": None, "depends_on": None}, prepare=True)
+                                                    "concurrency_key": None,
+                                                    "depends_on": None, **NO_WORKFLOW}, prepare=True)
             out["enqueue_many (1000 per call)"].append((cfg.enqueue_jobs // 1000) * 1000 / (time.perf_counter() - t))
             _reset(conn)
             t = time.perf_counter()
@@ -484,7 +492,8 @@ def _enqueue(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                         conn.execute(queries.ENQUEUE, {"queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}),
                                                        "run_at": None, "priority": 0, "max_attempts": None,
                                                        "unique_key": None, "tenant": None, "max_run_time": None,
-                                                       "meta": None, "concurrency_key": None, "depends_on": None},
+                                                       "meta": None, "concurrency_key": None,
+                                                       "depends_on": None, **NO_WORKFLOW},
                                      prepare=True)
                 out[label].append(cfg.single_enqueues / (time.perf_counter() - t))
             # TESTING.md 17: the commit-lock cost of NOTIFY. A transaction that notifies takes a
@@ -553,7 +562,8 @@ def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                 warm = conn.execute(queries.ENQUEUE, {
                     "queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": -1}), "run_at": None, "priority": 0,
                     "max_attempts": None, "unique_key": None, "tenant": None,
-                    "max_run_time": None, "meta": None, "concurrency_key": None, "depends_on": None}).fetchone()[0]  # type: ignore[index]
+                    "max_run_time": None, "meta": None, "concurrency_key": None,
+                    "depends_on": None, **NO_WORKFLOW}).fetchone()[0]  # type: ignore[index]
                 while warm not in starts and time.monotonic() < deadline:
                     time.sleep(0.001)
                 for i in range(cfg.latency_samples):
@@ -562,7 +572,8 @@ def _latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
                     job_id = conn.execute(queries.ENQUEUE, {
                         "queue": QUEUE, "kind": "noop", "payload": Jsonb({"n": i}), "run_at": None, "priority": 0,
                         "max_attempts": None, "unique_key": None, "tenant": None, "max_run_time": None,
-                        "meta": None, "concurrency_key": None, "depends_on": None}).fetchone()[0]  # type: ignore[index]
+                        "meta": None, "concurrency_key": None,
+                        "depends_on": None, **NO_WORKFLOW}).fetchone()[0]  # type: ignore[index]
                     committed[job_id] = time.time()  # autocommit: the COMMIT has returned
                     deadline = time.monotonic() + 5 + 2 * mode["poll_interval"]
                     while job_id not in starts and time.monotonic() < deadline:
@@ -971,6 +982,94 @@ def _keyed_drains(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
             "rows": rows}
 
 
+# Workload 10: a batch's members drained beside the same plain jobs -------------------------------
+
+#: Where the batch's callback goes: another queue, so that the drain neither claims it nor counts it.
+BATCH_CALLBACK_QUEUE = "bench-batch-done"
+BATCH_CASES = ("plain", "batch")
+
+
+def _batch_load(conn: psycopg.Connection, n: int, batch: int | None) -> None:
+    """n no-op jobs in QUEUE, 5,000 per enqueue_many, members of ``batch`` (None: plain jobs)."""
+    for start in range(0, n, 5000):
+        conn.execute("SELECT count(*) FROM pgq.enqueue_many(queue => %s, kind => 'noop',"
+                     " payloads => ARRAY(SELECT jsonb_build_object('n', g)"
+                     " FROM generate_series(%s::integer, %s::integer) AS g),"
+                     " batch => %s::bigint)", (QUEUE, start + 1, min(n, start + 5000), batch))
+    conn.execute("VACUUM ANALYZE pgq.jobs")
+
+
+def _batch_drain(dsn: str, case: str, workers: int, n: int) -> dict[str, Any]:
+    """Load n jobs (``case`` "batch": members of a batch opened before and sealed after the load),
+    drain them like "pgq b10" (threads claiming batch 10, one complete_many per claim), timed by
+    _timed_drain; for the batch, count its callback jobs and compare their meta with the data."""
+    with _connect(dsn) as conn:
+        _reset(conn)
+        conn.execute("TRUNCATE pgq.batch_members, pgq.batch_counts, pgq.batches")  # the last run's batch
+        _set_mode(conn, True)
+        batch = None
+        if case == "batch":
+            batch = conn.execute("SELECT pgq.batch_open(callback_queue => %s, callback_kind => 'batch_done')",
+                                 (BATCH_CALLBACK_QUEUE,)).fetchone()[0]  # type: ignore[index]
+        _batch_load(conn, n, batch)
+        if batch is not None:
+            conn.execute("SELECT pgq.batch_close(%s)", (batch,))
+    seconds = _timed_drain(dsn, "pgq b10", workers, n)
+    out: dict[str, Any] = {"jobs_per_s": n / seconds}
+    with _connect(dsn) as conn:
+        done = _done_count(conn, "pgq b10")
+        if done != n:
+            raise RuntimeError(f"batch drain ({case}): {done} jobs done in the database, expected {n}")
+        if batch is not None:
+            # The last member's end enqueues the callback; when the last ends overlapped (each saw
+            # the other's count uncommitted), the next sweep does (not timed: after the drain).
+            def callbacks() -> list[tuple[Any, ...]]:
+                return conn.execute("SELECT id, meta -> 'batch' FROM pgq.jobs WHERE queue = %s"
+                                    " AND (meta -> 'batch' ->> 'id')::bigint = %s",
+                                    (BATCH_CALLBACK_QUEUE, batch)).fetchall()
+
+            rows = callbacks()
+            by = "end" if rows else "sweep"
+            if not rows:
+                conn.execute("SELECT pgq.sweep()")
+                rows = callbacks()
+            status = conn.execute("SELECT state, callback_job_id FROM pgq.batch_status(%s)", (batch,)).fetchone()
+            expected = {"id": batch, "members": n, "done": n, "failed": 0, "cancelled": 0}
+            out.update(callbacks=len(rows), by=by, meta_matches=len(rows) == 1 and rows[0][1] == expected,
+                       status=status[0] if status else None,
+                       status_matches=bool(status and rows and status[1] == rows[0][0]))
+    return out
+
+
+def _batch_drains(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
+    """cfg.batch_jobs members of one batch against as many plain jobs, drained the same way by each
+    of cfg.workers, alternating which comes first, cfg.repeats times. The member-end bookkeeping is
+    O(1) if the batch drains at the plain rate, within the spread."""
+    res: dict[str, Any] = {"jobs": cfg.batch_jobs}
+    for w in cfg.workers:
+        runs: dict[str, list[dict[str, Any]]] = {c: [] for c in BATCH_CASES}
+        for r in range(cfg.repeats):
+            for case in (BATCH_CASES if r % 2 == 0 else tuple(reversed(BATCH_CASES))):
+                runs[case].append(_batch_drain(dsn, case, w, cfg.batch_jobs))
+                log.info("batch W=%d %-6s %8.0f jobs/s", w, case, runs[case][-1]["jobs_per_s"])
+        rates = {c: [x["jobs_per_s"] for x in rs] for c, rs in runs.items()}
+        plain, batch = _summary(rates["plain"]), _summary(rates["batch"])
+        res[str(w)] = {"plain": {**plain, "samples": rates["plain"]}, "batch": {**batch, "samples": rates["batch"]},
+                       "ratio": batch["median"] / plain["median"],
+                       "within_spread": batch["median"] >= plain["min"],
+                       "callbacks": [x["callbacks"] for x in runs["batch"]],
+                       "callback_by": [x["by"] for x in runs["batch"]],
+                       "meta_matches": all(x["meta_matches"] for x in runs["batch"]),
+                       "status": sorted({x["status"] for x in runs["batch"]}),
+                       "status_matches": all(x["status_matches"] for x in runs["batch"])}
+        log.info("batch W=%d: members / plain %.2f; callbacks per batch %s, enqueued by %s", w,
+                 res[str(w)]["ratio"], res[str(w)]["callbacks"], res[str(w)]["callback_by"])
+    with _connect(dsn) as conn:
+        _reset(conn)
+        conn.execute("TRUNCATE pgq.batch_members, pgq.batch_counts, pgq.batches")
+    return res
+
+
 # Workloads 5 and 6: churn with pruning, and an old snapshot ---------------------------------------
 
 
@@ -1001,7 +1100,7 @@ def _churn(dsn: str, seconds: float, workers: int = 4, sample_every: float = 2.0
                                                         "run_at": None, "priority": 0, "max_attempts": None,
                                                         "tenant": None, "max_run_time": None,
                                                         "meta": None, "concurrency_key": None,
-                                                        "depends_on": None}, prepare=True)
+                                                        "depends_on": None, **NO_WORKFLOW}, prepare=True)
                 else:
                     time.sleep(0.005)
 
@@ -1194,6 +1293,24 @@ def _markdown(res: dict[str, Any]) -> str:
                       f"running of one key: the most handlers of one key whose recorded (start, end) intervals "
                       f"overlap (limit {kd['limit']}). Interleaved: the keys take turns in the queue's order; "
                       f"blocks: each key's jobs in one run.", ""]
+    if "batch" in res:
+        b = res["batch"]
+        lines += [f"### A batch's members drained beside the same plain jobs ({b['jobs']:,} jobs each, W threads "
+                  f"claiming batch 10 + one complete_many; {fs})", "",
+                  "| W | plain jobs/s | batch members jobs/s | × plain | batch median ≥ plain's slowest run |"
+                  " callback jobs per batch (enqueued by) | callback's counts = the data |",
+                  "|---:|---:|---:|---:|---|---|---|"]
+        for w, x in b.items():
+            if isinstance(x, dict):
+                by = ", ".join(f"{c} ({how})" for c, how in zip(x["callbacks"], x.get("callback_by", [])))
+                lines.append(f"| {w} | {_fmt_rate(x['plain'])} | {_fmt_rate(x['batch'])} | {x['ratio']:.2f} |"
+                             f" {'yes' if x['within_spread'] else 'no'} | {by} |"
+                             f" {'yes' if x['meta_matches'] and x['status_matches'] else 'no'} |")
+        lines += ["", "The batch is opened before its members are enqueued (enqueue_many, 5,000 per call, "
+                      "batch => id) and sealed before the drain; its callback goes to another queue. Each run "
+                      "checks that exactly one callback job arrived, its meta.batch equal to the counts of the "
+                      "members (all done), and pgq.batch_status naming it. Enqueued by: the last member's end "
+                      "(end), or, when the last ends overlapped, the pgq.sweep() run after the drain (sweep).", ""]
     if "old_snapshot" in res:
         lines += [f"### Churn while a REPEATABLE READ snapshot is held, and after ({fs})", "",
                   "| phase | jobs/s | dead tuples at end | jobs table + indexes |", "|---|---:|---:|---:|"]
@@ -1231,6 +1348,13 @@ def _targets(res: dict[str, Any], fs: str) -> list[str]:
     drain_row("batch-10 drain, completions with the next claim (complete_and_claim) ≥ 0.95× raw b10",
               "pgq b10 cc", "raw b10", 0.95)
     drain_row("worker defaults ≥ 1.3× raw b10", "pgq worker", "raw b10", 1.3)
+    for w, x in res.get("batch", {}).items():
+        if isinstance(x, dict):
+            rows.append((f"a batch of {res['batch']['jobs']:,} members drains at the plain rate within the spread "
+                         f"(W = {w}), one callback",
+                         f"{x['ratio']:.2f}× plain ({_fmt_rate(x['batch'])} vs {_fmt_rate(x['plain'])}); callbacks "
+                         f"{', '.join(map(str, x['callbacks']))}",
+                         x["within_spread"] and all(c == 1 for c in x["callbacks"]) and x["meta_matches"]))
     e = res.get("enqueue", {})
     if e:
         bulk = e["enqueue_many (1000 per call)"]["median"]
@@ -1364,7 +1488,7 @@ def _loadavg() -> str:
         return "?"
 
 WORKLOADS = ("enqueue", "drain", "latency", "claim_latency", "churn", "old_snapshot", "many", "limits",
-             "keyed")
+             "keyed", "batch")
 
 
 def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
@@ -1432,6 +1556,8 @@ def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
             res["limits"] = _limited_drains(server.dsn, cfg)
         if "keyed" in workloads:
             res["keyed"] = _keyed_drains(server.dsn, cfg)
+        if "batch" in workloads:
+            res["batch"] = _batch_drains(server.dsn, cfg)
     finally:
         server.stop()
     res["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

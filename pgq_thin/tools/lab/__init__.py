@@ -34,6 +34,7 @@ from pgq_thin.tools.lab import (
     exp10_hung_handler,
     exp11_key_limits,
     exp12_dependencies,
+    exp13_batches,
 )
 from pgq_thin.tools.lab.harness import Check, Harness, Step, Verdict, utcnow
 from pgq_thin.tools.lab.statements import TEMPLATES
@@ -57,6 +58,7 @@ EXPERIMENTS: list[ModuleType] = [
     exp10_hung_handler,
     exp11_key_limits,
     exp12_dependencies,
+    exp13_batches,
 ]
 
 
