@@ -1021,8 +1021,8 @@ def _batch_drain(dsn: str, case: str, workers: int, n: int) -> dict[str, Any]:
         if done != n:
             raise RuntimeError(f"batch drain ({case}): {done} jobs done in the database, expected {n}")
         if batch is not None:
-            # The last member's end enqueues the callback; when the last ends overlapped (each saw
-            # the other's count uncommitted), the next sweep does (not timed: after the drain).
+            # The last member's end enqueues the callback (the last ends take turns on the batch
+            # row); should it not have, the sweep run here would (not timed: after the drain).
             def callbacks() -> list[tuple[Any, ...]]:
                 return conn.execute("SELECT id, meta -> 'batch' FROM pgq.jobs WHERE queue = %s"
                                     " AND (meta -> 'batch' ->> 'id')::bigint = %s",
@@ -1310,7 +1310,7 @@ def _markdown(res: dict[str, Any]) -> str:
                       "batch => id) and sealed before the drain; its callback goes to another queue. Each run "
                       "checks that exactly one callback job arrived, its meta.batch equal to the counts of the "
                       "members (all done), and pgq.batch_status naming it. Enqueued by: the last member's end "
-                      "(end), or, when the last ends overlapped, the pgq.sweep() run after the drain (sweep).", ""]
+                      "(end), or else the pgq.sweep() run after the drain (sweep).", ""]
     if "old_snapshot" in res:
         lines += [f"### Churn while a REPEATABLE READ snapshot is held, and after ({fs})", "",
                   "| phase | jobs/s | dead tuples at end | jobs table + indexes |", "|---|---:|---:|---:|"]
