@@ -1837,6 +1837,11 @@ CONCERNS: dict[str, list[str]] = {
     "grants": ["SELECT pgq.configure_queue('other')",
                "SELECT pgq.grant_queue('other', 'pgq_worker', 'claim')"
                " WHERE NOT EXISTS (SELECT FROM pgq.queue_grants())"],
+    "workflows": ["SELECT count(*) FROM pgq.enqueue_many('other', 'k', array_fill('{}'::jsonb, ARRAY[1000]),"
+                  " batch => pgq.batch_open('other', 'callback'))",
+                  "SELECT pgq.enqueue('other', 'k', notify_finished => true) FROM generate_series(1, 500)",
+                  "SELECT pgq.enqueue('other', 'dependant', depends_on => ARRAY[pgq.enqueue('other', 'k')],"
+                  " dependency_mode => 'all_ended') FROM generate_series(1, 500)"],
     "audit off": ["SELECT pgq.configure_queue('bench', audit => false)"],
 }
 
