@@ -469,7 +469,11 @@ def test_batch_close_waits_for_a_member_being_added_and_counts_it(conn, dsn):
     assert (s["state"], s["members"]) == ("sealed", 1)
 
 
-def test_many_workers_ending_members_of_one_batch_give_one_callback_with_exact_counts(conn, dsn):
+@pytest.mark.parametrize("how", ["one by one", "complete_many"])
+def test_many_workers_ending_members_of_one_batch_give_one_callback_with_exact_counts(conn, dsn, how):
+    """8 workers end 1,200 members (10% failing) while a sampler seals the batch a third of the way
+    through and sweeps; the tail (pgq._batch_tail()) is most of the batch. complete_many counts its
+    members once per batch (one shard update), the others once per job."""
     batch = int(one(conn, "SELECT pgq.batch_open('cb', 'report')"))
     total = 1200
     conn.execute("SELECT pgq.enqueue_many('m', 'k', array_fill('{}'::jsonb, ARRAY[%s]), batch => %s, "
@@ -489,15 +493,22 @@ def test_many_workers_ending_members_of_one_batch_give_one_callback_with_exact_c
                     if not rows:
                         return
                     with c.transaction():
+                        ended: dict[int, str] = {}
                         for job_id, attempt in rows:
                             if rng.random() < 0.1:
                                 c.execute("SELECT pgq.fail(%s, %s, 'x', retryable => false)", (job_id, attempt))
-                                outcome = "failed"
-                            else:
+                                ended[job_id] = "failed"
+                            elif how == "one by one":
                                 c.execute("SELECT pgq.complete(%s, %s)", (job_id, attempt))
-                                outcome = "done"
-                            with lock:
-                                outcomes[job_id] = outcome
+                                ended[job_id] = "done"
+                        if how == "complete_many":
+                            done = [(j, a) for j, a in rows if j not in ended]
+                            got = c.execute("SELECT count(*) FROM pgq.complete_many(%s, %s)",
+                                            ([j for j, _ in done], [a for _, a in done])).fetchone()
+                            assert got == (len(done),)
+                            ended.update({j: "done" for j, _ in done})
+                        with lock:
+                            outcomes.update(ended)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -547,6 +558,22 @@ def test_job_links_lists_dependencies_and_dependants_after_release(conn):
     with pytest.raises(psycopg.Error) as e:
         conn.execute("SELECT * FROM pgq.job_links(%s)", (987654,))
     assert e.value.sqlstate == "P0002"
+
+
+def test_complete_many_counts_members_of_several_batches_once_each(conn):
+    conn.execute("CREATE OR REPLACE FUNCTION pgq._batch_tail() RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 2'")
+    first, second = (int(one(conn, "SELECT pgq.batch_open('cb', 'report')")) for _ in range(2))
+    for batch in (first, second):
+        conn.execute("SELECT pgq.enqueue_many('m', 'k', array_fill('{}'::jsonb, ARRAY[40]), batch => %s)", (batch,))
+        one(conn, "SELECT pgq.batch_close(%s)", (batch,))
+    conn.execute("SELECT pgq.enqueue_many('m', 'k', array_fill('{}'::jsonb, ARRAY[5]))")  # not members
+    rows = claim(conn, queues=["m"], batch=85)
+    ids, attempts = [r["id"] for r in rows], [r["attempt"] for r in rows]
+    assert one(conn, "SELECT count(*) FROM pgq.complete_many(%s, %s)", (ids[:50], attempts[:50])) == 50
+    assert (status(conn, first)["done"], status(conn, second)["done"]) == (40, 10)
+    assert len(callbacks(conn, first)) == 1 and callbacks(conn, second) == []
+    assert one(conn, "SELECT count(*) FROM pgq.complete_many(%s, %s)", (ids[50:], attempts[50:])) == 35
+    assert status(conn, second)["done"] == 40 and len(callbacks(conn, second)) == 1
 
 
 def test_prune_deletes_a_finished_batch_with_its_members_rows_and_counts(conn):

@@ -26,8 +26,9 @@ BEGIN
     END IF;
     -- A batch's member (pgq._batch_member_ended), a job someone awaits (pgq.job_result): two
     -- tests of the row for every other job.
-    IF NEW.batch_id IS NOT NULL THEN
-        PERFORM pgq._batch_member_ended(NEW.batch_id, NEW.state);
+    IF NEW.batch_id IS NOT NULL
+       AND NOT (NEW.state = 'done' AND current_setting('pgq.batch_counting', true) IS NOT DISTINCT FROM 'caller') THEN
+        PERFORM pgq._batch_member_ended(NEW.batch_id, NEW.state);  -- (pgq.complete_many counts its own)
     END IF;
     IF NEW.notify_finished THEN
         PERFORM pg_notify('pgq_finished', NEW.id::text);

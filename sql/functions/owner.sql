@@ -147,6 +147,7 @@ CREATE OR REPLACE FUNCTION pgq.complete_many(ids bigint[], attempts integer[])
     AS $$
 DECLARE
     done_ids bigint[];
+    members  bigint[];  -- the batch of each completed job that is a batch's member
 BEGIN
     IF complete_many.ids IS NULL THEN
         PERFORM pgq._bad_argument('ids', 'must not be NULL');
@@ -161,6 +162,9 @@ BEGIN
         PERFORM pgq._bad_argument('ids', 'must not contain NULL (nor may attempts)');
     END IF;
 
+    -- Batch members' ends are counted below, one shard update per batch, not one per job by the
+    -- trigger (pgq._count_finished reads this setting).
+    PERFORM set_config('pgq.batch_counting', 'caller', true);
     WITH wanted AS (
         SELECT w.id, w.attempt FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)
     ), owned AS (
@@ -177,13 +181,19 @@ BEGIN
         FROM owned AS o, wanted AS w
         WHERE j.id = o.id AND w.id = j.id AND j.attempt = w.attempt AND j.state = 'running'
           AND pgq._owns(j.session_role)
-        RETURNING j.id, j.queue, j.attempt, j.claimed_by
+        RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.batch_id
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
         FROM completed AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
     )
-    SELECT coalesce(array_agg(c.id), '{}') INTO done_ids FROM completed AS c;
+    SELECT coalesce(array_agg(c.id), '{}'), array_agg(c.batch_id) FILTER (WHERE c.batch_id IS NOT NULL)
+    INTO done_ids, members FROM completed AS c;
+    PERFORM set_config('pgq.batch_counting', '', true);
+    IF members IS NOT NULL THEN
+        PERFORM pgq._batch_member_ended(m.batch, 'done', m.n::integer)
+        FROM (SELECT b.batch, count(*) AS n FROM unnest(members) AS b(batch) GROUP BY b.batch ORDER BY b.batch) AS m;
+    END IF;
     -- The common case ends here: every pair was still ours and is done now.
     IF cardinality(done_ids) = cardinality(complete_many.ids) THEN
         RETURN QUERY SELECT unnest(done_ids);
