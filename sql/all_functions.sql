@@ -1391,10 +1391,12 @@ $$;
 -- The dependencies of a job being enqueued (pgq.enqueue's and pgq.enqueue_many's depends_on),
 -- checked and read, not locked. A job of a queue whose read grants do not admit the login counts as
 -- absent, exactly as an unknown id (like in pgq.get_job). Returns the distinct ids in order, those
--- not done yet (the new job waits for them) and the first that ended failed or cancelled (the new
--- job is then cancelled at once), with its state.
-CREATE OR REPLACE FUNCTION pgq._read_dependencies(depends_on bigint[], OUT ids bigint[], OUT open_ids bigint[],
-                                                  OUT ended_id bigint, OUT ended_state pgq.job_state)
+-- not ended yet (the new job waits for them) and, by the rule `mode` 'all_done', the first that
+-- ended failed or cancelled (the new job is then cancelled at once), with its state ('all_ended':
+-- none; such a dependency has ended, which is all the new job waits for).
+CREATE OR REPLACE FUNCTION pgq._read_dependencies(depends_on bigint[], mode text, OUT ids bigint[],
+                                                  OUT open_ids bigint[], OUT ended_id bigint,
+                                                  OUT ended_state pgq.job_state)
     LANGUAGE plpgsql
     SET enable_seqscan = off
     SET enable_bitmapscan = off
@@ -1423,8 +1425,10 @@ BEGIN
     )
     SELECT (SELECT min(i.id) FROM unnest(ids) AS i(id) WHERE i.id NOT IN (SELECT s.id FROM seen AS s)),
            ARRAY(SELECT s.id FROM seen AS s WHERE s.state NOT IN ('done', 'failed', 'cancelled') ORDER BY s.id),
-           (SELECT s.id FROM seen AS s WHERE s.state IN ('failed', 'cancelled') ORDER BY s.id LIMIT 1),
-           (SELECT s.state FROM seen AS s WHERE s.state IN ('failed', 'cancelled') ORDER BY s.id LIMIT 1)
+           (SELECT s.id FROM seen AS s WHERE s.state IN ('failed', 'cancelled') AND mode = 'all_done'
+            ORDER BY s.id LIMIT 1),
+           (SELECT s.state FROM seen AS s WHERE s.state IN ('failed', 'cancelled') AND mode = 'all_done'
+            ORDER BY s.id LIMIT 1)
     INTO missing, open_ids, ended_id, ended_state;
     IF missing IS NOT NULL THEN
         PERFORM pgq._bad_argument('depends_on', format('names no job with id %s', missing),
@@ -1433,9 +1437,9 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION pgq._read_dependencies(bigint[]) IS
+COMMENT ON FUNCTION pgq._read_dependencies(bigint[], text) IS
     'For pgq.enqueue''s depends_on: checks and reads the dependencies (locking none); returns them, those '
-    'not done yet and the first that ended failed or cancelled.';
+    'not ended yet and (dependency_mode all_done) the first that ended failed or cancelled.';
 
 -- The jobs `ids`, just enqueued waiting, with pgq._read_dependencies' answer for their
 -- dependencies: linked to the open ones (pgq.job_dependencies), each of which gets a check (an end
@@ -1561,15 +1565,16 @@ CREATE OR REPLACE FUNCTION pgq._batch_tail() RETURNS integer
     LANGUAGE sql IMMUTABLE
     AS $$ SELECT 1024 $$;
 
--- The batch's counts: members added, and those ended done, failed and cancelled (sums of its
--- shards, as this statement sees them).
+-- The batch's counts: members added, those ended done, failed and cancelled, and those not ended
+-- (sums of its shards, as this statement sees them).
 CREATE OR REPLACE FUNCTION pgq._batch_sums(batch bigint, OUT added bigint, OUT done bigint,
-                                           OUT failed bigint, OUT cancelled bigint)
+                                           OUT failed bigint, OUT cancelled bigint, OUT unfinished bigint)
     LANGUAGE sql STABLE
     AS $$
-    SELECT coalesce(sum(c.added), 0)::bigint, coalesce(sum(c.done), 0)::bigint,
-           coalesce(sum(c.failed), 0)::bigint, coalesce(sum(c.cancelled), 0)::bigint
-    FROM pgq.batch_counts AS c WHERE c.batch_id = _batch_sums.batch
+    SELECT x.added, x.done, x.failed, x.cancelled, x.added - x.done - x.failed - x.cancelled
+    FROM (SELECT coalesce(sum(c.added), 0)::bigint AS added, coalesce(sum(c.done), 0)::bigint AS done,
+                 coalesce(sum(c.failed), 0)::bigint AS failed, coalesce(sum(c.cancelled), 0)::bigint AS cancelled
+          FROM pgq.batch_counts AS c WHERE c.batch_id = _batch_sums.batch) AS x
 $$;
 
 -- For pgq.enqueue and pgq.enqueue_many with `batch`, before they insert: the batch row, held FOR
@@ -1661,7 +1666,7 @@ BEGIN
             RETURN;
         ELSE
             sums := pgq._batch_sums(_batch_member_ended.batch);
-            IF sums.added - (sums.done + sums.failed + sums.cancelled) > pgq._batch_tail() THEN
+            IF sums.unfinished > pgq._batch_tail() THEN
                 RETURN;
             END IF;
         END IF;
@@ -1701,7 +1706,7 @@ BEGIN
     PERFORM FROM pgq.batch_counts AS c WHERE c.batch_id = _seal_batch.batch ORDER BY c.shard FOR NO KEY UPDATE;
     UPDATE pgq.batch_counts AS c SET sealed = true WHERE c.batch_id = _seal_batch.batch AND NOT c.sealed;
     sums := pgq._batch_sums(_seal_batch.batch);
-    IF sums.added - (sums.done + sums.failed + sums.cancelled) <= pgq._batch_tail() THEN
+    IF sums.unfinished <= pgq._batch_tail() THEN
         PERFORM pgq._mark_tail(_seal_batch.batch);
     END IF;
 END
@@ -1732,8 +1737,8 @@ BEGIN
         RETURN false;
     END IF;
     sums := pgq._batch_sums(b.id);
-    IF sums.done + sums.failed + sums.cancelled < sums.added THEN
-        IF NOT b.tail AND sums.added - (sums.done + sums.failed + sums.cancelled) <= pgq._batch_tail() THEN
+    IF sums.unfinished > 0 THEN
+        IF NOT b.tail AND sums.unfinished <= pgq._batch_tail() THEN
             PERFORM pgq._mark_tail(b.id);  -- from now on every end takes its turn
         END IF;
         RETURN false;
@@ -1948,7 +1953,7 @@ BEGIN
         CASE WHEN b.cancelled_at IS NOT NULL THEN 'cancelled' WHEN b.callback_job_id IS NOT NULL THEN 'finished'
              WHEN b.sealed_at IS NOT NULL THEN 'sealed' ELSE 'open' END,
         b.opened_by, b.callback_queue, b.callback_kind, b.run_when, sums.added,
-        greatest(sums.added - sums.done - sums.failed - sums.cancelled, 0), sums.done, sums.failed, sums.cancelled,
+        greatest(sums.unfinished, 0), sums.done, sums.failed, sums.cancelled,
         b.callback_job_id, b.created_at, b.sealed_at, b.finished_at;
 END
 $$;
@@ -2938,14 +2943,11 @@ BEGIN
                 RETURN new_id;
             END IF;
         END IF;
-        deps := pgq._read_dependencies(enqueue.depends_on);
+        deps := pgq._read_dependencies(enqueue.depends_on, enqueue.dependency_mode);
         IF cardinality(deps.ids) > 0 THEN
             dep_ids := deps.ids;
             left_count := cardinality(deps.open_ids);
             mode := enqueue.dependency_mode;
-            IF mode = 'all_ended' THEN
-                deps.ended_id := NULL;  -- a failed or cancelled dependency has ended: it is not waited for
-            END IF;
             IF left_count > 0 OR deps.ended_id IS NOT NULL THEN
                 new_state := 'waiting';
             END IF;
@@ -3065,7 +3067,7 @@ BEGIN
     -- (the product of the payloads and the jobs named, whatever their states: the same call is
     -- accepted or refused whenever it is made), as many as one pgq.enqueue naming 10000 jobs.
     IF enqueue_many.depends_on IS NOT NULL THEN
-        deps := pgq._read_dependencies(enqueue_many.depends_on);
+        deps := pgq._read_dependencies(enqueue_many.depends_on, enqueue_many.dependency_mode);
         IF cardinality(deps.ids)::bigint * cardinality(enqueue_many.payloads) > 10000 THEN
             PERFORM pgq._bad_argument('depends_on',
                 format('names %s jobs for %s payloads: %s links, and one call writes at most 10000 '
@@ -3077,9 +3079,6 @@ BEGIN
             dep_ids := deps.ids;
             left_count := cardinality(deps.open_ids);
             mode := enqueue_many.dependency_mode;
-            IF mode = 'all_ended' THEN
-                deps.ended_id := NULL;  -- a failed or cancelled dependency has ended: it is not waited for
-            END IF;
             IF left_count > 0 OR deps.ended_id IS NOT NULL THEN
                 new_state := 'waiting';
             END IF;

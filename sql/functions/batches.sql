@@ -75,15 +75,16 @@ CREATE OR REPLACE FUNCTION pgq._batch_tail() RETURNS integer
     LANGUAGE sql IMMUTABLE
     AS $$ SELECT 1024 $$;
 
--- The batch's counts: members added, and those ended done, failed and cancelled (sums of its
--- shards, as this statement sees them).
+-- The batch's counts: members added, those ended done, failed and cancelled, and those not ended
+-- (sums of its shards, as this statement sees them).
 CREATE OR REPLACE FUNCTION pgq._batch_sums(batch bigint, OUT added bigint, OUT done bigint,
-                                           OUT failed bigint, OUT cancelled bigint)
+                                           OUT failed bigint, OUT cancelled bigint, OUT unfinished bigint)
     LANGUAGE sql STABLE
     AS $$
-    SELECT coalesce(sum(c.added), 0)::bigint, coalesce(sum(c.done), 0)::bigint,
-           coalesce(sum(c.failed), 0)::bigint, coalesce(sum(c.cancelled), 0)::bigint
-    FROM pgq.batch_counts AS c WHERE c.batch_id = _batch_sums.batch
+    SELECT x.added, x.done, x.failed, x.cancelled, x.added - x.done - x.failed - x.cancelled
+    FROM (SELECT coalesce(sum(c.added), 0)::bigint AS added, coalesce(sum(c.done), 0)::bigint AS done,
+                 coalesce(sum(c.failed), 0)::bigint AS failed, coalesce(sum(c.cancelled), 0)::bigint AS cancelled
+          FROM pgq.batch_counts AS c WHERE c.batch_id = _batch_sums.batch) AS x
 $$;
 
 -- For pgq.enqueue and pgq.enqueue_many with `batch`, before they insert: the batch row, held FOR
@@ -175,7 +176,7 @@ BEGIN
             RETURN;
         ELSE
             sums := pgq._batch_sums(_batch_member_ended.batch);
-            IF sums.added - (sums.done + sums.failed + sums.cancelled) > pgq._batch_tail() THEN
+            IF sums.unfinished > pgq._batch_tail() THEN
                 RETURN;
             END IF;
         END IF;
@@ -215,7 +216,7 @@ BEGIN
     PERFORM FROM pgq.batch_counts AS c WHERE c.batch_id = _seal_batch.batch ORDER BY c.shard FOR NO KEY UPDATE;
     UPDATE pgq.batch_counts AS c SET sealed = true WHERE c.batch_id = _seal_batch.batch AND NOT c.sealed;
     sums := pgq._batch_sums(_seal_batch.batch);
-    IF sums.added - (sums.done + sums.failed + sums.cancelled) <= pgq._batch_tail() THEN
+    IF sums.unfinished <= pgq._batch_tail() THEN
         PERFORM pgq._mark_tail(_seal_batch.batch);
     END IF;
 END
@@ -246,8 +247,8 @@ BEGIN
         RETURN false;
     END IF;
     sums := pgq._batch_sums(b.id);
-    IF sums.done + sums.failed + sums.cancelled < sums.added THEN
-        IF NOT b.tail AND sums.added - (sums.done + sums.failed + sums.cancelled) <= pgq._batch_tail() THEN
+    IF sums.unfinished > 0 THEN
+        IF NOT b.tail AND sums.unfinished <= pgq._batch_tail() THEN
             PERFORM pgq._mark_tail(b.id);  -- from now on every end takes its turn
         END IF;
         RETURN false;
@@ -462,7 +463,7 @@ BEGIN
         CASE WHEN b.cancelled_at IS NOT NULL THEN 'cancelled' WHEN b.callback_job_id IS NOT NULL THEN 'finished'
              WHEN b.sealed_at IS NOT NULL THEN 'sealed' ELSE 'open' END,
         b.opened_by, b.callback_queue, b.callback_kind, b.run_when, sums.added,
-        greatest(sums.added - sums.done - sums.failed - sums.cancelled, 0), sums.done, sums.failed, sums.cancelled,
+        greatest(sums.unfinished, 0), sums.done, sums.failed, sums.cancelled,
         b.callback_job_id, b.created_at, b.sealed_at, b.finished_at;
 END
 $$;

@@ -436,10 +436,12 @@ $$;
 -- The dependencies of a job being enqueued (pgq.enqueue's and pgq.enqueue_many's depends_on),
 -- checked and read, not locked. A job of a queue whose read grants do not admit the login counts as
 -- absent, exactly as an unknown id (like in pgq.get_job). Returns the distinct ids in order, those
--- not done yet (the new job waits for them) and the first that ended failed or cancelled (the new
--- job is then cancelled at once), with its state.
-CREATE OR REPLACE FUNCTION pgq._read_dependencies(depends_on bigint[], OUT ids bigint[], OUT open_ids bigint[],
-                                                  OUT ended_id bigint, OUT ended_state pgq.job_state)
+-- not ended yet (the new job waits for them) and, by the rule `mode` 'all_done', the first that
+-- ended failed or cancelled (the new job is then cancelled at once), with its state ('all_ended':
+-- none; such a dependency has ended, which is all the new job waits for).
+CREATE OR REPLACE FUNCTION pgq._read_dependencies(depends_on bigint[], mode text, OUT ids bigint[],
+                                                  OUT open_ids bigint[], OUT ended_id bigint,
+                                                  OUT ended_state pgq.job_state)
     LANGUAGE plpgsql
     SET enable_seqscan = off
     SET enable_bitmapscan = off
@@ -468,8 +470,10 @@ BEGIN
     )
     SELECT (SELECT min(i.id) FROM unnest(ids) AS i(id) WHERE i.id NOT IN (SELECT s.id FROM seen AS s)),
            ARRAY(SELECT s.id FROM seen AS s WHERE s.state NOT IN ('done', 'failed', 'cancelled') ORDER BY s.id),
-           (SELECT s.id FROM seen AS s WHERE s.state IN ('failed', 'cancelled') ORDER BY s.id LIMIT 1),
-           (SELECT s.state FROM seen AS s WHERE s.state IN ('failed', 'cancelled') ORDER BY s.id LIMIT 1)
+           (SELECT s.id FROM seen AS s WHERE s.state IN ('failed', 'cancelled') AND mode = 'all_done'
+            ORDER BY s.id LIMIT 1),
+           (SELECT s.state FROM seen AS s WHERE s.state IN ('failed', 'cancelled') AND mode = 'all_done'
+            ORDER BY s.id LIMIT 1)
     INTO missing, open_ids, ended_id, ended_state;
     IF missing IS NOT NULL THEN
         PERFORM pgq._bad_argument('depends_on', format('names no job with id %s', missing),
@@ -478,9 +482,9 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION pgq._read_dependencies(bigint[]) IS
+COMMENT ON FUNCTION pgq._read_dependencies(bigint[], text) IS
     'For pgq.enqueue''s depends_on: checks and reads the dependencies (locking none); returns them, those '
-    'not done yet and the first that ended failed or cancelled.';
+    'not ended yet and (dependency_mode all_done) the first that ended failed or cancelled.';
 
 -- The jobs `ids`, just enqueued waiting, with pgq._read_dependencies' answer for their
 -- dependencies: linked to the open ones (pgq.job_dependencies), each of which gets a check (an end

@@ -136,14 +136,11 @@ BEGIN
                 RETURN new_id;
             END IF;
         END IF;
-        deps := pgq._read_dependencies(enqueue.depends_on);
+        deps := pgq._read_dependencies(enqueue.depends_on, enqueue.dependency_mode);
         IF cardinality(deps.ids) > 0 THEN
             dep_ids := deps.ids;
             left_count := cardinality(deps.open_ids);
             mode := enqueue.dependency_mode;
-            IF mode = 'all_ended' THEN
-                deps.ended_id := NULL;  -- a failed or cancelled dependency has ended: it is not waited for
-            END IF;
             IF left_count > 0 OR deps.ended_id IS NOT NULL THEN
                 new_state := 'waiting';
             END IF;
@@ -263,7 +260,7 @@ BEGIN
     -- (the product of the payloads and the jobs named, whatever their states: the same call is
     -- accepted or refused whenever it is made), as many as one pgq.enqueue naming 10000 jobs.
     IF enqueue_many.depends_on IS NOT NULL THEN
-        deps := pgq._read_dependencies(enqueue_many.depends_on);
+        deps := pgq._read_dependencies(enqueue_many.depends_on, enqueue_many.dependency_mode);
         IF cardinality(deps.ids)::bigint * cardinality(enqueue_many.payloads) > 10000 THEN
             PERFORM pgq._bad_argument('depends_on',
                 format('names %s jobs for %s payloads: %s links, and one call writes at most 10000 '
@@ -275,9 +272,6 @@ BEGIN
             dep_ids := deps.ids;
             left_count := cardinality(deps.open_ids);
             mode := enqueue_many.dependency_mode;
-            IF mode = 'all_ended' THEN
-                deps.ended_id := NULL;  -- a failed or cancelled dependency has ended: it is not waited for
-            END IF;
             IF left_count > 0 OR deps.ended_id IS NOT NULL THEN
                 new_state := 'waiting';
             END IF;
