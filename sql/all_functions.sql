@@ -2880,36 +2880,54 @@ BEGIN
 END
 $$;
 
+-- pgq._replace's update of the job it replaces (locked by it): the call's fields, and the event.
+CREATE OR REPLACE FUNCTION pgq._replace_job(id bigint, attempt integer, state pgq.job_state, queue text,
+                                            payload jsonb, run_at timestamptz, priority integer, meta jsonb,
+                                            max_attempts integer)
+    RETURNS void
+    LANGUAGE sql
+    AS $$
+    UPDATE pgq.jobs AS j
+    SET payload = _replace_job.payload, run_at = _replace_job.run_at, priority = _replace_job.priority,
+        meta = _replace_job.meta, max_attempts = greatest(_replace_job.max_attempts, j.attempt + 1)
+    WHERE j.id = _replace_job.id;
+    INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+    SELECT _replace_job.id, _replace_job.attempt, NULL, 'replaced', _replace_job.state, _replace_job.state, NULL
+    FROM pgq.queues AS q WHERE q.name = _replace_job.queue AND q.audit;
+$$;
+
 -- pgq.enqueue(..., unique_key, on_conflict => 'replace'), before anything is inserted:
 --
 -- * The key's live holder has not started (pending, due or not, or waiting): it takes the call's
 --   payload, run_at, priority, meta and max_attempts (never below its attempt + 1) and its id is
 --   the answer (replaced_id). Its kind, tenant, concurrency_key, max_run_time, dependencies and
---   batch stay its own. Its row is updated like a claim's: a claim in flight skips it (SKIP
---   LOCKED) until this transaction ends; a claim that took it first makes it a started holder.
+--   batch stay its own. Its row is locked without waiting (SKIP LOCKED), as a claim locks it: a
+--   claim in flight skips it until this transaction ends, and a holder that a claim (or any other
+--   transaction) holds now counts as started.
 -- * The holder has started (running or outcome_unknown): it is left alone, and a new job is
 --   enqueued without the key, waiting for the holder (all_ended: it runs once the holder has
---   ended, however): after_id names the holder, keyed is false. pgq.unique_successors remembers
---   that job; a later replace call, while the holder still runs and the job has not started,
---   updates it instead (so a debounce enqueues at most one job behind a running one).
--- * No holder: the new job takes the key (keyed); when the key's successor from before is running
---   still (its holder has ended since), the new job waits for it (after_id).
--- Replace calls of one key take turns on its pgq.unique_successors row (locked till commit), so two
--- of them never both enqueue a successor. Workers never read that table, and no holder's row is
--- written unless it has not started: a producer's open transaction never holds a worker's job.
+--   ended, however): after_ids names the holder, keyed is false. pgq.unique_successors remembers
+--   that job; a later replace call, while the job has not started, updates it instead (so a
+--   debounce enqueues at most one job behind a running one).
+-- * No holder: the new job takes the key (keyed).
+-- A successor that has not started is the job updated, whatever the holder's state: it is the
+-- key's last job to run. One that has started, or that another transaction holds, is waited for by
+-- the new job (after_ids): the jobs of one key run one after the other. Replace calls of one key take turns on its
+-- pgq.unique_successors row (locked till commit), so two of them never both enqueue a successor.
+-- Workers never read that table, and no row of a job is waited for: a producer's replace never
+-- waits for a worker, and its open transaction holds no worker's job (only a job not started).
 -- A 'keep' call does not take that row: it answers with the holder only (not a successor).
 CREATE OR REPLACE FUNCTION pgq._replace(queue text, unique_key text, payload jsonb, run_at timestamptz,
                                         priority integer, meta jsonb, max_attempts integer,
-                                        OUT replaced_id bigint, OUT after_id bigint, OUT keyed boolean)
+                                        OUT replaced_id bigint, OUT after_ids bigint[], OUT keyed boolean)
     LANGUAGE plpgsql
     AS $$
 #variable_conflict use_column
 DECLARE
     holder    record;
+    target    record;
     successor bigint;
-    succ_live boolean;
-    r_attempt integer;
-    r_state   pgq.job_state;
+    succ_busy boolean := false;
 BEGIN
     LOOP
         INSERT INTO pgq.unique_successors AS s (queue, unique_key) VALUES (_replace.queue, _replace.unique_key)
@@ -2919,46 +2937,58 @@ BEGIN
         WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key FOR UPDATE;
         EXIT WHEN FOUND;  -- else deleted by the call we waited for: insert it again
     END LOOP;
+    -- The successor first, if it is live and has not started: it is the key's last job to run.
+    IF successor IS NOT NULL THEN
+        SELECT j.id, j.state, j.attempt INTO target
+        FROM pgq.jobs AS j WHERE j.id = successor FOR NO KEY UPDATE OF j SKIP LOCKED;
+        IF target.id IS NOT NULL AND target.state IN ('waiting', 'pending') THEN
+            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace.queue, _replace.payload,
+                                     _replace.run_at, _replace.priority, _replace.meta, _replace.max_attempts);
+            replaced_id := target.id;
+            RETURN;
+        END IF;
+        -- Started, or held by another transaction (a claim in flight), or ended.
+        succ_busy := target.id IS NOT NULL AND target.state IN ('running', 'outcome_unknown')
+                     OR target.id IS NULL AND EXISTS (SELECT FROM pgq.jobs AS j WHERE j.id = successor
+                                                      AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown'));
+    END IF;
     LOOP
         SELECT j.id, j.state INTO holder
         FROM pgq.jobs AS j
         WHERE j.queue = _replace.queue AND j.unique_key = _replace.unique_key
           AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
-        -- The holder, or else the successor, while it has not started.
-        UPDATE pgq.jobs AS j
-        SET payload = _replace.payload, run_at = _replace.run_at, priority = _replace.priority,
-            meta = _replace.meta, max_attempts = greatest(_replace.max_attempts, j.attempt + 1)
-        WHERE j.id = CASE WHEN holder.id IS NOT NULL AND holder.state IN ('waiting', 'pending') THEN holder.id
-                          WHEN holder.id IS NULL OR holder.state IN ('running', 'outcome_unknown') THEN successor END
-          AND j.state IN ('waiting', 'pending')
-        RETURNING j.id, j.attempt, j.state INTO replaced_id, r_attempt, r_state;
-        IF FOUND THEN
-            INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
-            SELECT replaced_id, r_attempt, NULL, 'replaced', r_state, r_state, NULL
-            FROM pgq.queues AS q WHERE q.name = _replace.queue AND q.audit;
-            IF replaced_id IS DISTINCT FROM successor THEN
-                -- The holder itself: the key needs no successor.
+        EXIT WHEN holder.id IS NULL OR holder.state IN ('running', 'outcome_unknown');
+        SELECT j.id, j.state, j.attempt INTO target
+        FROM pgq.jobs AS j WHERE j.id = holder.id FOR NO KEY UPDATE OF j SKIP LOCKED;
+        IF target.id IS NOT NULL AND target.state IN ('waiting', 'pending') THEN
+            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace.queue, _replace.payload,
+                                     _replace.run_at, _replace.priority, _replace.meta, _replace.max_attempts);
+            IF NOT succ_busy THEN
+                -- The key needs no successor.
                 DELETE FROM pgq.unique_successors AS s WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key;
             END IF;
+            replaced_id := target.id;
             RETURN;
         END IF;
-        -- Claimed (or ended) since it was read: read again.
-        CONTINUE WHEN holder.id IS NOT NULL AND holder.state IN ('waiting', 'pending');
-        IF holder.id IS NOT NULL THEN
-            -- A started holder: a new job without the key waits for it (the caller records it as the
-            -- successor). A successor that has started meanwhile is left alone too.
-            after_id := holder.id;
-            keyed := false;
-            RETURN;
+        -- Held by another transaction (a claim in flight): it counts as started. Started or ended
+        -- since it was read: read again.
+        IF target.id IS NULL AND EXISTS (SELECT FROM pgq.jobs AS j WHERE j.id = holder.id
+                                         AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown')) THEN
+            holder.state := 'running';
+            EXIT;
         END IF;
-        -- No holder: the new job takes the key, after the successor if that one still runs.
-        SELECT true INTO succ_live FROM pgq.jobs AS j
-        WHERE j.id = successor AND j.state IN ('running', 'outcome_unknown');
-        after_id := CASE WHEN succ_live THEN successor END;
-        keyed := true;
-        DELETE FROM pgq.unique_successors AS s WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key;
-        RETURN;
     END LOOP;
+    after_ids := CASE WHEN succ_busy THEN ARRAY[successor] ELSE '{}' END;
+    IF holder.id IS NOT NULL THEN
+        -- A started holder: a new job without the key waits for it (and for a busy successor); the
+        -- caller records it as the successor.
+        after_ids := after_ids || holder.id;
+        keyed := false;
+        RETURN;
+    END IF;
+    -- No holder: the new job takes the key (after a busy successor).
+    keyed := true;
+    DELETE FROM pgq.unique_successors AS s WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key;
 END
 $$;
 
@@ -3048,8 +3078,8 @@ BEGIN
         IF NOT r.keyed THEN
             job_key := NULL;
         END IF;
-        IF r.after_id IS NOT NULL THEN
-            wait_on := coalesce(enqueue.depends_on, '{}') || r.after_id;
+        IF cardinality(r.after_ids) > 0 THEN
+            wait_on := coalesce(enqueue.depends_on, '{}') || r.after_ids;
             wait_mode := CASE WHEN enqueue.depends_on IS NULL THEN 'all_ended' ELSE enqueue.dependency_mode END;
         END IF;
     END IF;
