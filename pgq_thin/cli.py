@@ -510,7 +510,10 @@ def _act_by_filter(args: argparse.Namespace, act: Any, done: str) -> int:
         assert row is not None
         before: datetime = row[0]
         if isinstance(args.before, timedelta):
-            before -= args.before
+            try:
+                before -= args.before
+            except OverflowError:
+                raise BadArgument(f"--before: {format_duration(args.before)} ago is before the year 1") from None
         elif args.before is not None:
             before = min(before, args.before)
         while args.limit is None or total < args.limit:

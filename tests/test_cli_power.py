@@ -119,10 +119,12 @@ def test_a_filter_without_all_and_other_mistakes_are_usage_errors_that_change_no
         (["--queue", "q", "--state", state, "--before", "last tuesday", "--all"], ["--before", "not a time"]),
         (["--queue", "q", "--state", state, "--before", "5", "--all"], ["--before", "not a time"]),
         (["--queue", "q", "--state", state, "--limit", "0", "--all"], ["--limit", "must be 1 or more"]),
+        (["--queue", "q", "--state", state, "--before", "999999d", "--all"], ["--before", "before the year 1"]),
     ]:
         result = pgq(command, *args, dsn=dsn)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
-        assert result.stderr.startswith(f"pgq-thin {command}: error: ") and result.stderr.count("\n") == 1, args
+        assert result.stderr.startswith((f"pgq-thin {command}: error: ", "pgq-thin: error: --before")), args
+        assert result.stderr.count("\n") == 1, args
         assert "Traceback" not in result.stderr and result.stdout == ""
         for word in words:
             assert word in result.stderr, (args, result.stderr)
