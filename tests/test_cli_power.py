@@ -12,9 +12,9 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from test_cli import pgq
 
-from pgq_thin import Client
+from pgq_thin import Client, Worker
 
-from sqlhelpers import job, one, wait_for
+from sqlhelpers import job, one, run_worker, wait_for
 
 
 def states(conn: psycopg.Connection, queue: str, kind: str | None = None) -> dict[str, int]:
@@ -75,6 +75,36 @@ def test_cancel_and_retry_by_filter_loop_in_bounded_calls_and_print_the_total(
     rest = pgq("retry", "--queue", "q", "--state", "cancelled", "--all", dsn=dsn)
     assert (rest.returncode, rest.stdout.strip()) == (0, "retried 800 cancelled job(s) of queue q"), rest.stderr
     assert states(conn, "q") == {"pending": 2305} and states(conn, "other") == {"pending": 3}
+
+
+@pytest.mark.slow  # 2500 jobs failed twice by a worker
+def test_retry_all_against_a_worker_that_fails_them_again_retries_each_once_and_ends(
+        dsn: str, conn: psycopg.Connection) -> None:
+    """The command acts only on jobs that ended before it started: jobs its first calls retried, and
+    that a worker fails again while it runs, are not retried again; a loop without that bound would
+    chase them for as long as the worker keeps up."""
+    with Client(dsn) as client:
+        client.enqueue_many("q", "k", [{"n": n} for n in range(2500)], max_attempts=1)
+    worker = Worker(queues=["q"], concurrency=8)
+
+    @worker.handler("k")
+    def still_broken(job: object, ctx: object) -> None:
+        raise RuntimeError("still broken")
+
+    errors: list[BaseException] = []
+    thread = run_worker(worker, dsn, errors)
+    try:
+        wait_for(lambda: states(conn, "q") == {"failed": 2500}, "every job to fail", timeout=120)
+        retried = pgq("retry", "--queue", "q", "--state", "failed", "--all", dsn=dsn)
+        assert (retried.returncode, retried.stdout.strip()) == (0, "retried 2500 failed job(s) of queue q"), (
+            retried.stderr)
+        assert one(conn, "SELECT count(*) FILTER (WHERE event = 'retried') FROM pgq.job_events") == 2500
+        assert one(conn, "SELECT count(DISTINCT job_id) FILTER (WHERE event = 'retried') FROM pgq.job_events") == 2500
+        wait_for(lambda: states(conn, "q") == {"failed": 2500}, "every retried job to fail again", timeout=120)
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+    assert errors == [] and not thread.is_alive()
 
 
 def test_before_takes_a_time_or_how_long_ago(dsn: str, conn: psycopg.Connection) -> None:
