@@ -613,9 +613,10 @@ def retry_jobs(queue: str, state: str, kind: str | None = None, finished_before:
     """pgq.retry_jobs: make at most ``limit_rows`` (1 to 10000) of the queue's jobs in ``state``
     (``"failed"`` or ``"cancelled"``), of ``kind`` (None: any) and finished before
     ``finished_before`` (None: whenever), pending again, oldest id first, as ``retry`` does each;
-    returns how many. For all of them, call it again while it returns ``limit_rows``, with
-    ``finished_before`` fixed (the time you began, say): a job retried that fails again meanwhile
-    is then not retried twice (``pgq-thin retry --all`` does so)."""
+    returns how many. A job another transaction holds, or that ``retry`` would refuse (its
+    unique_key held by a live job, no attempt left), is skipped. For all of them, call it again
+    until it returns 0, with ``finished_before`` fixed (the time you began, say): a job retried
+    that fails again meanwhile is then not retried twice (``pgq-thin retry --all`` does so)."""
     return Call(queries.RETRY_JOBS, {
         "queue": queue, "state": state, "kind": kind, "finished_before": finished_before, "limit_rows": limit_rows,
     }, _count)
@@ -626,7 +627,8 @@ def cancel_jobs(queue: str, state: str, kind: str | None = None, created_before:
     """pgq.cancel_jobs: cancel at most ``limit_rows`` (1 to 10000) of the queue's jobs in
     ``state`` (``"waiting"``, ``"pending"``, ``"running"`` or ``"outcome_unknown"``), of ``kind``
     (None: any) and created before ``created_before`` (None: whenever), oldest id first, as
-    ``cancel`` does each (a running one's worker is told at once); returns how many."""
+    ``cancel`` does each (a running one's worker is told at once); returns how many. A job another
+    transaction holds is skipped: for all of them, call it again until it returns 0."""
     return Call(queries.CANCEL_JOBS, {
         "queue": queue, "state": state, "kind": kind, "created_before": created_before, "limit_rows": limit_rows,
     }, _count)

@@ -499,10 +499,12 @@ def _by_filter(args: argparse.Namespace) -> bool:
 
 def _act_by_filter(args: argparse.Namespace, act: Any, done: str) -> int:
     """retry / cancel by filter: ``act(client, before, limit_rows)`` (pgq.retry_jobs or
-    pgq.cancel_jobs) in calls of at most BULK_CALL jobs until one acts on fewer than asked, or
-    --limit jobs in all. Only jobs from before the command started are acted on (--before, if
-    earlier): a job that fails again after its retry, or is enqueued meanwhile, is left alone, so
-    the loop ends. Prints the total."""
+    pgq.cancel_jobs) in calls of at most BULK_CALL jobs until one acts on none, or on --limit jobs
+    in all. (A call may act on fewer than asked while more match: it skips a job another
+    transaction holds, and retry one whose unique key is held or that has no attempt left.) Only
+    jobs from before the command started are acted on (--before, if earlier): a job that fails
+    again after its retry, or is enqueued meanwhile, is left alone, so the loop ends. Prints the
+    total."""
     total = 0
     with _client(args) as client:
         with client.pool.connection() as conn:
@@ -528,7 +530,7 @@ def _act_by_filter(args: argparse.Namespace, act: Any, done: str) -> int:
             total += acted
             if acted:
                 print(f"\r{done} {total} job(s)...", end="", file=sys.stderr, flush=True)  # ours: no data
-            if acted < asked:
+            if acted == 0:
                 break
     if total:
         say(err=True)
@@ -972,10 +974,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, func, text, states, before in (
             ("retry", cmd_retry, "make failed or cancelled jobs pending again: the jobs named by id, or with "
-             "--queue, --state and --all every job that matches (pgq.retry_jobs, in calls of 1000)",
+             "--queue, --state and --all every job that matches (pgq.retry_jobs, 1000 a call)",
              ("failed", "cancelled"), "only jobs that finished before TIME"),
             ("cancel", cmd_cancel, "cancel jobs that have not finished: the jobs named by id, or with --queue, "
-             "--state and --all every job that matches (pgq.cancel_jobs, in calls of 1000)",
+             "--state and --all every job that matches (pgq.cancel_jobs, 1000 a call)",
              ("waiting", "pending", "running", "outcome_unknown"), "only jobs created before TIME")):
         p = command(name, func, text)
         p.add_argument("ids", type=job_id, nargs="*", metavar="ID", help="the jobs to " + name)

@@ -61,7 +61,7 @@ def test_cancel_and_retry_by_filter_loop_in_bounded_calls_and_print_the_total(
     cancelled = pgq("cancel", "--queue", "q", "--state", "pending", "--kind", "a", "--all", dsn=dsn)
     assert cancelled.returncode == 0, cancelled.stderr
     assert cancelled.stdout.strip() == "cancelled 2300 pending job(s) of queue q of kind a"
-    assert calls(conn, "cancel_jobs", 3)  # 1000, 1000, then 300 (fewer than asked: the last)
+    assert calls(conn, "cancel_jobs", 4)  # 1000, 1000, 300, then none: the last
     assert states(conn, "q", "a") == {"cancelled": 2300}
     assert states(conn, "q", "b") == {"pending": 5} and states(conn, "other") == {"pending": 3}
 
@@ -69,7 +69,7 @@ def test_cancel_and_retry_by_filter_loop_in_bounded_calls_and_print_the_total(
     assert retried.returncode == 0, retried.stderr
     assert retried.stdout.strip() == ("retried 1500 cancelled job(s) of queue q (--limit 1500 reached: "
                                       "more may match)")
-    assert calls(conn, "retry_jobs", 2)  # 1000, then the 500 left of the limit
+    assert calls(conn, "retry_jobs", 2)  # 1000, then the 500 left of the limit: no more
     assert [job(conn, i)["state"] for i in (a[0], a[1499], a[1500], a[-1])] == [
         "pending", "pending", "cancelled", "cancelled"]  # oldest first
     rest = pgq("retry", "--queue", "q", "--state", "cancelled", "--all", dsn=dsn)

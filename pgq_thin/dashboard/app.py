@@ -502,7 +502,9 @@ class Dashboard:
 
     def bulk_action(self, action: str) -> Callable[[Request], Awaitable[Response]]:
         """POST /api/jobs/retry-all | cancel-all: pgq.retry_jobs | pgq.cancel_jobs with the body's
-        filter, in calls of BULK_CALL, until one acts on fewer or ``max_jobs`` are acted on."""
+        filter, in calls of at most BULK_CALL, until one acts on none or ``max_jobs`` are acted on
+        (a call may act on fewer than asked while more match: it skips a job another transaction
+        holds, and retry one whose unique key is held or that has no attempt left)."""
 
         async def endpoint(request: Request) -> Response:
             body = await request.body()
@@ -529,7 +531,7 @@ class Dashboard:
                     raise
                 raise type(exc)(f"{exc.message} (after {total} job(s) were {done})", exc.sqlstate, exc.hint) from exc
             total += acted
-            if acted < asked:
+            if acted == 0:
                 break
         return {"ok": True, "count": total,
                 "detail": f"{done} {total} {state} job(s) of queue {queue}" + (f" of kind {kind}" if kind else "")}
