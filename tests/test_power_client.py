@@ -82,14 +82,19 @@ def test_replace_of_a_running_holder_enqueues_a_new_job_that_runs_after_it(
     second = client.enqueue("q", "k", {"v": 2}, unique_key="u", on_conflict="replace")
     assert second != holder
     assert (job(conn, holder)["state"], job(conn, holder)["payload"]) == ("running", {"v": 1})  # left alone
-    assert job(conn, second)["payload"] == {"v": 2}
+    assert (job(conn, second)["state"], job(conn, second)["payload"]) == ("waiting", {"v": 2})
+    # Replaced again while the holder still runs: that waiting job takes the new fields (one job behind).
+    assert client.enqueue("q", "k", {"v": 2.5}, unique_key="u", on_conflict="replace", priority=3) == second
+    assert (job(conn, second)["payload"], job(conn, second)["priority"]) == ({"v": 2.5}, 3)
     assert client.claim("w2", ["q"]) == []  # not while the holder runs
     assert client.complete(running.id, running.attempt)
     [after] = client.claim("w2", ["q"])
-    assert (after.id, after.payload) == (second, {"v": 2})
+    assert (after.id, after.payload) == (second, {"v": 2.5})
+    assert len(jobs_of(conn, "q")) == 2
     # A third call while the new job runs: again a new job, the one running untouched.
     third = client.enqueue("q", "k", {"v": 3}, unique_key="u", on_conflict="replace")
-    assert third not in (holder, second) and job(conn, second)["payload"] == {"v": 2}
+    assert third not in (holder, second) and job(conn, second)["payload"] == {"v": 2.5}
+    assert job(conn, third)["state"] == "waiting"  # behind the successor that runs
 
 
 def test_debounce_ends_with_one_job_that_carries_the_last_payload(client: Client, conn: psycopg.Connection) -> None:
