@@ -249,6 +249,7 @@ def test_retry_all_shown_asks_with_the_count_and_retries_them(
             expect(page.locator("#jobs tbody tr")).to_have_count(3)
             button = page.locator("#bulk button")
             expect(button).to_have_text("retry all shown (3)")
+            screenshot(page, tmp_path, "retry-all-shown.png")
             button.click()
             expect(button).to_be_enabled()  # dismissed: the button is back, nothing sent
             assert asked == ["confirm: Retry all 3 failed jobs of queue mail?"]
