@@ -92,12 +92,13 @@ _PYTHON_NAMES = {"id": "job_id", "ids": "job_ids"}
 _WANT: dict[str, type] = {
     **dict.fromkeys(("queue", "kind", "worker", "unique_key", "tenant", "error", "note", "state", "name", "cron",
                      "timezone", "role", "privilege", "concurrency_key", "key", "dependency_mode",
-                     "callback_queue", "callback_kind", "run_when"), str),
+                     "callback_queue", "callback_kind", "run_when", "on_conflict"), str),
     **dict.fromkeys(("priority", "max_attempts", "batch", "id", "attempt", "max_jobs", "max_running", "weight",
                      "limit_rows", "before_id", "key_max_running", "rate_limit", "key_rate_limit", "batch_id",
                      "after_id"), int),
     **dict.fromkeys(("retryable", "notify", "audit", "fair", "skip_if_running", "enabled", "notify_finished"),
                     bool),
+    **dict.fromkeys(("finished_before", "created_before"), datetime),
 }
 
 _INT8 = 2 ** 63
@@ -221,6 +222,17 @@ def _names(name: str, value: Sequence[str] | None) -> list[str] | None:
     return names
 
 
+def _keys(name: str, value: Sequence[str | None] | None) -> list[str | None] | None:
+    """A list of names, each a str or None (enqueue_many's unique_keys: None for a payload without)."""
+    if value is None:
+        return None
+    keys = _listed(name, value, "names")
+    for n, element in enumerate(keys, 1):
+        if element is not None and not isinstance(element, str):
+            raise _refused(f"{name}[{n}]", f"must be a str or None, got {_type_name(element)}", type_error=True)
+    return keys
+
+
 def _ints(name: str, value: Sequence[int] | None) -> list[int] | None:
     if value is None:
         return None
@@ -342,6 +354,7 @@ def enqueue(
     dependency_mode: str = "all_done",
     batch: int | None = None,
     notify_finished: bool = False,
+    on_conflict: str = "keep",
     conn: CallerConnection | None = None,
 ) -> Call[int]:
     """pgq.enqueue: add one job, now or at ``run_at``; returns its id. With ``conn``, the job
@@ -354,7 +367,12 @@ def enqueue(
     done (cancelled if one of them fails or is cancelled), with ``"all_ended"`` until each has
     ended, whatever the mix (its handler reads how with ``JobContext.dependency_results()``).
     ``batch``: a member of that open batch (batch_open). ``notify_finished``: its end is notified
-    on the channel pgq_finished, so that ``wait`` returns at once."""
+    on the channel pgq_finished, so that ``wait`` returns at once. ``on_conflict``, when a live job
+    of the queue holds ``unique_key``: ``"keep"`` answers that job's id and writes nothing;
+    ``"replace"`` gives that job, if it has not started (pending, scheduled or waiting), this
+    call's payload, run_at, priority, meta and max_attempts and answers its id, and enqueues a new
+    job (run after it) if it is running. Debounce: ``on_conflict="replace"``,
+    ``run_at=now + delay``."""
 
     def read(rows: list[Any]) -> int:
         job_id = int(rows[0][0])
@@ -368,6 +386,7 @@ def enqueue(
         "meta": _meta(meta, trace_context),
         "concurrency_key": concurrency_key, "depends_on": _ints("depends_on", depends_on),
         "dependency_mode": dependency_mode, "batch": batch, "notify_finished": notify_finished,
+        "on_conflict": on_conflict,
     }, read, conn=conn)
 
 
@@ -388,17 +407,22 @@ def enqueue_many(
     dependency_mode: str = "all_done",
     batch: int | None = None,
     notify_finished: bool = False,
+    unique_keys: Sequence[str | None] | None = None,
+    on_conflict: str = "keep",
     conn: CallerConnection | None = None,
 ) -> Call[list[int]]:
     """pgq.enqueue_many: add one job per payload in one statement; ids in payload order. Every
     job gets the same ``meta`` (with the trace context, as enqueue's) and the same ``depends_on``,
-    ``dependency_mode``, ``batch`` and ``notify_finished``."""
+    ``dependency_mode``, ``batch`` and ``notify_finished``. ``unique_keys``: one per payload (None
+    for a payload without), each answered as enqueue's ``unique_key`` with ``on_conflict``; a key
+    twice in one call, or a list not as long as ``payloads``, is refused (InvalidArgument)."""
     return Call(queries.ENQUEUE_MANY, {
         "queue": queue, "kind": kind, "payloads": _jsons("payloads", payloads),
         "run_at": run_at, "priority": priority, "max_attempts": max_attempts, "tenant": tenant,
         "max_run_time": _interval("max_run_time", max_run_time), "meta": _meta(meta, trace_context),
         "concurrency_key": concurrency_key, "depends_on": _ints("depends_on", depends_on),
         "dependency_mode": dependency_mode, "batch": batch, "notify_finished": notify_finished,
+        "unique_keys": _keys("unique_keys", unique_keys), "on_conflict": on_conflict,
     }, _ids, conn=conn)
 
 
@@ -582,6 +606,32 @@ def cancel(job_id: int) -> Call[bool]:
 def retry(job_id: int) -> Call[bool]:
     """pgq.retry: a failed or cancelled job becomes pending again."""
     return Call(queries.RETRY, {"id": job_id}, _flag)
+
+
+def retry_jobs(queue: str, state: str, kind: str | None = None, finished_before: datetime | None = None,
+               limit_rows: int = 1000) -> Call[int]:
+    """pgq.retry_jobs: make at most ``limit_rows`` (1 to 10000) of the queue's jobs in ``state``
+    (``"failed"`` or ``"cancelled"``), of ``kind`` (None: any) and finished before
+    ``finished_before`` (None: whenever), pending again, oldest id first, as ``retry`` does each;
+    returns how many. A job another transaction holds, or that ``retry`` would refuse (its
+    unique_key held by a live job, no attempt left), is skipped. For all of them, call it again
+    until it returns 0, with ``finished_before`` fixed (the time you began, say): a job retried
+    that fails again meanwhile is then not retried twice (``pgq-thin retry --all`` does so)."""
+    return Call(queries.RETRY_JOBS, {
+        "queue": queue, "state": state, "kind": kind, "finished_before": finished_before, "limit_rows": limit_rows,
+    }, _count)
+
+
+def cancel_jobs(queue: str, state: str, kind: str | None = None, created_before: datetime | None = None,
+                limit_rows: int = 1000) -> Call[int]:
+    """pgq.cancel_jobs: cancel at most ``limit_rows`` (1 to 10000) of the queue's jobs in
+    ``state`` (``"waiting"``, ``"pending"``, ``"running"`` or ``"outcome_unknown"``), of ``kind``
+    (None: any) and created before ``created_before`` (None: whenever), oldest id first, as
+    ``cancel`` does each (a running one's worker is told at once); returns how many. A job another
+    transaction holds is skipped: for all of them, call it again until it returns 0."""
+    return Call(queries.CANCEL_JOBS, {
+        "queue": queue, "state": state, "kind": kind, "created_before": created_before, "limit_rows": limit_rows,
+    }, _count)
 
 
 def resolve(job_id: int, state: str) -> Call[bool]:
@@ -835,6 +885,8 @@ class PgqCalls:
     sweep = Method(sweep)
     cancel = Method(cancel)
     retry = Method(retry)
+    retry_jobs = Method(retry_jobs)
+    cancel_jobs = Method(cancel_jobs)
     resolve = Method(resolve)
     prune = Method(prune)
     pause = Method(pause)

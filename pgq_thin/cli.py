@@ -137,6 +137,32 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def before_time(text: str) -> datetime | timedelta:
+    """retry's and cancel's --before: a time (ISO 8601, as --run-at takes it; without an offset, this
+    machine's local time) or a duration with its unit, meaning that long ago by the database's clock."""
+    try:
+        return parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a time nor a duration: {text!r} (a time such as 2026-12-05T14:00 or "
+                                         "2026-12-05T14:00:00+00:00, or how long ago, such as 30m, 2h or 7d)") from None
+    return value if value.tzinfo is not None else value.astimezone()
+
+
+def positive_count(text: str) -> int:
+    """A number of jobs, 1 or more (--limit)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < 2 ** 63:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text!r}")
+    return value
+
+
 def queue_list(text: str) -> list[str]:
     names = [q.strip() for q in text.split(",") if q.strip()]
     if not names:
@@ -261,14 +287,15 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                 "unique_key": args.unique_key, "tenant": args.tenant, "max_run_time": args.max_run_time,
                 "concurrency_key": args.concurrency_key, "depends_on": args.depends_on,
                 "dependency_mode": args.dependency_mode, "batch": args.batch,
-                "notify_finished": args.notify_finished}
+                "notify_finished": args.notify_finished, "on_conflict": args.on_conflict}
     with _client(args) as client:
         if args.unique_key is None:
             job_id = client.enqueue(args.queue, args.kind, payload, **settings)
             existing = False
         else:
-            # pgq.enqueue answers a live job's id for a key it holds, and then writes nothing: a
-            # transaction that wrote nothing has no transaction id.
+            # pgq.enqueue answers a live job's id for a key it holds, and then (on_conflict keep)
+            # writes nothing: a transaction that wrote nothing has no transaction id. (With replace
+            # it writes: the holder updated, or a new job after a running holder.)
             with client.pool.connection() as conn, conn.transaction():
                 job_id = client.enqueue(args.queue, args.kind, payload, conn=conn, **settings)
                 existing = conn.execute(queries.WROTE_NOTHING).fetchone() == (True,)
@@ -443,12 +470,88 @@ def _each_job(ids: Sequence[int], act: Any) -> int:
     return 1 if failed else 0
 
 
+#: Jobs per call of pgq.retry_jobs / pgq.cancel_jobs when retry and cancel act by filter.
+BULK_CALL = 1000
+#: The options of retry's and cancel's filter form.
+_FILTER_OPTIONS = ("queue", "state", "kind", "before", "limit", "all")
+
+
+def _by_filter(args: argparse.Namespace) -> bool:
+    """Whether retry / cancel was given job ids (False) or a filter with --all (True); a usage error
+    (exit 2) for neither, both, or a filter without --all or without --queue and --state."""
+    given = [f"--{name}" for name in _FILTER_OPTIONS if getattr(args, name) not in (None, False)]
+    command = args.parser.prog
+    if args.ids:
+        if given:
+            args.parser.error(f"give job ids or a filter ({', '.join(given)}), not both")
+        return False
+    if not given:
+        args.parser.error(f"give job ids, or --queue Q --state S --all: {command} --queue mail --state "
+                          f"{args.filter_states[0]} --all")
+    missing = [f"--{name}" for name in ("queue", "state") if getattr(args, name) is None]
+    if missing:
+        args.parser.error(f"a filter needs --queue and --state (missing: {' and '.join(missing)})")
+    if not args.all:
+        args.parser.error(f"a filter alone is not enough: {command} by filter acts on every job that matches, "
+                          "so add --all to ask for that (--limit N caps how many)")
+    return True
+
+
+def _act_by_filter(args: argparse.Namespace, act: Any, done: str) -> int:
+    """retry / cancel by filter: ``act(client, before, limit_rows)`` (pgq.retry_jobs or
+    pgq.cancel_jobs) in calls of at most BULK_CALL jobs until one acts on none, or on --limit jobs
+    in all. (A call may act on fewer than asked while more match: it skips a job another
+    transaction holds, and retry one whose unique key is held or that has no attempt left.) Only
+    jobs from before the command started are acted on (--before, if earlier): a job that fails
+    again after its retry, or is enqueued meanwhile, is left alone, so the loop ends. Prints the
+    total."""
+    total = 0
+    with _client(args) as client:
+        with client.pool.connection() as conn:
+            row = conn.execute(queries.CLOCK).fetchone()
+        assert row is not None
+        before: datetime = row[0]
+        if isinstance(args.before, timedelta):
+            try:
+                before -= args.before
+            except OverflowError:
+                raise BadArgument(f"--before: {format_duration(args.before)} ago is before the year 1") from None
+        elif args.before is not None:
+            before = min(before, args.before)
+        while args.limit is None or total < args.limit:
+            asked = BULK_CALL if args.limit is None else min(BULK_CALL, args.limit - total)
+            try:
+                acted = act(client, before, asked)
+            except PgqError:
+                if total:
+                    say(err=True)
+                    say(f"pgq-thin: {done} {total} job(s) before this error:", err=True)
+                raise
+            total += acted
+            if acted:
+                print(f"\r{done} {total} job(s)...", end="", file=sys.stderr, flush=True)  # ours: no data
+            if acted == 0:
+                break
+    if total:
+        say(err=True)
+    what = f"{args.state} job(s) of queue {args.queue}" + (f" of kind {args.kind}" if args.kind else "")
+    say(f"{done} {total} {what}" + (f" (--limit {args.limit} reached: more may match)"
+                                    if args.limit is not None and total == args.limit else ""))
+    return 0
+
+
 def cmd_retry(args: argparse.Namespace) -> int:
+    if _by_filter(args):
+        return _act_by_filter(args, lambda client, before, rows: client.retry_jobs(
+            args.queue, args.state, args.kind, finished_before=before, limit_rows=rows), "retried")
     with _client(args) as client:
         return _each_job(args.ids, lambda job_id: client.retry(job_id) and "pending again")
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    if _by_filter(args):
+        return _act_by_filter(args, lambda client, before, rows: client.cancel_jobs(
+            args.queue, args.state, args.kind, created_before=before, limit_rows=rows), "cancelled")
     with _client(args) as client:
         return _each_job(args.ids, lambda job_id: "cancelled" if client.cancel(job_id)
                          else "had already finished, unchanged")
@@ -777,7 +880,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-at", type=datetime.fromisoformat, help="ISO time; default now")
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--max-attempts", type=int)
-    p.add_argument("--unique-key")
+    p.add_argument("--unique-key", help="at most one live job of the queue holds this key (see --on-conflict)")
+    p.add_argument("--on-conflict", choices=["keep", "replace"], default="keep",
+                   help="with --unique-key held by a live job: keep it as it is and print its id (default), or "
+                        "replace its payload, run time, priority and max attempts if it has not started (a "
+                        "running one is left alone and a new job runs after it); debounce: replace with --run-at")
     p.add_argument("--tenant")
     p.add_argument("--max-run-time", type=duration, help="cap each attempt (e.g. 10m); default: the queue's")
     p.add_argument("--concurrency-key",
@@ -865,11 +972,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=10000, help="jobs per call (default 10000)")
     p.add_argument("--all", action="store_true", help="repeat until nothing is left to prune")
 
-    p = command("retry", cmd_retry, "make failed or cancelled jobs pending again")
-    p.add_argument("ids", type=job_id, nargs="+")
-
-    p = command("cancel", cmd_cancel, "cancel jobs that have not finished")
-    p.add_argument("ids", type=job_id, nargs="+")
+    for name, func, text, states, before in (
+            ("retry", cmd_retry, "make failed or cancelled jobs pending again: the jobs named by id, or with "
+             "--queue, --state and --all every job that matches (pgq.retry_jobs, 1000 a call)",
+             ("failed", "cancelled"), "only jobs that finished before TIME"),
+            ("cancel", cmd_cancel, "cancel jobs that have not finished: the jobs named by id, or with --queue, "
+             "--state and --all every job that matches (pgq.cancel_jobs, 1000 a call)",
+             ("waiting", "pending", "running", "outcome_unknown"), "only jobs created before TIME")):
+        p = command(name, func, text)
+        p.add_argument("ids", type=job_id, nargs="*", metavar="ID", help="the jobs to " + name)
+        p.add_argument("--queue", help="by filter: the jobs of this queue")
+        p.add_argument("--state", choices=states, help="by filter: the jobs in this state")
+        p.add_argument("--kind", help="by filter: only jobs of this kind")
+        p.add_argument("--before", type=before_time, metavar="TIME",
+                       help=f"by filter: {before}: an ISO time (2026-12-05T14:00, local time without an offset) "
+                            "or how long ago (30m, 2h, 7d); jobs from after the command started are left alone")
+        p.add_argument("--limit", type=positive_count, metavar="N", help="by filter: at most N jobs in all "
+                       "(default: every job that matches)")
+        p.add_argument("--all", action="store_true",
+                       help=f"{name} every job the filter matches (required with a filter)")
+        p.set_defaults(parser=p, filter_states=states)
 
     p = command("resolve", cmd_resolve, "settle an outcome_unknown job: done, pending (run it again), failed "
                 "or cancelled")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 # Producers ---------------------------------------------------------------------------------------
 
-#: Add one job; returns its id (or the id of the live job holding unique_key).
+#: Add one job; returns its id (or, for a unique_key a live job holds, that job's id: kept as it is,
+#: or with on_conflict 'replace' updated when it has not started).
 ENQUEUE = (
     "SELECT pgq.enqueue(queue => %(queue)s::text, kind => %(kind)s::text,"
     " payload => %(payload)s::jsonb, run_at => coalesce(%(run_at)s::timestamptz, now()),"
@@ -18,7 +19,7 @@ ENQUEUE = (
     " max_run_time => %(max_run_time)s::interval, meta => %(meta)s::jsonb,"
     " concurrency_key => %(concurrency_key)s::text, depends_on => %(depends_on)s::bigint[],"
     " dependency_mode => %(dependency_mode)s::text, batch => %(batch)s::bigint,"
-    " notify_finished => %(notify_finished)s::boolean)"
+    " notify_finished => %(notify_finished)s::boolean, on_conflict => %(on_conflict)s::text)"
 )
 
 #: Add one job per payload in one INSERT; returns the ids in payload order. The payloads go in
@@ -32,7 +33,8 @@ ENQUEUE_MANY = (
     " meta => %(meta)s::jsonb,"
     " concurrency_key => %(concurrency_key)s::text, depends_on => %(depends_on)s::bigint[],"
     " dependency_mode => %(dependency_mode)s::text, batch => %(batch)s::bigint,"
-    " notify_finished => %(notify_finished)s::boolean) AS t(id)"
+    " notify_finished => %(notify_finished)s::boolean, unique_keys => %(unique_keys)s::text[],"
+    " on_conflict => %(on_conflict)s::text) AS t(id)"
 )
 
 # Batches and results -----------------------------------------------------------------------------
@@ -120,6 +122,16 @@ SWEEP = "SELECT pgq.sweep(max_jobs => %(max_jobs)s::integer)"
 
 CANCEL = "SELECT pgq.cancel(id => %(id)s::bigint)"
 RETRY = "SELECT pgq.retry(id => %(id)s::bigint)"
+#: Make at most limit_rows failed or cancelled jobs of a queue pending again (id order); how many.
+RETRY_JOBS = (
+    "SELECT pgq.retry_jobs(queue => %(queue)s::text, state => %(state)s::text, kind => %(kind)s::text,"
+    " finished_before => %(finished_before)s::timestamptz, limit_rows => %(limit_rows)s::integer)"
+)
+#: Cancel at most limit_rows unfinished jobs of a queue in one state (id order); how many.
+CANCEL_JOBS = (
+    "SELECT pgq.cancel_jobs(queue => %(queue)s::text, state => %(state)s::text, kind => %(kind)s::text,"
+    " created_before => %(created_before)s::timestamptz, limit_rows => %(limit_rows)s::integer)"
+)
 RESOLVE = "SELECT pgq.resolve(id => %(id)s::bigint, state => %(state)s::text)"
 PRUNE = "SELECT pgq.prune(older_than => %(older_than)s::interval, max_jobs => %(max_jobs)s::integer)"
 PAUSE = "SELECT * FROM pgq.pause(queue => %(queue)s::text)"
@@ -208,10 +220,14 @@ ACTION_FUNCTIONS = {
     "resolve": "pgq.resolve(bigint,text)",
     "pause": "pgq.pause(text)",
     "resume": "pgq.resume(text)",
+    "retry_jobs": "pgq.retry_jobs(text,text,text,timestamptz,integer)",
+    "cancel_jobs": "pgq.cancel_jobs(text,text,text,timestamptz,integer)",
 }
-#: current_user and, per action (a column named after it), whether the role may call its function.
+#: current_user and, per action (a column named after it), whether the role may call its function:
+#: NULL when the function does not exist (a schema older than the migration that adds it).
 PRIVILEGES = ("SELECT current_user, " + ", ".join(
-    f"has_function_privilege('{signature}', 'EXECUTE') AS {action}" for action, signature in ACTION_FUNCTIONS.items()))
+    f"has_function_privilege(to_regprocedure('{signature}'), 'EXECUTE') AS {action}"
+    for action, signature in ACTION_FUNCTIONS.items()))
 
 #: The metrics' health findings, counted by check and severity.
 HEALTH_FINDINGS = 'SELECT "check", severity, count(*) FROM pgq.health() GROUP BY 1, 2 ORDER BY 1, 2'

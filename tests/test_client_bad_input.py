@@ -42,7 +42,7 @@ def _deep(depth: int = 100_000) -> dict[str, Any]:
 # and those of a wrong type (BadArgumentType). A new annotation must be added here.
 FINE: dict[str, Any] = {"str": "q", "int": 1, "Interval": 30, "bool": True, "datetime": None, "Any": None,
                         "CallerConnection": None, "dict[str, Any]": {}, "Sequence[str]": ["q"],
-                        "Sequence[int]": [1], "Sequence[dict[str, Any]]": [{}]}
+                        "Sequence[int]": [1], "Sequence[dict[str, Any]]": [{}], "Sequence[str | None]": ["q"]}
 _BAD_JSON = [_deep(), {"a": math.nan}, {"a": math.inf}, {"a": "nul \x00 inside"}, {"a": "lone \ud800"},
              {"\udcff": 1}, {"a": 10 ** 5000}, {"a": object()}]
 REFUSED: dict[str, list[Any]] = {
@@ -52,6 +52,7 @@ REFUSED: dict[str, list[Any]] = {
     "dict[str, Any]": _BAD_JSON,
     "Any": _BAD_JSON,
     "Sequence[str]": [["q", "r\udcff"], ["q\x00"]],
+    "Sequence[str | None]": [[None, "r\udcff"], ["q\x00"]],
     "Sequence[int]": [[1, 2 ** 63]],
     "Sequence[dict[str, Any]]": [[{}, {"a": math.nan}], [_deep()]],
     "bool": [], "datetime": [], "CallerConnection": [],
@@ -61,6 +62,7 @@ WRONG_TYPE: dict[str, list[Any]] = {
     "int": [1.5, True, "1"],
     "Interval": ["30s", True, b"1"],
     "Sequence[str]": ["emails", b"emails", ["q", 5]],
+    "Sequence[str | None]": ["emails", b"emails", [None, 5]],
     "Sequence[int]": ["1", [1.5], [True]],
     "Sequence[dict[str, Any]]": [{"a": 1}, "x"],
     "bool": ["yes", 1],

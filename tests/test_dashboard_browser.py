@@ -3,7 +3,8 @@
 $PGQ_DASHBOARD_TOKEN), reads the pages, sees a <script> in a payload and an error shown as text,
 clicks retry on a failed job and sees it pending, watches the throughput chart move, logs out (and
 finds the old session cookie refused), and as a pgq_monitor login finds the buttons disabled; follows
-a job's links to its dependency, the dependency's batch and the batch's callback job (issue 26).
+a job's links to its dependency, the dependency's batch and the batch's callback job (issue 26);
+retries all the failed jobs a filtered list shows, after a confirmation stating the count (issue 27).
 Screenshots go to the test's temporary directory (and, with $PGQ_DASHBOARD_SCREENSHOTS set, to that
 directory too: docs/dashboard.png comes from there)."""
 
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
 from psycopg.conninfo import conninfo_to_dict
 
 from pgq_thin import Client
@@ -222,6 +223,47 @@ def test_a_job_links_to_its_dependencies_its_batch_and_the_batchs_callback(
         expect(page.locator("#meta")).to_contain_text(f'"id": {batch}')
         [callback] = [j.id for j in pgq_client.list_jobs(queue="after")]
         expect(page).to_have_url(f"{url}/jobs/{callback}")
+
+
+def test_retry_all_shown_asks_with_the_count_and_retries_them(
+        pgq_client: Client, browser: Browser, tmp_path: Path) -> None:
+    """Issue 27: the job list filtered to one queue's failed jobs; "retry all shown" asks for a
+    confirmation that states the count (dismissed: nothing changes; accepted: they are retried)."""
+    failed = [failed_job(pgq_client) for _ in range(3)]
+    other = failed_job(pgq_client, queue="billing")
+    context = browser.new_context(viewport={"width": 1280, "height": 760})
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    expect.set_options(timeout=20_000)
+    asked: list[str] = []
+    answers = iter([False, True])  # dismissed first, then accepted
+
+    def confirm(dialog: Dialog) -> None:
+        asked.append(f"{dialog.type}: {dialog.message}")
+        dialog.accept() if next(answers) else dialog.dismiss()
+
+    page.on("dialog", confirm)
+    try:
+        with logins(pgq_client.dsn) as dsns, running_dashboard(dsns["pgq_admin"]) as url:
+            page.goto(f"{url}/jobs?queue=mail&state=failed")
+            expect(page.locator("#jobs tbody tr")).to_have_count(3)
+            button = page.locator("#bulk button")
+            expect(button).to_have_text("retry all shown (3)")
+            screenshot(page, tmp_path, "retry-all-shown.png")
+            button.click()
+            expect(button).to_be_enabled()  # dismissed: the button is back, nothing sent
+            assert asked == ["confirm: Retry all 3 failed jobs of queue mail?"]
+            assert [pgq_client.get_job(i).state for i in failed] == ["failed"] * 3
+            button.click()
+            expect(page.locator("#flash")).to_have_text("retried 3 failed job(s) of queue mail")
+            expect(page.locator(".empty")).to_have_text("No jobs match.")  # the page, reloaded
+            expect(page.locator("#bulk")).to_have_count(0)
+            assert len(asked) == 2
+            screenshot(page, tmp_path, "retried-all.png")
+        assert [pgq_client.get_job(i).state for i in failed] == ["pending"] * 3
+        assert pgq_client.get_job(other).state == "failed"
+    finally:
+        context.close()
 
 
 def test_beyond_loopback_without_a_token_it_warns(pgq_dsn: str) -> None:

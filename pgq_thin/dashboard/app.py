@@ -6,8 +6,9 @@ statements are the catalog question "may this role call pgq.retry, pgq.pause, ..
 (queries.PRIVILEGES), asked to show a pgq_monitor login as read-only, and the workflow reads of the
 job and batch pages (pgq.get_job's whole row, pgq.job_links, pgq.batch_status: the clients' own
 queries.GET_JOB, JOB_LINKS and BATCH_STATUS), each one call of a pgq function too, over the
-Client's pool. pgq itself stays the authority: an action the role may not make is refused by the
-database too. ``GET /metrics`` is pgq_thin.metrics.exposition over a pooled connection (the same
+Client's pool, and the database clock (queries.CLOCK) that dates a "retry all shown" / "cancel
+all shown" confirmation. pgq itself stays the authority: an action the role may not make is refused
+by the database too. ``GET /metrics`` is pgq_thin.metrics.exposition over a pooled connection (the same
 text as ``pgq-thin metrics``).
 
 Security (pgq_thin.dashboard.guard, before any route): ``allowed_hosts`` (the loopback names when it
@@ -86,6 +87,12 @@ PAGE_SIZE = 50
 LINKS_SHOWN = 100
 #: pgq.get_job's columns of migration 0017 that the job page shows beside the JobRecord.
 WORKFLOW_COLUMNS = ("dependency_mode", "batch_id")
+#: "retry all shown" and "cancel all shown" (README, Dashboard): the list's states each acts on,
+#: the most jobs one click acts on, and the jobs per call of pgq.retry_jobs / pgq.cancel_jobs.
+BULK_STATES = {"retry_jobs": ("failed", "cancelled"),
+               "cancel_jobs": ("waiting", "pending", "running", "outcome_unknown")}
+BULK_MAX = 10000
+BULK_CALL = 1000
 
 
 class BadRequest(Exception):
@@ -217,12 +224,18 @@ class Dashboard:
             row = cur.fetchone()
         values = dict(zip(names, row or ()))
         can = {name: bool(values.get(name)) for name in ACTIONS}
-        return {"role": values.get("current_user"), "can": can, "read_only": not any(can.values())}
+        missing = [name for name in ACTIONS if values.get(name) is None]  # functions a schema predates
+        return {"role": values.get("current_user"), "can": can, "read_only": not any(can.values()),
+                "missing": missing}
 
     def _refused(self, action: str) -> JSONResponse | None:
         perms = self.permissions()
         if perms["can"][action]:
             return None
+        if action in perms["missing"]:
+            return _json({"error": f"this database's pgq schema has no {ACTIONS[action]}: it predates the "
+                                   "migration that adds it (run pgq-thin migrate)", "sqlstate": "42883",
+                          "hint": None}, 501)
         return _json({"error": f"read-only: the dashboard's database role {perms['role']} may not call "
                                f"{ACTIONS[action]} (a pgq_monitor login is read-only; connect as a pgq_admin "
                                "login to act)", "sqlstate": "42501", "hint": None}, 403)
@@ -234,7 +247,8 @@ class Dashboard:
             try:
                 context["perms"] = self.permissions()
             except PgqError:
-                context["perms"] = {"role": "?", "can": dict.fromkeys(ACTIONS, False), "read_only": True}
+                context["perms"] = {"role": "?", "can": dict.fromkeys(ACTIONS, False), "read_only": True,
+                                    "missing": []}
         context.setdefault("path", request.url.path)
         html = self.templates.get_template(template).render(
             version=__version__, login=self.token is not None, **context)
@@ -271,8 +285,55 @@ class Dashboard:
         if len(jobs) == limit:
             more = "/jobs?" + urlencode({**filters, "before_id": jobs[-1].id})
         first = "/jobs?" + urlencode(filters) if before_id is not None else None
+        stats = self.client.stats()
         return {"jobs": jobs, "queue": queue or "", "state": state or "", "kind": kind or "", "more": more,
-                "first": first, "queues": [q.queue for q in self.client.stats()], "states": JOB_STATES}
+                "first": first, "queues": [q.queue for q in stats], "states": JOB_STATES,
+                "bulk": self.bulk_button(stats, queue, state, kind) if jobs else None}
+
+    # "retry all shown", "cancel all shown" (README, Dashboard) --------------------------------------
+    # "All shown" is every job the list's filter matches (one queue, one state, maybe a kind), on
+    # every page, as of the moment the page was made: the confirmation states how many, dated by the
+    # database clock, and the click acts on at most that many (at most BULK_MAX), oldest first, and
+    # only on jobs that finished (retry) or were created (cancel) before that moment.
+
+    def bulk_button(self, stats: Sequence[Any], queue: str | None, state: str | None,
+                    kind: str | None) -> dict[str, Any] | None:
+        """The list's "retry all shown" / "cancel all shown" button (its URL, body and confirmation),
+        or None when the filter is not one queue and one state it applies to, or matches nothing."""
+        action = next((a for a, states in BULK_STATES.items() if state in states), None)
+        if action is None or queue is None or state is None:
+            return None
+        count, exact = self.matching(stats, queue, state, kind)
+        if count == 0:
+            return None
+        [[as_of]] = [list(row.values()) for row in self._rows(queries.CLOCK, {})]
+        verb = "retry" if action == "retry_jobs" else "cancel"
+        acted = min(count, BULK_MAX)
+        jobs = f"{state} job{'s' if count != 1 else ''} of queue {queue}" + (f" of kind {kind}" if kind else "")
+        shown = f"{count}" if exact else f"more than {BULK_MAX}"
+        confirm = (f"{verb.capitalize()} all {count} {jobs}?" if count <= BULK_MAX else
+                   f"{verb.capitalize()} the {acted} oldest of the {shown} {jobs}? (at most {BULK_MAX} a click)")
+        body = {"queue": queue, "state": state, "kind": kind, "before": as_of.isoformat(), "max_jobs": acted}
+        return {"action": action, "url": f"/api/jobs/{verb}-all", "label": f"{verb} all shown ({shown})",
+                "confirm": confirm, "body": json.dumps(body), "count": count}
+
+    def matching(self, stats: Sequence[Any], queue: str, state: str, kind: str | None) -> tuple[int, bool]:
+        """How many jobs of ``queue`` are in ``state`` (of ``kind``), and whether that is exact: from
+        pgq.stats without a kind; with one, counted through pgq.list_jobs, BULK_CALL a page, up to
+        BULK_MAX and a page more (not exact past BULK_MAX: "more than BULK_MAX")."""
+        if kind is None:
+            row = next((s for s in stats if s.queue == queue), None)
+            if row is None:
+                return 0, True
+            return int(row.pending + row.scheduled if state == "pending" else getattr(row, state)), True
+        count, before_id = 0, None
+        while count <= BULK_MAX:
+            page = self.client.list_jobs(queue, state, kind, BULK_CALL, before_id)
+            count += len(page)
+            if len(page) < BULK_CALL:
+                return count, True
+            before_id = page[-1].id
+        return count, False
 
     def job(self, request: Request) -> dict[str, Any]:
         job_id = _job_id(request.path_params["id"])
@@ -339,7 +400,7 @@ class Dashboard:
         return self._login_page(request, next_path, None, 401)
 
     def _login_page(self, request: Request, next_path: str, error: str | None, status: int) -> HTMLResponse:
-        perms = {"role": None, "can": dict.fromkeys(ACTIONS, False), "read_only": True}
+        perms: dict[str, Any] = {"role": None, "can": dict.fromkeys(ACTIONS, False), "read_only": True, "missing": []}
         return self.render(request, "login.html", status, next=next_path, error=error, perms=perms)
 
     async def login(self, request: Request) -> Response:
@@ -439,6 +500,42 @@ class Dashboard:
             answer["detail"] = f"job {job_id} had already finished: nothing to {action}"
         return answer
 
+    def bulk_action(self, action: str) -> Callable[[Request], Awaitable[Response]]:
+        """POST /api/jobs/retry-all | cancel-all: pgq.retry_jobs | pgq.cancel_jobs with the body's
+        filter, in calls of at most BULK_CALL, until one acts on none or ``max_jobs`` are acted on
+        (a call may act on fewer than asked while more match: it skips a job another transaction
+        holds, and retry one whose unique key is held or that has no attempt left)."""
+
+        async def endpoint(request: Request) -> Response:
+            body = await request.body()
+            return await run_in_threadpool(self.api(lambda r: self._bulk_action(action, body)), request)
+
+        return endpoint
+
+    def _bulk_action(self, action: str, body: bytes) -> Any:
+        refused = self._refused(action)
+        if refused is not None:
+            return refused
+        queue, state, kind, before, max_jobs = _bulk_filter(body)
+        if before is None:  # the jobs there when the request came: a job that fails again is not retried twice
+            [[before]] = [list(row.values()) for row in self._rows(queries.CLOCK, {})]
+        act = self.client.retry_jobs if action == "retry_jobs" else self.client.cancel_jobs
+        done = "retried" if action == "retry_jobs" else "cancelled"
+        total = 0
+        while total < max_jobs:
+            asked = min(BULK_CALL, max_jobs - total)
+            try:
+                acted = act(queue, state, kind, before, asked)
+            except PgqError as exc:
+                if not total:
+                    raise
+                raise type(exc)(f"{exc.message} (after {total} job(s) were {done})", exc.sqlstate, exc.hint) from exc
+            total += acted
+            if acted == 0:
+                break
+        return {"ok": True, "count": total,
+                "detail": f"{done} {total} {state} job(s) of queue {queue}" + (f" of kind {kind}" if kind else "")}
+
     def queue_action(self, action: str) -> Callable[[Request], Response]:
         """POST /api/queues/{name}/pause|resume."""
 
@@ -481,6 +578,39 @@ def _resolve_state(body: bytes) -> str:
     return str(data["state"])
 
 
+_BULK_BODY = ('{"queue": "...", "state": "...", "kind": "..." | null, "before": "an ISO 8601 time with its offset" '
+              f'| null, "max_jobs": 1 to {BULK_MAX}}}')
+
+
+def _bulk_filter(body: bytes) -> tuple[str, str, str | None, datetime | None, int]:
+    """retry-all's and cancel-all's body: the filter, the time the jobs are from before, and the most
+    to act on; BadRequest (400) naming what is wrong (the values themselves pgq checks)."""
+    try:
+        data = parse_json(body)
+    except BadJSON as exc:
+        raise BadRequest(f"{exc}: {_BULK_BODY}") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"the body must be {_BULK_BODY}")
+    for name in ("queue", "state"):
+        if not isinstance(data.get(name), str):
+            raise BadRequest(f'"{name}" must be a string: {_BULK_BODY}')
+    if data.get("kind") is not None and not isinstance(data["kind"], str):
+        raise BadRequest(f'"kind" must be a string or null: {_BULK_BODY}')
+    before = data.get("before")
+    if before is not None:
+        try:
+            before = datetime.fromisoformat(before) if isinstance(before, str) else None
+        except ValueError:
+            before = None
+        if before is None or before.tzinfo is None:
+            raise BadRequest(f'"before" must be an ISO 8601 time with its offset, or null, got {data["before"]!r:.60}')
+    max_jobs = data.get("max_jobs")
+    if type(max_jobs) is not int or not 1 <= max_jobs <= BULK_MAX:
+        raise BadRequest(f'"max_jobs" (the most jobs to act on) must be a number from 1 to {BULK_MAX}, '
+                         f'got {max_jobs!r:.40}')
+    return data["queue"], data["state"], data.get("kind"), before, max_jobs
+
+
 def _worst(findings: Sequence[Any]) -> str:
     severities = {f.severity for f in findings}
     return "critical" if "critical" in severities else "warning" if "warning" in severities else "ok"
@@ -521,6 +651,8 @@ def create_app(client: Client, *, token: str | None = None, allowed_hosts: Seque
         Route("/metrics", d.metrics),
         Route("/api/queues", d.api(d.api_queues)),
         Route("/api/jobs", d.api(d.api_jobs)),
+        Route("/api/jobs/retry-all", d.bulk_action("retry_jobs"), methods=["POST"]),
+        Route("/api/jobs/cancel-all", d.bulk_action("cancel_jobs"), methods=["POST"]),
         Route("/api/jobs/{id}", d.api(d.api_job)),
         Route("/api/batches/{id}", d.api(d.api_batch)),
         Route("/api/health", d.api(d.api_health)),

@@ -26,7 +26,8 @@ async function act(button) {
       button.disabled = false;
       return;
     }
-    if (answer.detail) flash(answer.detail, false);
+    // What the action answered ("retried 120 failed job(s) of queue mail"), shown after the reload.
+    if (answer.detail) sessionStorage.setItem("pgq-flash", answer.detail);
     window.location.reload();
   } catch (error) {
     flash("the dashboard did not answer: " + error, true);
@@ -99,6 +100,11 @@ async function poll(chart) {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  const said = sessionStorage.getItem("pgq-flash");
+  if (said !== null) {
+    sessionStorage.removeItem("pgq-flash");
+    flash(said, false);
+  }
   for (const button of document.querySelectorAll("button.action")) {
     button.addEventListener("click", () => act(button));
   }
