@@ -260,6 +260,7 @@ def test_a_stalled_owners_writes_never_land_and_the_new_owner_completes_the_job_
     assert effect_rows(conn, job_id) == [(job_id, 2)]  # the stale owner's write never landed
     assert same_transaction(conn, job_id)
     assert completions(conn, job_id) == [2]
+    assert "failed" not in [e[0] for e in events(conn, job_id)]  # the stale attempt's outcome was discarded
 
 
 def test_a_commit_the_server_refuses_leaves_the_job_to_the_worker_which_fails_it_for_a_retry(

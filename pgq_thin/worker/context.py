@@ -136,8 +136,11 @@ class JobContext:
         The connection is one of the worker's pool (``concurrency`` + 3 connections: one per
         slot), held for the block's length: inside it send everything through ``conn``
         (``ctx.client.enqueue(..., conn=conn)`` to enqueue with the effect); a pooled call
-        inside the block borrows a second connection. It is one transaction, so it works
-        behind PgBouncer in transaction mode as well. A result JSON cannot carry is refused
+        inside the block borrows a second connection. The connection goes back to the pool
+        afterwards: change settings with SET LOCAL (a plain SET would outlive the block). It is
+        one transaction, so it works behind PgBouncer in transaction mode as well. Keep the
+        default isolation (READ COMMITTED): under REPEATABLE READ a renewal of the lease during
+        the block makes the completion a serialization failure. A result JSON cannot carry is refused
         (BadArgument) when given, before anything is sent. On an AsyncWorker use ``async with``
         in an ``async def`` handler."""
         return HandlerTransaction(self, result)
