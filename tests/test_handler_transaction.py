@@ -263,6 +263,25 @@ def test_a_stalled_owners_writes_never_land_and_the_new_owner_completes_the_job_
     assert "failed" not in [e[0] for e in events(conn, job_id)]  # the stale attempt's outcome was discarded
 
 
+def test_a_job_cancelled_while_its_handler_is_in_the_block_keeps_none_of_its_writes(
+        runtime: str, dsn: str, conn: psycopg.Connection) -> None:
+    # pgq.cancel against the block's completion: the cancel commits first, so the completion is
+    # "not yours" and the block's writes roll back with it (or, where the worker interrupts a
+    # cancelled handler at once, they roll back with the interruption). The job stays cancelled.
+    scene = Scene()
+    job_id = effect_job(conn, stall_on=1)
+    with running(transactional(runtime, scene, lease=60.0), dsn):
+        assert scene.wrote.wait(DEADLINE)
+        assert one(conn, "SELECT pgq.cancel(%s)", (job_id,)) is True
+        scene.release.set()
+        wait_for(lambda: scene.seen, "the block to end")
+    ((attempt, ended, completed, _),) = scene.seen
+    assert (attempt, completed) == (1, False) and ended != "committed"
+    assert job(conn, job_id)["state"] == "cancelled"
+    assert effect_rows(conn, job_id) == []
+    assert completions(conn, job_id) == []
+
+
 def test_a_commit_the_server_refuses_leaves_the_job_to_the_worker_which_fails_it_for_a_retry(
         runtime: str, dsn: str, conn: psycopg.Connection) -> None:
     # A deferred unique constraint fails at COMMIT (after pgq.complete answered true): nothing was
