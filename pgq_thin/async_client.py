@@ -22,7 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgq_thin import queries
 from pgq_thin.calls import READING, Call, Interval, PgqCalls
-from pgq_thin.client import WAIT_POLL_INTERVAL, Waiting, resolve_dsn
+from pgq_thin.client import DRIVER_CONNECTION, WAIT_POLL_INTERVAL, Waiting, resolve_dsn
 from pgq_thin.errors import InvalidArgument, translated
 from pgq_thin.models import JobResult
 
@@ -115,7 +115,8 @@ class AsyncClient(PgqCalls):
         """Send one call and read its result."""
         conn = call.conn
         if conn is not None and not isinstance(conn, psycopg.AsyncConnection):
-            raise InvalidArgument("conn must be a psycopg.AsyncConnection (a Connection goes with Client)")
+            raise InvalidArgument(f"conn must be a psycopg.AsyncConnection, got {type(conn).__name__} (a "
+                                  f"Connection goes with Client); {DRIVER_CONNECTION}")
         await self.open()
         with translated():
             if conn is not None:

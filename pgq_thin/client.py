@@ -37,6 +37,13 @@ T = TypeVar("T")
 WAIT_POLL_INTERVAL = 1.0
 
 
+#: Where an ORM keeps the psycopg connection to pass as ``conn=`` (docs/orm.md has the recipes).
+DRIVER_CONNECTION = ("an ORM's transaction has one under it: SQLAlchemy's Connection.connection.driver_connection "
+                     "(Session.connection() gives the Connection; with asyncio, await "
+                     "AsyncConnection.get_raw_connection() then .driver_connection), Django's "
+                     "django.db.connection.connection (after connection.ensure_connection())")
+
+
 class Waiting:
     """One wait for a job's end, as both clients do it: the read of pgq.job_result, the payload of
     the job's notification, and the time left. Its arguments are checked when it is made."""
@@ -208,7 +215,8 @@ class Client(PgqCalls):
     def _send(self, call: Call[T]) -> T:
         """Send one call and read its result."""
         if call.conn is not None and not isinstance(call.conn, psycopg.Connection):
-            raise InvalidArgument("conn must be a psycopg.Connection (an AsyncConnection goes with AsyncClient)")
+            raise InvalidArgument(f"conn must be a psycopg.Connection, got {type(call.conn).__name__} (an "
+                                  f"AsyncConnection goes with AsyncClient); {DRIVER_CONNECTION}")
         with self._cursor(call.conn) as cur:
             if call.rows is not None:
                 cur.row_factory = call.rows

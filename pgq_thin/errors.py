@@ -2,7 +2,8 @@
 
 Losing ownership of a job is not an error: owner operations answer False / None. These are for
 bad input (InvalidArgument), unknown ids (JobNotFound), admin calls on a job in the wrong state
-(WrongState), missing privileges (PermissionDenied), an unreachable server (ConnectionLost), and
+(WrongState; LeaseLost, a handler's transaction whose completion was refused), missing privileges
+(PermissionDenied), an unreachable server (ConnectionLost), and
 a job that did not finish within Client.wait's timeout (WaitTimeout).
 """
 
@@ -19,6 +20,7 @@ __all__ = [
     "ConnectionLost",
     "InvalidArgument",
     "JobNotFound",
+    "LeaseLost",
     "PermissionDenied",
     "PgqError",
     "WaitTimeout",
@@ -67,6 +69,15 @@ class JobNotFound(PgqError):
 
 class WrongState(PgqError):
     """An admin call on a job in a state it does not apply to (55000)."""
+
+
+class LeaseLost(WrongState):
+    """The job is no longer this attempt's (its lease expired and another attempt took it, it was
+    cancelled, or its max_run_time ran out): JobContext.transaction() raises it when the
+    completion at the end of its block is refused, after rolling back everything the block wrote.
+    A WrongState, as the refusal of pgq.dependency_results to an attempt that is no longer the
+    job's is (its ``sqlstate`` is None: the refusal is pgq.complete's answer false, or what the
+    worker knows already, not a server error)."""
 
 
 class PermissionDenied(PgqError):

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import inspect
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager, contextmanager
 from datetime import datetime
+from types import TracebackType
 from typing import Any
 
-from pgq_thin.errors import WrongState
+import psycopg
+
+from pgq_thin import calls
+from pgq_thin.async_client import AsyncClient
+from pgq_thin.client import Client
+from pgq_thin.errors import ConnectionLost, LeaseLost, PgqError, WrongState, translate, translated
 from pgq_thin.models import DependencyResult, Job
 
-__all__ = ["DependencyResults", "Handler", "JobContext"]
+__all__ = ["DependencyResults", "Handler", "HandlerTransaction", "JobContext"]
 
 #: The dependencies JobContext.dependency_results reads per call of pgq.dependency_results.
 DEPENDENCY_PAGE = 100
@@ -34,11 +43,21 @@ class JobContext:
 
     ``client`` is the worker's client: a Client for a Worker, an AsyncClient for an AsyncWorker.
 
+    ``transaction()`` gives the handler a connection in a transaction whose end completes the
+    job (pgq.complete in the same transaction): the handler's writes and the job's completion
+    commit together or not at all. ``completed`` is true once such a transaction committed.
+
     A per-job facility (the deadline from the claimed row, a progress report) belongs here: both
     runtimes make the context in one way, from the claimed Job, the client and the stop flag
     (Claimer.hand_over, AsyncClaimer.hand_over); a method that calls ``client`` answers on a
     Worker and is awaited on an AsyncWorker, as the client's own methods are.
     """
+
+    #: True once a ``transaction()`` block committed: the job is done, nothing more is recorded.
+    completed = False
+    # The worker's registry of held jobs (HeldJobs), set by HeldJobs.hold_all (None for a
+    # context no worker holds): a transaction asks it for the job's one settling call.
+    _registry: Any = None
 
     def __init__(self, job: Job, client: Any, worker_name: str,
                  shutting_down: threading.Event | None = None, *,
@@ -93,6 +112,85 @@ class JobContext:
 
     async def _checked(self, answer: Any) -> bool:
         return self._stored(bool(await answer))
+
+    def transaction(self, result: Any = None) -> HandlerTransaction:
+        """A connection of the worker's pool in a transaction, for the handler's own writes; the
+        end of the block completes the job in that transaction (pgq.complete with ``result``, or
+        with what the handler set as ``.result`` on the object this returns before the block
+        ends), then commits. The effect and the completion commit together or not at all::
+
+            with ctx.transaction(result={"charged": True}) as conn:        # on a Worker
+                conn.execute("INSERT INTO charges (order_id) VALUES (%s)", (job.payload["order"],))
+
+            async with ctx.transaction() as conn:                          # on an AsyncWorker
+                await conn.execute(...)
+
+        When the job is no longer ours at the block's end (the lease was lost and another attempt
+        took it, it was cancelled, or max_run_time ran out), the completion is refused: the whole
+        transaction rolls back, ``lease_lost`` is set and LeaseLost (a WrongState) is raised. An
+        exception inside the block rolls the transaction back and propagates: the worker records
+        it as it records any exception of the handler (a failure, retried; Retry, Snooze...).
+        After a committed block the job is done: the worker records nothing more for this
+        attempt, whatever the handler returns or raises afterwards (``completed`` is true).
+
+        The connection is one of the worker's pool (``concurrency`` + 3 connections: one per
+        slot), held for the block's length: inside it send everything through ``conn``
+        (``ctx.client.enqueue(..., conn=conn)`` to enqueue with the effect); a pooled call
+        inside the block borrows a second connection. The connection goes back to the pool
+        afterwards: change settings with SET LOCAL (a plain SET would outlive the block). It is
+        one transaction, so it works behind PgBouncer in transaction mode as well. Keep the
+        default isolation (READ COMMITTED): under REPEATABLE READ a renewal of the lease during
+        the block makes the completion a serialization failure. A result JSON cannot carry is refused
+        (BadArgument) when given, before anything is sent. On an AsyncWorker use ``async with``
+        in an ``async def`` handler."""
+        return HandlerTransaction(self, result)
+
+    def _may_begin(self) -> None:
+        """Before a transaction's block: a job completed already, or no longer ours, is refused."""
+        if self.completed:
+            raise RuntimeError(f"job {self.job.id} was completed by an earlier ctx.transaction() of this attempt")
+        if self.ended():
+            raise self._refused()
+
+    def _refused(self) -> LeaseLost:
+        self.lease_lost.set()
+        job = self.job
+        return LeaseLost(f"job {job.id} is no longer attempt {job.attempt}'s (its lease was lost, it was cancelled, "
+                         "or its max_run_time ran out): the handler's transaction was rolled back")
+
+    def _grant(self) -> bool | None:
+        """Ask the registry for the job's one settling call: True (granted: ours to complete, and
+        nobody else's), False (settled already, or no longer ours), None (a renewal is in
+        flight: ask again). True without a registry."""
+        registry = self._registry
+        if registry is None:
+            return True
+        held = registry.entry_of(self)
+        if held is None:
+            return False
+        verdict = registry.settle(held).value
+        return None if verdict == "busy" else verdict == "granted"
+
+    def _ungrant(self) -> None:
+        """The completion surely did not commit: the job is held again, and the handler's
+        outcome is recorded as usual."""
+        registry = self._registry
+        held = None if registry is None else registry.entry_of(self)
+        if held is not None:
+            registry.unsettle(held)
+
+    def _commit_failed(self, exc: psycopg.Error) -> PgqError:
+        """COMMIT raised ``exc``: the job is held again when the server refused the commit (it
+        rolled back); a broken connection leaves it unknown whether it committed, so the job is
+        no longer ours to record (the lease recovers it if it did not commit)."""
+        error = translate(exc)
+        if isinstance(error, ConnectionLost):
+            self.lease_lost.set()
+            return ConnectionLost(f"the connection broke while committing the transaction of job {self.job.id}: "
+                                  f"it may or may not have committed ({error.message}); if it did not, the job's "
+                                  "lease recovers it", error.sqlstate, error.hint)
+        self._ungrant()
+        return error
 
     def _stored(self, stored: bool) -> bool:
         if not stored:
@@ -179,6 +277,137 @@ class DependencyResults:
 
     def __repr__(self) -> str:
         return f"<dependency results of job {self._context.job.id}, attempt {self._context.job.attempt}>"
+
+
+class HandlerTransaction:
+    """What JobContext.transaction returns: ``with`` it on a Worker, ``async with`` it on an
+    AsyncWorker; either yields a psycopg connection (Connection / AsyncConnection) in a
+    transaction whose end completes the job. ``result`` (settable until the block ends) is the
+    job's result."""
+
+    def __init__(self, context: JobContext, result: Any = None) -> None:
+        self._context = context
+        self.result = result
+        self._completion()  # a result JSON cannot carry: BadArgument now, before the block
+        self._entered: AbstractContextManager[Any] | AbstractAsyncContextManager[Any] | None = None
+
+    def _completion(self) -> calls.Call[bool]:
+        job = self._context.job
+        return calls.complete(job.id, job.attempt, self.result)
+
+    def _enter(self, manager: Any) -> Any:
+        if self._entered is not None:
+            raise RuntimeError("a ctx.transaction() is entered once: call ctx.transaction() again for another")
+        self._entered = manager
+        return manager
+
+    # On a Worker ---------------------------------------------------------------------------------
+
+    def __enter__(self) -> psycopg.Connection[Any]:
+        client = self._context.client
+        if not isinstance(client, Client):
+            raise TypeError("on an AsyncWorker, use `async with ctx.transaction() as conn` in an async def handler")
+        manager: AbstractContextManager[psycopg.Connection[Any]] = self._enter(self._block(client))
+        return manager.__enter__()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool | None:
+        assert isinstance(self._entered, AbstractContextManager)
+        return self._entered.__exit__(kind, exc, tb)
+
+    @contextmanager
+    def _block(self, client: Client) -> Iterator[psycopg.Connection[Any]]:
+        context = self._context
+        context._may_begin()
+        with translated():
+            borrowed = client.pool.connection()
+            conn = borrowed.__enter__()
+        try:
+            leaving = False  # the block ended: what psycopg raises from now on is the completion's
+            try:
+                with conn.transaction():
+                    yield conn
+                    leaving = True
+                    self._complete(client, conn)
+            except psycopg.Error as exc:
+                if not leaving:
+                    raise  # the handler's own statement: as psycopg raised it
+                raise context._commit_failed(exc) from exc
+            context.completed = True
+        finally:
+            borrowed.__exit__(None, None, None)
+
+    def _complete(self, client: Client, conn: psycopg.Connection[Any]) -> None:
+        """pgq.complete in the block's transaction; LeaseLost (which rolls it back) when refused."""
+        context = self._context
+        call = dataclasses.replace(self._completion(), conn=conn)
+        while (granted := context._grant()) is None:
+            time.sleep(0.002)  # a renewal answers within one round trip
+        if not granted:
+            raise context._refused()
+        try:
+            ours = client._send(call)
+        except BaseException:
+            context._ungrant()  # not committed: the transaction rolls back with this error
+            raise
+        if not ours:
+            raise context._refused()
+
+    # On an AsyncWorker ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> psycopg.AsyncConnection[Any]:
+        client = self._context.client
+        if not isinstance(client, AsyncClient):
+            raise TypeError("on a Worker, use `with ctx.transaction() as conn` (async with is for an AsyncWorker)")
+        manager: AbstractAsyncContextManager[psycopg.AsyncConnection[Any]] = self._enter(self._ablock(client))
+        return await manager.__aenter__()
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool | None:
+        assert isinstance(self._entered, AbstractAsyncContextManager)
+        return await self._entered.__aexit__(kind, exc, tb)
+
+    @asynccontextmanager
+    async def _ablock(self, client: AsyncClient) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        context = self._context
+        context._may_begin()
+        await client.open()
+        with translated():
+            borrowed = client.pool.connection()
+            conn = await borrowed.__aenter__()
+        try:
+            leaving = False
+            try:
+                async with conn.transaction():
+                    yield conn
+                    leaving = True
+                    await self._acomplete(client, conn)
+            except psycopg.Error as exc:
+                if not leaving:
+                    raise
+                raise context._commit_failed(exc) from exc
+            context.completed = True
+        finally:
+            await borrowed.__aexit__(None, None, None)
+
+    async def _acomplete(self, client: AsyncClient, conn: psycopg.AsyncConnection[Any]) -> None:
+        context = self._context
+        call = dataclasses.replace(self._completion(), conn=conn)
+        while (granted := context._grant()) is None:
+            await asyncio.sleep(0.002)
+        if not granted:
+            raise context._refused()
+        try:
+            ours = await client._send(call)
+        except BaseException:
+            context._ungrant()
+            raise
+        if not ours:
+            raise context._refused()
+
+    def __repr__(self) -> str:
+        job = self._context.job
+        return f"<the transaction of job {job.id}, attempt {job.attempt}>"
 
 
 _LEASE_LOST_MADE = threading.Lock()  # makes JobContext.lease_lost once per job, whoever asks first

@@ -42,7 +42,10 @@ class Executor:
                 outcome = done = self.outcome(held)
             finally:
                 watch.finished(token, held, done)
-        if outcome.batched:
+        if held.ctx.completed:  # its ctx.transaction() committed the completion: nothing left to send
+            outcomes.committed(outcome, held.log)
+            self.owner.held.forget([held])
+        elif outcome.batched:
             if not self.completer.add(held):
                 self.owner.held.forget([held])
         else:

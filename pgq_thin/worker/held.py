@@ -8,7 +8,9 @@ attempt (complete, fail, snooze, mark_unknown, release) was granted; nobody else
 renewer leaves it alone. ``lost``: a renewal was refused, another attempt owns the job; whatever
 the handler returns is discarded. ``settle`` is the only way into ``settled``, so a job is settled
 exactly once whoever asks (the executor, the completer, the shutdown, a slot that never started
-it). The registry makes no calls and never waits: a thread runtime and an asyncio one both use it.
+it, a handler's ctx.transaction() about to complete the job; ``unsettle`` gives that one's grant
+back when its transaction surely rolled back). The registry makes no calls and never waits: a
+thread runtime and an asyncio one both use it.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class HeldJobs:
             first = now + lease_seconds / 3
             if ctx.deadline_monotonic is not None:  # the renewer wakes at the deadline, at the latest
                 first = min(first, ctx.deadline_monotonic)
+            ctx._registry = self  # ctx.transaction() settles through us (entry_of finds its Held)
             helds.append(Held(job, ctx, lease_seconds, first))
         with self._lock:
             registry = self._jobs
@@ -95,6 +98,20 @@ class HeldJobs:
                 held.state = "settled"
                 return GRANTED
             return BUSY if held.state == "renewing" else GONE
+
+    def entry_of(self, ctx: JobContext) -> Held | None:
+        """The held job whose context is ``ctx``; None when it is not held (any more). (The
+        context keeps the registry, not its Held: no reference cycle per job.)"""
+        held = self._jobs.get(ctx.job.id)
+        return held if held is not None and held.ctx is ctx else None
+
+    def unsettle(self, held: Held) -> None:
+        """Undo a grant whose call surely did not take effect (the handler's transaction rolled
+        back before its pgq.complete committed): the job is held again, renewed again, and the
+        handler's outcome is recorded as usual."""
+        with self._lock:
+            if held.state == "settled":
+                held.state = "held"
 
     def take_over(self, held: Held) -> Verdict:
         """settle() for the shutdown: when granted, the handler is told that its job is no longer

@@ -53,6 +53,8 @@ def check_token(token: str | None) -> str | None:
 
 def outcome_label(held: Held, outcome: Outcome | None) -> str:
     """The ``outcome`` label of one handler run."""
+    if held.ctx.completed:  # its ctx.transaction() committed: done, whatever the handler did afterwards
+        return "completed"
     if outcome is None:
         return "interrupted"
     if held.ctx.is_lost():

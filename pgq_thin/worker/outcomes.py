@@ -105,6 +105,16 @@ def of_result(result: Any) -> Outcome:
     return Outcome("complete", {"result": result})
 
 
+def committed(outcome: Outcome, jlog: JobLog) -> None:
+    """The handler's ctx.transaction() committed the job's completion (with its own writes): the
+    job is done, and ``outcome`` (what the handler returned or raised afterwards) is not sent."""
+    if outcome.operation == "complete":
+        jlog.info("completed, in the handler's transaction")
+    else:
+        jlog.warning("completed, in the handler's transaction; what the handler did afterwards (%s) is not "
+                     "recorded: the job stays done", outcome.operation)
+
+
 def sendable(text: str) -> str:
     """``text`` as PostgreSQL text can hold it: a NUL or a lone surrogate (an exception's message
     made of undecodable bytes) shown as its escape, so that the failure is still recorded."""
