@@ -22,7 +22,7 @@ import pytest
 from pgq_thin import Job
 from pgq_thin.worker import AsyncWorker, JobContext
 
-from sqlhelpers import events, job, one, wait_for
+from sqlhelpers import cancel, events, job, one, wait_for
 from test_worker import DEADLINE, RUNTIMES, _current, enqueue, fast_worker, finished, running
 
 #: Longer than any test here: the only renewal that can come during one is one a notification asks
@@ -36,22 +36,6 @@ def runtime(request: pytest.FixtureRequest) -> Iterator[str]:
     _current[0] = request.param
     yield request.param
     _current[0] = "threads"
-
-
-#: Until migration 0018 lands: pgq.cancel does not notify yet, the test sends what it will send.
-INTERIM_NOTIFY = True
-
-
-def cancel(conn: psycopg.Connection, job_id: int) -> bool:
-    """pgq.cancel, committed."""
-    if not INTERIM_NOTIFY:
-        return bool(one(conn, "SELECT pgq.cancel(%s)", (job_id,)))
-    with conn.transaction():
-        row = conn.execute("SELECT state::text, attempt FROM pgq.jobs WHERE id = %s FOR UPDATE", (job_id,)).fetchone()
-        done = bool(one(conn, "SELECT pgq.cancel(%s)", (job_id,)))
-        if done and row is not None and row[0] == "running":
-            conn.execute("SELECT pg_notify('pgq_cancel', %s)", (f"{job_id}:{row[1]}",))
-    return done
 
 
 def running_attempt(conn: psycopg.Connection, job_id: int) -> int:
