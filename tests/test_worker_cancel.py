@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
@@ -21,6 +23,7 @@ import pytest
 
 from pgq_thin import Job
 from pgq_thin.worker import AsyncWorker, JobContext
+from pgq_thin.worker.held import CANCEL_CHECK_GAP, Held, HeldJobs, Verdict
 
 from sqlhelpers import cancel, events, job, one, wait_for
 from test_worker import DEADLINE, RUNTIMES, _current, enqueue, fast_worker, finished, running
@@ -346,3 +349,65 @@ def test_an_async_handler_under_middleware_is_interrupted_and_every_part_sees_th
     assert trail == ["handler started", "handler: CancelledError", *inner_first]
     assert job(conn, job_id)["state"] == "cancelled"
     assert (job(conn, after)["state"], job(conn, after)["result"]) == ("done", "quick")
+
+
+# The registry's rules, without a database ----------------------------------------------------------
+
+
+def held_job(registry: HeldJobs, job_id: int = 7, attempt: int = 1) -> Held:
+    now = datetime.now(timezone.utc)
+    claimed = Job(id=job_id, queue="q", kind="k", payload={}, priority=0, attempt=attempt, max_attempts=3,
+                  run_at=now, created_at=now, lease_until=now, tenant=None)
+    return registry.hold(claimed, JobContext(claimed, None, "w"), LONG_LEASE)
+
+
+def renewal(registry: HeldJobs, held: Held, *, refused: bool = False, answered: bool = True) -> None:
+    assert registry.begin_renewal(held)
+    registry.end_renewal(held, lost=refused, answered=answered)
+
+
+def test_a_notification_makes_the_renewal_due_now_and_a_flood_of_them_one_per_gap() -> None:
+    registry = HeldJobs()
+    held = held_job(registry)
+    assert held.next_renew > time.monotonic() + 1000  # a third of an hour away
+    assert not registry.notice_cancel(7, 2) and not registry.notice_cancel(8, 1)  # not an attempt we hold
+    assert held.next_renew > time.monotonic() + 1000
+    before = time.monotonic()
+    assert registry.notice_cancel(7, 1)
+    assert held.next_renew <= time.monotonic()
+    renewal(registry, held)  # granted: the notification was not a cancel
+    held.next_renew = time.monotonic() + 1000  # (what renewed() sets when it is granted)
+    for _ in range(100):
+        registry.notice_cancel(7, 1)
+    assert before + CANCEL_CHECK_GAP <= held.next_renew <= time.monotonic() + CANCEL_CHECK_GAP
+    assert not held.ctx.cancelled and not held.ctx.should_stop
+
+
+def test_a_renewal_refused_after_a_notification_is_a_cancel_not_a_lost_lease() -> None:
+    registry = HeldJobs()
+    lost: list[int] = []
+    interrupted: list[Held] = []
+    registry.on_lost = lambda: lost.append(1)
+    registry.on_cancelled = interrupted.append
+    held, other = held_job(registry, 7), held_job(registry, 8)
+    registry.notice_cancel(7, 1)
+    renewal(registry, held, answered=False)  # it did not reach the server: the next one asks again
+    assert not held.ctx.cancelled
+    renewal(registry, held, refused=True)
+    assert (held.ctx.cancelled, held.ctx.lease_lost.is_set(), held.ctx.should_stop) == (True, True, True)
+    assert interrupted == [held] and lost == []
+    assert registry.settle(held) is Verdict.GONE  # its outcome is never sent
+    renewal(registry, other, refused=True)  # no notification named it: a lost lease
+    assert (other.ctx.cancelled, other.ctx.lease_lost.is_set(), lost) == (False, True, [1])
+
+
+def test_a_notification_during_a_renewal_in_flight_makes_the_next_one_due_at_once() -> None:
+    registry = HeldJobs()
+    held = held_job(registry)
+    assert registry.begin_renewal(held)  # a regular renewal, begun before the cancel committed
+    registry.notice_cancel(7, 1)
+    held.next_renew = time.monotonic() + 1000  # (what renewed() sets when it is granted)
+    registry.end_renewal(held)
+    assert held.next_renew <= time.monotonic() + CANCEL_CHECK_GAP
+    renewal(registry, held, refused=True)
+    assert held.ctx.cancelled

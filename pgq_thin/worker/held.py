@@ -189,9 +189,10 @@ class HeldJobs:
 
     def notice_cancel(self, job_id: int, attempt: int) -> bool:
         """A pgq_cancel notification named (job_id, attempt). When we hold that attempt its renewal
-        is made due now (at most once per CANCEL_CHECK_GAP): a refusal proves the cancel
-        (end_renewal). True when the renewer should look now. (A job whose outcome call is in
-        flight is left to that call; a refusal of it is then logged quietly: cancel_noticed.)"""
+        is made due now, or CANCEL_CHECK_GAP after the last one a notification made due: a refusal
+        proves the cancel (end_renewal). True when the renewer should look again. (A job whose
+        outcome call is in flight is left to that call; its refusal is then logged quietly:
+        cancel_noticed.)"""
         now = time.monotonic()
         with self._lock:
             held = self._jobs.get(job_id)
@@ -203,7 +204,8 @@ class HeldJobs:
             notice.pending = True
             if held.state == "settled":
                 return False
-            notice.asked = max(now, notice.asked + CANCEL_CHECK_GAP)
+            if notice.asked <= now:  # (else the renewal due at notice.asked answers this one too)
+                notice.asked = max(now, notice.asked + CANCEL_CHECK_GAP)
             held.next_renew = min(held.next_renew, notice.asked)
             return True
 
