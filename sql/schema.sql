@@ -495,6 +495,18 @@ COMMENT ON TABLE pgq.batch_members IS
     'The members of each batch, in id order (pgq.cancel_batch); deleted with the member by '
     'pgq.prune.';
 
+CREATE TABLE pgq.unique_successors (
+    queue       text NOT NULL,
+    unique_key  text NOT NULL,
+    job_id      bigint,
+    CONSTRAINT unique_successors_pkey PRIMARY KEY (queue, unique_key)
+);
+COMMENT ON TABLE pgq.unique_successors IS
+    'For pgq.enqueue(..., on_conflict => ''replace''): the job enqueued to run after a key''s '
+    'holder that had started (job_id), which later replace calls update until it starts; each '
+    'replace call of the key locks its row till commit. Deleted by pgq.prune once the job is no '
+    'longer live.';
+
 ALTER TABLE pgq.grants ADD CONSTRAINT grants_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_limits ADD CONSTRAINT key_limits_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_rates ADD CONSTRAINT key_rates_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
@@ -816,7 +828,7 @@ $$;
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '17'::text $$;
+    AS $$ SELECT '18'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -3420,6 +3432,22 @@ BEGIN
 END
 $$;
 
+-- Validates pgq.enqueue's and pgq.enqueue_many's on_conflict (22004 / 22023).
+CREATE OR REPLACE FUNCTION pgq._check_on_conflict(on_conflict text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_on_conflict.on_conflict IS NULL THEN
+        PERFORM pgq._bad_argument('on_conflict', 'must not be NULL', 'Omit it for ''keep''.');
+    ELSIF _check_on_conflict.on_conflict NOT IN ('keep', 'replace') THEN
+        PERFORM pgq._bad_argument('on_conflict',
+            format('must be ''keep'' or ''replace'', got %s', left(quote_literal(_check_on_conflict.on_conflict), 40)),
+            'keep: the live job that holds unique_key is the answer; replace: a holder that has not '
+            'started takes the new payload, run_at, priority, meta and max_attempts.');
+    END IF;
+END
+$$;
+
 -- Validates pgq.enqueue's and pgq.enqueue_many's dependency_mode and notify_finished (22004 / 22023).
 CREATE OR REPLACE FUNCTION pgq._check_workflow(dependency_mode text, notify_finished boolean) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
@@ -3438,13 +3466,96 @@ BEGIN
 END
 $$;
 
+-- pgq.enqueue(..., unique_key, on_conflict => 'replace'), before anything is inserted:
+--
+-- * The key's live holder has not started (pending, due or not, or waiting): it takes the call's
+--   payload, run_at, priority, meta and max_attempts (never below its attempt + 1) and its id is
+--   the answer (replaced_id). Its kind, tenant, concurrency_key, max_run_time, dependencies and
+--   batch stay its own. Its row is updated like a claim's: a claim in flight skips it (SKIP
+--   LOCKED) until this transaction ends; a claim that took it first makes it a started holder.
+-- * The holder has started (running or outcome_unknown): it is left alone, and a new job is
+--   enqueued without the key, waiting for the holder (all_ended: it runs once the holder has
+--   ended, however): after_id names the holder, keyed is false. pgq.unique_successors remembers
+--   that job; a later replace call, while the holder still runs and the job has not started,
+--   updates it instead (so a debounce enqueues at most one job behind a running one).
+-- * No holder: the new job takes the key (keyed); when the key's successor from before is running
+--   still (its holder has ended since), the new job waits for it (after_id).
+-- Replace calls of one key take turns on its pgq.unique_successors row (locked till commit), so two
+-- of them never both enqueue a successor. Workers never read that table, and no holder's row is
+-- written unless it has not started: a producer's open transaction never holds a worker's job.
+-- A 'keep' call does not take that row: it answers with the holder only (not a successor).
+CREATE OR REPLACE FUNCTION pgq._replace(queue text, unique_key text, payload jsonb, run_at timestamptz,
+                                        priority integer, meta jsonb, max_attempts integer,
+                                        OUT replaced_id bigint, OUT after_id bigint, OUT keyed boolean)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    holder    record;
+    successor bigint;
+    succ_live boolean;
+    r_attempt integer;
+    r_state   pgq.job_state;
+BEGIN
+    LOOP
+        INSERT INTO pgq.unique_successors AS s (queue, unique_key) VALUES (_replace.queue, _replace.unique_key)
+        ON CONFLICT ON CONSTRAINT unique_successors_pkey DO NOTHING;
+        EXIT WHEN FOUND;  -- ours, new: no successor
+        SELECT s.job_id INTO successor FROM pgq.unique_successors AS s
+        WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key FOR UPDATE;
+        EXIT WHEN FOUND;  -- else deleted by the call we waited for: insert it again
+    END LOOP;
+    LOOP
+        SELECT j.id, j.state INTO holder
+        FROM pgq.jobs AS j
+        WHERE j.queue = _replace.queue AND j.unique_key = _replace.unique_key
+          AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
+        -- The holder, or else the successor, while it has not started.
+        UPDATE pgq.jobs AS j
+        SET payload = _replace.payload, run_at = _replace.run_at, priority = _replace.priority,
+            meta = _replace.meta, max_attempts = greatest(_replace.max_attempts, j.attempt + 1)
+        WHERE j.id = CASE WHEN holder.id IS NOT NULL AND holder.state IN ('waiting', 'pending') THEN holder.id
+                          WHEN holder.id IS NULL OR holder.state IN ('running', 'outcome_unknown') THEN successor END
+          AND j.state IN ('waiting', 'pending')
+        RETURNING j.id, j.attempt, j.state INTO replaced_id, r_attempt, r_state;
+        IF FOUND THEN
+            INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+            SELECT replaced_id, r_attempt, NULL, 'replaced', r_state, r_state, NULL
+            FROM pgq.queues AS q WHERE q.name = _replace.queue AND q.audit;
+            IF replaced_id IS DISTINCT FROM successor THEN
+                -- The holder itself: the key needs no successor.
+                DELETE FROM pgq.unique_successors AS s WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key;
+            END IF;
+            RETURN;
+        END IF;
+        -- Claimed (or ended) since it was read: read again.
+        CONTINUE WHEN holder.id IS NOT NULL AND holder.state IN ('waiting', 'pending');
+        IF holder.id IS NOT NULL THEN
+            -- A started holder: a new job without the key waits for it (the caller records it as the
+            -- successor). A successor that has started meanwhile is left alone too.
+            after_id := holder.id;
+            keyed := false;
+            RETURN;
+        END IF;
+        -- No holder: the new job takes the key, after the successor if that one still runs.
+        SELECT true INTO succ_live FROM pgq.jobs AS j
+        WHERE j.id = successor AND j.state IN ('running', 'outcome_unknown');
+        after_id := CASE WHEN succ_live THEN successor END;
+        keyed := true;
+        DELETE FROM pgq.unique_successors AS s WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key;
+        RETURN;
+    END LOOP;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFAULT '{}',
                             run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
                             max_attempts integer DEFAULT NULL, unique_key text DEFAULT NULL,
                             tenant text DEFAULT NULL, max_run_time interval DEFAULT NULL,
                             meta jsonb DEFAULT NULL, concurrency_key text DEFAULT NULL,
                             depends_on bigint[] DEFAULT NULL, dependency_mode text DEFAULT 'all_done',
-                            batch bigint DEFAULT NULL, notify_finished boolean DEFAULT false)
+                            batch bigint DEFAULT NULL, notify_finished boolean DEFAULT false,
+                            on_conflict text DEFAULT 'keep')
     RETURNS bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -3460,6 +3571,10 @@ DECLARE
     dep_ids    bigint[];
     left_count integer;
     mode       text;
+    job_key    text := enqueue.unique_key;
+    wait_on    bigint[] := enqueue.depends_on;
+    wait_mode  text := enqueue.dependency_mode;
+    r          record;
 BEGIN
     -- Every argument checked in one plain expression (no query, no nested call); only a call that
     -- fails it runs the checks that name the bad argument and raise. (The nested checks cost about
@@ -3480,13 +3595,15 @@ BEGIN
                          AND pgq._jsonb_size(enqueue.meta) <= 1048576)
                     AND coalesce(length(enqueue.concurrency_key) BETWEEN 1 AND 256, true)
                     AND enqueue.dependency_mode IN ('all_done', 'all_ended')
-                    AND enqueue.notify_finished IS NOT NULL, false) THEN
+                    AND enqueue.notify_finished IS NOT NULL
+                    AND enqueue.on_conflict IN ('keep', 'replace'), false) THEN
         PERFORM pgq._check_enqueue(enqueue.queue, enqueue.kind, enqueue.run_at, enqueue.priority,
                                    enqueue.max_attempts, enqueue.tenant, enqueue.max_run_time, enqueue.meta,
                                    enqueue.concurrency_key);
         PERFORM pgq._check_payload('payload', enqueue.payload);
         PERFORM pgq._check_unique_key(enqueue.unique_key);
         PERFORM pgq._check_workflow(enqueue.dependency_mode, enqueue.notify_finished);
+        PERFORM pgq._check_on_conflict(enqueue.on_conflict);
     END IF;
     -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
     PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(enqueue.queue));
@@ -3503,32 +3620,51 @@ BEGIN
     IF enqueue.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue.batch);
     END IF;
+    -- on_conflict 'replace' (pgq._replace): a holder that has not started takes this call's fields;
+    -- behind one that has, the new job waits for it, without the key.
+    IF enqueue.on_conflict = 'replace' AND enqueue.unique_key IS NOT NULL THEN
+        r := pgq._replace(enqueue.queue, enqueue.unique_key, enqueue.payload, enqueue.run_at, enqueue.priority,
+                          enqueue.meta, coalesce(enqueue.max_attempts, q.max_attempts));
+        IF r.replaced_id IS NOT NULL THEN
+            IF q.notify AND enqueue.run_at <= pgq._now() THEN
+                PERFORM pg_notify('pgq', enqueue.queue);
+            END IF;
+            RETURN r.replaced_id;
+        END IF;
+        IF NOT r.keyed THEN
+            job_key := NULL;
+        END IF;
+        IF r.after_id IS NOT NULL THEN
+            wait_on := coalesce(enqueue.depends_on, '{}') || r.after_id;
+            wait_mode := CASE WHEN enqueue.depends_on IS NULL THEN 'all_ended' ELSE enqueue.dependency_mode END;
+        END IF;
+    END IF;
     -- With dependencies: waiting for those not done yet (read, not locked: an end of one in flight
     -- now is settled by the check pgq._wait_for_dependencies leaves), or cancelled at once (below)
     -- when one has ended failed or cancelled. An empty array is no dependency. A live job that
     -- holds the unique_key is answered first, so that a deduplicated call writes nothing here either.
-    IF enqueue.depends_on IS NOT NULL THEN
-        IF enqueue.unique_key IS NOT NULL THEN
+    IF wait_on IS NOT NULL THEN
+        IF job_key IS NOT NULL THEN
             SELECT j.id INTO new_id
             FROM pgq.jobs AS j
-            WHERE j.queue = enqueue.queue AND j.unique_key = enqueue.unique_key
+            WHERE j.queue = enqueue.queue AND j.unique_key = job_key
               AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
             IF FOUND THEN
                 RETURN new_id;
             END IF;
         END IF;
-        deps := pgq._read_dependencies(enqueue.depends_on, enqueue.dependency_mode);
+        deps := pgq._read_dependencies(wait_on, wait_mode);
         IF cardinality(deps.ids) > 0 THEN
             dep_ids := deps.ids;
             left_count := cardinality(deps.open_ids);
-            mode := enqueue.dependency_mode;
+            mode := wait_mode;
             IF left_count > 0 OR deps.ended_id IS NOT NULL THEN
                 new_state := 'waiting';
             END IF;
         END IF;
     END IF;
 
-    IF enqueue.unique_key IS NULL THEN
+    IF job_key IS NULL THEN
         -- A plain INSERT: ON CONFLICT would make it a speculative insertion even without a key.
         INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant,
                                    max_run_time, meta, concurrency_key, state, depends_on,
@@ -3545,7 +3681,7 @@ BEGIN
                                        state, depends_on, dependencies_left, dependency_mode, batch_id,
                                        notify_finished)
             VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
-                    coalesce(enqueue.max_attempts, q.max_attempts), enqueue.unique_key, job_tenant,
+                    coalesce(enqueue.max_attempts, q.max_attempts), job_key, job_tenant,
                     enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key, new_state, dep_ids,
                     left_count, mode, enqueue.batch, enqueue.notify_finished)
             ON CONFLICT (queue, unique_key)
@@ -3557,12 +3693,17 @@ BEGIN
             -- the key is free again and the INSERT is tried once more.
             SELECT j.id INTO new_id
             FROM pgq.jobs AS j
-            WHERE j.queue = enqueue.queue AND j.unique_key = enqueue.unique_key
+            WHERE j.queue = enqueue.queue AND j.unique_key = job_key
               AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
             IF FOUND THEN
                 RETURN new_id;
             END IF;
         END LOOP;
+    END IF;
+    IF job_key IS NULL AND enqueue.unique_key IS NOT NULL THEN
+        -- The successor behind a started holder (pgq._replace): later replace calls update it.
+        UPDATE pgq.unique_successors AS s SET job_id = new_id
+        WHERE s.queue = enqueue.queue AND s.unique_key = enqueue.unique_key;
     END IF;
 
     IF enqueue.batch IS NOT NULL THEN
@@ -3581,8 +3722,10 @@ BEGIN
     RETURN new_id;
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean) IS
-    'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it. '
+COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text) IS
+    'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it '
+    '(on_conflict keep), or replaces its payload, run_at, priority, meta and max_attempts if it has '
+    'not started (replace; behind a started holder a new job waits for it). '
     'meta: a JSON object (or NULL) kept with the job and returned by pgq.claim. depends_on: the job '
     'waits until those jobs are done (dependency_mode all_done: cancelled if one fails or is cancelled) '
     'or have ended however (all_ended). batch: joins that open batch. notify_finished: its end '
@@ -3594,7 +3737,8 @@ CREATE OR REPLACE FUNCTION pgq.enqueue_many(queue text, kind text, payloads json
                                  max_run_time interval DEFAULT NULL, meta jsonb DEFAULT NULL,
                                  concurrency_key text DEFAULT NULL, depends_on bigint[] DEFAULT NULL,
                                  dependency_mode text DEFAULT 'all_done', batch bigint DEFAULT NULL,
-                                 notify_finished boolean DEFAULT false)
+                                 notify_finished boolean DEFAULT false, unique_keys text[] DEFAULT NULL,
+                                 on_conflict text DEFAULT 'keep')
     RETURNS SETOF bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -3615,6 +3759,7 @@ BEGIN
                                enqueue_many.priority, enqueue_many.max_attempts, enqueue_many.tenant,
                                enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key);
     PERFORM pgq._check_workflow(enqueue_many.dependency_mode, enqueue_many.notify_finished);
+    PERFORM pgq._check_on_conflict(enqueue_many.on_conflict);
     IF enqueue_many.payloads IS NULL THEN
         PERFORM pgq._bad_argument('payloads', 'must not be NULL');
     END IF;
@@ -3624,6 +3769,51 @@ BEGIN
     LIMIT 1;
     IF FOUND THEN
         PERFORM pgq._check_payload(format('payloads[%s]', bad.n), bad.value);
+    END IF;
+    IF enqueue_many.unique_keys IS NOT NULL THEN
+        -- One key per payload (NULL: none), each a valid unique_key, none twice: checked before
+        -- anything is written. Then each payload is enqueued as pgq.enqueue would (its conflict
+        -- rule, dependencies, batch), in payload order, in this one call.
+        IF cardinality(enqueue_many.unique_keys) <> cardinality(enqueue_many.payloads)
+           OR array_ndims(enqueue_many.unique_keys) > 1 THEN
+            PERFORM pgq._bad_argument('unique_keys',
+                format('must have one key (or NULL) per payload: %s keys for %s payloads',
+                       cardinality(enqueue_many.unique_keys), cardinality(enqueue_many.payloads)));
+        END IF;
+        SELECT k.value, k.n INTO bad
+        FROM unnest(enqueue_many.unique_keys) WITH ORDINALITY AS k(value, n)
+        WHERE octet_length(k.value) NOT BETWEEN 1 AND 1024
+        LIMIT 1;
+        IF FOUND THEN
+            PERFORM pgq._bad_argument(format('unique_keys[%s]', bad.n),
+                format('must be 1 to 1024 bytes long (UTF-8), got %s bytes', octet_length(bad.value)),
+                'Hash a longer key, e.g. md5(key).');
+        END IF;
+        SELECT k.value, min(k.n) AS n INTO bad
+        FROM unnest(enqueue_many.unique_keys) WITH ORDINALITY AS k(value, n)
+        WHERE k.value IS NOT NULL
+        GROUP BY k.value HAVING count(*) > 1
+        ORDER BY min(k.n) LIMIT 1;
+        IF FOUND THEN
+            PERFORM pgq._bad_argument('unique_keys',
+                format('names the key %s more than once (first at unique_keys[%s])', left(quote_literal(bad.value), 60), bad.n),
+                'One call enqueues at most one job per key.');
+        END IF;
+        IF enqueue_many.depends_on IS NOT NULL
+           AND cardinality(enqueue_many.depends_on)::bigint * cardinality(enqueue_many.payloads) > 10000 THEN
+            PERFORM pgq._bad_argument('depends_on',
+                format('names %s jobs for %s payloads: more than the 10000 links one call writes',
+                       cardinality(enqueue_many.depends_on), cardinality(enqueue_many.payloads)));
+        END IF;
+        RETURN QUERY
+        SELECT pgq.enqueue(enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.run_at, enqueue_many.priority,
+                           enqueue_many.max_attempts, enqueue_many.unique_keys[p.n], enqueue_many.tenant,
+                           enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key,
+                           enqueue_many.depends_on, enqueue_many.dependency_mode, enqueue_many.batch,
+                           enqueue_many.notify_finished, enqueue_many.on_conflict)
+        FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
+        ORDER BY p.n;
+        RETURN;
     END IF;
     -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
     PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(enqueue_many.queue));
@@ -3708,9 +3898,10 @@ BEGIN
     RETURN QUERY SELECT unnest(new_ids);
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean) IS
+COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean, text[], text) IS
     'Adds one job per payload in one INSERT and returns their ids in payload order; each job '
-    'gets the same meta, depends_on, dependency_mode, batch and notify_finished.';
+    'gets the same meta, depends_on, dependency_mode, batch and notify_finished. unique_keys: one '
+    'key per payload (NULL: none), each enqueued as pgq.enqueue does with on_conflict.';
 
 -- sql/functions/claim.sql -----------------------------------------------------------------------------
 
@@ -5503,10 +5694,27 @@ CREATE OR REPLACE FUNCTION pgq._admin_event(job pgq.jobs, event text, to_state p
     FROM pgq.queues AS q WHERE q.name = (job).queue AND q.audit
 $$;
 
+-- Cancels a job that has not finished, its row locked by the caller (pgq.cancel, pgq.cancel_jobs):
+-- its state, its event, and for a running job a notification on channel pgq_cancel with
+-- '<id>:<attempt>', sent when this transaction commits, which tells its worker at once (a worker
+-- that does not listen learns it at its next renew or complete, answered "not yours").
+CREATE OR REPLACE FUNCTION pgq._cancel_job(job pgq.jobs) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE pgq.jobs AS j
+    SET state = 'cancelled', lease_until = NULL, finished_at = pgq._now(), last_event = 'cancelled'
+    WHERE j.id = (_cancel_job.job).id;
+    PERFORM pgq._admin_event(_cancel_job.job, 'cancelled', 'cancelled');
+    IF (_cancel_job.job).state = 'running' THEN
+        PERFORM pg_notify('pgq_cancel', (_cancel_job.job).id || ':' || (_cancel_job.job).attempt);
+    END IF;
+END
+$$;
+
 -- Cancels a waiting, pending, running or outcome_unknown job (and the jobs waiting for it:
--- pgq._dependency_ended). A running job's owner learns it at its next
--- renew or complete (answered "not yours"). Returns false, changing nothing, when the job had
--- already finished.
+-- pgq._dependency_ended); a running job's worker is told at once (pgq._cancel_job). Returns false,
+-- changing nothing, when the job had already finished.
 CREATE OR REPLACE FUNCTION pgq.cancel(id bigint)
     RETURNS boolean
     LANGUAGE plpgsql
@@ -5520,15 +5728,45 @@ BEGIN
     IF job.state IN ('done', 'failed', 'cancelled') THEN
         RETURN false;
     END IF;
-    UPDATE pgq.jobs AS j
-    SET state = 'cancelled', lease_until = NULL, finished_at = pgq._now(), last_event = 'cancelled'
-    WHERE j.id = cancel.id;
-    PERFORM pgq._admin_event(job, 'cancelled', 'cancelled');
+    PERFORM pgq._cancel_job(job);
     RETURN true;
 END
 $$;
 COMMENT ON FUNCTION pgq.cancel(bigint) IS
     'Cancels a job that has not finished; false when it had already finished; P0002 when unknown.';
+
+-- Makes a failed or cancelled job, its row locked by the caller (pgq.retry, pgq.retry_jobs),
+-- pending again, now; 55000 when its unique_key is held or it has no attempt left to give.
+CREATE OR REPLACE FUNCTION pgq._retry_job(job pgq.jobs) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    job_id bigint := (_retry_job.job).id;
+BEGIN
+    IF greatest(job.max_attempts, job.attempt + 1) - job.attempt_offset > pgq._attempt_room() THEN
+        PERFORM pgq._no_attempt_room(job_id, 'retry');
+    END IF;
+    BEGIN
+        UPDATE pgq.jobs AS j
+        SET state = 'pending', run_at = pgq._now(), finished_at = NULL,
+            max_attempts = greatest(j.max_attempts, j.attempt + 1), last_event = 'retried'
+        WHERE j.id = job_id;
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION 'pgq: job % cannot be retried: job % holds its unique_key %', job_id,
+            (SELECT j.id FROM pgq.jobs AS j
+             WHERE j.queue = job.queue AND j.unique_key = job.unique_key
+               AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown')),
+            quote_literal(job.unique_key)
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Wait for that job to finish, or cancel it first.';
+    END;
+    PERFORM pgq._admin_event(job, 'retried', 'pending');
+    IF job.batch_id IS NOT NULL THEN
+        -- Its end is taken back: its next one counts (pgq._batch_member_ended).
+        PERFORM pgq._batch_member_ended(job.batch_id, job.state, -1);
+    END IF;
+END
+$$;
 
 -- Runs a failed or cancelled job again, now. The attempt number is kept (it never decreases);
 -- max_attempts is raised so that at least one more attempt is allowed.
@@ -5547,32 +5785,144 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Use pgq.resolve for outcome_unknown jobs.';
     END IF;
-    IF greatest(job.max_attempts, job.attempt + 1) - job.attempt_offset > pgq._attempt_room() THEN
-        PERFORM pgq._no_attempt_room(retry.id, 'retry');
-    END IF;
-    BEGIN
-        UPDATE pgq.jobs AS j
-        SET state = 'pending', run_at = pgq._now(), finished_at = NULL,
-            max_attempts = greatest(j.max_attempts, j.attempt + 1), last_event = 'retried'
-        WHERE j.id = retry.id;
-    EXCEPTION WHEN unique_violation THEN
-        RAISE EXCEPTION 'pgq: job % cannot be retried: job % holds its unique_key %', retry.id,
-            (SELECT j.id FROM pgq.jobs AS j
-             WHERE j.queue = job.queue AND j.unique_key = job.unique_key
-               AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown')),
-            quote_literal(job.unique_key)
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'Wait for that job to finish, or cancel it first.';
-    END;
-    PERFORM pgq._admin_event(job, 'retried', 'pending');
-    IF job.batch_id IS NOT NULL THEN
-        -- Its end is taken back: its next one counts (pgq._batch_member_ended).
-        PERFORM pgq._batch_member_ended(job.batch_id, job.state, -1);
-    END IF;
+    PERFORM pgq._retry_job(job);
     PERFORM pgq._notify(job.queue);
     RETURN true;
 END
 $$;
+
+-- Validates the filter of pgq.retry_jobs and pgq.cancel_jobs (22004 / 22023): queue, state (one
+-- of allowed), kind (NULL: any) and limit_rows (1 to 10000).
+CREATE OR REPLACE FUNCTION pgq._check_bulk(queue text, state text, allowed text[], kind text, limit_rows integer)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    PERFORM pgq._check_name('queue', _check_bulk.queue);
+    IF _check_bulk.state IS NULL THEN
+        PERFORM pgq._bad_argument('state', 'must not be NULL', format('One of %s.', array_to_string(allowed, ', ')));
+    ELSIF _check_bulk.state <> ALL (_check_bulk.allowed) THEN
+        PERFORM pgq._bad_argument('state',
+            format('must be one of %s, got %s', array_to_string(allowed, ', '), left(quote_literal(_check_bulk.state), 40)));
+    END IF;
+    IF _check_bulk.kind IS NOT NULL THEN
+        PERFORM pgq._check_name('kind', _check_bulk.kind);
+    END IF;
+    IF _check_bulk.limit_rows IS NULL THEN
+        PERFORM pgq._bad_argument('limit_rows', 'must not be NULL', 'Omit it for 1000.');
+    ELSIF _check_bulk.limit_rows NOT BETWEEN 1 AND 10000 THEN
+        PERFORM pgq._bad_argument('limit_rows',
+            format('must be between 1 and 10000, got %s', _check_bulk.limit_rows), 'Call again for the rest.');
+    END IF;
+END
+$$;
+
+-- Retries the failed (or cancelled) jobs of a queue that match the filter, at most limit_rows of
+-- them, oldest id first, as pgq.retry retries one, and returns how many it retried. A job another
+-- transaction holds is skipped (SKIP LOCKED), and so is one pgq.retry would refuse (its unique_key
+-- is held by a live job, or it has no attempt left to give: 55000 there): each stays as it was,
+-- uncounted. Call it again until it returns 0 (pgq-thin retry --all does). The jobs are read in
+-- jobs_list_idx (queue, state, id) order; kind and finished_before filter what that reads.
+CREATE OR REPLACE FUNCTION pgq.retry_jobs(queue text, state text, kind text DEFAULT NULL,
+                                          finished_before timestamptz DEFAULT NULL,
+                                          limit_rows integer DEFAULT 1000)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    SET enable_sort = off
+    AS $$
+DECLARE
+    job     pgq.jobs;
+    retried integer := 0;
+BEGIN
+    PERFORM pgq._check_bulk(retry_jobs.queue, retry_jobs.state, '{failed,cancelled}', retry_jobs.kind,
+                            retry_jobs.limit_rows);
+    FOR job IN
+        SELECT j.* FROM pgq.jobs AS j
+        WHERE j.queue = retry_jobs.queue AND j.state = retry_jobs.state::pgq.job_state AND j.state <> 'running'
+          AND (retry_jobs.kind IS NULL OR j.kind = retry_jobs.kind)
+          AND (retry_jobs.finished_before IS NULL OR j.finished_at < retry_jobs.finished_before)
+        ORDER BY (- j.id) DESC
+        LIMIT retry_jobs.limit_rows
+        FOR NO KEY UPDATE OF j SKIP LOCKED
+    LOOP
+        BEGIN
+            PERFORM pgq._retry_job(job);
+            retried := retried + 1;
+        EXCEPTION WHEN object_not_in_prerequisite_state THEN
+            NULL;  -- its key is held, or no attempt is left: it stays as it was
+        END;
+    END LOOP;
+    IF retried > 0 THEN
+        PERFORM pgq._notify(retry_jobs.queue);
+    END IF;
+    RETURN retried;
+END
+$$;
+COMMENT ON FUNCTION pgq.retry_jobs(text, text, text, timestamptz, integer) IS
+    'Retries up to limit_rows failed or cancelled jobs of a queue (of kind, finished before '
+    'finished_before), oldest first, as pgq.retry does; returns how many. Call again until 0.';
+
+-- Cancels the jobs of a queue in one state that match the filter, at most limit_rows of them,
+-- oldest id first, as pgq.cancel cancels one (a running one's worker is told at once), and returns
+-- how many. A job another transaction holds is skipped (SKIP LOCKED): call again until it returns
+-- 0 (pgq-thin cancel --all does). Waiting, pending and outcome_unknown jobs are read in
+-- jobs_list_idx order; running ones (which that index leaves out) through jobs_lease_idx: there
+-- are as many as workers run.
+CREATE OR REPLACE FUNCTION pgq.cancel_jobs(queue text, state text, kind text DEFAULT NULL,
+                                           created_before timestamptz DEFAULT NULL,
+                                           limit_rows integer DEFAULT 1000)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    AS $$
+DECLARE
+    job       pgq.jobs;
+    cancelled integer := 0;
+BEGIN
+    PERFORM pgq._check_bulk(cancel_jobs.queue, cancel_jobs.state, '{waiting,pending,running,outcome_unknown}',
+                            cancel_jobs.kind, cancel_jobs.limit_rows);
+    IF cancel_jobs.state = 'running' THEN
+        FOR job IN
+            SELECT j.* FROM pgq.jobs AS j
+            WHERE j.lease_until IS NOT NULL AND j.queue = cancel_jobs.queue AND j.state = 'running'
+              AND (cancel_jobs.kind IS NULL OR j.kind = cancel_jobs.kind)
+              AND (cancel_jobs.created_before IS NULL OR j.created_at < cancel_jobs.created_before)
+            ORDER BY j.id
+            LIMIT cancel_jobs.limit_rows
+            FOR NO KEY UPDATE OF j SKIP LOCKED
+        LOOP
+            PERFORM pgq._cancel_job(job);
+            cancelled := cancelled + 1;
+        END LOOP;
+        RETURN cancelled;
+    END IF;
+    FOR job IN
+        SELECT j.* FROM pgq.jobs AS j
+        WHERE j.queue = cancel_jobs.queue AND j.state = cancel_jobs.state::pgq.job_state AND j.state <> 'running'
+          AND (cancel_jobs.kind IS NULL OR j.kind = cancel_jobs.kind)
+          AND (cancel_jobs.created_before IS NULL OR j.created_at < cancel_jobs.created_before)
+        ORDER BY (- j.id) DESC
+        LIMIT cancel_jobs.limit_rows
+        FOR NO KEY UPDATE OF j SKIP LOCKED
+    LOOP
+        PERFORM pgq._cancel_job(job);
+        cancelled := cancelled + 1;
+    END LOOP;
+    RETURN cancelled;
+END
+$$;
+COMMENT ON FUNCTION pgq.cancel_jobs(text, text, text, timestamptz, integer) IS
+    'Cancels up to limit_rows jobs of a queue in one unfinished state (of kind, created before '
+    'created_before), oldest first, as pgq.cancel does; returns how many. Call again until 0.';
 COMMENT ON FUNCTION pgq.retry(bigint) IS
     'Makes a failed or cancelled job pending again; 55000 for other states; P0002 when unknown.';
 
@@ -5684,6 +6034,13 @@ BEGIN
         RETURNING b.id
     )
     DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id;
+    -- Replace calls' successors (pgq._replace) that are no longer live: their key needs none.
+    DELETE FROM pgq.unique_successors AS s
+    WHERE (s.queue, s.unique_key) IN (
+        SELECT x.queue, x.unique_key FROM pgq.unique_successors AS x
+        WHERE NOT EXISTS (SELECT FROM pgq.jobs AS j
+                          WHERE j.id = x.job_id AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown'))
+        LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);
 
     -- Idle tenants, queue by queue under the queue's writer lock, taken without waiting and held
     -- (a session lock) only while they are deleted: an enqueue that read a tenant's row before
@@ -6344,8 +6701,8 @@ $cleanup$;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC, pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
 
 GRANT EXECUTE ON FUNCTION
-    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean),
-    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean),
+    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text),
+    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean, text[], text),
     pgq.batch_open(text, text, jsonb, text),
     pgq.batch_close(bigint),
     pgq.batch_status(bigint),
@@ -6376,6 +6733,8 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     pgq.cancel(bigint),
     pgq.retry(bigint),
+    pgq.retry_jobs(text, text, text, timestamptz, integer),
+    pgq.cancel_jobs(text, text, text, timestamptz, integer),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
     pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer),
@@ -6450,5 +6809,6 @@ REVOKE ALL ON TABLE pgq.queues FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.rate_buckets FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.schedules FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.tenants FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.unique_successors FROM PUBLIC;
 REVOKE ALL ON SEQUENCE pgq.job_events_id_seq FROM PUBLIC;
 REVOKE ALL ON SEQUENCE pgq.jobs_id_seq FROM PUBLIC;

@@ -112,3 +112,32 @@ def test_a_claim_that_names_its_kinds_reads_only_their_jobs_through_jobs_kind_re
     main = plan_of(plans, "WITH picked AS")
     used = [s for s in main.job_scans if s.rows and s.index in ("jobs_kind_ready_idx", "jobs_ready_idx")]
     assert [s.index for s in used] == ["jobs_ready_idx"] and used[0].rows <= 10, main.text
+
+
+def test_bulk_retry_and_cancel_read_one_call_of_rows_through_jobs_list_idx(session) -> None:
+    """pgq.retry_jobs and pgq.cancel_jobs (issue 27) read their (queue, state) in id order through
+    jobs_list_idx, at most a call's rows: never the 1M finished rows of another queue, nor the jobs
+    of other states. Each runs in a transaction rolled back, leaving the table as it was."""
+    cases = [
+        ("SELECT pgq.retry_jobs('q', 'failed', limit_rows => 20)", "retry_jobs.finished_before", 20, 20),
+        ("SELECT pgq.retry_jobs('bulk', 'failed')", "retry_jobs.finished_before", 0, 0),
+        ("SELECT pgq.retry_jobs('q', 'failed', finished_before => now())", "retry_jobs.finished_before", 30, 30),
+        ("SELECT pgq.cancel_jobs('q', 'pending', limit_rows => 20)", "cancel_jobs.created_before", 20, 20),
+        ("SELECT pgq.cancel_jobs('bulk', 'waiting')", "cancel_jobs.created_before", 0, 0),
+    ]
+    for sql, marker, count, most in cases:
+        for _ in range(WARMUP):
+            session.execute("BEGIN")
+            session.execute(sql)
+            session.execute("ROLLBACK")
+        session.execute("BEGIN")
+        try:
+            rows, plans = capture(session, sql)
+        finally:
+            session.execute("ROLLBACK")
+        assert rows == [(count,)], sql
+        assert_no_seq_scan_on_jobs(plans)
+        loop = plan_of(plans, marker)
+        scans = loop.job_scans
+        assert [s.index for s in scans] == ["jobs_list_idx"], loop.text
+        assert sum(s.rows for s in scans) <= most, loop.text

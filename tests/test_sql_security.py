@@ -44,6 +44,8 @@ API: dict[str, tuple[str, set[str]]] = {
     "job_links": ("SELECT * FROM pgq.job_links(1)", MONITOR),
     "cancel": ("SELECT pgq.cancel(1)", ADMIN),
     "retry": ("SELECT pgq.retry(1)", ADMIN),
+    "retry_jobs": ("SELECT pgq.retry_jobs('q', 'failed')", ADMIN),
+    "cancel_jobs": ("SELECT pgq.cancel_jobs('q', 'pending')", ADMIN),
     "resolve": ("SELECT pgq.resolve(1, 'done')", ADMIN),
     "prune": ("SELECT pgq.prune()", ADMIN),
     "configure_queue": ("SELECT pgq.configure_queue('q', lease => '1 minute', rate_limit => 5, "
@@ -85,7 +87,7 @@ TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "t
           "fence": "timeline", "grants": "queue",
           "finished_counts": "total", "finished_deltas": "queue", "key_limits": "key", "key_rates": "key",
           "key_slots": "slot", "rate_buckets": "rate", "job_dependants": "job_id", "batches": "run_when",
-          "batch_counts": "done", "batch_members": "job_id"}
+          "batch_counts": "done", "batch_members": "job_id", "unique_successors": "unique_key"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:

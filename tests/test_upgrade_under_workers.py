@@ -4,9 +4,8 @@ newest version. Nothing is lost, nothing is completed twice, no worker exits; an
 takes no lock that waits for a reader of any pgq table but pgq.jobs (a session holding ACCESS
 SHARE on each of them, as any reader does, stays open through it: an ACCESS EXCLUSIVE lock, which
 a table rewrite needs, would wait for it and fail the migrate after its lock_timeout). Migration
-0017 adds columns to pgq.jobs, which takes ACCESS EXCLUSIVE on it for an instant: it waits for the
-workers' short transactions, and behind a reader of pgq.jobs it gives up after its lock_timeout
-(tests/test_upgrades.py holds that)."""
+0018 only creates a table; 0017 added columns to pgq.jobs, which takes ACCESS EXCLUSIVE on it for
+an instant (tests/test_upgrades.py holds that it gives up behind a reader of pgq.jobs)."""
 
 from __future__ import annotations
 
@@ -25,9 +24,9 @@ from pgq_thin.tools import fleet
 from sqlhelpers import fresh_database, one, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The newest commit of main before the schema version this checkout installs (migration 0017, at
-#: 0016 there): the release whose workers are running when users upgrade to this one.
-PREVIOUS = "95c7c4dd5363b0eee753141d4fa2d7f6e825bed7"
+#: The newest commit of main before the schema version this checkout installs (migration 0018, at
+#: 0017 there): the release whose workers are running when users upgrade to this one.
+PREVIOUS = "8110847e7fee28baf8cf6e8d076bab1398593922"
 #: Jobs of 0.1 s on 3 workers x 4 slots: about 10 s of draining, the migration in the middle of it.
 JOBS, MORE = 1200, 300
 
@@ -63,9 +62,9 @@ def old_dsn(databases, previous_release: Path) -> Iterator[str]:
 def test_workers_of_the_previous_release_drain_a_queue_while_it_is_migrated(
         old_dsn: str, previous_release: Path, tmp_path: Path) -> None:
     with psycopg.connect(old_dsn, autocommit=True) as conn:
-        assert one(conn, "SELECT pgq.version()") == "16"
+        assert one(conn, "SELECT pgq.version()") == "17"
         # the old functions, not this source's
-        assert one(conn, "SELECT to_regprocedure('pgq.batch_open(text, text, jsonb, text)') IS NULL")
+        assert one(conn, "SELECT to_regprocedure('pgq.retry_jobs(text, text, text, timestamptz, integer)') IS NULL")
         conn.execute("SELECT pgq.enqueue_many('upgrade', 'work', "
                      "array_fill('{\"seconds\": 0.1}'::jsonb, ARRAY[%s]))", (JOBS,))
         apps = previous_release / "tests" / "apps"
@@ -88,7 +87,7 @@ def test_workers_of_the_previous_release_drain_a_queue_while_it_is_migrated(
                 migrated = subprocess.run([sys.executable, "-m", "pgq_thin", "migrate", "--dsn", old_dsn],
                                           cwd=ROOT, capture_output=True, text=True, timeout=300)
                 assert migrated.returncode == 0, migrated.stdout + migrated.stderr
-                assert "0017" in migrated.stdout
+                assert "0018" in migrated.stdout
                 reader.rollback()
             ended = one(conn, "SELECT clock_timestamp()")
             newest = max(p.stem for p in (ROOT / "migrations").glob("*.sql"))  # (every migration since 0013 ran)

@@ -31,7 +31,8 @@ from test_schema_matches_migrations import MIGRATION_SHA256, MIGRATIONS, assert_
 LANDED = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256) if int(name[:4]) <= 13]
 #: Releases of the function-source era (migration 0014 on): the schema version users' databases are
 #: at, and the commit of main whose migrations and function source built it (git history: CI clones).
-RELEASED = {"0016_per_key_claims": "95c7c4dd5363b0eee753141d4fa2d7f6e825bed7"}
+RELEASED = {"0016_per_key_claims": "95c7c4dd5363b0eee753141d4fa2d7f6e825bed7",
+            "0017_workflows": "8110847e7fee28baf8cf6e8d076bab1398593922"}
 OWNER, OTHER = "upgrade_worker_a", "upgrade_worker_b"  # two worker logins (cluster-wide roles)
 
 
@@ -212,8 +213,9 @@ def test_a_database_at_each_landed_version_holding_jobs_upgrades_without_strandi
                 == [("dependant", made["waiting"])]
         # Jobs from before 0017 have no enqueuer on record (an admin still reads their results);
         # a batch of the old queues' jobs calls back once.
-        assert one(su, "SELECT count(*) FROM pgq.jobs WHERE id = ANY (%s) AND enqueued_by IS NOT NULL",
-                   ([r["id"] for r in before["jobs"]],)) == 0
+        if n < 17:
+            assert one(su, "SELECT count(*) FROM pgq.jobs WHERE id = ANY (%s) AND enqueued_by IS NOT NULL",
+                       ([r["id"] for r in before["jobs"]],)) == 0
         assert one(su, "SELECT state FROM pgq.job_result(%s)", (made["done"],)) == "done"
         batch = one(su, "SELECT pgq.batch_open('q', 'batch_done')")
         member = one(su, "SELECT pgq.enqueue('run', 'k', '{}', batch => %s)", (batch,))
@@ -227,6 +229,13 @@ def test_a_database_at_each_landed_version_holding_jobs_upgrades_without_strandi
             "SELECT queue, count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'failed'), "
             "count(*) FILTER (WHERE state = 'cancelled') FROM pgq.jobs GROUP BY queue").fetchall()}
         assert {q: counted[q] for q in rows} == rows
+        # 0018's tools on the jobs from before: the old keyed job is replaced in place, the failed
+        # one retried by filter.
+        assert one(su, "SELECT pgq.enqueue('q', 'k', '{\"n\": 30}', unique_key => 'u-1', on_conflict => 'replace')") \
+            == made["unique"]
+        assert one(su, "SELECT payload FROM pgq.jobs WHERE id = %s", (made["unique"],)) == {"n": 30}
+        assert one(su, "SELECT pgq.retry_jobs('q', 'failed', limit_rows => 10000)") >= 1
+        assert one(su, "SELECT state::text FROM pgq.jobs WHERE id = %s", (made["failed"],)) == "pending"
         # Every job can still be finished: the rest of them, due now, run to their ends.
         su.execute("UPDATE pgq.jobs SET run_at = now() WHERE state = 'pending'")
         su.execute("SELECT pgq.resolve(%s, 'done')", (made["outcome_unknown"],))
@@ -285,4 +294,4 @@ def test_0017_behind_a_reader_of_the_jobs_gives_up_changing_nothing_and_runs_aga
             assert one(su, "SELECT pgq.version()") == "16"
             assert one(su, "SELECT pgq.enqueue('q', 'k')") is not None
         reader.rollback()
-    assert migrate(dsn) == ["0017_workflows"]
+    assert migrate(dsn) == sorted(p.stem for p in MIGRATIONS.glob("*.sql") if p.stem >= "0017_workflows")

@@ -33,10 +33,27 @@ CREATE OR REPLACE FUNCTION pgq._admin_event(job pgq.jobs, event text, to_state p
     FROM pgq.queues AS q WHERE q.name = (job).queue AND q.audit
 $$;
 
+-- Cancels a job that has not finished, its row locked by the caller (pgq.cancel, pgq.cancel_jobs):
+-- its state, its event, and for a running job a notification on channel pgq_cancel with
+-- '<id>:<attempt>', sent when this transaction commits, which tells its worker at once (a worker
+-- that does not listen learns it at its next renew or complete, answered "not yours").
+CREATE OR REPLACE FUNCTION pgq._cancel_job(job pgq.jobs) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE pgq.jobs AS j
+    SET state = 'cancelled', lease_until = NULL, finished_at = pgq._now(), last_event = 'cancelled'
+    WHERE j.id = (_cancel_job.job).id;
+    PERFORM pgq._admin_event(_cancel_job.job, 'cancelled', 'cancelled');
+    IF (_cancel_job.job).state = 'running' THEN
+        PERFORM pg_notify('pgq_cancel', (_cancel_job.job).id || ':' || (_cancel_job.job).attempt);
+    END IF;
+END
+$$;
+
 -- Cancels a waiting, pending, running or outcome_unknown job (and the jobs waiting for it:
--- pgq._dependency_ended). A running job's owner learns it at its next
--- renew or complete (answered "not yours"). Returns false, changing nothing, when the job had
--- already finished.
+-- pgq._dependency_ended); a running job's worker is told at once (pgq._cancel_job). Returns false,
+-- changing nothing, when the job had already finished.
 CREATE OR REPLACE FUNCTION pgq.cancel(id bigint)
     RETURNS boolean
     LANGUAGE plpgsql
@@ -50,15 +67,45 @@ BEGIN
     IF job.state IN ('done', 'failed', 'cancelled') THEN
         RETURN false;
     END IF;
-    UPDATE pgq.jobs AS j
-    SET state = 'cancelled', lease_until = NULL, finished_at = pgq._now(), last_event = 'cancelled'
-    WHERE j.id = cancel.id;
-    PERFORM pgq._admin_event(job, 'cancelled', 'cancelled');
+    PERFORM pgq._cancel_job(job);
     RETURN true;
 END
 $$;
 COMMENT ON FUNCTION pgq.cancel(bigint) IS
     'Cancels a job that has not finished; false when it had already finished; P0002 when unknown.';
+
+-- Makes a failed or cancelled job, its row locked by the caller (pgq.retry, pgq.retry_jobs),
+-- pending again, now; 55000 when its unique_key is held or it has no attempt left to give.
+CREATE OR REPLACE FUNCTION pgq._retry_job(job pgq.jobs) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    job_id bigint := (_retry_job.job).id;
+BEGIN
+    IF greatest(job.max_attempts, job.attempt + 1) - job.attempt_offset > pgq._attempt_room() THEN
+        PERFORM pgq._no_attempt_room(job_id, 'retry');
+    END IF;
+    BEGIN
+        UPDATE pgq.jobs AS j
+        SET state = 'pending', run_at = pgq._now(), finished_at = NULL,
+            max_attempts = greatest(j.max_attempts, j.attempt + 1), last_event = 'retried'
+        WHERE j.id = job_id;
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION 'pgq: job % cannot be retried: job % holds its unique_key %', job_id,
+            (SELECT j.id FROM pgq.jobs AS j
+             WHERE j.queue = job.queue AND j.unique_key = job.unique_key
+               AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown')),
+            quote_literal(job.unique_key)
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Wait for that job to finish, or cancel it first.';
+    END;
+    PERFORM pgq._admin_event(job, 'retried', 'pending');
+    IF job.batch_id IS NOT NULL THEN
+        -- Its end is taken back: its next one counts (pgq._batch_member_ended).
+        PERFORM pgq._batch_member_ended(job.batch_id, job.state, -1);
+    END IF;
+END
+$$;
 
 -- Runs a failed or cancelled job again, now. The attempt number is kept (it never decreases);
 -- max_attempts is raised so that at least one more attempt is allowed.
@@ -77,32 +124,144 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Use pgq.resolve for outcome_unknown jobs.';
     END IF;
-    IF greatest(job.max_attempts, job.attempt + 1) - job.attempt_offset > pgq._attempt_room() THEN
-        PERFORM pgq._no_attempt_room(retry.id, 'retry');
-    END IF;
-    BEGIN
-        UPDATE pgq.jobs AS j
-        SET state = 'pending', run_at = pgq._now(), finished_at = NULL,
-            max_attempts = greatest(j.max_attempts, j.attempt + 1), last_event = 'retried'
-        WHERE j.id = retry.id;
-    EXCEPTION WHEN unique_violation THEN
-        RAISE EXCEPTION 'pgq: job % cannot be retried: job % holds its unique_key %', retry.id,
-            (SELECT j.id FROM pgq.jobs AS j
-             WHERE j.queue = job.queue AND j.unique_key = job.unique_key
-               AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown')),
-            quote_literal(job.unique_key)
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'Wait for that job to finish, or cancel it first.';
-    END;
-    PERFORM pgq._admin_event(job, 'retried', 'pending');
-    IF job.batch_id IS NOT NULL THEN
-        -- Its end is taken back: its next one counts (pgq._batch_member_ended).
-        PERFORM pgq._batch_member_ended(job.batch_id, job.state, -1);
-    END IF;
+    PERFORM pgq._retry_job(job);
     PERFORM pgq._notify(job.queue);
     RETURN true;
 END
 $$;
+
+-- Validates the filter of pgq.retry_jobs and pgq.cancel_jobs (22004 / 22023): queue, state (one
+-- of allowed), kind (NULL: any) and limit_rows (1 to 10000).
+CREATE OR REPLACE FUNCTION pgq._check_bulk(queue text, state text, allowed text[], kind text, limit_rows integer)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    PERFORM pgq._check_name('queue', _check_bulk.queue);
+    IF _check_bulk.state IS NULL THEN
+        PERFORM pgq._bad_argument('state', 'must not be NULL', format('One of %s.', array_to_string(allowed, ', ')));
+    ELSIF _check_bulk.state <> ALL (_check_bulk.allowed) THEN
+        PERFORM pgq._bad_argument('state',
+            format('must be one of %s, got %s', array_to_string(allowed, ', '), left(quote_literal(_check_bulk.state), 40)));
+    END IF;
+    IF _check_bulk.kind IS NOT NULL THEN
+        PERFORM pgq._check_name('kind', _check_bulk.kind);
+    END IF;
+    IF _check_bulk.limit_rows IS NULL THEN
+        PERFORM pgq._bad_argument('limit_rows', 'must not be NULL', 'Omit it for 1000.');
+    ELSIF _check_bulk.limit_rows NOT BETWEEN 1 AND 10000 THEN
+        PERFORM pgq._bad_argument('limit_rows',
+            format('must be between 1 and 10000, got %s', _check_bulk.limit_rows), 'Call again for the rest.');
+    END IF;
+END
+$$;
+
+-- Retries the failed (or cancelled) jobs of a queue that match the filter, at most limit_rows of
+-- them, oldest id first, as pgq.retry retries one, and returns how many it retried. A job another
+-- transaction holds is skipped (SKIP LOCKED), and so is one pgq.retry would refuse (its unique_key
+-- is held by a live job, or it has no attempt left to give: 55000 there): each stays as it was,
+-- uncounted. Call it again until it returns 0 (pgq-thin retry --all does). The jobs are read in
+-- jobs_list_idx (queue, state, id) order; kind and finished_before filter what that reads.
+CREATE OR REPLACE FUNCTION pgq.retry_jobs(queue text, state text, kind text DEFAULT NULL,
+                                          finished_before timestamptz DEFAULT NULL,
+                                          limit_rows integer DEFAULT 1000)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    SET enable_sort = off
+    AS $$
+DECLARE
+    job     pgq.jobs;
+    retried integer := 0;
+BEGIN
+    PERFORM pgq._check_bulk(retry_jobs.queue, retry_jobs.state, '{failed,cancelled}', retry_jobs.kind,
+                            retry_jobs.limit_rows);
+    FOR job IN
+        SELECT j.* FROM pgq.jobs AS j
+        WHERE j.queue = retry_jobs.queue AND j.state = retry_jobs.state::pgq.job_state AND j.state <> 'running'
+          AND (retry_jobs.kind IS NULL OR j.kind = retry_jobs.kind)
+          AND (retry_jobs.finished_before IS NULL OR j.finished_at < retry_jobs.finished_before)
+        ORDER BY (- j.id) DESC
+        LIMIT retry_jobs.limit_rows
+        FOR NO KEY UPDATE OF j SKIP LOCKED
+    LOOP
+        BEGIN
+            PERFORM pgq._retry_job(job);
+            retried := retried + 1;
+        EXCEPTION WHEN object_not_in_prerequisite_state THEN
+            NULL;  -- its key is held, or no attempt is left: it stays as it was
+        END;
+    END LOOP;
+    IF retried > 0 THEN
+        PERFORM pgq._notify(retry_jobs.queue);
+    END IF;
+    RETURN retried;
+END
+$$;
+COMMENT ON FUNCTION pgq.retry_jobs(text, text, text, timestamptz, integer) IS
+    'Retries up to limit_rows failed or cancelled jobs of a queue (of kind, finished before '
+    'finished_before), oldest first, as pgq.retry does; returns how many. Call again until 0.';
+
+-- Cancels the jobs of a queue in one state that match the filter, at most limit_rows of them,
+-- oldest id first, as pgq.cancel cancels one (a running one's worker is told at once), and returns
+-- how many. A job another transaction holds is skipped (SKIP LOCKED): call again until it returns
+-- 0 (pgq-thin cancel --all does). Waiting, pending and outcome_unknown jobs are read in
+-- jobs_list_idx order; running ones (which that index leaves out) through jobs_lease_idx: there
+-- are as many as workers run.
+CREATE OR REPLACE FUNCTION pgq.cancel_jobs(queue text, state text, kind text DEFAULT NULL,
+                                           created_before timestamptz DEFAULT NULL,
+                                           limit_rows integer DEFAULT 1000)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    AS $$
+DECLARE
+    job       pgq.jobs;
+    cancelled integer := 0;
+BEGIN
+    PERFORM pgq._check_bulk(cancel_jobs.queue, cancel_jobs.state, '{waiting,pending,running,outcome_unknown}',
+                            cancel_jobs.kind, cancel_jobs.limit_rows);
+    IF cancel_jobs.state = 'running' THEN
+        FOR job IN
+            SELECT j.* FROM pgq.jobs AS j
+            WHERE j.lease_until IS NOT NULL AND j.queue = cancel_jobs.queue AND j.state = 'running'
+              AND (cancel_jobs.kind IS NULL OR j.kind = cancel_jobs.kind)
+              AND (cancel_jobs.created_before IS NULL OR j.created_at < cancel_jobs.created_before)
+            ORDER BY j.id
+            LIMIT cancel_jobs.limit_rows
+            FOR NO KEY UPDATE OF j SKIP LOCKED
+        LOOP
+            PERFORM pgq._cancel_job(job);
+            cancelled := cancelled + 1;
+        END LOOP;
+        RETURN cancelled;
+    END IF;
+    FOR job IN
+        SELECT j.* FROM pgq.jobs AS j
+        WHERE j.queue = cancel_jobs.queue AND j.state = cancel_jobs.state::pgq.job_state AND j.state <> 'running'
+          AND (cancel_jobs.kind IS NULL OR j.kind = cancel_jobs.kind)
+          AND (cancel_jobs.created_before IS NULL OR j.created_at < cancel_jobs.created_before)
+        ORDER BY (- j.id) DESC
+        LIMIT cancel_jobs.limit_rows
+        FOR NO KEY UPDATE OF j SKIP LOCKED
+    LOOP
+        PERFORM pgq._cancel_job(job);
+        cancelled := cancelled + 1;
+    END LOOP;
+    RETURN cancelled;
+END
+$$;
+COMMENT ON FUNCTION pgq.cancel_jobs(text, text, text, timestamptz, integer) IS
+    'Cancels up to limit_rows jobs of a queue in one unfinished state (of kind, created before '
+    'created_before), oldest first, as pgq.cancel does; returns how many. Call again until 0.';
 COMMENT ON FUNCTION pgq.retry(bigint) IS
     'Makes a failed or cancelled job pending again; 55000 for other states; P0002 when unknown.';
 
@@ -214,6 +373,13 @@ BEGIN
         RETURNING b.id
     )
     DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id;
+    -- Replace calls' successors (pgq._replace) that are no longer live: their key needs none.
+    DELETE FROM pgq.unique_successors AS s
+    WHERE (s.queue, s.unique_key) IN (
+        SELECT x.queue, x.unique_key FROM pgq.unique_successors AS x
+        WHERE NOT EXISTS (SELECT FROM pgq.jobs AS j
+                          WHERE j.id = x.job_id AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown'))
+        LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);
 
     -- Idle tenants, queue by queue under the queue's writer lock, taken without waiting and held
     -- (a session lock) only while they are deleted: an enqueue that read a tenant's row before
