@@ -60,21 +60,10 @@ def expire_lease(conn: psycopg.Connection, job_id: int) -> None:
     )
 
 
-#: Until migration 0018 lands: pgq.cancel does not notify pgq_cancel yet; cancel() sends what it
-#: will send, in the same transaction.
-INTERIM_CANCEL_NOTIFY = True
-
-
 def cancel(conn: psycopg.Connection, job_id: int) -> bool:
-    """pgq.cancel, committed (``conn`` in autocommit): a running job's worker is notified."""
-    if not INTERIM_CANCEL_NOTIFY:
-        return bool(one(conn, "SELECT pgq.cancel(%s)", (job_id,)))
-    with conn.transaction():
-        row = conn.execute("SELECT state::text, attempt FROM pgq.jobs WHERE id = %s FOR UPDATE", (job_id,)).fetchone()
-        done = bool(one(conn, "SELECT pgq.cancel(%s)", (job_id,)))
-        if done and row is not None and row[0] == "running":
-            conn.execute("SELECT pg_notify('pgq_cancel', %s)", (f"{job_id}:{row[1]}",))
-    return done
+    """pgq.cancel, committed (``conn`` in autocommit): a running job's worker is notified
+    (pgq_cancel, '<id>:<attempt>')."""
+    return bool(one(conn, "SELECT pgq.cancel(%s)", (job_id,)))
 
 
 def steal(conn: psycopg.Connection, job_id: int, kind: str) -> int:
