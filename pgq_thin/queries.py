@@ -196,6 +196,11 @@ VERSION = "SELECT pgq.version()"
 CHANNEL = "pgq"
 LISTEN = f"LISTEN {CHANNEL}"
 
+#: The channel pgq.cancel notifies when it cancels a running job (payload: '<id>:<attempt>', the
+#: attempt cancelled): the worker that runs that attempt stops its handler at once.
+CANCEL_CHANNEL = "pgq_cancel"
+LISTEN_CANCEL = f"LISTEN {CANCEL_CHANNEL}"
+
 #: The channel pgq notifies when a job enqueued with notify_finished ends (payload: the job's id):
 #: Client.wait listens on it, on a connection of its own.
 FINISHED_CHANNEL = "pgq_finished"

@@ -60,6 +60,23 @@ def expire_lease(conn: psycopg.Connection, job_id: int) -> None:
     )
 
 
+def cancel(conn: psycopg.Connection, job_id: int) -> bool:
+    """pgq.cancel, committed (``conn`` in autocommit): a running job's worker is notified
+    (pgq_cancel, '<id>:<attempt>')."""
+    return bool(one(conn, "SELECT pgq.cancel(%s)", (job_id,)))
+
+
+def steal(conn: psycopg.Connection, job_id: int, kind: str) -> int:
+    """As if its worker had stalled past its lease: the running job's lease expires and another
+    claimer ('thief') takes it, in one transaction (no renewal slips in between); the new attempt."""
+    with conn.transaction():
+        expire_lease(conn, job_id)
+        taken = conn.execute("SELECT id, attempt FROM pgq.claim('thief', kinds => ARRAY[%s], lease => '1 minute')",
+                             (kind,)).fetchall()
+    assert [t[0] for t in taken] == [job_id], taken
+    return int(taken[0][1])
+
+
 def events(conn: psycopg.Connection, job_id: int) -> list[tuple]:
     return conn.execute(
         "SELECT event, attempt, from_state::text, to_state::text FROM pgq.job_events "

@@ -104,6 +104,26 @@ def test_the_batch_workload_drains_members_beside_plain_jobs_and_sees_one_callba
         assert conn.execute("SELECT count(*) FROM pgq.jobs").fetchone() == (0,)
 
 
+def test_the_cancel_workload_times_each_cancel_to_the_handler_on_both_runtimes(dsn: str, tmp_path: Path) -> None:
+    """Workload "cancel" alone, tiny: every cancelled job's handler saw it (nothing missing), and
+    the page has its section and its target rows."""
+    config = BenchConfig(cancel_samples=3)
+    assert run_bench(str(tmp_path), dsn=dsn, config=config, workloads=("cancel",), print_table=False) == 0
+
+    result = json.loads((tmp_path / "bench.json").read_text())["cancel"]
+    assert set(result) == {"Worker", "AsyncWorker", "lease_s"}
+    for runtime in ("Worker", "AsyncWorker"):
+        row = result[runtime]
+        assert (row["n"], row["missing"], row["cancelled"]) == (3, 0, 3), row
+        assert row["p50_ms"] <= row["p95_ms"] <= row["max_ms"], row
+    table = (tmp_path / "bench.md").read_text()
+    assert "### pgq.cancel COMMIT to the running handler seeing it" in table
+    worker, aio = result["Worker"], result["AsyncWorker"]
+    assert (f"| Worker | {worker['handler']} | {worker['p50_ms']:.1f} | {worker['p95_ms']:.1f} |"
+            f" {worker['max_ms']:.1f} | 3 | 0 |") in table
+    assert f"| a cancel reaches the running handler within a second (AsyncWorker) | p95 {aio['p95_ms']:.1f} ms" in table
+
+
 def _rate(s: dict[str, float]) -> str:
     return f"{s['median']:,.0f} ({s['min']:,.0f}–{s['max']:,.0f})"
 

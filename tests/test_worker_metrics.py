@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pgq_thin import Job
 from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Snooze, Worker
 
-from sqlhelpers import one, wait_for
+from sqlhelpers import cancel, one, steal, wait_for
 
 DEADLINE = 30.0
 RUNTIMES = {"threads": Worker, "asyncio": AsyncWorker}
@@ -94,38 +94,46 @@ def make_worker(runtime: str, **settings: Any) -> Worker | AsyncWorker:
     def lost(job: Job, ctx: JobContext) -> None:
         assert ctx.lease_lost.wait(DEADLINE), "the lease was never lost"
 
+    @worker.handler("cancel")
+    def cancelled(job: Job, ctx: JobContext) -> None:
+        assert ctx.lease_lost.wait(DEADLINE) and ctx.cancelled, "the job was never cancelled"
+
     return worker
 
 
-def enqueue_mix(conn: psycopg.Connection) -> int:
-    """6 ok, 2 boom (one attempt each: failed for good), 1 snooze, 1 unknown, 1 lost; the lost
-    job's id."""
+def enqueue_mix(conn: psycopg.Connection) -> tuple[int, int]:
+    """6 ok, 2 boom (one attempt each: failed for good), 1 snooze, 1 unknown, 1 lost, 1 cancel; the
+    ids of the lost and the cancel jobs."""
     conn.execute("SELECT pgq.enqueue_many('default', 'ok', array_fill('{}'::jsonb, ARRAY[6]))")
     conn.execute("SELECT pgq.enqueue_many('default', 'boom', array_fill('{}'::jsonb, ARRAY[2]), max_attempts => 1)")
     for kind in ("snooze", "unknown"):
         conn.execute("SELECT pgq.enqueue('default', %s)", (kind,))
-    return int(one(conn, "SELECT pgq.enqueue('default', 'lost')"))
+    return (int(one(conn, "SELECT pgq.enqueue('default', 'lost')")),
+            int(one(conn, "SELECT pgq.enqueue('default', 'cancel')")))
 
 
 @pytest.mark.parametrize("runtime", sorted(RUNTIMES))
 def test_worker_metrics_after_a_real_drain(conn, dsn, runtime):
-    lost_id = enqueue_mix(conn)
+    lost_id, cancel_id = enqueue_mix(conn)
     worker = make_worker(runtime, metrics_port=0)
     thread, failure = run_in_thread(worker, dsn)
     try:
-        wait_for(lambda: one(conn, "SELECT state::text FROM pgq.jobs WHERE id = %s", (lost_id,)) == "running",
-                 "the lost job to run")
-        conn.execute("SELECT pgq.cancel(%s)", (lost_id,))  # its next renewal is refused
-        wait_for(lambda: one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'running'"
+        for job_id in (lost_id, cancel_id):
+            wait_for(lambda job_id=job_id: one(conn, "SELECT state = 'running' AND claimed_by = %s FROM pgq.jobs"
+                                                     " WHERE id = %s", (worker.name, job_id)), f"job {job_id} to run")
+        steal(conn, lost_id, "lost")  # its next renewal is refused: a lost lease
+        assert cancel(conn, cancel_id)  # an expected end, not a lost lease
+        wait_for(lambda: one(conn, "SELECT count(*) FROM pgq.jobs WHERE (state = 'running' AND claimed_by <> 'thief')"
                                    " OR (state = 'pending' AND run_at <= now())") == 0, "the drain")
         assert worker.metrics is not None and worker.metrics.port
         port = worker.metrics.port
-        wait_for(lambda: sum(jobs_total(samples(port)).values()) == 11, "every run counted")
+        wait_for(lambda: sum(jobs_total(samples(port)).values()) == 12, "every run counted")
         scraped = samples(port)
     finally:
         stop(worker, thread, failure)
     assert jobs_total(scraped) == {("ok", "completed"): 6, ("boom", "failed"): 2, ("snooze", "snoozed"): 1,
-                                   ("unknown", "outcome_unknown"): 1, ("lost", "lease_lost"): 1}
+                                   ("unknown", "outcome_unknown"): 1, ("lost", "lease_lost"): 1,
+                                   ("cancel", "cancelled"): 1}
     assert scraped[("pgq_worker_leases_lost_total", ())] == 1
     assert scraped[("pgq_worker_busy_slots", ())] == 0
     assert scraped[("pgq_worker_slots", ())] == 3
@@ -134,11 +142,11 @@ def test_worker_metrics_after_a_real_drain(conn, dsn, runtime):
     lost = (("kind", "lost"), ("queue", "default"))
     assert scraped[("pgq_worker_job_duration_seconds_sum", lost)] > 0.3  # it ran until a renewal was refused
     # Every job was claimed exactly once (the snoozed one is due in an hour): the batch sizes add up.
-    assert scraped[("pgq_worker_claim_batch_size_sum", ())] == 11
+    assert scraped[("pgq_worker_claim_batch_size_sum", ())] == 12
     assert scraped[("pgq_worker_claim_batch_size_count", ())] >= 2
     states = dict(conn.execute("SELECT kind, state::text FROM pgq.jobs").fetchall())
     assert states == {"ok": "done", "boom": "failed", "snooze": "pending", "unknown": "outcome_unknown",
-                      "lost": "cancelled"}
+                      "lost": "running", "cancel": "cancelled"}  # (the thief holds the lost one)
     with pytest.raises(OSError):  # the metrics server stopped with the run
         samples(port)
 

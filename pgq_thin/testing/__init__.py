@@ -8,13 +8,14 @@ enqueue, drain and assert without sleeping.
         result = drain(app.worker)                   # runs until nothing of its queues is due
         assert result.outcomes == {job_id: "done"}
 
-``drain(worker)`` runs a copy of ``worker`` (same settings, same handlers: a Worker runs once, and a
-test may drain the app's worker many times) in a thread, on the test's database, until none of the
-worker's queues has a job of the worker's kinds that is due, nor one running (a worker claims only
-the kinds it has handlers for: a job of another kind is left for another worker), then stops it
-and reads what became of every job it claimed from the database (pgq.get_job). ``await
-adrain(worker)`` does the same for an ``AsyncWorker`` on the running event loop. The rules of
-the queue (what is due, backoff, caps) are pgq's own: the kit only counts what is due and running.
+``drain(worker)`` runs a copy of ``worker`` (same settings, same handlers, middleware and hooks: a
+Worker runs once, and a test may drain the app's worker many times) in a thread, on the test's
+database, until none of the worker's queues has a job of the worker's kinds that is due, nor one
+running (a worker claims only the kinds it has handlers for: a job of another kind is left for
+another worker), then stops it and reads what became of every job it claimed from the database
+(pgq.get_job). ``await adrain(worker)`` does the same for an ``AsyncWorker`` on the running event
+loop. The rules of the queue (what is due, backoff, caps) are pgq's own: the kit only counts what
+is due and running.
 
 The pytest plugin (``pgq_thin.testing.plugin``, on whenever pgq-thin is installed) provides the
 fixtures ``pgq_dsn`` and ``pgq_client``; ``pgq_thin.testing.server`` is the throwaway PostgreSQL
@@ -117,8 +118,9 @@ def _resolve(dsn: str | None) -> str:
 
 
 def _fresh_copy(worker: Any) -> Any:
-    """A new worker of the same class with the same settings and handlers: a worker object runs
-    once, and a test drains the application's worker (a module global) as often as it likes."""
+    """A new worker of the same class with the same settings, handlers, middleware and hooks (each
+    drain is a run: its on_start and on_stop hooks run once): a worker object runs once, and a test
+    drains the application's worker (a module global) as often as it likes."""
     handlers: dict[str, Callable[..., Any]] = worker.handlers
     copy = type(worker)(queues=worker.queues, concurrency=worker.concurrency, name=worker.name,
                         lease=worker.lease, poll_interval=worker.poll_interval, listen=worker.listen,
@@ -127,6 +129,10 @@ def _fresh_copy(worker: Any) -> Any:
                         **({"pooled": True} if getattr(worker, "pooled", False) else {}))
     for kind, function in handlers.items():
         copy.handler(kind)(function)
+    for register, functions in ((copy.middleware, worker._middleware), (copy.on_start, worker._on_start),
+                                (copy.on_stop, worker._on_stop)):
+        for function in functions:
+            register(function)
     return copy
 
 

@@ -27,6 +27,7 @@ shared 2-core machine move by +-10% from run to run.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -130,13 +131,14 @@ class BenchConfig:
     waiting_tenants: int = 50_000            # workload 7: tenants of a fair queue holding due jobs
     many_samples: int = 200                  # workload 7: claims timed per case
     batch_jobs: int = 100_000                # workload 10: members of one batch (and as many plain jobs)
+    cancel_samples: int = 50                 # workload "cancel": running jobs cancelled, per runtime
 
     @classmethod
     def quick(cls) -> BenchConfig:
         return cls(jobs=300, workers=(2,), repeats=1, enqueue_jobs=1_000, single_enqueues=100,
                    latency_samples=4, poll_interval=0.2, finished_levels=(1_000, 5_000), claim_samples=30,
                    churn_seconds=1.5, snapshot_seconds=0.7, pgbench_seconds=1.0, idle_queues=1_000,
-                   waiting_tenants=1_000, many_samples=20, batch_jobs=2_000)
+                   waiting_tenants=1_000, many_samples=20, batch_jobs=2_000, cancel_samples=5)
 
 
 # Small helpers ------------------------------------------------------------------------------------
@@ -1073,6 +1075,101 @@ def _batch_drains(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
 # Workloads 5 and 6: churn with pruning, and an old snapshot ---------------------------------------
 
 
+# Workload "cancel": pgq.cancel's COMMIT to the running handler seeing it ------------------------
+
+#: The lease of the cancel workload's jobs: no regular renewal comes during a sample (one is due at
+#: a third of it), so only the pgq_cancel notification can tell the handler.
+CANCEL_LEASE = 600.0
+CANCEL_RUNTIMES = {"Worker": "a plain handler in a thread: ctx.lease_lost.wait() returns, ctx.cancelled true",
+                   "AsyncWorker": "an async def handler: asyncio.CancelledError"}
+
+
+def _cancel_worker(runtime: str, seen: dict[int, float], started: dict[int, float]) -> Any:
+    """A worker of ``runtime`` whose handler ``hold`` notes when it starts and when it sees its
+    job cancelled (time.time())."""
+    from pgq_thin.worker import AsyncWorker, Worker
+
+    def hold(job: Any, ctx: Any) -> None:
+        started[job.id] = time.time()
+        if ctx.lease_lost.wait(60) and ctx.cancelled:
+            seen[job.id] = time.time()
+
+    async def hold_async(job: Any, ctx: Any) -> None:
+        started[job.id] = time.time()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            if ctx.cancelled:
+                seen[job.id] = time.time()
+            raise
+
+    kind = Worker if runtime == "Worker" else AsyncWorker
+    worker = kind(queues=[QUEUE], concurrency=4, name="bench-cancel", lease=CANCEL_LEASE)
+    worker.handler("hold")(hold if runtime == "Worker" else hold_async)
+    return worker
+
+
+def _wait_until(condition: Callable[[], Any], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0005)
+    return True
+
+
+def _cancel_samples(dsn: str, runtime: str, samples: int) -> dict[str, Any]:
+    """One runtime's row of the cancel workload (_cancel_latency)."""
+    with _connect(dsn) as conn:
+        _reset(conn)
+    seen: dict[int, float] = {}
+    started: dict[int, float] = {}
+    worker = _cancel_worker(runtime, seen, started)
+
+    def run() -> None:
+        if runtime == "Worker":
+            worker.run(dsn, install_signal_handlers=False)
+        else:
+            asyncio.run(worker.run(dsn, install_signal_handlers=False))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    committed: dict[int, float] = {}
+    try:
+        with _connect(dsn) as conn:
+            _wait_until(lambda: _listening_backends(conn) > 0, 30)
+            for _ in range(samples):
+                job_id = int(conn.execute("SELECT pgq.enqueue(queue => %s, kind => 'hold')",
+                                          (QUEUE,)).fetchone()[0])  # type: ignore[index]
+                if not _wait_until(lambda: job_id in started, 30):  # noqa: B023 - used in this iteration
+                    continue
+                conn.execute("SELECT pgq.cancel(%s)", (job_id,))
+                committed[job_id] = time.time()  # autocommit: the COMMIT has returned
+                _wait_until(lambda: job_id in seen, 5)  # noqa: B023 - used in this iteration
+            cancelled = conn.execute("SELECT count(*) FROM pgq.jobs WHERE state = 'cancelled'").fetchone()
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    lat = [(seen[j] - committed[j]) * 1000 for j in committed if j in seen]
+    figures = {"p50_ms": _pct(lat, 50) if lat else None, "p95_ms": _pct(lat, 95) if lat else None,
+               "max_ms": max(lat) if lat else None, "n": len(lat), "missing": len(committed) - len(lat),
+               "cancelled": int(cancelled[0]) if cancelled else 0, "handler": CANCEL_RUNTIMES[runtime]}
+    log.info("cancel %-12s p50 %s ms p95 %s ms (%d of %d seen)", runtime, figures["p50_ms"], figures["p95_ms"],
+             len(lat), len(committed))
+    return figures
+
+
+def _cancel_latency(dsn: str, cfg: BenchConfig) -> dict[str, Any]:
+    """Per runtime: ``cancel_samples`` jobs, each cancelled (pgq.cancel, autocommit: the time is
+    taken when its COMMIT has returned) once its handler runs; the time until the handler sees it.
+    The worker's path: NOTIFY pgq_cancel on its LISTEN connection, a renewal of that job at once
+    (refused: the proof), then the handler is told."""
+    results: dict[str, Any] = {runtime: _cancel_samples(dsn, runtime, cfg.cancel_samples)
+                               for runtime in CANCEL_RUNTIMES}
+    results["lease_s"] = CANCEL_LEASE
+    return results
+
+
 def _sizes(conn: psycopg.Connection) -> dict[str, float]:
     row = conn.execute(
         "SELECT pg_relation_size('pgq.jobs'), pg_indexes_size('pgq.jobs'), pg_total_relation_size('pgq.job_events'),"
@@ -1227,6 +1324,20 @@ def _markdown(res: dict[str, Any]) -> str:
             lines.append(f"| {k} | {s['poll_interval']:g} s | {idle} | {s['p50_ms']:.1f} | {s['p95_ms']:.1f} |"
                          f" {s['p99_ms']:.1f} | {s['max_ms']:.1f} | {s['n']} |")
         lines.append("")
+    if "cancel" in res:
+        c = res["cancel"]
+        lines += [f"### pgq.cancel COMMIT to the running handler seeing it (worker with 4 slots, lease "
+                  f"{c['lease_s']:g} s; {fs})", "",
+                  "| runtime | the handler sees it by | p50 ms | p95 ms | max ms | n | not seen |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        for k, x in c.items():
+            if isinstance(x, dict):
+                figures = " | ".join("–" if x[f] is None else f"{x[f]:.1f}" for f in ("p50_ms", "p95_ms", "max_ms"))
+                lines.append(f"| {k} | {x['handler']} | {figures} | {x['n']} | {x['missing']} |")
+        lines += ["", "pgq.cancel's commit sends NOTIFY pgq_cancel '<id>:<attempt>'; the worker's LISTEN connection "
+                      "hears it, the worker renews that job at once (refused: the proof, since any login may "
+                      "NOTIFY), then tells the handler. The lease is long, so no regular renewal helps. Without "
+                      "LISTEN (pooled) the next renewal tells it, at a third of the lease.", ""]
     if "claim_latency" in res:
         lines += [f"### Claim latency (batch 1, one connection) against finished rows ({fs})", "",
                   "| finished rows | claim ms | complete ms | jobs table |", "|---:|---:|---:|---:|"]
@@ -1368,6 +1479,11 @@ def _targets(res: dict[str, Any], fs: str) -> list[str]:
         lat = res["latency"]["LISTEN"]
         rows.append(("enqueue-to-start p50 < 5 ms with LISTEN",
                      f"{lat['p50_ms']:.1f} ms (p95 {lat['p95_ms']:.1f}, p99 {lat['p99_ms']:.1f})", lat["p50_ms"] < 5))
+    for runtime, x in res.get("cancel", {}).items():
+        if isinstance(x, dict) and x["p95_ms"] is not None:
+            rows.append((f"a cancel reaches the running handler within a second ({runtime})",
+                         f"p95 {x['p95_ms']:.1f} ms (p50 {x['p50_ms']:.1f}), {x['missing']} not seen",
+                         x["p95_ms"] < 1000 and x["missing"] == 0))
     if res.get("claim_latency"):
         levels = list(res["claim_latency"].items())
         base, top = levels[0][1]["claim_ms"]["median"], levels[-1][1]["claim_ms"]["median"]
@@ -1488,7 +1604,7 @@ def _loadavg() -> str:
         return "?"
 
 WORKLOADS = ("enqueue", "drain", "latency", "claim_latency", "churn", "old_snapshot", "many", "limits",
-             "keyed", "batch")
+             "keyed", "batch", "cancel")
 
 
 def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
@@ -1558,6 +1674,8 @@ def run_bench(out_dir: str, dsn: str | None = None, quick: bool = False, *,
             res["keyed"] = _keyed_drains(server.dsn, cfg)
         if "batch" in workloads:
             res["batch"] = _batch_drains(server.dsn, cfg)
+        if "cancel" in workloads:
+            res["cancel"] = _cancel_latency(server.dsn, cfg)
     finally:
         server.stop()
     res["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -29,7 +29,11 @@ function, called through pgq_thin.Client):
 - ``renewer``: renews every held job's lease at about a third of the lease, by the database
   clock; a job that is no longer ours gets ``ctx.lease_lost`` and its outcome is discarded.
 - ``listener``: LISTEN pgq on a dedicated connection; a payload naming one of our queues wakes
-  the claimer. Polling is the fallback (and the only mechanism with listen=False).
+  the claimer. Polling is the fallback (and the only mechanism with listen=False). It LISTENs
+  pgq_cancel too: pgq.cancel of a running job names its attempt, the renewer renews that job at
+  once, and a refusal sets ``ctx.cancelled`` (an async handler's task is cancelled).
+- ``middleware``: the chain of ``worker.middleware(fn)`` around each handler, composed once per
+  run (none registered: the handler itself), and the on_start / on_stop hooks' rules.
 - ``signals``: the first SIGTERM / SIGINT stops gracefully, the second at once.
 - ``metrics`` (with ``metrics_port``): the worker's Prometheus metrics, counted around each
   handler (``JobWatch``), after each claim and when a held job is lost; ``tracing``: one

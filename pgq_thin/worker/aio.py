@@ -4,6 +4,7 @@ registry, the prefetch policy, the outcomes and the signal rule the thread runti
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Sequence
 
@@ -24,12 +25,23 @@ from pgq_thin.worker.aio_parts import (
 from pgq_thin.worker.base import WorkerBase
 from pgq_thin.worker.claimer import PollTimer
 from pgq_thin.worker.held import HeldJobs, Verdict
+from pgq_thin.worker.middleware import Hook
 from pgq_thin.worker.prefetch import PrefetchPolicy
 from pgq_thin.worker.renewer import DatabaseClock
 from pgq_thin.worker.signals import Signals
 from pgq_thin.worker.support import log
 
 __all__ = ["AsyncWorker"]
+
+
+async def _called(hook: Hook) -> None:
+    """Run an on_start / on_stop hook: awaited when it is an ``async def``, else in a thread."""
+    if inspect.iscoroutinefunction(hook):
+        await hook()
+    else:
+        result = await asyncio.to_thread(hook)
+        if inspect.isawaitable(result):
+            await result
 
 
 class AsyncWorker(WorkerBase):
@@ -82,7 +94,31 @@ class AsyncWorker(WorkerBase):
         if claimer is not None and loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(claimer.wake)
 
+    _async_parts = True  # async def middleware and hooks
+
     async def _serve(self, dsn: str) -> None:
+        """The run between its hooks: on_start, the work, on_stop."""
+        for hook in self._on_start:
+            await _called(hook)
+        try:
+            await self._work(dsn)
+        except BaseException:
+            await self._stop_hooks(raising=False)
+            raise
+        await self._stop_hooks(raising=True)
+
+    async def _stop_hooks(self, raising: bool) -> None:
+        first: BaseException | None = None
+        for hook in self._on_stop:
+            try:
+                await _called(hook)
+            except BaseException as exc:  # noqa: BLE001 - every hook runs; the first is raised
+                self._stop_hook_failed(hook, exc)
+                first = first or exc
+        if first is not None and raising:
+            raise first
+
+    async def _work(self, dsn: str) -> None:
         flags = self._flags
         pool = AsyncConnectionPool(
             dsn, min_size=1, max_size=self.concurrency + 3,
@@ -108,9 +144,15 @@ class AsyncWorker(WorkerBase):
         completer = AsyncCompleter(owner, held, flags, recorded=lambda: claimer.recorded())
         wake = asyncio.Event()  # the claimer's: set when a slot frees, a NOTIFY comes, stop()
         slots = AsyncSlots(self.concurrency, self._handlers, owner, completer, policy, flags,
-                           freed=lambda: claimer.freed())
+                           freed=lambda: claimer.freed(), middleware=self._middleware)
         slots.watch = watch
         renewer = AsyncRenewer(client, held, clock, flags, self.lease)
+        held.on_cancelled = slots.interrupt  # (called by the renewer, in the loop)
+
+        def cancel_noticed(job_id: int, attempt: int) -> None:  # a pgq_cancel notification: renew it now
+            if held.notice_cancel(job_id, attempt):
+                renewer.wake()
+
         timer = PollTimer(self.poll_interval, self.sweep_interval, self.queues)
         self._claimer = claimer = AsyncClaimer(
             client, self.name, self.queues, self.lease, timer,
@@ -118,7 +160,7 @@ class AsyncWorker(WorkerBase):
         slots.freed = claimer.freed  # (the same, without the lambda's call per job)
         claimer.metrics = self.metrics
         listener = AsyncListener(dsn, self.queues, claimer.wake, self.name, self._listening,
-                                 ignores=timer.pace.ignores)
+                                 ignores=timer.pace.ignores, cancelled=cancel_noticed)
         if flags.stopping.is_set():
             claimer.wake()
         slot_tasks = [asyncio.create_task(slots.run_slot(), name=f"pgq-slot-{n}")

@@ -29,9 +29,10 @@ from pgq_thin.worker import outcomes
 from pgq_thin.worker.claimer import UNDEFINED_FUNCTION, CarryRules, PollTimer
 from pgq_thin.worker.completer import CARRY_MAX, CARRY_PATIENCE, report
 from pgq_thin.worker.context import Handler, JobContext
-from pgq_thin.worker.held import GRANTED, Held, HeldJobs, Verdict
-from pgq_thin.worker.listener import Reconnects, concerns
+from pgq_thin.worker.held import GRANTED, Held, HeldJobs, Verdict, discarded
+from pgq_thin.worker.listener import CancelNoticed, Reconnects, heard
 from pgq_thin.worker.metrics import JobWatch, WorkerMetrics
+from pgq_thin.worker.middleware import Middleware, chained_async, threads_per_job
 from pgq_thin.worker.owner import released
 from pgq_thin.worker.prefetch import PrefetchPolicy
 from pgq_thin.worker.renewer import DatabaseClock, renewal_failed, renewed, until_next
@@ -71,8 +72,7 @@ class AsyncOwnerCalls:
     async def settle(self, held: Held, outcome: outcomes.Outcome) -> None:
         try:
             if not await self.granted(held):
-                held.log.warning("no longer ours: %s not sent, the handler's outcome is discarded",
-                                 outcome.operation)
+                discarded(held, outcome.operation)
                 return
             try:
                 answer = await self.until_answered(outcome.operation, held.log,
@@ -80,7 +80,10 @@ class AsyncOwnerCalls:
             except Exception as exc:  # noqa: BLE001
                 await self.refused(outcome.operation, held, exc)
                 return
-            outcome.answered(held.log, answer)
+            if (answer is None or answer is False) and self.held.cancel_noticed(held):
+                held.log.info("%s refused: the job was cancelled (pgq.cancel) while it ran", outcome.operation)
+            else:
+                outcome.answered(held.log, answer)
         finally:
             self.held.forget([held])
 
@@ -142,7 +145,7 @@ class AsyncCompleter:
 
     async def add(self, held: Held) -> bool:
         if self.held.settle(held) is not GRANTED and not await self.owner.granted(held):
-            held.log.warning("no longer ours: complete not sent, the handler's outcome is discarded")
+            discarded(held, "complete")
             return False
         if not self._queue:
             self._since = time.monotonic()
@@ -170,8 +173,8 @@ class AsyncCompleter:
         return batch
 
     def settled(self, batch: list[Held], done: Sequence[int]) -> None:
+        report(batch, done, self.held.cancel_noticed)
         self.held.forget(batch)
-        report(batch, done)
 
     def give_back(self, batch: list[Held]) -> None:
         if not batch:
@@ -245,27 +248,35 @@ class AsyncRenewer:
         self.flags = flags
         self.lease = lease
         self._stopped = asyncio.Event()
+        self._wake = asyncio.Event()  # set by stop() and wake()
+
+    def wake(self) -> None:
+        """Renew what is due at once (call in the loop's thread; Renewer.wake)."""
+        self._wake.set()
 
     async def renew(self, held: Held) -> None:
         if not self.held.begin_renewal(held):
             return
-        lost = False
+        lost = answered = False
         try:
             lost = renewed(held, await self.client.renew(held.job.id, held.job.attempt, lease=self.lease),
                            self.clock, self.lease)
+            answered = True
         except PgqError as exc:
             renewal_failed(held, exc)
         finally:
-            self.held.end_renewal(held, lost=lost)
+            self.held.end_renewal(held, lost=lost, answered=answered)
 
     async def run(self) -> None:
         while not self._stopped.is_set() and not self.flags.hard_stop.is_set():
             now = time.monotonic()
             await asyncio.gather(*(self.renew(h) for h in self.held.jobs() if h.next_renew <= now))
-            await nap(until_next(self.held, now), self.flags, self._stopped)
+            await nap(until_next(self.held, now), self.flags, self._wake)
+            self._wake.clear()
 
     def stop(self) -> None:
         self._stopped.set()
+        self._wake.set()
 
 
 async def read_clock(clock: DatabaseClock, client: AsyncClient) -> None:
@@ -283,13 +294,16 @@ async def read_clock(clock: DatabaseClock, client: AsyncClient) -> None:
 
 
 class AsyncListener:
-    """Listener for asyncio: LISTEN on a connection of its own, ``wake()`` for our queues."""
+    """Listener for asyncio: LISTEN on a connection of its own, ``wake()`` for our queues,
+    ``cancelled(id, attempt)`` (in the loop) for each pgq_cancel notification (see Listener)."""
 
     def __init__(self, dsn: str, queues: Sequence[str] | None, wake: Callable[[], None], worker_name: str,
-                 listening: Any, ignores: Callable[[str], bool] | None = None) -> None:
+                 listening: Any, ignores: Callable[[str], bool] | None = None,
+                 cancelled: CancelNoticed | None = None) -> None:
         self.dsn = dsn
         self.queues = queues
         self.ignores = ignores  # see Listener
+        self.cancelled = cancelled
         self.wake = wake
         self.worker_name = worker_name
         self.listening = listening  # a threading.Event: readable from any thread
@@ -302,14 +316,16 @@ class AsyncListener:
                 async with await psycopg.AsyncConnection.connect(
                         self.dsn, autocommit=True, connect_timeout=5,
                         application_name=f"pgq-listen {self.worker_name}"[:63], **KEEPALIVES) as conn:
+                    if self.cancelled is not None:  # first: the last statement stays LISTEN pgq (listen())
+                        await conn.execute(queries.LISTEN_CANCEL)
                     await conn.execute(queries.LISTEN)
                     self.listening.set()
                     self.wake()
                     reconnects.listening()
+                    queues, ignores, wake, cancelled = self.queues, self.ignores, self.wake, self.cancelled
                     while not self._stopped:
                         async for notify in conn.notifies(timeout=0.25):
-                            if concerns(notify.payload, self.queues, self.ignores):
-                                self.wake()
+                            heard(notify, queues, ignores, wake, cancelled)
             except psycopg.Error as exc:
                 self.listening.clear()
                 if self._stopped:
@@ -372,12 +388,19 @@ class AsyncSlots:
     """Slots for asyncio: ``concurrency`` tasks, each running the held jobs handed to it one at a
     time: an ``async def`` handler is awaited in the task, a plain one runs in a thread of a pool
     of ``concurrency`` threads (never blocking the loop). Also the executor: one handler run,
-    one owner call."""
+    one owner call. With ``middleware``, each kind's chain (pgq_thin.worker.middleware) runs
+    instead of its handler; the slots are its Bridge (and the pool has a thread per plain run of
+    the chain per slot).
+
+    ``interrupt(held)`` cancels the task that runs the async part of a job's chain now (the job
+    was cancelled: pgq.cancel); a plain part, in its thread, is told by ctx.cancelled only."""
 
     def __init__(self, concurrency: int, handlers: Mapping[str, Handler], owner: AsyncOwnerCalls,
-                 completer: AsyncCompleter, policy: PrefetchPolicy, flags: Flags, freed: Callable[[], None]) -> None:
+                 completer: AsyncCompleter, policy: PrefetchPolicy, flags: Flags, freed: Callable[[], None],
+                 middleware: Sequence[Middleware] = ()) -> None:
         self.concurrency = concurrency
-        self.handlers = handlers
+        self.handlers = handlers if not middleware else {
+            kind: chained_async(handler, middleware, self) for kind, handler in handlers.items()}
         self.owner = owner
         self.completer = completer
         self.policy = policy
@@ -389,8 +412,12 @@ class AsyncSlots:
         # rules, without its five calls per put and per get).
         self._ready: collections.deque[Held] = collections.deque()
         self._idle: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._threads = HandlerThreads(concurrency)
+        self._threads = HandlerThreads(concurrency * threads_per_job(handlers, middleware))
         self._async_kinds: dict[str, bool] = {}  # whether a kind's handler is ``async def`` (asked once)
+        # By job id: the task running the job's chain on the loop now, which interrupt() cancels
+        # (none while a plain part runs in a thread: that task waits for the thread).
+        self._tasks: dict[int, asyncio.Task[Any]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # (the slots' loop, for from_thread)
 
     def submit(self, held: Held) -> None:
         self.submit_all([held])
@@ -445,16 +472,83 @@ class AsyncSlots:
             refused = outcomes.unreadable(job, held.log)  # (not called per job: the common case is neither)
             if refused is not None:
                 return refused
+        ctx = held.ctx
+        if ctx._cancelled:  # (the attribute, not the property: no call per job)
+            return outcomes.cancelled_before_start(held.log)
         try:
             is_async = self._async_kinds.get(job.kind)
             if is_async is None:
                 is_async = self._async_kinds[job.kind] = inspect.iscoroutinefunction(function)
-            result = await (function(job, held.ctx) if is_async else self._call(function, job, held.ctx))
+            if is_async:
+                tasks = self._tasks
+                tasks[job.id] = asyncio.current_task()  # type: ignore[assignment]  # (a slot is a task)
+                try:
+                    result = await function(job, ctx)
+                finally:
+                    if tasks.pop(job.id, None) is None:  # interrupt() cancelled us meanwhile
+                        self._withdraw(ctx)
+            else:
+                result = await self._call(function, job, ctx)
         except asyncio.CancelledError:
-            raise
+            if not ctx.cancelled or self.flags.done.is_set():
+                raise  # a stop at once
+            return outcomes.CANCELLED
         except BaseException as exc:  # noqa: BLE001 - any handler failure is an outcome
-            return outcomes.of_exception(exc, held.log)
+            return outcomes.CANCELLED if ctx.cancelled else outcomes.of_exception(exc, held.log)
         return outcomes.BATCHED if result is None else outcomes.of_result(result)
+
+    def interrupt(self, held: Held) -> None:
+        """The job was cancelled (pgq.cancel): cancel the task running its async part now, if any
+        (call in the loop's thread)."""
+        task = self._tasks.pop(held.job.id, None)
+        if task is not None:
+            task.cancel()
+
+    def _withdraw(self, ctx: JobContext) -> None:
+        """The slot's task was cancelled by interrupt(), and its handler has ended (raised
+        CancelledError, or caught it): withdraw that request (Task.uncancel, Python 3.11+), so that
+        the task's next jobs (asyncio.timeout, TaskGroup) do not see it. A stop at once's request,
+        or ours when the run is over, stands."""
+        task = asyncio.current_task()
+        if task is None or not ctx.cancelled or self.flags.done.is_set():
+            return
+        cancelling, uncancel = getattr(task, "cancelling", None), getattr(task, "uncancel", None)
+        if cancelling is not None and uncancel is not None and cancelling():
+            uncancel()
+
+    async def in_thread(self, ctx: JobContext, call: Callable[[], Any]) -> Any:
+        """Bridge.in_thread: a plain part of a job's chain, from an async one. Not interrupted while
+        the thread runs it; once it returns on a cancelled job, the async part gets CancelledError."""
+        tasks, job_id = self._tasks, ctx.job.id
+        task = tasks.pop(job_id, None)
+        try:
+            result = await self._threads.run(functools.partial(contextvars.copy_context().run, call))
+            return await result if inspect.isawaitable(result) else result
+        finally:
+            if task is not None:
+                if ctx.cancelled:
+                    raise asyncio.CancelledError  # the cancel is this part's outcome
+                tasks[job_id] = task
+
+    def from_thread(self, ctx: JobContext, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Bridge.from_thread: an async part of a job's chain, from a plain one (in a handler
+        thread): run on the loop, as a task interrupt() may cancel; its result, or its exception
+        (concurrent.futures.CancelledError once cancelled)."""
+        loop = self._loop
+        assert loop is not None  # a chain runs in a slot: run_slot has set it
+
+        async def part() -> Any:
+            if ctx.cancelled:
+                raise asyncio.CancelledError
+            tasks, job_id = self._tasks, ctx.job.id
+            task = tasks[job_id] = asyncio.current_task()  # type: ignore[assignment]
+            try:
+                return await call()
+            finally:
+                if tasks.get(job_id) is task:
+                    del tasks[job_id]
+
+        return asyncio.run_coroutine_threadsafe(part(), loop).result()
 
     async def _call(self, function: Handler, job: Job, ctx: JobContext) -> Any:
         """A plain handler, in one of the handler threads."""
@@ -468,6 +562,7 @@ class AsyncSlots:
         ready, idle, stopping, execute, timed = (self._ready, self._idle, self.flags.stopping, self.execute,
                                                  self.policy.timed)
         monotonic, loop = time.monotonic, asyncio.get_running_loop()
+        self._loop = loop
         while True:
             while not ready:
                 waiter: asyncio.Future[None] = loop.create_future()

@@ -1,5 +1,5 @@
 """What Worker and AsyncWorker share before they connect: their settings, checked once, and the
-registration of handlers."""
+registration of handlers, middleware and hooks."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pgq_thin.models import QueueStatus
 from pgq_thin.worker.context import Handler
 from pgq_thin.worker.held import HeldJobs
 from pgq_thin.worker.metrics import JobWatch, WorkerMetrics, check_port, check_token
+from pgq_thin.worker.middleware import Hook, Middleware, check_registration
 from pgq_thin.worker.prefetch import check_prefetch
 from pgq_thin.worker.support import KEEPALIVES, MAX_SECONDS, Flags, default_name, log, sane_seconds
 from pgq_thin.worker.tracing import Tracing
@@ -29,6 +30,8 @@ POOLED_POLL_INTERVAL = 0.25
 DAY = 86400.0
 
 _H = TypeVar("_H", bound=Handler)
+_M = TypeVar("_M", bound=Middleware)
+_K = TypeVar("_K", bound=Hook)
 
 
 def check_queues(queues: Sequence[str] | str | None) -> list[str] | None:
@@ -105,6 +108,9 @@ class WorkerBase:
         self.tracer_provider = tracer_provider
         self.metrics: WorkerMetrics | None = None  # while run() runs with a metrics_port
         self._handlers: dict[str, Handler] = {}
+        self._middleware: list[Middleware] = []
+        self._on_start: list[Hook] = []
+        self._on_stop: list[Hook] = []
         self._ran = False
         self._flags = Flags()  # stop() before run() makes run() return at once
         self._listening = threading.Event()  # set while LISTEN works
@@ -167,6 +173,46 @@ class WorkerBase:
             return function
 
         return register
+
+    #: Whether ``async def`` middleware and hooks are accepted (AsyncWorker).
+    _async_parts = False
+
+    def middleware(self, function: _M) -> _M:
+        """Wrap every handler with ``function(job, ctx, call_next)``: ``call_next()`` runs the rest of
+        the chain (the next middleware, at the end the handler) and returns its result (awaited, in
+        an ``async def`` one on an AsyncWorker); what ``function`` returns is the handler's result,
+        what it raises the job's outcome (Retry, Snooze, OutcomeUnknown included). The first
+        registered is the outermost. On an AsyncWorker it may be an ``async def`` (run in the slot's
+        task) or plain (run in a handler thread, as a plain handler is). Register before run();
+        returns ``function`` unchanged, so it works as a decorator."""
+        check_registration("middleware", function, type(self).__name__, self._ran, self._async_parts)
+        self._middleware.append(function)
+        return function
+
+    def on_start(self, function: _K) -> _K:
+        """Call ``function()`` once when a run starts, before it connects or claims anything (hooks
+        in registration order). If one raises, run() raises it: nothing is claimed, and neither
+        the later on_start hooks nor any on_stop hook runs. On an AsyncWorker it may be an
+        ``async def`` (awaited) or plain (run in a thread). Register before run(); returns
+        ``function`` unchanged (a decorator)."""
+        check_registration("on_start", function, type(self).__name__, self._ran, self._async_parts)
+        self._on_start.append(function)
+        return function
+
+    def on_stop(self, function: _K) -> _K:
+        """Call ``function()`` once when a run whose on_start hooks succeeded ends (whatever ended
+        it), after its jobs were recorded or given back and its connections closed (hooks in
+        registration order). What one
+        raises is logged, the others still run, and run() raises the first (unless the run is
+        ending with an error of its own). Async or plain as on_start; register before run();
+        returns ``function`` unchanged (a decorator)."""
+        check_registration("on_stop", function, type(self).__name__, self._ran, self._async_parts)
+        self._on_stop.append(function)
+        return function
+
+    def _stop_hook_failed(self, function: Hook, exc: BaseException) -> None:
+        log.error("on_stop hook %s raised %r", getattr(function, "__qualname__", function), exc, exc_info=exc,
+                  extra={"worker": self.name})
 
     @property
     def kinds(self) -> list[str]:

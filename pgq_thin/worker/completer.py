@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from pgq_thin.errors import PgqError
-from pgq_thin.worker.held import BUSY, GONE, Held, HeldJobs
+from pgq_thin.worker.held import BUSY, GONE, Held, HeldJobs, discarded
 from pgq_thin.worker.owner import OwnerCalls
 from pgq_thin.worker.support import Backoff, Flags, ThreadPart, log, transient
 
@@ -43,8 +43,9 @@ def carries(batch: int) -> bool:
     return 0 < batch <= CARRY_CLAIM_MAX
 
 
-def report(batch: Sequence[Held], done: Sequence[int]) -> None:
-    """Log what one pgq.complete_many (or complete_and_claim) answered for each job of ``batch``."""
+def report(batch: Sequence[Held], done: Sequence[int], cancelled: Callable[[Held], bool] = lambda _: False) -> None:
+    """Log what one pgq.complete_many (or complete_and_claim) answered for each job of ``batch``
+    (``cancelled(held)``: whether a refusal was expected, the job cancelled while it ran)."""
     if len(done) == len(batch):  # the common case: every pair was ours (the ids are the batch's)
         if log.isEnabledFor(logging.INFO):  # not one call per job when the line is filtered anyway
             for held in batch:
@@ -54,6 +55,8 @@ def report(batch: Sequence[Held], done: Sequence[int]) -> None:
     for held in batch:
         if held.job.id in completed:
             held.log.info("completed")
+        elif cancelled(held):
+            held.log.info("complete refused: the job was cancelled (pgq.cancel) while it ran")
         else:
             held.log.warning("complete rejected: the job is no longer ours (its lease expired, or it was cancelled)")
 
@@ -84,7 +87,7 @@ class Completer(ThreadPart):
         or no longer ours."""
         verdict = self.held.settle(held)
         if verdict is GONE or (verdict is BUSY and not self.owner.granted(held)):
-            held.log.warning("no longer ours: complete not sent, the handler's outcome is discarded")
+            discarded(held, "complete")
             return False
         with self._lock:
             if not self._queue:
@@ -129,8 +132,8 @@ class Completer(ThreadPart):
     def settled(self, batch: list[Held], done: Sequence[int]) -> None:
         """The claimer's call recorded ``batch``: ``done`` are the ids completed (the others
         were no longer ours)."""
+        report(batch, done, self.held.cancel_noticed)
         self.held.forget(batch)
-        report(batch, done)
 
     def give_back(self, batch: list[Held]) -> None:
         """The claimer's call failed: ``batch`` is queued again, first, and the thread sends it

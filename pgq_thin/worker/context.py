@@ -41,6 +41,12 @@ class JobContext:
     A job enqueued with ``depends_on`` reads how its dependencies ended (their results, errors)
     with ``dependency_results()``.
 
+    ``cancelled`` turns true when the job is cancelled while it runs (pgq.cancel: its
+    notification, then a renewal the database refuses); ``lease_lost`` is set with it, so
+    ``should_stop`` is true and ``lease_lost.wait(timeout)`` returns at once. An ``async def``
+    handler on an AsyncWorker is interrupted (asyncio.CancelledError); a plain one should stop
+    when it sees it. Its outcome is discarded (the job is cancelled already).
+
     ``client`` is the worker's client: a Client for a Worker, an AsyncClient for an AsyncWorker.
 
     ``transaction()`` gives the handler a connection in a transaction whose end completes the
@@ -73,6 +79,7 @@ class JobContext:
         # Made on first use: most jobs never need one, and an Event costs more to make than
         # the rest of a job's bookkeeping together.
         self._lease_lost: threading.Event | None = None
+        self._cancelled = False
 
     @property
     def lease_lost(self) -> threading.Event:
@@ -83,6 +90,17 @@ class JobContext:
                     self._lease_lost = threading.Event()
                 event = self._lease_lost
         return event
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the job was cancelled while it ran (pgq.cancel); see the class's notes."""
+        return self._cancelled
+
+    def _cancel(self) -> None:
+        """The worker found the job cancelled: cancelled, then lease_lost (a handler woken by
+        lease_lost sees cancelled true)."""
+        self._cancelled = True
+        self.lease_lost.set()
 
     @property
     def should_stop(self) -> bool:

@@ -63,8 +63,11 @@ class Executor:
             refused = outcomes.unreadable(job, held.log)  # (not called per job: the common case is neither)
             if refused is not None:
                 return refused
+        ctx = held.ctx
+        if ctx._cancelled:  # (the attribute, not the property: no call per job)
+            return outcomes.cancelled_before_start(held.log)
         try:
-            result = function(job, held.ctx)
+            result = function(job, ctx)
         except BaseException as exc:  # noqa: BLE001 - any handler failure is an outcome
-            return outcomes.of_exception(exc, held.log)
+            return outcomes.CANCELLED if ctx.cancelled else outcomes.of_exception(exc, held.log)
         return BATCHED if result is None else outcomes.of_result(result)

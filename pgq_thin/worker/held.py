@@ -11,11 +11,16 @@ exactly once whoever asks (the executor, the completer, the shutdown, a slot tha
 it, a handler's ctx.transaction() about to complete the job; ``unsettle`` gives that one's grant
 back when its transaction surely rolled back). The registry makes no calls and never waits: a
 thread runtime and an asyncio one both use it.
+
+A pgq_cancel notification naming a held attempt is a reason to look, never proof (any login may
+NOTIFY): ``notice_cancel`` makes the job's renewal due at once, and a renewal refused after it
+means the job was cancelled (``ctx.cancelled``, not counted as a lost lease).
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -25,7 +30,11 @@ from pgq_thin.models import Job
 from pgq_thin.worker.context import JobContext
 from pgq_thin.worker.support import JobLog
 
-__all__ = ["BUSY", "GONE", "GRANTED", "Held", "HeldJobs", "Verdict"]
+__all__ = ["BUSY", "CANCEL_CHECK_GAP", "GONE", "GRANTED", "Held", "HeldJobs", "Verdict", "discarded"]
+
+#: The least time between two renewals that pgq_cancel notifications make due for one job: a
+#: flood of them (any login may NOTIFY) costs at most one renewal per held job per this many seconds.
+CANCEL_CHECK_GAP = 1.0
 
 
 class Verdict(enum.Enum):
@@ -62,14 +71,36 @@ class Held:
         return jlog
 
 
+def discarded(held: Held, operation: str) -> None:
+    """Log that ``operation`` (the call recording the handler's outcome) is not sent: the job is
+    no longer ours. Expected, and said quietly, when it was cancelled."""
+    if held.ctx.cancelled:
+        held.log.debug("cancelled (pgq.cancel): %s not sent", operation)
+    else:
+        held.log.warning("no longer ours: %s not sent, the handler's outcome is discarded", operation)
+
+
+@dataclass(slots=True)
+class _Notice:
+    """What pgq_cancel notifications asked about one held job."""
+
+    asked: float  # when the last renewal they made due is due (time.monotonic())
+    pending: bool = False  # a notification came that no renewal begun after it has answered
+    checking: bool = False  # the renewal in flight began after a notification
+
+
 class HeldJobs:
     """Thread-safe: one short lock guards every decision; no call to the server happens under it."""
 
     def __init__(self) -> None:
         self._jobs: dict[int, Held] = {}
         self._lock = threading.Lock()
+        self._notices: dict[int, _Notice] = {}  # by job id: held jobs a pgq_cancel notification named
         #: Called (outside the lock) each time a held job stops being ours: the worker's metrics.
         self.on_lost: Callable[[], None] | None = None
+        #: Called (outside the lock, by whoever ends the renewal) when a held job turns out to be
+        #: cancelled: the AsyncWorker interrupts its handler's task.
+        self.on_cancelled: Callable[[Held], None] | None = None
 
     def hold(self, job: Job, ctx: JobContext, lease_seconds: float) -> Held:
         """Register a claimed job; its first renewal is due at a third of its lease."""
@@ -128,6 +159,8 @@ class HeldJobs:
                 return False
             if not held.ctx.past_deadline():
                 held.state = "renewing"
+                if self._notices and (notice := self._notices.get(held.job.id)) is not None:
+                    notice.checking, notice.pending = notice.pending, False
                 return True
             held.state = "lost"  # max_run_time is up: no more renewals, ever
         held.ctx.lease_lost.set()
@@ -137,15 +170,68 @@ class HeldJobs:
                          "its outcome will be discarded and the attempt ends as timed_out")
         return False
 
-    def end_renewal(self, held: Held, *, lost: bool = False) -> None:
-        """The renewal answered; ``lost``: it was refused, the job is no longer ours, and the
-        handler is told (ctx.lease_lost)."""
+    def end_renewal(self, held: Held, *, lost: bool = False, answered: bool = True) -> None:
+        """The renewal is over: ``answered`` (False: it did not reach the server), and ``lost``:
+        it was refused, the job is no longer ours, and the handler is told (ctx.lease_lost; and
+        ctx.cancelled when a pgq_cancel notification named this attempt: the refusal proves it)."""
+        cancelled = ignored = False
         with self._lock:
             held.state = "lost" if lost else "held"
-        if lost:
-            held.ctx.lease_lost.set()
-            if self.on_lost is not None:
-                self.on_lost()
+            notice = self._notices.get(held.job.id) if self._notices else None
+            if notice is not None:
+                if lost:
+                    cancelled = notice.checking or notice.pending
+                elif not answered:  # the next renewal (due soon: renewal_failed) asks again
+                    notice.pending = notice.pending or notice.checking
+                elif notice.pending:  # one came while this renewal was in flight: look again
+                    held.next_renew = min(held.next_renew, max(time.monotonic(), notice.asked))
+                else:
+                    ignored = notice.checking
+                notice.checking = False
+        if ignored:
+            held.log.warning("a pgq_cancel notification named this attempt, but its renewal was granted: "
+                             "still ours, the notification is ignored (sent by another session?)")
+        if not lost:
+            return
+        if cancelled:
+            held.log.info("cancelled while it ran (pgq.cancel): the handler is told, its outcome will be discarded")
+            held.ctx._cancel()
+            if self.on_cancelled is not None:
+                self.on_cancelled(held)
+            return
+        held.log.warning("lease lost: the job is no longer ours; the handler's outcome will be discarded")
+        held.ctx.lease_lost.set()
+        if self.on_lost is not None:
+            self.on_lost()
+
+    def notice_cancel(self, job_id: int, attempt: int) -> bool:
+        """A pgq_cancel notification named (job_id, attempt). When we hold that attempt its renewal
+        is made due now, or CANCEL_CHECK_GAP after the last one a notification made due: a refusal
+        proves the cancel (end_renewal). True when the renewer should look again. (A job whose
+        outcome call is in flight is left to that call; its refusal is then logged quietly:
+        cancel_noticed.)"""
+        now = time.monotonic()
+        with self._lock:
+            held = self._jobs.get(job_id)
+            if held is None or held.job.attempt != attempt or held.state == "lost":
+                return False
+            notice = self._notices.get(job_id)
+            if notice is None:
+                notice = self._notices[job_id] = _Notice(-math.inf)
+            notice.pending = True
+            if held.state == "settled":
+                return False
+            if notice.asked <= now:  # (else the renewal due at notice.asked answers this one too)
+                notice.asked = max(now, notice.asked + CANCEL_CHECK_GAP)
+            held.next_renew = min(held.next_renew, notice.asked)
+            return True
+
+    def cancel_noticed(self, held: Held) -> bool:
+        """Whether a pgq_cancel notification named this attempt (its outcome call, refused, was
+        expected to be)."""
+        with self._lock:
+            notice = self._notices.get(held.job.id)
+            return held.ctx.cancelled or (notice is not None and (notice.pending or notice.checking))
 
     def forget(self, helds: Iterable[Held]) -> None:
         """No longer held: recorded, given back, or given up to its lease."""
@@ -153,6 +239,8 @@ class HeldJobs:
             for held in helds:
                 if self._jobs.get(held.job.id) is held:
                     del self._jobs[held.job.id]
+                    if self._notices:
+                        self._notices.pop(held.job.id, None)
 
     def jobs(self) -> list[Held]:
         with self._lock:

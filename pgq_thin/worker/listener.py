@@ -1,24 +1,58 @@
 """The listener: LISTEN pgq on a connection of its own; a NOTIFY naming one of our queues wakes
-the claimer. While it is down the claimer polls faster; it reconnects with backoff."""
+the claimer. While it is down the claimer polls faster; it reconnects with backoff. On the same
+connection it LISTENs pgq_cancel: a notification naming a job's attempt ('<id>:<attempt>', sent
+by pgq.cancel) is handed to ``cancelled(id, attempt)`` (the worker then checks it by a renewal)."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import psycopg
 
 from pgq_thin import queries
 from pgq_thin.worker.support import KEEPALIVES, Backoff, ThreadPart, log
 
-__all__ = ["Listener", "concerns"]
+__all__ = ["Listener", "cancel_target", "concerns"]
+
+CancelNoticed = Callable[[int, int], None]
 
 
 def concerns(payload: str, queues: Sequence[str] | None, ignores: Callable[[str], bool] | None = None) -> bool:
     """A NOTIFY with this payload (a queue name) is news for a worker of ``queues`` (None: all),
     unless ``ignores`` says it is not (a queue waiting for its rate limit's next token)."""
     return (queues is None or payload in queues) and not (ignores is not None and ignores(payload))
+
+
+def cancel_target(payload: str) -> tuple[int, int] | None:
+    """The (job id, attempt) a pgq_cancel payload names ('<id>:<attempt>'); None for anything else
+    (any login may NOTIFY pgq_cancel)."""
+    job_id, colon, attempt = payload.partition(":")
+    if not colon or not (job_id.isascii() and job_id.isdigit() and attempt.isascii() and attempt.isdigit()):
+        return None
+    if len(job_id) > 19 or len(attempt) > 10:
+        return None
+    return int(job_id), int(attempt)
+
+
+def listen(conn: psycopg.Connection[Any], cancelled: CancelNoticed | None) -> None:
+    """LISTEN pgq_cancel (when cancels are watched), then pgq: the connection's last statement
+    stays LISTEN pgq, which is how a test or the benchmark sees a worker listening."""
+    if cancelled is not None:
+        conn.execute(queries.LISTEN_CANCEL)
+    conn.execute(queries.LISTEN)
+
+
+def heard(notify: psycopg.Notify, queues: Sequence[str] | None, ignores: Callable[[str], bool] | None,
+          wake: Callable[[], None], cancelled: CancelNoticed | None) -> None:
+    """Act on one notification (both runtimes): wake the claimer, or hand a cancel on."""
+    if notify.channel == queries.CANCEL_CHANNEL:
+        if cancelled is not None and (target := cancel_target(notify.payload)) is not None:
+            cancelled(*target)
+    elif concerns(notify.payload, queues, ignores):
+        wake()
 
 
 class Reconnects:
@@ -49,13 +83,17 @@ class Reconnects:
 class Listener(ThreadPart):
     """Calls ``wake()`` for each NOTIFY that concerns ``queues`` and once each time LISTEN starts
     (anything enqueued while we were not listening). ``listening`` is set while LISTEN works.
-    ``ignores(queue)``: a NOTIFY naming a queue it says is no news wakes nobody (RatePace.ignores)."""
+    ``ignores(queue)``: a NOTIFY naming a queue it says is no news wakes nobody (RatePace.ignores).
+    ``cancelled(id, attempt)``: called (in the listener's thread) for each pgq_cancel notification;
+    None: pgq_cancel is not listened to."""
 
     def __init__(self, dsn: str, queues: Sequence[str] | None, wake: Callable[[], None], worker_name: str,
-                 listening: threading.Event | None = None, ignores: Callable[[str], bool] | None = None) -> None:
+                 listening: threading.Event | None = None, ignores: Callable[[str], bool] | None = None,
+                 cancelled: CancelNoticed | None = None) -> None:
         self.dsn = dsn
         self.queues = queues
         self.ignores = ignores
+        self.cancelled = cancelled
         self.wake = wake
         self.worker_name = worker_name
         self.listening = listening if listening is not None else threading.Event()
@@ -69,14 +107,14 @@ class Listener(ThreadPart):
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5,
                                      application_name=f"pgq-listen {self.worker_name}"[:63], **KEEPALIVES) as conn:
-                    conn.execute(queries.LISTEN)
+                    listen(conn, self.cancelled)
                     self.listening.set()
                     self.wake()  # anything enqueued while we were not listening
                     reconnects.listening()
+                    queues, ignores, wake, cancelled = self.queues, self.ignores, self.wake, self.cancelled
                     while not self._stopped.is_set():
                         for notify in conn.notifies(timeout=0.25):
-                            if concerns(notify.payload, self.queues, self.ignores):
-                                self.wake()
+                            heard(notify, queues, ignores, wake, cancelled)
             except psycopg.Error as exc:
                 self.listening.clear()
                 if self._stopped.is_set():

@@ -4,11 +4,12 @@ on a registry of their own, served over HTTP by prometheus_client:
 - ``pgq_worker_jobs_total{queue,kind,outcome}``: job attempts this worker ran, by how they ended:
   ``completed``, ``failed`` (the handler raised, or there was no handler: pgq.fail, retried or not),
   ``snoozed``, ``outcome_unknown``, ``lease_lost`` (the job stopped being ours while it ran: its
-  outcome was discarded), ``interrupted`` (a stop at once cancelled an async handler).
+  outcome was discarded), ``cancelled`` (pgq.cancel ended it while it ran, or before its slot
+  started it: its outcome was discarded), ``interrupted`` (a stop at once cancelled an async handler).
 - ``pgq_worker_job_duration_seconds{queue,kind}`` (histogram): how long the handler ran.
 - ``pgq_worker_claim_batch_size`` (histogram): jobs each pgq.claim returned (0 for an empty claim).
 - ``pgq_worker_leases_lost_total``: held jobs that stopped being ours (a renewal refused, or
-  max_run_time reached).
+  max_run_time reached), not counting those cancelled (pgq.cancel: an expected end).
 - ``pgq_worker_busy_slots``: slots running a handler now; ``pgq_worker_slots``: the concurrency.
 
 prometheus_client is imported only when a metrics port is given: a worker without one imports
@@ -57,6 +58,8 @@ def outcome_label(held: Held, outcome: Outcome | None) -> str:
         return "completed"
     if outcome is None:
         return "interrupted"
+    if held.ctx.cancelled:
+        return "cancelled"
     if held.ctx.is_lost():
         return "lease_lost"
     return _LABELS[outcome.operation]

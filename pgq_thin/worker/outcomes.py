@@ -17,7 +17,8 @@ from typing import Any, Literal
 from pgq_thin.models import Job, UnreadableJson
 from pgq_thin.worker.support import JobLog, sane_seconds, seconds, transient
 
-__all__ = ["Outcome", "OutcomeUnknown", "Retry", "Snooze", "no_handler", "of_exception", "of_result", "unreadable"]
+__all__ = ["CANCELLED", "Outcome", "OutcomeUnknown", "Retry", "Snooze", "cancelled_before_start", "no_handler",
+           "of_exception", "of_result", "unreadable"]
 
 
 class Retry(Exception):
@@ -91,6 +92,17 @@ class Outcome:
                          self.operation)
         else:
             jlog.info(_DONE_MESSAGE[self.operation](answer))
+
+
+#: The outcome of a handler run that the job's cancel ended (pgq.cancel: an async handler's task
+#: interrupted, a handler that raised once told, a job cancelled before its slot started it). It is
+#: never sent: the registry refuses every call for a cancelled job (HeldJobs.settle).
+CANCELLED = Outcome("fail", {"error": "cancelled while it ran (pgq.cancel)"})
+
+def cancelled_before_start(jlog: JobLog) -> Outcome:
+    """A job cancelled (pgq.cancel) while it waited for a slot: its handler is not run."""
+    jlog.info("cancelled (pgq.cancel) before a slot started it: the handler is not run")
+    return CANCELLED
 
 
 #: A handler returned None: its completion joins the next complete_many batch (the common case:

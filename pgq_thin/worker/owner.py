@@ -11,7 +11,7 @@ from typing import Any
 from pgq_thin.client import Client
 from pgq_thin.errors import PgqError
 from pgq_thin.models import Job
-from pgq_thin.worker.held import BUSY, GRANTED, Held, HeldJobs
+from pgq_thin.worker.held import BUSY, GRANTED, Held, HeldJobs, discarded
 from pgq_thin.worker.outcomes import Outcome, failed_as, refused_instead
 from pgq_thin.worker.support import Flags, JobLog, Repeat, log
 
@@ -44,15 +44,17 @@ class OwnerCalls:
         server.) The job is forgotten afterwards."""
         try:
             if not self.granted(held):
-                held.log.warning("no longer ours: %s not sent, the handler's outcome is discarded",
-                                 outcome.operation)
+                discarded(held, outcome.operation)
                 return
             try:
                 answer = self.until_answered(outcome.operation, held.log, lambda: outcome.send(self.client, held.job))
             except Exception as exc:  # noqa: BLE001
                 self.refused(outcome.operation, held, exc)
                 return
-            outcome.answered(held.log, answer)
+            if (answer is None or answer is False) and self.held.cancel_noticed(held):
+                held.log.info("%s refused: the job was cancelled (pgq.cancel) while it ran", outcome.operation)
+            else:
+                outcome.answered(held.log, answer)
         finally:
             self.held.forget([held])
 

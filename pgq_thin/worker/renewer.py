@@ -3,6 +3,7 @@ the database clock; a refusal means the job is no longer ours: the handler is to
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -69,8 +70,7 @@ class DatabaseClock:
 
 def renewed(held: Held, until: datetime | None, clock: DatabaseClock, lease: Delay | None) -> bool:
     """Account what pgq.renew answered for ``held``: True when the job is no longer ours."""
-    if until is None:
-        held.log.warning("lease lost: the job is no longer ours; the handler's outcome will be discarded")
+    if until is None:  # (HeldJobs.end_renewal says why: a lost lease, or a cancel)
         return True
     if lease is None:  # the queue's lease may have been reconfigured
         held.lease_seconds = clock.seconds_until(until)
@@ -106,9 +106,14 @@ class Renewer(ThreadPart):
         self.clock = clock
         self.flags = flags
         self.lease = lease
+        self._wake = threading.Event()  # set by stop() and wake()
         super().__init__()
 
     thread_name = "pgq-renew"
+
+    def wake(self) -> None:
+        """Renew what is due at once (a pgq_cancel notification made a renewal due)."""
+        self._wake.set()
 
     def renew_due(self) -> float:
         """Renew every job whose renewal is due; how long until the next one is (capped at 0.5 s)."""
@@ -121,15 +126,21 @@ class Renewer(ThreadPart):
     def renew(self, held: Held) -> None:
         if not self.held.begin_renewal(held):
             return  # settled (its outcome is being recorded), or lost
-        lost = False
+        lost = answered = False
         try:
             lost = renewed(held, self.client.renew(held.job.id, held.job.attempt, lease=self.lease),
                            self.clock, self.lease)
+            answered = True
         except PgqError as exc:
             renewal_failed(held, exc)
         finally:
-            self.held.end_renewal(held, lost=lost)
+            self.held.end_renewal(held, lost=lost, answered=answered)
 
     def _loop(self) -> None:
         while not self._stopped.is_set() and not self.flags.hard_stop.is_set():
-            self._stopped.wait(self.renew_due())
+            self._wake.wait(self.renew_due())
+            self._wake.clear()
+
+    def stop(self) -> None:
+        super().stop()
+        self._wake.set()

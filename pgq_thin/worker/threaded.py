@@ -15,6 +15,7 @@ from pgq_thin.worker.completer import Completer
 from pgq_thin.worker.executor import Executor
 from pgq_thin.worker.held import HeldJobs, Verdict
 from pgq_thin.worker.listener import Listener
+from pgq_thin.worker.middleware import chained
 from pgq_thin.worker.owner import OwnerCalls
 from pgq_thin.worker.prefetch import PrefetchPolicy
 from pgq_thin.worker.renewer import DatabaseClock, Renewer
@@ -97,6 +98,28 @@ class Worker(WorkerBase):
             self._claimer.wake()
 
     def _serve(self, dsn: str) -> None:
+        """The run between its hooks: on_start, the work, on_stop."""
+        for hook in self._on_start:
+            hook()
+        try:
+            self._work(dsn)
+        except BaseException:
+            self._stop_hooks(raising=False)
+            raise
+        self._stop_hooks(raising=True)
+
+    def _stop_hooks(self, raising: bool) -> None:
+        first: BaseException | None = None
+        for hook in self._on_stop:
+            try:
+                hook()
+            except BaseException as exc:  # noqa: BLE001 - every hook runs; the first is raised
+                self._stop_hook_failed(hook, exc)
+                first = first or exc
+        if first is not None and raising:
+            raise first
+
+    def _work(self, dsn: str) -> None:
         flags = self._flags
         pool = ConnectionPool(
             dsn,
@@ -125,7 +148,8 @@ class Worker(WorkerBase):
         # claims carry the completions queued.)
         completer = Completer(owner, held, flags, recorded=lambda: claimer.recorded())
         wake = threading.Event()  # the claimer's: set when a slot frees, a NOTIFY comes, stop()
-        slots = Slots(self.concurrency, Executor(self._handlers, owner, completer, watch), owner, policy, flags,
+        handlers = {kind: chained(h, self._middleware) for kind, h in self._handlers.items()}
+        slots = Slots(self.concurrency, Executor(handlers, owner, completer, watch), owner, policy, flags,
                       freed=lambda: claimer.freed())
         renewer = Renewer(client, held, clock, flags, self.lease)
         timer = PollTimer(self.poll_interval, self.sweep_interval, self.queues)
@@ -134,7 +158,13 @@ class Worker(WorkerBase):
             policy, slots, held, owner, clock, flags, self._listening, wake, kinds=self.kinds, completer=completer)
         slots.freed = claimer.freed  # (the same, without the lambda's call per job)
         claimer.metrics = self.metrics
-        listener = Listener(dsn, self.queues, claimer.wake, self.name, self._listening, ignores=timer.pace.ignores)
+
+        def cancel_noticed(job_id: int, attempt: int) -> None:  # a pgq_cancel notification: renew it now
+            if held.notice_cancel(job_id, attempt):
+                renewer.wake()
+
+        listener = Listener(dsn, self.queues, claimer.wake, self.name, self._listening, ignores=timer.pace.ignores,
+                            cancelled=cancel_noticed)
         background: list[Part] = [renewer, completer, *([listener] if self.listen else [])]
         slots.start()
         for part in background:

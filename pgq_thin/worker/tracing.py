@@ -35,7 +35,8 @@ __all__ = ["UNSET_RECHECK", "Tracing"]
 UNSET_RECHECK = 1.0
 _PROVIDED = math.inf  # (the time of the next look, once there is a provider: never)
 
-_FINE = frozenset({"completed", "snoozed"})
+#: The outcomes whose span is not an error (a cancel, pgq.cancel, is an ending someone asked for).
+_FINE = frozenset({"completed", "snoozed", "cancelled"})
 
 
 class Tracing:
