@@ -283,3 +283,46 @@ def test_a_pooled_worker_sends_its_completions_with_its_claims_through_the_poole
                                " ON b.claimed_at = a.finished_at AND b.id <> a.id").fetchone()[0]  # type: ignore[index]
         assert carried >= 10, carried
         assert conn.execute("SELECT count(*) FROM pgq.job_events WHERE event = 'completed'").fetchone() == (20,)
+
+
+@pytest.mark.parametrize("runtime", ["Worker", "AsyncWorker"])
+def test_a_cancel_reaches_a_pooled_workers_handler_at_its_next_renewal(through: tuple[str, str], runtime: str) -> None:
+    """Behind PgBouncer in transaction mode there is no LISTEN, so pgq_cancel reaches nobody: the
+    job's next renewal (a third of its 3 s lease) is refused and tells the handler by lease_lost;
+    the job stays cancelled and the handler's late outcome is discarded."""
+    import threading
+    import time
+
+    from pgq_thin import AsyncWorker, Worker
+
+    from sqlhelpers import run_worker, wait_for
+
+    dsn, direct = through
+    cls = Worker if runtime == "Worker" else AsyncWorker
+    worker = cls(["q"], concurrency=1, pooled=True, prefetch=0, lease=3)
+    started, saw = threading.Event(), {}
+
+    @worker.handler("long")
+    def handle(job, ctx):  # type: ignore[no-untyped-def]
+        started.set()
+        deadline = time.monotonic() + 60
+        while not ctx.should_stop and time.monotonic() < deadline:
+            ctx.lease_lost.wait(0.05)
+        saw.update(lost=ctx.lease_lost.is_set(), cancelled=ctx.cancelled)
+        return {"late": True}
+
+    with psycopg.connect(direct, autocommit=True) as conn:
+        job_id = conn.execute("SELECT pgq.enqueue('q', 'long')").fetchone()[0]  # type: ignore[index]
+        errors: list[BaseException] = []
+        thread = run_worker(worker, dsn, errors)
+        try:
+            assert started.wait(60), "the handler did not start"
+            assert conn.execute("SELECT pgq.cancel(%s)", (job_id,)).fetchone()[0] is True  # type: ignore[index]
+            wait_for(lambda: "lost" in saw, "the handler to be told at the next renewal", timeout=30)
+        finally:
+            worker.stop()
+            thread.join(60)
+        assert not errors, errors
+        assert saw == {"lost": True, "cancelled": False}
+        assert conn.execute("SELECT state::text, result FROM pgq.jobs WHERE id = %s",  # type: ignore[index]
+                            (job_id,)).fetchone() == ("cancelled", None)
