@@ -34,6 +34,9 @@ function, called through pgq_thin.Client):
   once, and a refusal sets ``ctx.cancelled`` (an async handler's task is cancelled).
 - ``middleware``: the chain of ``worker.middleware(fn)`` around each handler, composed once per
   run (none registered: the handler itself), and the on_start / on_stop hooks' rules.
+- ``context``: the JobContext a handler gets (lease_lost, cancelled, deadline, progress,
+  dependency results); ``transaction``: ``ctx.transaction()``, the handler's own transaction,
+  whose end runs pgq.complete in it (settled through ``held`` like any other end).
 - ``signals``: the first SIGTERM / SIGINT stops gracefully, the second at once.
 - ``metrics`` (with ``metrics_port``): the worker's Prometheus metrics, counted around each
   handler (``JobWatch``), after each claim and when a held job is lost; ``tracing``: one
