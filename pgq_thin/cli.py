@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 import psycopg
 
 from pgq_thin import __version__, queries
-from pgq_thin.client import Client, resolve_dsn
+from pgq_thin.client import Client, bulk_calls, resolve_dsn
 from pgq_thin.durations import format_duration, parse_duration
 from pgq_thin.errors import BadArgument, PgqError, WaitTimeout, translate
 from pgq_thin.models import JobResult, UnreadableJson, error_summary
@@ -470,8 +470,6 @@ def _each_job(ids: Sequence[int], act: Any) -> int:
     return 1 if failed else 0
 
 
-#: Jobs per call of pgq.retry_jobs / pgq.cancel_jobs when retry and cancel act by filter.
-BULK_CALL = 1000
 #: The options of retry's and cancel's filter form.
 _FILTER_OPTIONS = ("queue", "state", "kind", "before", "limit", "all")
 
@@ -500,8 +498,7 @@ def _by_filter(args: argparse.Namespace) -> bool:
 def _act_by_filter(args: argparse.Namespace, act: Any, done: str) -> int:
     """retry / cancel by filter: ``act(client, before, limit_rows)`` (pgq.retry_jobs or
     pgq.cancel_jobs) in calls of at most BULK_CALL jobs until one acts on none, or on --limit jobs
-    in all. (A call may act on fewer than asked while more match: it skips a job another
-    transaction holds, and retry one whose unique key is held or that has no attempt left.) Only
+    in all (pgq_thin.client.bulk_calls). Only
     jobs from before the command started are acted on (--before, if earlier): a job that fails
     again after its retry, or is enqueued meanwhile, is left alone, so the loop ends. Prints the
     total."""
@@ -518,20 +515,14 @@ def _act_by_filter(args: argparse.Namespace, act: Any, done: str) -> int:
                 raise BadArgument(f"--before: {format_duration(args.before)} ago is before the year 1") from None
         elif args.before is not None:
             before = min(before, args.before)
-        while args.limit is None or total < args.limit:
-            asked = BULK_CALL if args.limit is None else min(BULK_CALL, args.limit - total)
-            try:
-                acted = act(client, before, asked)
-            except PgqError:
-                if total:
-                    say(err=True)
-                    say(f"pgq-thin: {done} {total} job(s) before this error:", err=True)
-                raise
-            total += acted
-            if acted:
+        try:
+            for total in bulk_calls(lambda rows: act(client, before, rows), args.limit):
                 print(f"\r{done} {total} job(s)...", end="", file=sys.stderr, flush=True)  # ours: no data
-            if acted == 0:
-                break
+        except PgqError:
+            if total:
+                say(err=True)
+                say(f"pgq-thin: {done} {total} job(s) before this error:", err=True)
+            raise
     if total:
         say(err=True)
     what = f"{args.state} job(s) of queue {args.queue}" + (f" of kind {args.kind}" if args.kind else "")

@@ -14,7 +14,7 @@ import os
 import re
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from typing import Any, TypeVar
 
@@ -27,7 +27,7 @@ from pgq_thin.errors import BadArgument, InvalidArgument, PgqError, WaitTimeout,
 from pgq_thin.migrate import warn_if_schema_is_old
 from pgq_thin.models import JobResult
 
-__all__ = ["WAIT_POLL_INTERVAL", "Client", "Interval", "resolve_dsn"]
+__all__ = ["BULK_CALL", "WAIT_POLL_INTERVAL", "Client", "Interval", "bulk_calls", "resolve_dsn"]
 
 T = TypeVar("T")
 
@@ -75,6 +75,25 @@ class Waiting:
     def listen_kwargs(pool_kwargs: dict[str, Any] | None) -> dict[str, Any]:
         """The listening connection's arguments: the pool's (its login, its settings), autocommit."""
         return {**(pool_kwargs or {}), "autocommit": True}
+
+
+#: Jobs per call of pgq.retry_jobs / pgq.cancel_jobs when the CLI or the dashboard acts by filter.
+BULK_CALL = 1000
+
+
+def bulk_calls(act: Callable[[int], int], most: int | None = None, per_call: int = BULK_CALL) -> Iterator[int]:
+    """Acting on many jobs by filter (pgq.retry_jobs, pgq.cancel_jobs): ``act(limit_rows)`` with at
+    most ``per_call`` rows, again until a call acts on none or ``most`` jobs (None: no cap) are acted
+    on; yields the running total after each call that acted. (A call may act on fewer than asked
+    while more match: it skips a job another transaction holds, and retry one whose unique key is
+    held or that has no attempt left; so only a call that acts on none ends it.)"""
+    total = 0
+    while most is None or total < most:
+        acted = act(per_call if most is None else min(per_call, most - total))
+        if acted == 0:
+            return
+        total += acted
+        yield total
 
 
 def resolve_dsn(dsn: str | None = None) -> str:

@@ -43,7 +43,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from pgq_thin import __version__, queries
-from pgq_thin.client import Client
+from pgq_thin.client import BULK_CALL, Client, bulk_calls
 from pgq_thin.dashboard.guard import (
     COOKIE,
     SESSION_LIFETIME,
@@ -92,7 +92,6 @@ WORKFLOW_COLUMNS = ("dependency_mode", "batch_id")
 BULK_STATES = {"retry_jobs": ("failed", "cancelled"),
                "cancel_jobs": ("waiting", "pending", "running", "outcome_unknown")}
 BULK_MAX = 10000
-BULK_CALL = 1000
 
 
 class BadRequest(Exception):
@@ -503,8 +502,7 @@ class Dashboard:
     def bulk_action(self, action: str) -> Callable[[Request], Awaitable[Response]]:
         """POST /api/jobs/retry-all | cancel-all: pgq.retry_jobs | pgq.cancel_jobs with the body's
         filter, in calls of at most BULK_CALL, until one acts on none or ``max_jobs`` are acted on
-        (a call may act on fewer than asked while more match: it skips a job another transaction
-        holds, and retry one whose unique key is held or that has no attempt left)."""
+        (pgq_thin.client.bulk_calls)."""
 
         async def endpoint(request: Request) -> Response:
             body = await request.body()
@@ -522,17 +520,13 @@ class Dashboard:
         act = self.client.retry_jobs if action == "retry_jobs" else self.client.cancel_jobs
         done = "retried" if action == "retry_jobs" else "cancelled"
         total = 0
-        while total < max_jobs:
-            asked = min(BULK_CALL, max_jobs - total)
-            try:
-                acted = act(queue, state, kind, before, asked)
-            except PgqError as exc:
-                if not total:
-                    raise
-                raise type(exc)(f"{exc.message} (after {total} job(s) were {done})", exc.sqlstate, exc.hint) from exc
-            total += acted
-            if acted == 0:
-                break
+        try:
+            for so_far in bulk_calls(lambda rows: act(queue, state, kind, before, rows), max_jobs):
+                total = so_far
+        except PgqError as exc:
+            if not total:
+                raise
+            raise type(exc)(f"{exc.message} (after {total} job(s) were {done})", exc.sqlstate, exc.hint) from exc
         return {"ok": True, "count": total,
                 "detail": f"{done} {total} {state} job(s) of queue {queue}" + (f" of kind {kind}" if kind else "")}
 
