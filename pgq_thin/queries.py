@@ -3,7 +3,7 @@ pgq function, with named arguments and explicit casts. Nothing here decides queu
 functions do. The sections at the end hold the few statements that are not a pgq function's call:
 the catalog questions of the CLI and the dashboard, the database clock, LISTEN, and the test kit's
 (the drain's view of the tables, the throwaway servers' databases, the replication topologies).
-The development tools (pgq_thin/tools/) and the migrations runner keep their own SQL."""
+The development tools (tools/pgq_tools/) and the migrations runner keep their own SQL."""
 
 from __future__ import annotations
 

@@ -113,7 +113,7 @@ def test_retrying_an_outcome_unknown_job_hints_resolve_and_resolve_works(dsn: st
 
 # A worker that cannot reach its database ---------------------------------------------------------
 
-APP = "pgq_thin.tools.demo_app:worker"
+APP = "pgq_tools.demo_app:worker"
 
 
 def test_a_worker_that_cannot_reach_its_database_exits_1_with_the_reason() -> None:

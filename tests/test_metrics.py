@@ -242,7 +242,7 @@ def test_read_only_transactions_and_the_monitor_role_read_the_counters_without_f
 
 
 def test_the_migration_counts_the_finished_jobs_already_stored(databases):
-    from pgq_thin.tools.bench import HEAD, _migrate_to
+    from pgq_tools.bench import HEAD, _migrate_to
 
     dsn = databases.create()
     _migrate_to(dsn, "0007_failover_fence")
