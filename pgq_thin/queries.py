@@ -217,8 +217,8 @@ METRICS_MISSING = "SELECT to_regprocedure('pgq.metrics()') IS NULL"
 #: pgq.enqueue with a unique key, true when the key's live job was answered and nothing added.
 WROTE_NOTHING = "SELECT pg_current_xact_id_if_assigned() IS NULL"
 
-#: The dashboard's actions: the pgq function behind each, for the catalog question whether the
-#: role may call it.
+#: pgq's admin functions a login may or may not call (Client.privileges; the dashboard's buttons),
+#: by the name of the client method that calls each, for the catalog question whether it may.
 ACTION_FUNCTIONS = {
     "retry": "pgq.retry(bigint)",
     "cancel": "pgq.cancel(bigint)",
@@ -228,8 +228,8 @@ ACTION_FUNCTIONS = {
     "retry_jobs": "pgq.retry_jobs(text,text,text,timestamptz,integer)",
     "cancel_jobs": "pgq.cancel_jobs(text,text,text,timestamptz,integer)",
 }
-#: current_user and, per action (a column named after it), whether the role may call its function:
-#: NULL when the function does not exist (a schema older than the migration that adds it).
+#: current_user and, per function (a column named after it), whether the login may call it: NULL
+#: when the function does not exist (a schema older than the migration that adds it).
 PRIVILEGES = ("SELECT current_user, " + ", ".join(
     f"has_function_privilege(to_regprocedure('{signature}'), 'EXECUTE') AS {action}"
     for action, signature in ACTION_FUNCTIONS.items()))
