@@ -840,18 +840,19 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     missing = missing_requirements()
     if missing:
         raise _NotInstalled(f"the dashboard needs the dashboard extra (missing: {', '.join(missing)}): {INSTALL}")
+    from pgq_thin.async_client import AsyncClient
     from pgq_thin.dashboard.app import serve
     from pgq_thin.webguard import is_loopback
 
     token = args.token or os.environ.get("PGQ_DASHBOARD_TOKEN") or None
-    with _client(args) as client:
-        say(f"pgq dashboard on http://{args.host}:{args.port}/"
-            f"{' (token required)' if token else ''}", flush=True)
-        if not token and not is_loopback(args.host):
-            say(f"pgq-thin: warning: listening on {args.host} without a token: whoever reaches it can use "
-                "the dashboard (and act, if its role may); pass --token or set $PGQ_DASHBOARD_TOKEN",
-                err=True, flush=True)
-        serve(client, args.host, args.port, token)
+    dsn = resolve_dsn(args.dsn)
+    _check_database(dsn)  # a wrong address fails now, not at the first page
+    say(f"pgq dashboard on http://{args.host}:{args.port}/{' (token required)' if token else ''}", flush=True)
+    if not token and not is_loopback(args.host):
+        say(f"pgq-thin: warning: listening on {args.host} without a token: whoever reaches it can use "
+            "the dashboard (and act, if its role may); pass --token or set $PGQ_DASHBOARD_TOKEN",
+            err=True, flush=True)
+    serve(lambda: AsyncClient(dsn, min_size=1, max_size=2), args.host, args.port, token)
     return 0
 
 
