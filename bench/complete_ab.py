@@ -14,7 +14,7 @@ import psycopg
 
 from pgq_thin.migrate import migrate
 from pgq_thin.testing.server import SERVER_SETTINGS, ThrowawayPostgres
-from pgq_thin.tools.bench import _backend_cpu_seconds
+from pgq_tools.bench import _backend_cpu_seconds
 
 fs, n, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 CLAIM = """DO $$ BEGIN FOR i IN 1..%s LOOP PERFORM pgq.claim('ab', ARRAY['bench'], 1); COMMIT; END LOOP; END $$"""

@@ -4,7 +4,7 @@ disabled (A), alternately, for bench/README.md ("Migration 0010: counters of fin
 
     .venv/bin/python bench/finished_counters_ab.py [--jobs 2000] [--repeats 10] [--fsync on|off]
 
-The two-database A/B of the migrations (python -m pgq_thin.tools.bench JOBS WORKERS REPEATS
+The two-database A/B of the migrations (python -m pgq_tools.bench JOBS WORKERS REPEATS
 0007_failover_fence 0010_finished_counters) measures the whole claim + complete; on a loaded
 machine its spread is wider than what one INSERT costs. Here each round claims ``--jobs`` jobs
 (one pgq.claim of the batch, not timed), then times one DO loop that completes them one by one,

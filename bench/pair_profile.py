@@ -10,7 +10,7 @@ import psycopg
 
 from pgq_thin.migrate import migrate
 from pgq_thin.testing.server import SERVER_SETTINGS, ThrowawayPostgres
-from pgq_thin.tools.bench import AB_SERVER_LOOP, _backend_cpu_seconds
+from pgq_tools.bench import AB_SERVER_LOOP, _backend_cpu_seconds
 
 fs, jobs = sys.argv[1], int(sys.argv[2])
 args = (

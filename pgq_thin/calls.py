@@ -10,7 +10,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
@@ -32,6 +32,7 @@ from pgq_thin.models import (
     JobLink,
     JobRecord,
     JobResult,
+    Privileges,
     QueueGrant,
     QueueLimits,
     QueueMetrics,
@@ -44,7 +45,7 @@ from pgq_thin.models import (
     record,
 )
 
-__all__ = ["ALL", "READING", "Call", "Interval", "Method", "PgqCalls"]
+__all__ = ["ALL", "READING", "Call", "Interval", "Method", "PgqCalls", "bulk_plan"]
 
 log = logging.getLogger("pgq_thin.client")
 
@@ -634,6 +635,23 @@ def cancel_jobs(queue: str, state: str, kind: str | None = None, created_before:
     }, _count)
 
 
+def bulk_plan(most: int | None, per_call: int) -> Generator[int, int, int]:
+    """Acting on many jobs by filter (retry_jobs, cancel_jobs) in calls of at most ``per_call`` rows,
+    as a plan that a caller of either client drives: it yields the ``limit_rows`` of the next call
+    and is sent how many jobs that call acted on, until a call acts on none or ``most`` jobs (None:
+    no cap) are acted on; it returns the total. (A call may act on fewer than asked while more
+    match: it skips a job another transaction holds, and retry one whose unique key is held or that
+    has no attempt left; so only a call that acts on none ends it.) The rule is written here once;
+    a synchronous caller sends ``client.retry_jobs(...)``'s answers, an asynchronous one awaits them."""
+    total = 0
+    while most is None or total < most:
+        acted = yield per_call if most is None else min(per_call, most - total)
+        if acted == 0:
+            break
+        total += acted
+    return total
+
+
 def resolve(job_id: int, state: str) -> Call[bool]:
     """pgq.resolve: settle an outcome_unknown job as done, failed, cancelled or pending."""
     return Call(queries.RESOLVE, {"id": job_id, "state": state}, _flag)
@@ -818,6 +836,25 @@ def version() -> Call[str]:
     return Call(queries.VERSION, {}, lambda rows: str(rows[0][0]))
 
 
+def privileges() -> Call[Privileges]:
+    """Which of pgq's admin functions (retry, cancel, resolve, pause, resume, retry_jobs,
+    cancel_jobs) the current login may call, by the catalog (has_function_privilege): to show what
+    it may do. Not a check before a call: the database refuses a call the login may not make
+    (PermissionDenied, 42501)."""
+
+    def read(rows: list[Any]) -> Privileges:
+        row = rows[0]
+        return Privileges(str(row["current_user"]), {name: row[name] for name in queries.ACTION_FUNCTIONS})
+
+    return Call(queries.PRIVILEGES, {}, read, rows=dict_row)
+
+
+def clock() -> Call[datetime]:
+    """The database's clock now (clock_timestamp(), not the transaction's start): the clock of
+    leases, and of the times retry_jobs and cancel_jobs compare (finished_before, created_before)."""
+    return Call(queries.CLOCK, {}, _value)
+
+
 # The methods ---------------------------------------------------------------------------------------
 
 
@@ -912,6 +949,8 @@ class PgqCalls:
     get_job = Method(get_job)
     job_history = Method(job_history)
     version = Method(version)
+    privileges = Method(privileges)
+    clock = Method(clock)
     batch_open = Method(batch_open)
     batch_close = Method(batch_close)
     batch_status = Method(batch_status)

@@ -730,16 +730,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 2 if verdict == "critical" else 0
 
 
-class _NeedsDevExtra(Exception):
-    """A development tool was asked for, and the dev extra is not installed (or another extra a
-    command needs: metrics, dashboard). main() prints it in one line and exits 2."""
+class _NotInstalled(Exception):
+    """A command needs what is not installed: pgq's development tools (tools/ in a checkout), or an
+    extra (metrics, dashboard). main() prints it in one line and exits 2."""
 
 
 def _require_extra(extra: str, module: str, what: str) -> None:
     try:
         importlib.import_module(module)
     except ImportError:
-        raise _NeedsDevExtra(f"{what} needs {module}: pip install 'pgq-thin[{extra}]'") from None
+        raise _NotInstalled(f"{what} needs {module}: pip install 'pgq-thin[{extra}]'") from None
 
 
 def port_number(text: str) -> int:
@@ -775,27 +775,38 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
-def _require_dev_extra(command: str) -> None:
-    from pgq_thin.tools import INSTALL, missing_dev_requirements
+#: How to install pgq's development tools (demo, bench, soak, lab): a distribution of their own
+#: (tools/pyproject.toml), beside the library, from a checkout of pgq.
+TOOLS_INSTALL = "pip install ./tools (from a checkout of pgq)"
 
-    missing = missing_dev_requirements()
+
+def _require_tools(command: str) -> None:
+    """pgq's development tools and what they need are installed; otherwise one line says what to install."""
+    try:
+        import pgq_tools
+    except ModuleNotFoundError as exc:
+        if exc.name != "pgq_tools":
+            raise
+        raise _NotInstalled(f"{command} is one of pgq's development tools, which are not installed: "
+                            f"{TOOLS_INSTALL}") from None
+    missing = pgq_tools.missing_requirements()
     if missing:
-        raise _NeedsDevExtra(f"{command} is a development tool and needs the dev extra "
-                             f"(missing: {', '.join(missing)}): {INSTALL}")
+        raise _NotInstalled(f"{command} is one of pgq's development tools, whose requirements are not all "
+                            f"installed (missing: {', '.join(missing)}): {TOOLS_INSTALL}")
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    _require_dev_extra("lab")
-    from pgq_thin.tools.lab import run_lab
+    _require_tools("lab")
+    from pgq_tools.lab import run_lab
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("pgq_thin.tools.lab").setLevel(logging.INFO)
+    logging.getLogger("pgq_tools.lab").setLevel(logging.INFO)
     return run_lab(args.out, args.dsn)
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
-    _require_dev_extra("soak")
-    from pgq_thin.tools.soak import run_old_snapshot_check, run_soak
+    _require_tools("soak")
+    from pgq_tools.soak import run_old_snapshot_check, run_soak
 
     if args.old_snapshot is not None:
         return run_old_snapshot_check(args.old_snapshot, args.dsn)
@@ -805,11 +816,11 @@ def cmd_soak(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    _require_dev_extra("bench")
-    from pgq_thin.tools.bench import run_bench
+    _require_tools("bench")
+    from pgq_tools.bench import run_bench
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
-    logging.getLogger("pgq_thin.tools.bench").setLevel(logging.INFO)
+    logging.getLogger("pgq_tools.bench").setLevel(logging.INFO)
     logging.getLogger("pgq_thin.worker").setLevel(logging.WARNING)
     options = {"workloads": args.workloads} if args.workloads else {}
     return run_bench(args.out, dsn=args.dsn, quick=args.quick, jobs=args.jobs, workers=args.workers,
@@ -817,8 +828,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    _require_dev_extra("demo")
-    from pgq_thin.tools.demo import run_demo
+    _require_tools("demo")
+    from pgq_tools.demo import run_demo
 
     return run_demo(dsn=args.dsn, jobs=args.jobs, workers=args.workers, concurrency=args.concurrency)
 
@@ -828,19 +839,20 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     missing = missing_requirements()
     if missing:
-        raise _NeedsDevExtra(f"the dashboard needs the dashboard extra (missing: {', '.join(missing)}): {INSTALL}")
+        raise _NotInstalled(f"the dashboard needs the dashboard extra (missing: {', '.join(missing)}): {INSTALL}")
+    from pgq_thin.async_client import AsyncClient
     from pgq_thin.dashboard.app import serve
     from pgq_thin.webguard import is_loopback
 
     token = args.token or os.environ.get("PGQ_DASHBOARD_TOKEN") or None
-    with _client(args) as client:
-        say(f"pgq dashboard on http://{args.host}:{args.port}/"
-            f"{' (token required)' if token else ''}", flush=True)
-        if not token and not is_loopback(args.host):
-            say(f"pgq-thin: warning: listening on {args.host} without a token: whoever reaches it can use "
-                "the dashboard (and act, if its role may); pass --token or set $PGQ_DASHBOARD_TOKEN",
-                err=True, flush=True)
-        serve(client, args.host, args.port, token)
+    dsn = resolve_dsn(args.dsn)
+    _check_database(dsn)  # a wrong address fails now, not at the first page
+    say(f"pgq dashboard on http://{args.host}:{args.port}/{' (token required)' if token else ''}", flush=True)
+    if not token and not is_loopback(args.host):
+        say(f"pgq-thin: warning: listening on {args.host} without a token: whoever reaches it can use "
+            "the dashboard (and act, if its role may); pass --token or set $PGQ_DASHBOARD_TOKEN",
+            err=True, flush=True)
+    serve(lambda: AsyncClient(dsn, min_size=1, max_size=2), args.host, args.port, token)
     return 0
 
 
@@ -1090,7 +1102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PgqError as exc:
         say(f"pgq-thin: error: {_for_cli(exc)}", err=True, lines=False)
         return 1
-    except _NeedsDevExtra as exc:
+    except _NotInstalled as exc:
         say(f"pgq-thin: {exc}", err=True, lines=False)
         return 2
     except psycopg.Error as exc:

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import astuple
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -39,12 +41,13 @@ from psycopg.rows import tuple_row
 
 from pgq_thin import queries
 from pgq_thin.errors import PgqError
+from pgq_thin.models import HealthFinding, QueueLimits, QueueMetrics
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
 __all__ = ["INSTALL_HINT", "LIVE_STATES", "FINISHED_STATES", "QueueCollector", "exposition", "registry",
-           "require_prometheus_client", "serve"]
+           "require_prometheus_client", "rows_of", "serve", "text_of"]
 
 log = logging.getLogger("pgq_thin.metrics")
 
@@ -83,6 +86,16 @@ def read(conn: psycopg.Connection[Any]) -> Rows:
         findings = cur.execute(HEALTH_SQL).fetchall()
         limits = cur.execute(LIMITS_SQL).fetchall()
     return queues, findings, limits
+
+
+def rows_of(queues: Sequence[QueueMetrics], findings: Sequence[HealthFinding], limits: Sequence[QueueLimits]) -> Rows:
+    """The rows of one scrape from a client's answers (``metrics()``, ``health()``,
+    ``queue_limits()``), as ``read`` gets them from its statements: for a reader that goes through
+    a client, the dashboard's ``/metrics`` (three calls, not one transaction)."""
+    counted = Counter((f.check, f.severity) for f in findings)
+    return ([astuple(q) for q in queues], [(check, severity, n) for (check, severity), n in sorted(counted.items())],
+            [(q.queue, q.held_by_max_running, q.held_by_key_limit, q.held_by_rate_limit, q.held_by_key_rate_limit)
+             for q in limits])
 
 
 class QueueCollector:
@@ -145,10 +158,17 @@ def exposition(conn: psycopg.Connection[Any]) -> tuple[bytes, str]:
     """The Prometheus text exposition of the queue metrics, read through ``conn`` now, and its
     content type: what a ``GET /metrics`` answers. Database errors propagate (psycopg's);
     without prometheus_client, PgqError with INSTALL_HINT."""
+    require_prometheus_client()  # before the statements: nothing is read for a scrape that cannot be answered
+    return text_of(read(conn))
+
+
+def text_of(rows: Rows) -> tuple[bytes, str]:
+    """The Prometheus text exposition of one scrape's rows (``read``, ``rows_of``), and its content
+    type; without prometheus_client, PgqError with INSTALL_HINT."""
     require_prometheus_client()
     from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-    return generate_latest(registry(lambda: read(conn))), CONTENT_TYPE_LATEST
+    return generate_latest(registry(lambda: rows)), CONTENT_TYPE_LATEST
 
 
 class _Reader:

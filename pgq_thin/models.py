@@ -312,6 +312,28 @@ class TenantSettings:
 
 
 @dataclass(frozen=True)
+class Privileges:
+    """Which of pgq's admin functions the current login may call (Client.privileges): ``role`` is
+    current_user; ``functions`` maps each (by its client method's name: retry, cancel, resolve,
+    pause, resume, retry_jobs, cancel_jobs) to True or False, or to None when the schema has no
+    such function (it predates the migration that adds it). A question for showing what a login may
+    do (the dashboard greys its buttons): the database itself refuses a call it may not make (42501)."""
+
+    role: str
+    functions: dict[str, bool | None]
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the login may call none of them."""
+        return not any(self.functions.values())
+
+    @property
+    def missing(self) -> list[str]:
+        """The functions the schema does not have."""
+        return [name for name, may in self.functions.items() if may is None]
+
+
+@dataclass(frozen=True)
 class HealthFinding:
     """One row of pgq.health(): severity is ok, warning or critical."""
 

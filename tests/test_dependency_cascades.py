@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from pgq_thin.tools.lab.harness import Harness
+from pgq_tools.lab.harness import Harness
 
 from sqlhelpers import claim, expire_lease, job, one
 from test_dependencies import backlog, enqueue, links, run, settle, state, written

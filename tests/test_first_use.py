@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from starlette.testclient import TestClient
 
-from pgq_thin import AsyncWorker, Client, Worker
+from pgq_thin import AsyncClient, AsyncWorker, Client, Worker
 from pgq_thin.cli import CLOSED_PIPE
 from pgq_thin.dashboard.app import create_app
 from pgq_thin.durations import format_duration, parse_duration
@@ -113,7 +113,7 @@ def test_retrying_an_outcome_unknown_job_hints_resolve_and_resolve_works(dsn: st
 
 # A worker that cannot reach its database ---------------------------------------------------------
 
-APP = "pgq_thin.tools.demo_app:worker"
+APP = "pgq_tools.demo_app:worker"
 
 
 def test_a_worker_that_cannot_reach_its_database_exits_1_with_the_reason() -> None:
@@ -189,7 +189,7 @@ def test_a_stored_traceback_starts_at_the_handler_without_pgqs_executor_frame(ds
 
 def test_the_dashboard_lists_a_failed_jobs_exception_and_keeps_its_traceback_in_the_history(dsn: str) -> None:
     error = _stored_traceback("threads", dsn)
-    with Client(dsn, max_size=2) as client, TestClient(create_app(client)) as http:
+    with Client(dsn, max_size=2) as client, TestClient(create_app(lambda: AsyncClient(dsn, max_size=2))) as http:
         listing = http.get("/jobs?state=failed").text
         [job_id] = [j.id for j in client.list_jobs(state="failed")]
         page = http.get(f"/jobs/{job_id}").text
@@ -247,7 +247,7 @@ def test_the_cli_and_the_dashboard_write_an_interval_the_same_way(dsn: str) -> N
     assert added.returncode == 0, added.stderr
     listed = pgq("schedule", "list", dsn=dsn).stdout
     assert "every 1h " in listed
-    with Client(dsn, max_size=2) as client, TestClient(create_app(client)) as http:
+    with TestClient(create_app(lambda: AsyncClient(dsn, max_size=2))) as http:
         assert "every 1h," in http.get("/schedules").text or "every 1h<" in http.get("/schedules").text
 
 

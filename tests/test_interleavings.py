@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from pgq_thin.tools.lab.harness import Harness, Step
+from pgq_tools.lab.harness import Harness, Step
 
 from sqlhelpers import events, expire_lease, job, one
 

@@ -12,7 +12,7 @@ from types import ModuleType
 import psycopg
 import pytest
 
-from pgq_thin.tools.lab import (
+from pgq_tools.lab import (
     EXPERIMENTS,
     exp2_lock_modes,
     exp4_starvation,
@@ -23,9 +23,9 @@ from pgq_thin.tools.lab import (
     run_experiment,
     run_lab,
 )
-from pgq_thin.tools.lab.harness import Harness, Step
-from pgq_thin.tools.lab.report import COMMON_FILES, STEP_COLUMNS, schema_line
-from pgq_thin.tools.lab.statements import TEMPLATES
+from pgq_tools.lab.harness import Harness, Step
+from pgq_tools.lab.report import COMMON_FILES, STEP_COLUMNS, schema_line
+from pgq_tools.lab.statements import TEMPLATES
 
 
 @pytest.mark.parametrize("module", EXPERIMENTS, ids=lambda m: f"{m.NUMBER}-{m.SLUG}")

@@ -7,7 +7,7 @@ import time
 import psycopg
 import pytest
 
-from pgq_thin.tools.lab.harness import Harness, StepHung
+from pgq_tools.lab.harness import Harness, StepHung
 
 from sqlhelpers import wait_for
 

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import dict_row
 
-from pgq_thin import metrics
+from pgq_thin import Client, metrics
 from pgq_thin.migrate import shipped_schema_version
 
 from sqlhelpers import claim, expire_lease, one, wait_for
@@ -67,6 +67,24 @@ def mixed_queues(conn: psycopg.Connection) -> None:
     pending = one(conn, "SELECT min(id) FROM pgq.jobs WHERE queue = 'reports' AND state = 'pending'")
     conn.execute("SELECT pgq.cancel(%s)", (pending,))
     conn.execute("SELECT pgq.pause('reports')")
+
+
+def test_the_rows_a_client_reads_give_the_exporters_text(conn, dsn):
+    """What the dashboard serves (metrics.rows_of over Client.metrics, health and queue_limits) is
+    what the exporter serves (its three statements), sample for sample, held-back jobs included."""
+    mixed_queues(conn)
+    conn.execute("SELECT pgq.enqueue_many('limited', 'k', ARRAY['{}', '{}', '{}']::jsonb[])")
+    conn.execute("SELECT pgq.configure_queue('limited', rate_limit => 1, rate_period => '1 hour')")
+    conn.execute("SELECT pgq.resume('reports')")
+    with Client(dsn) as client:
+        findings = client.health()
+        served = parse(metrics.text_of(metrics.rows_of(client.metrics(), findings, client.queue_limits()))[0])
+    exported = parse(metrics.exposition(conn)[0])
+    ages = "pgq_oldest_ready_age_seconds"  # read a moment apart: the same series, ages a moment apart
+    assert served.keys() == exported.keys() and served[ages].keys() == exported[ages].keys()
+    assert {k: v for k, v in served.items() if k != ages} == {k: v for k, v in exported.items() if k != ages}
+    assert served["pgq_jobs_held_back"][(("limit", "rate_limit"), ("queue", "limited"))] == 2  # 3 due, 1 token
+    assert sum(served["pgq_health_findings"].values()) == len(findings)
 
 
 def test_the_exposition_parses_and_agrees_with_stats_and_health(conn):
@@ -242,7 +260,7 @@ def test_read_only_transactions_and_the_monitor_role_read_the_counters_without_f
 
 
 def test_the_migration_counts_the_finished_jobs_already_stored(databases):
-    from pgq_thin.tools.bench import HEAD, _migrate_to
+    from pgq_tools.bench import HEAD, _migrate_to
 
     dsn = databases.create()
     _migrate_to(dsn, "0007_failover_fence")

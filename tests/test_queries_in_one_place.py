@@ -1,6 +1,6 @@
 """Every statement the library sends is in pgq_thin/queries.py (its first line promises it): no other
 module of the client, the worker, the dashboard, the metrics, the CLI or the test kit holds one.
-The development tools (pgq_thin/tools/) keep their own SQL; the function source (sql/functions/,
+The development tools (tools/pgq_tools/) keep their own SQL; the function source (sql/functions/,
 run by pgq_thin.sqlsource) is SQL, not a statement written in Python.
 
 Read from the source: an ``execute()`` (or ``executemany``, ``stream``, ``copy``) whose statement is

@@ -1,11 +1,11 @@
-"""The chaos soak's invariant checks (pgq_thin.tools.soak._check) on hand-made histories: each check
+"""The chaos soak's invariant checks (pgq_tools.soak._check) on hand-made histories: each check
 must fail on the history it exists to catch, so that "0" in the soak's summary means something."""
 
 from __future__ import annotations
 
 import psycopg
 
-from pgq_thin.tools.soak import QUEUE, SoakCounts, _check, _prepare
+from pgq_tools.soak import QUEUE, SoakCounts, _check, _prepare
 
 from sqlhelpers import expire_lease, one
 

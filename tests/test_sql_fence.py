@@ -9,7 +9,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from pgq_thin.tools.lab.harness import Harness
+from pgq_tools.lab.harness import Harness
 
 from sqlhelpers import claim, events, job, one
 

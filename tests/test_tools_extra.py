@@ -1,12 +1,15 @@
-"""Without the dev extra, the development tools' commands say in one line what to install; without
-the testing extra, pytest runs as before and a test that uses pgq's fixtures says what to install.
+"""Without pgq's development tools (tools/: the distribution pgq-tools, beside the library), or
+without what they need, their commands say in one line what to install; without the testing extra,
+pytest runs as before and a test that uses pgq's fixtures says what to install.
 
-The environment without an extra is real: a directory holding every installed package of this
-venv except the extra's distributions (matplotlib, testing.postgresql) and their metadata, and a
-Python started with -S (no site-packages) that has only that directory on its path."""
+The environment without them is real: a directory holding every installed package of this venv
+except the ones left out (pgq_tools, matplotlib, testing.postgresql) and their metadata, and a
+Python started with -S (no site-packages) that has only that directory on its path (and the
+directory this run's pgq_thin comes from, when that is a checkout rather than the venv)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -15,10 +18,29 @@ from pathlib import Path
 
 import pytest
 
+import pgq_thin
+from pgq_thin.cli import TOOLS_INSTALL
 from pgq_thin.testing.plugin import INSTALL
-from pgq_thin.tools import dev_requirements
+from pgq_tools import requirements
 
 SITE = Path(sysconfig.get_paths()["purelib"])
+#: Where this run's pgq_thin comes from: the venv (scripts/test.sh), or a checkout on PYTHONPATH.
+LIBRARY = Path(pgq_thin.__file__).resolve().parent.parent
+TOOLS = ["demo"], ["bench", "--out", "x"], ["soak"], ["lab", "--out", "x"]
+
+
+def installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+#: The requirement checks read the tools' installed metadata (scripts/test.sh installs them).
+needs_installed_tools = pytest.mark.skipif(not installed("pgq-tools"),
+                                           reason="pgq-tools is not installed in this venv (scripts/test.sh "
+                                                  "installs it): its metadata lists what the tools need")
 
 
 def environment(tmp_path: Path, leave_out: tuple[str, ...]) -> Path:
@@ -31,25 +53,40 @@ def environment(tmp_path: Path, leave_out: tuple[str, ...]) -> Path:
 
 
 def run(packages: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(packages)}
+    path = [packages] if LIBRARY == SITE.resolve() else [LIBRARY, packages]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))}
     return subprocess.run([sys.executable, "-S", *args], capture_output=True, text=True, timeout=120,
                           env=env, cwd=cwd)
 
 
-def test_the_dev_extra_names_what_the_tools_need() -> None:
-    assert dev_requirements() == ["matplotlib", "testing-postgresql"]
+@needs_installed_tools
+def test_the_tools_name_what_they_need() -> None:
+    assert sorted(requirements()) == ["matplotlib", "pgq-thin", "testing-postgresql"]
 
 
-@pytest.mark.parametrize("command", [["demo"], ["bench", "--out", "x"], ["soak"], ["lab", "--out", "x"]])
+@pytest.mark.parametrize("command", TOOLS)
+def test_a_tool_without_the_tools_installed_prints_one_line_saying_what_to_install(
+        tmp_path: Path, command: list[str]) -> None:
+    packages = environment(tmp_path, leave_out=("pgq_tools",))
+    result = run(packages, "-m", "pgq_thin", *command, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert result.stderr == (f"pgq-thin: {command[0]} is one of pgq's development tools, which are not "
+                             "installed: pip install ./tools (from a checkout of pgq)\n")
+    assert TOOLS_INSTALL in result.stderr
+
+
+@needs_installed_tools
+@pytest.mark.parametrize("command", TOOLS)
 @pytest.mark.parametrize(("leave_out", "missing"), [("matplotlib", "matplotlib"), ("testing", "testing-postgresql")])
-def test_a_tool_without_the_dev_extra_prints_one_line_saying_what_to_install(
+def test_a_tool_without_what_the_tools_need_prints_one_line_saying_what_to_install(
         tmp_path: Path, command: list[str], leave_out: str, missing: str) -> None:
     packages = environment(tmp_path, leave_out=(leave_out,))
     result = run(packages, "-m", "pgq_thin", *command, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
-    assert result.stderr == (f"pgq-thin: {command[0]} is a development tool and needs the dev extra "
-                             f"(missing: {missing}): pip install 'pgq-thin[dev]'\n")
+    assert result.stderr == (f"pgq-thin: {command[0]} is one of pgq's development tools, whose requirements are "
+                             f"not all installed (missing: {missing}): {TOOLS_INSTALL}\n")
 
 
 def test_without_the_testing_extra_pytest_runs_and_pgq_dsn_says_what_to_install(tmp_path: Path) -> None:
@@ -62,14 +99,14 @@ def test_without_the_testing_extra_pytest_runs_and_pgq_dsn_says_what_to_install(
     assert INSTALL in result.stdout
 
 
-def test_the_same_environment_with_the_extra_passes_the_check(tmp_path: Path) -> None:
+@needs_installed_tools
+def test_the_same_environment_with_everything_passes_the_check(tmp_path: Path) -> None:
     packages = environment(tmp_path, leave_out=())
-    result = run(packages, "-c", "from pgq_thin.tools import missing_dev_requirements as m; print(m())",
-                 cwd=tmp_path)
+    result = run(packages, "-c", "from pgq_tools import missing_requirements as m; print(m())", cwd=tmp_path)
     assert result.returncode == 0 and result.stdout == "[]\n", result.stderr
 
 
-def test_the_runtime_without_the_extra_still_works(tmp_path: Path, dsn: str) -> None:
-    packages = environment(tmp_path, leave_out=("matplotlib",))
+def test_the_runtime_without_the_tools_still_works(tmp_path: Path, dsn: str) -> None:
+    packages = environment(tmp_path, leave_out=("pgq_tools", "matplotlib"))
     result = run(packages, "-m", "pgq_thin", "enqueue", "q", "k", "--dsn", dsn, cwd=tmp_path)
     assert result.returncode == 0 and result.stdout.strip().isdigit(), result.stderr

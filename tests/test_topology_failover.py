@@ -106,8 +106,8 @@ def test_sync_failover_mid_drain_loses_nothing_acknowledged_and_fences_stale_wri
     owner's write is refused on the new primary."""
     import random
 
-    from pgq_thin.tools import soak
-    from pgq_thin.tools.fleet import Fleet, worker_command
+    from pgq_tools import soak
+    from pgq_tools.fleet import Fleet, worker_command
 
     with ReplicatedPair(synchronous=True) as pair:
         direct = pair.primary.dsn_for("test")
@@ -124,7 +124,7 @@ def test_sync_failover_mid_drain_loses_nothing_acknowledged_and_fences_stale_wri
         fleet = Fleet(tmp_path)
         try:
             for n in range(3):
-                fleet.start(f"w{n}", worker_command("pgq_thin.tools.soak_app:worker", dsn),
+                fleet.start(f"w{n}", worker_command("pgq_tools.soak_app:worker", dsn),
                             env={"PGQ_SOAK_WORKER": f"w{n}", "PGQ_SOAK_CONCURRENCY": "4"})
             producers.start()
             with psycopg.connect(direct, autocommit=True) as conn:

@@ -148,7 +148,7 @@ def test_what_works_in_the_other_pooling_modes(bounced: tuple[Databases, PgBounc
 
 
 def _ledger(direct: str, lease: str = "2 seconds") -> None:
-    from pgq_thin.tools import soak
+    from pgq_tools import soak
 
     with psycopg.connect(direct, autocommit=True) as conn:
         conn.execute(soak._LEDGER_DDL)
@@ -163,8 +163,8 @@ def test_worker_processes_drain_through_the_pooler_and_a_killed_workers_job_is_r
     worker runs it; every job is done once, no attempt executed twice, and the killed attempt's
     late write would be refused."""
     from pgq_thin.testing.topology import wait_for
-    from pgq_thin.tools.fleet import Fleet, worker_command
-    from pgq_thin.tools.soak import QUEUE
+    from pgq_tools.fleet import Fleet, worker_command
+    from pgq_tools.soak import QUEUE
 
     dsn, direct = through
     _ledger(direct)
@@ -176,7 +176,7 @@ def test_worker_processes_drain_through_the_pooler_and_a_killed_workers_job_is_r
     fleet = Fleet(tmp_path)
     try:
         def start(name: str) -> None:
-            fleet.start(name, worker_command("pgq_thin.tools.soak_app:worker", dsn) + ["--pooled"],
+            fleet.start(name, worker_command("pgq_tools.soak_app:worker", dsn) + ["--pooled"],
                         env={"PGQ_SOAK_WORKER": name, "PGQ_SOAK_LEASE": "2"})
 
         start("victim")

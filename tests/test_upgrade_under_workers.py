@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgq_thin.tools import fleet
+from pgq_tools import fleet
 
 from sqlhelpers import fresh_database, one, wait_for
 

@@ -21,7 +21,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from pgq_thin import migrate
-from pgq_thin.tools.bench import _migrate_to  # the migrations up to one, with their own functions
+from pgq_tools.bench import _migrate_to  # the migrations up to one, with their own functions
 
 from sqlhelpers import fresh_database, one
 from test_schema_matches_migrations import MIGRATION_SHA256, MIGRATIONS, assert_same_catalog, catalog

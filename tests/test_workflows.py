@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from pgq_thin.tools.lab.harness import Harness, Step
+from pgq_tools.lab.harness import Harness, Step
 
 from sqlhelpers import claim, notifications_until_marker, one
 from test_sql_access import PROD, PROD2, WATCH, login  # noqa: F401,F811 - login is a fixture

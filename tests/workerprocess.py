@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from pgq_thin.tools import fleet
+from pgq_tools import fleet
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE = 30.0
 
 
 class WorkerProcess(fleet.WorkerProcess):
-    """pgq_thin.tools.fleet's WorkerProcess, failing the test when it does not exit in time."""
+    """pgq_tools.fleet's WorkerProcess, failing the test when it does not exit in time."""
 
     def __init__(self, app: Path, dsn: str, log: Path, prefix: list[str] | None = None, **settings: str) -> None:
         super().__init__([*(prefix or []), sys.executable, str(app)], log, cwd=ROOT,

@@ -1,6 +1,6 @@
 """pgq's adapter: the Worker (threads) or the AsyncWorker (asyncio), each with its defaults but for
-``concurrency=W``. Runs with the repository's Python, pgq_thin from this checkout (run.py puts the
-checkout on PYTHONPATH). The jobs are loaded by the benchmark's own loaders (pgq_thin.tools.bench):
+``concurrency=W``. Runs with the repository's Python, pgq_thin and pgq_tools from this checkout (run.py puts
+the checkout and its tools/ on PYTHONPATH). The jobs are loaded by the benchmark's own loaders (pgq_tools.bench):
 plain no-ops with pgq.enqueue_many into the queue ``bench``, keyed jobs with one pgq.enqueue per
 job in one statement (keys round-robin) into ``bench_keyed``.
 
@@ -18,8 +18,8 @@ from typing import Any
 import peer
 
 from pgq_thin import migrate
-from pgq_thin.tools import bench
 from pgq_thin.worker import AsyncWorker, Worker
+from pgq_tools import bench
 
 
 def load(dsn: str, jobs: int, keyed: bool, key_limit: int) -> tuple[str, str]:

@@ -12,7 +12,7 @@ clock starts, the adapter is told "go" and starts its consumers, and an outside 
 more connection, here) counts the done jobs in the system's own table every 5 ms until it first
 sees all N: jobs/s is N over that time. The host's CPU (/proc/stat, all CPUs: user, nice, system,
 irq, softirq) over the same span, divided by N, is the CPU per job, the server's included. pgq's
-raw-SQL floor (raw b1, raw b10) is drained by pgq_thin.tools.bench's own consumers and clock, in
+raw-SQL floor (raw b1, raw b10) is drained by pgq_tools.bench's own consumers and clock, in
 this process. Every repetition runs every system, starting with a different one each time.
 
 Writes DIR/peers.md (the tables), DIR/peers.json (every sample), DIR/logs/ (each adapter's
@@ -39,14 +39,17 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # pgq_thin from this checkout, as the pgq adapter gets it
+#: pgq_thin and pgq's tools (pgq_tools) from this checkout, as the pgq adapter gets them.
+CHECKOUT_PATH = [str(ROOT), str(ROOT / "tools")]
+for entry in reversed(CHECKOUT_PATH):
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
 
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
 from pgq_thin.testing.server import SERVER_SETTINGS, Databases  # noqa: E402
-from pgq_thin.tools import bench  # noqa: E402
+from pgq_tools import bench  # noqa: E402
 
 WORK = HERE / ".work"            # the peers' installations: not committed
 NODE_DIR = WORK / "node"
@@ -194,7 +197,7 @@ def adapter_command(system: str) -> tuple[list[str], dict[str, str]]:
     spec = SYSTEMS[system]
     env = dict(os.environ)
     if spec.runtime == "pgq":
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (*CHECKOUT_PATH, env.get("PYTHONPATH", "")) if p)
         return [sys.executable, str(HERE / spec.adapter)], env
     if spec.runtime == "venv":
         env.pop("PYTHONPATH", None)

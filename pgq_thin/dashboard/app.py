@@ -1,15 +1,18 @@
 """The dashboard's ASGI app (Starlette): server-rendered pages, a JSON API and the actions.
 
-Every read and every action is one method of a pgq_thin Client, i.e. one call of a pgq function
-with the request's values as bound parameters (no SQL is built from a request). The other
-statements are the catalog question "may this role call pgq.retry, pgq.pause, ...?"
-(queries.PRIVILEGES), asked to show a pgq_monitor login as read-only, and the workflow reads of the
-job and batch pages (pgq.get_job's whole row, pgq.job_links, pgq.batch_status: the clients' own
-queries.GET_JOB, JOB_LINKS and BATCH_STATUS), each one call of a pgq function too, over the
-Client's pool, and the database clock (queries.CLOCK) that dates a "retry all shown" / "cancel
-all shown" confirmation. pgq itself stays the authority: an action the role may not make is refused
-by the database too. ``GET /metrics`` is pgq_thin.metrics.exposition over a pooled connection (the same
-text as ``pgq-thin metrics``).
+It goes through an AsyncClient only: every read and every action is one awaited method of it, i.e.
+one call of a pgq function with the request's values as bound parameters (no SQL is built from a
+request, and none is written here). Besides pgq's functions it asks two questions through the
+client: ``privileges()``, which of pgq's admin functions the login may call, once per page, to
+grey the buttons of a pgq_monitor login and say it is read-only; and ``clock()``, the database's
+clock, which dates a "retry all shown" / "cancel all shown" confirmation. An action asks nothing
+first: it is the call, and the database is the authority: a login that may not make it gets
+PostgreSQL's refusal (42501), answered 403 with its message, and nothing changes. ``GET /metrics``
+is the Prometheus text of pgq_thin.metrics, from the client's ``metrics()``, ``health()`` and
+``queue_limits()`` (the same text as ``pgq-thin metrics``).
+
+The AsyncClient is made by the ``connect`` function given to ``create_app``, once per server start,
+in the server's event loop (its connections belong to that loop), and closed when the server stops.
 
 Security (pgq_thin.dashboard.guard, before any route): ``allowed_hosts`` (the loopback names when it
 binds a loopback address) refuses other Host headers, against DNS rebinding; request bodies are
@@ -25,7 +28,8 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import asdict, is_dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -33,17 +37,17 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import jinja2
-from psycopg.rows import dict_row
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from pgq_thin import __version__, queries
-from pgq_thin.client import BULK_CALL, Client, bulk_calls
+from pgq_thin import __version__
+from pgq_thin.async_client import AsyncClient
+from pgq_thin.calls import bulk_plan
+from pgq_thin.client import BULK_CALL
 from pgq_thin.dashboard.guard import (
     COOKIE,
     SESSION_LIFETIME,
@@ -63,9 +67,9 @@ from pgq_thin.errors import (
     PermissionDenied,
     PgqError,
     WrongState,
-    translated,
 )
-from pgq_thin.models import JobRecord, QueueSettings, error_summary, record
+from pgq_thin.metrics import rows_of, text_of
+from pgq_thin.models import Privileges, QueueSettings, error_summary
 from pgq_thin.webguard import Throttle
 from pgq_thin.webguard import allowed_hosts as allowed_hosts_of
 
@@ -74,9 +78,10 @@ __all__ = ["COOKIE", "create_app", "serve"]
 log = logging.getLogger("pgq_thin.dashboard")
 
 HERE = Path(__file__).parent
-#: The pgq functions behind the actions, and the catalog question whether the role may call each.
-ACTIONS = queries.ACTION_FUNCTIONS
-PRIVILEGES = queries.PRIVILEGES
+#: Where a server's AsyncClient is kept: its lifespan state, which Starlette gives each request.
+CLIENT = "pgq_client"
+#: A route's function.
+Endpoint = Callable[[Request], Awaitable[Response]]
 JOB_STATES = ("waiting", "pending", "running", "done", "failed", "cancelled", "outcome_unknown")
 RESOLVE_STATES = ("done", "pending", "failed", "cancelled")
 MAX_BIGINT = 2**63 - 1
@@ -85,8 +90,10 @@ PAGE_SIZE = 50
 #: How many of a job's dependencies, and of its dependants, the job page and /api/jobs/{id} list
 #: (pgq.job_links is asked for one more of each, to say when there are more).
 LINKS_SHOWN = 100
-#: pgq.get_job's columns of migration 0017 that the job page shows beside the JobRecord.
+#: The job's columns of migration 0017 that the job page shows apart (None on an older schema).
 WORKFLOW_COLUMNS = ("dependency_mode", "batch_id")
+#: What a page shows when it could not ask what the login may do: nothing may be done.
+UNKNOWN_PERMISSIONS: dict[str, Any] = {"role": "?", "can": {}, "read_only": True, "missing": []}
 #: "retry all shown" and "cancel all shown" (README, Dashboard): the list's states each acts on,
 #: the most jobs one click acts on, and the jobs per call of pgq.retry_jobs / pgq.cancel_jobs.
 BULK_STATES = {"retry_jobs": ("failed", "cancelled"),
@@ -96,10 +103,6 @@ BULK_MAX = 10000
 
 class BadRequest(Exception):
     """A request value the dashboard cannot even pass to pgq (a job id that is not a number)."""
-
-
-class NotFound(JobNotFound):
-    """The dashboard's own "no such ..." (P0002, 404), for a function that answers no row."""
 
 
 def _plain(value: Any) -> Any:
@@ -204,79 +207,60 @@ def _templates() -> jinja2.Environment:
 
 
 class Dashboard:
-    """The routes, over one Client."""
+    """The routes. Each request's AsyncClient is its server's (``_client``)."""
 
-    def __init__(self, client: Client, token: str | None, sessions: Sessions, throttle: Throttle) -> None:
-        self.client = client
+    def __init__(self, token: str | None, sessions: Sessions, throttle: Throttle) -> None:
         self.token = token
         self.sessions = sessions
         self.throttle = throttle
         self.templates = _templates()
 
-    # What the role may do -------------------------------------------------------------------------
+    # What the login may do: asked once per page, to show it; an action is refused by the database -----
 
-    def permissions(self) -> dict[str, Any]:
-        """current_user and, per action, whether the role may call its pgq function."""
-        with translated(), self.client.pool.connection() as conn:
-            cur = conn.execute(PRIVILEGES)
-            names = [d.name for d in cur.description or ()]
-            row = cur.fetchone()
-        values = dict(zip(names, row or ()))
-        can = {name: bool(values.get(name)) for name in ACTIONS}
-        missing = [name for name in ACTIONS if values.get(name) is None]  # functions a schema predates
-        return {"role": values.get("current_user"), "can": can, "read_only": not any(can.values()),
-                "missing": missing}
-
-    def _refused(self, action: str) -> JSONResponse | None:
-        perms = self.permissions()
-        if perms["can"][action]:
-            return None
-        if action in perms["missing"]:
-            return _json({"error": f"this database's pgq schema has no {ACTIONS[action]}: it predates the "
-                                   "migration that adds it (run pgq-thin migrate)", "sqlstate": "42883",
-                          "hint": None}, 501)
-        return _json({"error": f"read-only: the dashboard's database role {perms['role']} may not call "
-                               f"{ACTIONS[action]} (a pgq_monitor login is read-only; connect as a pgq_admin "
-                               "login to act)", "sqlstate": "42501", "hint": None}, 403)
+    async def permissions(self, client: AsyncClient) -> dict[str, Any]:
+        """current_user and, per action, whether the login may call its pgq function (a page's buttons)."""
+        return _permissions(await client.privileges())
 
     # Pages -----------------------------------------------------------------------------------------
 
-    def render(self, request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
-        if "perms" not in context:
-            try:
-                context["perms"] = self.permissions()
-            except PgqError:
-                context["perms"] = {"role": "?", "can": dict.fromkeys(ACTIONS, False), "read_only": True,
-                                    "missing": []}
+    async def render(self, request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+        """A page, with what the login may do (one question to the database)."""
+        try:
+            perms = await self.permissions(_client(request))
+        except PgqError:
+            perms = UNKNOWN_PERMISSIONS
+        return self.html(request, template, status, perms=perms, **context)
+
+    def html(self, request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         context.setdefault("path", request.url.path)
         html = self.templates.get_template(template).render(
             version=__version__, login=self.token is not None, **context)
         return HTMLResponse(html, status_code=status)
 
-    def page(self, template: str, build: Callable[[Request], dict[str, Any]]) -> Callable[[Request], Response]:
+    def page(self, template: str, build: Callable[[Request, AsyncClient], Awaitable[dict[str, Any]]]) -> Endpoint:
         """A page: ``build`` reads what it shows; a pgq error becomes the error page."""
 
-        def endpoint(request: Request) -> Response:
+        async def endpoint(request: Request) -> Response:
             try:
-                context = build(request)
+                context = await build(request, _client(request))
             except (PgqError, BadRequest) as exc:
-                return self.render(request, "error.html", _status_of(exc), **_error_body(exc))
-            return self.render(request, template, **context)
+                return await self.render(request, "error.html", _status_of(exc), **_error_body(exc))
+            return await self.render(request, template, **context)
 
         return endpoint
 
-    def overview(self, request: Request) -> dict[str, Any]:
-        findings = self.client.health()
-        settings = {q.name: _settings_text(q) for q in self.client.queue_settings()}
-        return {"queues": self.client.stats(), "settings": settings,
+    async def overview(self, request: Request, client: AsyncClient) -> dict[str, Any]:
+        findings = await client.health()
+        settings = {q.name: _settings_text(q) for q in await client.queue_settings()}
+        return {"queues": await client.stats(), "settings": settings,
                 "findings": [f for f in findings if f.severity != "ok"], "worst": _worst(findings)}
 
-    def jobs(self, request: Request) -> dict[str, Any]:
+    async def jobs(self, request: Request, client: AsyncClient) -> dict[str, Any]:
         params = request.query_params
         queue, state, kind = (_optional_text(params, n) for n in ("queue", "state", "kind"))
         limit = _optional_int(params, "limit") or PAGE_SIZE
         before_id = _optional_int(params, "before_id")
-        jobs = self.client.list_jobs(queue, state, kind, limit, before_id)
+        jobs = await client.list_jobs(queue, state, kind, limit, before_id)
         filters = {k: v for k, v in (("queue", queue), ("state", state), ("kind", kind)) if v}
         if limit != PAGE_SIZE:
             filters["limit"] = str(limit)
@@ -284,10 +268,10 @@ class Dashboard:
         if len(jobs) == limit:
             more = "/jobs?" + urlencode({**filters, "before_id": jobs[-1].id})
         first = "/jobs?" + urlencode(filters) if before_id is not None else None
-        stats = self.client.stats()
+        stats = await client.stats()
         return {"jobs": jobs, "queue": queue or "", "state": state or "", "kind": kind or "", "more": more,
                 "first": first, "queues": [q.queue for q in stats], "states": JOB_STATES,
-                "bulk": self.bulk_button(stats, queue, state, kind) if jobs else None}
+                "bulk": await self.bulk_button(client, stats, queue, state, kind) if jobs else None}
 
     # "retry all shown", "cancel all shown" (README, Dashboard) --------------------------------------
     # "All shown" is every job the list's filter matches (one queue, one state, maybe a kind), on
@@ -295,17 +279,17 @@ class Dashboard:
     # database clock, and the click acts on at most that many (at most BULK_MAX), oldest first, and
     # only on jobs that finished (retry) or were created (cancel) before that moment.
 
-    def bulk_button(self, stats: Sequence[Any], queue: str | None, state: str | None,
-                    kind: str | None) -> dict[str, Any] | None:
+    async def bulk_button(self, client: AsyncClient, stats: Sequence[Any], queue: str | None, state: str | None,
+                          kind: str | None) -> dict[str, Any] | None:
         """The list's "retry all shown" / "cancel all shown" button (its URL, body and confirmation),
         or None when the filter is not one queue and one state it applies to, or matches nothing."""
         action = next((a for a, states in BULK_STATES.items() if state in states), None)
         if action is None or queue is None or state is None:
             return None
-        count, exact = self.matching(stats, queue, state, kind)
+        count, exact = await self.matching(client, stats, queue, state, kind)
         if count == 0:
             return None
-        [[as_of]] = [list(row.values()) for row in self._rows(queries.CLOCK, {})]
+        as_of = await client.clock()
         verb = "retry" if action == "retry_jobs" else "cancel"
         acted = min(count, BULK_MAX)
         jobs = f"{state} job{'s' if count != 1 else ''} of queue {queue}" + (f" of kind {kind}" if kind else "")
@@ -316,7 +300,8 @@ class Dashboard:
         return {"action": action, "url": f"/api/jobs/{verb}-all", "label": f"{verb} all shown ({shown})",
                 "confirm": confirm, "body": json.dumps(body), "count": count}
 
-    def matching(self, stats: Sequence[Any], queue: str, state: str, kind: str | None) -> tuple[int, bool]:
+    async def matching(self, client: AsyncClient, stats: Sequence[Any], queue: str, state: str,
+                       kind: str | None) -> tuple[int, bool]:
         """How many jobs of ``queue`` are in ``state`` (of ``kind``), and whether that is exact: from
         pgq.stats without a kind; with one, counted through pgq.list_jobs, BULK_CALL a page, up to
         BULK_MAX and a page more (not exact past BULK_MAX: "more than BULK_MAX")."""
@@ -327,67 +312,48 @@ class Dashboard:
             return int(row.pending + row.scheduled if state == "pending" else getattr(row, state)), True
         count, before_id = 0, None
         while count <= BULK_MAX:
-            page = self.client.list_jobs(queue, state, kind, BULK_CALL, before_id)
+            page = await client.list_jobs(queue, state, kind, BULK_CALL, before_id)
             count += len(page)
             if len(page) < BULK_CALL:
                 return count, True
             before_id = page[-1].id
         return count, False
 
-    def job(self, request: Request) -> dict[str, Any]:
+    async def job(self, request: Request, client: AsyncClient) -> dict[str, Any]:
         job_id = _job_id(request.path_params["id"])
-        job, workflow = self.job_record(job_id)
-        return {"job": job, "workflow": workflow, "links": self.job_links(job_id),
-                "history": self.client.job_history(job_id), "resolve_states": RESOLVE_STATES}
+        job = await client.get_job(job_id)
+        return {"job": job, "workflow": _workflow(job), "links": await self.job_links(client, job_id),
+                "history": await client.job_history(job_id), "resolve_states": RESOLVE_STATES}
 
-    def batch(self, request: Request) -> dict[str, Any]:
-        return {"batch": self.batch_status(_job_id(request.path_params["id"], "batch"))}
+    async def batch(self, request: Request, client: AsyncClient) -> dict[str, Any]:
+        return {"batch": await client.batch_status(_job_id(request.path_params["id"], "batch"))}
 
-    def schedules(self, request: Request) -> dict[str, Any]:
-        return {"schedules": self.client.schedules()}
+    async def schedules(self, request: Request, client: AsyncClient) -> dict[str, Any]:
+        return {"schedules": await client.schedules()}
 
-    def health(self, request: Request) -> dict[str, Any]:
-        findings = self.client.health()
+    async def health(self, request: Request, client: AsyncClient) -> dict[str, Any]:
+        findings = await client.health()
         return {"findings": findings, "worst": _worst(findings)}
 
     # Workflows (issue 26): a job's dependencies, dependants and batch; a batch --------------------
-    # Read with the clients' statements (queries.JOB_LINKS, BATCH_STATUS, and GET_JOB for pgq.get_job's
-    # whole row), over the Client's pool: the dashboard's login, as every other page.
 
-    def _rows(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        with translated(), self.client.pool.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            cur.execute(query, params)
-            return cur.fetchall()
-
-    def job_record(self, job_id: int) -> tuple[JobRecord, dict[str, Any]]:
-        """pgq.get_job's row (P0002 when unknown or not readable): the JobRecord, and its workflow
-        columns (None on a schema before migration 0017)."""
-        [row] = self._rows(queries.GET_JOB, {"id": job_id})
-        return record(JobRecord, row), {name: row.get(name) for name in WORKFLOW_COLUMNS}
-
-    def job_links(self, job_id: int) -> dict[str, Any] | None:
+    async def job_links(self, client: AsyncClient, job_id: int) -> dict[str, Any] | None:
         """The first LINKS_SHOWN dependencies and dependants (id order) from pgq.job_links, and
         whether there are more of each; None when the schema has no pgq.job_links (before 0017)."""
         try:
-            rows = self._rows(queries.JOB_LINKS, {"id": job_id, "limit_rows": LINKS_SHOWN + 1})
+            rows = await client.job_links(job_id, LINKS_SHOWN + 1)
         except PgqError as exc:
             if exc.sqlstate == "42883":  # undefined_function: the database is not migrated to 0017 yet
                 return None
             raise
         links: dict[str, Any] = {}
         for relation, name in (("dependency", "dependencies"), ("dependant", "dependants")):
-            of = [{k: r[k] for k in ("job_id", "queue", "kind", "state")} for r in rows if r["relation"] == relation]
+            of = [{"job_id": r.job_id, "queue": r.queue, "kind": r.kind, "state": r.state}
+                  for r in rows if r.relation == relation]
             links[name], links[f"more_{name}"] = of[:LINKS_SHOWN], len(of) > LINKS_SHOWN
         return links
 
-    def batch_status(self, batch_id: int) -> dict[str, Any]:
-        """pgq.batch_status's row: to the login that opened the batch, pgq_monitor and pgq_admin
-        (P0002 for anyone else, and for an unknown id)."""
-        rows = self._rows(queries.BATCH_STATUS, {"batch_id": batch_id})
-        if not rows:
-            raise NotFound(f"pgq: no batch with id {batch_id}", "P0002")
-        return rows[0]
+    # The login form --------------------------------------------------------------------------------
 
     def login_form(self, request: Request) -> Response:
         if self.token is None:
@@ -399,8 +365,8 @@ class Dashboard:
         return self._login_page(request, next_path, None, 401)
 
     def _login_page(self, request: Request, next_path: str, error: str | None, status: int) -> HTMLResponse:
-        perms: dict[str, Any] = {"role": None, "can": dict.fromkeys(ACTIONS, False), "read_only": True, "missing": []}
-        return self.render(request, "login.html", status, next=next_path, error=error, perms=perms)
+        perms: dict[str, Any] = {"role": None, "can": {}, "read_only": True, "missing": []}
+        return self.html(request, "login.html", status, next=next_path, error=error, perms=perms)
 
     async def login(self, request: Request) -> Response:
         """The login form: the right token starts a session (a random id in the cookie); wrong ones
@@ -434,132 +400,153 @@ class Dashboard:
 
     # The JSON API ----------------------------------------------------------------------------------
 
-    def api(self, build: Callable[[Request], Any]) -> Callable[[Request], Response]:
-        """An API endpoint: ``build`` answers; errors become {"error", "sqlstate", "hint"} with a status."""
+    def api(self, build: Callable[[Request, AsyncClient], Awaitable[Any]], action: str | None = None) -> Endpoint:
+        """An API endpoint: ``build`` answers; errors become {"error", "sqlstate", "hint"} with a
+        status. ``action``: the pgq function the endpoint calls, named when the database refuses it."""
 
-        def endpoint(request: Request) -> Response:
+        async def endpoint(request: Request) -> Response:
             try:
-                answer = build(request)
+                answer = await build(request, _client(request))
             except (PgqError, BadRequest) as exc:
-                return _json(_error_body(exc), _status_of(exc))
+                return _refusal(exc, action)
             return answer if isinstance(answer, Response) else _json(answer)
 
         return endpoint
 
-    def api_queues(self, request: Request) -> Any:
-        return {"queues": self.client.stats(), "settings": self.client.queue_settings()}
+    async def api_queues(self, request: Request, client: AsyncClient) -> Any:
+        return {"queues": await client.stats(), "settings": await client.queue_settings()}
 
-    def api_jobs(self, request: Request) -> Any:
+    async def api_jobs(self, request: Request, client: AsyncClient) -> Any:
         params = request.query_params
         limit = _optional_int(params, "limit") or PAGE_SIZE
-        jobs = self.client.list_jobs(_optional_text(params, "queue"), _optional_text(params, "state"),
-                                     _optional_text(params, "kind"), limit, _optional_int(params, "before_id"))
+        jobs = await client.list_jobs(_optional_text(params, "queue"), _optional_text(params, "state"),
+                                      _optional_text(params, "kind"), limit, _optional_int(params, "before_id"))
         return {"jobs": jobs, "next_before_id": jobs[-1].id if len(jobs) == limit else None}
 
-    def api_job(self, request: Request) -> Any:
+    async def api_job(self, request: Request, client: AsyncClient) -> Any:
         """The job (pgq.get_job's row), its history, and its links (see job_links; null before 0017)."""
         job_id = _job_id(request.path_params["id"])
-        job, workflow = self.job_record(job_id)
-        return {"job": {**_plain(job), **_plain(workflow)}, "history": self.client.job_history(job_id),
-                "links": self.job_links(job_id)}
+        return {"job": await client.get_job(job_id), "history": await client.job_history(job_id),
+                "links": await self.job_links(client, job_id)}
 
-    def api_batch(self, request: Request) -> Any:
+    async def api_batch(self, request: Request, client: AsyncClient) -> Any:
         """pgq.batch_status's row: state, counts by state, the callback and its job id once enqueued."""
-        return {"batch": self.batch_status(_job_id(request.path_params["id"], "batch"))}
+        return {"batch": await client.batch_status(_job_id(request.path_params["id"], "batch"))}
 
-    def api_health(self, request: Request) -> Any:
-        findings = self.client.health()
+    async def api_health(self, request: Request, client: AsyncClient) -> Any:
+        findings = await client.health()
         return {"status": _worst(findings), "findings": findings}
 
-    def api_schedules(self, request: Request) -> Any:
-        return {"schedules": self.client.schedules()}
+    async def api_schedules(self, request: Request, client: AsyncClient) -> Any:
+        return {"schedules": await client.schedules()}
 
-    def job_action(self, action: str) -> Callable[[Request], Awaitable[Response]]:
+    def job_action(self, action: str) -> Endpoint:
         """POST /api/jobs/{id}/retry|cancel|resolve: one call of the pgq function, then the job."""
 
-        async def endpoint(request: Request) -> Response:
-            body = await request.body()  # read here; the pgq calls run in the thread pool, as sync routes do
-            return await run_in_threadpool(self.api(lambda r: self._job_action(action, r, body)), request)
+        async def build(request: Request, client: AsyncClient) -> Any:
+            job_id = _job_id(request.path_params["id"])
+            if action == "resolve":
+                ok = await client.resolve(job_id, _resolve_state(await request.body()))
+            elif action == "retry":
+                ok = await client.retry(job_id)
+            else:
+                ok = await client.cancel(job_id)
+            answer: dict[str, Any] = {"ok": ok, "job": await client.get_job(job_id)}
+            if not ok:
+                answer["detail"] = f"job {job_id} had already finished: nothing to {action}"
+            return answer
 
-        return endpoint
+        return self.api(build, action)
 
-    def _job_action(self, action: str, request: Request, body: bytes) -> Any:
-        job_id = _job_id(request.path_params["id"])
-        refused = self._refused(action)
-        if refused is not None:
-            return refused
-        if action == "resolve":
-            ok = self.client.resolve(job_id, _resolve_state(body))
-        elif action == "retry":
-            ok = self.client.retry(job_id)
-        else:
-            ok = self.client.cancel(job_id)
-        answer: dict[str, Any] = {"ok": ok, "job": self.client.get_job(job_id)}
-        if not ok:
-            answer["detail"] = f"job {job_id} had already finished: nothing to {action}"
-        return answer
-
-    def bulk_action(self, action: str) -> Callable[[Request], Awaitable[Response]]:
+    def bulk_action(self, action: str) -> Endpoint:
         """POST /api/jobs/retry-all | cancel-all: pgq.retry_jobs | pgq.cancel_jobs with the body's
         filter, in calls of at most BULK_CALL, until one acts on none or ``max_jobs`` are acted on
-        (pgq_thin.client.bulk_calls)."""
+        (pgq_thin.calls.bulk_plan)."""
 
-        async def endpoint(request: Request) -> Response:
-            body = await request.body()
-            return await run_in_threadpool(self.api(lambda r: self._bulk_action(action, body)), request)
+        async def build(request: Request, client: AsyncClient) -> Any:
+            queue, state, kind, before, max_jobs = _bulk_filter(await request.body())
+            if before is None:  # the jobs there when the request came: a job that fails again is not retried twice
+                before = await client.clock()
+            act = client.retry_jobs if action == "retry_jobs" else client.cancel_jobs
+            done = "retried" if action == "retry_jobs" else "cancelled"
+            plan, total = bulk_plan(max_jobs, BULK_CALL), 0
+            try:
+                rows = next(plan)
+                while True:
+                    acted = await act(queue, state, kind, before, rows)
+                    total += acted
+                    rows = plan.send(acted)
+            except StopIteration:
+                pass
+            except PgqError as exc:
+                if not total:
+                    raise
+                raise type(exc)(f"{exc.message} (after {total} job(s) were {done})", exc.sqlstate, exc.hint) from exc
+            return {"ok": True, "count": total,
+                    "detail": f"{done} {total} {state} job(s) of queue {queue}" + (f" of kind {kind}" if kind else "")}
 
-        return endpoint
+        return self.api(build, action)
 
-    def _bulk_action(self, action: str, body: bytes) -> Any:
-        refused = self._refused(action)
-        if refused is not None:
-            return refused
-        queue, state, kind, before, max_jobs = _bulk_filter(body)
-        if before is None:  # the jobs there when the request came: a job that fails again is not retried twice
-            [[before]] = [list(row.values()) for row in self._rows(queries.CLOCK, {})]
-        act = self.client.retry_jobs if action == "retry_jobs" else self.client.cancel_jobs
-        done = "retried" if action == "retry_jobs" else "cancelled"
-        total = 0
-        try:
-            for so_far in bulk_calls(lambda rows: act(queue, state, kind, before, rows), max_jobs):
-                total = so_far
-        except PgqError as exc:
-            if not total:
-                raise
-            raise type(exc)(f"{exc.message} (after {total} job(s) were {done})", exc.sqlstate, exc.hint) from exc
-        return {"ok": True, "count": total,
-                "detail": f"{done} {total} {state} job(s) of queue {queue}" + (f" of kind {kind}" if kind else "")}
-
-    def queue_action(self, action: str) -> Callable[[Request], Response]:
+    def queue_action(self, action: str) -> Endpoint:
         """POST /api/queues/{name}/pause|resume."""
 
-        def build(request: Request) -> Any:
-            refused = self._refused(action)
-            if refused is not None:
-                return refused
+        async def build(request: Request, client: AsyncClient) -> Any:
             name = request.path_params["name"]
-            settings = self.client.pause(name) if action == "pause" else self.client.resume(name)
+            settings = await (client.pause(name) if action == "pause" else client.resume(name))
             return {"ok": True, "queue": settings}
 
-        return self.api(build)
+        return self.api(build, action)
 
-    def metrics(self, request: Request) -> Response:
-        """The queue metrics in the Prometheus text format (pgq_thin.metrics, over a pooled connection)."""
-        from pgq_thin.metrics import exposition
-
+    async def metrics(self, request: Request) -> Response:
+        """The queue metrics in the Prometheus text format (pgq_thin.metrics, from the client's answers)."""
+        client = _client(request)
         try:
-            with translated(), self.client.pool.connection() as conn:
-                body, content_type = exposition(conn)
+            rows = rows_of(await client.metrics(), await client.health(), await client.queue_limits())
+            body, content_type = text_of(rows)
         except PgqError as exc:
             return _json(_error_body(exc), _status_of(exc))
         return Response(body, media_type=content_type)
 
-    def healthz(self, request: Request) -> Response:
+    async def healthz(self, request: Request) -> Response:
         """Liveness: the process answers and the database does (pgq.version())."""
         try:
-            return _json({"status": "ok", "pgq_version": self.client.version()})
+            return _json({"status": "ok", "pgq_version": await _client(request).version()})
         except PgqError as exc:
             return _json({"status": "unavailable", **_error_body(exc)}, 503)
+
+
+def _client(request: Request) -> AsyncClient:
+    """The AsyncClient of the server this request came to (made by its lifespan)."""
+    client = getattr(request.state, CLIENT, None)  # Starlette copies the lifespan's state into each request
+    if not isinstance(client, AsyncClient):
+        raise RuntimeError("the dashboard's app must run with its lifespan (it makes the AsyncClient): "
+                           "serve it with an ASGI server, or enter Starlette's TestClient")
+    return client
+
+
+def _permissions(privileges: Privileges) -> dict[str, Any]:
+    """What a page shows of what the login may do."""
+    can = {name: bool(may) for name, may in privileges.functions.items()}
+    return {"role": privileges.role, "can": can, "read_only": privileges.read_only, "missing": privileges.missing}
+
+
+def _workflow(job: Any) -> dict[str, Any]:
+    return {name: getattr(job, name, None) for name in WORKFLOW_COLUMNS}
+
+
+def _refusal(exc: Exception, action: str | None) -> JSONResponse:
+    """An error's answer. For an action (``action``: its pgq function), what the database refused
+    is said as such: a function the schema does not have yet (42883) is 501 naming it; a call the
+    login may not make (42501) is 403 with PostgreSQL's message, and a hint of what to do."""
+    body = _error_body(exc)
+    if action is not None and isinstance(exc, PgqError):
+        if exc.sqlstate == "42883":  # undefined_function: the schema predates the migration that adds it
+            return _json({"error": f"this database's pgq schema has no pgq.{action}: it predates the migration "
+                                   "that adds it (run pgq-thin migrate)", "sqlstate": "42883", "hint": None}, 501)
+        if isinstance(exc, PermissionDenied) and exc.hint is None:
+            body["hint"] = (f"read-only: the dashboard's database login may not call pgq.{action} (a pgq_monitor "
+                            "login is read-only; connect the dashboard as a pgq_admin login to act)")
+    return _json(body, _status_of(exc))
 
 
 def _resolve_state(body: bytes) -> str:
@@ -624,13 +611,24 @@ async def _server_error(request: Request, exc: Exception) -> Response:
                         status_code=500)
 
 
-def create_app(client: Client, *, token: str | None = None, allowed_hosts: Sequence[str] | None = None,
-               session_lifetime: float = SESSION_LIFETIME) -> Starlette:
-    """The dashboard over ``client``. ``token``: require it (Bearer or a login's session cookie) on
-    every request; ``allowed_hosts``: the Host names to answer (None: any); ``session_lifetime``:
-    how long a login lasts, in seconds (12 hours)."""
+def create_app(connect: Callable[[], AsyncClient], *, token: str | None = None,
+               allowed_hosts: Sequence[str] | None = None, session_lifetime: float = SESSION_LIFETIME) -> Starlette:
+    """The dashboard over the AsyncClient ``connect()`` makes (called when the server starts, in its
+    event loop; the client is opened then and closed when the server stops). ``token``: require
+    it (Bearer or a login's session cookie) on every request; ``allowed_hosts``: the Host names to
+    answer (None: any); ``session_lifetime``: how long a login lasts, in seconds (12 hours)."""
     sessions, throttle = Sessions(session_lifetime), Throttle()
-    d = Dashboard(client, token, sessions, throttle)
+    d = Dashboard(token, sessions, throttle)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
+        client = connect()
+        await client.open()
+        try:
+            yield {CLIENT: client}
+        finally:
+            await client.close()
+
     routes = [
         Route("/", d.page("index.html", d.overview)),
         Route("/jobs", d.page("jobs.html", d.jobs)),
@@ -660,13 +658,14 @@ def create_app(client: Client, *, token: str | None = None, allowed_hosts: Seque
     ]
     middleware = [Middleware(Guard, token=token, login_page=d.login_required, sessions=sessions, throttle=throttle,
                              allowed_hosts=allowed_hosts)]
-    return Starlette(routes=routes, middleware=middleware,
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                      exception_handlers={404: _not_found, 500: _server_error, Exception: _server_error})
 
 
-def serve(client: Client, host: str = "127.0.0.1", port: int = 8080, token: str | None = None) -> None:
-    """Serve the dashboard with uvicorn until SIGINT/SIGTERM."""
+def serve(connect: Callable[[], AsyncClient], host: str = "127.0.0.1", port: int = 8080,
+          token: str | None = None) -> None:
+    """Serve the dashboard with uvicorn until SIGINT/SIGTERM (``connect``: as create_app's)."""
     import uvicorn
 
-    app = create_app(client, token=token, allowed_hosts=allowed_hosts_of(host))  # loopback: its names only
+    app = create_app(connect, token=token, allowed_hosts=allowed_hosts_of(host))  # loopback: its names only
     uvicorn.run(app, host=host, port=port, log_level="info", server_header=False)

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from pgq_thin.tools.soak import old_snapshot_problems, run_old_snapshot
+from pgq_tools.soak import old_snapshot_problems, run_old_snapshot
 
 pytestmark = [pytest.mark.soak, pytest.mark.slow]
 

@@ -1,6 +1,6 @@
 """TESTING.md 20, the chaos soak in its short form: producers and worker processes under kill -9,
 freezes past the lease, connection kills and one immediate-mode server restart, with a synthetic
-effects ledger; the invariants are checked from the database at the end (pgq_thin.tools.soak). Its
+effects ledger; the invariants are checked from the database at the end (pgq_tools.soak). Its
 counts are printed to the terminal.
 
 PGQ_SOAK_MINUTES sets its length (default 1); PGQ_SOAK_SEED replays a run."""
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from pgq_thin.tools.soak import FAILOVERS, soak_report
+from pgq_tools.soak import FAILOVERS, soak_report
 
 pytestmark = [pytest.mark.soak, pytest.mark.slow]
 

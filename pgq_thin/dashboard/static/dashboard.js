@@ -22,7 +22,9 @@ async function act(button) {
     });
     const answer = await response.json();
     if (!response.ok) {
-      flash(answer.error + (answer.sqlstate ? " [SQLSTATE " + answer.sqlstate + "]" : ""), true);
+      // The refusal as the server (often the database itself) worded it, and its hint on a line of its own.
+      flash(answer.error + (answer.sqlstate ? " [SQLSTATE " + answer.sqlstate + "]" : "") +
+            (answer.hint ? "\nhint: " + answer.hint : ""), true);
       button.disabled = false;
       return;
     }

@@ -1,4 +1,4 @@
-"""The handlers the chaos soak's worker processes run (pgq-thin worker --app pgq_thin.tools.soak_app:worker).
+"""The handlers the chaos soak's worker processes run (pgq-thin worker --app pgq_tools.soak_app:worker).
 
 Each execution of a job writes one row to the soak's effects ledger (``pgq_soak.effects``): the
 stand-in for an outside effect, deliberately *not* fenced by the job's attempt, so that the soak

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pgq_thin.tools.lab.harness import Harness, Verdict, sqlv
-from pgq_thin.tools.lab.statements import CLAIM, COMPLETE
+from pgq_tools.lab.harness import Harness, Verdict, sqlv
+from pgq_tools.lab.statements import CLAIM, COMPLETE
 
 NUMBER = 12
 SLUG = "dependencies"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pgq_thin.tools.lab.harness import Harness, Session, Step, Verdict
-from pgq_thin.tools.lab.statements import CLAIM, EPOCH, RECOVER
+from pgq_tools.lab.harness import Harness, Session, Step, Verdict
+from pgq_tools.lab.statements import CLAIM, EPOCH, RECOVER
 
 NUMBER = 8
 SLUG = "query-plans"

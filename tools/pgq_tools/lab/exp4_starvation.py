@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-from pgq_thin.tools.lab.harness import Harness, Verdict
-from pgq_thin.tools.lab.statements import CLAIM, COMPLETE, ENQUEUE_COHORT, EPOCH, READY_SNAPSHOT
+from pgq_tools.lab.harness import Harness, Verdict
+from pgq_tools.lab.statements import CLAIM, COMPLETE, ENQUEUE_COHORT, EPOCH, READY_SNAPSHOT
 
 NUMBER = 4
 SLUG = "starvation"

@@ -17,7 +17,7 @@ from typing import Any
 from pgq_thin.client import Client
 from pgq_thin.migrate import migrate
 from pgq_thin.testing import server as embedded
-from pgq_thin.tools.fleet import Fleet, worker_command
+from pgq_tools.fleet import Fleet, worker_command
 
 QUEUE = "demo"
 LEASE = timedelta(seconds=3)
@@ -99,7 +99,7 @@ def run_demo(dsn: str | None = None, jobs: int = 3000, workers: int = 3, concurr
             started = time.monotonic()
             for i in range(1, workers + 1):
                 name = f"demo-worker-{i}"
-                fleet.start(name, worker_command("pgq_thin.tools.demo_app:worker", dsn, queues=[QUEUE],
+                fleet.start(name, worker_command("pgq_tools.demo_app:worker", dsn, queues=[QUEUE],
                                                  concurrency=concurrency), env={"PGQ_DEMO_WORKER": name})
             say(f"4. Started {workers} worker processes x {concurrency} slots (their logs in {log_dir}, "
                 "removed at the end).")

@@ -3,7 +3,7 @@
 file, that can be signalled, frozen, killed and stopped gracefully.
 
     fleet = Fleet(log_dir)
-    fleet.start("w1", worker_command("pgq_thin.tools.demo_app:worker", dsn, queues=["demo"]))
+    fleet.start("w1", worker_command("pgq_tools.demo_app:worker", dsn, queues=["demo"]))
     fleet["w1"].signal(signal.SIGKILL)
     fleet.stop()        # SIGTERM to all (thawing frozen ones), a grace period, then SIGKILL
 """

@@ -1,6 +1,6 @@
 """The benchmark: pgq measured beside the physical references of the same server, same run.
 
-    from pgq_thin.tools.bench import run_bench
+    from pgq_tools.bench import run_bench
     run_bench("bench/results")            # throwaway PostgreSQL, default sizes (about 10 minutes)
     run_bench("out", quick=True)          # seconds: what CI runs (tests/test_bench_smoke.py)
 
@@ -52,7 +52,7 @@ from pgq_thin.testing.server import SERVER_SETTINGS, Databases
 
 __all__ = ["run_bench", "BenchConfig"]
 
-log = logging.getLogger("pgq_thin.tools.bench")
+log = logging.getLogger("pgq_tools.bench")
 
 QUEUE = "bench"
 
@@ -1513,7 +1513,7 @@ def _chart(res: dict[str, Any], path: Path) -> bool:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log.warning("matplotlib is not installed (pip install 'pgq-thin[bench]'): no chart")
+        log.warning("matplotlib is not installed (pip install ./tools brings it): no chart")
         return False
     panels = 2 if "churn" in res else 1
     fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4.8), squeeze=False)
@@ -2063,12 +2063,12 @@ def operators_day_ab_server(*, jobs: int = 1000, repeats: int = 8) -> dict[str, 
 
 
 if __name__ == "__main__":
-    # python -m pgq_thin.tools.bench [jobs workers repeats [before after]]: the A/B of two migrations
+    # python -m pgq_tools.bench [jobs workers repeats [before after]]: the A/B of two migrations
     # (default: AB_BEFORE and AB_AFTER), client drains with fsync on and off, then the server loop.
     import sys
 
-    usage = ("usage: python -m pgq_thin.tools.bench [JOBS WORKERS REPEATS [BEFORE AFTER]]\n"
-             "       python -m pgq_thin.tools.bench concerns [JOBS REPEATS]: what a plain queue pays for\n"
+    usage = ("usage: python -m pgq_tools.bench [JOBS WORKERS REPEATS [BEFORE AFTER]]\n"
+             "       python -m pgq_tools.bench concerns [JOBS REPEATS]: what a plain queue pays for\n"
              "  the features other queues use (concerns_ab), fsync on and off\n"
              "  the A/B of two migrations (file names without .sql, or head: every migration and the\n"
              "  function source, or git:REV: those of a git revision of this checkout, e.g. git:main;\n"

@@ -1,6 +1,6 @@
 """pgq-thin soak: the chaos soak (TESTING.md 20) and the old-snapshot run (TESTING.md 21).
 
-``run_soak``: producer threads enqueue jobs while worker processes (pgq_thin.tools.soak_app) run them,
+``run_soak``: producer threads enqueue jobs while worker processes (pgq_tools.soak_app) run them,
 each execution writing one row to a synthetic effects ledger. Meanwhile the soak kill -9s workers
 (and starts new ones), freezes workers (SIGSTOP) past their lease and thaws them, terminates
 client connections (pg_terminate_backend), and restarts the server once in immediate mode
@@ -44,8 +44,8 @@ from pgq_thin.client import Client
 from pgq_thin.migrate import migrate
 from pgq_thin.testing import server as embedded
 from pgq_thin.testing.topology import ReplicatedPair
-from pgq_thin.tools.fleet import WorkerProcess, stop_processes, worker_command
-from pgq_thin.tools.soak_app import QUEUE
+from pgq_tools.fleet import WorkerProcess, stop_processes, worker_command
+from pgq_tools.soak_app import QUEUE
 
 __all__ = ["SoakCounts", "old_snapshot_problems", "run_old_snapshot", "run_old_snapshot_check", "run_soak",
            "soak_report"]
@@ -108,7 +108,7 @@ class _Fleet:
         self.generation += 1
         name = f"soak-w{slot}-g{self.generation}"
         self.procs[slot] = WorkerProcess(
-            worker_command("pgq_thin.tools.soak_app:worker", self.dsn, queues=[QUEUE], concurrency=self.concurrency),
+            worker_command("pgq_tools.soak_app:worker", self.dsn, queues=[QUEUE], concurrency=self.concurrency),
             os.path.join(self.log_dir, f"{name}.log"),
             env={"PGQ_SOAK_WORKER": name, "PGQ_SOAK_LEASE": str(LEASE_SECONDS),
                  "PGQ_SOAK_CONCURRENCY": str(self.concurrency)})

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pgq_thin.tools.lab.harness import Harness, Verdict
-from pgq_thin.tools.lab.statements import CLAIM, COMPLETE, EVENTS, READY_SNAPSHOT
+from pgq_tools.lab.harness import Harness, Verdict
+from pgq_tools.lab.statements import CLAIM, COMPLETE, EVENTS, READY_SNAPSHOT
 
 NUMBER = 3
 SLUG = "ordering"

@@ -7,8 +7,8 @@ ignore it."""
 
 from __future__ import annotations
 
-from pgq_thin.tools.lab.harness import Harness, Session, Step, Verdict
-from pgq_thin.tools.lab.statements import CLAIM, ENQUEUE_COHORT, EPOCH, EVENTS, JOB
+from pgq_tools.lab.harness import Harness, Session, Step, Verdict
+from pgq_tools.lab.statements import CLAIM, ENQUEUE_COHORT, EPOCH, EVENTS, JOB
 
 NUMBER = 1
 SLUG = "claim-boundary"

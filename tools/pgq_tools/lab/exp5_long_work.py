@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
-from pgq_thin.tools.lab.harness import Harness, Verdict, sqlv
-from pgq_thin.tools.lab.statements import CLAIM, COMPLETE, ENQUEUE_COHORT, EPOCH
+from pgq_tools.lab.harness import Harness, Verdict, sqlv
+from pgq_tools.lab.statements import CLAIM, COMPLETE, ENQUEUE_COHORT, EPOCH
 
 NUMBER = 5
 SLUG = "long-work"

@@ -8,8 +8,8 @@ skip, makes pgq.claim wait."""
 
 from __future__ import annotations
 
-from pgq_thin.tools.lab.harness import Harness, Step, Verdict
-from pgq_thin.tools.lab.statements import CLAIM, ENQUEUE_COHORT, EPOCH
+from pgq_tools.lab.harness import Harness, Step, Verdict
+from pgq_tools.lab.statements import CLAIM, ENQUEUE_COHORT, EPOCH
 
 NUMBER = 2
 SLUG = "lock-modes"

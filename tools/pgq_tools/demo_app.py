@@ -1,4 +1,4 @@
-"""The handlers the demo's worker processes run (pgq-thin worker --app pgq_thin.tools.demo_app:worker)."""
+"""The handlers the demo's worker processes run (pgq-thin worker --app pgq_tools.demo_app:worker)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 
 from pgq_thin.testing.server import Databases
-from pgq_thin.tools.lab import (
+from pgq_tools.lab import (
     exp1_claim_boundary,
     exp2_lock_modes,
     exp3_ordering,
@@ -36,12 +36,12 @@ from pgq_thin.tools.lab import (
     exp12_dependencies,
     exp13_batches,
 )
-from pgq_thin.tools.lab.harness import Check, Harness, Step, Verdict, utcnow
-from pgq_thin.tools.lab.statements import TEMPLATES
+from pgq_tools.lab.harness import Check, Harness, Step, Verdict, utcnow
+from pgq_tools.lab.statements import TEMPLATES
 
 __all__ = ["EXPERIMENTS", "ExperimentResult", "run_experiment", "run_lab"]
 
-log = logging.getLogger("pgq_thin.tools.lab")
+log = logging.getLogger("pgq_tools.lab")
 
 #: Every experiment, in order. Each module has NUMBER, SLUG, TITLE, BASIS, HYPOTHESIS, PROCEDURE,
 #: CONDITION and run(harness) -> Verdict.
@@ -122,7 +122,7 @@ def run_lab(out_dir: str, dsn: str | None = None, *, experiments: list[ModuleTyp
     experiment passed, 1 when one failed, 2 when the lab itself could not run (the traceback is
     printed to stderr)."""
     from pgq_thin.migrate import migrate
-    from pgq_thin.tools.lab import report
+    from pgq_tools.lab import report
 
     t0 = time.monotonic()
     started = utcnow()

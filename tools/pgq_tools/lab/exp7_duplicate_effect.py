@@ -9,8 +9,8 @@ silently records the effect twice. worker-b then completes the job."""
 
 from __future__ import annotations
 
-from pgq_thin.tools.lab.harness import Harness, Verdict, sqlv
-from pgq_thin.tools.lab.statements import (
+from pgq_tools.lab.harness import Harness, Verdict, sqlv
+from pgq_tools.lab.statements import (
     CLAIM,
     COMPLETE,
     ENQUEUE_COHORT,

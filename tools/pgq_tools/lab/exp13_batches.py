@@ -13,8 +13,8 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from pgq_thin.tools.lab.harness import Harness, Session, Step, Verdict, sqlv
-from pgq_thin.tools.lab.statements import CLAIM
+from pgq_tools.lab.harness import Harness, Session, Step, Verdict, sqlv
+from pgq_tools.lab.statements import CLAIM
 
 NUMBER = 13
 SLUG = "batches"

@@ -8,8 +8,8 @@ worker-a's late completions (and renew) are rejected and leave 'rejected' events
 
 from __future__ import annotations
 
-from pgq_thin.tools.lab.harness import Harness, Session, Step, Verdict, sqlv
-from pgq_thin.tools.lab.statements import (
+from pgq_tools.lab.harness import Harness, Session, Step, Verdict, sqlv
+from pgq_tools.lab.statements import (
     CLAIM,
     COMPLETE,
     ENQUEUE_COHORT,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pgq_thin.tools.lab.harness import Harness, Session, Step, Verdict, sqlv
-from pgq_thin.tools.lab.statements import CLAIM, RECOVER
+from pgq_tools.lab.harness import Harness, Session, Step, Verdict, sqlv
+from pgq_tools.lab.statements import CLAIM, RECOVER
 
 NUMBER = 9
 SLUG = "schedule-firing"

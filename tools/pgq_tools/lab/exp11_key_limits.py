@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pgq_thin.tools.lab.harness import Harness, Verdict
-from pgq_thin.tools.lab.statements import COMPLETE, EPOCH
+from pgq_tools.lab.harness import Harness, Verdict
+from pgq_tools.lab.statements import COMPLETE, EPOCH
 
 NUMBER = 11
 SLUG = "key-limits"

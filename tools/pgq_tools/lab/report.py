@@ -16,11 +16,11 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgq_thin.testing.server import server_programs
-from pgq_thin.tools.lab import statements
-from pgq_thin.tools.lab.harness import Step
+from pgq_tools.lab import statements
+from pgq_tools.lab.harness import Step
 
 if TYPE_CHECKING:
-    from pgq_thin.tools.lab import ExperimentResult
+    from pgq_tools.lab import ExperimentResult
 
 #: The files every evidence directory holds, besides one experiment-N-<slug>.csv/.txt pair each.
 COMMON_FILES = ("acceptance.md", "schema.sql", "seed.sql", "claim.sql", "complete.sql", "recover.sql",
@@ -66,7 +66,7 @@ def _pg_dump_schema(dsn: str) -> str | None:
 
 
 def _package_schema() -> str:
-    package = Path(__file__).resolve().parent.parent.parent  # pgq_thin/ (this file: pgq_thin/tools/lab/)
+    package = Path(__file__).resolve().parent.parent.parent  # pgq_thin/ (this file: tools/pgq_tools/lab/)
     for candidate in (package / "_sql" / "schema.sql", package.parent / "sql" / "schema.sql"):
         if candidate.is_file():
             return candidate.read_text()

@@ -7,8 +7,8 @@ worker-b claims attempt 2 and completes it; worker-a's late completion is refuse
 
 from __future__ import annotations
 
-from pgq_thin.tools.lab.harness import Harness, Verdict, sqlv
-from pgq_thin.tools.lab.statements import CLAIM, COMPLETE, EVENTS, RECOVER, RENEW
+from pgq_tools.lab.harness import Harness, Verdict, sqlv
+from pgq_tools.lab.statements import CLAIM, COMPLETE, EVENTS, RECOVER, RENEW
 
 NUMBER = 10
 SLUG = "hung-handler"
