@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from pgq_thin import queries
 from pgq_thin.calls import READING, Call, Interval, PgqCalls
 from pgq_thin.client import DRIVER_CONNECTION, WAIT_POLL_INTERVAL, Waiting, resolve_dsn
 from pgq_thin.errors import InvalidArgument, translated
+from pgq_thin.migrate import awarn_if_schema_is_old
 from pgq_thin.models import JobResult
 
 __all__ = ["AsyncClient"]
@@ -44,6 +46,7 @@ class AsyncClient(PgqCalls):
         caller's to open and close."""
         self.pooled = pooled
         self._prepare = prepare and not pooled
+        self._schema_seen: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
         self._owns_pool = pool is None
         self._opened = not self._owns_pool
         self.pool = pool if pool is not None else AsyncConnectionPool(
@@ -87,7 +90,7 @@ class AsyncClient(PgqCalls):
                 with translated():
                     async with aclosing(conn.notifies(timeout=pause)) as notifies:
                         async for notify in notifies:
-                            if notify.payload == waiting.payload:
+                            if waiting.notified(notify.payload):
                                 break
 
     @asynccontextmanager
@@ -122,6 +125,9 @@ class AsyncClient(PgqCalls):
             if conn is not None:
                 return await self._execute(conn, call)
             async with self.pool.connection() as pooled:
+                # Once per database and process, asked once per connection (as Client does).
+                if pooled not in self._schema_seen and await awarn_if_schema_is_old(pooled):
+                    self._schema_seen.add(pooled)
                 return await self._execute(pooled, call)
 
     async def _execute(self, conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:

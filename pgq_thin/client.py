@@ -10,6 +10,7 @@ own transaction, so the job is written atomically with their business data. Besi
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import time
@@ -55,6 +56,19 @@ class Waiting:
         self.timeout = None if timeout is None else calls.seconds("timeout", timeout)
         self.poll = calls.seconds("poll_interval", poll_interval, positive=True)
         self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        self.noticed = -math.inf  # when a notification last made it read (time.monotonic())
+
+    def notified(self, payload: str) -> bool:
+        """Whether a notification with ``payload`` makes the wait read now: one naming the job, at
+        most one a poll interval (any login may NOTIFY pgq_finished: a flood of them must not
+        become a flood of reads). One that does not waits for the next periodic read."""
+        if payload != self.payload:
+            return False
+        now = time.monotonic()
+        if now - self.noticed < self.poll:
+            return False
+        self.noticed = now
+        return True
 
     def on(self, conn: Any) -> Call[JobResult]:
         """The read of pgq.job_result, sent over ``conn`` (None: a pooled connection)."""
@@ -177,8 +191,9 @@ class Client(PgqCalls):
 
         It listens on the channel pgq_finished on a connection of its own, then reads the result
         (so an end between the enqueue and the LISTEN is not missed), and reads it again on each
-        notification naming the job (a job enqueued with ``notify_finished=True``) and at least
-        every ``poll_interval`` (any other job). That connection is made with the pool's conninfo
+        notification naming the job (a job enqueued with ``notify_finished=True``; at most one such
+        read a poll interval, whatever is notified: any login may NOTIFY) and every
+        ``poll_interval`` (any other job). That connection is made with the pool's conninfo
         and kwargs (a pool's ``configure`` callback is not run on it). Behind a transaction-pooling
         proxy (``pooled=True``) there is no LISTEN: it reads every ``poll_interval`` over the pool.
         The job must be one this login enqueued, or of a queue it may read (JobNotFound otherwise)."""
@@ -194,7 +209,7 @@ class Client(PgqCalls):
                     continue
                 with translated(), closing(conn.notifies(timeout=pause)) as notifies:
                     for notify in notifies:
-                        if notify.payload == waiting.payload:
+                        if waiting.notified(notify.payload):
                             break
 
     @contextmanager
