@@ -84,3 +84,13 @@ def connect(dsn: str) -> Iterator:
 def client_kind(request: pytest.FixtureRequest) -> str:
     """The test runs over each client, "Client" and "AsyncClient" (clientkit.clients opens one)."""
     return str(request.param)
+
+
+#: The worker runtimes every behaviour of a worker runs on (the runtime fixture).
+RUNTIMES = ("threads", "asyncio")
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest) -> str:
+    """The test runs on each worker runtime: "threads" (Worker) and "asyncio" (AsyncWorker)."""
+    return str(request.param)

@@ -24,10 +24,11 @@ import pytest
 from pgq_thin import Client, Job
 from pgq_thin.errors import PgqError
 from pgq_thin.worker import AUTO_PREFETCH_MAX, AsyncWorker, JobContext, OutcomeUnknown, Retry, Snooze, Worker
-from pgq_thin.worker.completer import Completer
+from pgq_thin.worker.claimer import ClaimNudge, PollTimer
 from pgq_thin.worker.held import HeldJobs
-from pgq_thin.worker.owner import OwnerCalls
 from pgq_thin.worker.support import Flags, transient
+from pgq_thin.worker.threads.completer import Completer
+from pgq_thin.worker.threads.owner import OwnerCalls
 
 from sqlhelpers import events, expire_lease, job, one, wait_for
 
@@ -40,10 +41,12 @@ RUNTIMES = {"threads": Worker, "asyncio": AsyncWorker}
 _current = ["threads"]
 
 
-@pytest.fixture(autouse=True, params=sorted(RUNTIMES))
-def runtime(request: pytest.FixtureRequest) -> Iterator[str]:
-    _current[0] = request.param
-    yield request.param
+@pytest.fixture(autouse=True)
+def current_runtime(runtime: str) -> Iterator[str]:
+    """Every test here runs on each runtime (conftest's runtime fixture); fast_worker() makes the
+    current one."""
+    _current[0] = runtime
+    yield runtime
     _current[0] = "threads"
 
 
@@ -588,7 +591,8 @@ def test_a_worker_whose_attempt_was_taken_over_is_told_and_writes_no_completion(
 def completer_on(client: Client) -> tuple[Completer, HeldJobs]:
     """A completer of its own (no worker around it) and the registry it records into."""
     held, flags = HeldJobs(), Flags()
-    return Completer(OwnerCalls(client, held, flags, "w"), held, flags), held
+    nudge = ClaimNudge(PollTimer(1.0, 0), threading.Event())  # (nothing claims: nobody waits on it)
+    return Completer(OwnerCalls(client, held, flags, "w"), held, flags, nudge), held
 
 
 def test_completions_queued_together_are_recorded_by_one_complete_many_fenced_per_job(

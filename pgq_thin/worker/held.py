@@ -92,15 +92,16 @@ class _Notice:
 class HeldJobs:
     """Thread-safe: one short lock guards every decision; no call to the server happens under it."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_lost: Callable[[], None] | None = None,
+                 on_cancelled: Callable[[Held], None] | None = None) -> None:
         self._jobs: dict[int, Held] = {}
         self._lock = threading.Lock()
         self._notices: dict[int, _Notice] = {}  # by job id: held jobs a pgq_cancel notification named
         #: Called (outside the lock) each time a held job stops being ours: the worker's metrics.
-        self.on_lost: Callable[[], None] | None = None
+        self.on_lost = on_lost
         #: Called (outside the lock, by whoever ends the renewal) when a held job turns out to be
         #: cancelled: the AsyncWorker interrupts its handler's task.
-        self.on_cancelled: Callable[[Held], None] | None = None
+        self.on_cancelled = on_cancelled
 
     def hold(self, job: Job, ctx: JobContext, lease_seconds: float) -> Held:
         """Register a claimed job; its first renewal is due at a third of its lease."""

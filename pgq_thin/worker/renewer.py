@@ -1,9 +1,11 @@
 """The renewer: extends the lease of every held job at about a third of its lease (pgq.renew), by
-the database clock; a refusal means the job is no longer ours: the handler is told."""
+the database clock; a refusal means the job is no longer ours: the handler is told. Written once,
+for asyncio (AsyncRenewer, read_clock); the thread runtime's Renewer is generated from it
+(pgq_thin/worker/threads/renewer.py)."""
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -11,13 +13,14 @@ from datetime import datetime
 import psycopg
 
 from pgq_thin import queries
-from pgq_thin.client import Client
+from pgq_thin.async_client import AsyncClient
 from pgq_thin.errors import PgqError
 from pgq_thin.models import Job
 from pgq_thin.worker.held import Held, HeldJobs
-from pgq_thin.worker.support import Delay, Flags, ThreadPart, log, seconds
+from pgq_thin.worker.support import Delay, Flags, log, seconds
+from pgq_thin.worker.waits import ASYNC, Part, Wakeup
 
-__all__ = ["DatabaseClock", "Renewer"]
+__all__ = ["AsyncRenewer", "DatabaseClock", "read_clock"]
 
 #: The shortest lease the worker plans with (a lease nearly run out when the job was claimed).
 MIN_LEASE = 0.3
@@ -33,18 +36,6 @@ class DatabaseClock:
     def observe(self, before: float, database_now: datetime, after: float) -> None:
         """Account one reading: time.time() before and after, and what the database said."""
         self.offset = database_now.timestamp() - (before + after) / 2
-
-    def read(self, client: Client) -> None:
-        try:
-            with client.pool.connection() as conn:
-                before = time.time()
-                row = conn.execute(queries.CLOCK).fetchone()
-                after = time.time()
-        except psycopg.Error as exc:
-            log.debug("could not read the database clock: %s", exc)
-            return
-        if row is not None:
-            self.observe(before, row[0], after)
 
     def seconds_until(self, when: datetime) -> float:
         """How long, by the database clock, until ``when`` (at least MIN_LEASE)."""
@@ -95,19 +86,33 @@ def until_next(held: HeldJobs, now: float) -> float:
     return min(max(wait, 0.05), 0.5)
 
 
-class Renewer(ThreadPart):
+async def read_clock(clock: DatabaseClock, client: AsyncClient) -> None:
+    """Read the database clock into ``clock`` (a failure leaves the offset as it was)."""
+    try:
+        async with client.pool.connection() as conn:
+            before = time.time()
+            row = await (await conn.execute(queries.CLOCK)).fetchone()
+            after = time.time()
+    except psycopg.Error as exc:
+        log.debug("could not read the database clock: %s", exc)
+        return
+    if row is not None:
+        clock.observe(before, row[0], after)
+
+
+class AsyncRenewer(Part):
     """Renews the jobs in ``held`` through ``client`` (``lease``: the worker's own, or None for
     the queues'), until ``stop()``, a hard stop or the end of the run."""
 
-    def __init__(self, client: Client, held: HeldJobs, clock: DatabaseClock, flags: Flags,
+    def __init__(self, client: AsyncClient, held: HeldJobs, clock: DatabaseClock, flags: Flags,
                  lease: Delay | None) -> None:
+        super().__init__()
         self.client = client
         self.held = held
         self.clock = clock
         self.flags = flags
         self.lease = lease
-        self._wake = threading.Event()  # set by stop() and wake()
-        super().__init__()
+        self._wake = Wakeup()  # set by stop() and wake()
 
     thread_name = "pgq-renew"
 
@@ -115,20 +120,30 @@ class Renewer(ThreadPart):
         """Renew what is due at once (a pgq_cancel notification made a renewal due)."""
         self._wake.set()
 
-    def renew_due(self) -> float:
-        """Renew every job whose renewal is due; how long until the next one is (capped at 0.5 s)."""
+    def cancel_noticed(self, job_id: int, attempt: int) -> None:
+        """A pgq_cancel notification named this attempt (the listener): renew it now, whose
+        refusal proves the cancel."""
+        if self.held.notice_cancel(job_id, attempt):
+            self.wake()
+
+    async def renew_due(self) -> float:
+        """Renew every job whose renewal is due; how long until the next one is (capped at 0.5 s).
+        (The asyncio runtime sends them at once, each on a pooled connection; a thread, in turn.)"""
         now = time.monotonic()
-        for held in self.held.jobs():
-            if held.next_renew <= now:
+        due = [held for held in self.held.jobs() if held.next_renew <= now]
+        if ASYNC:
+            await asyncio.gather(*(self.renew(held) for held in due))
+        else:
+            for held in due:
                 self.renew(held)
         return until_next(self.held, now)
 
-    def renew(self, held: Held) -> None:
+    async def renew(self, held: Held) -> None:
         if not self.held.begin_renewal(held):
             return  # settled (its outcome is being recorded), or lost
         lost = answered = False
         try:
-            lost = renewed(held, self.client.renew(held.job.id, held.job.attempt, lease=self.lease),
+            lost = renewed(held, await self.client.renew(held.job.id, held.job.attempt, lease=self.lease),
                            self.clock, self.lease)
             answered = True
         except PgqError as exc:
@@ -136,9 +151,9 @@ class Renewer(ThreadPart):
         finally:
             self.held.end_renewal(held, lost=lost, answered=answered)
 
-    def _loop(self) -> None:
+    async def run(self) -> None:
         while not self._stopped.is_set() and not self.flags.hard_stop.is_set():
-            self._wake.wait(self.renew_due())
+            await self._wake.wait(await self.renew_due())
             self._wake.clear()
 
     def stop(self) -> None:
