@@ -367,17 +367,17 @@ def test_the_renewer_extends_leases_and_tells_a_handler_whose_job_was_taken(
 
 def test_the_listener_wakes_for_our_queues_only_and_says_when_it_listens(dsn: str, conn: psycopg.Connection) -> None:
     assert concerns("a", ["a", "b"]) and concerns("x", None) and not concerns("x", ["a"])
-    woken = threading.Event()
-    listener = Listener(dsn, ["default"], woken.set, "w", threading.Event())
+    wakes = threading.Semaphore(0)
+    listener = Listener(dsn, ["default"], wakes.release, "w", threading.Event())
     listener.start()
     try:
-        assert listener.listening.wait(DEADLINE) and woken.wait(DEADLINE)  # woken once on LISTEN
-        woken.clear()
+        assert listener.listening.wait(DEADLINE) and wakes.acquire(timeout=DEADLINE)  # woken once on LISTEN
+        # One connection's notifications arrive in order: once the second has woken the listener,
+        # the first was heard, and woke nobody.
         conn.execute("SELECT pg_notify('pgq', 'elsewhere')")
-        time.sleep(0.5)  # a wake-up would come within one notifies() round (0.25 s)
-        assert not woken.is_set()
         conn.execute("SELECT pg_notify('pgq', 'default')")
-        assert woken.wait(DEADLINE)
+        assert wakes.acquire(timeout=DEADLINE)
+        assert not wakes.acquire(blocking=False)  # one wake-up, for our queue
     finally:
         listener.stop()
         listener.join(DEADLINE)
