@@ -23,9 +23,11 @@ KINDS = ("Client", "AsyncClient")
 
 
 class Blocking:
-    """An AsyncClient's methods, each run on ``loop`` (another thread's) and waited for."""
+    """An AsyncClient's methods, each run on ``loop`` (another thread's) and waited for (a method
+    that answers at once, as ``bounded`` does, answers as it is; a view of the client's calls that
+    it answers is made blocking too)."""
 
-    def __init__(self, client: AsyncClient, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, client: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.client = client
         self.loop = loop
 
@@ -36,7 +38,10 @@ class Blocking:
 
         @functools.wraps(attribute)
         def blocking(*args: Any, **kwargs: Any) -> Any:
-            return asyncio.run_coroutine_threadsafe(attribute(*args, **kwargs), self.loop).result(timeout=60)
+            answer = attribute(*args, **kwargs)
+            if asyncio.iscoroutine(answer):
+                return asyncio.run_coroutine_threadsafe(answer, self.loop).result(timeout=60)
+            return Blocking(answer, self.loop) if hasattr(answer, "_send") else answer
 
         return blocking
 

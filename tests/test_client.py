@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 
@@ -13,7 +14,7 @@ from clientkit import clients, counting
 
 from pgq_thin import Client, InvalidArgument, Job, JobNotFound, QueueSettings, QueueStats, WrongState
 from pgq_thin.client import resolve_dsn
-from pgq_thin.errors import PermissionDenied, WaitTimeout
+from pgq_thin.errors import PermissionDenied, PgqError, WaitTimeout
 from pgq_thin.migrate import shipped_schema_version
 
 from sqlhelpers import expire_lease, job
@@ -342,3 +343,26 @@ def test_a_wait_reads_at_most_once_a_poll_interval_for_notifications_whatever_is
     # The first read, the periodic ones (every 0.5 s of 1.5 s) and at most one for notifications
     # in each poll interval.
     assert 2 <= reads["job_result"] <= 1 + 3 + 3, reads
+
+
+def test_a_bounded_call_on_a_row_another_transaction_holds_fails_within_its_lock_timeout(
+        dsn: str, client_kind: str, conn: psycopg.Connection) -> None:
+    """client.bounded(...): the call runs in a transaction of its own with SET LOCAL lock_timeout
+    and statement_timeout (the worker's renewals and completions go this way): a row held by a
+    transaction left open makes it fail with 55P03, not hang; the next call on the pool works."""
+    job_id = int(conn.execute("SELECT pgq.enqueue('q', 'k', '{}')").fetchone()[0])
+    with clients(client_kind, dsn, max_size=1) as client:
+        [claimed] = client.claim("w", ["q"], lease=60)
+        bounded = client.bounded(lock_timeout=0.3, statement_timeout=5)
+        assert bounded.renew(job_id, claimed.attempt) is not None  # nothing holds it: as renew
+        with psycopg.connect(dsn) as squatter:
+            squatter.execute("SELECT 1 FROM pgq.jobs WHERE id = %s FOR UPDATE", (job_id,))
+            started = time.monotonic()
+            with pytest.raises(PgqError) as held:
+                bounded.renew(job_id, claimed.attempt)
+            assert held.value.sqlstate == "55P03" and time.monotonic() - started < 3
+            squatter.rollback()
+        assert client.stats()  # the pool's one connection is usable again
+        assert client.queue_status(["q"])[0].known  # (and carries no bound: it was SET LOCAL)
+        assert bounded.complete(job_id, claimed.attempt, {"ok": 1}) is True
+    assert job(conn, job_id)["state"] == "done"

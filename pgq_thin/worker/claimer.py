@@ -272,7 +272,7 @@ class AsyncClaimer:
         if not carried:
             return await self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
         try:
-            answer = await self.client.complete_and_claim(
+            answer = await self.owner.bounded.complete_and_claim(
                 [h.job.id for h in carried], [h.job.attempt for h in carried], self.name, self.queues,
                 batch=batch, lease=self.lease, kinds=self.kinds)
         except BaseException as exc:

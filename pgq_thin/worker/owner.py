@@ -16,7 +16,16 @@ from pgq_thin.worker.outcomes import Outcome, failed_as, refused_instead
 from pgq_thin.worker.support import Flags, JobLog, Repeat, log
 from pgq_thin.worker.waits import nap, sleep
 
-__all__ = ["AsyncOwnerCalls", "released"]
+__all__ = ["COMPLETION_LOCK_TIMEOUT", "COMPLETION_STATEMENT_TIMEOUT", "AsyncOwnerCalls", "released"]
+
+#: The bounds of the calls that record an outcome (complete, complete_many, fail, snooze,
+#: mark_unknown, release; the claim that carries completions): each runs in a transaction of its
+#: own that waits at most COMPLETION_LOCK_TIMEOUT seconds for a lock (a job's row that another
+#: transaction holds) and runs at most COMPLETION_STATEMENT_TIMEOUT. A call that meets them fails
+#: (55P03, 57014) and is repeated with the same attempt, as when the connection is down: it never
+#: hangs the part that makes it.
+COMPLETION_LOCK_TIMEOUT = 5.0
+COMPLETION_STATEMENT_TIMEOUT = 60.0
 
 
 def released(job: Job, answer: bool, why: str) -> None:
@@ -28,11 +37,13 @@ def released(job: Job, answer: bool, why: str) -> None:
 
 
 class AsyncOwnerCalls:
-    """Makes owner calls for the jobs in ``held`` through ``client``. ``flags``: a hard stop or
-    the end of the run ends the repeating."""
+    """Makes owner calls for the jobs in ``held`` through ``client``, bounded (``bounded``: the
+    client's calls, each with COMPLETION_LOCK_TIMEOUT and COMPLETION_STATEMENT_TIMEOUT). ``flags``:
+    a hard stop or the end of the run ends the repeating."""
 
     def __init__(self, client: AsyncClient, held: HeldJobs, flags: Flags, worker_name: str) -> None:
         self.client = client
+        self.bounded = client.bounded(COMPLETION_LOCK_TIMEOUT, COMPLETION_STATEMENT_TIMEOUT)
         self.held = held
         self.flags = flags
         self.worker_name = worker_name
@@ -49,7 +60,7 @@ class AsyncOwnerCalls:
                 return
             try:
                 answer = await self.until_answered(outcome.operation, held.log,
-                                                   lambda: outcome.send(self.client, held.job))
+                                                   lambda: outcome.send(self.bounded, held.job))
             except Exception as exc:  # noqa: BLE001
                 await self.refused(outcome.operation, held, exc)
                 return
@@ -85,7 +96,7 @@ class AsyncOwnerCalls:
         if instead is None:
             return
         try:
-            state = await self.until_answered("fail", jlog, lambda: instead.send(self.client, job))
+            state = await self.until_answered("fail", jlog, lambda: instead.send(self.bounded, job))
             jlog.info("recorded as a failure instead: %s", failed_as(state))
         except Exception as again:  # noqa: BLE001
             jlog.error("fail refused too (%s); the lease will recover the job", again)
@@ -94,7 +105,7 @@ class AsyncOwnerCalls:
         """pgq.release: pending again now, the attempt not counted. One try: if it does not
         answer, the lease expires and the job is recovered anyway."""
         try:
-            released(job, await self.client.release(job.id, job.attempt), why)
+            released(job, await self.bounded.release(job.id, job.attempt), why)
         except PgqError as exc:
             JobLog(job).warning("release failed (%s); the lease will recover the job", exc)
 

@@ -20,7 +20,7 @@ from pgq_thin.worker.held import Held, HeldJobs
 from pgq_thin.worker.support import Delay, Flags, log, seconds
 from pgq_thin.worker.waits import ASYNC, Part, Wakeup
 
-__all__ = ["AsyncRenewer", "DatabaseClock", "read_clock"]
+__all__ = ["AsyncRenewer", "DatabaseClock", "read_clock", "renewal_bound"]
 
 #: The shortest lease the worker plans with (a lease nearly run out when the job was claimed).
 MIN_LEASE = 0.3
@@ -59,12 +59,38 @@ class DatabaseClock:
         return [max(job.lease_until.timestamp() - now, MIN_LEASE) for job in jobs]
 
 
-def renewed(held: Held, until: datetime | None, clock: DatabaseClock, lease: Delay | None) -> bool:
-    """Account what pgq.renew answered for ``held``: True when the job is no longer ours."""
+def renewal_bound(lease_seconds: float) -> float:
+    """How long one renewal may wait for a lock, and run (its lock_timeout and statement_timeout):
+    a sixth of the lease, from 0.05 s to 5 s. A renewal that another transaction holds back (its
+    job's row locked) fails then, and the renewer goes on with the other jobs."""
+    return min(max(lease_seconds / 6, 0.05), 5.0)
+
+
+def retry_gap(lease_seconds: float) -> float:
+    """How soon a renewal that failed is tried again."""
+    return min(1.0, lease_seconds / 6)
+
+
+def confirm_by(held: Held) -> float:
+    """When (time.monotonic()) the lease of ``held`` must have been confirmed again, or the job is
+    lost if its last renewals failed (HeldJobs.unconfirmed): early enough that the renewer, whose
+    next look may come after a bounded renewal and a retry's gap, tells the handler before the
+    lease ends (at two thirds of the lease, for a lease up to 6 s; 6 s before its end from 30 s
+    on), and late enough that the renewal due at a third of the lease, and a retry, confirm it."""
+    return held.expires - renewal_bound(held.lease_seconds) - retry_gap(held.lease_seconds)
+
+
+def renewed(held: Held, until: datetime | None, clock: DatabaseClock, lease: Delay | None, sent: float) -> bool:
+    """Account what pgq.renew answered for ``held`` (asked at ``sent``, time.monotonic()): True when
+    the job is no longer ours."""
     if until is None:  # (HeldJobs.end_renewal says why: a lost lease, or a cancel)
         return True
+    held.failed = 0
     if lease is None:  # the queue's lease may have been reconfigured
         held.lease_seconds = clock.seconds_until(until)
+        held.expires = time.monotonic() + held.lease_seconds
+    else:  # the database counted it from a moment after we asked
+        held.expires = sent + held.lease_seconds
     held.next_renew = time.monotonic() + held.lease_seconds / 3
     deadline = held.ctx.deadline_monotonic
     if deadline is not None:  # wake at the deadline (max_run_time), not after it
@@ -75,7 +101,8 @@ def renewed(held: Held, until: datetime | None, clock: DatabaseClock, lease: Del
 
 def renewal_failed(held: Held, exc: PgqError) -> None:
     """pgq.renew did not answer: try again soon, well within the lease."""
-    held.next_renew = time.monotonic() + min(1.0, held.lease_seconds / 6)
+    held.failed += 1
+    held.next_renew = time.monotonic() + retry_gap(held.lease_seconds)
     held.log.warning("lease renewal failed (%s); trying again", exc)
 
 
@@ -128,9 +155,15 @@ class AsyncRenewer(Part):
 
     async def renew_due(self) -> float:
         """Renew every job whose renewal is due; how long until the next one is (capped at 0.5 s).
-        (The asyncio runtime sends them at once, each on a pooled connection; a thread, in turn.)"""
+        (The asyncio runtime sends them at once, each on a pooled connection; a thread, in turn.)
+        A job whose renewals failed until its lease is about to end is lost first (the handler is
+        told): a renewal waits at most its bound, so a failure, not a hung call, comes first."""
         now = time.monotonic()
-        due = [held for held in self.held.jobs() if held.next_renew <= now]
+        jobs = self.held.jobs()
+        for held in jobs:
+            if held.failed and held.state == "held" and now >= confirm_by(held):
+                self.held.unconfirmed(held)
+        due = [held for held in jobs if held.next_renew <= now and held.state == "held"]
         if ASYNC:
             await asyncio.gather(*(self.renew(held) for held in due))
         else:
@@ -142,9 +175,11 @@ class AsyncRenewer(Part):
         if not self.held.begin_renewal(held):
             return  # settled (its outcome is being recorded), or lost
         lost = answered = False
+        bound = renewal_bound(held.lease_seconds)
+        sent = time.monotonic()
         try:
-            lost = renewed(held, await self.client.renew(held.job.id, held.job.attempt, lease=self.lease),
-                           self.clock, self.lease)
+            until = await self.client.bounded(bound, bound).renew(held.job.id, held.job.attempt, lease=self.lease)
+            lost = renewed(held, until, self.clock, self.lease, sent)
             answered = True
         except PgqError as exc:
             renewal_failed(held, exc)

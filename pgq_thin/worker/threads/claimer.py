@@ -130,7 +130,7 @@ class Claimer:
         if not carried:
             return self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
         try:
-            answer = self.client.complete_and_claim(
+            answer = self.owner.bounded.complete_and_claim(
                 [h.job.id for h in carried], [h.job.attempt for h in carried], self.name, self.queues,
                 batch=batch, lease=self.lease, kinds=self.kinds)
         except BaseException as exc:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 
 from pgq_thin.errors import PgqError
-from pgq_thin.worker.completer import CARRY_PATIENCE, ClaimLoop, report
+from pgq_thin.worker.completer import CARRY_PATIENCE, LOCK_NOT_AVAILABLE, ClaimLoop, report
 from pgq_thin.worker.held import BUSY, GONE, Held, HeldJobs, discarded
 from pgq_thin.worker.support import Backoff, Flags, log, transient
 from pgq_thin.worker.threads.owner import OwnerCalls
@@ -122,16 +122,20 @@ class Completer(Part):
     def flush(self) -> None:
         """Record every queued completion with one pgq.complete_many. On a connection error the
         batch stays queued and the error is raised (every pair is idempotent for its attempt); a
-        refusal that retrying cannot fix fails each job instead, as a refused complete would."""
+        refusal that retrying cannot fix fails each job instead, as a refused complete would. A
+        batch that waited out its lock_timeout (one of its rows held by another transaction) is
+        sent again one job at a time, so that the others are not held back with that one."""
         batch = self.take()
         if not batch:
             return
         try:
-            done = self.owner.client.complete_many([h.job.id for h in batch], [h.job.attempt for h in batch])
+            done = self.owner.bounded.complete_many([h.job.id for h in batch], [h.job.attempt for h in batch])
         except Exception as exc:
             if transient(exc) and not self.flags.done.is_set():
-                with self._lock:
-                    self._queue[:0] = batch
+                if len(batch) > 1 and getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                    self.one_by_one(batch)
+                    return
+                self.requeue(batch)
                 raise
             for held in batch:
                 self.owner.refused("complete", held, exc)
@@ -140,6 +144,33 @@ class Completer(Part):
             return
         self.settled(batch, done)
         self.recorded()
+
+    def one_by_one(self, batch: list[Held]) -> None:
+        """Each completion of ``batch`` alone: those that go are settled; one that fails stays
+        queued, and the error is raised (the loop repeats it after its backoff)."""
+        failed: Exception | None = None
+        for held in batch:
+            try:
+                done = self.owner.bounded.complete_many([held.job.id], [held.job.attempt])
+            except Exception as exc:
+                if not transient(exc) or self.flags.done.is_set():
+                    self.owner.refused("complete", held, exc)
+                    self.held.forget([held])
+                    continue
+                self.requeue([held])
+                failed = exc
+                continue
+            self.settled([held], done)
+        self.recorded()
+        if failed is not None:
+            raise failed
+
+    def requeue(self, batch: list[Held]) -> None:
+        """Queue ``batch`` again, first (a call that did not record it)."""
+        with self._lock:
+            if not self._queue:
+                self._since = time.monotonic()
+            self._queue[:0] = batch
 
     def try_flush(self) -> None:
         """flush(), once: at shutdown a connection error leaves those jobs to their leases."""

@@ -13,7 +13,7 @@ from pgq_thin.errors import PgqError
 from pgq_thin.models import Job
 from pgq_thin.worker.held import BUSY, GRANTED, Held, HeldJobs, discarded
 from pgq_thin.worker.outcomes import Outcome, failed_as, refused_instead
-from pgq_thin.worker.owner import released
+from pgq_thin.worker.owner import COMPLETION_LOCK_TIMEOUT, COMPLETION_STATEMENT_TIMEOUT, released
 from pgq_thin.worker.support import Flags, JobLog, Repeat, log
 from pgq_thin.worker.threads.waits import nap, sleep
 
@@ -21,11 +21,13 @@ __all__ = ["OwnerCalls"]
 
 
 class OwnerCalls:
-    """Makes owner calls for the jobs in ``held`` through ``client``. ``flags``: a hard stop or
-    the end of the run ends the repeating."""
+    """Makes owner calls for the jobs in ``held`` through ``client``, bounded (``bounded``: the
+    client's calls, each with COMPLETION_LOCK_TIMEOUT and COMPLETION_STATEMENT_TIMEOUT). ``flags``:
+    a hard stop or the end of the run ends the repeating."""
 
     def __init__(self, client: Client, held: HeldJobs, flags: Flags, worker_name: str) -> None:
         self.client = client
+        self.bounded = client.bounded(COMPLETION_LOCK_TIMEOUT, COMPLETION_STATEMENT_TIMEOUT)
         self.held = held
         self.flags = flags
         self.worker_name = worker_name
@@ -42,7 +44,7 @@ class OwnerCalls:
                 return
             try:
                 answer = self.until_answered(outcome.operation, held.log,
-                                                   lambda: outcome.send(self.client, held.job))
+                                                   lambda: outcome.send(self.bounded, held.job))
             except Exception as exc:  # noqa: BLE001
                 self.refused(outcome.operation, held, exc)
                 return
@@ -78,7 +80,7 @@ class OwnerCalls:
         if instead is None:
             return
         try:
-            state = self.until_answered("fail", jlog, lambda: instead.send(self.client, job))
+            state = self.until_answered("fail", jlog, lambda: instead.send(self.bounded, job))
             jlog.info("recorded as a failure instead: %s", failed_as(state))
         except Exception as again:  # noqa: BLE001
             jlog.error("fail refused too (%s); the lease will recover the job", again)
@@ -87,7 +89,7 @@ class OwnerCalls:
         """pgq.release: pending again now, the attempt not counted. One try: if it does not
         answer, the lease expires and the job is recovered anyway."""
         try:
-            released(job, self.client.release(job.id, job.attempt), why)
+            released(job, self.bounded.release(job.id, job.attempt), why)
         except PgqError as exc:
             JobLog(job).warning("release failed (%s); the lease will recover the job", exc)
 

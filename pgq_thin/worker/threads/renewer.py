@@ -13,7 +13,7 @@ from pgq_thin import queries
 from pgq_thin.client import Client
 from pgq_thin.errors import PgqError
 from pgq_thin.worker.held import Held, HeldJobs
-from pgq_thin.worker.renewer import DatabaseClock, renewal_failed, renewed, until_next
+from pgq_thin.worker.renewer import DatabaseClock, confirm_by, renewal_bound, renewal_failed, renewed, until_next
 from pgq_thin.worker.support import Delay, Flags, log
 from pgq_thin.worker.threads.waits import Part, Wakeup
 
@@ -62,9 +62,15 @@ class Renewer(Part):
 
     def renew_due(self) -> float:
         """Renew every job whose renewal is due; how long until the next one is (capped at 0.5 s).
-        (The asyncio runtime sends them at once, each on a pooled connection; a thread, in turn.)"""
+        (The asyncio runtime sends them at once, each on a pooled connection; a thread, in turn.)
+        A job whose renewals failed until its lease is about to end is lost first (the handler is
+        told): a renewal waits at most its bound, so a failure, not a hung call, comes first."""
         now = time.monotonic()
-        due = [held for held in self.held.jobs() if held.next_renew <= now]
+        jobs = self.held.jobs()
+        for held in jobs:
+            if held.failed and held.state == "held" and now >= confirm_by(held):
+                self.held.unconfirmed(held)
+        due = [held for held in jobs if held.next_renew <= now and held.state == "held"]
         for held in due:
             self.renew(held)
         return until_next(self.held, now)
@@ -73,9 +79,11 @@ class Renewer(Part):
         if not self.held.begin_renewal(held):
             return  # settled (its outcome is being recorded), or lost
         lost = answered = False
+        bound = renewal_bound(held.lease_seconds)
+        sent = time.monotonic()
         try:
-            lost = renewed(held, self.client.renew(held.job.id, held.job.attempt, lease=self.lease),
-                           self.clock, self.lease)
+            until = self.client.bounded(bound, bound).renew(held.job.id, held.job.attempt, lease=self.lease)
+            lost = renewed(held, until, self.clock, self.lease, sent)
             answered = True
         except PgqError as exc:
             renewal_failed(held, exc)
