@@ -24,8 +24,9 @@ DEPENDENCY_PAGE = 100
 class JobContext:
     """Handed to a handler with its job.
 
-    ``lease_lost`` is set when the job is no longer ours (a renewal was refused, or the worker gave
-    the job back at shutdown): stop, since whatever the handler returns will be discarded.
+    ``lease_lost`` is set when the job is no longer ours (a renewal was refused, the renewals failed
+    until the lease was about to end, or the worker gave the job back at shutdown): stop, since
+    whatever the handler returns will be discarded.
     ``shutting_down`` is set when the worker stops claiming: finish soon, or be released after
     shutdown_timeout. ``deadline`` is when this attempt's max_run_time ends (the database's
     claimed_at + max_run_time; None without a limit): from then on ``should_stop`` is true, the
