@@ -261,13 +261,6 @@ class WorkerBase:
                         "has handlers for)", extra={"worker": self.name})
         return address
 
-    def _check_queues(self, queue_status: Callable[[Sequence[str]], list[QueueStatus]]) -> None:
-        """At start: warn about the worker's queues that do not exist or are paused."""
-        try:
-            self._warn_about_queues(queue_status(self.queues) if self.queues else [])
-        except PgqError as exc:  # a login without pgq_worker's grant, a lost connection: not fatal here
-            self._queues_not_checked(exc)
-
     def _warn_about_queues(self, statuses: Sequence[QueueStatus]) -> None:
         for s in statuses:
             if not s.known:
