@@ -3,12 +3,15 @@ source tree against another's, on one throwaway PostgreSQL (fsync on unless --fs
 variants alternated within every round (each round starts with a different one).
 
     python bench/worker_ab.py --variant A=git:5e1aa62:worker --variant B=.:worker [--jobs 20000]
-        [--workers 4,16] [--rounds 5] [--fsync on]
+        [--workers 4,16] [--rounds 5] [--fsync on] [--keyed]
 
 A variant is NAME=SOURCE:SHAPE. SOURCE is a directory holding ``pgq_thin`` (``.``: this checkout)
 or ``git:REV`` (exported with git archive into a temporary directory). SHAPE is ``worker`` (a
 Worker, plain no-op handlers), ``async-worker`` (an AsyncWorker, ``async def`` no-op handlers) or
 ``async-plain`` (an AsyncWorker, plain handlers: they run in its handler threads).
+
+``--keyed``: bench/peers' keyed workload instead (16 keys taking turns, the queue's key_max_running
+1, handlers that sleep 2 ms).
 
 Every drain: the jobs are queued (pgq.enqueue_many into the queue ``bench``), VACUUM ANALYZE and a
 CHECKPOINT; a fresh Python process (PYTHONPATH=SOURCE) imports pgq_thin, says READY and, told to
@@ -37,11 +40,14 @@ from pgq_thin.migrate import migrate  # noqa: E402
 from pgq_thin.testing.server import SERVER_SETTINGS, ThrowawayPostgres  # noqa: E402
 
 QUEUE = "bench"
+#: --keyed: the keys of the keyed workload (bench/peers' too), and its handlers' 2 ms.
+KEYS = 16
+KEYED_PAUSE = 0.002
 OBSERVER_POLL = 0.005
 
 CHILD = r"""
-import asyncio, sys
-shape, dsn, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+import asyncio, sys, time
+shape, dsn, workers, pause = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 from pgq_thin.worker import AsyncWorker, Worker
 import threading
 print("READY", flush=True)
@@ -50,6 +56,8 @@ if shape == "worker":
     worker = Worker(queues=["bench"], concurrency=workers, name="ab")
     @worker.handler("noop")
     def noop(job, ctx):
+        if pause:
+            time.sleep(pause)
         return None
     threading.Thread(target=lambda: (sys.stdin.readline(), worker.stop()), daemon=True).start()
     worker.run(dsn, install_signal_handlers=False)
@@ -58,10 +66,14 @@ else:
     if shape == "async-worker":
         @worker.handler("noop")
         async def anoop(job, ctx):
+            if pause:
+                await asyncio.sleep(pause)
             return None
     else:
         @worker.handler("noop")
         def pnoop(job, ctx):
+            if pause:
+                time.sleep(pause)
             return None
     threading.Thread(target=lambda: (sys.stdin.readline(), worker.stop()), daemon=True).start()
     asyncio.run(worker.run(dsn, install_signal_handlers=False))
@@ -82,10 +94,15 @@ def source_dir(spec: str, scratch: Path) -> Path:
     return target
 
 
-def load(dsn: str, n: int) -> None:
+def load(dsn: str, n: int, keyed: bool) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE pgq.jobs, pgq.job_events")
-        for start in range(0, n, 5000):
+        if keyed:  # KEYS keys taking turns in the queue's order, at most one running per key
+            conn.execute("SELECT pgq.configure_queue(%s, key_max_running => 1)", (QUEUE,))
+            conn.execute("SELECT count(pgq.enqueue(%s, 'noop', jsonb_build_object('n', g),"
+                         " concurrency_key => 'key-' || (g %% %s))) FROM generate_series(1, %s) AS g",
+                         (QUEUE, KEYS, n))
+        for start in range(0, 0 if keyed else n, 5000):
             conn.execute("SELECT pgq.enqueue_many(%s, 'noop', array_agg(jsonb_build_object('n', g)))"
                          " FROM generate_series(%s::integer, %s::integer) AS g",
                          (QUEUE, start, min(n, start + 5000) - 1))
@@ -94,9 +111,10 @@ def load(dsn: str, n: int) -> None:
         conn.execute("CHECKPOINT")
 
 
-def drain(dsn: str, source: Path, shape: str, workers: int, n: int) -> float:
-    load(dsn, n)
-    child = subprocess.Popen([sys.executable, "-c", CHILD, shape, dsn, str(workers)], cwd=str(source),
+def drain(dsn: str, source: Path, shape: str, workers: int, n: int, keyed: bool = False) -> float:
+    load(dsn, n, keyed)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, shape, dsn, str(workers),
+                              str(KEYED_PAUSE if keyed else 0)], cwd=str(source),
                              env={"PYTHONPATH": str(source), "PATH": "/usr/bin:/bin"},
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdin is not None and child.stdout is not None
@@ -127,6 +145,8 @@ def main() -> None:
     parser.add_argument("--workers", default="4,16")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--fsync", choices=("on", "off"), default="on")
+    parser.add_argument("--keyed", action="store_true",
+                        help=f"the keyed workload: {KEYS} keys, key_max_running 1, handlers of 2 ms")
     args = parser.parse_args()
     widths = [int(w) for w in args.workers.split(",")]
     began = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
@@ -144,11 +164,12 @@ def main() -> None:
             order = variants[r % len(variants):] + variants[:r % len(variants)]
             for w in widths:
                 for name, source, shape in order:
-                    rate = drain(dsn, source, shape, w, args.jobs)
+                    rate = drain(dsn, source, shape, w, args.jobs, args.keyed)
                     samples[(name, w)].append(rate)
                     print(f"round {r + 1} W {w} {name}: {rate:,.0f} jobs/s", file=sys.stderr, flush=True)
     ended = time.strftime("%H:%M:%S UTC", time.gmtime())
-    print(f"worker A/B, {began} to {ended}, fsync {args.fsync}, {args.jobs:,} jobs, {args.rounds} rounds")
+    what = f"keyed ({KEYS} keys, limit 1, 2 ms handlers)" if args.keyed else "no-op"
+    print(f"worker A/B, {began} to {ended}, fsync {args.fsync}, {args.jobs:,} {what} jobs, {args.rounds} rounds")
     for w in widths:
         first = statistics.median(samples[(variants[0][0], w)])
         for name, _source, shape in variants:
