@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import Any, TypeVar
@@ -22,13 +23,25 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgq_thin import queries
 from pgq_thin.calls import READING, Call, Interval, PgqCalls
-from pgq_thin.client import DRIVER_CONNECTION, WAIT_POLL_INTERVAL, Waiting, resolve_dsn
+from pgq_thin.client import DRIVER_CONNECTION, WAIT_POLL_INTERVAL, Bounds, Waiting, resolve_dsn
 from pgq_thin.errors import InvalidArgument, translated
+from pgq_thin.migrate import awarn_if_schema_is_old
 from pgq_thin.models import JobResult
 
 __all__ = ["AsyncClient"]
 
 T = TypeVar("T")
+
+
+class AsyncBoundedCalls(PgqCalls):
+    """The calls of an AsyncClient, each sent bounded (AsyncClient.bounded)."""
+
+    def __init__(self, client: AsyncClient, bounds: Bounds) -> None:
+        self.client = client
+        self.bounds = bounds
+
+    async def _send(self, call: Call[T]) -> T:
+        return await self.client._send(call, self.bounds)
 
 
 class AsyncClient(PgqCalls):
@@ -44,6 +57,7 @@ class AsyncClient(PgqCalls):
         caller's to open and close."""
         self.pooled = pooled
         self._prepare = prepare and not pooled
+        self._schema_seen: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
         self._owns_pool = pool is None
         self._opened = not self._owns_pool
         self.pool = pool if pool is not None else AsyncConnectionPool(
@@ -87,7 +101,7 @@ class AsyncClient(PgqCalls):
                 with translated():
                     async with aclosing(conn.notifies(timeout=pause)) as notifies:
                         async for notify in notifies:
-                            if notify.payload == waiting.payload:
+                            if waiting.notified(notify.payload):
                                 break
 
     @asynccontextmanager
@@ -109,10 +123,14 @@ class AsyncClient(PgqCalls):
         finally:
             await conn.close()
 
+    def bounded(self, lock_timeout: float, statement_timeout: float) -> AsyncBoundedCalls:
+        """This client's calls, each bounded: Client.bounded, awaited."""
+        return AsyncBoundedCalls(self, Bounds(lock_timeout, statement_timeout))
+
     # The one place a statement is sent ----------------------------------------------------------
 
-    async def _send(self, call: Call[T]) -> T:
-        """Send one call and read its result."""
+    async def _send(self, call: Call[T], bounds: Bounds | None = None) -> T:
+        """Send one call and read its result (``bounds``: in a transaction of its own, bounded)."""
         conn = call.conn
         if conn is not None and not isinstance(conn, psycopg.AsyncConnection):
             raise InvalidArgument(f"conn must be a psycopg.AsyncConnection, got {type(conn).__name__} (a "
@@ -122,7 +140,29 @@ class AsyncClient(PgqCalls):
             if conn is not None:
                 return await self._execute(conn, call)
             async with self.pool.connection() as pooled:
+                # Once per database and process, asked once per connection (as Client does).
+                if pooled not in self._schema_seen and await awarn_if_schema_is_old(pooled):
+                    self._schema_seen.add(pooled)
+                if bounds is not None:
+                    return await self._bounded(pooled, call, bounds)
                 return await self._execute(pooled, call)
+
+    async def _bounded(self, conn: psycopg.AsyncConnection[Any], call: Call[T], bounds: Bounds) -> T:
+        try:
+            async with conn.pipeline():  # bounded_rows, awaited
+                prepare = self._prepare
+                await conn.execute(queries.BEGIN, prepare=prepare)
+                await conn.execute(queries.CALL_BOUNDS, bounds.params(), prepare=prepare)
+                cur = conn.cursor()
+                if call.rows is not None:
+                    cur.row_factory = call.rows  # type: ignore[assignment]  # (as in _execute)
+                await cur.execute(call.query, call.params, prepare=prepare)
+                await conn.execute(queries.COMMIT, prepare=prepare)
+        except psycopg.Error:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                await conn.execute(queries.ROLLBACK)
+            raise
+        return call.read(await cur.fetchall())
 
     async def _execute(self, conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
         cur = conn.cursor()

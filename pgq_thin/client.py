@@ -10,12 +10,14 @@ own transaction, so the job is written atomically with their business data. Besi
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
@@ -27,7 +29,8 @@ from pgq_thin.errors import BadArgument, InvalidArgument, PgqError, WaitTimeout,
 from pgq_thin.migrate import warn_if_schema_is_old
 from pgq_thin.models import JobResult
 
-__all__ = ["BULK_CALL", "WAIT_POLL_INTERVAL", "Client", "Interval", "bulk_calls", "resolve_dsn"]
+__all__ = ["BULK_CALL", "WAIT_POLL_INTERVAL", "BoundedCalls", "Bounds", "Client", "Interval", "bulk_calls",
+           "resolve_dsn"]
 
 T = TypeVar("T")
 
@@ -55,6 +58,19 @@ class Waiting:
         self.timeout = None if timeout is None else calls.seconds("timeout", timeout)
         self.poll = calls.seconds("poll_interval", poll_interval, positive=True)
         self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        self.noticed = -math.inf  # when a notification last made it read (time.monotonic())
+
+    def notified(self, payload: str) -> bool:
+        """Whether a notification with ``payload`` makes the wait read now: one naming the job, at
+        most one a poll interval (any login may NOTIFY pgq_finished: a flood of them must not
+        become a flood of reads). One that does not waits for the next periodic read."""
+        if payload != self.payload:
+            return False
+        now = time.monotonic()
+        if now - self.noticed < self.poll:
+            return False
+        self.noticed = now
+        return True
 
     def on(self, conn: Any) -> Call[JobResult]:
         """The read of pgq.job_result, sent over ``conn`` (None: a pooled connection)."""
@@ -114,6 +130,43 @@ def resolve_dsn(dsn: str | None = None) -> str:
             raise BadArgument("the database address is not text: it holds a lone surrogate (undecodable "
                               "bytes?)", "22023") from None
     return found
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How long a bounded call may wait for a lock and run, in seconds (Client.bounded)."""
+
+    lock_timeout: float
+    statement_timeout: float
+
+    def params(self) -> dict[str, str]:
+        return {"lock_timeout": f"{max(1, round(self.lock_timeout * 1000))}ms",
+                "statement_timeout": f"{max(1, round(self.statement_timeout * 1000))}ms"}
+
+
+def bounded_rows(conn: Any, call: Call[Any], bounds: Bounds, prepare: bool) -> Any:
+    """Queue ``call`` on ``conn`` (in pipeline mode) in a transaction of its own, bounded by
+    ``bounds``: BEGIN, SET LOCAL lock_timeout and statement_timeout, the call, COMMIT. The cursor,
+    whose rows are read once the pipeline has synced (one round trip for the four)."""
+    conn.execute(queries.BEGIN, prepare=prepare)
+    conn.execute(queries.CALL_BOUNDS, bounds.params(), prepare=prepare)
+    cur = conn.cursor()
+    if call.rows is not None:
+        cur.row_factory = call.rows
+    cur.execute(call.query, call.params, prepare=prepare)
+    conn.execute(queries.COMMIT, prepare=prepare)
+    return cur
+
+
+class BoundedCalls(PgqCalls):
+    """The calls of a client, each sent bounded (Client.bounded)."""
+
+    def __init__(self, client: Client, bounds: Bounds) -> None:
+        self.client = client
+        self.bounds = bounds
+
+    def _send(self, call: Call[T]) -> T:
+        return self.client._send(call, self.bounds)
 
 
 class Client(PgqCalls):
@@ -177,8 +230,9 @@ class Client(PgqCalls):
 
         It listens on the channel pgq_finished on a connection of its own, then reads the result
         (so an end between the enqueue and the LISTEN is not missed), and reads it again on each
-        notification naming the job (a job enqueued with ``notify_finished=True``) and at least
-        every ``poll_interval`` (any other job). That connection is made with the pool's conninfo
+        notification naming the job (a job enqueued with ``notify_finished=True``; at most one such
+        read a poll interval, whatever is notified: any login may NOTIFY) and every
+        ``poll_interval`` (any other job). That connection is made with the pool's conninfo
         and kwargs (a pool's ``configure`` callback is not run on it). Behind a transaction-pooling
         proxy (``pooled=True``) there is no LISTEN: it reads every ``poll_interval`` over the pool.
         The job must be one this login enqueued, or of a queue it may read (JobNotFound otherwise)."""
@@ -194,7 +248,7 @@ class Client(PgqCalls):
                     continue
                 with translated(), closing(conn.notifies(timeout=pause)) as notifies:
                     for notify in notifies:
-                        if notify.payload == waiting.payload:
+                        if waiting.notified(notify.payload):
                             break
 
     @contextmanager
@@ -216,6 +270,14 @@ class Client(PgqCalls):
         finally:
             conn.close()
 
+    def bounded(self, lock_timeout: float, statement_timeout: float) -> BoundedCalls:
+        """This client's calls, each in a transaction of its own that waits at most
+        ``lock_timeout`` seconds for a lock and runs at most ``statement_timeout`` (SET LOCAL; one
+        round trip still). The worker's own renewals and completions go this way: a row another
+        transaction holds makes the call fail with 55P03 (57014 past the statement's bound), never
+        hang. A call with ``conn=`` runs in the caller's transaction, unbounded."""
+        return BoundedCalls(self, Bounds(lock_timeout, statement_timeout))
+
     # The one place a statement is sent ----------------------------------------------------------
 
     @contextmanager
@@ -231,11 +293,22 @@ class Client(PgqCalls):
                         self._schema_seen.add(pooled)
                     yield pooled.cursor()
 
-    def _send(self, call: Call[T]) -> T:
-        """Send one call and read its result."""
+    def _send(self, call: Call[T], bounds: Bounds | None = None) -> T:
+        """Send one call and read its result (``bounds``: in a transaction of its own, bounded)."""
         if call.conn is not None and not isinstance(call.conn, psycopg.Connection):
             raise InvalidArgument(f"conn must be a psycopg.Connection, got {type(call.conn).__name__} (an "
                                   f"AsyncConnection goes with AsyncClient); {DRIVER_CONNECTION}")
+        if bounds is not None and call.conn is None:
+            with self._cursor(None) as pooled:
+                conn = pooled.connection
+                try:
+                    with conn.pipeline():
+                        cur = bounded_rows(conn, call, bounds, self._prepare)
+                except psycopg.Error:
+                    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                        conn.execute(queries.ROLLBACK)
+                    raise
+                return call.read(cur.fetchall())
         with self._cursor(call.conn) as cur:
             if call.rows is not None:
                 cur.row_factory = call.rows

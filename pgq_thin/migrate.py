@@ -80,12 +80,36 @@ def warn_if_schema_is_old(conn: psycopg.Connection[Any]) -> bool:
             return True
         try:
             row = conn.execute(queries.VERSION).fetchone()
-            installed = None if row is None else str(row[0])
-        except (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName):
-            installed = None
-        except psycopg.Error:
+        except psycopg.Error as exc:
+            return schema_read(database, exc)
+        return schema_read(database, None if row is None else str(row[0]))
+
+
+async def awarn_if_schema_is_old(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """warn_if_schema_is_old for an AsyncConnection (AsyncClient)."""
+    database = conn.info.dsn
+    if database in _schema_checked:
+        return True
+    if not conn.autocommit:
+        return False
+    try:
+        row = await (await conn.execute(queries.VERSION)).fetchone()
+    except psycopg.Error as exc:
+        return schema_read(database, exc)
+    with _schema_checked_lock:
+        if database in _schema_checked:  # another task or thread read it meanwhile
+            return True
+        return schema_read(database, None if row is None else str(row[0]))
+
+
+def schema_read(database: str, installed: str | psycopg.Error | None) -> bool:
+    """Account what pgq.version() answered for ``database`` (an error: none yet when pgq is not
+    installed); warn when the schema is older than ours. False when it could not be read."""
+    if isinstance(installed, psycopg.Error):
+        if not isinstance(installed, (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName)):
             return False  # e.g. the connection broke: look again on the next one
-        _schema_checked.add(database)
+        installed = None
+    _schema_checked.add(database)
     message = schema_warning(installed)
     if message:
         log.warning(message)

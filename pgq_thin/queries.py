@@ -293,3 +293,13 @@ YOYO_APPLIED = "SELECT migration_id FROM _yoyo_migration"
 #: What the post-apply hook does while some migrations are not applied: no function a migration
 #: created may be reached by PUBLIC.
 REVOKE_PUBLIC_EXECUTE = "REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC"
+
+# A bounded call (Client.bounded: the worker's own renewals and completions) ------------------------
+
+#: The call runs in a transaction of its own that waits at most this long for a lock and runs at
+#: most this long (BEGIN, this, the call, COMMIT: sent together, one round trip).
+BEGIN = "BEGIN"
+CALL_BOUNDS = ("SELECT set_config('lock_timeout', %(lock_timeout)s::text, true),"
+               " set_config('statement_timeout', %(statement_timeout)s::text, true)")
+COMMIT = "COMMIT"
+ROLLBACK = "ROLLBACK"

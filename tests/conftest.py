@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from clientkit import KINDS
 
 from pgq_thin.testing.server import Databases, ThrowawayPostgres
 
@@ -77,3 +78,19 @@ def connect(dsn: str) -> Iterator:
     yield _connect
     for c in opened:
         c.close()
+
+
+@pytest.fixture(params=KINDS)
+def client_kind(request: pytest.FixtureRequest) -> str:
+    """The test runs over each client, "Client" and "AsyncClient" (clientkit.clients opens one)."""
+    return str(request.param)
+
+
+#: The worker runtimes every behaviour of a worker runs on (the runtime fixture).
+RUNTIMES = ("threads", "asyncio")
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest) -> str:
+    """The test runs on each worker runtime: "threads" (Worker) and "asyncio" (AsyncWorker)."""
+    return str(request.param)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import Counter
 from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
+from clientkit import clients, counting
 
 from pgq_thin import Client, InvalidArgument, Job, JobNotFound, QueueSettings, QueueStats, WrongState
 from pgq_thin.client import resolve_dsn
-from pgq_thin.errors import PermissionDenied
+from pgq_thin.errors import PermissionDenied, PgqError, WaitTimeout
 from pgq_thin.migrate import shipped_schema_version
 
 from sqlhelpers import expire_lease, job
@@ -282,8 +286,8 @@ def test_schedules_timeouts_and_progress_from_python(client: Client, conn: psyco
     assert (again.id, again.attempt, again.progress) == (j.id, 2, {"done": 10})
 
 
-def test_the_client_warns_once_when_the_schema_is_older_than_its_migrations(
-        empty_dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_either_client_warns_once_when_the_schema_is_older_than_its_migrations(
+        empty_dsn: str, client_kind: str, caplog: pytest.LogCaptureFixture) -> None:
     from yoyo import get_backend, read_migrations
 
     from pgq_thin.migrate import migrations_dir, yoyo_url
@@ -293,17 +297,72 @@ def test_the_client_warns_once_when_the_schema_is_older_than_its_migrations(
         backend.apply_migrations(read_migrations(str(migrations_dir())).filter(lambda m: m.id < "0005"))
     finally:
         backend.connection.close()
-    with caplog.at_level(logging.WARNING, logger="pgq_thin"), Client(empty_dsn) as client:
+    with caplog.at_level(logging.WARNING, logger="pgq_thin"), clients(client_kind, empty_dsn) as client:
         assert client.version() == "0.1.0"
         client.stats()
-        with Client(empty_dsn) as other:
+        with clients(client_kind, empty_dsn) as other:
             other.stats()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [f"this database's pgq schema (version 0.1.0) is older than the migrations this "
                         f"pgq-thin ships (up to {shipped_schema_version()}): run `pgq-thin migrate`"]
 
 
-def test_the_client_says_nothing_about_an_up_to_date_schema(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="pgq_thin"), Client(dsn) as client:
+def test_either_client_says_nothing_about_an_up_to_date_schema(
+        dsn: str, client_kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="pgq_thin"), clients(client_kind, dsn) as client:
         client.stats()
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_a_wait_reads_at_most_once_a_poll_interval_for_notifications_whatever_is_notified(
+        dsn: str, client_kind: str, conn: psycopg.Connection) -> None:
+    """Any login may NOTIFY pgq_finished with a job's id: a flood of them costs a waiting client
+    at most one read a poll interval beside its periodic one (it was one read per notification)."""
+    job_id = int(conn.execute("SELECT pgq.enqueue('q', 'k', '{}', notify_finished => true)").fetchone()[0])
+    reads: Counter[str] = Counter()
+    waited = threading.Event()
+    sent = [0]
+
+    def flood() -> None:
+        with psycopg.connect(dsn, autocommit=True) as forger:
+            while not waited.is_set() and sent[0] < 200_000:  # bounded in time (the wait) and count
+                forger.execute("SELECT pg_notify('pgq_finished', %s)", (str(job_id),))
+                sent[0] += 1
+
+    with clients(client_kind, dsn) as client:
+        counting(client, reads, lambda query: "job_result" if "pgq.job_result" in query else None)
+        forger = threading.Thread(target=flood, daemon=True)
+        forger.start()
+        try:
+            with pytest.raises(WaitTimeout):
+                client.wait(job_id, timeout=1.5, poll_interval=0.5)
+        finally:
+            waited.set()
+            forger.join(timeout=10)
+    assert sent[0] > 100  # a flood, not a trickle
+    # The first read, the periodic ones (every 0.5 s of 1.5 s) and at most one for notifications
+    # in each poll interval.
+    assert 2 <= reads["job_result"] <= 1 + 3 + 3, reads
+
+
+def test_a_bounded_call_on_a_row_another_transaction_holds_fails_within_its_lock_timeout(
+        dsn: str, client_kind: str, conn: psycopg.Connection) -> None:
+    """client.bounded(...): the call runs in a transaction of its own with SET LOCAL lock_timeout
+    and statement_timeout (the worker's renewals and completions go this way): a row held by a
+    transaction left open makes it fail with 55P03, not hang; the next call on the pool works."""
+    job_id = int(conn.execute("SELECT pgq.enqueue('q', 'k', '{}')").fetchone()[0])
+    with clients(client_kind, dsn, max_size=1) as client:
+        [claimed] = client.claim("w", ["q"], lease=60)
+        bounded = client.bounded(lock_timeout=0.3, statement_timeout=5)
+        assert bounded.renew(job_id, claimed.attempt) is not None  # nothing holds it: as renew
+        with psycopg.connect(dsn) as squatter:
+            squatter.execute("SELECT 1 FROM pgq.jobs WHERE id = %s FOR UPDATE", (job_id,))
+            started = time.monotonic()
+            with pytest.raises(PgqError) as held:
+                bounded.renew(job_id, claimed.attempt)
+            assert held.value.sqlstate == "55P03" and time.monotonic() - started < 3
+            squatter.rollback()
+        assert client.stats()  # the pool's one connection is usable again
+        assert client.queue_status(["q"])[0].known  # (and carries no bound: it was SET LOCAL)
+        assert bounded.complete(job_id, claimed.attempt, {"ok": 1}) is True
+    assert job(conn, job_id)["state"] == "done"

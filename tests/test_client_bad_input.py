@@ -234,7 +234,6 @@ def test_any_value_for_any_argument_is_answered_or_refused_with_a_pgq_error(dsn:
 DEEP = "[" * 5000 + "]" * 5000  # jsonb takes it; Python's json stops at its recursion limit
 
 
-@pytest.mark.parametrize("runtime", ["thread", "async"])
 def test_a_job_whose_payload_python_cannot_read_fails_for_good_and_the_worker_goes_on(
         dsn: str, conn: psycopg.Connection, runtime: str) -> None:
     """A job enqueued from another language with a deeply nested payload: claiming it used to raise
@@ -244,10 +243,10 @@ def test_a_job_whose_payload_python_cannot_read_fails_for_good_and_the_worker_go
 
     deep = one(conn, "SELECT pgq.enqueue('q', 'k', jsonb_build_object('x', %s::jsonb))", (DEEP,))
     fine = one(conn, "SELECT pgq.enqueue('q', 'k', '{\"x\": 1}')")
-    worker = (Worker if runtime == "thread" else AsyncWorker)(queues=["q"], concurrency=1, prefetch=0)
+    worker = (Worker if runtime == "threads" else AsyncWorker)(queues=["q"], concurrency=1, prefetch=0)
     ran: list[int] = []
     worker.handler("k")(lambda job, ctx: ran.append(job.id))
-    result = drain(worker, dsn) if runtime == "thread" else asyncio.run(adrain(worker, dsn))
+    result = drain(worker, dsn) if runtime == "threads" else asyncio.run(adrain(worker, dsn))
     assert result.outcomes == {deep: "failed", fine: "done"} and ran == [fine]
     with Client(dsn) as client:
         record = client.get_job(deep)

@@ -36,11 +36,6 @@ RUNTIMES = {"threads": Worker, "asyncio": AsyncWorker}
 INSERT = "INSERT INTO effects (job_id, attempt) VALUES (%s, %s)"
 
 
-@pytest.fixture(params=sorted(RUNTIMES))
-def runtime(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 @pytest.fixture(autouse=True)
 def effects(conn: psycopg.Connection) -> None:
     conn.execute("CREATE TABLE effects (job_id bigint NOT NULL, attempt integer NOT NULL)")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -55,7 +54,7 @@ class Running:
     def __init__(self, runtime: str, dsn: str, tag: str = "") -> None:
         settings: dict[str, Any] = {"queues": ["q"], "concurrency": 2, "poll_interval": 3600.0,
                                     "sweep_interval": 0, "name": f"flooded-{runtime}{tag}"}
-        self.worker: Worker | AsyncWorker = Worker(**settings) if runtime == "thread" else AsyncWorker(**settings)
+        self.worker: Worker | AsyncWorker = Worker(**settings) if runtime == "threads" else AsyncWorker(**settings)
         self.done: list[int] = []
         self.worker.handler("k")(lambda job, ctx: self.done.append(job.id))
         self.errors: list[BaseException] = []
@@ -78,11 +77,6 @@ class Running:
         self.worker.stop()
         self.thread.join(timeout=60)
         assert not self.thread.is_alive() and not self.errors, self.errors
-
-
-@pytest.fixture(params=["thread", "async"])
-def runtime(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield request.param
 
 
 def listening(conn: psycopg.Connection, name: str) -> bool:

@@ -216,7 +216,6 @@ def test_the_pooled_switch_of_the_worker() -> None:
     assert (plain.pooled, plain.listen, plain.poll_interval) == (False, True, 1.0)
 
 
-@pytest.mark.parametrize("runtime", ["Worker", "AsyncWorker"])
 def test_a_pooled_worker_drains_through_transaction_pooling_in_process(through: tuple[str, str], runtime: str) -> None:
     """Worker(pooled=True) and AsyncWorker(pooled=True), run in-process by the test kit's drain,
     through PgBouncer in transaction mode: every job done, by polling (no LISTEN)."""
@@ -226,7 +225,7 @@ def test_a_pooled_worker_drains_through_transaction_pooling_in_process(through: 
     from pgq_thin.testing import adrain, drain
 
     dsn, direct = through
-    cls = Worker if runtime == "Worker" else AsyncWorker
+    cls = Worker if runtime == "threads" else AsyncWorker
     worker = cls(["q"], concurrency=2, pooled=True, prefetch=0)
     assert (worker.listen, worker.pooled) == (False, True)
     seen: list[int] = []
@@ -240,7 +239,7 @@ def test_a_pooled_worker_drains_through_transaction_pooling_in_process(through: 
         ids = [r[0] for r in conn.execute(
             "SELECT id FROM pgq.enqueue_many('q', 'k', ARRAY(SELECT jsonb_build_object('n', n)"
             " FROM generate_series(1, 30) AS n)) AS t(id)")]
-    result = drain(worker, dsn) if runtime == "Worker" else asyncio.run(adrain(worker, dsn))
+    result = drain(worker, dsn) if runtime == "threads" else asyncio.run(adrain(worker, dsn))
     assert result.outcomes == {i: "done" for i in ids}
     assert sorted(seen) == list(range(1, 31))
 
@@ -285,7 +284,6 @@ def test_a_pooled_worker_sends_its_completions_with_its_claims_through_the_poole
         assert conn.execute("SELECT count(*) FROM pgq.job_events WHERE event = 'completed'").fetchone() == (20,)
 
 
-@pytest.mark.parametrize("runtime", ["Worker", "AsyncWorker"])
 def test_a_cancel_reaches_a_pooled_workers_handler_at_its_next_renewal(through: tuple[str, str], runtime: str) -> None:
     """Behind PgBouncer in transaction mode there is no LISTEN, so pgq_cancel reaches nobody: the
     job's next renewal (a third of its 3 s lease) is refused and tells the handler by lease_lost;
@@ -298,7 +296,7 @@ def test_a_cancel_reaches_a_pooled_workers_handler_at_its_next_renewal(through: 
     from sqlhelpers import run_worker, wait_for
 
     dsn, direct = through
-    cls = Worker if runtime == "Worker" else AsyncWorker
+    cls = Worker if runtime == "threads" else AsyncWorker
     worker = cls(["q"], concurrency=1, pooled=True, prefetch=0, lease=3)
     started, saw = threading.Event(), {}
 

@@ -38,7 +38,6 @@ def meta_of(conn, job_id: int):
     return one(conn, "SELECT meta FROM pgq.jobs WHERE id = %s", (job_id,))
 
 
-@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
 def test_every_attempts_span_links_to_the_producers_span(conn, dsn, runtime, provider):
     tracer_provider, spans = provider
     producer = tracer_provider.get_tracer("producer")

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -24,10 +25,11 @@ import pytest
 from pgq_thin import Client, Job
 from pgq_thin.errors import PgqError
 from pgq_thin.worker import AUTO_PREFETCH_MAX, AsyncWorker, JobContext, OutcomeUnknown, Retry, Snooze, Worker
-from pgq_thin.worker.completer import Completer
+from pgq_thin.worker.claimer import ClaimNudge, PollTimer
 from pgq_thin.worker.held import HeldJobs
-from pgq_thin.worker.owner import OwnerCalls
 from pgq_thin.worker.support import Flags, transient
+from pgq_thin.worker.threads.completer import Completer
+from pgq_thin.worker.threads.owner import OwnerCalls
 
 from sqlhelpers import events, expire_lease, job, one, wait_for
 
@@ -40,10 +42,12 @@ RUNTIMES = {"threads": Worker, "asyncio": AsyncWorker}
 _current = ["threads"]
 
 
-@pytest.fixture(autouse=True, params=sorted(RUNTIMES))
-def runtime(request: pytest.FixtureRequest) -> Iterator[str]:
-    _current[0] = request.param
-    yield request.param
+@pytest.fixture(autouse=True)
+def current_runtime(runtime: str) -> Iterator[str]:
+    """Every test here runs on each runtime (conftest's runtime fixture); fast_worker() makes the
+    current one."""
+    _current[0] = runtime
+    yield runtime
     _current[0] = "threads"
 
 
@@ -588,7 +592,8 @@ def test_a_worker_whose_attempt_was_taken_over_is_told_and_writes_no_completion(
 def completer_on(client: Client) -> tuple[Completer, HeldJobs]:
     """A completer of its own (no worker around it) and the registry it records into."""
     held, flags = HeldJobs(), Flags()
-    return Completer(OwnerCalls(client, held, flags, "w"), held, flags), held
+    nudge = ClaimNudge(PollTimer(1.0, 0), threading.Event())  # (nothing claims: nobody waits on it)
+    return Completer(OwnerCalls(client, held, flags, "w"), held, flags, nudge), held
 
 
 def test_completions_queued_together_are_recorded_by_one_complete_many_fenced_per_job(
@@ -827,5 +832,78 @@ def test_a_worker_whose_database_is_unreachable_keeps_trying_and_still_stops_cle
     worker = fast_worker()
     worker.handler("noop")(lambda job, ctx: None)  # a worker without handlers claims nothing at all
     with running(worker, f"postgresql://nobody@127.0.0.1:{port}/nothing?connect_timeout=1"):
-        wait_for(lambda: any("claim failed" in r.getMessage() for r in caplog.records), "a failed claim")
-        time.sleep(0.5)  # still running: run() neither raised nor returned (checked on exit)
+        # It keeps trying: a second failed claim, after its backoff (run() neither raised nor
+        # returned meanwhile: checked on exit).
+        wait_for(lambda: sum("claim failed" in r.getMessage() for r in caplog.records) >= 2, "two failed claims")
+
+
+# A call that cannot proceed (TESTING.md item 40) ---------------------------------------------------
+
+
+class Attempts:
+    """What the handlers of every worker in the test did: each run's (start, end) per job, on one
+    monotonic clock, and when (wall clock) a handler was told to stop."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.runs: dict[int, list[tuple[float, float]]] = {}
+        self.told: dict[int, float] = {}
+
+    def ran(self, job_id: int, start: float) -> None:
+        with self.lock:
+            self.runs.setdefault(job_id, []).append((start, time.monotonic()))
+
+    def overlapping(self) -> list[int]:
+        """The jobs two of whose runs overlap."""
+        with self.lock:
+            return [job_id for job_id, runs in self.runs.items()
+                    if any(a[1] > b[0] for a, b in zip(sorted(runs), sorted(runs)[1:]))]
+
+
+def test_a_job_whose_row_another_transaction_holds_never_runs_twice_at_once_and_the_others_keep_their_leases(
+        dsn: str, conn: psycopg.Connection) -> None:
+    """A superuser's SELECT ... FOR UPDATE on one running job's row, left open: the worker's
+    renewals of that job wait out their bounds (lock_timeout) instead of hanging, its other jobs
+    keep their leases, the blocked job's handler is told to stop (ctx.should_stop) before its lease
+    ends, and another worker that takes the job over after its lease never runs it beside the
+    first one (issue 37: a hung call cannot make a job run twice)."""
+    lease = 3.0
+    attempts, finish = Attempts(), threading.Event()
+    worker = fast_worker(concurrency=3, lease=lease)
+
+    @worker.handler("hold")
+    def hold(job: Job, ctx: JobContext) -> None:
+        start = time.monotonic()
+        while not ctx.should_stop and not finish.is_set():
+            ctx.lease_lost.wait(0.01)
+        if ctx.should_stop and not finish.is_set():
+            attempts.told[job.id] = time.time()
+        attempts.ran(job.id, start)
+
+    other = Worker(["default"], concurrency=3, poll_interval=0.1, sweep_interval=0.5, name="other")
+
+    @other.handler("hold")
+    def take_over(job: Job, ctx: JobContext) -> None:
+        attempts.ran(job.id, time.monotonic())
+
+    blocked, *others = [enqueue(conn, "hold") for _ in range(3)]
+    with running(worker, dsn):
+        wait_for(lambda: state_counts(conn) == {"running": 3}, "the three jobs to run")
+        with psycopg.connect(dsn) as squatter:
+            squatter.execute("SELECT 1 FROM pgq.jobs WHERE id = %s FOR UPDATE", (blocked,))
+            lease_end = job(conn, blocked)["lease_until"]  # no renewal of it can commit from now on
+            with running(other, dsn):
+                wait_for(lambda: blocked in attempts.told, "the blocked job's handler to be told to stop",
+                         timeout=4 * lease)
+                assert attempts.told[blocked] < lease_end.timestamp()  # before its lease could pass on
+                for job_id in others:  # renewed past the blocked one's end, still the first attempt
+                    wait_for(lambda j=job_id: job(conn, j)["lease_until"] > lease_end + timedelta(seconds=1),
+                             "the other jobs' renewals", timeout=4 * lease)
+                    assert (job(conn, job_id)["attempt"], job(conn, job_id)["state"]) == (1, "running")
+                squatter.rollback()
+                finish.set()
+                wait_for(lambda: state_counts(conn) == {"done": 3}, "every job done", timeout=6 * lease)
+    assert attempts.overlapping() == []
+    assert job(conn, blocked)["attempt"] == 2 and len(attempts.runs[blocked]) == 2  # taken over once
+    assert all(job(conn, j)["attempt"] == 1 and len(attempts.runs[j]) == 1 for j in others)
+    assert "lease_expired" not in [e[0] for j in others for e in events(conn, j)]

@@ -26,18 +26,18 @@ from pgq_thin.worker import AsyncWorker, JobContext
 from pgq_thin.worker.held import CANCEL_CHECK_GAP, Held, HeldJobs, Verdict
 
 from sqlhelpers import cancel, events, job, one, wait_for
-from test_worker import DEADLINE, RUNTIMES, _current, enqueue, fast_worker, finished, running
+from test_worker import DEADLINE, _current, enqueue, fast_worker, finished, running
 
 #: Longer than any test here: the only renewal that can come during one is one a notification asks
 #: for (the regular ones are due at a third of the lease).
 LONG_LEASE = 3600.0
 
 
-@pytest.fixture(params=sorted(RUNTIMES))
-def runtime(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The test runs on each runtime (fast_worker makes the current one)."""
-    _current[0] = request.param
-    yield request.param
+@pytest.fixture
+def current_runtime(runtime: str) -> Iterator[str]:
+    """The test runs on each runtime (conftest's runtime fixture; fast_worker makes the current one)."""
+    _current[0] = runtime
+    yield runtime
     _current[0] = "threads"
 
 
@@ -61,7 +61,7 @@ def no_errors(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFix
     assert loud == []
 
 
-@pytest.mark.usefixtures("runtime")
+@pytest.mark.usefixtures("current_runtime")
 def test_a_cancel_tells_the_running_handler_at_once_and_its_outcome_is_discarded(
         dsn: str, conn: psycopg.Connection, no_errors: pytest.LogCaptureFixture) -> None:
     """A plain handler (in a thread on either runtime) is told cooperatively: ctx.cancelled,
@@ -149,7 +149,7 @@ def test_an_async_handler_is_interrupted_with_cancelled_error_and_its_slot_runs_
     assert (job(conn, after)["state"], job(conn, after)["result"]) == ("done", "on time")
 
 
-@pytest.mark.usefixtures("runtime")
+@pytest.mark.usefixtures("current_runtime")
 def test_a_job_cancelled_while_it_waits_for_a_slot_is_never_run(
         dsn: str, conn: psycopg.Connection, no_errors: pytest.LogCaptureFixture) -> None:
     worker = fast_worker(lease=LONG_LEASE, concurrency=1, prefetch=1)  # one runs, one waits for the slot
@@ -177,7 +177,7 @@ def test_a_job_cancelled_while_it_waits_for_a_slot_is_never_run(
     assert (job(conn, first)["state"], job(conn, waiting)["state"]) == ("done", "cancelled")
 
 
-@pytest.mark.usefixtures("runtime")
+@pytest.mark.usefixtures("current_runtime")
 def test_a_cancel_racing_the_handlers_completion_ends_each_job_once_without_an_error(
         dsn: str, conn: psycopg.Connection, connect: Any, no_errors: pytest.LogCaptureFixture) -> None:
     """The handler returns the moment the cancel is sent: either the completion commits first
@@ -221,7 +221,7 @@ def test_a_cancel_racing_the_handlers_completion_ends_each_job_once_without_an_e
             assert row["result"] == {"n": job_id}
 
 
-@pytest.mark.usefixtures("runtime")
+@pytest.mark.usefixtures("current_runtime")
 def test_a_notification_for_a_job_still_ours_is_checked_and_ignored(
         dsn: str, conn: psycopg.Connection, caplog: pytest.LogCaptureFixture) -> None:
     """Any login may NOTIFY pgq_cancel: a notification naming a running attempt that was not
@@ -257,7 +257,7 @@ def test_a_notification_for_a_job_still_ours_is_checked_and_ignored(
     assert renewals_refused(conn, job_id) == 0
 
 
-@pytest.mark.usefixtures("runtime")
+@pytest.mark.usefixtures("current_runtime")
 def test_with_the_listen_connection_lost_a_cancel_still_ends_the_handler_at_its_next_renewal(
         dsn: str, conn: psycopg.Connection, admin_dsn: str) -> None:
     """The notification is lost (nobody LISTENs when the cancel commits: new connections to the

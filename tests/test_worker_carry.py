@@ -8,6 +8,7 @@ runtimes, a real database; the calls are counted by pg_stat_user_functions."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 import time
@@ -21,14 +22,17 @@ from psycopg.conninfo import conninfo_to_dict
 from pgq_thin import AsyncClient, Client, PgqError
 from pgq_thin.models import Job
 from pgq_thin.worker import AsyncWorker, JobContext, Worker
-from pgq_thin.worker.aio_parts import AsyncClaimer, AsyncCompleter, AsyncOwnerCalls, AsyncSlots
-from pgq_thin.worker.claimer import Claimer, PollTimer
-from pgq_thin.worker.completer import CARRY_CLAIM_MAX, CARRY_MAX, Completer, carries
+from pgq_thin.worker.claimer import AsyncClaimer, ClaimNudge, PollTimer
+from pgq_thin.worker.completer import CARRY_CLAIM_MAX, CARRY_MAX, AsyncCompleter, carries
 from pgq_thin.worker.held import Held, HeldJobs
-from pgq_thin.worker.owner import OwnerCalls
+from pgq_thin.worker.owner import AsyncOwnerCalls
 from pgq_thin.worker.prefetch import PrefetchPolicy
 from pgq_thin.worker.renewer import DatabaseClock
 from pgq_thin.worker.support import Flags, transient
+from pgq_thin.worker.threads.claimer import Claimer
+from pgq_thin.worker.threads.completer import Completer
+from pgq_thin.worker.threads.owner import OwnerCalls
+from pgq_thin.worker.waits import Wakeup
 
 from sqlhelpers import claims, events, expire_lease, one, run_worker, wait_for
 
@@ -56,7 +60,6 @@ def completed_once_each(conn: psycopg.Connection, jobs: int) -> None:
     assert one(conn, "SELECT count(*) FROM pgq.job_events WHERE event = 'rejected'") == 0
 
 
-@pytest.mark.parametrize("runtime", ["thread", "async"])
 def test_a_slots_completion_and_the_claim_of_its_keys_next_job_are_one_call(
         dsn: str, conn: psycopg.Connection, runtime: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="pgq_thin.worker")
@@ -82,7 +85,7 @@ def test_a_slots_completion_and_the_claim_of_its_keys_next_job_are_one_call(
     # running job's completion commits. No poll (every hour), no sweep.
     settings: dict[str, Any] = {"queues": ["q"], "concurrency": 4, "poll_interval": 3600.0, "sweep_interval": 0,
                                 "name": name}
-    worker: Worker | AsyncWorker = Worker(**settings) if runtime == "thread" else AsyncWorker(**settings)
+    worker: Worker | AsyncWorker = Worker(**settings) if runtime == "threads" else AsyncWorker(**settings)
     worker.handler("k")(handler)
     thread = run_worker(worker, dsn, errors)
     try:
@@ -111,7 +114,6 @@ def test_a_slots_completion_and_the_claim_of_its_keys_next_job_are_one_call(
     assert sum(m.endswith(": completed") for m in messages) == jobs  # one line per job, whoever sent it
 
 
-@pytest.mark.parametrize("runtime", ["thread", "async"])
 def test_each_completion_is_sent_once_whichever_part_sends_it(
         dsn: str, conn: psycopg.Connection, runtime: str, caplog: pytest.LogCaptureFixture) -> None:
     """Many short jobs with uneven run times: the claimer carries some completions, the completer
@@ -130,7 +132,7 @@ def test_each_completion_is_sent_once_whichever_part_sends_it(
 
     settings: dict[str, Any] = {"queues": ["q"], "concurrency": 4, "poll_interval": 0.05, "sweep_interval": 0,
                                 "name": name}
-    worker: Worker | AsyncWorker = Worker(**settings) if runtime == "thread" else AsyncWorker(**settings)
+    worker: Worker | AsyncWorker = Worker(**settings) if runtime == "threads" else AsyncWorker(**settings)
     worker.handler("k")(handler)
     thread = run_worker(worker, dsn, errors)
     try:
@@ -173,6 +175,27 @@ class Taker:
         self.taken.extend(helds)
 
 
+def claim_parts(client: Any, timer: PollTimer) -> tuple[HeldJobs, Any, Taker, Any]:
+    """The registry, a completer (not started: only the claimer sends) and a claimer handing
+    over to a Taker, on ``client``: the thread runtime's parts on a Client, the asyncio
+    runtime's on an AsyncClient."""
+    held, flags = HeldJobs(), Flags()
+    threads = isinstance(client, Client)
+    nudge = ClaimNudge(timer, threading.Event() if threads else Wakeup())
+    owner = (OwnerCalls if threads else AsyncOwnerCalls)(client, held, flags, "w")
+    completer = (Completer if threads else AsyncCompleter)(owner, held, flags, nudge)
+    taker = Taker()
+    claimer = (Claimer if threads else AsyncClaimer)(client, "w", ["default"], None, timer, nudge,
+                                                     PrefetchPolicy(0, 2), taker, held, owner, completer,
+                                                     DatabaseClock(), flags, threading.Event())
+    return held, completer, taker, claimer
+
+
+async def answer(value: Any) -> Any:
+    """What a part's call answers: awaited on the asyncio runtime."""
+    return await value if inspect.isawaitable(value) else value
+
+
 def short_claimed() -> PollTimer:
     """A claim loop's timer after a claim that came back short: its next claim carries (a claim
     after a full one does not: test_a_claim_after_a_full_one_carries_nothing)."""
@@ -209,48 +232,25 @@ def carried_and_reported(conn: psycopg.Connection, mine: list[Job], taken: list[
 
 
 def test_the_claimer_carries_the_queued_completions_and_reports_a_refused_one(
-        client: Client, conn: psycopg.Connection, caplog: pytest.LogCaptureFixture) -> None:
+        dsn: str, client: Client, conn: psycopg.Connection, runtime: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="pgq_thin.worker")
     mine = stale_and_mine(client, conn)
-    held, flags = HeldJobs(), Flags()
-    owner = OwnerCalls(client, held, flags, "w")
-    completer = Completer(owner, held, flags)  # its thread is not started: only the claimer sends
-    taker = Taker()
-    claimer = Claimer(client, "w", ["default"], None, short_claimed(), PrefetchPolicy(0, 2), taker, held, owner,
-                      DatabaseClock(), flags, threading.Event(), threading.Event(), completer=completer)
-    for j in mine:
-        assert completer.add(held.hold(j, JobContext(job=j, client=client, worker_name="w"), 30.0))
-    assert completer.queued == 3
-    for job in claimer.claim(2):
-        claimer.hand_over(job)
-    assert completer.queued == 0
-    carried_and_reported(conn, mine, taker.taken, held, [r.getMessage() for r in caplog.records])
 
+    async def scenario(on: Any) -> tuple[HeldJobs, Taker]:
+        held, completer, taker, claimer = claim_parts(on, short_claimed())
+        for j in mine:
+            assert await answer(completer.add(held.hold(j, JobContext(job=j, client=on, worker_name="w"), 30.0)))
+        assert completer.queued == 3
+        await answer(claimer.hand_over_all(await answer(claimer.claim(2))))
+        assert completer.queued == 0
+        return held, taker
 
-def test_the_async_claimer_carries_the_queued_completions_and_reports_a_refused_one(
-        dsn: str, client: Client, conn: psycopg.Connection, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="pgq_thin.worker")
-    mine = stale_and_mine(client, conn)
-    held, flags = HeldJobs(), Flags()
-
-    async def main() -> list[Held]:
+    async def on_asyncio() -> tuple[HeldJobs, Taker]:
         async with AsyncClient(dsn) as aclient:
-            owner = AsyncOwnerCalls(aclient, held, flags, "w")
-            completer = AsyncCompleter(owner, held, flags)  # its task is not started
-            slots = AsyncSlots(2, {}, owner, completer, PrefetchPolicy(0, 2), flags, lambda: None)
-            claimer = AsyncClaimer(aclient, "w", ["default"], None, short_claimed(), PrefetchPolicy(0, 2), slots,
-                                   held, owner, DatabaseClock(), flags, threading.Event(), asyncio.Event(),
-                                   completer=completer)
-            for j in mine:
-                assert await completer.add(held.hold(j, JobContext(job=j, client=aclient, worker_name="w"), 30.0))
-            assert completer.queued == 3
-            for job in await claimer.claim(2):
-                await claimer.hand_over(job)
-            assert completer.queued == 0
-            return slots.take_waiting()
+            return await scenario(aclient)
 
-    taken = asyncio.run(main())
-    carried_and_reported(conn, mine, taken, held, [r.getMessage() for r in caplog.records])
+    held, taker = asyncio.run(scenario(client) if runtime == "threads" else on_asyncio())
+    carried_and_reported(conn, mine, taker.taken, held, [r.getMessage() for r in caplog.records])
 
 
 def test_a_claim_that_fails_gives_its_carried_completions_back_to_the_completer(
@@ -258,11 +258,7 @@ def test_a_claim_that_fails_gives_its_carried_completions_back_to_the_completer(
     conn.execute("SELECT pgq.enqueue_many('default', 'k', array_fill('{}'::jsonb, array[4]))")
     client = Client(dsn, min_size=1, max_size=1)
     try:
-        held, flags = HeldJobs(), Flags()
-        owner = OwnerCalls(client, held, flags, "w")
-        completer = Completer(owner, held, flags)
-        claimer = Claimer(client, "w", ["default"], None, short_claimed(), PrefetchPolicy(0, 2), Taker(), held,
-                          owner, DatabaseClock(), flags, threading.Event(), threading.Event(), completer=completer)
+        held, completer, _, claimer = claim_parts(client, short_claimed())
         mine = client.claim("w", ["default"], batch=2)
         for j in mine:
             assert completer.add(held.hold(j, JobContext(job=j, client=client, worker_name="w"), 30.0))
@@ -289,7 +285,6 @@ def test_a_claim_that_fails_gives_its_carried_completions_back_to_the_completer(
     assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'pending'") == 2  # the failed claim took none
 
 
-@pytest.mark.parametrize("runtime", ["thread", "async"])
 def test_on_a_database_without_complete_and_claim_the_completions_go_alone(
         dsn: str, conn: psycopg.Connection, runtime: str, caplog: pytest.LogCaptureFixture) -> None:
     """A pgq schema older than this pgq-thin (docs/upgrading.md: migrate first; a worker started
@@ -305,7 +300,7 @@ def test_on_a_database_without_complete_and_claim_the_completions_go_alone(
     errors: list[BaseException] = []
     settings: dict[str, Any] = {"queues": ["q"], "concurrency": 4, "poll_interval": 0.05,
                                 "sweep_interval": 0, "name": f"old-{runtime}"}
-    worker: Worker | AsyncWorker = Worker(**settings) if runtime == "thread" else AsyncWorker(**settings)
+    worker: Worker | AsyncWorker = Worker(**settings) if runtime == "threads" else AsyncWorker(**settings)
     worker.handler("k")(lambda job, ctx: None)
     thread = run_worker(worker, dsn, errors)
     try:
@@ -328,12 +323,7 @@ def test_a_large_claim_carries_no_completion_and_a_claim_carries_at_most_carry_m
     carries the oldest CARRY_MAX completions, the completer the rest (woken for them)."""
     conn.execute("SELECT pgq.enqueue_many('default', 'k', array_fill('{}'::jsonb, array[%s]))",
                  (CARRY_MAX + 5 + CARRY_CLAIM_MAX + 1,))
-    held, flags = HeldJobs(), Flags()
-    owner = OwnerCalls(client, held, flags, "w")
-    completer = Completer(owner, held, flags)  # its thread is not started
-    taker = Taker()
-    claimer = Claimer(client, "w", ["default"], None, short_claimed(), PrefetchPolicy(0, 2), taker, held, owner,
-                      DatabaseClock(), flags, threading.Event(), threading.Event(), completer=completer)
+    held, completer, taker, claimer = claim_parts(client, short_claimed())
     mine = client.claim("w", ["default"], batch=CARRY_MAX + 5)
     for j in mine:
         assert completer.add(held.hold(j, JobContext(job=j, client=client, worker_name="w"), 30.0))
@@ -358,12 +348,8 @@ def test_a_claim_after_a_full_one_carries_nothing(client: Client, conn: psycopg.
     """While claims come back full (a deep backlog) the completer sends the completions beside
     them: carried, they would wait for the claim in flight and make the next one longer."""
     conn.execute("SELECT pgq.enqueue_many('default', 'k', array_fill('{}'::jsonb, array[6]))")
-    held, flags = HeldJobs(), Flags()
-    owner = OwnerCalls(client, held, flags, "w")
-    completer = Completer(owner, held, flags)
     timer = PollTimer(0.1, 0)
-    claimer = Claimer(client, "w", ["default"], None, timer, PrefetchPolicy(0, 2), Taker(), held, owner,
-                      DatabaseClock(), flags, threading.Event(), threading.Event(), completer=completer)
+    held, completer, _, claimer = claim_parts(client, timer)
     for j in client.claim("w", ["default"], batch=2):
         assert completer.add(held.hold(j, JobContext(job=j, client=client, worker_name="w"), 30.0))
     timer.claimed(2, 2, "w", listening=True)  # the last claim came back full

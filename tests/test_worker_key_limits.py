@@ -12,7 +12,6 @@ from collections import defaultdict
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from pgq_thin.worker import AsyncWorker, Worker
@@ -20,7 +19,6 @@ from pgq_thin.worker import AsyncWorker, Worker
 from sqlhelpers import claims, one, run_worker, wait_for
 
 
-@pytest.mark.parametrize("runtime", ["thread", "async"])
 def test_a_worker_drains_a_key_limited_queue_without_waiting_for_its_poll(dsn: str, conn: psycopg.Connection,
                                                                          runtime: str) -> None:
     conn.execute(f"ALTER DATABASE {conninfo_to_dict(dsn)['dbname']} SET track_functions = 'pl'")
@@ -48,7 +46,7 @@ def test_a_worker_drains_a_key_limited_queue_without_waiting_for_its_poll(dsn: s
     # short while both keys run. It never polls (every hour) nor sweeps.
     settings: dict[str, Any] = {"queues": ["q"], "concurrency": 4, "poll_interval": 3600.0, "sweep_interval": 0,
                                 "name": name}
-    worker: Worker | AsyncWorker = Worker(**settings) if runtime == "thread" else AsyncWorker(**settings)
+    worker: Worker | AsyncWorker = Worker(**settings) if runtime == "threads" else AsyncWorker(**settings)
     worker.handler("k")(handler)
 
     thread = run_worker(worker, dsn, errors)

@@ -112,7 +112,6 @@ def enqueue_mix(conn: psycopg.Connection) -> tuple[int, int]:
             int(one(conn, "SELECT pgq.enqueue('default', 'cancel')")))
 
 
-@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
 def test_worker_metrics_after_a_real_drain(conn, dsn, runtime):
     lost_id, cancel_id = enqueue_mix(conn)
     worker = make_worker(runtime, metrics_port=0)
@@ -162,7 +161,6 @@ def provider() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
     made.shutdown()
 
 
-@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
 def test_one_span_per_job_attempt_with_its_attributes(conn, dsn, runtime, provider):
     tracer_provider, spans = provider
     conn.execute("SELECT pgq.enqueue('default', 'traced')")
@@ -310,7 +308,6 @@ def fetch(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         return error.code, error.read()
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_a_workers_metrics_answer_only_metrics_and_only_to_its_own_host_names(dsn, runtime):
     worker = make_worker(runtime, metrics_port=0)
     thread, failure = run_in_thread(worker, dsn)
@@ -329,7 +326,6 @@ def test_a_workers_metrics_answer_only_metrics_and_only_to_its_own_host_names(ds
         stop(worker, thread, failure)
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_a_workers_metrics_want_its_token_when_given_one(dsn, runtime):
     worker = make_worker(runtime, metrics_port=0, metrics_token="s3cret")
     thread, failure = run_in_thread(worker, dsn)

@@ -16,17 +16,20 @@ import pytest
 
 from pgq_thin import Client, ConnectionLost, Job, PermissionDenied
 from pgq_thin.worker import JobContext, OutcomeUnknown, Retry, Snooze, outcomes
-from pgq_thin.worker.claimer import Claimer, PollTimer
-from pgq_thin.worker.completer import Completer
-from pgq_thin.worker.executor import Executor
+from pgq_thin.worker.claimer import ClaimNudge, PollTimer
 from pgq_thin.worker.held import Held, HeldJobs, Verdict
-from pgq_thin.worker.listener import Listener, concerns
-from pgq_thin.worker.owner import OwnerCalls
+from pgq_thin.worker.listener import concerns
 from pgq_thin.worker.prefetch import AUTO_PREFETCH_DEEP, AUTO_PREFETCH_MAX, PrefetchPolicy
-from pgq_thin.worker.renewer import DatabaseClock, Renewer
+from pgq_thin.worker.renewer import DatabaseClock
 from pgq_thin.worker.signals import Signals
-from pgq_thin.worker.slots import Slots
 from pgq_thin.worker.support import Flags, JobLog
+from pgq_thin.worker.threads.claimer import Claimer
+from pgq_thin.worker.threads.completer import Completer
+from pgq_thin.worker.threads.executor import Executor
+from pgq_thin.worker.threads.listener import Listener
+from pgq_thin.worker.threads.owner import OwnerCalls
+from pgq_thin.worker.threads.renewer import Renewer
+from pgq_thin.worker.threads.slots import Slots
 
 from sqlhelpers import events, expire_lease, job, one, wait_for
 
@@ -283,7 +286,8 @@ def client(dsn: str) -> Any:
 def parts(client: Client) -> tuple[HeldJobs, Flags, OwnerCalls, Completer]:
     held, flags = HeldJobs(), Flags()
     owner = OwnerCalls(client, held, flags, "w")
-    return held, flags, owner, Completer(owner, held, flags)
+    nudge = ClaimNudge(PollTimer(1.0, 0), threading.Event())  # (no claim loop waits on it here)
+    return held, flags, owner, Completer(owner, held, flags, nudge)
 
 
 def claimed(client: Client, conn: psycopg.Connection, held: HeldJobs, kind: str = "k", lease: float = 30.0) -> Held:
@@ -296,7 +300,7 @@ def test_the_executor_turns_each_handler_run_into_exactly_one_owner_call(
         client: Client, conn: psycopg.Connection) -> None:
     held, _, owner, completer = parts(client)
     executor = Executor({"value": lambda j, ctx: {"ok": 1}, "none": lambda j, ctx: None,
-                         "retry": lambda j, ctx: (_ for _ in ()).throw(Retry(60))}, owner, completer)
+                         "retry": lambda j, ctx: (_ for _ in ()).throw(Retry(60))}, owner, completer, Flags())
     value, none, retry, odd = (claimed(client, conn, held, kind) for kind in ("value", "none", "retry", "odd"))
     for h in (value, none, retry, odd):
         executor.run(h)
@@ -312,7 +316,7 @@ def test_the_executor_turns_each_handler_run_into_exactly_one_owner_call(
 
 def test_the_executor_sends_nothing_for_a_job_that_is_no_longer_ours(client: Client, conn: psycopg.Connection) -> None:
     held, _, owner, completer = parts(client)
-    executor = Executor({"k": lambda j, ctx: "late"}, owner, completer)
+    executor = Executor({"k": lambda j, ctx: "late"}, owner, completer, Flags())
     h = claimed(client, conn, held)
     assert held.begin_renewal(h)
     held.end_renewal(h, lost=True)  # as the renewer does when pgq.renew says "not yours"
@@ -363,17 +367,17 @@ def test_the_renewer_extends_leases_and_tells_a_handler_whose_job_was_taken(
 
 def test_the_listener_wakes_for_our_queues_only_and_says_when_it_listens(dsn: str, conn: psycopg.Connection) -> None:
     assert concerns("a", ["a", "b"]) and concerns("x", None) and not concerns("x", ["a"])
-    woken = threading.Event()
-    listener = Listener(dsn, ["default"], woken.set, "w")
+    wakes = threading.Semaphore(0)
+    listener = Listener(dsn, ["default"], wakes.release, "w", threading.Event())
     listener.start()
     try:
-        assert listener.listening.wait(DEADLINE) and woken.wait(DEADLINE)  # woken once on LISTEN
-        woken.clear()
+        assert listener.listening.wait(DEADLINE) and wakes.acquire(timeout=DEADLINE)  # woken once on LISTEN
+        # One connection's notifications arrive in order: once the second has woken the listener,
+        # the first was heard, and woke nobody.
         conn.execute("SELECT pg_notify('pgq', 'elsewhere')")
-        time.sleep(0.5)  # a wake-up would come within one notifies() round (0.25 s)
-        assert not woken.is_set()
         conn.execute("SELECT pg_notify('pgq', 'default')")
-        assert woken.wait(DEADLINE)
+        assert wakes.acquire(timeout=DEADLINE)
+        assert not wakes.acquire(blocking=False)  # one wake-up, for our queue
     finally:
         listener.stop()
         listener.join(DEADLINE)
@@ -397,10 +401,52 @@ class Taker:
         self.taken.extend(helds)
 
 
+class ClaimerThread:
+    """A claimer's run() in a thread of the test: ``start()``, ``stop()`` (a graceful stop),
+    ``join()``; ``error``: what ended it; ``asleep``: set each time it sleeps with every place
+    taken or after a claim (what it does when it has nothing to claim)."""
+
+    def __init__(self, claimer: Claimer) -> None:
+        self.claimer = claimer
+        self.error: BaseException | None = None
+        self.asleep = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        sleep = claimer.sleep
+
+        def sleeping(*args: Any, **kwargs: Any) -> None:
+            self.asleep.set()
+            sleep(*args, **kwargs)
+
+        claimer.sleep = sleeping  # type: ignore[method-assign]
+
+    def _run(self) -> None:
+        try:
+            self.claimer.run()
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            self.error = exc
+            self.claimer.flags.stopping.set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.claimer.flags.stopping.set()
+        self.claimer.nudge.wake()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.claimer, name)
+
+
 def a_claimer(client: Client, held: HeldJobs, flags: Flags, owner: OwnerCalls, slots: Any,
-              prefetch: int = 0, concurrency: int = 3) -> Claimer:
-    return Claimer(client, "w", ["default"], None, PollTimer(0.1, 0), PrefetchPolicy(prefetch, concurrency),
-                   slots, held, owner, DatabaseClock(), flags, threading.Event(), threading.Event())
+              prefetch: int = 0, concurrency: int = 3) -> ClaimerThread:
+    timer = PollTimer(0.1, 0)
+    nudge = ClaimNudge(timer, threading.Event())
+    completer = Completer(owner, held, flags, nudge)
+    return ClaimerThread(Claimer(client, "w", ["default"], None, timer, nudge, PrefetchPolicy(prefetch, concurrency),
+                                 slots, held, owner, completer, DatabaseClock(), flags, threading.Event()))
 
 
 def test_the_claimer_claims_as_many_jobs_as_the_policy_allows_and_holds_them(
@@ -412,8 +458,9 @@ def test_the_claimer_claims_as_many_jobs_as_the_policy_allows_and_holds_them(
     claimer.start()
     try:
         wait_for(lambda: len(taker.taken) == 4, "three slots and one waiting place")
-        time.sleep(0.3)  # nothing is handed back: nothing more is claimed
-        assert len(taker.taken) == 4 and len(held) == 4
+        claimer.asleep.clear()
+        assert claimer.asleep.wait(DEADLINE)  # it went to sleep again: every place is taken
+        assert len(taker.taken) == 4 and len(held) == 4  # nothing is handed back: nothing more claimed
         assert all(h.ctx.worker_name == "w" and h.lease_seconds > 25 for h in taker.taken)  # the queue's lease
     finally:
         claimer.stop()
@@ -434,7 +481,7 @@ def test_the_claimer_gives_back_a_job_claimed_once_stopping_and_sweeps_expired_l
 
     flags.stopping.set()
     [late] = client.claim("w", ["elsewhere"])
-    claimer.hand_over(late)
+    claimer.hand_over_all([late])
     assert [e[0] for e in events(conn, late.id)][-1] == "released" and not held
 
 
@@ -468,7 +515,7 @@ def test_the_slots_run_what_they_are_handed_count_it_time_it_and_report_each_fre
     slots.start()
     try:
         for n in range(5):
-            slots.submit(held_of(held, a_job(n)))
+            slots.submit_all([held_of(held, a_job(n))])
         for _ in range(5):
             assert freed.acquire(timeout=DEADLINE)
         assert sorted(runs.ran) == [0, 1, 2, 3, 4] and slots.assigned == 0
@@ -482,9 +529,9 @@ def test_the_slots_run_what_they_are_handed_count_it_time_it_and_report_each_fre
     flags.stopping.set()
     runs = Runs()
     stopped = Slots(1, runs, owner, policy, flags, lambda: None)  # type: ignore[arg-type]
-    stopped.submit(h)
+    stopped.submit_all([h])
     assert stopped.take_waiting() == [h] and stopped.assigned == 0
-    stopped.submit(h)
+    stopped.submit_all([h])
     stopped.start()
     stopped.stop()
     stopped.join(DEADLINE)

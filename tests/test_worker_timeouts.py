@@ -21,17 +21,18 @@ from pgq_thin import Client, Job
 from pgq_thin.worker import JobContext
 
 from sqlhelpers import events, job, one, wait_for
-from test_worker import RUNTIMES, _current, enqueue, fast_worker, finished, running
+from test_worker import _current, enqueue, fast_worker, finished, running
 from workerprocess import ROOT, spawner
 
 SLEEPY = ROOT / "tests" / "apps" / "sleepy.py"
 
 
-@pytest.fixture(params=sorted(RUNTIMES))
-def both_runtimes(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The deadline lives in the parts both runtimes share: run the test on each."""
-    _current[0] = request.param
-    yield request.param
+@pytest.fixture
+def both_runtimes(runtime: str) -> Iterator[str]:
+    """The deadline lives in the parts both runtimes share: run the test on each (conftest's
+    runtime fixture; fast_worker makes the current one)."""
+    _current[0] = runtime
+    yield runtime
     _current[0] = "threads"
 
 

@@ -10,20 +10,24 @@ asyncio tasks (AsyncWorker).
     worker.run()                 # blocks until SIGTERM / SIGINT or worker.stop()
 
 A worker is made of parts, each a module of its own with one job (every state change is one pgq
-function, called through pgq_thin.Client):
+function, called through pgq_thin.Client). Each part is written once, for asyncio, in the module of
+its rules; the thread runtime's (pgq_thin/worker/threads/) is generated from it by
+scripts/async_to_sync.py, and only how a part waits has two versions (``waits``, ``threads.waits``):
 
 - ``claimer``: THE CLAIM LOOP. Claims with pgq.claim as many jobs as the ``prefetch`` policy
   allows (free slots, plus places for jobs that wait for a slot; more while claims come back
-  full), hands them to the ``slots``, sweeps now and then (pgq.sweep), and sleeps until a NOTIFY,
-  a freed slot or the next poll. After a claim that came back short (keys at their limit, a
-  capped queue), a claim carries the completions queued meanwhile (pgq.complete_and_claim: one
-  call, one commit, and the claim sees the places they free).
+  full), hands them to the ``slots``, sweeps now and then (pgq.sweep), and sleeps until its
+  ClaimNudge wakes it (a NOTIFY, a freed slot, its completions committed, stop) or the next poll.
+  After a claim that came back short (keys at their limit, a capped queue), a claim carries the
+  completions queued meanwhile (pgq.complete_and_claim: one call, one commit, and the claim sees
+  the places they free).
 - ``executor``: runs one handler and turns its outcome into exactly one owner call
   (``outcomes`` maps returned / raised to the call): a handler that returns None joins the
   ``completer``'s queue, sent by its next pgq.complete_many or with the claimer's next claim,
   whichever takes it first; any other outcome is one call of pgq.complete,
   pgq.fail, pgq.snooze or pgq.mark_unknown (``owner``), repeated with the same attempt while the
-  connection is down.
+  connection is down. On asyncio an ``async def`` handler runs in the slot's task and a plain one
+  in a handler thread (``bridge``); a thread runtime's slot calls it in its thread.
 - ``held``: the registry of the jobs we hold, and the one place that decides that a job is
   settled once.
 - ``renewer``: renews every held job's lease at about a third of the lease, by the database
@@ -42,11 +46,10 @@ function, called through pgq_thin.Client):
   handler (``JobWatch``), after each claim and when a held job is lost; ``tracing``: one
   OpenTelemetry span per job attempt when opentelemetry-api is installed. Neither library is
   imported unless asked for.
-- ``threaded`` (Worker) wires the parts together; the shutdown waits for running jobs up to
-  shutdown_timeout, then gives back what is left (pgq.release).
-- ``aio`` (AsyncWorker) wires the same rules for asyncio: ``aio_parts`` holds the claimer,
-  slots, completer, renewer, listener and owner calls as tasks; the registry, prefetch policy,
-  outcomes, poll timer, database clock and signal rule are the very objects Worker uses.
+- ``engine``: one run: builds the parts in dependency order (each takes its collaborators in its
+  constructor), starts them, and shuts down (waits for running jobs up to shutdown_timeout, then
+  gives back what is left: pgq.release). ``aio`` (AsyncWorker) awaits it; ``threaded`` (Worker)
+  runs its generated twin.
 """
 
 from pgq_thin.worker.aio import AsyncWorker

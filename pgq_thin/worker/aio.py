@@ -1,35 +1,16 @@
-"""AsyncWorker: the asyncio runtime. It only wires the parts together (aio_parts.py, and the
-registry, the prefetch policy, the outcomes and the signal rule the thread runtime uses too)."""
+"""AsyncWorker: the asyncio runtime. Its run is pgq_thin.worker.engine's AsyncRun, which builds the
+parts (each written once, for asyncio; the thread runtime's are generated from them)."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 from collections.abc import Sequence
 
-from psycopg_pool import AsyncConnectionPool
-
-from pgq_thin.async_client import AsyncClient
-from pgq_thin.errors import PgqError
-from pgq_thin.worker.aio_parts import (
-    AsyncClaimer,
-    AsyncCompleter,
-    AsyncListener,
-    AsyncOwnerCalls,
-    AsyncRenewer,
-    AsyncSlots,
-    nap,
-    read_clock,
-)
 from pgq_thin.worker.base import WorkerBase
-from pgq_thin.worker.claimer import PollTimer
-from pgq_thin.worker.held import HeldJobs, Verdict
+from pgq_thin.worker.engine import AsyncRun
 from pgq_thin.worker.middleware import Hook
-from pgq_thin.worker.prefetch import PrefetchPolicy
-from pgq_thin.worker.renewer import DatabaseClock
 from pgq_thin.worker.signals import Signals
-from pgq_thin.worker.support import log
 
 __all__ = ["AsyncWorker"]
 
@@ -61,7 +42,7 @@ class AsyncWorker(WorkerBase):
     """
 
     _loop: asyncio.AbstractEventLoop | None = None
-    _claimer: AsyncClaimer | None = None
+    _run: AsyncRun | None = None  # while run() runs
 
     async def run(
         self,
@@ -90,9 +71,9 @@ class AsyncWorker(WorkerBase):
         self._flags.stopping.set()
         if not graceful:
             self._flags.hard_stop.set()
-        claimer, loop = self._claimer, self._loop
-        if claimer is not None and loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(claimer.wake)
+        run, loop = self._run, self._loop
+        if run is not None and run.nudge is not None and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(run.nudge.wake)
 
     _async_parts = True  # async def middleware and hooks
 
@@ -119,106 +100,8 @@ class AsyncWorker(WorkerBase):
             raise first
 
     async def _work(self, dsn: str) -> None:
-        flags = self._flags
-        pool = AsyncConnectionPool(
-            dsn, min_size=1, max_size=self.concurrency + 3,
-            kwargs=self.connection_settings(),
-            timeout=2.0, name=f"pgq-worker {self.name}", open=False)
-        await pool.open()
-        client = AsyncClient(pool=pool, pooled=self.pooled)
-        held, clock = HeldJobs(), DatabaseClock()
+        self._run = AsyncRun(self, dsn)
         try:
-            await read_clock(clock, client)
-            try:
-                self._warn_about_queues(await client.queue_status(self.queues) if self.queues else [])
-            except PgqError as exc:
-                self._queues_not_checked(exc)
-            watch = self._watch(held)
-        except BaseException:
-            await pool.close(timeout=1.0)
-            raise
-        policy = PrefetchPolicy(self.prefetch, self.concurrency)
-        owner = AsyncOwnerCalls(client, held, flags, self.name)
-        # (The claimer, made below, is told when a slot frees and when completions commit; its
-        # claims carry the completions queued.)
-        completer = AsyncCompleter(owner, held, flags, recorded=lambda: claimer.recorded())
-        wake = asyncio.Event()  # the claimer's: set when a slot frees, a NOTIFY comes, stop()
-        slots = AsyncSlots(self.concurrency, self._handlers, owner, completer, policy, flags,
-                           freed=lambda: claimer.freed(), middleware=self._middleware)
-        slots.watch = watch
-        renewer = AsyncRenewer(client, held, clock, flags, self.lease)
-        held.on_cancelled = slots.interrupt  # (called by the renewer, in the loop)
-
-        def cancel_noticed(job_id: int, attempt: int) -> None:  # a pgq_cancel notification: renew it now
-            if held.notice_cancel(job_id, attempt):
-                renewer.wake()
-
-        timer = PollTimer(self.poll_interval, self.sweep_interval, self.queues)
-        self._claimer = claimer = AsyncClaimer(
-            client, self.name, self.queues, self.lease, timer,
-            policy, slots, held, owner, clock, flags, self._listening, wake, kinds=self.kinds, completer=completer)
-        slots.freed = claimer.freed  # (the same, without the lambda's call per job)
-        claimer.metrics = self.metrics
-        listener = AsyncListener(dsn, self.queues, claimer.wake, self.name, self._listening,
-                                 ignores=timer.pace.ignores, cancelled=cancel_noticed)
-        if flags.stopping.is_set():
-            claimer.wake()
-        slot_tasks = [asyncio.create_task(slots.run_slot(), name=f"pgq-slot-{n}")
-                      for n in range(1, self.concurrency + 1)]
-        background = [asyncio.create_task(renewer.run(), name="pgq-renew"),
-                      asyncio.create_task(completer.run(), name="pgq-complete")]
-        listening = asyncio.create_task(listener.run(), name="pgq-listen") if self.listen else None
-        self._started()
-        try:
-            await claimer.run()
+            await self._run.work()
         finally:
-            listener.stop()
-            await self._shutdown(slots, held, owner, completer)
-            flags.done.set()
-            renewer.stop()
-            completer.stop()
-            # A slot still in an async handler is cancelled; one in a thread finishes on its own.
-            # Either way its job is ours no longer: the release above, or the lease, covers it.
-            for task in slot_tasks:
-                task.cancel()
-            if listening is not None:
-                listening.cancel()
-            if not flags.hard_stop.is_set():
-                await asyncio.wait(background, timeout=5.0)
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*slot_tasks, *background, *([listening] if listening else []),
-                                 return_exceptions=True)
-            slots.close()
-            await pool.close(timeout=1.0)
-            self._unwatch()
-            self._claimer = None
-            log.info("worker %s stopped", self.name, extra={"worker": self.name})
-
-    async def _shutdown(self, slots: AsyncSlots, held: HeldJobs, owner: AsyncOwnerCalls,
-                        completer: AsyncCompleter) -> None:
-        """As Worker's: give back what no slot started, wait up to shutdown_timeout recording
-        completions, give back what still runs; after a hard stop, one quick try to record."""
-        hard_stop = self._flags.hard_stop
-        if hard_stop.is_set():
-            await completer.try_flush()
-            return
-        for waiting in slots.take_waiting():
-            await owner.give_back_unstarted(waiting, "claimed before shutdown, never started")
-        deadline = time.monotonic() + self.shutdown_timeout
-        if held:
-            log.info("waiting up to %.0fs for %d running jobs", self.shutdown_timeout, len(held),
-                     extra={"worker": self.name})
-        while held and time.monotonic() < deadline:
-            await completer.try_flush()
-            await nap(0.05, self._flags)
-            if hard_stop.is_set():
-                await completer.try_flush()
-                return
-        await completer.try_flush()
-        for left in held.jobs():
-            verdict = held.take_over(left)
-            if verdict is Verdict.BUSY:
-                left.log.warning("still renewing its lease at exit; its lease covers it")
-            elif verdict is Verdict.GRANTED:
-                await owner.give_back(left.job, f"still running after shutdown_timeout ({self.shutdown_timeout}s)")
+            self._run = None

@@ -16,7 +16,6 @@ from pgq_thin.client import resolve_dsn
 from pgq_thin.errors import PgqError
 from pgq_thin.models import QueueStatus
 from pgq_thin.worker.context import Handler
-from pgq_thin.worker.held import HeldJobs
 from pgq_thin.worker.metrics import JobWatch, WorkerMetrics, check_port, check_token
 from pgq_thin.worker.middleware import Hook, Middleware, check_registration
 from pgq_thin.worker.prefetch import check_prefetch
@@ -134,9 +133,9 @@ class WorkerBase:
     def metrics_token(self, token: str | None) -> None:
         self._metrics_token = check_token(token)
 
-    def _watch(self, held: HeldJobs) -> JobWatch | None:
-        """At the start of run(): the metrics (served from now on) and the spans, or None when
-        neither is on."""
+    def _watch(self) -> JobWatch | None:
+        """At the start of run(): the metrics (served from now on, and ``self.metrics``) and the
+        spans, or None when neither is on."""
         self.metrics = None
         if self._metrics_port is not None:
             metrics = WorkerMetrics(self.concurrency)
@@ -147,7 +146,6 @@ class WorkerBase:
                                f"{exc.strerror or exc}") from None
             log.info("worker %s serves its metrics on http://%s:%d/metrics", self.name, self.metrics_host, port,
                      extra={"worker": self.name})
-            held.on_lost = metrics.lease_lost
             self.metrics = metrics
         return JobWatch.of(self.metrics, Tracing.create(self.tracer_provider) if self.tracing else None)
 
@@ -262,13 +260,6 @@ class WorkerBase:
             log.warning("no handlers registered: this worker claims nothing (it claims only the kinds it "
                         "has handlers for)", extra={"worker": self.name})
         return address
-
-    def _check_queues(self, queue_status: Callable[[Sequence[str]], list[QueueStatus]]) -> None:
-        """At start: warn about the worker's queues that do not exist or are paused."""
-        try:
-            self._warn_about_queues(queue_status(self.queues) if self.queues else [])
-        except PgqError as exc:  # a login without pgq_worker's grant, a lost connection: not fatal here
-            self._queues_not_checked(exc)
 
     def _warn_about_queues(self, statuses: Sequence[QueueStatus]) -> None:
         for s in statuses:

@@ -7,7 +7,10 @@ commit; the claim sees them, so a key that one of them frees is claimable at onc
 Claimer.carries, and pgq_thin.worker.completer for who sends what.
 After a claim that found nothing (or less than it asked for), NOTIFY wake-ups start at most about
 WAKE_RATE claims a second (any login may NOTIFY pgq); its own are never held back. After a short claim on rate-limited
-queues it waits for their next token as the database says (pgq_thin.worker.pace)."""
+queues it waits for their next token as the database says (pgq_thin.worker.pace).
+
+Written once, for asyncio (AsyncClaimer, and ClaimNudge: what wakes it); the thread runtime's
+Claimer is generated from it (pgq_thin/worker/threads/claimer.py)."""
 
 from __future__ import annotations
 
@@ -17,23 +20,24 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
-from pgq_thin.client import Client
+from pgq_thin.async_client import AsyncClient
 from pgq_thin.errors import PgqError
 from pgq_thin.models import Job
-from pgq_thin.worker.completer import CARRY_MAX, Completer, carries
+from pgq_thin.worker.completer import CARRY_MAX, AsyncCompleter, carries
 from pgq_thin.worker.context import JobContext
 from pgq_thin.worker.held import HeldJobs
 from pgq_thin.worker.metrics import WorkerMetrics
-from pgq_thin.worker.owner import OwnerCalls
+from pgq_thin.worker.owner import AsyncOwnerCalls
 from pgq_thin.worker.pace import RatePace
 from pgq_thin.worker.prefetch import PrefetchPolicy
-from pgq_thin.worker.renewer import DatabaseClock
-from pgq_thin.worker.slots import Slots
-from pgq_thin.worker.support import Backoff, Delay, Flags, ThreadPart, jitter, log, transient
+from pgq_thin.worker.renewer import DatabaseClock, read_clock
+from pgq_thin.worker.slots import AsyncSlots
+from pgq_thin.worker.support import Backoff, Delay, Flags, jitter, log, transient
+from pgq_thin.worker.waits import Wakeup, watch
 
-__all__ = ["WAKE_BURST", "WAKE_RATE", "Claimer", "PollTimer", "WakeLimit"]
+__all__ = ["WAKE_BURST", "WAKE_RATE", "AsyncClaimer", "ClaimNudge", "PollTimer", "WakeLimit"]
 
 #: SQLSTATE undefined_function: a database whose schema is older than this pgq-thin (no
 #: pgq.complete_and_claim yet; docs/upgrading.md: migrate first, then the workers).
@@ -123,49 +127,125 @@ class PollTimer:
         return max(0.0, min(wait, self.next_sweep - time.monotonic()))
 
 
-class QueuedCompletions(Protocol):
-    """What the claim loop needs of its completer (Completer, AsyncCompleter)."""
+class Settable(Protocol):
+    """An event's setting side (asyncio's Wakeup, or a threading.Event)."""
+
+    def set(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def is_set(self) -> bool: ...
+
+
+W = TypeVar("W", bound=Settable)
+
+
+class ClaimNudge(Generic[W]):
+    """What wakes the claim loop: ``wake()`` (a NOTIFY, stop()) and ``ours()`` (a reason of our
+    own: a slot freed, our completions committed), never held back by the WakeLimit, which is for
+    wake-ups anyone can send. Made before the parts that wake the loop, which take it in their
+    constructors (the completer); the claimer waits on it. A runtime's wake-up (``Wakeup``: an
+    asyncio one, or a threading.Event) is set from the loop's thread (asyncio) or any thread."""
+
+    def __init__(self, timer: PollTimer, wakeup: W) -> None:
+        self.timer = timer
+        self.wakeup = wakeup
+        self.own = False  # whether the wake-up is our own: the WakeLimit does not hold it
 
     @property
-    def carried(self) -> bool: ...
+    def short(self) -> bool:
+        """Whether the last claim took fewer jobs than it asked for."""
+        return self.timer.short
 
-    @property
-    def queued(self) -> int: ...
-
-    def carry(self, on: bool) -> None: ...
-
-
-class CarryRules:
-    """When the claim loop looks again, and whether its next claim carries the completions queued:
-    the rules both runtimes' claimers share (Claimer, AsyncClaimer: each has a ``timer``, a
-    ``completer``, ``combined`` and an ``ours()`` that wakes its loop)."""
-
-    timer: PollTimer
-    completer: QueuedCompletions | None
-    combined: bool  # False once the database turned out to have no pgq.complete_and_claim
+    def wake(self) -> None:
+        self.wakeup.set()
 
     def ours(self) -> None:
-        raise NotImplementedError
+        self.own = True
+        if not self.wakeup.is_set():  # (set() costs six calls; a wake-up already set is enough)
+            self.wakeup.set()
 
-    def freed(self) -> None:
-        """A slot finished a job: look again at once. But after a claim that came back short,
-        while that job's completion is queued for the completer (not carried by our next claim),
-        the claim waits for it (recorded()): until it commits, the job counts as running (a full
-        key, a capped queue's place) and the claim would come back short again."""
-        completer = self.completer
-        if not self.timer.short or completer is None or completer.carried or not completer.queued:
-            self.ours()
+    def clear(self) -> None:
+        """What wakes us from now on is news to the next claim."""
+        self.own = False
+        self.wakeup.clear()
 
-    def recorded(self) -> None:
-        """Our completer committed completions (or settled them otherwise): after a claim that
-        came back short, claim again, since our own running jobs may be what held it back."""
-        if self.timer.short:
-            self.ours()
+
+class AsyncClaimer:
+    """Claims for ``queues`` as ``name`` until ``flags.stopping``; ``nudge.wake()`` makes it look
+    again at once. Each claim carries the completions ``completer`` has queued (when it is small,
+    after a short one). An error that retrying cannot fix ends ``run()``."""
+
+    def __init__(self, client: AsyncClient, name: str, queues: Sequence[str] | None, lease: Delay | None,
+                 timer: PollTimer, nudge: ClaimNudge[Wakeup], policy: PrefetchPolicy, slots: AsyncSlots, held: HeldJobs,
+                 owner: AsyncOwnerCalls, completer: AsyncCompleter, clock: DatabaseClock, flags: Flags,
+                 listening: threading.Event, kinds: Sequence[str] | None = None,
+                 metrics: WorkerMetrics | None = None) -> None:
+        self.client = client
+        self.name = name
+        self.queues = queues
+        self.kinds = kinds  # claim only these (the worker's handlers); None: any kind
+        self.lease = lease
+        self.timer = timer
+        self.nudge = nudge
+        self.policy = policy
+        self.slots = slots
+        self.held = held
+        self.owner = owner
+        self.completer = completer  # whose completions our claims carry
+        self.clock = clock
+        self.flags = flags
+        self.listening = listening
+        self.metrics = metrics
+        self.combined = True  # False once the database turned out to have no pgq.complete_and_claim
+
+    async def run(self) -> None:
+        """The claim loop, until a stop."""
+        timer, policy, slots = self.timer, self.policy, self.slots
+        timer.pace.learned(await self.rate_waits())
+        try:
+            while not self.flags.stopping.is_set():
+                if timer.sweep_due():
+                    self.carry(False)
+                    await self.sweep()
+                    timer.swept()
+                    continue  # look at the stop flag again: the sweep may have waited for a connection
+                batch = policy.claim_size(slots.assigned)
+                if batch == 0:  # every place taken: a finishing job wakes us (and, if that makes
+                    # us claim, its completion goes with the claim)
+                    await self.sleep(timer.poll_interval, carry=self.carries(policy.claim_size(slots.assigned - 1)))
+                    continue
+                self.carry(self.carries(batch))
+                # What wakes us from now on is news to this claim (a wake-up set before it, by a
+                # slot whose completion it carries, say, would only make an empty claim after it).
+                self.nudge.clear()
+                try:
+                    jobs = await self.claim(batch)
+                except PgqError as exc:
+                    self.carry(False)
+                    delay = timer.claim_failed(exc, self.name)
+                    await self.owner.drop_broken_connections()
+                    await self.sleep(delay)
+                    continue
+                if self.metrics is not None:
+                    self.metrics.claimed(len(jobs))
+                if jobs:
+                    await self.hand_over_all(jobs)
+                policy.claimed(len(jobs), batch)
+                wait = timer.claimed(len(jobs), batch, self.name, self.listening.is_set(), again=self.carrying())
+                quiet = False
+                if timer.pace.wanted(len(jobs), batch):
+                    wait, quiet = timer.pace.paced(await self.rate_waits(), wait)
+                if wait:
+                    await self.sleep(wait, limited=True, quiet=quiet,
+                                     carry=not quiet and self.carries(policy.claim_size(slots.assigned - 1)))
+        finally:
+            self.carry(False)  # whatever is queued now is the completer's
 
     def carry(self, on: bool) -> None:
         """Whether our next call carries the completions queued from now on (Completer.carry)."""
         completer = self.completer
-        if completer is not None and completer.carried is not on and (self.combined or not on):
+        if completer.carried is not on and (self.combined or not on):
             completer.carry(on)
 
     def carries(self, batch: int) -> bool:
@@ -179,111 +259,22 @@ class CarryRules:
     def carrying(self) -> bool:
         """Whether completions wait to go with our next claim."""
         completer = self.completer
-        return completer is not None and completer.carried and completer.queued > 0
+        return completer.carried and completer.queued > 0
 
-
-class Claimer(CarryRules, ThreadPart):
-    """Claims for ``queues`` as ``name`` until ``flags.stopping``; ``wake()`` (or setting the
-    ``wake`` Event it was given) makes it look again at once. With a ``completer``, each claim
-    carries the completions it has queued. An error that retrying cannot fix ends it: ``error``
-    holds it (after ``join()``)."""
-
-    def __init__(self, client: Client, name: str, queues: Sequence[str] | None, lease: Delay | None,
-                 timer: PollTimer, policy: PrefetchPolicy, slots: Slots, held: HeldJobs, owner: OwnerCalls,
-                 clock: DatabaseClock, flags: Flags, listening: threading.Event, wake: threading.Event,
-                 kinds: Sequence[str] | None = None, completer: Completer | None = None) -> None:
-        self.client = client
-        self.name = name
-        self.queues = queues
-        self.kinds = kinds  # claim only these (the worker's handlers); None: any kind
-        self.lease = lease
-        self.timer = timer
-        self.policy = policy
-        self.slots = slots
-        self.held = held
-        self.owner = owner
-        self.clock = clock
-        self.flags = flags
-        self.listening = listening
-        self.completer = completer  # whose completions our claims carry (None: they go alone)
-        self.combined = True  # False once the database turned out to have no pgq.complete_and_claim
-        self.error: BaseException | None = None
-        self._wake = wake  # set to look again at once
-        self._own = False  # whether the wake-up is our own (ours()): the WakeLimit does not hold it
-        super().__init__()
-
-    thread_name = "pgq-claim"
-    metrics: WorkerMetrics | None = None  # set by the worker when metrics are on
-    completer: Completer | None
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    def ours(self) -> None:
-        """Look again at once for a reason of our own (a slot freed, our completions committed):
-        never held back by the WakeLimit, which is for wake-ups anyone can send (NOTIFY)."""
-        self._own = True
-        if not self._wake.is_set():  # (set() costs six calls; a wake-up already set is enough)
-            self._wake.set()
-
-    def run(self) -> None:
-        """The claim loop, in the calling thread."""
-        timer, policy, slots = self.timer, self.policy, self.slots
-        timer.pace.learned(self.rate_waits())
-        try:
-            while not self.flags.stopping.is_set():
-                if timer.sweep_due():
-                    self.carry(False)
-                    self.sweep()
-                    timer.swept()
-                    continue  # look at the stop flag again: the sweep may have waited for a connection
-                batch = policy.claim_size(slots.assigned)
-                if batch == 0:  # every place taken: a finishing job wakes us (and, if that makes
-                    # us claim, its completion goes with the claim)
-                    self.sleep(timer.poll_interval, carry=self.carries(policy.claim_size(slots.assigned - 1)))
-                    continue
-                self.carry(self.carries(batch))
-                # What wakes us from now on is news to this claim (a wake-up set before it, by a
-                # slot whose completion it carries, say, would only make an empty claim after it).
-                self._own = False
-                self._wake.clear()
-                try:
-                    jobs = self.claim(batch)
-                except PgqError as exc:
-                    self.carry(False)
-                    delay = timer.claim_failed(exc, self.name)
-                    self.owner.drop_broken_connections()
-                    self.sleep(delay)
-                    continue
-                if self.metrics is not None:
-                    self.metrics.claimed(len(jobs))
-                if jobs:
-                    self.hand_over_all(jobs)
-                policy.claimed(len(jobs), batch)
-                wait = timer.claimed(len(jobs), batch, self.name, self.listening.is_set(), again=self.carrying())
-                quiet = False
-                if timer.pace.wanted(len(jobs), batch):
-                    wait, quiet = timer.pace.paced(self.rate_waits(), wait)
-                if wait:
-                    self.sleep(wait, limited=True, quiet=quiet,
-                               carry=not quiet and self.carries(policy.claim_size(slots.assigned - 1)))
-        finally:
-            self.carry(False)  # whatever is queued now is the completer's
-
-    def claim(self, batch: int) -> list[Job]:
+    async def claim(self, batch: int) -> list[Job]:
         """Claim up to ``batch`` jobs (pgq.claim). With completions queued, take them and send them
         with the claim (pgq.complete_and_claim): settled here when it answers, given back to the
         completer when it fails (the error is raised)."""
         if self.kinds == []:  # no handler: nothing here could run a job
             return []
         completer = self.completer
-        carried = completer.take(CARRY_MAX) if completer is not None and self.carries(batch) else []
-        if completer is None or not carried:
-            return self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
+        carried = completer.take(CARRY_MAX) if self.carries(batch) else []
+        if not carried:
+            return await self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
         try:
-            answer = self.client.complete_and_claim([h.job.id for h in carried], [h.job.attempt for h in carried],
-                                                    self.name, self.queues, batch=batch, lease=self.lease,
-                                                    kinds=self.kinds)
+            answer = await self.owner.bounded.complete_and_claim(
+                [h.job.id for h in carried], [h.job.attempt for h in carried], self.name, self.queues,
+                batch=batch, lease=self.lease, kinds=self.kinds)
         except BaseException as exc:
             completer.give_back(carried)
             if not (isinstance(exc, PgqError) and exc.sqlstate == UNDEFINED_FUNCTION):
@@ -293,48 +284,44 @@ class Claimer(CarryRules, ThreadPart):
                         extra={"worker": self.name})
             self.combined = False
             completer.carry(False)
-            return self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
+            return await self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
         completer.settled(carried, answer.completed)
         return answer.jobs
 
-    def rate_waits(self) -> Mapping[str, timedelta]:
+    async def rate_waits(self) -> Mapping[str, timedelta]:
         """pgq.rate_limit_wait for our queues ({} when it fails: then we know of no rate limit)."""
         try:
-            return self.client.rate_limit_wait(self.queues)
+            return await self.client.rate_limit_wait(self.queues)
         except PgqError as exc:
             log.debug("could not read the rate limits (%s)", exc, extra={"worker": self.name})
             return {}
 
-    def sleep(self, seconds: float, limited: bool = False, quiet: bool = False, carry: bool = False) -> None:
+    async def sleep(self, seconds: float, limited: bool = False, quiet: bool = False, carry: bool = False) -> None:
         """Wait until woken, ``seconds`` pass or the next sweep is due. The wake-up is cleared
         *before* the next claim, so a job committed before the clear is seen by that claim.
         ``limited`` (after a claim that came back short or empty): a wake-up is held as the
         WakeLimit says.
-        ``quiet`` (every queue waits for a rate limit's token): only stop() wakes us sooner.
+        ``quiet`` (every queue waits for a rate limit's token): only a stop wakes us sooner.
         ``carry``: a freed slot makes us claim at once, so the completions queued meanwhile wait
         for that claim (not while a wake-up is held back); otherwise the completer sends them."""
         self.carry(carry)
+        nudge = self.nudge
         if quiet:
-            self.flags.stopping.wait(self.timer.until(seconds))
-        elif self._wake.wait(self.timer.until(seconds)) and limited and not self._own:
+            await watch(self.flags.stopping, self.timer.until(seconds))
+        elif await nudge.wakeup.wait(self.timer.until(seconds)) and limited and not nudge.own:
             hold = self.timer.wakes.held()
             if hold:
                 self.carry(False)
-                self.flags.stopping.wait(hold)
-        self._own = False
-        self._wake.clear()
+                await watch(self.flags.stopping, hold)
+        nudge.clear()
 
-    def hand_over(self, job: Job) -> None:
-        """Hold ``job`` and hand it to the slots, or give it back if we are stopping."""
-        self.hand_over_all([job])
-
-    def hand_over_all(self, jobs: list[Job]) -> None:
+    async def hand_over_all(self, jobs: list[Job]) -> None:
         """Hold the jobs of one claim and hand them to the slots, or give them back if we are
         stopping. (Once per claim, not per job: the clocks, the registry's lock, the slots'.)"""
         stopping = self.flags.stopping
         if stopping.is_set():
             for job in jobs:
-                self.owner.give_back(job, "claimed during shutdown, never started")
+                await self.owner.give_back(job, "claimed during shutdown, never started")
             return
         client, name, clock = self.client, self.name, self.clock
         contexts = [JobContext(job, client, name, stopping,
@@ -342,28 +329,16 @@ class Claimer(CarryRules, ThreadPart):
                     for job in jobs]
         self.slots.submit_all(self.held.hold_all(jobs, contexts, clock.leases_of(jobs, self.lease)))
 
-    def sweep(self) -> None:
+    async def sweep(self) -> None:
         """pgq.sweep, so expired leases recover even when nobody claims; and re-read the database
         clock, which leases are measured by, and which of our queues are rate-limited."""
         try:
-            recovered = self.client.sweep()
+            recovered = await self.client.sweep()
         except PgqError as exc:
             log.warning("sweep failed: %s", exc, extra={"worker": self.name})
             return
         if recovered:
             log.info("sweep recovered %d jobs with expired leases", recovered,
                      extra={"worker": self.name, "recovered": recovered})
-        self.clock.read(self.client)
-        self.timer.pace.learned(self.rate_waits())
-
-    def _loop(self) -> None:
-        try:
-            self.run()
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever joins
-            self.error = exc
-            self.flags.stopping.set()
-
-    def stop(self) -> None:
-        """Stop claiming (sets flags.stopping: the graceful stop of everything that watches it)."""
-        self.flags.stopping.set()
-        self._wake.set()
+        await read_clock(self.clock, self.client)
+        self.timer.pace.learned(await self.rate_waits())

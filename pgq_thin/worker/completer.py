@@ -10,7 +10,10 @@ one round trip and one commit for both, at most CARRY_MAX of them). Whoever take
 under its lock sends what it took, so each completion is sent once. When the claimer will not
 claim after all (it sleeps, no slot is free, it stops) it hands the queue back (``carry(False)``
 wakes the thread); a call of its that fails gives its completions back (``give_back``); and what
-the claimer holds longer than CARRY_PATIENCE is sent by the thread anyway."""
+the claimer holds longer than CARRY_PATIENCE is sent by the thread anyway.
+
+Written once, for asyncio (AsyncCompleter, a task); the thread runtime's Completer (a thread) is
+generated from it (pgq_thin/worker/threads/completer.py)."""
 
 from __future__ import annotations
 
@@ -18,13 +21,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from pgq_thin.errors import PgqError
 from pgq_thin.worker.held import BUSY, GONE, Held, HeldJobs, discarded
-from pgq_thin.worker.owner import OwnerCalls
-from pgq_thin.worker.support import Backoff, Flags, ThreadPart, log, transient
+from pgq_thin.worker.owner import AsyncOwnerCalls
+from pgq_thin.worker.support import Backoff, Flags, log, transient
+from pgq_thin.worker.waits import Part, Wakeup, nap
 
-__all__ = ["CARRY_CLAIM_MAX", "CARRY_MAX", "CARRY_PATIENCE", "Completer", "carries", "report"]
+__all__ = ["CARRY_CLAIM_MAX", "CARRY_MAX", "CARRY_PATIENCE", "AsyncCompleter", "carries", "report"]
 
 #: The longest a queued completion waits for the claimer's call before the completer's thread
 #: sends it itself (a claim that waits for a lock or a connection, say), in seconds.
@@ -36,6 +41,8 @@ CARRY_PATIENCE = 0.1
 #: queue holds back until our completions commit, are small.
 CARRY_MAX = 64
 CARRY_CLAIM_MAX = 128
+#: SQLSTATE lock_not_available: a bounded call waited out its lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 def carries(batch: int) -> bool:
@@ -61,32 +68,44 @@ def report(batch: Sequence[Held], done: Sequence[int], cancelled: Callable[[Held
             held.log.warning("complete rejected: the job is no longer ours (its lease expired, or it was cancelled)")
 
 
-class Completer(ThreadPart):
-    """``add(held)`` queues a completion; the completer's thread (``start()``) flushes the queue
-    until ``stop()`` or a hard stop, unless the claimer carries it. ``flush()`` records the queue
-    now (the shutdown does)."""
+class ClaimLoop(Protocol):
+    """What a completer tells the claim loop: its completions committed, or a slot freed while
+    they wait (the claimer's ClaimNudge)."""
 
-    def __init__(self, owner: OwnerCalls, held: HeldJobs, flags: Flags,
-                 recorded: Callable[[], None] = lambda: None) -> None:
+    @property
+    def short(self) -> bool:
+        """Whether the last claim took fewer jobs than it asked for."""
+
+    def ours(self) -> None:
+        """Look again at once, for a reason of our own."""
+
+
+class AsyncCompleter(Part):
+    """``add(held)`` queues a completion; the completer's loop (``start()``) flushes the queue
+    until ``stop()`` or a hard stop, unless the claimer carries it. ``flush()`` records the queue
+    now (the shutdown does). ``claims`` is told when a slot frees (``freed()``) and when a batch
+    is settled (the claimer may claim again)."""
+
+    def __init__(self, owner: AsyncOwnerCalls, held: HeldJobs, flags: Flags, claims: ClaimLoop) -> None:
+        super().__init__()
         self.owner = owner
         self.held = held
         self.flags = flags
-        self.recorded = recorded  # called after each batch is settled (the claimer may claim again)
+        self.claims = claims
         self._queue: list[Held] = []
         self._since = 0.0  # when the oldest completion queued was queued (time.monotonic())
         self._carried = False  # the claimer takes the queue with its next call
-        self._lock = threading.Lock()
-        self._queued = threading.Event()
-        super().__init__()
+        self._lock = threading.Lock()  # (the thread runtime's slots add from their threads)
+        self._queued = Wakeup()
 
     thread_name = "pgq-complete"
 
-    def add(self, held: Held) -> bool:
+    async def add(self, held: Held) -> bool:
         """Queue the completion of ``held`` for the next pgq.complete_many (or the claimer's next
         call): its one settling call. False (and nothing queued) when the job is settled already
         or no longer ours."""
         verdict = self.held.settle(held)
-        if verdict is GONE or (verdict is BUSY and not self.owner.granted(held)):
+        if verdict is GONE or (verdict is BUSY and not await self.owner.granted(held)):
             discarded(held, "complete")
             return False
         with self._lock:
@@ -97,6 +116,21 @@ class Completer(ThreadPart):
         if not carried and not self._queued.is_set():
             self._queued.set()
         return True
+
+    def freed(self) -> None:
+        """A slot finished a job: the claimer looks again at once. But after a claim that came
+        back short, while that job's completion is queued here (not carried by the next claim),
+        the claim waits for it (recorded()): until it commits, the job counts as running (a full
+        key, a capped queue's place) and the claim would come back short again."""
+        claims = self.claims
+        if not claims.short or self._carried or not self._queue:
+            claims.ours()
+
+    def recorded(self) -> None:
+        """Completions committed (or settled otherwise): after a claim that came back short, the
+        claimer claims again, since our own running jobs may be what held it back."""
+        if self.claims.short:
+            self.claims.ours()
 
     @property
     def queued(self) -> int:
@@ -110,7 +144,7 @@ class Completer(ThreadPart):
 
     def carry(self, on: bool) -> None:
         """The claimer: ``True`` while it is about to claim, so that completions queued meanwhile
-        go with its call; ``False`` when it will not claim now: the thread sends what is queued."""
+        go with its call; ``False`` when it will not claim now: the loop sends what is queued."""
         with self._lock:
             self._carried = on
             waiting = bool(self._queue)
@@ -119,7 +153,7 @@ class Completer(ThreadPart):
 
     def take(self, most: int | None = None) -> list[Held]:
         """Take the queued completions (the claimer: ``most`` of them, the oldest, to send with its
-        call and then settled() or give_back() them; the thread is woken for the rest)."""
+        call and then settled() or give_back() them; the loop is woken for the rest)."""
         with self._lock:
             queue = self._queue
             if most is None or len(queue) <= most:
@@ -136,7 +170,7 @@ class Completer(ThreadPart):
         self.held.forget(batch)
 
     def give_back(self, batch: list[Held]) -> None:
-        """The claimer's call failed: ``batch`` is queued again, first, and the thread sends it
+        """The claimer's call failed: ``batch`` is queued again, first, and the loop sends it
         (repeating it while the connection is down, failing a refused one as flush() does)."""
         if not batch:
             return
@@ -146,32 +180,63 @@ class Completer(ThreadPart):
             self._queue[:0] = batch
         self._queued.set()
 
-    def flush(self) -> None:
+    async def flush(self) -> None:
         """Record every queued completion with one pgq.complete_many. On a connection error the
         batch stays queued and the error is raised (every pair is idempotent for its attempt); a
-        refusal that retrying cannot fix fails each job instead, as a refused complete would."""
+        refusal that retrying cannot fix fails each job instead, as a refused complete would. A
+        batch that waited out its lock_timeout (one of its rows held by another transaction) is
+        sent again one job at a time, so that the others are not held back with that one."""
         batch = self.take()
         if not batch:
             return
         try:
-            done = self.owner.client.complete_many([h.job.id for h in batch], [h.job.attempt for h in batch])
+            done = await self.owner.bounded.complete_many([h.job.id for h in batch], [h.job.attempt for h in batch])
         except Exception as exc:
             if transient(exc) and not self.flags.done.is_set():
-                with self._lock:
-                    self._queue[:0] = batch
+                if len(batch) > 1 and getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                    await self.one_by_one(batch)
+                    return
+                self.requeue(batch)
                 raise
             for held in batch:
-                self.owner.refused("complete", held, exc)
+                await self.owner.refused("complete", held, exc)
             self.held.forget(batch)
             self.recorded()
             return
         self.settled(batch, done)
         self.recorded()
 
-    def try_flush(self) -> None:
+    async def one_by_one(self, batch: list[Held]) -> None:
+        """Each completion of ``batch`` alone: those that go are settled; one that fails stays
+        queued, and the error is raised (the loop repeats it after its backoff)."""
+        failed: Exception | None = None
+        for held in batch:
+            try:
+                done = await self.owner.bounded.complete_many([held.job.id], [held.job.attempt])
+            except Exception as exc:
+                if not transient(exc) or self.flags.done.is_set():
+                    await self.owner.refused("complete", held, exc)
+                    self.held.forget([held])
+                    continue
+                self.requeue([held])
+                failed = exc
+                continue
+            self.settled([held], done)
+        self.recorded()
+        if failed is not None:
+            raise failed
+
+    def requeue(self, batch: list[Held]) -> None:
+        """Queue ``batch`` again, first (a call that did not record it)."""
+        with self._lock:
+            if not self._queue:
+                self._since = time.monotonic()
+            self._queue[:0] = batch
+
+    async def try_flush(self) -> None:
         """flush(), once: at shutdown a connection error leaves those jobs to their leases."""
         try:
-            self.flush()
+            await self.flush()
         except PgqError as exc:
             log.warning("complete_many did not reach the server at shutdown (%s); the leases cover "
                         "those jobs", exc, extra={"worker": self.owner.worker_name})
@@ -180,21 +245,21 @@ class Completer(ThreadPart):
         """Whether the oldest queued completion has waited CARRY_PATIENCE for the claimer."""
         return bool(self._queue) and time.monotonic() - self._since >= CARRY_PATIENCE
 
-    def _loop(self) -> None:
+    async def run(self) -> None:
         errors = Backoff(first=0.1, cap=10.0)
         while not self._stopped.is_set() and not self.flags.hard_stop.is_set():
-            if not self._queued.wait(CARRY_PATIENCE) and not self._overdue():
+            if not await self._queued.wait(CARRY_PATIENCE) and not self._overdue():
                 continue
             self._queued.clear()
             try:
-                self.flush()
+                await self.flush()
             except PgqError as exc:  # a connection error: the batch stays queued; try again
                 delay = errors.next()
                 log.warning("complete_many did not reach the server (%s); repeating it in %.1fs", exc, delay,
                             extra={"worker": self.owner.worker_name})
-                self.owner.drop_broken_connections()
+                await self.owner.drop_broken_connections()
                 self._queued.set()
-                self.flags.hard_stop.wait(delay)
+                await nap(delay, self.flags)
                 continue
             errors.reset()
 

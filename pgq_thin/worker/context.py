@@ -24,8 +24,9 @@ DEPENDENCY_PAGE = 100
 class JobContext:
     """Handed to a handler with its job.
 
-    ``lease_lost`` is set when the job is no longer ours (a renewal was refused, or the worker gave
-    the job back at shutdown): stop, since whatever the handler returns will be discarded.
+    ``lease_lost`` is set when the job is no longer ours (a renewal was refused, the renewals failed
+    until the lease was about to end, or the worker gave the job back at shutdown): stop, since
+    whatever the handler returns will be discarded.
     ``shutting_down`` is set when the worker stops claiming: finish soon, or be released after
     shutdown_timeout. ``deadline`` is when this attempt's max_run_time ends (the database's
     claimed_at + max_run_time; None without a limit): from then on ``should_stop`` is true, the
@@ -49,7 +50,7 @@ class JobContext:
 
     A per-job facility (the deadline from the claimed row, a progress report) belongs here: both
     runtimes make the context in one way, from the claimed Job, the client and the stop flag
-    (Claimer.hand_over, AsyncClaimer.hand_over); a method that calls ``client`` answers on a
+    (AsyncClaimer.hand_over_all, and the Claimer made of it); a method that calls ``client`` answers on a
     Worker and is awaited on an AsyncWorker, as the client's own methods are.
     """
 
@@ -157,20 +158,24 @@ class JobContext:
         in an ``async def`` handler."""
         return HandlerTransaction(self, result)
 
-    def _may_begin(self) -> None:
+    # The seam HandlerTransaction uses (transaction.TransactionSeam): whether a block may begin,
+    # the job's one settling call asked for and given back, and what a refusal or a failed COMMIT
+    # raises. Not for handlers.
+
+    def may_begin(self) -> None:
         """Before a transaction's block: a job completed already, or no longer ours, is refused."""
         if self.completed:
             raise RuntimeError(f"job {self.job.id} was completed by an earlier ctx.transaction() of this attempt")
         if self.ended():
-            raise self._refused()
+            raise self.refused()
 
-    def _refused(self) -> LeaseLost:
+    def refused(self) -> LeaseLost:
         self.lease_lost.set()
         job = self.job
         return LeaseLost(f"job {job.id} is no longer attempt {job.attempt}'s (its lease was lost, it was cancelled, "
                          "or its max_run_time ran out): the handler's transaction was rolled back")
 
-    def _grant(self) -> bool | None:
+    def grant(self) -> bool | None:
         """Ask the registry for the job's one settling call: True (granted: ours to complete, and
         nobody else's), False (settled already, or no longer ours), None (a renewal is in
         flight: ask again). True without a registry."""
@@ -183,7 +188,7 @@ class JobContext:
         verdict = registry.settle(held).value
         return None if verdict == "busy" else verdict == "granted"
 
-    def _ungrant(self) -> None:
+    def ungrant(self) -> None:
         """The completion surely did not commit: the job is held again, and the handler's
         outcome is recorded as usual."""
         registry = self._registry
@@ -191,7 +196,7 @@ class JobContext:
         if held is not None:
             registry.unsettle(held)
 
-    def _commit_failed(self, exc: psycopg.Error) -> PgqError:
+    def commit_failed(self, exc: psycopg.Error) -> PgqError:
         """COMMIT raised ``exc``: the job is held again when the server refused the commit (it
         rolled back); a broken connection leaves it unknown whether it committed, so the job is
         no longer ours to record (the lease recovers it if it did not commit)."""
@@ -201,7 +206,7 @@ class JobContext:
             return ConnectionLost(f"the connection broke while committing the transaction of job {self.job.id}: "
                                   f"it may or may not have committed ({error.message}); if it did not, the job's "
                                   "lease recovers it", error.sqlstate, error.hint)
-        self._ungrant()
+        self.ungrant()
         return error
 
     def _stored(self, stored: bool) -> bool:

@@ -60,6 +60,11 @@ class Held:
     ctx: JobContext
     lease_seconds: float
     next_renew: float
+    #: When the lease, as last confirmed by the database (the claim, or a renewal), ends: on this
+    #: process's time.monotonic() clock, never later than it does.
+    expires: float = math.inf
+    #: Renewals that failed since the lease was last confirmed (the renewer's).
+    failed: int = 0
     state: str = "held"
     _log: JobLog | None = None
 
@@ -92,15 +97,16 @@ class _Notice:
 class HeldJobs:
     """Thread-safe: one short lock guards every decision; no call to the server happens under it."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_lost: Callable[[], None] | None = None,
+                 on_cancelled: Callable[[Held], None] | None = None) -> None:
         self._jobs: dict[int, Held] = {}
         self._lock = threading.Lock()
         self._notices: dict[int, _Notice] = {}  # by job id: held jobs a pgq_cancel notification named
         #: Called (outside the lock) each time a held job stops being ours: the worker's metrics.
-        self.on_lost: Callable[[], None] | None = None
+        self.on_lost = on_lost
         #: Called (outside the lock, by whoever ends the renewal) when a held job turns out to be
         #: cancelled: the AsyncWorker interrupts its handler's task.
-        self.on_cancelled: Callable[[Held], None] | None = None
+        self.on_cancelled = on_cancelled
 
     def hold(self, job: Job, ctx: JobContext, lease_seconds: float) -> Held:
         """Register a claimed job; its first renewal is due at a third of its lease."""
@@ -115,7 +121,7 @@ class HeldJobs:
             if ctx.deadline_monotonic is not None:  # the renewer wakes at the deadline, at the latest
                 first = min(first, ctx.deadline_monotonic)
             ctx._registry = self  # ctx.transaction() settles through us (entry_of finds its Held)
-            helds.append(Held(job, ctx, lease_seconds, first))
+            helds.append(Held(job, ctx, lease_seconds, first, now + lease_seconds))
         with self._lock:
             registry = self._jobs
             for held in helds:
@@ -151,6 +157,22 @@ class HeldJobs:
         if verdict is GRANTED:
             held.ctx.lease_lost.set()
         return verdict
+
+    def unconfirmed(self, held: Held) -> bool:
+        """The renewer could not confirm this lease in time (a renewal that failed, or waited out
+        its bounds, again and again, while the lease runs out): the job is lost before the lease
+        can pass to another worker, so that the handler stops (ctx.lease_lost, should_stop) and its
+        outcome is discarded. False when it is settled, renewing or lost already."""
+        with self._lock:
+            if held.state != "held":
+                return False
+            held.state = "lost"
+        held.ctx.lease_lost.set()
+        if self.on_lost is not None:
+            self.on_lost()
+        held.log.warning("its lease could not be renewed in time (the last renewals failed): the handler "
+                         "should stop; its outcome will be discarded, and the lease recovers the job")
+        return True
 
     def begin_renewal(self, held: Held) -> bool:
         """The renewer may extend this lease now (nobody settles it meanwhile)."""

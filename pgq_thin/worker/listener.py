@@ -1,21 +1,23 @@
 """The listener: LISTEN pgq on a connection of its own; a NOTIFY naming one of our queues wakes
 the claimer. While it is down the claimer polls faster; it reconnects with backoff. On the same
 connection it LISTENs pgq_cancel: a notification naming a job's attempt ('<id>:<attempt>', sent
-by pgq.cancel) is handed to ``cancelled(id, attempt)`` (the worker then checks it by a renewal)."""
+by pgq.cancel) is handed to ``cancelled(id, attempt)`` (the worker then checks it by a renewal).
+Written once, for asyncio (AsyncListener); the thread runtime's Listener is generated from it
+(pgq_thin/worker/threads/listener.py)."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import psycopg
 
 from pgq_thin import queries
-from pgq_thin.worker.support import KEEPALIVES, Backoff, ThreadPart, log
+from pgq_thin.worker.support import KEEPALIVES, Backoff, log
+from pgq_thin.worker.waits import Part
 
-__all__ = ["Listener", "cancel_target", "concerns"]
+__all__ = ["AsyncListener", "CancelNoticed", "Reconnects", "cancel_target", "concerns", "heard"]
 
 CancelNoticed = Callable[[int, int], None]
 
@@ -35,14 +37,6 @@ def cancel_target(payload: str) -> tuple[int, int] | None:
     if len(job_id) > 19 or len(attempt) > 10:
         return None
     return int(job_id), int(attempt)
-
-
-def listen(conn: psycopg.Connection[Any], cancelled: CancelNoticed | None) -> None:
-    """LISTEN pgq_cancel (when cancels are watched), then pgq: the connection's last statement
-    stays LISTEN pgq, which is how a test or the benchmark sees a worker listening."""
-    if cancelled is not None:
-        conn.execute(queries.LISTEN_CANCEL)
-    conn.execute(queries.LISTEN)
 
 
 def heard(notify: psycopg.Notify, queues: Sequence[str] | None, ignores: Callable[[str], bool] | None,
@@ -80,44 +74,47 @@ class Reconnects:
         return delay
 
 
-class Listener(ThreadPart):
+class AsyncListener(Part):
     """Calls ``wake()`` for each NOTIFY that concerns ``queues`` and once each time LISTEN starts
     (anything enqueued while we were not listening). ``listening`` is set while LISTEN works.
     ``ignores(queue)``: a NOTIFY naming a queue it says is no news wakes nobody (RatePace.ignores).
-    ``cancelled(id, attempt)``: called (in the listener's thread) for each pgq_cancel notification;
+    ``cancelled(id, attempt)``: called (in the listener's loop) for each pgq_cancel notification;
     None: pgq_cancel is not listened to."""
 
     def __init__(self, dsn: str, queues: Sequence[str] | None, wake: Callable[[], None], worker_name: str,
-                 listening: threading.Event | None = None, ignores: Callable[[str], bool] | None = None,
+                 listening: threading.Event, ignores: Callable[[str], bool] | None = None,
                  cancelled: CancelNoticed | None = None) -> None:
+        super().__init__()
         self.dsn = dsn
         self.queues = queues
         self.ignores = ignores
         self.cancelled = cancelled
         self.wake = wake
         self.worker_name = worker_name
-        self.listening = listening if listening is not None else threading.Event()
-        super().__init__()
+        self.listening = listening
 
     thread_name = "pgq-listen"
 
-    def _loop(self) -> None:
+    async def run(self) -> None:
         reconnects = Reconnects(self.worker_name)
         while not self._stopped.is_set():
             try:
-                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5,
-                                     application_name=f"pgq-listen {self.worker_name}"[:63], **KEEPALIVES) as conn:
-                    listen(conn, self.cancelled)
+                async with await psycopg.AsyncConnection.connect(
+                        self.dsn, autocommit=True, connect_timeout=5,
+                        application_name=f"pgq-listen {self.worker_name}"[:63], **KEEPALIVES) as conn:
+                    if self.cancelled is not None:  # first: the connection's last statement stays
+                        await conn.execute(queries.LISTEN_CANCEL)  # LISTEN pgq (how a test sees it)
+                    await conn.execute(queries.LISTEN)
                     self.listening.set()
                     self.wake()  # anything enqueued while we were not listening
                     reconnects.listening()
                     queues, ignores, wake, cancelled = self.queues, self.ignores, self.wake, self.cancelled
                     while not self._stopped.is_set():
-                        for notify in conn.notifies(timeout=0.25):
+                        async for notify in conn.notifies(timeout=0.25):
                             heard(notify, queues, ignores, wake, cancelled)
             except psycopg.Error as exc:
                 self.listening.clear()
                 if self._stopped.is_set():
                     break
-                self._stopped.wait(reconnects.broke(exc))
+                await self._stopped.wait(reconnects.broke(exc))
         self.listening.clear()

@@ -8,7 +8,8 @@ on a registry of their own, served over HTTP by prometheus_client:
   started it: its outcome was discarded), ``interrupted`` (a stop at once cancelled an async handler).
 - ``pgq_worker_job_duration_seconds{queue,kind}`` (histogram): how long the handler ran.
 - ``pgq_worker_claim_batch_size`` (histogram): jobs each pgq.claim returned (0 for an empty claim).
-- ``pgq_worker_leases_lost_total``: held jobs that stopped being ours (a renewal refused, or
+- ``pgq_worker_leases_lost_total``: held jobs that stopped being ours (a renewal refused, renewals
+  that failed until the lease was about to end, or
   max_run_time reached), not counting those cancelled (pgq.cancel: an expected end).
 - ``pgq_worker_busy_slots``: slots running a handler now; ``pgq_worker_slots``: the concurrency.
 

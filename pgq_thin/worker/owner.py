@@ -1,21 +1,31 @@
-"""The owner calls of a thread runtime: the one call that records a job's outcome (repeated with
-the same attempt while the connection is down), the fallback when the server refuses it, and
-giving a job back (pgq.release)."""
+"""The owner calls: the one call that records a job's outcome (repeated with the same attempt
+while the connection is down), the fallback when the server refuses it, and giving a job back
+(pgq.release). Written once, for asyncio (AsyncOwnerCalls); the thread runtime's OwnerCalls is
+generated from it (pgq_thin/worker/threads/owner.py)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pgq_thin.client import Client
+from pgq_thin.async_client import AsyncClient
 from pgq_thin.errors import PgqError
 from pgq_thin.models import Job
 from pgq_thin.worker.held import BUSY, GRANTED, Held, HeldJobs, discarded
 from pgq_thin.worker.outcomes import Outcome, failed_as, refused_instead
 from pgq_thin.worker.support import Flags, JobLog, Repeat, log
+from pgq_thin.worker.waits import nap, sleep
 
-__all__ = ["OwnerCalls"]
+__all__ = ["COMPLETION_LOCK_TIMEOUT", "COMPLETION_STATEMENT_TIMEOUT", "AsyncOwnerCalls", "released"]
+
+#: The bounds of the calls that record an outcome (complete, complete_many, fail, snooze,
+#: mark_unknown, release; the claim that carries completions): each runs in a transaction of its
+#: own that waits at most COMPLETION_LOCK_TIMEOUT seconds for a lock (a job's row that another
+#: transaction holds) and runs at most COMPLETION_STATEMENT_TIMEOUT. A call that meets them fails
+#: (55P03, 57014) and is repeated with the same attempt, as when the connection is down: it never
+#: hangs the part that makes it.
+COMPLETION_LOCK_TIMEOUT = 5.0
+COMPLETION_STATEMENT_TIMEOUT = 60.0
 
 
 def released(job: Job, answer: bool, why: str) -> None:
@@ -26,30 +36,33 @@ def released(job: Job, answer: bool, why: str) -> None:
         JobLog(job).warning("release rejected: the job is no longer ours")
 
 
-class OwnerCalls:
-    """Makes owner calls for the jobs in ``held`` through ``client``. ``flags``: a hard stop or
-    the end of the run ends the repeating."""
+class AsyncOwnerCalls:
+    """Makes owner calls for the jobs in ``held`` through ``client``, bounded (``bounded``: the
+    client's calls, each with COMPLETION_LOCK_TIMEOUT and COMPLETION_STATEMENT_TIMEOUT). ``flags``:
+    a hard stop or the end of the run ends the repeating."""
 
-    def __init__(self, client: Client, held: HeldJobs, flags: Flags, worker_name: str) -> None:
+    def __init__(self, client: AsyncClient, held: HeldJobs, flags: Flags, worker_name: str) -> None:
         self.client = client
+        self.bounded = client.bounded(COMPLETION_LOCK_TIMEOUT, COMPLETION_STATEMENT_TIMEOUT)
         self.held = held
         self.flags = flags
         self.worker_name = worker_name
 
-    def settle(self, held: Held, outcome: Outcome) -> None:
+    async def settle(self, held: Held, outcome: Outcome) -> None:
         """Record ``outcome`` with one call, unless the job is no longer ours (or a renewal is in
         flight: then wait for it). While the connection is down the call is repeated with the
         same attempt (every owner operation is idempotent for its attempt) until it answers, so a
         finished job is never lost. (Renewing meanwhile would be pointless: it needs the same
         server.) The job is forgotten afterwards."""
         try:
-            if not self.granted(held):
+            if not await self.granted(held):
                 discarded(held, outcome.operation)
                 return
             try:
-                answer = self.until_answered(outcome.operation, held.log, lambda: outcome.send(self.client, held.job))
+                answer = await self.until_answered(outcome.operation, held.log,
+                                                   lambda: outcome.send(self.bounded, held.job))
             except Exception as exc:  # noqa: BLE001
-                self.refused(outcome.operation, held, exc)
+                await self.refused(outcome.operation, held, exc)
                 return
             if (answer is None or answer is False) and self.held.cancel_noticed(held):
                 held.log.info("%s refused: the job was cancelled (pgq.cancel) while it ran", outcome.operation)
@@ -58,23 +71,23 @@ class OwnerCalls:
         finally:
             self.held.forget([held])
 
-    def granted(self, held: Held) -> bool:
+    async def granted(self, held: Held) -> bool:
         """The registry's settle(), waiting out a renewal in flight."""
         while (verdict := self.held.settle(held)) is BUSY:
-            time.sleep(0.002)  # a renewal answers within one round trip
+            await sleep(0.002)  # a renewal answers within one round trip
         return verdict is GRANTED
 
-    def until_answered(self, operation: str, jlog: JobLog, call: Callable[[], Any]) -> Any:
+    async def until_answered(self, operation: str, jlog: JobLog, call: Callable[[], Awaitable[Any]]) -> Any:
         repeat = Repeat(operation, jlog, self.flags)
         while True:
             try:
-                return call()
+                return await call()
             except Exception as exc:
                 delay = repeat.after(exc)
-                self.drop_broken_connections()
-                self.flags.hard_stop.wait(delay)
+                await self.drop_broken_connections()
+                await nap(delay, self.flags)
 
-    def refused(self, operation: str, held: Held, exc: Exception) -> None:
+    async def refused(self, operation: str, held: Held, exc: Exception) -> None:
         """The outcome call failed for good: we are exiting, or it was refused. Then fail the
         attempt, not retryable, so that someone looks at it (refused_instead). If nothing
         answers, the lease recovers the job."""
@@ -83,31 +96,31 @@ class OwnerCalls:
         if instead is None:
             return
         try:
-            state = self.until_answered("fail", jlog, lambda: instead.send(self.client, job))
+            state = await self.until_answered("fail", jlog, lambda: instead.send(self.bounded, job))
             jlog.info("recorded as a failure instead: %s", failed_as(state))
         except Exception as again:  # noqa: BLE001
             jlog.error("fail refused too (%s); the lease will recover the job", again)
 
-    def give_back(self, job: Job, why: str) -> None:
+    async def give_back(self, job: Job, why: str) -> None:
         """pgq.release: pending again now, the attempt not counted. One try: if it does not
         answer, the lease expires and the job is recovered anyway."""
         try:
-            released(job, self.client.release(job.id, job.attempt), why)
+            released(job, await self.bounded.release(job.id, job.attempt), why)
         except PgqError as exc:
             JobLog(job).warning("release failed (%s); the lease will recover the job", exc)
 
-    def give_back_unstarted(self, held: Held, why: str) -> None:
+    async def give_back_unstarted(self, held: Held, why: str) -> None:
         """A held job that no slot started: give it back (unless it is settled already) and
         forget it."""
-        if self.granted(held):
-            self.give_back(held.job, why)
+        if await self.granted(held):
+            await self.give_back(held.job, why)
         self.held.forget([held])
 
-    def drop_broken_connections(self) -> None:
+    async def drop_broken_connections(self) -> None:
         """After a connection error, test the pool's idle connections and replace the dead ones,
         so that the next call does not pick another connection the server has already closed."""
         if not self.flags.done.is_set():
             try:
-                self.client.pool.check()
+                await self.client.pool.check()
             except Exception as exc:  # noqa: BLE001 - best effort; the next call reports real trouble
                 log.debug("pool check failed: %s", exc, extra={"worker": self.worker_name})

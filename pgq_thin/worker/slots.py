@@ -1,28 +1,33 @@
-"""The slots: ``concurrency`` threads, each running the held jobs handed to it one at a time
-with the executor. The slots count the jobs handed to them and not yet finished (``assigned``:
-running, or waiting for a slot: the prefetch), and time each run for the prefetch policy."""
+"""The slots: ``concurrency`` of them, each running the held jobs handed to it one at a time with
+the executor. The slots count the jobs handed to them and not yet finished (``assigned``:
+running, or waiting for a slot: the prefetch), and time each run for the prefetch policy.
+Written once, for asyncio (AsyncSlots: each slot a task); the thread runtime's Slots (each slot a
+thread) is generated from it (pgq_thin/worker/threads/slots.py)."""
 
 from __future__ import annotations
 
-import queue
+import asyncio
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
-from pgq_thin.worker.executor import Executor
+from pgq_thin.worker.executor import AsyncExecutor
 from pgq_thin.worker.held import Held
-from pgq_thin.worker.owner import OwnerCalls
+from pgq_thin.worker.owner import AsyncOwnerCalls
 from pgq_thin.worker.prefetch import PrefetchPolicy
 from pgq_thin.worker.support import Flags
+from pgq_thin.worker.waits import ASYNC, Ready
 
-__all__ = ["Slots"]
+__all__ = ["AsyncSlots"]
 
 
-class Slots:
-    """``submit(held)`` hands a job to the next free slot. ``freed()`` is called each time a slot
-    finishes a job. Once ``flags.stopping`` is set, a slot gives back the jobs it has not started."""
+class AsyncSlots:
+    """``submit_all(helds)`` hands jobs to the next free slots. ``freed()`` is called each time a
+    slot finishes a job. Once ``flags.stopping`` is set, a slot gives back the jobs it has not
+    started."""
 
-    def __init__(self, concurrency: int, executor: Executor, owner: OwnerCalls, policy: PrefetchPolicy,
+    def __init__(self, concurrency: int, executor: AsyncExecutor, owner: AsyncOwnerCalls, policy: PrefetchPolicy,
                  flags: Flags, freed: Callable[[], None]) -> None:
         self.concurrency = concurrency
         self.executor = executor
@@ -30,54 +35,46 @@ class Slots:
         self.policy = policy
         self.flags = flags
         self.freed = freed
-        self._ready: queue.SimpleQueue[Held | None] = queue.SimpleQueue()
+        self._ready = Ready()
         self._assigned = 0
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()  # (the thread runtime's slots count from their threads)
+        self._runners: list[Any] = []
 
     @property
     def assigned(self) -> int:
         return self._assigned
 
-    def submit(self, held: Held) -> None:
-        self.submit_all([held])
-
     def submit_all(self, helds: list[Held]) -> None:
-        """submit() the jobs of one claim."""
+        """Hand the jobs of one claim to the slots."""
         with self._lock:
             self._assigned += len(helds)
-        put = self._ready.put
-        for held in helds:
-            put(held)
+        self._ready.put_all(helds)
 
     def take_waiting(self) -> list[Held]:
         """Take back the jobs no slot has started (the shutdown gives them back at once)."""
-        waiting: list[Held] = []
-        while True:
-            try:
-                item = self._ready.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                waiting.append(item)
+        waiting: list[Held] = self._ready.take_all()
         with self._lock:
             self._assigned -= len(waiting)
         return waiting
 
-    def _loop(self) -> None:
+    async def run_slot(self) -> None:
+        """One slot: run the jobs handed over, one at a time, until stop()."""
         ready, stopping, run, timed, lock = (self._ready, self.flags.stopping, self.executor.run, self.policy.timed,
                                              self._lock)
         monotonic = time.monotonic
-        while (held := ready.get()) is not None:
+        while (held := await ready.get()) is not None:
             started: float | None = None
             try:
                 if stopping.is_set():
-                    self.owner.give_back_unstarted(held, "claimed before shutdown, never started")
+                    await self.owner.give_back_unstarted(held, "claimed before shutdown, never started")
                 else:
                     started = monotonic()
-                    run(held)
-            except BaseException:  # noqa: BLE001 - a slot must survive anything; the lease covers the job
-                held.log.exception("the slot failed while running this job")
+                    await run(held)
+            except BaseException as exc:  # noqa: BLE001 - a slot must survive anything; the lease covers the job
+                if ASYNC:
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise  # the run's end cancels its slots
+                held.log.exception("the slot failed while running this job: %r", exc)
                 self.owner.held.forget([held])
             finally:
                 with lock:
@@ -87,16 +84,31 @@ class Slots:
                 self.freed()  # a free slot, and maybe a completion to record
 
     def start(self) -> None:
-        self._threads = [threading.Thread(target=self._loop, name=f"pgq-slot-{n}", daemon=True)
-                         for n in range(1, self.concurrency + 1)]
-        for thread in self._threads:
-            thread.start()
+        if ASYNC:
+            self._runners = [asyncio.create_task(self.run_slot(), name=f"pgq-slot-{n}")
+                             for n in range(1, self.concurrency + 1)]
+        else:
+            self._runners = [threading.Thread(target=self.run_slot, name=f"pgq-slot-{n}", daemon=True)
+                             for n in range(1, self.concurrency + 1)]
+            for thread in self._runners:
+                thread.start()
 
     def stop(self) -> None:
-        """Each slot ends after its current job (a slot still in a handler stays a daemon thread)."""
-        for _ in self._threads:
-            self._ready.put(None)
+        """Each slot ends after its current job (a slot still in a handler stays a daemon thread,
+        or is cancelled at the end of an asyncio run)."""
+        self._ready.close(self.concurrency)
 
-    def join(self, timeout: float | None = None) -> None:
-        for thread in self._threads:
-            thread.join(timeout)
+    def cancel(self) -> None:
+        """The end of a run: an asyncio slot still in an async handler is cancelled (a thread ends
+        with its handler)."""
+        if ASYNC:
+            for task in self._runners:
+                task.cancel()
+
+    async def join(self, timeout: float | None = None) -> None:
+        if ASYNC:
+            if self._runners:
+                await asyncio.gather(*self._runners, return_exceptions=True)
+        else:
+            for thread in self._runners:
+                thread.join(timeout)

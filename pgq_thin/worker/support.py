@@ -11,7 +11,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 
@@ -135,38 +135,3 @@ class Repeat:
         delay = self.backoff.next()
         self.jlog.warning("%s did not reach the server (%s); repeating it in %.1fs", self.operation, exc, delay)
         return delay
-
-
-class Part(Protocol):
-    """What every part of a thread runtime offers."""
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def join(self, timeout: float | None = None) -> None: ...
-
-
-class ThreadPart:
-    """A part with a thread of its own: ``start()`` runs ``_loop`` in a daemon thread named
-    ``thread_name``, ``stop()`` sets ``_stopped`` (the loop ends soon after), ``join()`` waits."""
-
-    thread_name = "pgq-part"
-
-    def __init__(self) -> None:
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _loop(self) -> None:
-        raise NotImplementedError
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    def join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)

@@ -1,27 +1,13 @@
-"""Worker: the thread runtime. It only wires the parts together; each part is a module of its own."""
+"""Worker: the thread runtime. Its run is pgq_thin.worker.threads.engine's Run, generated (as every
+part it builds) from the asyncio runtime's (pgq_thin.worker.engine)."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Sequence
 
-from psycopg_pool import ConnectionPool
-
-from pgq_thin.client import Client
 from pgq_thin.worker.base import WorkerBase
-from pgq_thin.worker.claimer import Claimer, PollTimer
-from pgq_thin.worker.completer import Completer
-from pgq_thin.worker.executor import Executor
-from pgq_thin.worker.held import HeldJobs, Verdict
-from pgq_thin.worker.listener import Listener
-from pgq_thin.worker.middleware import chained
-from pgq_thin.worker.owner import OwnerCalls
-from pgq_thin.worker.prefetch import PrefetchPolicy
-from pgq_thin.worker.renewer import DatabaseClock, Renewer
 from pgq_thin.worker.signals import Signals
-from pgq_thin.worker.slots import Slots
-from pgq_thin.worker.support import Part, log
+from pgq_thin.worker.threads.engine import Run
 
 __all__ = ["Worker"]
 
@@ -61,7 +47,7 @@ class Worker(WorkerBase):
     is installed, from ``tracer_provider`` (None: the global one). See docs/metrics.md.
     """
 
-    _claimer: Claimer | None = None  # while run() runs
+    _run: Run | None = None  # while run() runs
 
     def run(
         self,
@@ -94,8 +80,9 @@ class Worker(WorkerBase):
         self._flags.stopping.set()
         if not graceful:
             self._flags.hard_stop.set()
-        if self._claimer is not None:
-            self._claimer.wake()
+        run = self._run
+        if run is not None and run.nudge is not None:
+            run.nudge.wake()
 
     def _serve(self, dsn: str) -> None:
         """The run between its hooks: on_start, the work, on_stop."""
@@ -120,95 +107,5 @@ class Worker(WorkerBase):
             raise first
 
     def _work(self, dsn: str) -> None:
-        flags = self._flags
-        pool = ConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=self.concurrency + 3,  # the slots, the claimer, the completer, the renewer
-            kwargs=self.connection_settings(),
-            # Each of our threads can always have a connection (max_size), so a call that waits
-            # this long means the server is unreachable: it raises ConnectionLost and we back off.
-            timeout=2.0,
-            name=f"pgq-worker {self.name}",
-            open=True,
-        )
-        client = Client(pool=pool, pooled=self.pooled)
-        held = HeldJobs()
-        clock = DatabaseClock()
-        try:
-            clock.read(client)
-            self._check_queues(client.queue_status)
-            watch = self._watch(held)
-        except BaseException:
-            pool.close(timeout=1.0)
-            raise
-        policy = PrefetchPolicy(self.prefetch, self.concurrency)
-        owner = OwnerCalls(client, held, flags, self.name)
-        # (The claimer, made below, is told when a slot frees and when completions commit; its
-        # claims carry the completions queued.)
-        completer = Completer(owner, held, flags, recorded=lambda: claimer.recorded())
-        wake = threading.Event()  # the claimer's: set when a slot frees, a NOTIFY comes, stop()
-        handlers = {kind: chained(h, self._middleware) for kind, h in self._handlers.items()}
-        slots = Slots(self.concurrency, Executor(handlers, owner, completer, watch), owner, policy, flags,
-                      freed=lambda: claimer.freed())
-        renewer = Renewer(client, held, clock, flags, self.lease)
-        timer = PollTimer(self.poll_interval, self.sweep_interval, self.queues)
-        self._claimer = claimer = Claimer(
-            client, self.name, self.queues, self.lease, timer,
-            policy, slots, held, owner, clock, flags, self._listening, wake, kinds=self.kinds, completer=completer)
-        slots.freed = claimer.freed  # (the same, without the lambda's call per job)
-        claimer.metrics = self.metrics
-
-        def cancel_noticed(job_id: int, attempt: int) -> None:  # a pgq_cancel notification: renew it now
-            if held.notice_cancel(job_id, attempt):
-                renewer.wake()
-
-        listener = Listener(dsn, self.queues, claimer.wake, self.name, self._listening, ignores=timer.pace.ignores,
-                            cancelled=cancel_noticed)
-        background: list[Part] = [renewer, completer, *([listener] if self.listen else [])]
-        slots.start()
-        for part in background:
-            part.start()
-        self._started()
-        try:
-            claimer.run()
-        finally:
-            listener.stop()
-            self._shutdown(slots, held, owner, completer)
-            flags.done.set()
-            slots.stop()
-            renewer.stop()
-            completer.stop()
-            if not flags.hard_stop.is_set():
-                for part in background:
-                    part.join(timeout=5.0)
-            pool.close(timeout=1.0)
-            self._unwatch()
-            log.info("worker %s stopped", self.name, extra={"worker": self.name})
-
-    def _shutdown(self, slots: Slots, held: HeldJobs, owner: OwnerCalls, completer: Completer) -> None:
-        """Give back the jobs no slot started; wait up to shutdown_timeout for running jobs,
-        recording their completions as they come; give back those still running. After a hard
-        stop: one quick try to record the completions queued, or their leases cover them."""
-        hard_stop = self._flags.hard_stop
-        if hard_stop.is_set():
-            completer.try_flush()
-            return
-        for waiting in slots.take_waiting():
-            owner.give_back_unstarted(waiting, "claimed before shutdown, never started")
-        deadline = time.monotonic() + self.shutdown_timeout
-        if held:
-            log.info("waiting up to %.0fs for %d running jobs", self.shutdown_timeout, len(held),
-                     extra={"worker": self.name})
-        while held and time.monotonic() < deadline:
-            completer.try_flush()
-            if hard_stop.wait(0.05):
-                completer.try_flush()
-                return
-        completer.try_flush()
-        for left in held.jobs():
-            verdict = held.take_over(left)
-            if verdict is Verdict.BUSY:
-                left.log.warning("still renewing its lease at exit; its lease covers it")
-            elif verdict is Verdict.GRANTED:
-                owner.give_back(left.job, f"still running after shutdown_timeout ({self.shutdown_timeout}s)")
+        self._run = Run(self, dsn)
+        self._run.work()

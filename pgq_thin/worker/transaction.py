@@ -1,8 +1,9 @@
 """A handler's own transaction: what JobContext.transaction returns. The handler writes its tables
 through the connection it yields, and the block's end runs pgq.complete in that same transaction,
 so the job's effect and its completion commit together or not at all (JobContext.transaction says
-how it behaves; the context's _grant / _refused / _commit_failed settle the job through the
-held-jobs registry)."""
+how it behaves). It knows the context only by TransactionSeam, the few calls it makes of it (the
+context's grant / refused / commit_failed settle the job through the held-jobs registry), so this
+module imports nothing of the context's."""
 
 from __future__ import annotations
 
@@ -12,19 +13,40 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager, contextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psycopg
 
 from pgq_thin import calls
 from pgq_thin.async_client import AsyncClient
 from pgq_thin.client import Client
-from pgq_thin.errors import translated
+from pgq_thin.errors import LeaseLost, PgqError, translated
+from pgq_thin.models import Job
 
-if TYPE_CHECKING:
-    from pgq_thin.worker.context import JobContext
+__all__ = ["HandlerTransaction", "TransactionSeam"]
 
-__all__ = ["HandlerTransaction"]
+
+class TransactionSeam(Protocol):
+    """What a handler's transaction asks of its job's context (JobContext)."""
+
+    job: Job
+    client: Any
+    completed: bool
+
+    def may_begin(self) -> None:
+        """Raise when a block may not begin (the job completed already, or no longer ours)."""
+
+    def grant(self) -> bool | None:
+        """The job's one settling call: True (ours to complete), False (not), None (ask again)."""
+
+    def ungrant(self) -> None:
+        """The completion surely did not commit: the job is held again."""
+
+    def refused(self) -> LeaseLost:
+        """The error a refused completion raises (lease_lost is set)."""
+
+    def commit_failed(self, exc: psycopg.Error) -> PgqError:
+        """The error a failed COMMIT raises."""
 
 
 class HandlerTransaction:
@@ -33,7 +55,7 @@ class HandlerTransaction:
     transaction whose end completes the job. ``result`` (settable until the block ends) is the
     job's result."""
 
-    def __init__(self, context: JobContext, result: Any = None) -> None:
+    def __init__(self, context: TransactionSeam, result: Any = None) -> None:
         self._context = context
         self.result = result
         self._completion()  # a result JSON cannot carry: BadArgument now, before the block
@@ -66,7 +88,7 @@ class HandlerTransaction:
     @contextmanager
     def _block(self, client: Client) -> Iterator[psycopg.Connection[Any]]:
         context = self._context
-        context._may_begin()
+        context.may_begin()
         with translated():
             borrowed = client.pool.connection()
             conn = borrowed.__enter__()
@@ -80,7 +102,7 @@ class HandlerTransaction:
             except psycopg.Error as exc:
                 if not leaving:
                     raise  # the handler's own statement: as psycopg raised it
-                raise context._commit_failed(exc) from exc
+                raise context.commit_failed(exc) from exc
             context.completed = True
         finally:
             borrowed.__exit__(None, None, None)
@@ -89,17 +111,17 @@ class HandlerTransaction:
         """pgq.complete in the block's transaction; LeaseLost (which rolls it back) when refused."""
         context = self._context
         call = dataclasses.replace(self._completion(), conn=conn)
-        while (granted := context._grant()) is None:
+        while (granted := context.grant()) is None:
             time.sleep(0.002)  # a renewal answers within one round trip
         if not granted:
-            raise context._refused()
+            raise context.refused()
         try:
             ours = client._send(call)
         except BaseException:
-            context._ungrant()  # not committed: the transaction rolls back with this error
+            context.ungrant()  # not committed: the transaction rolls back with this error
             raise
         if not ours:
-            raise context._refused()
+            raise context.refused()
 
     # On an AsyncWorker ---------------------------------------------------------------------------
 
@@ -118,7 +140,7 @@ class HandlerTransaction:
     @asynccontextmanager
     async def _ablock(self, client: AsyncClient) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         context = self._context
-        context._may_begin()
+        context.may_begin()
         await client.open()
         with translated():
             borrowed = client.pool.connection()
@@ -133,7 +155,7 @@ class HandlerTransaction:
             except psycopg.Error as exc:
                 if not leaving:
                     raise
-                raise context._commit_failed(exc) from exc
+                raise context.commit_failed(exc) from exc
             context.completed = True
         finally:
             await borrowed.__aexit__(None, None, None)
@@ -141,17 +163,17 @@ class HandlerTransaction:
     async def _acomplete(self, client: AsyncClient, conn: psycopg.AsyncConnection[Any]) -> None:
         context = self._context
         call = dataclasses.replace(self._completion(), conn=conn)
-        while (granted := context._grant()) is None:
+        while (granted := context.grant()) is None:
             await asyncio.sleep(0.002)
         if not granted:
-            raise context._refused()
+            raise context.refused()
         try:
             ours = await client._send(call)
         except BaseException:
-            context._ungrant()
+            context.ungrant()
             raise
         if not ours:
-            raise context._refused()
+            raise context.refused()
 
     def __repr__(self) -> str:
         job = self._context.job
