@@ -5148,8 +5148,11 @@ COMMENT ON FUNCTION pgq.progress(bigint, integer, jsonb) IS
 
 -- The results of the caller's own running job's dependencies (its inputs), in dependency id order,
 -- those with ids above after_id, at most limit_rows: paged by the last dependency_id. Fenced like
--- pgq.progress (the attempt, the login); a caller that does not own the attempt gets 55000. A
--- dependency pruned since has a NULL state.
+-- pgq.progress (the attempt, the login); a caller that does not own the attempt gets 55000. Each
+-- dependency is read by the rule of pgq.job_result at the time of the read (pgq._reads_result):
+-- one that job_result answers the caller, or answers the job's producer (the login that named it)
+-- while the caller's read grants admit its queue; any other answers as one pruned since, with a
+-- NULL state (issue 37: the grants were checked at the enqueue only).
 CREATE OR REPLACE FUNCTION pgq.dependency_results(id bigint, attempt integer, limit_rows integer DEFAULT 100,
                                                   after_id bigint DEFAULT NULL)
     RETURNS TABLE (dependency_id bigint, state text, result jsonb, last_error text, finished_at timestamptz)
@@ -5160,7 +5163,8 @@ CREATE OR REPLACE FUNCTION pgq.dependency_results(id bigint, attempt integer, li
     AS $$
 #variable_conflict use_column
 DECLARE
-    deps bigint[];
+    deps     bigint[];
+    producer text;
 BEGIN
     PERFORM pgq._check_fence(dependency_results.id, dependency_results.attempt);
     IF dependency_results.limit_rows IS NULL OR dependency_results.limit_rows NOT BETWEEN 1 AND 1000 THEN
@@ -5168,7 +5172,7 @@ BEGIN
             format('must be between 1 and 1000, got %s', coalesce(dependency_results.limit_rows::text, 'NULL')),
             'Page with after_id => the last dependency_id of the previous page.');
     END IF;
-    SELECT j.depends_on INTO deps FROM pgq.jobs AS j
+    SELECT j.depends_on, j.enqueued_by INTO deps, producer FROM pgq.jobs AS j
     WHERE j.id = dependency_results.id AND j.attempt = dependency_results.attempt AND j.state = 'running'
       AND pgq._owns(j.session_role);
     IF NOT FOUND THEN
@@ -5182,8 +5186,12 @@ BEGIN
     FROM (SELECT x.id FROM unnest(deps) AS x(id)
           WHERE x.id > coalesce(dependency_results.after_id, 0)
           ORDER BY x.id LIMIT dependency_results.limit_rows) AS d
-    LEFT JOIN LATERAL (SELECT y.state, y.result, y.last_error, y.finished_at FROM pgq.jobs AS y
-                       WHERE y.id = d.id) AS j ON true
+    LEFT JOIN LATERAL (SELECT y.state, y.result, y.last_error, y.finished_at
+                       FROM pgq.jobs AS y JOIN pgq.queues AS q ON q.name = y.queue
+                       WHERE y.id = d.id
+                         AND (pgq._reads_result(session_user, y.queue, q.restricted, y.enqueued_by)
+                              OR pgq._may(y.queue, q.restricted, 'read')
+                                 AND pgq._reads_result(producer, y.queue, q.restricted, y.enqueued_by))) AS j ON true
     ORDER BY d.id;
 END
 $$;
@@ -6567,9 +6575,29 @@ END
 $$;
 COMMENT ON FUNCTION pgq.get_job(bigint) IS 'The job row; P0002 when there is no such job.';
 
+-- Who reads a job's outcome, the one rule of every result read (pgq.job_result, and through the
+-- producer that named it pgq.dependency_results), decided at the time of the read: whether the
+-- login `who` may read the outcome of a job of `queue` (whose queues.restricted is `restricted`)
+-- that `enqueued_by` enqueued. It enqueued it; or it is a member of pgq_admin; or it reads the
+-- queue: on a queue without read grants, as a member of pgq_monitor; on one with them, as a member
+-- of a role granted read or claim there. A login that no longer exists reads nothing.
+CREATE OR REPLACE FUNCTION pgq._reads_result(who text, queue text, restricted text[], enqueued_by text)
+    RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(_reads_result.enqueued_by = _reads_result.who, false)
+        OR coalesce((SELECT pg_has_role(r.oid, 'pgq_admin', 'MEMBER')
+                            OR CASE WHEN 'read' = ANY (coalesce(_reads_result.restricted, '{}'))
+                                    THEN EXISTS (SELECT FROM pgq.grants AS g
+                                                 WHERE g.queue = _reads_result.queue AND g.privilege IN ('read', 'claim')
+                                                   AND pg_has_role(r.oid, g.role, 'MEMBER'))
+                                    ELSE pg_has_role(r.oid, 'pgq_monitor', 'MEMBER') END
+                     FROM pg_catalog.pg_roles AS r WHERE r.rolname = _reads_result.who), false)
+$$;
+
 -- The outcome of one job, for the login that enqueued it, admins, and logins whose read grants
--- admit its queue (monitors, for a queue without read grants); P0002 for anyone else, as for an
--- unknown id. Not finished yet: its state, and NULLs.
+-- admit its queue (monitors, for a queue without read grants): pgq._reads_result. P0002 for anyone
+-- else, as for an unknown id. Not finished yet: its state, and NULLs.
 CREATE OR REPLACE FUNCTION pgq.job_result(id bigint)
     RETURNS TABLE (state text, result jsonb, last_error text, finished_at timestamptz)
     LANGUAGE plpgsql STABLE
@@ -6588,12 +6616,7 @@ BEGIN
     IF FOUND THEN
         restricted := (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = job.queue);
     END IF;
-    IF NOT FOUND
-       OR NOT (job.enqueued_by = session_user
-               OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')
-               OR (pgq._may(job.queue, restricted, 'read')
-                   AND ('read' = ANY (coalesce(restricted, '{}'))
-                        OR pg_has_role(session_user, 'pgq_monitor', 'MEMBER')))) THEN
+    IF NOT FOUND OR NOT pgq._reads_result(session_user, job.queue, restricted, job.enqueued_by) THEN
         RAISE EXCEPTION 'pgq: no job with id %', job_result.id
             USING ERRCODE = 'no_data_found',
                   HINT = 'A job''s result is read by the login that enqueued it, by admins and by readers of its queue.';
