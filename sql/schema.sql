@@ -5262,6 +5262,19 @@ BEGIN
 END
 $$;
 
+-- pgq.sweep's and pgq.settle_dependencies' max_jobs: 1 to 100000 (22004 / 22023 otherwise).
+CREATE OR REPLACE FUNCTION pgq._check_max_jobs(max_jobs integer) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_max_jobs.max_jobs IS NULL THEN
+        PERFORM pgq._bad_argument('max_jobs', 'must not be NULL');
+    ELSIF _check_max_jobs.max_jobs NOT BETWEEN 1 AND 100000 THEN
+        PERFORM pgq._bad_argument('max_jobs', format('must be between 1 and 100000, got %s', _check_max_jobs.max_jobs));
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.sweep(max_jobs integer DEFAULT 1000)
     RETURNS integer
     LANGUAGE plpgsql
@@ -5273,11 +5286,7 @@ DECLARE
     total integer := 0;
     r record;
 BEGIN
-    IF sweep.max_jobs IS NULL THEN
-        PERFORM pgq._bad_argument('max_jobs', 'must not be NULL');
-    ELSIF sweep.max_jobs NOT BETWEEN 1 AND 100000 THEN
-        PERFORM pgq._bad_argument('max_jobs', format('must be between 1 and 100000, got %s', sweep.max_jobs));
-    END IF;
+    PERFORM pgq._check_max_jobs(sweep.max_jobs);
     FOR r IN SELECT x.queue, x.recovered FROM pgq._recover_expired(sweep.max_jobs) AS x LOOP
         total := total + r.recovered;
         IF (SELECT q.notify FROM pgq.queues AS q WHERE q.name = r.queue) THEN
@@ -5342,12 +5351,7 @@ CREATE OR REPLACE FUNCTION pgq.settle_dependencies(max_jobs integer DEFAULT 100)
     SET jit = off
     AS $$
 BEGIN
-    IF settle_dependencies.max_jobs IS NULL THEN
-        PERFORM pgq._bad_argument('max_jobs', 'must not be NULL', 'Omit it for 100.');
-    ELSIF settle_dependencies.max_jobs NOT BETWEEN 1 AND 100000 THEN
-        PERFORM pgq._bad_argument('max_jobs',
-            format('must be between 1 and 100000, got %s', settle_dependencies.max_jobs));
-    END IF;
+    PERFORM pgq._check_max_jobs(settle_dependencies.max_jobs);
     RETURN pgq._settle_dependencies(settle_dependencies.max_jobs);
 END
 $$;

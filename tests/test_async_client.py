@@ -31,7 +31,7 @@ def test_every_call_is_a_method_of_both_clients_with_the_same_name_signature_and
             assert getattr(Client, method.__name__) is getattr(AsyncClient, method.__name__) is method
             assert inspect.signature(bound) == inspect.signature(method.build)
             assert bound.__doc__ == method.build.__doc__ and bound.__doc__.startswith("pgq.")
-    assert len(calls.ALL) == 49  # every pgq function a role may call, but cron_next (SQL only)
+    assert len(calls.ALL) == 50  # every pgq function a role may call, but cron_next (SQL only)
 
     async def awaitable(client: AsyncClient) -> bool:
         pending = client.version()

@@ -186,9 +186,10 @@ def test_a_sweep_skips_a_dependant_another_transaction_holds_and_a_later_one_tak
     conn.execute("SELECT pgq.sweep()")  # the enqueues' checks
     attempt = run(conn, head)
     # A step of 0 for this end: it leaves it all to the backlog.
-    conn.execute("CREATE OR REPLACE FUNCTION pgq._dependency_step() RETURNS integer LANGUAGE sql STABLE AS 'SELECT 0'")
+    step = "CREATE OR REPLACE FUNCTION pgq._dependency_step() RETURNS integer LANGUAGE sql STABLE AS 'SELECT {}'"
+    conn.execute(step.format(0))
     assert one(conn, "SELECT pgq.complete(%s, %s)", (head, attempt)) is True
-    conn.execute("CREATE OR REPLACE FUNCTION pgq._dependency_step() RETURNS integer LANGUAGE sql STABLE AS 'SELECT 1000'")
+    conn.execute(step.format(STEP))
     holder, sweeper = h.session("holder"), h.session("sweeper")
     h.step(holder, "begin", "BEGIN")
     assert h.step(holder, "lock", "SELECT id FROM pgq.jobs WHERE id = %s FOR NO KEY UPDATE", (held,)).ok

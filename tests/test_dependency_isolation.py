@@ -27,7 +27,7 @@ from psycopg.conninfo import make_conninfo
 from pgq_thin.tools.lab.harness import Harness, Step
 
 from sqlhelpers import claim, job, one
-from test_dependencies import backlog, enqueue, links, run, state
+from test_dependencies import backlog, links, run, state
 from test_sql_access import ALICE, BOSS, PROD, PROD2, WRITERS, login  # noqa: F401 - login is a fixture
 from test_sql_support import sqlstate_of
 
@@ -338,3 +338,14 @@ def test_an_end_without_dependants_writes_no_cascade_state(conn) -> None:
     job_id = one(conn, "SELECT pgq.enqueue('plain', 'k')")
     assert one(conn, "SELECT pgq.complete(%s, %s)", (job_id, run(conn, job_id))) is True
     assert one(conn, "SELECT count(*) FROM pgq.cascade_budgets") == 0
+
+
+def test_the_clients_settle_dependencies_moves_the_backlog_on(dsn: str, conn) -> None:
+    from pgq_thin import Client
+
+    fan_out(conn, conn, 1030)
+    with Client(dsn) as client:
+        assert client.settle_dependencies(max_jobs=20) == 20
+        assert client.settle_dependencies() == 10
+        assert client.settle_dependencies() == 0
+    assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE queue = 'fan' AND state = 'pending'") == 1030
