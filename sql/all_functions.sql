@@ -962,7 +962,7 @@ COMMENT ON FUNCTION pgq._fold_finished() IS
 --   locks none of them: their owners renew, complete and fail as if it were not there, claims
 --   return them, admin calls find them unlocked. The new job waits (state 'waiting',
 --   dependencies_left) for those not done yet, linked to each (pgq.job_dependencies), and leaves a
---   check per such dependency (pgq.dependency_checks; pgq._wait_for_dependencies).
+--   check per such dependency (pgq.overlap_checks; pgq._wait_for_dependencies).
 -- * Every end of a job (the trigger jobs_count_finished, pgq._count_finished) looks up whether
 --   jobs wait for it, in the statement that counts the end (one probe of job_dependencies' primary
 --   key), and only then moves them on (pgq._dependency_ended): done, each waiting dependant counts
@@ -970,30 +970,34 @@ COMMENT ON FUNCTION pgq._fold_finished() IS
 --   and the jobs waiting for them down the chain.
 -- * An end and an enqueue in flight at once do not see each other, and neither waits for the
 --   other: the end does not see the new links, the enqueue reads the dependency as not ended. The
---   enqueue's checks settle it (pgq._settle_checks, in every sweep): a check is taken once its
---   enqueue has committed; if the dependency has ended by then, its dependants move on then; if no
---   end of it is in flight, its end is sure to see the links (it looks them up after it has locked
---   the row, and they were committed before), and the check goes; if one is, the check waits for
---   the next sweep. So a dependant moves on in the ending transaction when its enqueue committed
---   before the end looked, and by the first sweep after both committed when they overlapped; never
---   early (only an end that has committed is seen). An end at REPEATABLE READ or SERIALIZABLE
+--   enqueue's checks settle it (pgq._settle_checks, in every pgq.settle_dependencies, which a
+--   worker calls every poll, and every sweep): a check is taken once its enqueue has committed; if
+--   the dependency has ended by then, its dependants move on then; if no end of it is in flight,
+--   its end is sure to see the links (it looks them up after it has locked the row, and they were
+--   committed before), and the check goes; if one is, the check waits for the next call. So a
+--   dependant moves on in the ending transaction when its enqueue committed before the end looked,
+--   and by the first such call after both committed when they overlapped; never early (only an
+--   end that has committed is seen). An end at REPEATABLE READ or SERIALIZABLE
 --   whose snapshot is older than its statement leaves a check for itself (that snapshot may not
 --   see links committed since).
 -- * The work one call does is bounded, its plan independent of statistics: the ends of one
 --   transaction move on at most pgq._dependency_step() dependants (a cancelled one counts the
 --   links its cancellation deletes), the first in id order, then their dependants breadth first;
---   the rest goes to pgq.dependency_backlog, which every sweep works through, oldest row first,
---   max_jobs dependants at a time (pgq._work_backlog). The ends of a claim's or a sweep's recovery
---   of expired leases move none at all (a claim never works for, nor waits on, the dependency
---   graph). Every statement reads by primary key or job_dependencies_job_idx in index order, with
---   sequential and bitmap scans and hash and merge joins disabled (the SET clauses): a bitmap scan
---   of a fan-out's 100,000 links, sorted to take the first 1000, is what statistics that say
---   "few" would otherwise choose.
+--   the rest goes to pgq.cascade_backlog, which every sweep and settle works through, max_jobs
+--   dependants at a time, shared fairly among the logins whose work its rows are (pgq._work_backlog;
+--   the checks too, pgq._take_checks), so that one login's fan-out or flood of checks never holds
+--   another's release back past the next call. The per-transaction bounds are kept where only the
+--   owner writes (pgq.cascade_budgets, below), never in a setting the caller could set. The ends of
+--   a claim's or a sweep's recovery of expired leases move none at all (a claim never works for,
+--   nor waits on, the dependency graph). Every statement reads by primary key or
+--   job_dependencies_job_idx in index order, with sequential and bitmap scans and hash and merge
+--   joins disabled (the SET clauses): a bitmap scan of a fan-out's 100,000 links, sorted to take
+--   the first 1000, is what statistics that say "few" would otherwise choose.
 -- * A dependant's row is updated by each of its dependencies' ends, and they take turns on it (so
 --   the count is exact: each decrement reads the newest row version). An owner's or admin's end
 --   waits for a dependant's row that another transaction holds (say, the completion of another part
---   of a fan-in) at most 50 ms in all, per transaction, polling; past that, and always in a sweep,
---   a row held elsewhere is left to the sweep.
+--   of a fan-in) at most 50 ms in all, per transaction, polling; past that, and always in a sweep
+--   or settle, a row held elsewhere is left to the backlog.
 -- * pgq.retry may bring an ended job back: the dependants of its earlier end (ids below that end's
 --   backlog rows' below_id) stay that end's, and its next end moves on only those enqueued after.
 -- Every function here runs as the owner (like pgq._count_finished: every name schema-qualified).
@@ -1004,7 +1008,7 @@ CREATE OR REPLACE FUNCTION pgq._dependency_step() RETURNS integer
     LANGUAGE sql STABLE
     AS $$ SELECT 1000 $$;
 COMMENT ON FUNCTION pgq._dependency_step() IS
-    'How many dependants the ends of one transaction move on at most (the rest: pgq.dependency_backlog).';
+    'How many dependants the ends of one transaction move on at most (the rest: pgq.cascade_backlog).';
 
 -- The id the next job will get: every job enqueued after this call has an id at least this.
 CREATE OR REPLACE FUNCTION pgq._next_job_id() RETURNS bigint
@@ -1124,7 +1128,7 @@ BEGIN
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed'
        AND transaction_timestamp() <> statement_timestamp() THEN
-        INSERT INTO pgq.dependency_checks (job_id, login) VALUES (ended_id, session_user);
+        INSERT INTO pgq.overlap_checks (job_id, login) VALUES (ended_id, session_user);
     END IF;
     IF NOT waited_for OR cascaded THEN
         RETURN;
@@ -1153,7 +1157,7 @@ CREATE OR REPLACE FUNCTION pgq._move_dependants_on(ended_id bigint, ended pgq.jo
     AS $$
 DECLARE
     below   bigint := pgq._next_job_id();
-    from_id bigint := coalesce((SELECT max(b.below_id) FROM pgq.dependency_backlog AS b
+    from_id bigint := coalesce((SELECT max(b.below_id) FROM pgq.cascade_backlog AS b
                                 WHERE b.job_id = _move_dependants_on.ended_id), 0);
     todo    bigint[] := ARRAY[ended_id];      -- ended jobs whose dependants move on, in order
     froms   bigint[] := ARRAY[from_id];
@@ -1176,7 +1180,7 @@ BEGIN
     END LOOP;
     -- What is left goes to the sweep, in order, each row the work of the login that enqueued its
     -- next dependant.
-    INSERT INTO pgq.dependency_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
+    INSERT INTO pgq.cascade_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
     SELECT t.id, t.state, t.from_id, below, _move_dependants_on.ended_id, _move_dependants_on.ended,
            pgq._next_dependant_login(t.id, t.from_id, below)
     FROM unnest(todo, states, froms, open) WITH ORDINALITY AS t(id, state, from_id, more, n)
@@ -1343,7 +1347,47 @@ BEGIN
 END
 $$;
 
--- Up to `most` logins that have rows in pgq.dependency_checks (`checks`) or pgq.dependency_backlog,
+-- Moves up to max_rows rows of each table of before 0021 (pgq.dependency_checks,
+-- pgq.dependency_backlog, pgq.unique_successors), rows that were held while 0021 ran or that the
+-- previous release's functions wrote until this source was installed, to the tables that replaced
+-- them (pgq.overlap_checks, pgq.cascade_backlog, pgq.replace_slots), in order, never waiting: a
+-- check or backlog row as nobody's work (''), a successor slot as its job's login's (one whose job
+-- is gone or was enqueued before 0017 goes). Nothing else writes the old tables; a later migration
+-- drops them. For pgq.sweep.
+CREATE OR REPLACE FUNCTION pgq._adopt_legacy(max_rows integer) RETURNS void
+    LANGUAGE sql
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    AS $$
+    WITH gone AS (
+        DELETE FROM pgq.dependency_checks AS c
+        WHERE c.id = ANY (ARRAY(SELECT x.id FROM pgq.dependency_checks AS x ORDER BY x.id
+                                LIMIT _adopt_legacy.max_rows FOR UPDATE SKIP LOCKED))
+        RETURNING c.id, c.job_id
+    )
+    INSERT INTO pgq.overlap_checks (job_id, login) SELECT g.job_id, '' FROM gone AS g ORDER BY g.id;
+    WITH gone AS (
+        DELETE FROM pgq.dependency_backlog AS b
+        WHERE b.id = ANY (ARRAY(SELECT x.id FROM pgq.dependency_backlog AS x ORDER BY x.id
+                                LIMIT _adopt_legacy.max_rows FOR UPDATE SKIP LOCKED))
+        RETURNING b.*
+    )
+    INSERT INTO pgq.cascade_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
+    SELECT g.job_id, g.ended, g.from_id, g.below_id, g.root_id, g.root_state, '' FROM gone AS g ORDER BY g.id;
+    WITH gone AS (
+        DELETE FROM pgq.unique_successors AS s
+        WHERE (s.queue, s.unique_key) IN (SELECT x.queue, x.unique_key FROM pgq.unique_successors AS x
+                                          LIMIT _adopt_legacy.max_rows FOR UPDATE SKIP LOCKED)
+        RETURNING s.queue, s.unique_key, s.job_id
+    )
+    INSERT INTO pgq.replace_slots (queue, unique_key, enqueued_by, job_id)
+    SELECT g.queue, g.unique_key, j.enqueued_by, g.job_id
+    FROM gone AS g JOIN pgq.jobs AS j ON j.id = g.job_id
+    WHERE j.enqueued_by IS NOT NULL
+    ON CONFLICT ON CONSTRAINT replace_slots_pkey DO NOTHING;
+$$;
+
+-- Up to `most` logins that have rows in pgq.overlap_checks (`checks`) or pgq.cascade_backlog,
 -- in name order from one picked by the clock on, wrapping round: when more logins have work than
 -- one call serves, each call starts elsewhere (and none is left out for good). One index probe a
 -- login (idx (login, id)).
@@ -1363,17 +1407,17 @@ BEGIN
             EXIT WHEN cardinality(logins) >= _logins_with_work.most;
             IF cur IS NULL THEN
                 cur := CASE WHEN _logins_with_work.checks
-                            THEN (SELECT c.login FROM pgq.dependency_checks AS c
+                            THEN (SELECT c.login FROM pgq.overlap_checks AS c
                                   WHERE c.login >= CASE WHEN lap = 1 THEN start ELSE '' END
                                   ORDER BY c.login LIMIT 1)
-                            ELSE (SELECT b.login FROM pgq.dependency_backlog AS b
+                            ELSE (SELECT b.login FROM pgq.cascade_backlog AS b
                                   WHERE b.login >= CASE WHEN lap = 1 THEN start ELSE '' END
                                   ORDER BY b.login LIMIT 1) END;
             ELSE
                 cur := CASE WHEN _logins_with_work.checks
-                            THEN (SELECT c.login FROM pgq.dependency_checks AS c WHERE c.login > cur
+                            THEN (SELECT c.login FROM pgq.overlap_checks AS c WHERE c.login > cur
                                   ORDER BY c.login LIMIT 1)
-                            ELSE (SELECT b.login FROM pgq.dependency_backlog AS b WHERE b.login > cur
+                            ELSE (SELECT b.login FROM pgq.cascade_backlog AS b WHERE b.login > cur
                                   ORDER BY b.login LIMIT 1) END;
             END IF;
             EXIT WHEN cur IS NULL OR lap = 2 AND cur >= start;
@@ -1437,7 +1481,7 @@ CREATE OR REPLACE FUNCTION pgq._work_backlog_rows(who text, budget integer, OUT 
     SET enable_mergejoin = off
     AS $$
 DECLARE
-    r      pgq.dependency_backlog;
+    r      pgq.cascade_backlog;
     step   record;
     after  bigint := 0;
     below  bigint := pgq._next_job_id();
@@ -1448,10 +1492,10 @@ BEGIN
     WHILE charged < budget AND visits < 10 * budget LOOP
         visits := visits + 1;
         IF who IS NULL THEN
-            SELECT * INTO r FROM pgq.dependency_backlog AS b WHERE b.id > after ORDER BY b.id LIMIT 1
+            SELECT * INTO r FROM pgq.cascade_backlog AS b WHERE b.id > after ORDER BY b.id LIMIT 1
             FOR UPDATE SKIP LOCKED;
         ELSE
-            SELECT * INTO r FROM pgq.dependency_backlog AS b WHERE b.login = who AND b.id > after
+            SELECT * INTO r FROM pgq.cascade_backlog AS b WHERE b.login = who AND b.id > after
             ORDER BY b.login, b.id LIMIT 1
             FOR UPDATE SKIP LOCKED;
         END IF;
@@ -1461,11 +1505,11 @@ BEGIN
                                      budget - charged, false);
         moved := moved + step.used;
         charged := charged + CASE WHEN step.used = 0 AND step.more THEN 1 ELSE step.used END;
-        INSERT INTO pgq.dependency_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
+        INSERT INTO pgq.cascade_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
         SELECT c.id, 'cancelled', 0, below, r.root_id, r.root_state, r.login
         FROM unnest(step.cancelled) WITH ORDINALITY AS c(id, n) ORDER BY c.n;
         IF NOT step.more THEN
-            DELETE FROM pgq.dependency_backlog AS b WHERE b.id = r.id;
+            DELETE FROM pgq.cascade_backlog AS b WHERE b.id = r.id;
         END IF;
     END LOOP;
 END
@@ -1496,7 +1540,7 @@ BEGIN
         mores := '{}';
         FOR i IN 1..cardinality(logins) LOOP
             EXIT WHEN left_over <= 0;
-            got := ARRAY(SELECT c.id FROM pgq.dependency_checks AS c
+            got := ARRAY(SELECT c.id FROM pgq.overlap_checks AS c
                          WHERE c.login = logins[i] AND c.id > lasts[i]
                          ORDER BY c.login, c.id LIMIT least(share, left_over)
                          FOR UPDATE SKIP LOCKED);
@@ -1514,7 +1558,7 @@ BEGIN
 END
 $$;
 
--- The sweep's step through the checks (pgq.dependency_checks, left by enqueues with depends_on and
+-- The sweep's step through the checks (pgq.overlap_checks, left by enqueues with depends_on and
 -- by ends under older snapshots): up to max_checks, fairly among logins (pgq._take_checks), each
 -- taken once its writer has committed (a row another call holds is skipped). Its dependency has
 -- ended (or is gone): the jobs still linked to it move on as after a fresh end of it (a backlog
@@ -1552,7 +1596,7 @@ BEGIN
            array_agg(p.login ORDER BY p.id)
     INTO check_ids, dep_ids, dep_states, touched, logins
     FROM (SELECT c.id, c.job_id, c.login FROM unnest(pgq._take_checks(max_checks)) AS t(id)
-          JOIN pgq.dependency_checks AS c ON c.id = t.id) AS p
+          JOIN pgq.overlap_checks AS c ON c.id = t.id) AS p
     LEFT JOIN LATERAL (SELECT x.state, x.xmax FROM pgq.jobs AS x WHERE x.id = p.job_id) AS j ON true;
     IF cardinality(check_ids) = 0 THEN
         RETURN 0;
@@ -1590,17 +1634,17 @@ BEGIN
     END IF;
     -- Ended with jobs still linked to it: they move on as after a fresh end (those of an earlier end
     -- before a retry are left to its rows), the work of the login of (the first) check of it.
-    INSERT INTO pgq.dependency_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
+    INSERT INTO pgq.cascade_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
     SELECT e.id, e.state,
-           coalesce((SELECT max(b.below_id) FROM pgq.dependency_backlog AS b WHERE b.job_id = e.id), 0),
+           coalesce((SELECT max(b.below_id) FROM pgq.cascade_backlog AS b WHERE b.job_id = e.id), 0),
            pgq._next_job_id(), e.id, e.state, e.login
     FROM (SELECT DISTINCT ON (u.id) u.id, u.state, u.login
           FROM unnest(ended_ids, ended_states, ended_logins) WITH ORDINALITY AS u(id, state, login, n)
           ORDER BY u.id, u.n) AS e
     CROSS JOIN LATERAL (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = e.id LIMIT 1) AS x
     ORDER BY e.id;
-    DELETE FROM pgq.dependency_checks AS c WHERE c.id = ANY (check_ids);
-    INSERT INTO pgq.dependency_checks (job_id, login)
+    DELETE FROM pgq.overlap_checks AS c WHERE c.id = ANY (check_ids);
+    INSERT INTO pgq.overlap_checks (job_id, login)
     SELECT suspects[b.n], suspect_logins[b.n] FROM unnest(busy) AS b(n);
     RETURN cardinality(check_ids) - cardinality(busy);
 END
@@ -1677,7 +1721,7 @@ BEGIN
         INSERT INTO pgq.job_dependencies (depends_on, job_id)
         SELECT d.id, n.id
         FROM unnest(_wait_for_dependencies.open_ids) AS d(id) CROSS JOIN unnest(_wait_for_dependencies.ids) AS n(id);
-        INSERT INTO pgq.dependency_checks (job_id, login)
+        INSERT INTO pgq.overlap_checks (job_id, login)
         SELECT d.id, session_user FROM unnest(_wait_for_dependencies.open_ids) AS d(id);
     END IF;
 END
@@ -3098,7 +3142,7 @@ BEGIN
 END
 $$;
 
--- pgq._replace's update of the job it replaces (locked by it): the call's fields, and the event.
+-- pgq._replace_key's update of the job it replaces (locked by it): the call's fields, and the event.
 CREATE OR REPLACE FUNCTION pgq._replace_job(id bigint, attempt integer, state pgq.job_state, queue text,
                                             payload jsonb, run_at timestamptz, priority integer, meta jsonb,
                                             max_attempts integer)
@@ -3129,7 +3173,7 @@ CREATE OR REPLACE FUNCTION pgq._enqueued_it(enqueued_by text) RETURNS boolean
 -- queue's: one live holder, whoever enqueued it, as in Oban, River and graphile-worker; a replace
 -- never adds a second job of the key beside another login's.
 --
--- * The caller's slot of the key is taken first: its login's row of pgq.unique_successors, locked
+-- * The caller's slot of the key is taken first: its login's row of pgq.replace_slots, locked
 --   till commit. The replace calls of one login and key take turns on it; those of other logins
 --   never wait for it.
 -- * The slot's successor, if live, the caller's and not started: it takes the call's fields and its
@@ -3152,10 +3196,12 @@ CREATE OR REPLACE FUNCTION pgq._enqueued_it(enqueued_by text) RETURNS boolean
 -- Workers never read that table, and no row of a job is waited for: a producer's replace never
 -- waits for a worker, and its open transaction holds no worker's job (only its own job not started).
 -- A 'keep' call does not take a slot: it answers with the holder only (not a successor).
-CREATE OR REPLACE FUNCTION pgq._replace(queue text, unique_key text, payload jsonb, run_at timestamptz,
-                                        priority integer, meta jsonb, max_attempts integer,
-                                        OUT replaced_id bigint, OUT after_ids bigint[], OUT keyed boolean,
-                                        OUT kept boolean)
+-- (Named _replace_key since 0021: pgq._replace, before, returned no `kept`, and a function's
+-- result type cannot be changed in place.)
+CREATE OR REPLACE FUNCTION pgq._replace_key(queue text, unique_key text, payload jsonb, run_at timestamptz,
+                                            priority integer, meta jsonb, max_attempts integer,
+                                            OUT replaced_id bigint, OUT after_ids bigint[], OUT keyed boolean,
+                                            OUT kept boolean)
     LANGUAGE plpgsql
     AS $$
 #variable_conflict use_column
@@ -3168,12 +3214,12 @@ DECLARE
 BEGIN
     kept := false;
     LOOP
-        INSERT INTO pgq.unique_successors AS s (queue, unique_key, enqueued_by)
-        VALUES (_replace.queue, _replace.unique_key, login)
-        ON CONFLICT ON CONSTRAINT unique_successors_pkey DO NOTHING;
+        INSERT INTO pgq.replace_slots AS s (queue, unique_key, enqueued_by)
+        VALUES (_replace_key.queue, _replace_key.unique_key, login)
+        ON CONFLICT ON CONSTRAINT replace_slots_pkey DO NOTHING;
         EXIT WHEN FOUND;  -- ours, new: no successor
-        SELECT s.job_id INTO successor FROM pgq.unique_successors AS s
-        WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key AND s.enqueued_by = login
+        SELECT s.job_id INTO successor FROM pgq.replace_slots AS s
+        WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login
         FOR UPDATE;
         EXIT WHEN FOUND;  -- else deleted by the call we waited for: insert it again
     END LOOP;
@@ -3183,8 +3229,8 @@ BEGIN
         FROM pgq.jobs AS j WHERE j.id = successor AND pgq._enqueued_it(j.enqueued_by)
         FOR NO KEY UPDATE OF j SKIP LOCKED;
         IF target.id IS NOT NULL AND target.state IN ('waiting', 'pending') THEN
-            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace.queue, _replace.payload,
-                                     _replace.run_at, _replace.priority, _replace.meta, _replace.max_attempts);
+            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace_key.queue, _replace_key.payload,
+                                     _replace_key.run_at, _replace_key.priority, _replace_key.meta, _replace_key.max_attempts);
             replaced_id := target.id;
             RETURN;
         END IF;
@@ -3196,13 +3242,13 @@ BEGIN
     LOOP
         SELECT j.id, j.state, j.enqueued_by INTO holder
         FROM pgq.jobs AS j
-        WHERE j.queue = _replace.queue AND j.unique_key = _replace.unique_key
+        WHERE j.queue = _replace_key.queue AND j.unique_key = _replace_key.unique_key
           AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
         IF holder.id IS NOT NULL AND NOT pgq._enqueued_it(holder.enqueued_by) THEN
             -- Another login's holder: a keep. The slot stays only for a successor of ours in flight.
             IF NOT succ_busy THEN
-                DELETE FROM pgq.unique_successors AS s
-                WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key AND s.enqueued_by = login;
+                DELETE FROM pgq.replace_slots AS s
+                WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login;
             END IF;
             replaced_id := holder.id;
             kept := true;
@@ -3212,12 +3258,12 @@ BEGIN
         SELECT j.id, j.state, j.attempt INTO target
         FROM pgq.jobs AS j WHERE j.id = holder.id FOR NO KEY UPDATE OF j SKIP LOCKED;
         IF target.id IS NOT NULL AND target.state IN ('waiting', 'pending') THEN
-            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace.queue, _replace.payload,
-                                     _replace.run_at, _replace.priority, _replace.meta, _replace.max_attempts);
+            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace_key.queue, _replace_key.payload,
+                                     _replace_key.run_at, _replace_key.priority, _replace_key.meta, _replace_key.max_attempts);
             IF NOT succ_busy THEN
                 -- The key needs no successor.
-                DELETE FROM pgq.unique_successors AS s
-                WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key AND s.enqueued_by = login;
+                DELETE FROM pgq.replace_slots AS s
+                WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login;
             END IF;
             replaced_id := target.id;
             RETURN;
@@ -3240,8 +3286,8 @@ BEGIN
     END IF;
     -- No holder: the new job takes the key (after a busy successor).
     keyed := true;
-    DELETE FROM pgq.unique_successors AS s
-    WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key AND s.enqueued_by = login;
+    DELETE FROM pgq.replace_slots AS s
+    WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login;
 END
 $$;
 
@@ -3317,11 +3363,11 @@ BEGIN
     IF enqueue.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue.batch);
     END IF;
-    -- on_conflict 'replace' (pgq._replace): a holder of this login's that has not started takes this
+    -- on_conflict 'replace' (pgq._replace_key): a holder of this login's that has not started takes this
     -- call's fields; behind one that has, the new job waits for it, without the key; another
     -- login's holder is the answer, as for 'keep'.
     IF enqueue.on_conflict = 'replace' AND enqueue.unique_key IS NOT NULL THEN
-        r := pgq._replace(enqueue.queue, enqueue.unique_key, enqueue.payload, enqueue.run_at, enqueue.priority,
+        r := pgq._replace_key(enqueue.queue, enqueue.unique_key, enqueue.payload, enqueue.run_at, enqueue.priority,
                           enqueue.meta, coalesce(enqueue.max_attempts, q.max_attempts));
         IF r.replaced_id IS NOT NULL THEN
             IF NOT r.kept AND q.notify AND enqueue.run_at <= pgq._now() THEN
@@ -3399,8 +3445,8 @@ BEGIN
         END LOOP;
     END IF;
     IF job_key IS NULL AND enqueue.unique_key IS NOT NULL THEN
-        -- The successor behind a started holder (pgq._replace): later replace calls update it.
-        UPDATE pgq.unique_successors AS s SET job_id = new_id
+        -- The successor behind a started holder (pgq._replace_key): later replace calls update it.
+        UPDATE pgq.replace_slots AS s SET job_id = new_id
         WHERE s.queue = enqueue.queue AND s.unique_key = enqueue.unique_key AND s.enqueued_by = session_user;
     END IF;
 
@@ -4595,7 +4641,7 @@ COMMENT ON FUNCTION pgq.dependency_results(bigint, integer, integer, bigint) IS
 -- sweep(1000) over 2,850 expired leases, growing with their square).
 -- The ends of a recovery move no dependant on (the transaction is marked recovering meanwhile, in
 -- its cascade state, pgq._set_recovering: its dependency budget is 0 and they go to
--- pgq.dependency_backlog): a claim never works for, nor waits on, the dependency graph, and the
+-- pgq.cascade_backlog): a claim never works for, nor waits on, the dependency graph, and the
 -- sweep's backlog step takes them after its recovery.
 CREATE OR REPLACE FUNCTION pgq._recover_expired(max_jobs integer)
     RETURNS TABLE (queue text, recovered bigint)
@@ -4674,7 +4720,12 @@ BEGIN
     IF EXISTS (SELECT FROM pgq.schedules AS s WHERE s.enabled AND s.next_run_at <= pgq._now()) THEN
         PERFORM pgq._fire_schedules(sweep.max_jobs);
     END IF;
-    -- Dependencies: what pgq.settle_dependencies(max_jobs) does.
+    -- Dependencies: what pgq.settle_dependencies(max_jobs) does, after taking over what is left in
+    -- the tables of before 0021.
+    IF EXISTS (SELECT FROM pgq.dependency_checks) OR EXISTS (SELECT FROM pgq.dependency_backlog)
+       OR EXISTS (SELECT FROM pgq.unique_successors) THEN
+        PERFORM pgq._adopt_legacy(sweep.max_jobs);
+    END IF;
     PERFORM pgq._settle_dependencies(sweep.max_jobs);
     -- Batches: the next steps of cancelled batches' cancellation, and the callbacks of sealed
     -- batches whose last members ended side by side (pgq._settle_batches).
@@ -4693,7 +4744,7 @@ END
 $$;
 -- pgq.sweep's and pgq.settle_dependencies' work on the graph: the checks of enqueues that may have
 -- overlapped an end (cheap: up to ten per job of max_jobs), then up to max_jobs dependants of the
--- backlog (pgq.dependency_backlog), both shared fairly among logins, never waiting; then up to ten
+-- backlog (pgq.cascade_backlog), both shared fairly among logins, never waiting; then up to ten
 -- per job of max_jobs rows of ended transactions' cascade state. Each table is looked at only when
 -- it has a row (one index probe each). Returns how many dependants it moved on.
 CREATE OR REPLACE FUNCTION pgq._settle_dependencies(max_jobs integer) RETURNS integer
@@ -4703,10 +4754,10 @@ CREATE OR REPLACE FUNCTION pgq._settle_dependencies(max_jobs integer) RETURNS in
 DECLARE
     moved integer := 0;
 BEGIN
-    IF EXISTS (SELECT FROM pgq.dependency_checks) THEN
+    IF EXISTS (SELECT FROM pgq.overlap_checks) THEN
         PERFORM pgq._settle_checks(least(10 * _settle_dependencies.max_jobs, 100000));
     END IF;
-    IF EXISTS (SELECT FROM pgq.dependency_backlog) THEN
+    IF EXISTS (SELECT FROM pgq.cascade_backlog) THEN
         moved := pgq._work_backlog(_settle_dependencies.max_jobs);
     END IF;
     IF EXISTS (SELECT FROM pgq.cascade_budgets) THEN
@@ -5794,10 +5845,10 @@ BEGIN
         RETURNING b.id
     )
     DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id;
-    -- Replace calls' successors (pgq._replace) that are no longer live: their key needs none.
-    DELETE FROM pgq.unique_successors AS s
+    -- Replace calls' successors (pgq._replace_key) that are no longer live: their key needs none.
+    DELETE FROM pgq.replace_slots AS s
     WHERE (s.queue, s.unique_key, s.enqueued_by) IN (
-        SELECT x.queue, x.unique_key, x.enqueued_by FROM pgq.unique_successors AS x
+        SELECT x.queue, x.unique_key, x.enqueued_by FROM pgq.replace_slots AS x
         WHERE NOT EXISTS (SELECT FROM pgq.jobs AS j
                           WHERE j.id = x.job_id AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown'))
         LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);

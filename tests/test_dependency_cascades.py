@@ -1,6 +1,6 @@
 """Cascades of job dependencies are bounded whatever the planner thinks (issue 24): the ends of one
 transaction move on at most pgq._dependency_step() (1000) dependants, breadth first; the rest is
-left to pgq.dependency_backlog, which every sweep works through, max_jobs at a time; a claim's
+left to pgq.cascade_backlog, which every sweep works through, max_jobs at a time; a claim's
 recovery of an expired lease moves none. Every dependant still ends cancelled (or released) exactly
 once. And enqueue_many writes at most 10000 links per call. Real PostgreSQL, real sessions."""
 
@@ -258,8 +258,8 @@ def build(conn: psycopg.Connection, shape: str, n: int) -> int:
 def test_a_cascade_of_100000_is_bounded_per_call_whatever_the_statistics(conn: psycopg.Connection, shape: str,
                                                                          statistics: str) -> None:
     n, sweep_jobs = 100_000, 25_000
-    tables = ", ".join(t for t in ("pgq.jobs", "pgq.job_dependencies", "pgq.dependency_backlog",
-                                   "pgq.dependency_checks") if one(conn, "SELECT to_regclass(%s) IS NOT NULL", (t,)))
+    tables = ", ".join(t for t in ("pgq.jobs", "pgq.job_dependencies", "pgq.cascade_backlog",
+                                   "pgq.overlap_checks") if one(conn, "SELECT to_regclass(%s) IS NOT NULL", (t,)))
     for table in tables.split(", "):  # no autovacuum run changes the statistics under the test
         conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
     if statistics == "empty_when_analyzed":

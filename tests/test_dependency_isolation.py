@@ -349,3 +349,52 @@ def test_the_clients_settle_dependencies_moves_the_backlog_on(dsn: str, conn) ->
         assert client.settle_dependencies() == 10
         assert client.settle_dependencies() == 0
     assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE queue = 'fan' AND state = 'pending'") == 1030
+
+
+# The upgrade: 0021's new tables take the old ones' rows over ------------------------------------
+
+@pytest.mark.slow
+def test_an_upgrade_from_5e1aa62_hands_checks_backlog_and_successor_slots_over(databases) -> None:
+    """A database at 5e1aa62 (0018) holding a check, a backlog row and a replace's successor slot,
+    one check held by a sweep while 0021 runs: after the upgrade every dependant is released by the
+    sweeps and the slot's login still updates its successor; the old tables end empty."""
+    from pgq_thin import migrate
+    from pgq_thin.tools.bench import _migrate_to
+
+    from sqlhelpers import fresh_database
+
+    for dsn in fresh_database(databases, "template1"):
+        _migrate_to(dsn, "git:5e1aa62")
+        with psycopg.connect(dsn, autocommit=True) as su:
+            head = one(su, "SELECT pgq.enqueue('heads', 'k')")
+            su.execute("SELECT pgq.enqueue_many('fan', 'k', array_fill('{}'::jsonb, ARRAY[1200]), depends_on => %s)",
+                       ([head],))
+            assert one(su, "SELECT pgq.complete(%s, %s)", (head, run(su, head))) is True  # 200 left to the backlog
+            other = one(su, "SELECT pgq.enqueue('heads', 'k')")
+            late = one(su, "SELECT pgq.enqueue('after', 'k', depends_on => %s)", ([other],))  # a check
+            holder = keyed(su, {"n": 0})
+            run(su, holder)
+            successor = keyed(su, {"n": 1}, on_conflict="replace")
+            # Three checks (the successor's too), a backlog row, a slot.
+            assert su.execute("SELECT (SELECT count(*) FROM pgq.dependency_checks), "
+                              "(SELECT count(*) FROM pgq.dependency_backlog), "
+                              "(SELECT count(*) FROM pgq.unique_successors)").fetchone() == (3, 1, 1)
+            with psycopg.connect(dsn) as sweeper:  # holds the late check while 0021 runs
+                sweeper.execute("SELECT id FROM pgq.dependency_checks WHERE job_id = %s FOR UPDATE", (other,))
+                migrate(dsn)
+            assert su.execute("SELECT (SELECT count(*) FROM pgq.dependency_checks), "
+                              "(SELECT count(*) FROM pgq.overlap_checks), "
+                              "(SELECT count(*) FROM pgq.cascade_backlog), "
+                              "(SELECT count(*) FROM pgq.replace_slots)").fetchone() == (1, 2, 1, 1)
+            assert keyed(su, {"n": 2}, on_conflict="replace") == successor
+            assert job(su, successor)["payload"] == {"n": 2}
+            assert one(su, "SELECT pgq.complete(%s, %s)", (other, run(su, other))) is True
+            assert state(su, late) == "pending"
+            for _ in range(3):
+                su.execute("SELECT pgq.sweep()")
+            assert one(su, "SELECT count(*) FROM pgq.jobs WHERE queue = 'fan' AND state = 'pending'") == 1200
+            assert su.execute("SELECT (SELECT count(*) FROM pgq.dependency_checks), "
+                              "(SELECT count(*) FROM pgq.dependency_backlog), "
+                              "(SELECT count(*) FROM pgq.unique_successors), "
+                              "(SELECT count(*) FROM pgq.overlap_checks), "
+                              "(SELECT count(*) FROM pgq.cascade_backlog)").fetchone() == (0, 0, 0, 0, 0)

@@ -7,7 +7,7 @@
 --   locks none of them: their owners renew, complete and fail as if it were not there, claims
 --   return them, admin calls find them unlocked. The new job waits (state 'waiting',
 --   dependencies_left) for those not done yet, linked to each (pgq.job_dependencies), and leaves a
---   check per such dependency (pgq.dependency_checks; pgq._wait_for_dependencies).
+--   check per such dependency (pgq.overlap_checks; pgq._wait_for_dependencies).
 -- * Every end of a job (the trigger jobs_count_finished, pgq._count_finished) looks up whether
 --   jobs wait for it, in the statement that counts the end (one probe of job_dependencies' primary
 --   key), and only then moves them on (pgq._dependency_ended): done, each waiting dependant counts
@@ -15,30 +15,34 @@
 --   and the jobs waiting for them down the chain.
 -- * An end and an enqueue in flight at once do not see each other, and neither waits for the
 --   other: the end does not see the new links, the enqueue reads the dependency as not ended. The
---   enqueue's checks settle it (pgq._settle_checks, in every sweep): a check is taken once its
---   enqueue has committed; if the dependency has ended by then, its dependants move on then; if no
---   end of it is in flight, its end is sure to see the links (it looks them up after it has locked
---   the row, and they were committed before), and the check goes; if one is, the check waits for
---   the next sweep. So a dependant moves on in the ending transaction when its enqueue committed
---   before the end looked, and by the first sweep after both committed when they overlapped; never
---   early (only an end that has committed is seen). An end at REPEATABLE READ or SERIALIZABLE
+--   enqueue's checks settle it (pgq._settle_checks, in every pgq.settle_dependencies, which a
+--   worker calls every poll, and every sweep): a check is taken once its enqueue has committed; if
+--   the dependency has ended by then, its dependants move on then; if no end of it is in flight,
+--   its end is sure to see the links (it looks them up after it has locked the row, and they were
+--   committed before), and the check goes; if one is, the check waits for the next call. So a
+--   dependant moves on in the ending transaction when its enqueue committed before the end looked,
+--   and by the first such call after both committed when they overlapped; never early (only an
+--   end that has committed is seen). An end at REPEATABLE READ or SERIALIZABLE
 --   whose snapshot is older than its statement leaves a check for itself (that snapshot may not
 --   see links committed since).
 -- * The work one call does is bounded, its plan independent of statistics: the ends of one
 --   transaction move on at most pgq._dependency_step() dependants (a cancelled one counts the
 --   links its cancellation deletes), the first in id order, then their dependants breadth first;
---   the rest goes to pgq.dependency_backlog, which every sweep works through, oldest row first,
---   max_jobs dependants at a time (pgq._work_backlog). The ends of a claim's or a sweep's recovery
---   of expired leases move none at all (a claim never works for, nor waits on, the dependency
---   graph). Every statement reads by primary key or job_dependencies_job_idx in index order, with
---   sequential and bitmap scans and hash and merge joins disabled (the SET clauses): a bitmap scan
---   of a fan-out's 100,000 links, sorted to take the first 1000, is what statistics that say
---   "few" would otherwise choose.
+--   the rest goes to pgq.cascade_backlog, which every sweep and settle works through, max_jobs
+--   dependants at a time, shared fairly among the logins whose work its rows are (pgq._work_backlog;
+--   the checks too, pgq._take_checks), so that one login's fan-out or flood of checks never holds
+--   another's release back past the next call. The per-transaction bounds are kept where only the
+--   owner writes (pgq.cascade_budgets, below), never in a setting the caller could set. The ends of
+--   a claim's or a sweep's recovery of expired leases move none at all (a claim never works for,
+--   nor waits on, the dependency graph). Every statement reads by primary key or
+--   job_dependencies_job_idx in index order, with sequential and bitmap scans and hash and merge
+--   joins disabled (the SET clauses): a bitmap scan of a fan-out's 100,000 links, sorted to take
+--   the first 1000, is what statistics that say "few" would otherwise choose.
 -- * A dependant's row is updated by each of its dependencies' ends, and they take turns on it (so
 --   the count is exact: each decrement reads the newest row version). An owner's or admin's end
 --   waits for a dependant's row that another transaction holds (say, the completion of another part
---   of a fan-in) at most 50 ms in all, per transaction, polling; past that, and always in a sweep,
---   a row held elsewhere is left to the sweep.
+--   of a fan-in) at most 50 ms in all, per transaction, polling; past that, and always in a sweep
+--   or settle, a row held elsewhere is left to the backlog.
 -- * pgq.retry may bring an ended job back: the dependants of its earlier end (ids below that end's
 --   backlog rows' below_id) stay that end's, and its next end moves on only those enqueued after.
 -- Every function here runs as the owner (like pgq._count_finished: every name schema-qualified).
@@ -49,7 +53,7 @@ CREATE OR REPLACE FUNCTION pgq._dependency_step() RETURNS integer
     LANGUAGE sql STABLE
     AS $$ SELECT 1000 $$;
 COMMENT ON FUNCTION pgq._dependency_step() IS
-    'How many dependants the ends of one transaction move on at most (the rest: pgq.dependency_backlog).';
+    'How many dependants the ends of one transaction move on at most (the rest: pgq.cascade_backlog).';
 
 -- The id the next job will get: every job enqueued after this call has an id at least this.
 CREATE OR REPLACE FUNCTION pgq._next_job_id() RETURNS bigint
@@ -169,7 +173,7 @@ BEGIN
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed'
        AND transaction_timestamp() <> statement_timestamp() THEN
-        INSERT INTO pgq.dependency_checks (job_id, login) VALUES (ended_id, session_user);
+        INSERT INTO pgq.overlap_checks (job_id, login) VALUES (ended_id, session_user);
     END IF;
     IF NOT waited_for OR cascaded THEN
         RETURN;
@@ -198,7 +202,7 @@ CREATE OR REPLACE FUNCTION pgq._move_dependants_on(ended_id bigint, ended pgq.jo
     AS $$
 DECLARE
     below   bigint := pgq._next_job_id();
-    from_id bigint := coalesce((SELECT max(b.below_id) FROM pgq.dependency_backlog AS b
+    from_id bigint := coalesce((SELECT max(b.below_id) FROM pgq.cascade_backlog AS b
                                 WHERE b.job_id = _move_dependants_on.ended_id), 0);
     todo    bigint[] := ARRAY[ended_id];      -- ended jobs whose dependants move on, in order
     froms   bigint[] := ARRAY[from_id];
@@ -221,7 +225,7 @@ BEGIN
     END LOOP;
     -- What is left goes to the sweep, in order, each row the work of the login that enqueued its
     -- next dependant.
-    INSERT INTO pgq.dependency_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
+    INSERT INTO pgq.cascade_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
     SELECT t.id, t.state, t.from_id, below, _move_dependants_on.ended_id, _move_dependants_on.ended,
            pgq._next_dependant_login(t.id, t.from_id, below)
     FROM unnest(todo, states, froms, open) WITH ORDINALITY AS t(id, state, from_id, more, n)
@@ -388,7 +392,47 @@ BEGIN
 END
 $$;
 
--- Up to `most` logins that have rows in pgq.dependency_checks (`checks`) or pgq.dependency_backlog,
+-- Moves up to max_rows rows of each table of before 0021 (pgq.dependency_checks,
+-- pgq.dependency_backlog, pgq.unique_successors), rows that were held while 0021 ran or that the
+-- previous release's functions wrote until this source was installed, to the tables that replaced
+-- them (pgq.overlap_checks, pgq.cascade_backlog, pgq.replace_slots), in order, never waiting: a
+-- check or backlog row as nobody's work (''), a successor slot as its job's login's (one whose job
+-- is gone or was enqueued before 0017 goes). Nothing else writes the old tables; a later migration
+-- drops them. For pgq.sweep.
+CREATE OR REPLACE FUNCTION pgq._adopt_legacy(max_rows integer) RETURNS void
+    LANGUAGE sql
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    AS $$
+    WITH gone AS (
+        DELETE FROM pgq.dependency_checks AS c
+        WHERE c.id = ANY (ARRAY(SELECT x.id FROM pgq.dependency_checks AS x ORDER BY x.id
+                                LIMIT _adopt_legacy.max_rows FOR UPDATE SKIP LOCKED))
+        RETURNING c.id, c.job_id
+    )
+    INSERT INTO pgq.overlap_checks (job_id, login) SELECT g.job_id, '' FROM gone AS g ORDER BY g.id;
+    WITH gone AS (
+        DELETE FROM pgq.dependency_backlog AS b
+        WHERE b.id = ANY (ARRAY(SELECT x.id FROM pgq.dependency_backlog AS x ORDER BY x.id
+                                LIMIT _adopt_legacy.max_rows FOR UPDATE SKIP LOCKED))
+        RETURNING b.*
+    )
+    INSERT INTO pgq.cascade_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
+    SELECT g.job_id, g.ended, g.from_id, g.below_id, g.root_id, g.root_state, '' FROM gone AS g ORDER BY g.id;
+    WITH gone AS (
+        DELETE FROM pgq.unique_successors AS s
+        WHERE (s.queue, s.unique_key) IN (SELECT x.queue, x.unique_key FROM pgq.unique_successors AS x
+                                          LIMIT _adopt_legacy.max_rows FOR UPDATE SKIP LOCKED)
+        RETURNING s.queue, s.unique_key, s.job_id
+    )
+    INSERT INTO pgq.replace_slots (queue, unique_key, enqueued_by, job_id)
+    SELECT g.queue, g.unique_key, j.enqueued_by, g.job_id
+    FROM gone AS g JOIN pgq.jobs AS j ON j.id = g.job_id
+    WHERE j.enqueued_by IS NOT NULL
+    ON CONFLICT ON CONSTRAINT replace_slots_pkey DO NOTHING;
+$$;
+
+-- Up to `most` logins that have rows in pgq.overlap_checks (`checks`) or pgq.cascade_backlog,
 -- in name order from one picked by the clock on, wrapping round: when more logins have work than
 -- one call serves, each call starts elsewhere (and none is left out for good). One index probe a
 -- login (idx (login, id)).
@@ -408,17 +452,17 @@ BEGIN
             EXIT WHEN cardinality(logins) >= _logins_with_work.most;
             IF cur IS NULL THEN
                 cur := CASE WHEN _logins_with_work.checks
-                            THEN (SELECT c.login FROM pgq.dependency_checks AS c
+                            THEN (SELECT c.login FROM pgq.overlap_checks AS c
                                   WHERE c.login >= CASE WHEN lap = 1 THEN start ELSE '' END
                                   ORDER BY c.login LIMIT 1)
-                            ELSE (SELECT b.login FROM pgq.dependency_backlog AS b
+                            ELSE (SELECT b.login FROM pgq.cascade_backlog AS b
                                   WHERE b.login >= CASE WHEN lap = 1 THEN start ELSE '' END
                                   ORDER BY b.login LIMIT 1) END;
             ELSE
                 cur := CASE WHEN _logins_with_work.checks
-                            THEN (SELECT c.login FROM pgq.dependency_checks AS c WHERE c.login > cur
+                            THEN (SELECT c.login FROM pgq.overlap_checks AS c WHERE c.login > cur
                                   ORDER BY c.login LIMIT 1)
-                            ELSE (SELECT b.login FROM pgq.dependency_backlog AS b WHERE b.login > cur
+                            ELSE (SELECT b.login FROM pgq.cascade_backlog AS b WHERE b.login > cur
                                   ORDER BY b.login LIMIT 1) END;
             END IF;
             EXIT WHEN cur IS NULL OR lap = 2 AND cur >= start;
@@ -482,7 +526,7 @@ CREATE OR REPLACE FUNCTION pgq._work_backlog_rows(who text, budget integer, OUT 
     SET enable_mergejoin = off
     AS $$
 DECLARE
-    r      pgq.dependency_backlog;
+    r      pgq.cascade_backlog;
     step   record;
     after  bigint := 0;
     below  bigint := pgq._next_job_id();
@@ -493,10 +537,10 @@ BEGIN
     WHILE charged < budget AND visits < 10 * budget LOOP
         visits := visits + 1;
         IF who IS NULL THEN
-            SELECT * INTO r FROM pgq.dependency_backlog AS b WHERE b.id > after ORDER BY b.id LIMIT 1
+            SELECT * INTO r FROM pgq.cascade_backlog AS b WHERE b.id > after ORDER BY b.id LIMIT 1
             FOR UPDATE SKIP LOCKED;
         ELSE
-            SELECT * INTO r FROM pgq.dependency_backlog AS b WHERE b.login = who AND b.id > after
+            SELECT * INTO r FROM pgq.cascade_backlog AS b WHERE b.login = who AND b.id > after
             ORDER BY b.login, b.id LIMIT 1
             FOR UPDATE SKIP LOCKED;
         END IF;
@@ -506,11 +550,11 @@ BEGIN
                                      budget - charged, false);
         moved := moved + step.used;
         charged := charged + CASE WHEN step.used = 0 AND step.more THEN 1 ELSE step.used END;
-        INSERT INTO pgq.dependency_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
+        INSERT INTO pgq.cascade_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
         SELECT c.id, 'cancelled', 0, below, r.root_id, r.root_state, r.login
         FROM unnest(step.cancelled) WITH ORDINALITY AS c(id, n) ORDER BY c.n;
         IF NOT step.more THEN
-            DELETE FROM pgq.dependency_backlog AS b WHERE b.id = r.id;
+            DELETE FROM pgq.cascade_backlog AS b WHERE b.id = r.id;
         END IF;
     END LOOP;
 END
@@ -541,7 +585,7 @@ BEGIN
         mores := '{}';
         FOR i IN 1..cardinality(logins) LOOP
             EXIT WHEN left_over <= 0;
-            got := ARRAY(SELECT c.id FROM pgq.dependency_checks AS c
+            got := ARRAY(SELECT c.id FROM pgq.overlap_checks AS c
                          WHERE c.login = logins[i] AND c.id > lasts[i]
                          ORDER BY c.login, c.id LIMIT least(share, left_over)
                          FOR UPDATE SKIP LOCKED);
@@ -559,7 +603,7 @@ BEGIN
 END
 $$;
 
--- The sweep's step through the checks (pgq.dependency_checks, left by enqueues with depends_on and
+-- The sweep's step through the checks (pgq.overlap_checks, left by enqueues with depends_on and
 -- by ends under older snapshots): up to max_checks, fairly among logins (pgq._take_checks), each
 -- taken once its writer has committed (a row another call holds is skipped). Its dependency has
 -- ended (or is gone): the jobs still linked to it move on as after a fresh end of it (a backlog
@@ -597,7 +641,7 @@ BEGIN
            array_agg(p.login ORDER BY p.id)
     INTO check_ids, dep_ids, dep_states, touched, logins
     FROM (SELECT c.id, c.job_id, c.login FROM unnest(pgq._take_checks(max_checks)) AS t(id)
-          JOIN pgq.dependency_checks AS c ON c.id = t.id) AS p
+          JOIN pgq.overlap_checks AS c ON c.id = t.id) AS p
     LEFT JOIN LATERAL (SELECT x.state, x.xmax FROM pgq.jobs AS x WHERE x.id = p.job_id) AS j ON true;
     IF cardinality(check_ids) = 0 THEN
         RETURN 0;
@@ -635,17 +679,17 @@ BEGIN
     END IF;
     -- Ended with jobs still linked to it: they move on as after a fresh end (those of an earlier end
     -- before a retry are left to its rows), the work of the login of (the first) check of it.
-    INSERT INTO pgq.dependency_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
+    INSERT INTO pgq.cascade_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
     SELECT e.id, e.state,
-           coalesce((SELECT max(b.below_id) FROM pgq.dependency_backlog AS b WHERE b.job_id = e.id), 0),
+           coalesce((SELECT max(b.below_id) FROM pgq.cascade_backlog AS b WHERE b.job_id = e.id), 0),
            pgq._next_job_id(), e.id, e.state, e.login
     FROM (SELECT DISTINCT ON (u.id) u.id, u.state, u.login
           FROM unnest(ended_ids, ended_states, ended_logins) WITH ORDINALITY AS u(id, state, login, n)
           ORDER BY u.id, u.n) AS e
     CROSS JOIN LATERAL (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = e.id LIMIT 1) AS x
     ORDER BY e.id;
-    DELETE FROM pgq.dependency_checks AS c WHERE c.id = ANY (check_ids);
-    INSERT INTO pgq.dependency_checks (job_id, login)
+    DELETE FROM pgq.overlap_checks AS c WHERE c.id = ANY (check_ids);
+    INSERT INTO pgq.overlap_checks (job_id, login)
     SELECT suspects[b.n], suspect_logins[b.n] FROM unnest(busy) AS b(n);
     RETURN cardinality(check_ids) - cardinality(busy);
 END
@@ -722,7 +766,7 @@ BEGIN
         INSERT INTO pgq.job_dependencies (depends_on, job_id)
         SELECT d.id, n.id
         FROM unnest(_wait_for_dependencies.open_ids) AS d(id) CROSS JOIN unnest(_wait_for_dependencies.ids) AS n(id);
-        INSERT INTO pgq.dependency_checks (job_id, login)
+        INSERT INTO pgq.overlap_checks (job_id, login)
         SELECT d.id, session_user FROM unnest(_wait_for_dependencies.open_ids) AS d(id);
     END IF;
 END

@@ -73,7 +73,7 @@ BEGIN
 END
 $$;
 
--- pgq._replace's update of the job it replaces (locked by it): the call's fields, and the event.
+-- pgq._replace_key's update of the job it replaces (locked by it): the call's fields, and the event.
 CREATE OR REPLACE FUNCTION pgq._replace_job(id bigint, attempt integer, state pgq.job_state, queue text,
                                             payload jsonb, run_at timestamptz, priority integer, meta jsonb,
                                             max_attempts integer)
@@ -104,7 +104,7 @@ CREATE OR REPLACE FUNCTION pgq._enqueued_it(enqueued_by text) RETURNS boolean
 -- queue's: one live holder, whoever enqueued it, as in Oban, River and graphile-worker; a replace
 -- never adds a second job of the key beside another login's.
 --
--- * The caller's slot of the key is taken first: its login's row of pgq.unique_successors, locked
+-- * The caller's slot of the key is taken first: its login's row of pgq.replace_slots, locked
 --   till commit. The replace calls of one login and key take turns on it; those of other logins
 --   never wait for it.
 -- * The slot's successor, if live, the caller's and not started: it takes the call's fields and its
@@ -127,10 +127,12 @@ CREATE OR REPLACE FUNCTION pgq._enqueued_it(enqueued_by text) RETURNS boolean
 -- Workers never read that table, and no row of a job is waited for: a producer's replace never
 -- waits for a worker, and its open transaction holds no worker's job (only its own job not started).
 -- A 'keep' call does not take a slot: it answers with the holder only (not a successor).
-CREATE OR REPLACE FUNCTION pgq._replace(queue text, unique_key text, payload jsonb, run_at timestamptz,
-                                        priority integer, meta jsonb, max_attempts integer,
-                                        OUT replaced_id bigint, OUT after_ids bigint[], OUT keyed boolean,
-                                        OUT kept boolean)
+-- (Named _replace_key since 0021: pgq._replace, before, returned no `kept`, and a function's
+-- result type cannot be changed in place.)
+CREATE OR REPLACE FUNCTION pgq._replace_key(queue text, unique_key text, payload jsonb, run_at timestamptz,
+                                            priority integer, meta jsonb, max_attempts integer,
+                                            OUT replaced_id bigint, OUT after_ids bigint[], OUT keyed boolean,
+                                            OUT kept boolean)
     LANGUAGE plpgsql
     AS $$
 #variable_conflict use_column
@@ -143,12 +145,12 @@ DECLARE
 BEGIN
     kept := false;
     LOOP
-        INSERT INTO pgq.unique_successors AS s (queue, unique_key, enqueued_by)
-        VALUES (_replace.queue, _replace.unique_key, login)
-        ON CONFLICT ON CONSTRAINT unique_successors_pkey DO NOTHING;
+        INSERT INTO pgq.replace_slots AS s (queue, unique_key, enqueued_by)
+        VALUES (_replace_key.queue, _replace_key.unique_key, login)
+        ON CONFLICT ON CONSTRAINT replace_slots_pkey DO NOTHING;
         EXIT WHEN FOUND;  -- ours, new: no successor
-        SELECT s.job_id INTO successor FROM pgq.unique_successors AS s
-        WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key AND s.enqueued_by = login
+        SELECT s.job_id INTO successor FROM pgq.replace_slots AS s
+        WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login
         FOR UPDATE;
         EXIT WHEN FOUND;  -- else deleted by the call we waited for: insert it again
     END LOOP;
@@ -158,8 +160,8 @@ BEGIN
         FROM pgq.jobs AS j WHERE j.id = successor AND pgq._enqueued_it(j.enqueued_by)
         FOR NO KEY UPDATE OF j SKIP LOCKED;
         IF target.id IS NOT NULL AND target.state IN ('waiting', 'pending') THEN
-            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace.queue, _replace.payload,
-                                     _replace.run_at, _replace.priority, _replace.meta, _replace.max_attempts);
+            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace_key.queue, _replace_key.payload,
+                                     _replace_key.run_at, _replace_key.priority, _replace_key.meta, _replace_key.max_attempts);
             replaced_id := target.id;
             RETURN;
         END IF;
@@ -171,13 +173,13 @@ BEGIN
     LOOP
         SELECT j.id, j.state, j.enqueued_by INTO holder
         FROM pgq.jobs AS j
-        WHERE j.queue = _replace.queue AND j.unique_key = _replace.unique_key
+        WHERE j.queue = _replace_key.queue AND j.unique_key = _replace_key.unique_key
           AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
         IF holder.id IS NOT NULL AND NOT pgq._enqueued_it(holder.enqueued_by) THEN
             -- Another login's holder: a keep. The slot stays only for a successor of ours in flight.
             IF NOT succ_busy THEN
-                DELETE FROM pgq.unique_successors AS s
-                WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key AND s.enqueued_by = login;
+                DELETE FROM pgq.replace_slots AS s
+                WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login;
             END IF;
             replaced_id := holder.id;
             kept := true;
@@ -187,12 +189,12 @@ BEGIN
         SELECT j.id, j.state, j.attempt INTO target
         FROM pgq.jobs AS j WHERE j.id = holder.id FOR NO KEY UPDATE OF j SKIP LOCKED;
         IF target.id IS NOT NULL AND target.state IN ('waiting', 'pending') THEN
-            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace.queue, _replace.payload,
-                                     _replace.run_at, _replace.priority, _replace.meta, _replace.max_attempts);
+            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace_key.queue, _replace_key.payload,
+                                     _replace_key.run_at, _replace_key.priority, _replace_key.meta, _replace_key.max_attempts);
             IF NOT succ_busy THEN
                 -- The key needs no successor.
-                DELETE FROM pgq.unique_successors AS s
-                WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key AND s.enqueued_by = login;
+                DELETE FROM pgq.replace_slots AS s
+                WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login;
             END IF;
             replaced_id := target.id;
             RETURN;
@@ -215,8 +217,8 @@ BEGIN
     END IF;
     -- No holder: the new job takes the key (after a busy successor).
     keyed := true;
-    DELETE FROM pgq.unique_successors AS s
-    WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key AND s.enqueued_by = login;
+    DELETE FROM pgq.replace_slots AS s
+    WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login;
 END
 $$;
 
@@ -292,11 +294,11 @@ BEGIN
     IF enqueue.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue.batch);
     END IF;
-    -- on_conflict 'replace' (pgq._replace): a holder of this login's that has not started takes this
+    -- on_conflict 'replace' (pgq._replace_key): a holder of this login's that has not started takes this
     -- call's fields; behind one that has, the new job waits for it, without the key; another
     -- login's holder is the answer, as for 'keep'.
     IF enqueue.on_conflict = 'replace' AND enqueue.unique_key IS NOT NULL THEN
-        r := pgq._replace(enqueue.queue, enqueue.unique_key, enqueue.payload, enqueue.run_at, enqueue.priority,
+        r := pgq._replace_key(enqueue.queue, enqueue.unique_key, enqueue.payload, enqueue.run_at, enqueue.priority,
                           enqueue.meta, coalesce(enqueue.max_attempts, q.max_attempts));
         IF r.replaced_id IS NOT NULL THEN
             IF NOT r.kept AND q.notify AND enqueue.run_at <= pgq._now() THEN
@@ -374,8 +376,8 @@ BEGIN
         END LOOP;
     END IF;
     IF job_key IS NULL AND enqueue.unique_key IS NOT NULL THEN
-        -- The successor behind a started holder (pgq._replace): later replace calls update it.
-        UPDATE pgq.unique_successors AS s SET job_id = new_id
+        -- The successor behind a started holder (pgq._replace_key): later replace calls update it.
+        UPDATE pgq.replace_slots AS s SET job_id = new_id
         WHERE s.queue = enqueue.queue AND s.unique_key = enqueue.unique_key AND s.enqueued_by = session_user;
     END IF;
 

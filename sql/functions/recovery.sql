@@ -14,7 +14,7 @@
 -- sweep(1000) over 2,850 expired leases, growing with their square).
 -- The ends of a recovery move no dependant on (the transaction is marked recovering meanwhile, in
 -- its cascade state, pgq._set_recovering: its dependency budget is 0 and they go to
--- pgq.dependency_backlog): a claim never works for, nor waits on, the dependency graph, and the
+-- pgq.cascade_backlog): a claim never works for, nor waits on, the dependency graph, and the
 -- sweep's backlog step takes them after its recovery.
 CREATE OR REPLACE FUNCTION pgq._recover_expired(max_jobs integer)
     RETURNS TABLE (queue text, recovered bigint)
@@ -93,7 +93,12 @@ BEGIN
     IF EXISTS (SELECT FROM pgq.schedules AS s WHERE s.enabled AND s.next_run_at <= pgq._now()) THEN
         PERFORM pgq._fire_schedules(sweep.max_jobs);
     END IF;
-    -- Dependencies: what pgq.settle_dependencies(max_jobs) does.
+    -- Dependencies: what pgq.settle_dependencies(max_jobs) does, after taking over what is left in
+    -- the tables of before 0021.
+    IF EXISTS (SELECT FROM pgq.dependency_checks) OR EXISTS (SELECT FROM pgq.dependency_backlog)
+       OR EXISTS (SELECT FROM pgq.unique_successors) THEN
+        PERFORM pgq._adopt_legacy(sweep.max_jobs);
+    END IF;
     PERFORM pgq._settle_dependencies(sweep.max_jobs);
     -- Batches: the next steps of cancelled batches' cancellation, and the callbacks of sealed
     -- batches whose last members ended side by side (pgq._settle_batches).
@@ -112,7 +117,7 @@ END
 $$;
 -- pgq.sweep's and pgq.settle_dependencies' work on the graph: the checks of enqueues that may have
 -- overlapped an end (cheap: up to ten per job of max_jobs), then up to max_jobs dependants of the
--- backlog (pgq.dependency_backlog), both shared fairly among logins, never waiting; then up to ten
+-- backlog (pgq.cascade_backlog), both shared fairly among logins, never waiting; then up to ten
 -- per job of max_jobs rows of ended transactions' cascade state. Each table is looked at only when
 -- it has a row (one index probe each). Returns how many dependants it moved on.
 CREATE OR REPLACE FUNCTION pgq._settle_dependencies(max_jobs integer) RETURNS integer
@@ -122,10 +127,10 @@ CREATE OR REPLACE FUNCTION pgq._settle_dependencies(max_jobs integer) RETURNS in
 DECLARE
     moved integer := 0;
 BEGIN
-    IF EXISTS (SELECT FROM pgq.dependency_checks) THEN
+    IF EXISTS (SELECT FROM pgq.overlap_checks) THEN
         PERFORM pgq._settle_checks(least(10 * _settle_dependencies.max_jobs, 100000));
     END IF;
-    IF EXISTS (SELECT FROM pgq.dependency_backlog) THEN
+    IF EXISTS (SELECT FROM pgq.cascade_backlog) THEN
         moved := pgq._work_backlog(_settle_dependencies.max_jobs);
     END IF;
     IF EXISTS (SELECT FROM pgq.cascade_budgets) THEN
