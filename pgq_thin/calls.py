@@ -596,6 +596,14 @@ def sweep(max_jobs: int = 1000) -> Call[int]:
     return Call(queries.SWEEP, {"max_jobs": max_jobs}, _count)
 
 
+def settle_dependencies(max_jobs: int = 100) -> Call[int]:
+    """pgq.settle_dependencies: release (or cancel) the dependants whose enqueue overlapped their
+    dependency's end, once both committed, and move up to ``max_jobs`` dependants of the backlog
+    on, fairly among logins, never waiting; returns how many it moved on. A worker calls it every
+    poll (about once a second): with nothing to do it is three index probes."""
+    return Call(queries.SETTLE_DEPENDENCIES, {"max_jobs": max_jobs}, _count)
+
+
 # Admin --------------------------------------------------------------------------------------------
 
 
@@ -920,6 +928,7 @@ class PgqCalls:
     mark_unknown = Method(mark_unknown)
     progress = Method(progress)
     sweep = Method(sweep)
+    settle_dependencies = Method(settle_dependencies)
     cancel = Method(cancel)
     retry = Method(retry)
     retry_jobs = Method(retry_jobs)

@@ -118,6 +118,11 @@ PROGRESS = "SELECT pgq.progress(id => %(id)s::bigint, attempt => %(attempt)s::in
 #: fire due schedules.
 SWEEP = "SELECT pgq.sweep(max_jobs => %(max_jobs)s::integer)"
 
+#: Settle what overlapped enqueues and ends left (release their dependants once both committed)
+#: and move up to max_jobs dependants of the backlog on, fairly among logins, never waiting; how
+#: many it moved on. A worker sends it every poll.
+SETTLE_DEPENDENCIES = "SELECT pgq.settle_dependencies(max_jobs => %(max_jobs)s::integer)"
+
 # Admin -------------------------------------------------------------------------------------------
 
 CANCEL = "SELECT pgq.cancel(id => %(id)s::bigint)"

@@ -383,8 +383,8 @@ CREATE TABLE pgq.dependency_checks (
     CONSTRAINT dependency_checks_pkey PRIMARY KEY (id)
 );
 COMMENT ON TABLE pgq.dependency_checks IS
-    'Dependencies whose end may not have seen the links an enqueue in flight wrote to them (or '
-    'that ended under an older snapshot): the sweep settles each, oldest first.';
+    'Until 0021 (now pgq.overlap_checks): no longer written; the sweep moves what is left here. '
+    'A later migration drops it.';
 COMMENT ON COLUMN pgq.dependency_checks.job_id IS 'The job named in depends_on (or the job that ended).';
 
 CREATE TABLE pgq.dependency_backlog (
@@ -399,8 +399,8 @@ CREATE TABLE pgq.dependency_backlog (
     CONSTRAINT dependency_backlog_ended_check CHECK (((ended = ANY (ARRAY['done'::pgq.job_state, 'failed'::pgq.job_state, 'cancelled'::pgq.job_state])) AND (root_state = ANY (ARRAY['done'::pgq.job_state, 'failed'::pgq.job_state, 'cancelled'::pgq.job_state]))))
 );
 COMMENT ON TABLE pgq.dependency_backlog IS
-    'Ended jobs whose waiting dependants are still to move on (released, or cancelled down the '
-    'chain): the sweep moves them in bounded steps, oldest row first.';
+    'Until 0021 (now pgq.cascade_backlog): no longer written; the sweep moves what is left '
+    'here. A later migration drops it.';
 COMMENT ON COLUMN pgq.dependency_backlog.job_id IS 'The job that ended.';
 COMMENT ON COLUMN pgq.dependency_backlog.ended IS 'How it ended: done releases its dependants, failed or cancelled cancels them.';
 COMMENT ON COLUMN pgq.dependency_backlog.from_id IS
@@ -502,10 +502,88 @@ CREATE TABLE pgq.unique_successors (
     CONSTRAINT unique_successors_pkey PRIMARY KEY (queue, unique_key)
 );
 COMMENT ON TABLE pgq.unique_successors IS
-    'For pgq.enqueue(..., on_conflict => ''replace''): the job enqueued to run after a key''s '
-    'holder that had started (job_id), which later replace calls update until it starts; each '
-    'replace call of the key locks its row till commit. Deleted by pgq.prune once the job is no '
-    'longer live.';
+    'Until 0021 (now pgq.replace_slots): no longer written; the sweep moves what is left here. '
+    'A later migration drops it.';
+
+CREATE TABLE pgq.cascade_budgets (
+    xid         xid8 NOT NULL,
+    budget      integer NOT NULL,
+    patience    timestamp with time zone,
+    recovering  boolean DEFAULT false NOT NULL,
+    CONSTRAINT cascade_budgets_pkey PRIMARY KEY (xid)
+);
+COMMENT ON TABLE pgq.cascade_budgets IS
+    'A transaction''s cascade state, one row per transaction whose ends moved dependants on, '
+    'waited for one, or that recovered leases: written only by pgq''s functions, so no caller''s '
+    'setting or temporary table changes it. The rows of ended transactions are deleted by the '
+    'sweep.';
+COMMENT ON COLUMN pgq.cascade_budgets.xid IS 'The transaction (pg_current_xact_id()).';
+COMMENT ON COLUMN pgq.cascade_budgets.budget IS 'How many dependants its ends may still move on (the rest: the backlog).';
+COMMENT ON COLUMN pgq.cascade_budgets.patience IS
+    'Until when its ends may still wait for a dependant''s row another transaction holds (NULL: '
+    'none waited yet).';
+COMMENT ON COLUMN pgq.cascade_budgets.recovering IS
+    'True while it recovers expired leases: its ends then move no dependant on and wait for no '
+    'batch.';
+
+CREATE TABLE pgq.overlap_checks (
+    id      bigint GENERATED ALWAYS AS IDENTITY,
+    job_id  bigint NOT NULL,
+    login   text NOT NULL,
+    CONSTRAINT overlap_checks_pkey PRIMARY KEY (id)
+);
+COMMENT ON TABLE pgq.overlap_checks IS
+    'Dependencies whose end may not have seen the links an enqueue in flight wrote to them (or '
+    'that ended under an older snapshot): pgq.settle_dependencies and the sweep settle them, '
+    'fairly among logins.';
+COMMENT ON COLUMN pgq.overlap_checks.job_id IS 'The job named in depends_on (or the job that ended).';
+COMMENT ON COLUMN pgq.overlap_checks.login IS 'The login whose enqueue (or end) left the check ('''': before 0021).';
+
+CREATE TABLE pgq.cascade_backlog (
+    id          bigint GENERATED ALWAYS AS IDENTITY,
+    job_id      bigint NOT NULL,
+    ended       pgq.job_state NOT NULL,
+    from_id     bigint NOT NULL,
+    below_id    bigint NOT NULL,
+    root_id     bigint NOT NULL,
+    root_state  pgq.job_state NOT NULL,
+    login       text NOT NULL,
+    CONSTRAINT cascade_backlog_pkey PRIMARY KEY (id),
+    CONSTRAINT cascade_backlog_ended_check CHECK (((ended = ANY (ARRAY['done'::pgq.job_state, 'failed'::pgq.job_state, 'cancelled'::pgq.job_state])) AND (root_state = ANY (ARRAY['done'::pgq.job_state, 'failed'::pgq.job_state, 'cancelled'::pgq.job_state]))))
+);
+COMMENT ON TABLE pgq.cascade_backlog IS
+    'Ended jobs whose waiting dependants are still to move on (released, or cancelled down the '
+    'chain): pgq.settle_dependencies and the sweep move them in bounded steps, fairly among '
+    'logins, each login''s oldest row first.';
+COMMENT ON COLUMN pgq.cascade_backlog.job_id IS 'The job that ended.';
+COMMENT ON COLUMN pgq.cascade_backlog.ended IS 'How it ended: done releases its dependants, failed or cancelled cancels them.';
+COMMENT ON COLUMN pgq.cascade_backlog.from_id IS
+    'The dependants this row moves on have ids from this one (those below are an earlier end''s, '
+    'before a pgq.retry of the job)...';
+COMMENT ON COLUMN pgq.cascade_backlog.below_id IS
+    '... and below this one: they were enqueued before it ended (one enqueued after a pgq.retry '
+    'of it waits for its next end instead).';
+COMMENT ON COLUMN pgq.cascade_backlog.root_id IS
+    'The job whose end cancelled it (itself, when it ended on its own): named in its '
+    'dependants'' last_error.';
+COMMENT ON COLUMN pgq.cascade_backlog.root_state IS 'How the root job ended.';
+COMMENT ON COLUMN pgq.cascade_backlog.login IS
+    'The login whose work the row is: that enqueued its next dependant when it was written ('''': '
+    'before 0021).';
+
+CREATE TABLE pgq.replace_slots (
+    queue        text NOT NULL,
+    unique_key   text NOT NULL,
+    enqueued_by  text NOT NULL,
+    job_id       bigint,
+    CONSTRAINT replace_slots_pkey PRIMARY KEY (queue, unique_key, enqueued_by)
+);
+COMMENT ON TABLE pgq.replace_slots IS
+    'For pgq.enqueue(..., on_conflict => ''replace''): per login and key, the job the login '
+    'enqueued to run after the key''s holder that had started (job_id), which its later replace '
+    'calls update until it starts; each replace call locks its login''s row of the key till '
+    'commit. Deleted by pgq.prune once the job is no longer live.';
+COMMENT ON COLUMN pgq.replace_slots.enqueued_by IS 'The login whose replace calls the row serves (and whose job job_id is).';
 
 ALTER TABLE pgq.grants ADD CONSTRAINT grants_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_limits ADD CONSTRAINT key_limits_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
@@ -592,6 +670,14 @@ COMMENT ON INDEX pgq.dependency_backlog_job_idx IS
 CREATE INDEX batches_unsettled_idx ON pgq.batches USING btree (id) WHERE ((sealed_at IS NOT NULL) AND (callback_job_id IS NULL));
 CREATE INDEX batches_cancelling_idx ON pgq.batches USING btree (id) WHERE (cancel_after IS NOT NULL);
 CREATE INDEX batches_finished_idx ON pgq.batches USING btree (finished_at) WHERE (finished_at IS NOT NULL);
+CREATE INDEX overlap_checks_login_idx ON pgq.overlap_checks USING btree (login, id);
+COMMENT ON INDEX pgq.overlap_checks_login_idx IS 'Each login''s checks, oldest first (its share of a settle).';
+CREATE INDEX cascade_backlog_job_idx ON pgq.cascade_backlog USING btree (job_id);
+COMMENT ON INDEX pgq.cascade_backlog_job_idx IS
+    'An end of a job that pgq.retry brought back leaves the dependants of its earlier end to '
+    'that end''s rows: it finds them here.';
+CREATE INDEX cascade_backlog_login_idx ON pgq.cascade_backlog USING btree (login, id);
+COMMENT ON INDEX pgq.cascade_backlog_login_idx IS 'Each login''s rows, oldest first (its share of a settle).';
 
 -- sql/functions/checks.sql ----------------------------------------------------------------------------
 
@@ -828,7 +914,7 @@ $$;
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '18'::text $$;
+    AS $$ SELECT '21'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -1548,7 +1634,7 @@ COMMENT ON FUNCTION pgq._fold_finished() IS
 --   locks none of them: their owners renew, complete and fail as if it were not there, claims
 --   return them, admin calls find them unlocked. The new job waits (state 'waiting',
 --   dependencies_left) for those not done yet, linked to each (pgq.job_dependencies), and leaves a
---   check per such dependency (pgq.dependency_checks; pgq._wait_for_dependencies).
+--   check per such dependency (pgq.overlap_checks; pgq._wait_for_dependencies).
 -- * Every end of a job (the trigger jobs_count_finished, pgq._count_finished) looks up whether
 --   jobs wait for it, in the statement that counts the end (one probe of job_dependencies' primary
 --   key), and only then moves them on (pgq._dependency_ended): done, each waiting dependant counts
@@ -1556,30 +1642,34 @@ COMMENT ON FUNCTION pgq._fold_finished() IS
 --   and the jobs waiting for them down the chain.
 -- * An end and an enqueue in flight at once do not see each other, and neither waits for the
 --   other: the end does not see the new links, the enqueue reads the dependency as not ended. The
---   enqueue's checks settle it (pgq._settle_checks, in every sweep): a check is taken once its
---   enqueue has committed; if the dependency has ended by then, its dependants move on then; if no
---   end of it is in flight, its end is sure to see the links (it looks them up after it has locked
---   the row, and they were committed before), and the check goes; if one is, the check waits for
---   the next sweep. So a dependant moves on in the ending transaction when its enqueue committed
---   before the end looked, and by the first sweep after both committed when they overlapped; never
---   early (only an end that has committed is seen). An end at REPEATABLE READ or SERIALIZABLE
+--   enqueue's checks settle it (pgq._settle_checks, in every pgq.settle_dependencies, which a
+--   worker calls every poll, and every sweep): a check is taken once its enqueue has committed; if
+--   the dependency has ended by then, its dependants move on then; if no end of it is in flight,
+--   its end is sure to see the links (it looks them up after it has locked the row, and they were
+--   committed before), and the check goes; if one is, the check waits for the next call. So a
+--   dependant moves on in the ending transaction when its enqueue committed before the end looked,
+--   and by the first such call after both committed when they overlapped; never early (only an
+--   end that has committed is seen). An end at REPEATABLE READ or SERIALIZABLE
 --   whose snapshot is older than its statement leaves a check for itself (that snapshot may not
 --   see links committed since).
 -- * The work one call does is bounded, its plan independent of statistics: the ends of one
 --   transaction move on at most pgq._dependency_step() dependants (a cancelled one counts the
 --   links its cancellation deletes), the first in id order, then their dependants breadth first;
---   the rest goes to pgq.dependency_backlog, which every sweep works through, oldest row first,
---   max_jobs dependants at a time (pgq._work_backlog). The ends of a claim's or a sweep's recovery
---   of expired leases move none at all (a claim never works for, nor waits on, the dependency
---   graph). Every statement reads by primary key or job_dependencies_job_idx in index order, with
---   sequential and bitmap scans and hash and merge joins disabled (the SET clauses): a bitmap scan
---   of a fan-out's 100,000 links, sorted to take the first 1000, is what statistics that say
---   "few" would otherwise choose.
+--   the rest goes to pgq.cascade_backlog, which every sweep and settle works through, max_jobs
+--   dependants at a time, shared fairly among the logins whose work its rows are (pgq._work_backlog;
+--   the checks too, pgq._take_checks), so that one login's fan-out or flood of checks never holds
+--   another's release back past the next call. The per-transaction bounds are kept where only the
+--   owner writes (pgq.cascade_budgets, below), never in a setting the caller could set. The ends of
+--   a claim's or a sweep's recovery of expired leases move none at all (a claim never works for,
+--   nor waits on, the dependency graph). Every statement reads by primary key or
+--   job_dependencies_job_idx in index order, with sequential and bitmap scans and hash and merge
+--   joins disabled (the SET clauses): a bitmap scan of a fan-out's 100,000 links, sorted to take
+--   the first 1000, is what statistics that say "few" would otherwise choose.
 -- * A dependant's row is updated by each of its dependencies' ends, and they take turns on it (so
 --   the count is exact: each decrement reads the newest row version). An owner's or admin's end
 --   waits for a dependant's row that another transaction holds (say, the completion of another part
---   of a fan-in) at most 50 ms in all, per transaction, polling; past that, and always in a sweep,
---   a row held elsewhere is left to the sweep.
+--   of a fan-in) at most 50 ms in all, per transaction, polling; past that, and always in a sweep
+--   or settle, a row held elsewhere is left to the backlog.
 -- * pgq.retry may bring an ended job back: the dependants of its earlier end (ids below that end's
 --   backlog rows' below_id) stay that end's, and its next end moves on only those enqueued after.
 -- Every function here runs as the owner (like pgq._count_finished: every name schema-qualified).
@@ -1590,47 +1680,102 @@ CREATE OR REPLACE FUNCTION pgq._dependency_step() RETURNS integer
     LANGUAGE sql STABLE
     AS $$ SELECT 1000 $$;
 COMMENT ON FUNCTION pgq._dependency_step() IS
-    'How many dependants the ends of one transaction move on at most (the rest: pgq.dependency_backlog).';
+    'How many dependants the ends of one transaction move on at most (the rest: pgq.cascade_backlog).';
 
 -- The id the next job will get: every job enqueued after this call has an id at least this.
 CREATE OR REPLACE FUNCTION pgq._next_job_id() RETURNS bigint
     LANGUAGE sql VOLATILE
     AS $$ SELECT coalesce(pg_catalog.pg_sequence_last_value('pgq.jobs_id_seq'::regclass), 0) + 1 $$;
 
--- How many dependants this transaction's ends may still move on: the placeholder setting
--- pgq.dependency_budget, local to the transaction (unset: pgq._dependency_step(); '0' while a claim
--- or a sweep recovers expired leases). A value that is not a count, or one above the step, counts
--- as the step: a session can lower its own bound, not raise it.
+-- A transaction's cascade state is a row of pgq.cascade_budgets keyed by its id: how many
+-- dependants its ends have left to move on, until when they may wait for a dependant's row, whether
+-- they are a recovery's. Only these functions write it, as the owner: no setting or temporary table
+-- of the caller's reaches it (the session settings pgq.dependency_budget and pgq.dependency_patience
+-- once carried it, and any caller could set them: a worker that set its budget to 0 left every
+-- dependant its ends released, other logins' too, to the sweep). No row: nothing spent, no wait
+-- begun, no recovery. Only a transaction whose ends move dependants on, wait for one, or that
+-- recovers leases writes one (an end of a job nothing waits for reads nothing here);
+-- pgq._forget_cascades deletes the rows of ended transactions. A savepoint rolled back takes its
+-- writes to the row back with the work they counted.
+
+-- How many dependants this transaction's ends may still move on: pgq._dependency_step() less what
+-- they have moved on; 0 while it recovers expired leases.
 CREATE OR REPLACE FUNCTION pgq._dependency_budget() RETURNS integer
-    LANGUAGE plpgsql VOLATILE
+    LANGUAGE sql VOLATILE
     AS $$
-DECLARE
-    setting text := current_setting('pgq.dependency_budget', true);
-BEGIN
-    IF setting ~ '^[0-9]{1,9}$' THEN
-        RETURN least(setting::integer, pgq._dependency_step());
-    END IF;
-    RETURN pgq._dependency_step();
-END
+    SELECT coalesce((SELECT CASE WHEN b.recovering THEN 0 ELSE least(b.budget, pgq._dependency_step()) END
+                     FROM pgq.cascade_budgets AS b WHERE b.xid = pg_current_xact_id()),
+                    pgq._dependency_step())
 $$;
 
--- Until when an owner's or admin's end may still wait for dependants' rows that other transactions
--- hold: 50 ms after the first such wait of the transaction (the placeholder setting
--- pgq.dependency_patience, local to the transaction, holds that moment as epoch seconds; a value
--- further ahead counts as 50 ms from now).
+-- Counts `used` more dependants moved on by this transaction's ends.
+CREATE OR REPLACE FUNCTION pgq._spend_budget(used integer) RETURNS void
+    LANGUAGE sql VOLATILE
+    AS $$
+    INSERT INTO pgq.cascade_budgets AS b (xid, budget)
+    VALUES (pg_current_xact_id(), greatest(pgq._dependency_step() - _spend_budget.used, 0))
+    ON CONFLICT ON CONSTRAINT cascade_budgets_pkey
+    DO UPDATE SET budget = greatest(b.budget - _spend_budget.used, 0)
+$$;
+
+-- Until when this transaction's ends may still wait for dependants' rows that other transactions
+-- hold: 50 ms after the first such wait.
 CREATE OR REPLACE FUNCTION pgq._patience() RETURNS timestamptz
     LANGUAGE plpgsql VOLATILE
     AS $$
 DECLARE
-    setting text := current_setting('pgq.dependency_patience', true);
-    longest timestamptz := clock_timestamp() + interval '50 milliseconds';
+    until timestamptz := (SELECT b.patience FROM pgq.cascade_budgets AS b WHERE b.xid = pg_current_xact_id());
 BEGIN
-    IF setting ~ '^[0-9]{1,12}(\.[0-9]{1,6})?$' THEN
-        RETURN least(to_timestamp(setting::double precision), longest);
+    IF until IS NULL THEN
+        until := clock_timestamp() + interval '50 milliseconds';
+        INSERT INTO pgq.cascade_budgets AS b (xid, budget, patience)
+        VALUES (pg_current_xact_id(), pgq._dependency_step(), until)
+        ON CONFLICT ON CONSTRAINT cascade_budgets_pkey DO UPDATE SET patience = excluded.patience;
     END IF;
-    PERFORM set_config('pgq.dependency_patience', extract(epoch FROM longest)::text, true);
-    RETURN longest;
+    RETURN until;
 END
+$$;
+
+-- Marks this transaction as recovering expired leases (pgq._recover_expired), or no longer: its
+-- ends meanwhile move no dependant on (they go to the backlog) and wait for no batch row.
+CREATE OR REPLACE FUNCTION pgq._set_recovering(recovering boolean) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+BEGIN
+    IF _set_recovering.recovering THEN
+        INSERT INTO pgq.cascade_budgets AS b (xid, budget, recovering)
+        VALUES (pg_current_xact_id(), pgq._dependency_step(), true)
+        ON CONFLICT ON CONSTRAINT cascade_budgets_pkey DO UPDATE SET recovering = true;
+    ELSE
+        UPDATE pgq.cascade_budgets AS b SET recovering = false WHERE b.xid = pg_current_xact_id();
+    END IF;
+END
+$$;
+
+-- Whether this transaction is recovering expired leases now (for a batch member's end: batches.sql).
+CREATE OR REPLACE FUNCTION pgq._recovering() RETURNS boolean
+    LANGUAGE sql VOLATILE
+    SET enable_seqscan = off
+    AS $$
+    SELECT coalesce((SELECT b.recovering FROM pgq.cascade_budgets AS b
+                     WHERE b.xid = pg_current_xact_id_if_assigned()), false)
+$$;
+
+-- Deletes up to max_rows rows of pgq.cascade_budgets whose transactions have ended (ids below the
+-- oldest one still running), never waiting for another call deleting them. Returns how many.
+CREATE OR REPLACE FUNCTION pgq._forget_cascades(max_rows integer) RETURNS integer
+    LANGUAGE sql VOLATILE
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    AS $$
+    WITH gone AS (
+        DELETE FROM pgq.cascade_budgets AS b
+        WHERE b.xid = ANY (ARRAY(SELECT x.xid FROM pgq.cascade_budgets AS x
+                                 WHERE x.xid < pg_snapshot_xmin(pg_current_snapshot())
+                                 ORDER BY x.xid LIMIT _forget_cascades.max_rows FOR UPDATE SKIP LOCKED))
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM gone
 $$;
 
 -- Called by pgq._count_finished when a job ends that jobs wait for (waited_for), that waited
@@ -1648,21 +1793,22 @@ CREATE OR REPLACE FUNCTION pgq._dependency_ended(ended_id bigint, old_state pgq.
     SET enable_mergejoin = off
     AS $$
 DECLARE
-    budget integer;
+    used integer;
 BEGIN
     IF old_state = 'waiting' THEN
         DELETE FROM pgq.job_dependencies AS d WHERE d.job_id = ended_id;
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed'
        AND transaction_timestamp() <> statement_timestamp() THEN
-        INSERT INTO pgq.dependency_checks (job_id) VALUES (ended_id);
+        INSERT INTO pgq.overlap_checks (job_id, login) VALUES (ended_id, session_user);
     END IF;
     IF NOT waited_for OR cascaded THEN
         RETURN;
     END IF;
-    budget := pgq._dependency_budget();
-    PERFORM set_config('pgq.dependency_budget',
-                       greatest(budget - pgq._move_dependants_on(ended_id, new_state, budget), 0)::text, true);
+    used := pgq._move_dependants_on(ended_id, new_state, pgq._dependency_budget());
+    IF used > 0 THEN
+        PERFORM pgq._spend_budget(used);
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION pgq._dependency_ended(bigint, pgq.job_state, pgq.job_state, boolean, boolean) IS
@@ -1683,7 +1829,7 @@ CREATE OR REPLACE FUNCTION pgq._move_dependants_on(ended_id bigint, ended pgq.jo
     AS $$
 DECLARE
     below   bigint := pgq._next_job_id();
-    from_id bigint := coalesce((SELECT max(b.below_id) FROM pgq.dependency_backlog AS b
+    from_id bigint := coalesce((SELECT max(b.below_id) FROM pgq.cascade_backlog AS b
                                 WHERE b.job_id = _move_dependants_on.ended_id), 0);
     todo    bigint[] := ARRAY[ended_id];      -- ended jobs whose dependants move on, in order
     froms   bigint[] := ARRAY[from_id];
@@ -1704,14 +1850,32 @@ BEGIN
         open := open || array_fill(true, ARRAY[cardinality(step.cancelled)]);
         i := i + 1;
     END LOOP;
-    -- What is left goes to the sweep, in order.
-    INSERT INTO pgq.dependency_backlog (job_id, ended, from_id, below_id, root_id, root_state)
-    SELECT t.id, t.state, t.from_id, below, _move_dependants_on.ended_id, _move_dependants_on.ended
+    -- What is left goes to the sweep, in order, each row the work of the login that enqueued its
+    -- next dependant.
+    INSERT INTO pgq.cascade_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
+    SELECT t.id, t.state, t.from_id, below, _move_dependants_on.ended_id, _move_dependants_on.ended,
+           pgq._next_dependant_login(t.id, t.from_id, below)
     FROM unnest(todo, states, froms, open) WITH ORDINALITY AS t(id, state, from_id, more, n)
     WHERE t.more
     ORDER BY t.n;
     RETURN budget - left_over;
 END
+$$;
+
+-- The login that enqueued the first job still waiting for `ended_id` with an id in [from_id,
+-- below_id) ('' when none, or enqueued before 0017): whose work a backlog row of it is.
+CREATE OR REPLACE FUNCTION pgq._next_dependant_login(ended_id bigint, from_id bigint, below_id bigint)
+    RETURNS text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce((SELECT j.enqueued_by FROM pgq.jobs AS j
+                     WHERE j.id = (SELECT d.job_id FROM pgq.job_dependencies AS d
+                                   WHERE d.depends_on = _next_dependant_login.ended_id
+                                     AND (d.depends_on, d.job_id) >= (_next_dependant_login.ended_id,
+                                                                      _next_dependant_login.from_id)
+                                     AND (d.depends_on, d.job_id) < (_next_dependant_login.ended_id,
+                                                                     _next_dependant_login.below_id)
+                                   ORDER BY d.depends_on, d.job_id LIMIT 1)), '')
 $$;
 
 -- One step for the ended job `ended_id` (ended `ended`; it, or the job up its chain whose end
@@ -1855,11 +2019,96 @@ BEGIN
 END
 $$;
 
--- The sweep's step through the backlog: its rows, oldest first, each moving on as many dependants
--- as are left of max_dependants (pgq._dependency_work, never waiting: a dependant another
--- transaction holds, or a row another sweep is working on, is left for the next sweep). The jobs a
--- row cancels that have dependants of their own join the backlog at its end (and this very step
--- goes on with them); a row with nothing left goes. Returns how many dependants it moved on.
+-- Moves up to max_rows rows of each table of before 0021 (pgq.dependency_checks,
+-- pgq.dependency_backlog, pgq.unique_successors), rows that were held while 0021 ran or that the
+-- previous release's functions wrote until this source was installed, to the tables that replaced
+-- them (pgq.overlap_checks, pgq.cascade_backlog, pgq.replace_slots), in order, never waiting: a
+-- check or backlog row as nobody's work (''), a successor slot as its job's login's (one whose job
+-- is gone or was enqueued before 0017 goes). Nothing else writes the old tables; a later migration
+-- drops them. For pgq.sweep.
+CREATE OR REPLACE FUNCTION pgq._adopt_legacy(max_rows integer) RETURNS void
+    LANGUAGE sql
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    AS $$
+    WITH gone AS (
+        DELETE FROM pgq.dependency_checks AS c
+        WHERE c.id = ANY (ARRAY(SELECT x.id FROM pgq.dependency_checks AS x ORDER BY x.id
+                                LIMIT _adopt_legacy.max_rows FOR UPDATE SKIP LOCKED))
+        RETURNING c.id, c.job_id
+    )
+    INSERT INTO pgq.overlap_checks (job_id, login) SELECT g.job_id, '' FROM gone AS g ORDER BY g.id;
+    WITH gone AS (
+        DELETE FROM pgq.dependency_backlog AS b
+        WHERE b.id = ANY (ARRAY(SELECT x.id FROM pgq.dependency_backlog AS x ORDER BY x.id
+                                LIMIT _adopt_legacy.max_rows FOR UPDATE SKIP LOCKED))
+        RETURNING b.*
+    )
+    INSERT INTO pgq.cascade_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
+    SELECT g.job_id, g.ended, g.from_id, g.below_id, g.root_id, g.root_state, '' FROM gone AS g ORDER BY g.id;
+    WITH gone AS (
+        DELETE FROM pgq.unique_successors AS s
+        WHERE (s.queue, s.unique_key) IN (SELECT x.queue, x.unique_key FROM pgq.unique_successors AS x
+                                          LIMIT _adopt_legacy.max_rows FOR UPDATE SKIP LOCKED)
+        RETURNING s.queue, s.unique_key, s.job_id
+    )
+    INSERT INTO pgq.replace_slots (queue, unique_key, enqueued_by, job_id)
+    SELECT g.queue, g.unique_key, j.enqueued_by, g.job_id
+    FROM gone AS g JOIN pgq.jobs AS j ON j.id = g.job_id
+    WHERE j.enqueued_by IS NOT NULL
+    ON CONFLICT ON CONSTRAINT replace_slots_pkey DO NOTHING;
+$$;
+
+-- Up to `most` logins that have rows in pgq.overlap_checks (`checks`) or pgq.cascade_backlog,
+-- in name order from one picked by the clock on, wrapping round: when more logins have work than
+-- one call serves, each call starts elsewhere (and none is left out for good). One index probe a
+-- login (idx (login, id)).
+CREATE OR REPLACE FUNCTION pgq._logins_with_work(checks boolean, most integer) RETURNS text[]
+    LANGUAGE plpgsql VOLATILE
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    AS $$
+DECLARE
+    start  text := chr(48 + (extract(microseconds FROM clock_timestamp())::integer % 75));
+    logins text[] := '{}';
+    cur    text;
+BEGIN
+    FOR lap IN 1..2 LOOP  -- from start on, then from the first up to start
+        cur := NULL;
+        LOOP
+            EXIT WHEN cardinality(logins) >= _logins_with_work.most;
+            IF cur IS NULL THEN
+                cur := CASE WHEN _logins_with_work.checks
+                            THEN (SELECT c.login FROM pgq.overlap_checks AS c
+                                  WHERE c.login >= CASE WHEN lap = 1 THEN start ELSE '' END
+                                  ORDER BY c.login LIMIT 1)
+                            ELSE (SELECT b.login FROM pgq.cascade_backlog AS b
+                                  WHERE b.login >= CASE WHEN lap = 1 THEN start ELSE '' END
+                                  ORDER BY b.login LIMIT 1) END;
+            ELSE
+                cur := CASE WHEN _logins_with_work.checks
+                            THEN (SELECT c.login FROM pgq.overlap_checks AS c WHERE c.login > cur
+                                  ORDER BY c.login LIMIT 1)
+                            ELSE (SELECT b.login FROM pgq.cascade_backlog AS b WHERE b.login > cur
+                                  ORDER BY b.login LIMIT 1) END;
+            END IF;
+            EXIT WHEN cur IS NULL OR lap = 2 AND cur >= start;
+            logins := logins || cur;
+        END LOOP;
+    END LOOP;
+    RETURN logins;
+END
+$$;
+
+-- The sweep's step through the backlog, shared fairly among the logins whose work it holds (the
+-- `login` of its rows): each login first gets an equal share of max_dependants for its rows, oldest
+-- first; what the shares leave goes to the rows oldest first, whoever's. So one login's fan-out of
+-- any size never holds another login's rows back past the next call. A row moves on as many
+-- dependants as are left of its share (pgq._dependency_work, never waiting: a dependant another
+-- transaction holds, or a row another sweep is working on, is left for a later call). The jobs a row
+-- cancels that have dependants of their own join the backlog at its end, as its login's work
+-- (and the same pass goes on with them); a row with nothing left goes. Returns how many dependants
+-- it moved on.
 CREATE OR REPLACE FUNCTION pgq._work_backlog(max_dependants integer) RETURNS integer
     LANGUAGE plpgsql
     SET enable_seqscan = off
@@ -1868,41 +2117,130 @@ CREATE OR REPLACE FUNCTION pgq._work_backlog(max_dependants integer) RETURNS int
     SET enable_mergejoin = off
     AS $$
 DECLARE
+    logins    text[] := pgq._logins_with_work(false, max_dependants);
     left_over integer := max_dependants;
-    r         pgq.dependency_backlog;
+    moved     integer := 0;
+    share     integer;
     step      record;
-    after     bigint := 0;
-    below     bigint := pgq._next_job_id();
 BEGIN
-    WHILE left_over > 0 LOOP
-        SELECT * INTO r FROM pgq.dependency_backlog AS b WHERE b.id > after ORDER BY b.id LIMIT 1
-        FOR UPDATE SKIP LOCKED;
-        EXIT WHEN NOT FOUND;
-        after := r.id;
-        step := pgq._dependency_work(r.job_id, r.ended, r.from_id, r.below_id, r.root_id, r.root_state,
-                                     left_over, false);
-        left_over := left_over - step.used;
-        INSERT INTO pgq.dependency_backlog (job_id, ended, from_id, below_id, root_id, root_state)
-        SELECT c.id, 'cancelled', 0, below, r.root_id, r.root_state
-        FROM unnest(step.cancelled) WITH ORDINALITY AS c(id, n) ORDER BY c.n;
-        IF NOT step.more THEN
-            DELETE FROM pgq.dependency_backlog AS b WHERE b.id = r.id;
-        END IF;
+    IF cardinality(logins) = 0 THEN
+        RETURN 0;
+    END IF;
+    share := greatest(max_dependants / cardinality(logins), 1);
+    FOR i IN 1..cardinality(logins) + 1 LOOP
+        EXIT WHEN left_over <= 0;
+        -- Each login its share, then (i past the last) every login's rows with the rest.
+        step := pgq._work_backlog_rows(CASE WHEN i <= cardinality(logins) THEN logins[i] END,
+                                       CASE WHEN i <= cardinality(logins) THEN least(share, left_over)
+                                            ELSE left_over END);
+        left_over := left_over - step.charged;
+        moved := moved + step.moved;
     END LOOP;
-    RETURN max_dependants - left_over;
+    RETURN moved;
 END
 $$;
 
--- The sweep's step through the checks (pgq.dependency_checks, left by enqueues with depends_on and
--- by ends under older snapshots): up to max_checks, oldest first, each taken once its writer has
--- committed (a row another sweep holds is skipped). Its dependency has ended (or is gone): the
--- jobs still linked to it move on as after a fresh end of it (a backlog row, root itself). It has
--- not: when no transaction holds its row, any end of it will see the links (it looks them up after
--- locking the row), and the check goes; when one does (its end may be in flight), the check goes to
--- the back, for the next sweep. "Holds" is read from the row's xmax (never set on a version no
--- transaction has locked or updated), and where that is set, by locking the rows with SKIP LOCKED in
--- a subtransaction that is then rolled back (the locks go with it; a job so held for that moment is
--- skipped by a claim, or waited for by its owner, for the moment only). Returns how many it settled.
+-- pgq._work_backlog's pass over the rows of one login (NULL: everyone's), oldest first, within
+-- `budget`: how many dependants it moved on, and how much of the budget that was (a row that moved
+-- none and is kept, its dependants held elsewhere, counts one; a row found empty is deleted and
+-- counts nothing, and a pass visits at most ten rows per dependant of its budget).
+CREATE OR REPLACE FUNCTION pgq._work_backlog_rows(who text, budget integer, OUT moved integer,
+                                                  OUT charged integer)
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    SET enable_hashjoin = off
+    SET enable_mergejoin = off
+    AS $$
+DECLARE
+    r      pgq.cascade_backlog;
+    step   record;
+    after  bigint := 0;
+    below  bigint := pgq._next_job_id();
+    visits integer := 0;
+BEGIN
+    moved := 0;
+    charged := 0;
+    WHILE charged < budget AND visits < 10 * budget LOOP
+        visits := visits + 1;
+        IF who IS NULL THEN
+            SELECT * INTO r FROM pgq.cascade_backlog AS b WHERE b.id > after ORDER BY b.id LIMIT 1
+            FOR UPDATE SKIP LOCKED;
+        ELSE
+            SELECT * INTO r FROM pgq.cascade_backlog AS b WHERE b.login = who AND b.id > after
+            ORDER BY b.login, b.id LIMIT 1
+            FOR UPDATE SKIP LOCKED;
+        END IF;
+        EXIT WHEN NOT FOUND;
+        after := r.id;
+        step := pgq._dependency_work(r.job_id, r.ended, r.from_id, r.below_id, r.root_id, r.root_state,
+                                     budget - charged, false);
+        moved := moved + step.used;
+        charged := charged + CASE WHEN step.used = 0 AND step.more THEN 1 ELSE step.used END;
+        INSERT INTO pgq.cascade_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
+        SELECT c.id, 'cancelled', 0, below, r.root_id, r.root_state, r.login
+        FROM unnest(step.cancelled) WITH ORDINALITY AS c(id, n) ORDER BY c.n;
+        IF NOT step.more THEN
+            DELETE FROM pgq.cascade_backlog AS b WHERE b.id = r.id;
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Takes (locks) up to max_checks checks that no other call holds, fairly among the logins that
+-- left them: each login its oldest, an equal share of what is left, in rounds (a login with fewer
+-- leaves its share to the others), at most three rounds. Returns their ids.
+CREATE OR REPLACE FUNCTION pgq._take_checks(max_checks integer) RETURNS bigint[]
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    AS $$
+DECLARE
+    logins   text[] := pgq._logins_with_work(true, max_checks);
+    lasts    bigint[] := array_fill(0::bigint, ARRAY[cardinality(logins)]);
+    more     text[];      -- the logins that took their whole share: they may have more
+    mores    bigint[];    -- and the last check each took
+    taken    bigint[] := '{}';
+    got      bigint[];
+    left_over integer := max_checks;
+    share    integer;
+BEGIN
+    FOR round IN 1..3 LOOP
+        EXIT WHEN left_over <= 0 OR cardinality(logins) = 0;
+        share := greatest(left_over / cardinality(logins), 1);
+        more := '{}';
+        mores := '{}';
+        FOR i IN 1..cardinality(logins) LOOP
+            EXIT WHEN left_over <= 0;
+            got := ARRAY(SELECT c.id FROM pgq.overlap_checks AS c
+                         WHERE c.login = logins[i] AND c.id > lasts[i]
+                         ORDER BY c.login, c.id LIMIT least(share, left_over)
+                         FOR UPDATE SKIP LOCKED);
+            taken := taken || got;
+            IF cardinality(got) = least(share, left_over) THEN
+                more := more || logins[i];
+                mores := mores || got[cardinality(got)];
+            END IF;
+            left_over := left_over - cardinality(got);
+        END LOOP;
+        logins := more;
+        lasts := mores;
+    END LOOP;
+    RETURN taken;
+END
+$$;
+
+-- The sweep's step through the checks (pgq.overlap_checks, left by enqueues with depends_on and
+-- by ends under older snapshots): up to max_checks, fairly among logins (pgq._take_checks), each
+-- taken once its writer has committed (a row another call holds is skipped). Its dependency has
+-- ended (or is gone): the jobs still linked to it move on as after a fresh end of it (a backlog
+-- row, root itself, the work of the check's login). It has not: when no transaction holds its
+-- row, any end of it will see the links (it looks them up after locking the row), and the check
+-- goes; when one does (its end may be in flight), the check goes to the back, for the next call.
+-- "Holds" is read from the row's xmax (never set on a version no transaction has locked or
+-- updated), and where that is set, by locking the rows with SKIP LOCKED in a subtransaction that
+-- is then rolled back (the locks go with it; a job so held for that moment is skipped by a claim,
+-- or waited for by its owner, for the moment only). Returns how many it settled.
 CREATE OR REPLACE FUNCTION pgq._settle_checks(max_checks integer) RETURNS integer
     LANGUAGE plpgsql
     SET enable_seqscan = off
@@ -1915,18 +2253,22 @@ DECLARE
     dep_ids    bigint[];
     dep_states pgq.job_state[];
     touched    boolean[];
+    logins     text[];    -- whose each check is
     ended_ids  bigint[] := '{}';
     ended_states pgq.job_state[] := '{}';
+    ended_logins text[] := '{}';
     suspects   bigint[] := '{}';  -- not ended, and a transaction has locked the row since it was written
+    suspect_logins text[] := '{}';
     got_ids    bigint[] := '{}';
     got_states pgq.job_state[] := '{}';
-    busy       bigint[] := '{}';
+    busy       bigint[] := '{}';  -- where in suspects those another transaction holds are
 BEGIN
     SELECT coalesce(array_agg(p.id ORDER BY p.id), '{}'), array_agg(p.job_id ORDER BY p.id),
-           array_agg(j.state ORDER BY p.id), array_agg(NOT (j.xmax = '0'::xid) ORDER BY p.id)
-    INTO check_ids, dep_ids, dep_states, touched
-    FROM (SELECT c.id, c.job_id FROM pgq.dependency_checks AS c ORDER BY c.id LIMIT max_checks
-          FOR UPDATE SKIP LOCKED) AS p
+           array_agg(j.state ORDER BY p.id), array_agg(NOT (j.xmax = '0'::xid) ORDER BY p.id),
+           array_agg(p.login ORDER BY p.id)
+    INTO check_ids, dep_ids, dep_states, touched, logins
+    FROM (SELECT c.id, c.job_id, c.login FROM unnest(pgq._take_checks(max_checks)) AS t(id)
+          JOIN pgq.overlap_checks AS c ON c.id = t.id) AS p
     LEFT JOIN LATERAL (SELECT x.state, x.xmax FROM pgq.jobs AS x WHERE x.id = p.job_id) AS j ON true;
     IF cardinality(check_ids) = 0 THEN
         RETURN 0;
@@ -1935,8 +2277,10 @@ BEGIN
         IF dep_states[i] IS NULL OR dep_states[i] IN ('done', 'failed', 'cancelled') THEN
             ended_ids := ended_ids || dep_ids[i];
             ended_states := ended_states || coalesce(dep_states[i], 'cancelled');
+            ended_logins := ended_logins || logins[i];
         ELSIF touched[i] AND NOT dep_ids[i] = ANY (suspects) THEN
             suspects := suspects || dep_ids[i];
+            suspect_logins := suspect_logins || logins[i];
         END IF;
     END LOOP;
     IF cardinality(suspects) > 0 THEN
@@ -1954,22 +2298,26 @@ BEGIN
             IF got_states[i] IN ('done', 'failed', 'cancelled') THEN
                 ended_ids := ended_ids || got_ids[i];
                 ended_states := ended_states || got_states[i];
+                ended_logins := ended_logins || suspect_logins[array_position(suspects, got_ids[i])];
             END IF;
         END LOOP;
-        busy := ARRAY(SELECT s.id FROM unnest(suspects) AS s(id) WHERE s.id <> ALL (got_ids) ORDER BY s.id);
+        busy := ARRAY(SELECT s.n FROM unnest(suspects) WITH ORDINALITY AS s(id, n) WHERE s.id <> ALL (got_ids)
+                      ORDER BY s.id);
     END IF;
     -- Ended with jobs still linked to it: they move on as after a fresh end (those of an earlier end
-    -- before a retry are left to its rows).
-    INSERT INTO pgq.dependency_backlog (job_id, ended, from_id, below_id, root_id, root_state)
+    -- before a retry are left to its rows), the work of the login of (the first) check of it.
+    INSERT INTO pgq.cascade_backlog (job_id, ended, from_id, below_id, root_id, root_state, login)
     SELECT e.id, e.state,
-           coalesce((SELECT max(b.below_id) FROM pgq.dependency_backlog AS b WHERE b.job_id = e.id), 0),
-           pgq._next_job_id(), e.id, e.state
-    FROM (SELECT DISTINCT ON (u.id) u.id, u.state FROM unnest(ended_ids, ended_states) AS u(id, state)
-          ORDER BY u.id) AS e
+           coalesce((SELECT max(b.below_id) FROM pgq.cascade_backlog AS b WHERE b.job_id = e.id), 0),
+           pgq._next_job_id(), e.id, e.state, e.login
+    FROM (SELECT DISTINCT ON (u.id) u.id, u.state, u.login
+          FROM unnest(ended_ids, ended_states, ended_logins) WITH ORDINALITY AS u(id, state, login, n)
+          ORDER BY u.id, u.n) AS e
     CROSS JOIN LATERAL (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = e.id LIMIT 1) AS x
     ORDER BY e.id;
-    DELETE FROM pgq.dependency_checks AS c WHERE c.id = ANY (check_ids);
-    INSERT INTO pgq.dependency_checks (job_id) SELECT b.id FROM unnest(busy) AS b(id);
+    DELETE FROM pgq.overlap_checks AS c WHERE c.id = ANY (check_ids);
+    INSERT INTO pgq.overlap_checks (job_id, login)
+    SELECT suspects[b.n], suspect_logins[b.n] FROM unnest(busy) AS b(n);
     RETURN cardinality(check_ids) - cardinality(busy);
 END
 $$;
@@ -2045,8 +2393,8 @@ BEGIN
         INSERT INTO pgq.job_dependencies (depends_on, job_id)
         SELECT d.id, n.id
         FROM unnest(_wait_for_dependencies.open_ids) AS d(id) CROSS JOIN unnest(_wait_for_dependencies.ids) AS n(id);
-        INSERT INTO pgq.dependency_checks (job_id)
-        SELECT d.id FROM unnest(_wait_for_dependencies.open_ids) AS d(id);
+        INSERT INTO pgq.overlap_checks (job_id, login)
+        SELECT d.id, session_user FROM unnest(_wait_for_dependencies.open_ids) AS d(id);
     END IF;
 END
 $$;
@@ -2257,9 +2605,9 @@ BEGIN
             END IF;
         END IF;
     END IF;
-    -- Inside a claim's or a sweep's recovery of expired leases (its dependency budget is 0), a
-    -- batch row another transaction holds is left to the sweep: a claim never waits.
-    PERFORM pgq._finish_batch(_batch_member_ended.batch, current_setting('pgq.dependency_budget', true) = '0');
+    -- Inside a claim's or a sweep's recovery of expired leases (pgq._recovering()), a batch row
+    -- another transaction holds is left to the sweep: a claim never waits.
+    PERFORM pgq._finish_batch(_batch_member_ended.batch, pgq._recovering());
 END
 $$;
 
@@ -3442,8 +3790,8 @@ BEGIN
     ELSIF _check_on_conflict.on_conflict NOT IN ('keep', 'replace') THEN
         PERFORM pgq._bad_argument('on_conflict',
             format('must be ''keep'' or ''replace'', got %s', left(quote_literal(_check_on_conflict.on_conflict), 40)),
-            'keep: the live job that holds unique_key is the answer; replace: a holder that has not '
-            'started takes the new payload, run_at, priority, meta and max_attempts.');
+            'keep: the live job that holds unique_key is the answer; replace: a holder this login enqueued '
+            'that has not started takes the new payload, run_at, priority, meta and max_attempts.');
     END IF;
 END
 $$;
@@ -3466,7 +3814,7 @@ BEGIN
 END
 $$;
 
--- pgq._replace's update of the job it replaces (locked by it): the call's fields, and the event.
+-- pgq._replace_key's update of the job it replaces (locked by it): the call's fields, and the event.
 CREATE OR REPLACE FUNCTION pgq._replace_job(id bigint, attempt integer, state pgq.job_state, queue text,
                                             payload jsonb, run_at timestamptz, priority integer, meta jsonb,
                                             max_attempts integer)
@@ -3482,30 +3830,50 @@ CREATE OR REPLACE FUNCTION pgq._replace_job(id bigint, attempt integer, state pg
     FROM pgq.queues AS q WHERE q.name = _replace_job.queue AND q.audit;
 $$;
 
--- pgq.enqueue(..., unique_key, on_conflict => 'replace'), before anything is inserted:
+-- Whether the session's login may replace a job enqueued by `enqueued_by`: it enqueued it, or it
+-- is a member of pgq_admin (a job enqueued before 0017, NULL, is an admin's to replace only).
+CREATE OR REPLACE FUNCTION pgq._enqueued_it(enqueued_by text) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$ SELECT coalesce($1 = session_user::text, false) OR pg_has_role(session_user, 'pgq_admin', 'MEMBER') $$;
+
+-- pgq.enqueue(..., unique_key, on_conflict => 'replace'), before anything is inserted. A replace
+-- writes and holds only the caller's own jobs (issue 37): the holder or successor it updates was
+-- enqueued by the caller's login (or the caller is an admin). Against another login's holder it is
+-- a keep: that holder's id is the answer (kept), and nothing is written or locked (an open replace
+-- once hid another producer's job from claims, made its producer's enqueues of the key and an
+-- admin's cancel wait, and rewrote its payload, run_at and max_attempts). A unique key is the
+-- queue's: one live holder, whoever enqueued it, as in Oban, River and graphile-worker; a replace
+-- never adds a second job of the key beside another login's.
 --
--- * The key's live holder has not started (pending, due or not, or waiting): it takes the call's
+-- * The caller's slot of the key is taken first: its login's row of pgq.replace_slots, locked
+--   till commit. The replace calls of one login and key take turns on it; those of other logins
+--   never wait for it.
+-- * The slot's successor, if live, the caller's and not started: it takes the call's fields and its
+--   id is the answer (it is the key's last job to run), whatever the holder's state. One that has
+--   started, or that another transaction holds, is waited for by the new job (after_ids): the jobs
+--   of one key run one after the other.
+-- * Another login's live holder: a keep (above).
+-- * The caller's holder that has not started (pending, due or not, or waiting): it takes the call's
 --   payload, run_at, priority, meta and max_attempts (never below its attempt + 1) and its id is
 --   the answer (replaced_id). Its kind, tenant, concurrency_key, max_run_time, dependencies and
 --   batch stay its own. Its row is locked without waiting (SKIP LOCKED), as a claim locks it: a
 --   claim in flight skips it until this transaction ends, and a holder that a claim (or any other
 --   transaction) holds now counts as started.
--- * The holder has started (running or outcome_unknown): it is left alone, and a new job is
---   enqueued without the key, waiting for the holder (all_ended: it runs once the holder has
---   ended, however): after_ids names the holder, keyed is false. pgq.unique_successors remembers
---   that job; a later replace call, while the job has not started, updates it instead (so a
+-- * The caller's holder that has started (running or outcome_unknown): it is left alone, and a new
+--   job is enqueued without the key, waiting for the holder (all_ended: it runs once the holder has
+--   ended, however): after_ids names the holder, keyed is false. The slot remembers that job; a
+--   later replace call of the login, while the job has not started, updates it instead (so a
 --   debounce enqueues at most one job behind a running one).
 -- * No holder: the new job takes the key (keyed).
--- A successor that has not started is the job updated, whatever the holder's state: it is the
--- key's last job to run. One that has started, or that another transaction holds, is waited for by
--- the new job (after_ids): the jobs of one key run one after the other. Replace calls of one key take turns on its
--- pgq.unique_successors row (locked till commit), so two of them never both enqueue a successor.
 -- Workers never read that table, and no row of a job is waited for: a producer's replace never
--- waits for a worker, and its open transaction holds no worker's job (only a job not started).
--- A 'keep' call does not take that row: it answers with the holder only (not a successor).
-CREATE OR REPLACE FUNCTION pgq._replace(queue text, unique_key text, payload jsonb, run_at timestamptz,
-                                        priority integer, meta jsonb, max_attempts integer,
-                                        OUT replaced_id bigint, OUT after_ids bigint[], OUT keyed boolean)
+-- waits for a worker, and its open transaction holds no worker's job (only its own job not started).
+-- A 'keep' call does not take a slot: it answers with the holder only (not a successor).
+-- (Named _replace_key since 0021: pgq._replace, before, returned no `kept`, and a function's
+-- result type cannot be changed in place.)
+CREATE OR REPLACE FUNCTION pgq._replace_key(queue text, unique_key text, payload jsonb, run_at timestamptz,
+                                            priority integer, meta jsonb, max_attempts integer,
+                                            OUT replaced_id bigint, OUT after_ids bigint[], OUT keyed boolean,
+                                            OUT kept boolean)
     LANGUAGE plpgsql
     AS $$
 #variable_conflict use_column
@@ -3514,22 +3882,27 @@ DECLARE
     target    record;
     successor bigint;
     succ_busy boolean := false;
+    login     text := session_user;
 BEGIN
+    kept := false;
     LOOP
-        INSERT INTO pgq.unique_successors AS s (queue, unique_key) VALUES (_replace.queue, _replace.unique_key)
-        ON CONFLICT ON CONSTRAINT unique_successors_pkey DO NOTHING;
+        INSERT INTO pgq.replace_slots AS s (queue, unique_key, enqueued_by)
+        VALUES (_replace_key.queue, _replace_key.unique_key, login)
+        ON CONFLICT ON CONSTRAINT replace_slots_pkey DO NOTHING;
         EXIT WHEN FOUND;  -- ours, new: no successor
-        SELECT s.job_id INTO successor FROM pgq.unique_successors AS s
-        WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key FOR UPDATE;
+        SELECT s.job_id INTO successor FROM pgq.replace_slots AS s
+        WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login
+        FOR UPDATE;
         EXIT WHEN FOUND;  -- else deleted by the call we waited for: insert it again
     END LOOP;
-    -- The successor first, if it is live and has not started: it is the key's last job to run.
+    -- The successor first, if it is live, ours and has not started: it is the key's last job to run.
     IF successor IS NOT NULL THEN
         SELECT j.id, j.state, j.attempt INTO target
-        FROM pgq.jobs AS j WHERE j.id = successor FOR NO KEY UPDATE OF j SKIP LOCKED;
+        FROM pgq.jobs AS j WHERE j.id = successor AND pgq._enqueued_it(j.enqueued_by)
+        FOR NO KEY UPDATE OF j SKIP LOCKED;
         IF target.id IS NOT NULL AND target.state IN ('waiting', 'pending') THEN
-            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace.queue, _replace.payload,
-                                     _replace.run_at, _replace.priority, _replace.meta, _replace.max_attempts);
+            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace_key.queue, _replace_key.payload,
+                                     _replace_key.run_at, _replace_key.priority, _replace_key.meta, _replace_key.max_attempts);
             replaced_id := target.id;
             RETURN;
         END IF;
@@ -3539,19 +3912,30 @@ BEGIN
                                                       AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown'));
     END IF;
     LOOP
-        SELECT j.id, j.state INTO holder
+        SELECT j.id, j.state, j.enqueued_by INTO holder
         FROM pgq.jobs AS j
-        WHERE j.queue = _replace.queue AND j.unique_key = _replace.unique_key
+        WHERE j.queue = _replace_key.queue AND j.unique_key = _replace_key.unique_key
           AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
+        IF holder.id IS NOT NULL AND NOT pgq._enqueued_it(holder.enqueued_by) THEN
+            -- Another login's holder: a keep. The slot stays only for a successor of ours in flight.
+            IF NOT succ_busy THEN
+                DELETE FROM pgq.replace_slots AS s
+                WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login;
+            END IF;
+            replaced_id := holder.id;
+            kept := true;
+            RETURN;
+        END IF;
         EXIT WHEN holder.id IS NULL OR holder.state IN ('running', 'outcome_unknown');
         SELECT j.id, j.state, j.attempt INTO target
         FROM pgq.jobs AS j WHERE j.id = holder.id FOR NO KEY UPDATE OF j SKIP LOCKED;
         IF target.id IS NOT NULL AND target.state IN ('waiting', 'pending') THEN
-            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace.queue, _replace.payload,
-                                     _replace.run_at, _replace.priority, _replace.meta, _replace.max_attempts);
+            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace_key.queue, _replace_key.payload,
+                                     _replace_key.run_at, _replace_key.priority, _replace_key.meta, _replace_key.max_attempts);
             IF NOT succ_busy THEN
                 -- The key needs no successor.
-                DELETE FROM pgq.unique_successors AS s WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key;
+                DELETE FROM pgq.replace_slots AS s
+                WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login;
             END IF;
             replaced_id := target.id;
             RETURN;
@@ -3574,7 +3958,8 @@ BEGIN
     END IF;
     -- No holder: the new job takes the key (after a busy successor).
     keyed := true;
-    DELETE FROM pgq.unique_successors AS s WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key;
+    DELETE FROM pgq.replace_slots AS s
+    WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login;
 END
 $$;
 
@@ -3650,13 +4035,14 @@ BEGIN
     IF enqueue.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue.batch);
     END IF;
-    -- on_conflict 'replace' (pgq._replace): a holder that has not started takes this call's fields;
-    -- behind one that has, the new job waits for it, without the key.
+    -- on_conflict 'replace' (pgq._replace_key): a holder of this login's that has not started takes this
+    -- call's fields; behind one that has, the new job waits for it, without the key; another
+    -- login's holder is the answer, as for 'keep'.
     IF enqueue.on_conflict = 'replace' AND enqueue.unique_key IS NOT NULL THEN
-        r := pgq._replace(enqueue.queue, enqueue.unique_key, enqueue.payload, enqueue.run_at, enqueue.priority,
+        r := pgq._replace_key(enqueue.queue, enqueue.unique_key, enqueue.payload, enqueue.run_at, enqueue.priority,
                           enqueue.meta, coalesce(enqueue.max_attempts, q.max_attempts));
         IF r.replaced_id IS NOT NULL THEN
-            IF q.notify AND enqueue.run_at <= pgq._now() THEN
+            IF NOT r.kept AND q.notify AND enqueue.run_at <= pgq._now() THEN
                 PERFORM pg_notify('pgq', enqueue.queue);
             END IF;
             RETURN r.replaced_id;
@@ -3731,9 +4117,9 @@ BEGIN
         END LOOP;
     END IF;
     IF job_key IS NULL AND enqueue.unique_key IS NOT NULL THEN
-        -- The successor behind a started holder (pgq._replace): later replace calls update it.
-        UPDATE pgq.unique_successors AS s SET job_id = new_id
-        WHERE s.queue = enqueue.queue AND s.unique_key = enqueue.unique_key;
+        -- The successor behind a started holder (pgq._replace_key): later replace calls update it.
+        UPDATE pgq.replace_slots AS s SET job_id = new_id
+        WHERE s.queue = enqueue.queue AND s.unique_key = enqueue.unique_key AND s.enqueued_by = session_user;
     END IF;
 
     IF enqueue.batch IS NOT NULL THEN
@@ -3755,7 +4141,8 @@ $$;
 COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text) IS
     'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it '
     '(on_conflict keep), or replaces its payload, run_at, priority, meta and max_attempts if it has '
-    'not started (replace; behind a started holder a new job waits for it). '
+    'not started and the caller''s login enqueued it (replace; behind such a started holder a new job '
+    'waits for it; another login''s holder is kept). '
     'meta: a JSON object (or NULL) kept with the job and returned by pgq.claim. depends_on: the job '
     'waits until those jobs are done (dependency_mode all_done: cancelled if one fails or is cancelled) '
     'or have ended however (all_ended). batch: joins that open batch. notify_finished: its end '
@@ -4857,8 +5244,11 @@ COMMENT ON FUNCTION pgq.progress(bigint, integer, jsonb) IS
 
 -- The results of the caller's own running job's dependencies (its inputs), in dependency id order,
 -- those with ids above after_id, at most limit_rows: paged by the last dependency_id. Fenced like
--- pgq.progress (the attempt, the login); a caller that does not own the attempt gets 55000. A
--- dependency pruned since has a NULL state.
+-- pgq.progress (the attempt, the login); a caller that does not own the attempt gets 55000. Each
+-- dependency is read by the rule of pgq.job_result at the time of the read (pgq._reads_result):
+-- one that job_result answers the caller, or answers the job's producer (the login that named it)
+-- while the caller's read grants admit its queue; any other answers as one pruned since, with a
+-- NULL state (issue 37: the grants were checked at the enqueue only).
 CREATE OR REPLACE FUNCTION pgq.dependency_results(id bigint, attempt integer, limit_rows integer DEFAULT 100,
                                                   after_id bigint DEFAULT NULL)
     RETURNS TABLE (dependency_id bigint, state text, result jsonb, last_error text, finished_at timestamptz)
@@ -4869,7 +5259,8 @@ CREATE OR REPLACE FUNCTION pgq.dependency_results(id bigint, attempt integer, li
     AS $$
 #variable_conflict use_column
 DECLARE
-    deps bigint[];
+    deps     bigint[];
+    producer text;
 BEGIN
     PERFORM pgq._check_fence(dependency_results.id, dependency_results.attempt);
     IF dependency_results.limit_rows IS NULL OR dependency_results.limit_rows NOT BETWEEN 1 AND 1000 THEN
@@ -4877,7 +5268,7 @@ BEGIN
             format('must be between 1 and 1000, got %s', coalesce(dependency_results.limit_rows::text, 'NULL')),
             'Page with after_id => the last dependency_id of the previous page.');
     END IF;
-    SELECT j.depends_on INTO deps FROM pgq.jobs AS j
+    SELECT j.depends_on, j.enqueued_by INTO deps, producer FROM pgq.jobs AS j
     WHERE j.id = dependency_results.id AND j.attempt = dependency_results.attempt AND j.state = 'running'
       AND pgq._owns(j.session_role);
     IF NOT FOUND THEN
@@ -4891,8 +5282,12 @@ BEGIN
     FROM (SELECT x.id FROM unnest(deps) AS x(id)
           WHERE x.id > coalesce(dependency_results.after_id, 0)
           ORDER BY x.id LIMIT dependency_results.limit_rows) AS d
-    LEFT JOIN LATERAL (SELECT y.state, y.result, y.last_error, y.finished_at FROM pgq.jobs AS y
-                       WHERE y.id = d.id) AS j ON true
+    LEFT JOIN LATERAL (SELECT y.state, y.result, y.last_error, y.finished_at
+                       FROM pgq.jobs AS y JOIN pgq.queues AS q ON q.name = y.queue
+                       WHERE y.id = d.id
+                         AND (pgq._reads_result(session_user, y.queue, q.restricted, y.enqueued_by)
+                              OR pgq._may(y.queue, q.restricted, 'read')
+                                 AND pgq._reads_result(producer, y.queue, q.restricted, y.enqueued_by))) AS j ON true
     ORDER BY d.id;
 END
 $$;
@@ -4916,18 +5311,17 @@ COMMENT ON FUNCTION pgq.dependency_results(bigint, integer, integer, bigint) IS
 -- drive the UPDATE from jobs_lease_idx instead of the locked ids, and with statistics that say
 -- few jobs are running it did, reading every expired lease once per recovered job (1.5 s for a
 -- sweep(1000) over 2,850 expired leases, growing with their square).
--- The ends of a recovery move no dependant on (this transaction's dependency budget is 0 meanwhile:
--- they go to pgq.dependency_backlog): a claim never works for, nor waits on, the dependency graph,
--- and the sweep's backlog step takes them after its recovery.
+-- The ends of a recovery move no dependant on (the transaction is marked recovering meanwhile, in
+-- its cascade state, pgq._set_recovering: its dependency budget is 0 and they go to
+-- pgq.cascade_backlog): a claim never works for, nor waits on, the dependency graph, and the
+-- sweep's backlog step takes them after its recovery.
 CREATE OR REPLACE FUNCTION pgq._recover_expired(max_jobs integer)
     RETURNS TABLE (queue text, recovered bigint)
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
     AS $$
-DECLARE
-    budget text := current_setting('pgq.dependency_budget', true);
 BEGIN
-    PERFORM set_config('pgq.dependency_budget', '0', true);
+    PERFORM pgq._set_recovering(true);
     RETURN QUERY
     WITH expired AS (
         SELECT j.id, j.attempt
@@ -4960,7 +5354,20 @@ BEGIN
         WHERE r.audit
     )
     SELECT r.queue, count(*) FROM recovered AS r GROUP BY r.queue;
-    PERFORM set_config('pgq.dependency_budget', coalesce(budget, ''), true);
+    PERFORM pgq._set_recovering(false);
+END
+$$;
+
+-- pgq.sweep's and pgq.settle_dependencies' max_jobs: 1 to 100000 (22004 / 22023 otherwise).
+CREATE OR REPLACE FUNCTION pgq._check_max_jobs(max_jobs integer) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_max_jobs.max_jobs IS NULL THEN
+        PERFORM pgq._bad_argument('max_jobs', 'must not be NULL');
+    ELSIF _check_max_jobs.max_jobs NOT BETWEEN 1 AND 100000 THEN
+        PERFORM pgq._bad_argument('max_jobs', format('must be between 1 and 100000, got %s', _check_max_jobs.max_jobs));
+    END IF;
 END
 $$;
 
@@ -4975,11 +5382,7 @@ DECLARE
     total integer := 0;
     r record;
 BEGIN
-    IF sweep.max_jobs IS NULL THEN
-        PERFORM pgq._bad_argument('max_jobs', 'must not be NULL');
-    ELSIF sweep.max_jobs NOT BETWEEN 1 AND 100000 THEN
-        PERFORM pgq._bad_argument('max_jobs', format('must be between 1 and 100000, got %s', sweep.max_jobs));
-    END IF;
+    PERFORM pgq._check_max_jobs(sweep.max_jobs);
     FOR r IN SELECT x.queue, x.recovered FROM pgq._recover_expired(sweep.max_jobs) AS x LOOP
         total := total + r.recovered;
         IF (SELECT q.notify FROM pgq.queues AS q WHERE q.name = r.queue) THEN
@@ -4989,10 +5392,13 @@ BEGIN
     IF EXISTS (SELECT FROM pgq.schedules AS s WHERE s.enabled AND s.next_run_at <= pgq._now()) THEN
         PERFORM pgq._fire_schedules(sweep.max_jobs);
     END IF;
-    -- Dependencies: the checks of enqueues that may have overlapped an end (cheap: up to ten per
-    -- job of max_jobs), then up to max_jobs dependants of the backlog (pgq.dependency_backlog).
-    PERFORM pgq._settle_checks(least(10 * sweep.max_jobs, 100000));
-    PERFORM pgq._work_backlog(sweep.max_jobs);
+    -- Dependencies: what pgq.settle_dependencies(max_jobs) does, after taking over what is left in
+    -- the tables of before 0021.
+    IF EXISTS (SELECT FROM pgq.dependency_checks) OR EXISTS (SELECT FROM pgq.dependency_backlog)
+       OR EXISTS (SELECT FROM pgq.unique_successors) THEN
+        PERFORM pgq._adopt_legacy(sweep.max_jobs);
+    END IF;
+    PERFORM pgq._settle_dependencies(sweep.max_jobs);
     -- Batches: the next steps of cancelled batches' cancellation, and the callbacks of sealed
     -- batches whose last members ended side by side (pgq._settle_batches).
     IF EXISTS (SELECT FROM pgq.batches AS b WHERE b.sealed_at IS NOT NULL AND b.callback_job_id IS NULL)
@@ -5008,6 +5414,53 @@ BEGIN
     RETURN total;
 END
 $$;
+-- pgq.sweep's and pgq.settle_dependencies' work on the graph: the checks of enqueues that may have
+-- overlapped an end (cheap: up to ten per job of max_jobs), then up to max_jobs dependants of the
+-- backlog (pgq.cascade_backlog), both shared fairly among logins, never waiting; then up to ten
+-- per job of max_jobs rows of ended transactions' cascade state. Each table is looked at only when
+-- it has a row (one index probe each). Returns how many dependants it moved on.
+CREATE OR REPLACE FUNCTION pgq._settle_dependencies(max_jobs integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    AS $$
+DECLARE
+    moved integer := 0;
+BEGIN
+    IF EXISTS (SELECT FROM pgq.overlap_checks) THEN
+        PERFORM pgq._settle_checks(least(10 * _settle_dependencies.max_jobs, 100000));
+    END IF;
+    IF EXISTS (SELECT FROM pgq.cascade_backlog) THEN
+        moved := pgq._work_backlog(_settle_dependencies.max_jobs);
+    END IF;
+    IF EXISTS (SELECT FROM pgq.cascade_budgets) THEN
+        PERFORM pgq._forget_cascades(least(10 * _settle_dependencies.max_jobs, 100000));
+    END IF;
+    RETURN moved;
+END
+$$;
+
+-- Settles what enqueues and ends that overlapped left (a dependant whose enqueue was in flight
+-- while its dependency ended is released, or cancelled, here, once both have committed), and
+-- moves up to max_jobs dependants of the backlog on; fair among logins, bounded, never waiting.
+-- A worker calls it every poll (about once a second): with nothing to do it is three index
+-- probes. Returns how many dependants it moved on.
+CREATE OR REPLACE FUNCTION pgq.settle_dependencies(max_jobs integer DEFAULT 100)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET jit = off
+    AS $$
+BEGIN
+    PERFORM pgq._check_max_jobs(settle_dependencies.max_jobs);
+    RETURN pgq._settle_dependencies(settle_dependencies.max_jobs);
+END
+$$;
+COMMENT ON FUNCTION pgq.settle_dependencies(integer) IS
+    'Releases (or cancels) the dependants whose enqueue overlapped their dependency''s end, once both '
+    'committed, and moves up to max_jobs dependants of the backlog on, fairly among logins, never '
+    'waiting; a worker calls it every poll. Returns how many dependants it moved on.';
+
 COMMENT ON FUNCTION pgq.sweep(integer) IS
     'Recovers up to max_jobs running jobs whose lease expired or whose attempt timed out (returns '
     'how many), fires up to max_jobs due schedules, moves up to max_jobs waiting dependants on, and '
@@ -6064,10 +6517,10 @@ BEGIN
         RETURNING b.id
     )
     DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id;
-    -- Replace calls' successors (pgq._replace) that are no longer live: their key needs none.
-    DELETE FROM pgq.unique_successors AS s
-    WHERE (s.queue, s.unique_key) IN (
-        SELECT x.queue, x.unique_key FROM pgq.unique_successors AS x
+    -- Replace calls' successors (pgq._replace_key) that are no longer live: their key needs none.
+    DELETE FROM pgq.replace_slots AS s
+    WHERE (s.queue, s.unique_key, s.enqueued_by) IN (
+        SELECT x.queue, x.unique_key, x.enqueued_by FROM pgq.replace_slots AS x
         WHERE NOT EXISTS (SELECT FROM pgq.jobs AS j
                           WHERE j.id = x.job_id AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown'))
         LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);
@@ -6227,9 +6680,29 @@ END
 $$;
 COMMENT ON FUNCTION pgq.get_job(bigint) IS 'The job row; P0002 when there is no such job.';
 
+-- Who reads a job's outcome, the one rule of every result read (pgq.job_result, and through the
+-- producer that named it pgq.dependency_results), decided at the time of the read: whether the
+-- login `who` may read the outcome of a job of `queue` (whose queues.restricted is `restricted`)
+-- that `enqueued_by` enqueued. It enqueued it; or it is a member of pgq_admin; or it reads the
+-- queue: on a queue without read grants, as a member of pgq_monitor; on one with them, as a member
+-- of a role granted read or claim there. A login that no longer exists reads nothing.
+CREATE OR REPLACE FUNCTION pgq._reads_result(who text, queue text, restricted text[], enqueued_by text)
+    RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(_reads_result.enqueued_by = _reads_result.who, false)
+        OR coalesce((SELECT pg_has_role(r.oid, 'pgq_admin', 'MEMBER')
+                            OR CASE WHEN 'read' = ANY (coalesce(_reads_result.restricted, '{}'))
+                                    THEN EXISTS (SELECT FROM pgq.grants AS g
+                                                 WHERE g.queue = _reads_result.queue AND g.privilege IN ('read', 'claim')
+                                                   AND pg_has_role(r.oid, g.role, 'MEMBER'))
+                                    ELSE pg_has_role(r.oid, 'pgq_monitor', 'MEMBER') END
+                     FROM pg_catalog.pg_roles AS r WHERE r.rolname = _reads_result.who), false)
+$$;
+
 -- The outcome of one job, for the login that enqueued it, admins, and logins whose read grants
--- admit its queue (monitors, for a queue without read grants); P0002 for anyone else, as for an
--- unknown id. Not finished yet: its state, and NULLs.
+-- admit its queue (monitors, for a queue without read grants): pgq._reads_result. P0002 for anyone
+-- else, as for an unknown id. Not finished yet: its state, and NULLs.
 CREATE OR REPLACE FUNCTION pgq.job_result(id bigint)
     RETURNS TABLE (state text, result jsonb, last_error text, finished_at timestamptz)
     LANGUAGE plpgsql STABLE
@@ -6248,12 +6721,7 @@ BEGIN
     IF FOUND THEN
         restricted := (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = job.queue);
     END IF;
-    IF NOT FOUND
-       OR NOT (job.enqueued_by = session_user
-               OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')
-               OR (pgq._may(job.queue, restricted, 'read')
-                   AND ('read' = ANY (coalesce(restricted, '{}'))
-                        OR pg_has_role(session_user, 'pgq_monitor', 'MEMBER')))) THEN
+    IF NOT FOUND OR NOT pgq._reads_result(session_user, job.queue, restricted, job.enqueued_by) THEN
         RAISE EXCEPTION 'pgq: no job with id %', job_result.id
             USING ERRCODE = 'no_data_found',
                   HINT = 'A job''s result is read by the login that enqueued it, by admins and by readers of its queue.';
@@ -6757,6 +7225,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.progress(bigint, integer, jsonb),
     pgq.dependency_results(bigint, integer, integer, bigint),
     pgq.sweep(integer),
+    pgq.settle_dependencies(integer),
     pgq.rate_limit_wait(text[])
     TO pgq_worker;
 
@@ -6822,6 +7291,8 @@ GRANT USAGE ON SCHEMA pgq TO pgq_worker;
 REVOKE ALL ON TABLE pgq.batch_counts FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.batch_members FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.batches FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.cascade_backlog FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.cascade_budgets FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.dependency_backlog FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.dependency_checks FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.fence FROM PUBLIC;
@@ -6835,8 +7306,10 @@ REVOKE ALL ON TABLE pgq.jobs FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.key_limits FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.key_rates FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.key_slots FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.overlap_checks FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.queues FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.rate_buckets FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.replace_slots FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.schedules FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.tenants FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.unique_successors FROM PUBLIC;

@@ -361,8 +361,8 @@ def test_a_job_of_a_queue_the_login_may_not_read_is_as_if_absent(conn: psycopg.C
 
 def backlog(conn: psycopg.Connection) -> tuple[int, int]:
     """(checks, backlog rows) waiting for the sweep."""
-    row = conn.execute("SELECT (SELECT count(*) FROM pgq.dependency_checks), "
-                       "(SELECT count(*) FROM pgq.dependency_backlog)").fetchone()
+    row = conn.execute("SELECT (SELECT count(*) FROM pgq.overlap_checks), "
+                       "(SELECT count(*) FROM pgq.cascade_backlog)").fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
 

@@ -1,6 +1,6 @@
 """Cascades of job dependencies are bounded whatever the planner thinks (issue 24): the ends of one
 transaction move on at most pgq._dependency_step() (1000) dependants, breadth first; the rest is
-left to pgq.dependency_backlog, which every sweep works through, max_jobs at a time; a claim's
+left to pgq.cascade_backlog, which every sweep works through, max_jobs at a time; a claim's
 recovery of an expired lease moves none. Every dependant still ends cancelled (or released) exactly
 once. And enqueue_many writes at most 10000 links per call. Real PostgreSQL, real sessions."""
 
@@ -110,14 +110,17 @@ def test_the_ends_of_one_transaction_share_one_step(conn: psycopg.Connection) ->
     assert counts(conn, "fan") == {"pending": 1800}
 
 
-def test_a_session_cannot_raise_its_own_step(conn: psycopg.Connection) -> None:
+def test_no_session_setting_changes_the_step(conn: psycopg.Connection) -> None:
+    """The step is the transaction's, kept where only pgq writes (pgq.cascade_budgets): the settings
+    that once carried it, raised, lowered or not a count, change nothing (lowered: test_dependency_isolation)."""
     head = enqueue(conn, queue="head")
     conn.execute("SELECT pgq.enqueue_many('fan', 'k', array_fill('{}'::jsonb, ARRAY[1500]), depends_on => %s)",
                  ([head],))
     conn.execute("SET pgq.dependency_budget = '100000'")
+    conn.execute("SET pgq.dependency_patience = '99999999999'")
     assert one(conn, "SELECT pgq.complete(%s, %s)", (head, run(conn, head))) is True
     assert counts(conn, "fan") == {"pending": STEP, "waiting": 500}
-    conn.execute("SET pgq.dependency_budget = 'lots'")  # not a count: the step
+    conn.execute("SET pgq.dependency_budget = 'lots'")
     settle(conn)
     assert counts(conn, "fan") == {"pending": 1500}
 
@@ -182,9 +185,11 @@ def test_a_sweep_skips_a_dependant_another_transaction_holds_and_a_later_one_tak
     free = enqueue(conn, [head], queue="fan")
     conn.execute("SELECT pgq.sweep()")  # the enqueues' checks
     attempt = run(conn, head)
-    conn.execute("SET pgq.dependency_budget = '0'")  # this session's ends leave it all to the backlog
+    # A step of 0 for this end: it leaves it all to the backlog.
+    step = "CREATE OR REPLACE FUNCTION pgq._dependency_step() RETURNS integer LANGUAGE sql STABLE AS 'SELECT {}'"
+    conn.execute(step.format(0))
     assert one(conn, "SELECT pgq.complete(%s, %s)", (head, attempt)) is True
-    conn.execute("RESET pgq.dependency_budget")
+    conn.execute(step.format(STEP))
     holder, sweeper = h.session("holder"), h.session("sweeper")
     h.step(holder, "begin", "BEGIN")
     assert h.step(holder, "lock", "SELECT id FROM pgq.jobs WHERE id = %s FOR NO KEY UPDATE", (held,)).ok
@@ -253,8 +258,8 @@ def build(conn: psycopg.Connection, shape: str, n: int) -> int:
 def test_a_cascade_of_100000_is_bounded_per_call_whatever_the_statistics(conn: psycopg.Connection, shape: str,
                                                                          statistics: str) -> None:
     n, sweep_jobs = 100_000, 25_000
-    tables = ", ".join(t for t in ("pgq.jobs", "pgq.job_dependencies", "pgq.dependency_backlog",
-                                   "pgq.dependency_checks") if one(conn, "SELECT to_regclass(%s) IS NOT NULL", (t,)))
+    tables = ", ".join(t for t in ("pgq.jobs", "pgq.job_dependencies", "pgq.cascade_backlog",
+                                   "pgq.overlap_checks") if one(conn, "SELECT to_regclass(%s) IS NOT NULL", (t,)))
     for table in tables.split(", "):  # no autovacuum run changes the statistics under the test
         conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
     if statistics == "empty_when_analyzed":

@@ -95,7 +95,7 @@ class MJob:
 
 @dataclass
 class Item:
-    """A row of pgq.dependency_backlog: the dependants of job (ended `state`) with ids in [low, below)."""
+    """A row of pgq.cascade_backlog: the dependants of job (ended `state`) with ids in [low, below)."""
     job: int
     state: str
     low: int
@@ -208,8 +208,8 @@ class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.conn = psycopg.connect(self.dsn, autocommit=True)
-        tables = [t for t in ("pgq.jobs", "pgq.job_events", "pgq.job_dependencies", "pgq.dependency_checks",
-                              "pgq.dependency_backlog", "pgq.job_dependants")
+        tables = [t for t in ("pgq.jobs", "pgq.job_events", "pgq.job_dependencies", "pgq.overlap_checks",
+                              "pgq.cascade_backlog", "pgq.job_dependants", "pgq.cascade_budgets")
                   if self.q("SELECT to_regclass(%s) IS NOT NULL", (t,))]
         self.conn.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY")
         self.conn.execute("UPDATE pgq_test.clock SET shift = '0'")

@@ -143,18 +143,18 @@ def test_replace_behind_a_running_holder_enqueues_one_job_that_runs_after_it(con
     assert one(conn, "SELECT pgq.complete(%s, %s)", (successor, claimed["attempt"])) is True
     assert row(conn, third)["state"] == "pending" and row(conn, third)["payload"] == {"n": 7}
     # Nothing is left behind once the successors have ended and the jobs are pruned.
-    assert one(conn, "SELECT count(*) FROM pgq.unique_successors") <= 1
+    assert one(conn, "SELECT count(*) FROM pgq.replace_slots") <= 1
     [claimed] = claim(conn, queues=["q"])
     assert one(conn, "SELECT pgq.complete(%s, %s)", (third, claimed["attempt"])) is True
     conn.execute("SELECT pgq.prune(older_than => '0 seconds')")
-    assert one(conn, "SELECT count(*) FROM pgq.unique_successors") == 0
+    assert one(conn, "SELECT count(*) FROM pgq.replace_slots") == 0
 
 
 def test_replace_without_a_holder_enqueues_a_keyed_job_and_keeps_no_row(conn) -> None:
     job_id = enqueue(conn, payload={"n": 1}, on_conflict="replace")
     assert row(conn, job_id)["unique_key"] == "k1" and row(conn, job_id)["state"] == "pending"
     assert enqueue(conn, payload={"n": 2}, on_conflict="replace") == job_id
-    assert one(conn, "SELECT count(*) FROM pgq.unique_successors") == 0
+    assert one(conn, "SELECT count(*) FROM pgq.replace_slots") == 0
     # on_conflict without a unique_key: there is nothing to conflict with.
     assert enqueue(conn, key=None, on_conflict="replace") != job_id
 

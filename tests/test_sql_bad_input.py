@@ -131,6 +131,8 @@ CASES: list[tuple[str, str, Any, str, str]] = [
     ("sweep max_jobs NULL", "SELECT pgq.sweep(NULL)", None, "22004", "max_jobs"),
     ("sweep max_jobs 0", "SELECT pgq.sweep(0)", None, "22023", "max_jobs"),
     ("sweep max_jobs too many", "SELECT pgq.sweep(100001)", None, "22023", "max_jobs"),
+    ("settle_dependencies max_jobs NULL", "SELECT pgq.settle_dependencies(NULL)", None, "22004", "max_jobs"),
+    ("settle_dependencies max_jobs 0", "SELECT pgq.settle_dependencies(0)", None, "22023", "max_jobs"),
     # admin
     ("cancel id NULL", "SELECT pgq.cancel(NULL)", None, "22004", "id"),
     ("cancel unknown id", "SELECT pgq.cancel(424242)", None, "P0002", "424242"),
@@ -382,6 +384,7 @@ NUMBER_ARGS = [
     ("SELECT pgq.enqueue_many('q', 'k', ARRAY['{}']::jsonb[], priority => %s::int)", "priority", -1000, 1000),
     ("SELECT * FROM pgq.claim('w', ARRAY['nothing-here'], batch => %s::int)", "batch", 1, 1000),
     ("SELECT pgq.sweep(%s::int)", "max_jobs", 1, 100000),
+    ("SELECT pgq.settle_dependencies(%s::int)", "max_jobs", 1, 100000),
     ("SELECT pgq.prune(max_jobs => %s::int)", "max_jobs", 1, 1000000),
     ("SELECT pgq.configure_queue('q', max_attempts => %s::int)", "max_attempts", 1, 10000),
 ]

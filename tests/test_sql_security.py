@@ -35,6 +35,7 @@ API: dict[str, tuple[str, set[str]]] = {
     "mark_unknown": ("SELECT pgq.mark_unknown(1, 1, 'n')", WORKER),
     "progress": ("SELECT pgq.progress(1, 1, '{}')", WORKER),
     "sweep": ("SELECT pgq.sweep()", WORKER),
+    "settle_dependencies": ("SELECT pgq.settle_dependencies()", WORKER),
     "dependency_results": ("SELECT * FROM pgq.dependency_results(1, 1)", WORKER),
     "batch_open": ("SELECT pgq.batch_open('q', 'k')", PRODUCER),
     "batch_close": ("SELECT pgq.batch_close(1)", PRODUCER),
@@ -87,7 +88,9 @@ TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "t
           "fence": "timeline", "grants": "queue",
           "finished_counts": "total", "finished_deltas": "queue", "key_limits": "key", "key_rates": "key",
           "key_slots": "slot", "rate_buckets": "rate", "job_dependants": "job_id", "batches": "run_when",
-          "batch_counts": "done", "batch_members": "job_id", "unique_successors": "unique_key"}
+          "batch_counts": "done", "batch_members": "job_id", "unique_successors": "unique_key",
+          "replace_slots": "unique_key", "overlap_checks": "login", "cascade_backlog": "login",
+          "cascade_budgets": "budget", "dependency_checks": "job_id", "dependency_backlog": "job_id"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:
@@ -259,6 +262,7 @@ def scenario(c: psycopg.Connection, su: psycopg.Connection, queue: str) -> list[
     out.append(claimed())
     su.execute("UPDATE pgq.jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (d,))
     out.append(one(c, "SELECT pgq.sweep()"))
+    out.append(one(c, "SELECT pgq.settle_dependencies()"))
     out.append(claimed())
     out.append(one(c, "SELECT pgq.release(%s, 3)", (d,)))
     out.append(claimed())

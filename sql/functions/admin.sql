@@ -373,10 +373,10 @@ BEGIN
         RETURNING b.id
     )
     DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id;
-    -- Replace calls' successors (pgq._replace) that are no longer live: their key needs none.
-    DELETE FROM pgq.unique_successors AS s
-    WHERE (s.queue, s.unique_key) IN (
-        SELECT x.queue, x.unique_key FROM pgq.unique_successors AS x
+    -- Replace calls' successors (pgq._replace_key) that are no longer live: their key needs none.
+    DELETE FROM pgq.replace_slots AS s
+    WHERE (s.queue, s.unique_key, s.enqueued_by) IN (
+        SELECT x.queue, x.unique_key, x.enqueued_by FROM pgq.replace_slots AS x
         WHERE NOT EXISTS (SELECT FROM pgq.jobs AS j
                           WHERE j.id = x.job_id AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown'))
         LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);

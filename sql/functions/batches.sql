@@ -181,9 +181,9 @@ BEGIN
             END IF;
         END IF;
     END IF;
-    -- Inside a claim's or a sweep's recovery of expired leases (its dependency budget is 0), a
-    -- batch row another transaction holds is left to the sweep: a claim never waits.
-    PERFORM pgq._finish_batch(_batch_member_ended.batch, current_setting('pgq.dependency_budget', true) = '0');
+    -- Inside a claim's or a sweep's recovery of expired leases (pgq._recovering()), a batch row
+    -- another transaction holds is left to the sweep: a claim never waits.
+    PERFORM pgq._finish_batch(_batch_member_ended.batch, pgq._recovering());
 END
 $$;
 

@@ -49,8 +49,8 @@ BEGIN
     ELSIF _check_on_conflict.on_conflict NOT IN ('keep', 'replace') THEN
         PERFORM pgq._bad_argument('on_conflict',
             format('must be ''keep'' or ''replace'', got %s', left(quote_literal(_check_on_conflict.on_conflict), 40)),
-            'keep: the live job that holds unique_key is the answer; replace: a holder that has not '
-            'started takes the new payload, run_at, priority, meta and max_attempts.');
+            'keep: the live job that holds unique_key is the answer; replace: a holder this login enqueued '
+            'that has not started takes the new payload, run_at, priority, meta and max_attempts.');
     END IF;
 END
 $$;
@@ -73,7 +73,7 @@ BEGIN
 END
 $$;
 
--- pgq._replace's update of the job it replaces (locked by it): the call's fields, and the event.
+-- pgq._replace_key's update of the job it replaces (locked by it): the call's fields, and the event.
 CREATE OR REPLACE FUNCTION pgq._replace_job(id bigint, attempt integer, state pgq.job_state, queue text,
                                             payload jsonb, run_at timestamptz, priority integer, meta jsonb,
                                             max_attempts integer)
@@ -89,30 +89,50 @@ CREATE OR REPLACE FUNCTION pgq._replace_job(id bigint, attempt integer, state pg
     FROM pgq.queues AS q WHERE q.name = _replace_job.queue AND q.audit;
 $$;
 
--- pgq.enqueue(..., unique_key, on_conflict => 'replace'), before anything is inserted:
+-- Whether the session's login may replace a job enqueued by `enqueued_by`: it enqueued it, or it
+-- is a member of pgq_admin (a job enqueued before 0017, NULL, is an admin's to replace only).
+CREATE OR REPLACE FUNCTION pgq._enqueued_it(enqueued_by text) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$ SELECT coalesce($1 = session_user::text, false) OR pg_has_role(session_user, 'pgq_admin', 'MEMBER') $$;
+
+-- pgq.enqueue(..., unique_key, on_conflict => 'replace'), before anything is inserted. A replace
+-- writes and holds only the caller's own jobs (issue 37): the holder or successor it updates was
+-- enqueued by the caller's login (or the caller is an admin). Against another login's holder it is
+-- a keep: that holder's id is the answer (kept), and nothing is written or locked (an open replace
+-- once hid another producer's job from claims, made its producer's enqueues of the key and an
+-- admin's cancel wait, and rewrote its payload, run_at and max_attempts). A unique key is the
+-- queue's: one live holder, whoever enqueued it, as in Oban, River and graphile-worker; a replace
+-- never adds a second job of the key beside another login's.
 --
--- * The key's live holder has not started (pending, due or not, or waiting): it takes the call's
+-- * The caller's slot of the key is taken first: its login's row of pgq.replace_slots, locked
+--   till commit. The replace calls of one login and key take turns on it; those of other logins
+--   never wait for it.
+-- * The slot's successor, if live, the caller's and not started: it takes the call's fields and its
+--   id is the answer (it is the key's last job to run), whatever the holder's state. One that has
+--   started, or that another transaction holds, is waited for by the new job (after_ids): the jobs
+--   of one key run one after the other.
+-- * Another login's live holder: a keep (above).
+-- * The caller's holder that has not started (pending, due or not, or waiting): it takes the call's
 --   payload, run_at, priority, meta and max_attempts (never below its attempt + 1) and its id is
 --   the answer (replaced_id). Its kind, tenant, concurrency_key, max_run_time, dependencies and
 --   batch stay its own. Its row is locked without waiting (SKIP LOCKED), as a claim locks it: a
 --   claim in flight skips it until this transaction ends, and a holder that a claim (or any other
 --   transaction) holds now counts as started.
--- * The holder has started (running or outcome_unknown): it is left alone, and a new job is
---   enqueued without the key, waiting for the holder (all_ended: it runs once the holder has
---   ended, however): after_ids names the holder, keyed is false. pgq.unique_successors remembers
---   that job; a later replace call, while the job has not started, updates it instead (so a
+-- * The caller's holder that has started (running or outcome_unknown): it is left alone, and a new
+--   job is enqueued without the key, waiting for the holder (all_ended: it runs once the holder has
+--   ended, however): after_ids names the holder, keyed is false. The slot remembers that job; a
+--   later replace call of the login, while the job has not started, updates it instead (so a
 --   debounce enqueues at most one job behind a running one).
 -- * No holder: the new job takes the key (keyed).
--- A successor that has not started is the job updated, whatever the holder's state: it is the
--- key's last job to run. One that has started, or that another transaction holds, is waited for by
--- the new job (after_ids): the jobs of one key run one after the other. Replace calls of one key take turns on its
--- pgq.unique_successors row (locked till commit), so two of them never both enqueue a successor.
 -- Workers never read that table, and no row of a job is waited for: a producer's replace never
--- waits for a worker, and its open transaction holds no worker's job (only a job not started).
--- A 'keep' call does not take that row: it answers with the holder only (not a successor).
-CREATE OR REPLACE FUNCTION pgq._replace(queue text, unique_key text, payload jsonb, run_at timestamptz,
-                                        priority integer, meta jsonb, max_attempts integer,
-                                        OUT replaced_id bigint, OUT after_ids bigint[], OUT keyed boolean)
+-- waits for a worker, and its open transaction holds no worker's job (only its own job not started).
+-- A 'keep' call does not take a slot: it answers with the holder only (not a successor).
+-- (Named _replace_key since 0021: pgq._replace, before, returned no `kept`, and a function's
+-- result type cannot be changed in place.)
+CREATE OR REPLACE FUNCTION pgq._replace_key(queue text, unique_key text, payload jsonb, run_at timestamptz,
+                                            priority integer, meta jsonb, max_attempts integer,
+                                            OUT replaced_id bigint, OUT after_ids bigint[], OUT keyed boolean,
+                                            OUT kept boolean)
     LANGUAGE plpgsql
     AS $$
 #variable_conflict use_column
@@ -121,22 +141,27 @@ DECLARE
     target    record;
     successor bigint;
     succ_busy boolean := false;
+    login     text := session_user;
 BEGIN
+    kept := false;
     LOOP
-        INSERT INTO pgq.unique_successors AS s (queue, unique_key) VALUES (_replace.queue, _replace.unique_key)
-        ON CONFLICT ON CONSTRAINT unique_successors_pkey DO NOTHING;
+        INSERT INTO pgq.replace_slots AS s (queue, unique_key, enqueued_by)
+        VALUES (_replace_key.queue, _replace_key.unique_key, login)
+        ON CONFLICT ON CONSTRAINT replace_slots_pkey DO NOTHING;
         EXIT WHEN FOUND;  -- ours, new: no successor
-        SELECT s.job_id INTO successor FROM pgq.unique_successors AS s
-        WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key FOR UPDATE;
+        SELECT s.job_id INTO successor FROM pgq.replace_slots AS s
+        WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login
+        FOR UPDATE;
         EXIT WHEN FOUND;  -- else deleted by the call we waited for: insert it again
     END LOOP;
-    -- The successor first, if it is live and has not started: it is the key's last job to run.
+    -- The successor first, if it is live, ours and has not started: it is the key's last job to run.
     IF successor IS NOT NULL THEN
         SELECT j.id, j.state, j.attempt INTO target
-        FROM pgq.jobs AS j WHERE j.id = successor FOR NO KEY UPDATE OF j SKIP LOCKED;
+        FROM pgq.jobs AS j WHERE j.id = successor AND pgq._enqueued_it(j.enqueued_by)
+        FOR NO KEY UPDATE OF j SKIP LOCKED;
         IF target.id IS NOT NULL AND target.state IN ('waiting', 'pending') THEN
-            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace.queue, _replace.payload,
-                                     _replace.run_at, _replace.priority, _replace.meta, _replace.max_attempts);
+            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace_key.queue, _replace_key.payload,
+                                     _replace_key.run_at, _replace_key.priority, _replace_key.meta, _replace_key.max_attempts);
             replaced_id := target.id;
             RETURN;
         END IF;
@@ -146,19 +171,30 @@ BEGIN
                                                       AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown'));
     END IF;
     LOOP
-        SELECT j.id, j.state INTO holder
+        SELECT j.id, j.state, j.enqueued_by INTO holder
         FROM pgq.jobs AS j
-        WHERE j.queue = _replace.queue AND j.unique_key = _replace.unique_key
+        WHERE j.queue = _replace_key.queue AND j.unique_key = _replace_key.unique_key
           AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
+        IF holder.id IS NOT NULL AND NOT pgq._enqueued_it(holder.enqueued_by) THEN
+            -- Another login's holder: a keep. The slot stays only for a successor of ours in flight.
+            IF NOT succ_busy THEN
+                DELETE FROM pgq.replace_slots AS s
+                WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login;
+            END IF;
+            replaced_id := holder.id;
+            kept := true;
+            RETURN;
+        END IF;
         EXIT WHEN holder.id IS NULL OR holder.state IN ('running', 'outcome_unknown');
         SELECT j.id, j.state, j.attempt INTO target
         FROM pgq.jobs AS j WHERE j.id = holder.id FOR NO KEY UPDATE OF j SKIP LOCKED;
         IF target.id IS NOT NULL AND target.state IN ('waiting', 'pending') THEN
-            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace.queue, _replace.payload,
-                                     _replace.run_at, _replace.priority, _replace.meta, _replace.max_attempts);
+            PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace_key.queue, _replace_key.payload,
+                                     _replace_key.run_at, _replace_key.priority, _replace_key.meta, _replace_key.max_attempts);
             IF NOT succ_busy THEN
                 -- The key needs no successor.
-                DELETE FROM pgq.unique_successors AS s WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key;
+                DELETE FROM pgq.replace_slots AS s
+                WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login;
             END IF;
             replaced_id := target.id;
             RETURN;
@@ -181,7 +217,8 @@ BEGIN
     END IF;
     -- No holder: the new job takes the key (after a busy successor).
     keyed := true;
-    DELETE FROM pgq.unique_successors AS s WHERE s.queue = _replace.queue AND s.unique_key = _replace.unique_key;
+    DELETE FROM pgq.replace_slots AS s
+    WHERE s.queue = _replace_key.queue AND s.unique_key = _replace_key.unique_key AND s.enqueued_by = login;
 END
 $$;
 
@@ -257,13 +294,14 @@ BEGIN
     IF enqueue.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue.batch);
     END IF;
-    -- on_conflict 'replace' (pgq._replace): a holder that has not started takes this call's fields;
-    -- behind one that has, the new job waits for it, without the key.
+    -- on_conflict 'replace' (pgq._replace_key): a holder of this login's that has not started takes this
+    -- call's fields; behind one that has, the new job waits for it, without the key; another
+    -- login's holder is the answer, as for 'keep'.
     IF enqueue.on_conflict = 'replace' AND enqueue.unique_key IS NOT NULL THEN
-        r := pgq._replace(enqueue.queue, enqueue.unique_key, enqueue.payload, enqueue.run_at, enqueue.priority,
+        r := pgq._replace_key(enqueue.queue, enqueue.unique_key, enqueue.payload, enqueue.run_at, enqueue.priority,
                           enqueue.meta, coalesce(enqueue.max_attempts, q.max_attempts));
         IF r.replaced_id IS NOT NULL THEN
-            IF q.notify AND enqueue.run_at <= pgq._now() THEN
+            IF NOT r.kept AND q.notify AND enqueue.run_at <= pgq._now() THEN
                 PERFORM pg_notify('pgq', enqueue.queue);
             END IF;
             RETURN r.replaced_id;
@@ -338,9 +376,9 @@ BEGIN
         END LOOP;
     END IF;
     IF job_key IS NULL AND enqueue.unique_key IS NOT NULL THEN
-        -- The successor behind a started holder (pgq._replace): later replace calls update it.
-        UPDATE pgq.unique_successors AS s SET job_id = new_id
-        WHERE s.queue = enqueue.queue AND s.unique_key = enqueue.unique_key;
+        -- The successor behind a started holder (pgq._replace_key): later replace calls update it.
+        UPDATE pgq.replace_slots AS s SET job_id = new_id
+        WHERE s.queue = enqueue.queue AND s.unique_key = enqueue.unique_key AND s.enqueued_by = session_user;
     END IF;
 
     IF enqueue.batch IS NOT NULL THEN
@@ -362,7 +400,8 @@ $$;
 COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text) IS
     'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it '
     '(on_conflict keep), or replaces its payload, run_at, priority, meta and max_attempts if it has '
-    'not started (replace; behind a started holder a new job waits for it). '
+    'not started and the caller''s login enqueued it (replace; behind such a started holder a new job '
+    'waits for it; another login''s holder is kept). '
     'meta: a JSON object (or NULL) kept with the job and returned by pgq.claim. depends_on: the job '
     'waits until those jobs are done (dependency_mode all_done: cancelled if one fails or is cancelled) '
     'or have ended however (all_ended). batch: joins that open batch. notify_finished: its end '

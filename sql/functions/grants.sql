@@ -37,6 +37,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.progress(bigint, integer, jsonb),
     pgq.dependency_results(bigint, integer, integer, bigint),
     pgq.sweep(integer),
+    pgq.settle_dependencies(integer),
     pgq.rate_limit_wait(text[])
     TO pgq_worker;
 

@@ -111,9 +111,29 @@ END
 $$;
 COMMENT ON FUNCTION pgq.get_job(bigint) IS 'The job row; P0002 when there is no such job.';
 
+-- Who reads a job's outcome, the one rule of every result read (pgq.job_result, and through the
+-- producer that named it pgq.dependency_results), decided at the time of the read: whether the
+-- login `who` may read the outcome of a job of `queue` (whose queues.restricted is `restricted`)
+-- that `enqueued_by` enqueued. It enqueued it; or it is a member of pgq_admin; or it reads the
+-- queue: on a queue without read grants, as a member of pgq_monitor; on one with them, as a member
+-- of a role granted read or claim there. A login that no longer exists reads nothing.
+CREATE OR REPLACE FUNCTION pgq._reads_result(who text, queue text, restricted text[], enqueued_by text)
+    RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(_reads_result.enqueued_by = _reads_result.who, false)
+        OR coalesce((SELECT pg_has_role(r.oid, 'pgq_admin', 'MEMBER')
+                            OR CASE WHEN 'read' = ANY (coalesce(_reads_result.restricted, '{}'))
+                                    THEN EXISTS (SELECT FROM pgq.grants AS g
+                                                 WHERE g.queue = _reads_result.queue AND g.privilege IN ('read', 'claim')
+                                                   AND pg_has_role(r.oid, g.role, 'MEMBER'))
+                                    ELSE pg_has_role(r.oid, 'pgq_monitor', 'MEMBER') END
+                     FROM pg_catalog.pg_roles AS r WHERE r.rolname = _reads_result.who), false)
+$$;
+
 -- The outcome of one job, for the login that enqueued it, admins, and logins whose read grants
--- admit its queue (monitors, for a queue without read grants); P0002 for anyone else, as for an
--- unknown id. Not finished yet: its state, and NULLs.
+-- admit its queue (monitors, for a queue without read grants): pgq._reads_result. P0002 for anyone
+-- else, as for an unknown id. Not finished yet: its state, and NULLs.
 CREATE OR REPLACE FUNCTION pgq.job_result(id bigint)
     RETURNS TABLE (state text, result jsonb, last_error text, finished_at timestamptz)
     LANGUAGE plpgsql STABLE
@@ -132,12 +152,7 @@ BEGIN
     IF FOUND THEN
         restricted := (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = job.queue);
     END IF;
-    IF NOT FOUND
-       OR NOT (job.enqueued_by = session_user
-               OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')
-               OR (pgq._may(job.queue, restricted, 'read')
-                   AND ('read' = ANY (coalesce(restricted, '{}'))
-                        OR pg_has_role(session_user, 'pgq_monitor', 'MEMBER')))) THEN
+    IF NOT FOUND OR NOT pgq._reads_result(session_user, job.queue, restricted, job.enqueued_by) THEN
         RAISE EXCEPTION 'pgq: no job with id %', job_result.id
             USING ERRCODE = 'no_data_found',
                   HINT = 'A job''s result is read by the login that enqueued it, by admins and by readers of its queue.';

@@ -467,8 +467,11 @@ COMMENT ON FUNCTION pgq.progress(bigint, integer, jsonb) IS
 
 -- The results of the caller's own running job's dependencies (its inputs), in dependency id order,
 -- those with ids above after_id, at most limit_rows: paged by the last dependency_id. Fenced like
--- pgq.progress (the attempt, the login); a caller that does not own the attempt gets 55000. A
--- dependency pruned since has a NULL state.
+-- pgq.progress (the attempt, the login); a caller that does not own the attempt gets 55000. Each
+-- dependency is read by the rule of pgq.job_result at the time of the read (pgq._reads_result):
+-- one that job_result answers the caller, or answers the job's producer (the login that named it)
+-- while the caller's read grants admit its queue; any other answers as one pruned since, with a
+-- NULL state (issue 37: the grants were checked at the enqueue only).
 CREATE OR REPLACE FUNCTION pgq.dependency_results(id bigint, attempt integer, limit_rows integer DEFAULT 100,
                                                   after_id bigint DEFAULT NULL)
     RETURNS TABLE (dependency_id bigint, state text, result jsonb, last_error text, finished_at timestamptz)
@@ -479,7 +482,8 @@ CREATE OR REPLACE FUNCTION pgq.dependency_results(id bigint, attempt integer, li
     AS $$
 #variable_conflict use_column
 DECLARE
-    deps bigint[];
+    deps     bigint[];
+    producer text;
 BEGIN
     PERFORM pgq._check_fence(dependency_results.id, dependency_results.attempt);
     IF dependency_results.limit_rows IS NULL OR dependency_results.limit_rows NOT BETWEEN 1 AND 1000 THEN
@@ -487,7 +491,7 @@ BEGIN
             format('must be between 1 and 1000, got %s', coalesce(dependency_results.limit_rows::text, 'NULL')),
             'Page with after_id => the last dependency_id of the previous page.');
     END IF;
-    SELECT j.depends_on INTO deps FROM pgq.jobs AS j
+    SELECT j.depends_on, j.enqueued_by INTO deps, producer FROM pgq.jobs AS j
     WHERE j.id = dependency_results.id AND j.attempt = dependency_results.attempt AND j.state = 'running'
       AND pgq._owns(j.session_role);
     IF NOT FOUND THEN
@@ -501,8 +505,12 @@ BEGIN
     FROM (SELECT x.id FROM unnest(deps) AS x(id)
           WHERE x.id > coalesce(dependency_results.after_id, 0)
           ORDER BY x.id LIMIT dependency_results.limit_rows) AS d
-    LEFT JOIN LATERAL (SELECT y.state, y.result, y.last_error, y.finished_at FROM pgq.jobs AS y
-                       WHERE y.id = d.id) AS j ON true
+    LEFT JOIN LATERAL (SELECT y.state, y.result, y.last_error, y.finished_at
+                       FROM pgq.jobs AS y JOIN pgq.queues AS q ON q.name = y.queue
+                       WHERE y.id = d.id
+                         AND (pgq._reads_result(session_user, y.queue, q.restricted, y.enqueued_by)
+                              OR pgq._may(y.queue, q.restricted, 'read')
+                                 AND pgq._reads_result(producer, y.queue, q.restricted, y.enqueued_by))) AS j ON true
     ORDER BY d.id;
 END
 $$;

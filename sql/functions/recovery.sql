@@ -12,18 +12,17 @@
 -- drive the UPDATE from jobs_lease_idx instead of the locked ids, and with statistics that say
 -- few jobs are running it did, reading every expired lease once per recovered job (1.5 s for a
 -- sweep(1000) over 2,850 expired leases, growing with their square).
--- The ends of a recovery move no dependant on (this transaction's dependency budget is 0 meanwhile:
--- they go to pgq.dependency_backlog): a claim never works for, nor waits on, the dependency graph,
--- and the sweep's backlog step takes them after its recovery.
+-- The ends of a recovery move no dependant on (the transaction is marked recovering meanwhile, in
+-- its cascade state, pgq._set_recovering: its dependency budget is 0 and they go to
+-- pgq.cascade_backlog): a claim never works for, nor waits on, the dependency graph, and the
+-- sweep's backlog step takes them after its recovery.
 CREATE OR REPLACE FUNCTION pgq._recover_expired(max_jobs integer)
     RETURNS TABLE (queue text, recovered bigint)
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
     AS $$
-DECLARE
-    budget text := current_setting('pgq.dependency_budget', true);
 BEGIN
-    PERFORM set_config('pgq.dependency_budget', '0', true);
+    PERFORM pgq._set_recovering(true);
     RETURN QUERY
     WITH expired AS (
         SELECT j.id, j.attempt
@@ -56,7 +55,20 @@ BEGIN
         WHERE r.audit
     )
     SELECT r.queue, count(*) FROM recovered AS r GROUP BY r.queue;
-    PERFORM set_config('pgq.dependency_budget', coalesce(budget, ''), true);
+    PERFORM pgq._set_recovering(false);
+END
+$$;
+
+-- pgq.sweep's and pgq.settle_dependencies' max_jobs: 1 to 100000 (22004 / 22023 otherwise).
+CREATE OR REPLACE FUNCTION pgq._check_max_jobs(max_jobs integer) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_max_jobs.max_jobs IS NULL THEN
+        PERFORM pgq._bad_argument('max_jobs', 'must not be NULL');
+    ELSIF _check_max_jobs.max_jobs NOT BETWEEN 1 AND 100000 THEN
+        PERFORM pgq._bad_argument('max_jobs', format('must be between 1 and 100000, got %s', _check_max_jobs.max_jobs));
+    END IF;
 END
 $$;
 
@@ -71,11 +83,7 @@ DECLARE
     total integer := 0;
     r record;
 BEGIN
-    IF sweep.max_jobs IS NULL THEN
-        PERFORM pgq._bad_argument('max_jobs', 'must not be NULL');
-    ELSIF sweep.max_jobs NOT BETWEEN 1 AND 100000 THEN
-        PERFORM pgq._bad_argument('max_jobs', format('must be between 1 and 100000, got %s', sweep.max_jobs));
-    END IF;
+    PERFORM pgq._check_max_jobs(sweep.max_jobs);
     FOR r IN SELECT x.queue, x.recovered FROM pgq._recover_expired(sweep.max_jobs) AS x LOOP
         total := total + r.recovered;
         IF (SELECT q.notify FROM pgq.queues AS q WHERE q.name = r.queue) THEN
@@ -85,10 +93,13 @@ BEGIN
     IF EXISTS (SELECT FROM pgq.schedules AS s WHERE s.enabled AND s.next_run_at <= pgq._now()) THEN
         PERFORM pgq._fire_schedules(sweep.max_jobs);
     END IF;
-    -- Dependencies: the checks of enqueues that may have overlapped an end (cheap: up to ten per
-    -- job of max_jobs), then up to max_jobs dependants of the backlog (pgq.dependency_backlog).
-    PERFORM pgq._settle_checks(least(10 * sweep.max_jobs, 100000));
-    PERFORM pgq._work_backlog(sweep.max_jobs);
+    -- Dependencies: what pgq.settle_dependencies(max_jobs) does, after taking over what is left in
+    -- the tables of before 0021.
+    IF EXISTS (SELECT FROM pgq.dependency_checks) OR EXISTS (SELECT FROM pgq.dependency_backlog)
+       OR EXISTS (SELECT FROM pgq.unique_successors) THEN
+        PERFORM pgq._adopt_legacy(sweep.max_jobs);
+    END IF;
+    PERFORM pgq._settle_dependencies(sweep.max_jobs);
     -- Batches: the next steps of cancelled batches' cancellation, and the callbacks of sealed
     -- batches whose last members ended side by side (pgq._settle_batches).
     IF EXISTS (SELECT FROM pgq.batches AS b WHERE b.sealed_at IS NOT NULL AND b.callback_job_id IS NULL)
@@ -104,6 +115,53 @@ BEGIN
     RETURN total;
 END
 $$;
+-- pgq.sweep's and pgq.settle_dependencies' work on the graph: the checks of enqueues that may have
+-- overlapped an end (cheap: up to ten per job of max_jobs), then up to max_jobs dependants of the
+-- backlog (pgq.cascade_backlog), both shared fairly among logins, never waiting; then up to ten
+-- per job of max_jobs rows of ended transactions' cascade state. Each table is looked at only when
+-- it has a row (one index probe each). Returns how many dependants it moved on.
+CREATE OR REPLACE FUNCTION pgq._settle_dependencies(max_jobs integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    AS $$
+DECLARE
+    moved integer := 0;
+BEGIN
+    IF EXISTS (SELECT FROM pgq.overlap_checks) THEN
+        PERFORM pgq._settle_checks(least(10 * _settle_dependencies.max_jobs, 100000));
+    END IF;
+    IF EXISTS (SELECT FROM pgq.cascade_backlog) THEN
+        moved := pgq._work_backlog(_settle_dependencies.max_jobs);
+    END IF;
+    IF EXISTS (SELECT FROM pgq.cascade_budgets) THEN
+        PERFORM pgq._forget_cascades(least(10 * _settle_dependencies.max_jobs, 100000));
+    END IF;
+    RETURN moved;
+END
+$$;
+
+-- Settles what enqueues and ends that overlapped left (a dependant whose enqueue was in flight
+-- while its dependency ended is released, or cancelled, here, once both have committed), and
+-- moves up to max_jobs dependants of the backlog on; fair among logins, bounded, never waiting.
+-- A worker calls it every poll (about once a second): with nothing to do it is three index
+-- probes. Returns how many dependants it moved on.
+CREATE OR REPLACE FUNCTION pgq.settle_dependencies(max_jobs integer DEFAULT 100)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET jit = off
+    AS $$
+BEGIN
+    PERFORM pgq._check_max_jobs(settle_dependencies.max_jobs);
+    RETURN pgq._settle_dependencies(settle_dependencies.max_jobs);
+END
+$$;
+COMMENT ON FUNCTION pgq.settle_dependencies(integer) IS
+    'Releases (or cancels) the dependants whose enqueue overlapped their dependency''s end, once both '
+    'committed, and moves up to max_jobs dependants of the backlog on, fairly among logins, never '
+    'waiting; a worker calls it every poll. Returns how many dependants it moved on.';
+
 COMMENT ON FUNCTION pgq.sweep(integer) IS
     'Recovers up to max_jobs running jobs whose lease expired or whose attempt timed out (returns '
     'how many), fires up to max_jobs due schedules, moves up to max_jobs waiting dependants on, and '
