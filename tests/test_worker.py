@@ -247,6 +247,31 @@ def test_a_job_of_a_kind_without_handler_waits_untouched_for_a_worker_that_has_o
     assert (row["state"], row["attempt"], row["claimed_by"], row["result"]) == ("done", 1, "new", {"solved": True})
 
 
+def test_a_dependant_whose_enqueue_overlapped_its_dependencys_end_runs_without_waiting_for_a_sweep(
+        dsn: str, conn: psycopg.Connection) -> None:
+    """Issue 37: the README's workflow pattern (the dependant enqueued in its own call after its
+    dependency) raced with the dependency's end: neither transaction saw the other, and the
+    release waited for a sweep (30 s by default). The worker settles such overlaps about once a
+    second (pgq.settle_dependencies); here its sweeps are off, so only that releases it."""
+    dependency = enqueue(conn, "first", queue="deps")
+    attempt = one(conn, "SELECT attempt FROM pgq.claim('w', ARRAY['deps'])")
+    with psycopg.connect(dsn) as ender, psycopg.connect(dsn) as producer:
+        ender.execute("SELECT pgq.complete(%s, %s)", (dependency, attempt))
+        dependant = one(producer, "SELECT pgq.enqueue('default', 'after', depends_on => %s)", ([dependency],))
+        ender.commit()
+        producer.commit()
+    assert (job(conn, dependency)["state"], job(conn, dependant)["state"]) == ("done", "waiting")
+
+    worker = fast_worker(sweep_interval=0)
+
+    @worker.handler("after")
+    def after(job: Job, ctx: JobContext) -> None:
+        return None
+
+    with running(worker, dsn):
+        wait_for(lambda: job(conn, dependant)["state"] == "done", "the worker to settle the overlap and run it")
+
+
 def test_a_worker_without_handlers_claims_nothing(dsn: str, conn: psycopg.Connection,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="pgq_thin.worker")

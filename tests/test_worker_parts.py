@@ -16,7 +16,7 @@ import pytest
 
 from pgq_thin import Client, ConnectionLost, Job, PermissionDenied
 from pgq_thin.worker import JobContext, OutcomeUnknown, Retry, Snooze, outcomes
-from pgq_thin.worker.claimer import ClaimNudge, PollTimer
+from pgq_thin.worker.claimer import SETTLE_MAX, ClaimNudge, PollTimer
 from pgq_thin.worker.held import Held, HeldJobs, Verdict
 from pgq_thin.worker.listener import concerns
 from pgq_thin.worker.prefetch import AUTO_PREFETCH_DEEP, AUTO_PREFETCH_MAX, PrefetchPolicy
@@ -254,7 +254,12 @@ def test_an_idle_claimer_backs_off_to_the_poll_interval_without_listen_and_polls
         PollTimer(1.0, 0).claim_failed(PermissionDenied("permission denied for function claim", "42501"), "w")
     assert 0.1 <= PollTimer(1.0, 0).claim_failed(ConnectionLost("server closed the connection"), "w") <= 0.2
     timer = PollTimer(poll_interval=1.0, sweep_interval=0)
-    assert not timer.sweep_due() and timer.until(5.0) == 5.0  # no sweeps: nothing cuts a wait short
+    assert not timer.sweep_due() and not timer.settle_due()
+    assert 0.5 <= timer.until(5.0) <= 1.2  # no sweeps: only the next settle call cuts a wait short
+    timer.settled(None)  # a database without pgq.settle_dependencies: nothing does
+    assert timer.until(5.0) == 5.0
+    timer.swept()
+    assert timer.until(5.0) == 5.0
     without = [timer.claimed(0, 4, "w", listening=False) for _ in range(10)]
     assert without[0] <= 0.05 and without[-1] >= 0.5 and max(without) <= 1.0
     assert all(0.8 <= timer.claimed(0, 4, "w", listening=True) <= 1.0 for _ in range(20))
@@ -262,6 +267,12 @@ def test_an_idle_claimer_backs_off_to_the_poll_interval_without_listen_and_polls
     assert timer.claimed(0, 4, "w", listening=False) <= 0.05  # ...and the idle backoff starts over
     swept = PollTimer(poll_interval=1.0, sweep_interval=0.2)
     assert swept.until(5.0) <= 0.24
+    slow = PollTimer(poll_interval=4.0, sweep_interval=0)  # settles no more often than it polls
+    assert 3.0 <= slow.until(10.0) <= 4.8
+    slow.settled(SETTLE_MAX)  # it moved as many as it may: settle again at once
+    assert slow.settle_due() and slow.until(10.0) == 0.0
+    slow.settled(3)
+    assert not slow.settle_due()
 
 
 def test_the_database_clock_measures_leases_by_the_servers_time() -> None:

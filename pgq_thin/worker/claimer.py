@@ -1,7 +1,9 @@
 """The claimer: THE CLAIM LOOP. It claims as many jobs as the prefetch policy allows (free slots,
 plus places for jobs that wait for a slot) with pgq.claim, hands them to the slots, sweeps now and
 then (pgq.sweep), and sleeps until woken (a NOTIFY, a freed slot, its completions committed after
-a short claim, stop) or the next poll. After a claim that came back short, a small claim carries
+a short claim, stop) or the next poll. About once a second it settles the dependants whose enqueue
+overlapped their dependencies' ends (pgq.settle_dependencies), so a workflow's next job starts within
+a second of both commits rather than at the next sweep. After a claim that came back short, a small claim carries
 the completions queued meanwhile: with some, it is one pgq.complete_and_claim (one round trip, one
 commit; the claim sees them, so a key that one of them frees is claimable at once); see
 Claimer.carries, and pgq_thin.worker.completer for who sends what.
@@ -37,7 +39,8 @@ from pgq_thin.worker.slots import AsyncSlots
 from pgq_thin.worker.support import Backoff, Delay, Flags, jitter, log, transient
 from pgq_thin.worker.waits import Wakeup, watch
 
-__all__ = ["WAKE_BURST", "WAKE_RATE", "AsyncClaimer", "ClaimNudge", "PollTimer", "WakeLimit"]
+__all__ = ["SETTLE_INTERVAL", "SETTLE_MAX", "WAKE_BURST", "WAKE_RATE", "AsyncClaimer", "ClaimNudge", "PollTimer",
+           "WakeLimit"]
 
 #: SQLSTATE undefined_function: a database whose schema is older than this pgq-thin (no
 #: pgq.complete_and_claim yet; docs/upgrading.md: migrate first, then the workers).
@@ -48,6 +51,15 @@ UNDEFINED_FUNCTION = "42883"
 #: of notifications naming our queue would otherwise become a flood of empty claims.
 WAKE_RATE = 100.0
 WAKE_BURST = 10
+
+#: How often (jittered; poll_interval when that is longer) the claim loop calls
+#: pgq.settle_dependencies: a dependant whose enqueue overlapped its dependency's end (neither
+#: transaction saw the other) is released by the first call after both committed. With nothing to
+#: settle a call costs the server about 12 µs.
+SETTLE_INTERVAL = 1.0
+#: Dependants one call moves at most (its max_jobs); a call that moved that many is followed by
+#: another at once.
+SETTLE_MAX = 100
 
 
 class WakeLimit:
@@ -75,8 +87,9 @@ class PollTimer:
     """How long an idle claimer sleeps when a claim found nothing: while LISTEN works, about
     ``poll_interval`` (jittered; a NOTIFY wakes it sooner); without it, backing off from quick
     retries to poll_interval. And when the next sweep is due (``sweep_interval`` jittered; <= 0:
-    never; none at start: every claim recovers expired leases first). ``pace``: the wait for the
-    rate limits of ``queues`` (RatePace)."""
+    never; none at start: every claim recovers expired leases first), and the next
+    pgq.settle_dependencies (every SETTLE_INTERVAL, or poll_interval when that is longer, jittered).
+    ``pace``: the wait for the rate limits of ``queues`` (RatePace)."""
 
     def __init__(self, poll_interval: float, sweep_interval: float, queues: Sequence[str] | None = None) -> None:
         self.poll_interval = poll_interval
@@ -86,15 +99,36 @@ class PollTimer:
         self.wakes = WakeLimit()
         self.pace = RatePace(queues)
         self.next_sweep = math.inf
+        self.next_settle = math.inf
+        self.settling = True  # False once the database turned out to have no pgq.settle_dependencies
+        # (no more often than the worker polls: a wait it cuts short ends in a claim)
+        self.settle_interval = max(SETTLE_INTERVAL, poll_interval)
         self.short = False  # whether the last claim took fewer jobs than it asked for
         self.swept()
 
     def swept(self) -> None:
         self.next_sweep = (time.monotonic() + jitter(self.sweep_interval) if self.sweep_interval > 0
                            else math.inf)
+        self.settled(0)  # a sweep settles what a settle call would
 
     def sweep_due(self) -> bool:
         return time.monotonic() >= self.next_sweep
+
+    def settled(self, moved: int | None) -> None:
+        """After a pgq.settle_dependencies that moved ``moved`` dependants: the next one at once
+        when it moved as many as it may (more may wait), else in about SETTLE_INTERVAL; None: never
+        again (the database has no such function: its schema is older than this pgq-thin)."""
+        if moved is None:
+            self.settling = False
+        if not self.settling:
+            self.next_settle = math.inf
+        elif moved and moved >= SETTLE_MAX:
+            self.next_settle = time.monotonic()
+        else:
+            self.next_settle = time.monotonic() + jitter(self.settle_interval)
+
+    def settle_due(self) -> bool:
+        return time.monotonic() >= self.next_settle
 
     def claim_failed(self, exc: PgqError, worker_name: str) -> float:
         """How long to wait after a claim that raised ``exc`` (an error retrying cannot fix is
@@ -123,8 +157,8 @@ class PollTimer:
         return min(self.poll_interval, jitter(self.poll_interval)) if listening else self.idle.next()
 
     def until(self, wait: float) -> float:
-        """``wait``, cut short by the next sweep."""
-        return max(0.0, min(wait, self.next_sweep - time.monotonic()))
+        """``wait``, cut short by the next sweep or settle call."""
+        return max(0.0, min(wait, min(self.next_sweep, self.next_settle) - time.monotonic()))
 
 
 class Settable(Protocol):
@@ -210,6 +244,8 @@ class AsyncClaimer:
                     await self.sweep()
                     timer.swept()
                     continue  # look at the stop flag again: the sweep may have waited for a connection
+                if timer.settle_due():
+                    timer.settled(await self.settle())
                 batch = policy.claim_size(slots.assigned)
                 if batch == 0:  # every place taken: a finishing job wakes us (and, if that makes
                     # us claim, its completion goes with the claim)
@@ -287,6 +323,17 @@ class AsyncClaimer:
             return await self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
         completer.settled(carried, answer.completed)
         return answer.jobs
+
+    async def settle(self) -> int | None:
+        """pgq.settle_dependencies: how many dependants it moved (0 when it failed; None when the
+        database has none: its schema is older than this pgq-thin)."""
+        try:
+            return await self.client.settle_dependencies(max_jobs=SETTLE_MAX)
+        except PgqError as exc:
+            if exc.sqlstate == UNDEFINED_FUNCTION:
+                return None
+            log.debug("could not settle dependencies (%s)", exc, extra={"worker": self.name})
+            return 0
 
     async def rate_waits(self) -> Mapping[str, timedelta]:
         """pgq.rate_limit_wait for our queues ({} when it fails: then we know of no rate limit)."""

@@ -12,7 +12,7 @@ from datetime import timedelta
 from pgq_thin.client import Client
 from pgq_thin.errors import PgqError
 from pgq_thin.models import Job
-from pgq_thin.worker.claimer import UNDEFINED_FUNCTION, ClaimNudge, PollTimer
+from pgq_thin.worker.claimer import SETTLE_MAX, UNDEFINED_FUNCTION, ClaimNudge, PollTimer
 from pgq_thin.worker.completer import CARRY_MAX, carries
 from pgq_thin.worker.context import JobContext
 from pgq_thin.worker.held import HeldJobs
@@ -68,6 +68,8 @@ class Claimer:
                     self.sweep()
                     timer.swept()
                     continue  # look at the stop flag again: the sweep may have waited for a connection
+                if timer.settle_due():
+                    timer.settled(self.settle())
                 batch = policy.claim_size(slots.assigned)
                 if batch == 0:  # every place taken: a finishing job wakes us (and, if that makes
                     # us claim, its completion goes with the claim)
@@ -145,6 +147,17 @@ class Claimer:
             return self.client.claim(self.name, self.queues, batch=batch, lease=self.lease, kinds=self.kinds)
         completer.settled(carried, answer.completed)
         return answer.jobs
+
+    def settle(self) -> int | None:
+        """pgq.settle_dependencies: how many dependants it moved (0 when it failed; None when the
+        database has none: its schema is older than this pgq-thin)."""
+        try:
+            return self.client.settle_dependencies(max_jobs=SETTLE_MAX)
+        except PgqError as exc:
+            if exc.sqlstate == UNDEFINED_FUNCTION:
+                return None
+            log.debug("could not settle dependencies (%s)", exc, extra={"worker": self.name})
+            return 0
 
     def rate_waits(self) -> Mapping[str, timedelta]:
         """pgq.rate_limit_wait for our queues ({} when it fails: then we know of no rate limit)."""
