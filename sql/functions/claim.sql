@@ -358,6 +358,13 @@ BEGIN
 END
 $$;
 
+-- Whether a job has expired: its start_by has passed before its first claim, or its expires_at has
+-- passed (enqueue's start_by and max_lifetime). One expression, inlined where it is used.
+CREATE OR REPLACE FUNCTION pgq._expired(attempt integer, start_by timestamptz, expires_at timestamptz)
+    RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$ SELECT coalesce(least(CASE WHEN $1 = 0 THEN $2 END, $3) <= pgq._now(), false) $$;
+
 -- The pick and the lease, in one statement: for each eligible queue (`names`, in name order, with
 -- the room each has, and whether it is fair or takes the per-key step), its first claimable jobs
 -- in index order, per kind when the worker named its kinds; with the fair and key-limited queues'
@@ -374,13 +381,15 @@ BEGIN
     RETURN QUERY
     WITH picked AS (
         -- For each eligible queue, its first claimable jobs in index order (up to its room);
-        -- with the fair queues' picks, the best `batch` of those across queues.
-        SELECT c.id
+        -- with the fair queues' picks, the best `batch` of those across queues. Whether each has
+        -- expired (enqueue's start_by passed before its first claim, or its expires_at), read from
+        -- the row the pick reads anyway: such a job is set aside below, never handed out.
+        SELECT c.id, c.expired
         FROM (
-            SELECT c.id, c.priority, c.run_at
+            SELECT c.id, c.priority, c.run_at, c.expired
             FROM unnest(names, rooms, fairs, keyeds) AS e(queue, room, fair, keyed)
             CROSS JOIN LATERAL (
-                SELECT j.id, j.priority, j.run_at
+                SELECT j.id, j.priority, j.run_at, pgq._expired(j.attempt, j.start_by, j.expires_at) AS expired
                 FROM pgq.jobs AS j
                 WHERE j.queue = e.queue
                   AND j.state = 'pending' AND j.attempt < j.max_attempts
@@ -394,11 +403,11 @@ BEGIN
             -- The same per (queue, kind) when the worker named its kinds (each kind once; no
             -- rows for NULL). Inside this one statement: a query of its own would cost a claim
             -- more than the per-kind picks do.
-            SELECT c.id, c.priority, c.run_at
+            SELECT c.id, c.priority, c.run_at, c.expired
             FROM unnest(names, rooms, fairs, keyeds) AS e(queue, room, fair, keyed)
             CROSS JOIN (SELECT DISTINCT w.kind FROM unnest(_lease_jobs.kinds) AS w(kind)) AS k
             CROSS JOIN LATERAL (
-                SELECT j.id, j.priority, j.run_at
+                SELECT j.id, j.priority, j.run_at, pgq._expired(j.attempt, j.start_by, j.expires_at) AS expired
                 FROM pgq.jobs AS j
                 WHERE j.queue = e.queue AND j.kind = k.kind
                   AND j.state = 'pending' AND j.attempt < j.max_attempts
@@ -410,7 +419,8 @@ BEGIN
             WHERE NOT e.fair AND NOT e.keyed
             UNION ALL
             -- The fair and the key-limited queues' picks (pgq._fair_pick, pgq._keyed_pick).
-            SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j WHERE j.id = ANY (_lease_jobs.picked)
+            SELECT j.id, j.priority, j.run_at, pgq._expired(j.attempt, j.start_by, j.expires_at)
+            FROM pgq.jobs AS j WHERE j.id = ANY (_lease_jobs.picked)
         ) AS c
         ORDER BY c.priority DESC, c.run_at, c.id
         LIMIT _lease_jobs.batch
@@ -423,8 +433,8 @@ BEGIN
             attempt_offset = j.attempt_offset + j.attempt_skip,
             attempt_skip = 0,
             lease_until = least(pgq._now() + coalesce(_lease_jobs.lease, q.lease),
-                                pgq._now() + coalesce(j.max_run_time, q.max_run_time)),
-            deadline = pgq._now() + coalesce(j.max_run_time, q.max_run_time),
+                                pgq._now() + coalesce(j.max_run_time, q.max_run_time), j.expires_at),
+            deadline = least(pgq._now() + coalesce(j.max_run_time, q.max_run_time), j.expires_at),
             claimed_by = _lease_jobs.worker,
             claimed_at = pgq._now(),
             session_role = session_user,
@@ -433,10 +443,17 @@ BEGIN
         -- The picked ids as an array: the generic plan then reads them by primary key. Joined
         -- to the CTE instead, it hashed the CTE and read the whole table (every row ever
         -- enqueued and not yet pruned) on every claim.
-        WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p)) AND q.name = j.queue
+        WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p WHERE NOT p.expired)) AND q.name = j.queue
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
                   j.run_at, j.created_at, j.lease_until, j.tenant, j.progress, j.deadline, j.meta,
                   q.audit
+    ), set_aside AS (
+        -- Expired picks leave the claimable jobs (state waiting) for the sweep, which ends them
+        -- (pgq._expire_jobs): an end here would set off its consequences inside the claim. None
+        -- but for jobs enqueued with start_by or max_lifetime (an empty id array: no scan).
+        UPDATE pgq.jobs AS j
+        SET state = 'waiting', last_event = 'expired'
+        WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p WHERE p.expired))
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, _lease_jobs.worker, 'claimed', 'pending', 'running'
