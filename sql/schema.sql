@@ -6780,8 +6780,9 @@ CREATE OR REPLACE FUNCTION pgq.stats()
     ORDER BY q.name
 $$;
 COMMENT ON FUNCTION pgq.stats() IS
-    'One row per queue: jobs by state (pending = due now, scheduled = due later, waiting = for their '
-    'dependencies), expired leases, and the age of the oldest due job.';
+    'One row per queue: jobs by state (pending = due now, scheduled = due later or sleeping, waiting = '
+    'for their dependencies, a signal or the jobs they await), expired leases, and the age of the oldest '
+    'due job.';
 
 -- What an exporter scrapes, one row per queue, at a bounded cost: the claimable pending jobs
 -- through jobs_ready_idx, outcome_unknown through jobs_list_idx, the running ones through
@@ -8230,8 +8231,8 @@ BEGIN
         SET state = CASE WHEN j.expires_at <= pgq._now() THEN 'failed' ELSE 'cancelled' END::pgq.job_state,
             finished_at = pgq._now(), last_event = 'expired',
             last_error = CASE WHEN j.expires_at <= pgq._now()
-                              THEN format('pgq: expired: alive longer than its max_lifetime (%s, since %s)',
-                                          j.expires_at - j.created_at, j.created_at)
+                              THEN format('pgq: expired: alive longer than its max_lifetime (until %s)',
+                                          j.expires_at)
                               ELSE format('pgq: expired: not claimed by its start_by (%s)', j.start_by) END
         FROM due AS d
         WHERE j.id = d.id

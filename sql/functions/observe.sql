@@ -25,8 +25,9 @@ CREATE OR REPLACE FUNCTION pgq.stats()
     ORDER BY q.name
 $$;
 COMMENT ON FUNCTION pgq.stats() IS
-    'One row per queue: jobs by state (pending = due now, scheduled = due later, waiting = for their '
-    'dependencies), expired leases, and the age of the oldest due job.';
+    'One row per queue: jobs by state (pending = due now, scheduled = due later or sleeping, waiting = '
+    'for their dependencies, a signal or the jobs they await), expired leases, and the age of the oldest '
+    'due job.';
 
 -- What an exporter scrapes, one row per queue, at a bounded cost: the claimable pending jobs
 -- through jobs_ready_idx, outcome_unknown through jobs_list_idx, the running ones through

@@ -304,8 +304,8 @@ BEGIN
         SET state = CASE WHEN j.expires_at <= pgq._now() THEN 'failed' ELSE 'cancelled' END::pgq.job_state,
             finished_at = pgq._now(), last_event = 'expired',
             last_error = CASE WHEN j.expires_at <= pgq._now()
-                              THEN format('pgq: expired: alive longer than its max_lifetime (%s, since %s)',
-                                          j.expires_at - j.created_at, j.created_at)
+                              THEN format('pgq: expired: alive longer than its max_lifetime (until %s)',
+                                          j.expires_at)
                               ELSE format('pgq: expired: not claimed by its start_by (%s)', j.start_by) END
         FROM due AS d
         WHERE j.id = d.id
