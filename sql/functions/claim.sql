@@ -381,15 +381,13 @@ BEGIN
     RETURN QUERY
     WITH picked AS (
         -- For each eligible queue, its first claimable jobs in index order (up to its room);
-        -- with the fair queues' picks, the best `batch` of those across queues. Whether each has
-        -- expired (enqueue's start_by passed before its first claim, or its expires_at), read from
-        -- the row the pick reads anyway: such a job is set aside below, never handed out.
-        SELECT c.id, c.expired
+        -- with the fair queues' picks, the best `batch` of those across queues.
+        SELECT c.id
         FROM (
-            SELECT c.id, c.priority, c.run_at, c.expired
+            SELECT c.id, c.priority, c.run_at
             FROM unnest(names, rooms, fairs, keyeds) AS e(queue, room, fair, keyed)
             CROSS JOIN LATERAL (
-                SELECT j.id, j.priority, j.run_at, pgq._expired(j.attempt, j.start_by, j.expires_at) AS expired
+                SELECT j.id, j.priority, j.run_at
                 FROM pgq.jobs AS j
                 WHERE j.queue = e.queue
                   AND j.state = 'pending' AND j.attempt < j.max_attempts
@@ -403,11 +401,11 @@ BEGIN
             -- The same per (queue, kind) when the worker named its kinds (each kind once; no
             -- rows for NULL). Inside this one statement: a query of its own would cost a claim
             -- more than the per-kind picks do.
-            SELECT c.id, c.priority, c.run_at, c.expired
+            SELECT c.id, c.priority, c.run_at
             FROM unnest(names, rooms, fairs, keyeds) AS e(queue, room, fair, keyed)
             CROSS JOIN (SELECT DISTINCT w.kind FROM unnest(_lease_jobs.kinds) AS w(kind)) AS k
             CROSS JOIN LATERAL (
-                SELECT j.id, j.priority, j.run_at, pgq._expired(j.attempt, j.start_by, j.expires_at) AS expired
+                SELECT j.id, j.priority, j.run_at
                 FROM pgq.jobs AS j
                 WHERE j.queue = e.queue AND j.kind = k.kind
                   AND j.state = 'pending' AND j.attempt < j.max_attempts
@@ -419,49 +417,53 @@ BEGIN
             WHERE NOT e.fair AND NOT e.keyed
             UNION ALL
             -- The fair and the key-limited queues' picks (pgq._fair_pick, pgq._keyed_pick).
-            SELECT j.id, j.priority, j.run_at, pgq._expired(j.attempt, j.start_by, j.expires_at)
-            FROM pgq.jobs AS j WHERE j.id = ANY (_lease_jobs.picked)
+            SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j WHERE j.id = ANY (_lease_jobs.picked)
         ) AS c
         ORDER BY c.priority DESC, c.run_at, c.id
         LIMIT _lease_jobs.batch
     ), claimed AS (
+        -- A pick that has expired (enqueue's start_by passed before its first claim, or its
+        -- expires_at: pgq._expired, read from the row this UPDATE writes) is never handed out: it
+        -- leaves the claimable jobs, waiting, its attempt untouched, for the sweep to end
+        -- (pgq._expire_jobs; an end here would set off its consequences inside the claim). The
+        -- CASEs cost a job that has neither a few tests; a second UPDATE for them would cost every
+        -- claim the opening of the table's indexes.
         UPDATE pgq.jobs AS j
-        SET state = 'running',
+        SET state = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN 'waiting'
+                         ELSE 'running' END::pgq.job_state,
             -- The next number, past any a fence move skipped (attempt_skip is 0 but after a promotion).
-            attempt = j.attempt + 1 + j.attempt_skip,
-            max_attempts = j.max_attempts + j.attempt_skip,
-            attempt_offset = j.attempt_offset + j.attempt_skip,
-            attempt_skip = 0,
-            lease_until = least(pgq._now() + coalesce(_lease_jobs.lease, q.lease),
-                                pgq._now() + coalesce(j.max_run_time, q.max_run_time), j.expires_at),
+            attempt = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.attempt
+                           ELSE j.attempt + 1 + j.attempt_skip END,
+            max_attempts = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.max_attempts
+                                ELSE j.max_attempts + j.attempt_skip END,
+            attempt_offset = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.attempt_offset
+                                  ELSE j.attempt_offset + j.attempt_skip END,
+            attempt_skip = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.attempt_skip ELSE 0 END,
+            lease_until = CASE WHEN NOT pgq._expired(j.attempt, j.start_by, j.expires_at)
+                               THEN least(pgq._now() + coalesce(_lease_jobs.lease, q.lease),
+                                          pgq._now() + coalesce(j.max_run_time, q.max_run_time), j.expires_at) END,
             deadline = least(pgq._now() + coalesce(j.max_run_time, q.max_run_time), j.expires_at),
             claimed_by = _lease_jobs.worker,
             claimed_at = pgq._now(),
             session_role = session_user,
-            last_event = 'claimed'
+            last_event = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN 'expired' ELSE 'claimed' END
         FROM pgq.queues AS q
         -- The picked ids as an array: the generic plan then reads them by primary key. Joined
         -- to the CTE instead, it hashed the CTE and read the whole table (every row ever
         -- enqueued and not yet pruned) on every claim.
-        WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p WHERE NOT p.expired)) AND q.name = j.queue
+        WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p)) AND q.name = j.queue
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
                   j.run_at, j.created_at, j.lease_until, j.tenant, j.progress, j.deadline, j.meta,
-                  q.audit
-    ), set_aside AS (
-        -- Expired picks leave the claimable jobs (state waiting) for the sweep, which ends them
-        -- (pgq._expire_jobs): an end here would set off its consequences inside the claim. None
-        -- but for jobs enqueued with start_by or max_lifetime (an empty id array: no scan).
-        UPDATE pgq.jobs AS j
-        SET state = 'waiting', last_event = 'expired'
-        WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p WHERE p.expired))
+                  q.audit, j.state
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, _lease_jobs.worker, 'claimed', 'pending', 'running'
-        FROM claimed AS c WHERE c.audit
+        FROM claimed AS c WHERE c.audit AND c.state = 'running'
     )
     SELECT c.id, c.queue, c.kind, c.payload, c.priority, c.attempt, c.max_attempts,
            c.run_at, c.created_at, c.lease_until, c.tenant, c.progress, c.deadline, c.meta
     FROM claimed AS c
+    WHERE c.state = 'running'
     ORDER BY c.priority DESC, c.run_at, c.id;
 END
 $$;
