@@ -7,19 +7,23 @@
 --
 -- * pgq.turns: rows pgq's calls take turns on: 'fold' (one fold of the finished counters at a time,
 --   taken with SKIP LOCKED), and one row per job and login while a rejected call of that login on
---   that job records itself (inserted and deleted by the call: the table is empty between calls).
--- * pgq.batches.joiners: the roles, besides the opener's login, whose members may join the batch
---   (NULL: the opener's login alone). A batch id is no capability any more.
--- * pgq.batch_counts.shard is an integer: besides the 16 shards 0..15, a member's add or end that
---   finds all 16 held by other transactions counts into a shard of its own backend (16 + its pid),
---   instead of waiting for one of them.
+--   that job records itself; and the mark by which pgq.complete_many tells the trigger of its
+--   UPDATE that it counts the batch members it ends itself (it was the session setting
+--   pgq.batch_counting, which any caller could set). The last two are inserted and deleted by the
+--   call: only 'fold' stays.
+-- * pgq.batch_joiners: the roles, besides the opener's login, whose members may join a batch (none:
+--   the opener's login alone). A batch id is no capability any more.
+-- * pgq.batch_backend_counts: a batch's counts, like its 16 shards' in pgq.batch_counts, of the
+--   adds and ends that found all 16 held by other transactions: each counts into its backend's
+--   row (keyed by its pid) instead of waiting for one of them.
 -- * The trigger of a job's end, pgq's "a job ended" hub, is named for what it does: jobs_ended,
 --   running pgq._job_ended (sql/functions/ended.sql); it was jobs_count_finished running
 --   pgq._count_finished.
 --
--- Nothing on pgq.jobs is rewritten or scanned: the trigger and its function are renamed (ACCESS
--- EXCLUSIVE on pgq.jobs for an instant, after the transactions that use it), batch_counts (16 rows
--- a batch) is rewritten with its new column type.
+-- Nothing is rewritten or scanned, and no table but pgq.jobs is locked against its readers: the
+-- trigger is renamed (ACCESS EXCLUSIVE on pgq.jobs for an instant, after the transactions that
+-- use it; a session that keeps one open makes the migration give up after its lock_timeout,
+-- changing nothing), the rest is new tables and comments.
 SET LOCAL lock_timeout = '5s';
 
 CREATE TABLE pgq.turns (
@@ -27,26 +31,41 @@ CREATE TABLE pgq.turns (
     CONSTRAINT turns_pkey PRIMARY KEY (name)
 );
 COMMENT ON TABLE pgq.turns IS
-    'Rows pgq''s calls take turns on, in place of advisory locks (which any login may take): '
-    '''fold'' (pgq._fold_finished), and ''reject <job> <login>'' while a rejected call records itself '
-    '(pgq._reject; deleted by the same call).';
+    'Rows pgq''s calls take turns on or leave for their own triggers, in place of advisory locks and '
+    'session settings (which any login may take or set): ''fold'' (pgq._fold_finished); '
+    '''reject <job> <login>'' while a rejected call records itself (pgq._reject); ''count <xid> '
+    '<depth>'' while pgq.complete_many''s statement ends batch members it counts itself. The last two '
+    'are deleted by the call that inserts them.';
 REVOKE ALL ON pgq.turns FROM PUBLIC;
 INSERT INTO pgq.turns (name) VALUES ('fold');
 
-ALTER TABLE pgq.batches ADD COLUMN joiners oid[];
-COMMENT ON COLUMN pgq.batches.joiners IS
-    'The roles (by oid) whose members may join the batch besides its opener''s login '
-    '(pgq.batch_open(..., joiners)); NULL: the opener''s login alone.';
+CREATE TABLE pgq.batch_joiners (
+    batch_id bigint NOT NULL,
+    role     oid    NOT NULL,
+    CONSTRAINT batch_joiners_pkey PRIMARY KEY (batch_id, role)
+);
+COMMENT ON TABLE pgq.batch_joiners IS
+    'The roles (by oid) whose members may add members to a batch besides its opener''s login '
+    '(pgq.batch_open(..., joiners)); deleted by pgq.prune with their batch.';
+REVOKE ALL ON pgq.batch_joiners FROM PUBLIC;
 
-ALTER TABLE pgq.batch_counts DROP CONSTRAINT batch_counts_shard_check;
-ALTER TABLE pgq.batch_counts ALTER COLUMN shard TYPE integer;
-ALTER TABLE pgq.batch_counts ADD CONSTRAINT batch_counts_shard_check CHECK (shard >= 0);
-COMMENT ON TABLE pgq.batch_counts IS
-    'A batch''s members added and ended, by state, in 16 shards (0 to 15), and a shard per backend '
-    '(16 + its pid) that found all 16 held: their sums are the batch''s counts (no foreign key: a '
-    'member''s every end updates a shard, and a key check per update would cost more than the '
-    'count; pgq.prune deletes them with their batch). sealed, tail: the batch''s, as the end that '
-    'updates the shard reads them in the same statement.';
+CREATE TABLE pgq.batch_backend_counts (
+    batch_id   bigint  NOT NULL,
+    backend    integer NOT NULL,
+    added      bigint  DEFAULT 0 NOT NULL,
+    done       bigint  DEFAULT 0 NOT NULL,
+    failed     bigint  DEFAULT 0 NOT NULL,
+    cancelled  bigint  DEFAULT 0 NOT NULL,
+    sealed     boolean DEFAULT false NOT NULL,
+    tail       boolean DEFAULT false NOT NULL,
+    CONSTRAINT batch_backend_counts_pkey PRIMARY KEY (batch_id, backend)
+);
+COMMENT ON TABLE pgq.batch_backend_counts IS
+    'A batch''s members added and ended, like its shards in pgq.batch_counts, by the transactions '
+    'that found all 16 shards held by others: each counts into the row of its backend (its pid), '
+    'so no add and no end waits for a shard. Part of the batch''s sums; deleted by pgq.prune with '
+    'their batch.';
+REVOKE ALL ON pgq.batch_backend_counts FROM PUBLIC;
 
 ALTER FUNCTION pgq._count_finished() RENAME TO _job_ended;
 ALTER TRIGGER jobs_count_finished ON pgq.jobs RENAME TO jobs_ended;

@@ -459,7 +459,6 @@ CREATE TABLE pgq.batches (
     callback_job_id   bigint,
     finished_at       timestamp with time zone,
     tail              boolean DEFAULT false NOT NULL,
-    joiners           oid[],
     CONSTRAINT batches_pkey PRIMARY KEY (id),
     CONSTRAINT batches_run_when_check CHECK ((run_when = ANY (ARRAY['all_done'::text, 'all_ended'::text])))
 );
@@ -468,13 +467,10 @@ COMMENT ON TABLE pgq.batches IS
     '(sealed_at) and its last member has ended. cancel_after: where pgq.cancel_batch''s next '
     'step starts (NULL: none left). tail: few enough members are left that each end takes its '
     'turn on this row (pgq._batch_tail()).';
-COMMENT ON COLUMN pgq.batches.joiners IS
-    'The roles (by oid) whose members may join the batch besides its opener''s login '
-    '(pgq.batch_open(..., joiners)); NULL: the opener''s login alone.';
 
 CREATE TABLE pgq.batch_counts (
     batch_id   bigint NOT NULL,
-    shard      integer NOT NULL,
+    shard      smallint NOT NULL,
     added      bigint DEFAULT 0 NOT NULL,
     done       bigint DEFAULT 0 NOT NULL,
     failed     bigint DEFAULT 0 NOT NULL,
@@ -482,14 +478,13 @@ CREATE TABLE pgq.batch_counts (
     sealed     boolean DEFAULT false NOT NULL,
     tail       boolean DEFAULT false NOT NULL,
     CONSTRAINT batch_counts_pkey PRIMARY KEY (batch_id, shard),
-    CONSTRAINT batch_counts_shard_check CHECK ((shard >= 0))
+    CONSTRAINT batch_counts_shard_check CHECK ((shard BETWEEN 0 AND 15))
 );
 COMMENT ON TABLE pgq.batch_counts IS
-    'A batch''s members added and ended, by state, in 16 shards (0 to 15), and a shard per '
-    'backend (16 + its pid) that found all 16 held: their sums are the batch''s counts (no '
-    'foreign key: a member''s every end updates a shard, and a key check per update would cost '
-    'more than the count; pgq.prune deletes them with their batch). sealed, tail: the batch''s, '
-    'as the end that updates the shard reads them in the same statement.';
+    'A batch''s members added and ended, by state, in 16 shards: their sums are the batch''s '
+    'counts (no foreign key: a member''s every end updates a shard, and a key check per update '
+    'would cost more than the count; pgq.prune deletes them with their batch). sealed, tail: '
+    'the batch''s, as the end that updates the shard reads them in the same statement.';
 
 CREATE TABLE pgq.batch_members (
     batch_id  bigint NOT NULL,
@@ -517,9 +512,37 @@ CREATE TABLE pgq.turns (
     CONSTRAINT turns_pkey PRIMARY KEY (name)
 );
 COMMENT ON TABLE pgq.turns IS
-    'Rows pgq''s calls take turns on, in place of advisory locks (which any login may take): '
-    '''fold'' (pgq._fold_finished), and ''reject <job> <login>'' while a rejected call records '
-    'itself (pgq._reject; deleted by the same call).';
+    'Rows pgq''s calls take turns on or leave for their own triggers, in place of advisory locks '
+    'and session settings (which any login may take or set): ''fold'' (pgq._fold_finished); '
+    '''reject <job> <login>'' while a rejected call records itself (pgq._reject); ''count <xid> '
+    '<depth>'' while pgq.complete_many''s statement ends batch members it counts itself. The last '
+    'two are deleted by the call that inserts them.';
+
+CREATE TABLE pgq.batch_joiners (
+    batch_id  bigint NOT NULL,
+    role      oid NOT NULL,
+    CONSTRAINT batch_joiners_pkey PRIMARY KEY (batch_id, role)
+);
+COMMENT ON TABLE pgq.batch_joiners IS
+    'The roles (by oid) whose members may add members to a batch besides its opener''s login '
+    '(pgq.batch_open(..., joiners)); deleted by pgq.prune with their batch.';
+
+CREATE TABLE pgq.batch_backend_counts (
+    batch_id   bigint NOT NULL,
+    backend    integer NOT NULL,
+    added      bigint DEFAULT 0 NOT NULL,
+    done       bigint DEFAULT 0 NOT NULL,
+    failed     bigint DEFAULT 0 NOT NULL,
+    cancelled  bigint DEFAULT 0 NOT NULL,
+    sealed     boolean DEFAULT false NOT NULL,
+    tail       boolean DEFAULT false NOT NULL,
+    CONSTRAINT batch_backend_counts_pkey PRIMARY KEY (batch_id, backend)
+);
+COMMENT ON TABLE pgq.batch_backend_counts IS
+    'A batch''s members added and ended, like its shards in pgq.batch_counts, by the '
+    'transactions that found all 16 shards held by others: each counts into the row of its '
+    'backend (its pid), so no add and no end waits for a shard. Part of the batch''s sums; '
+    'deleted by pgq.prune with their batch.';
 
 ALTER TABLE pgq.grants ADD CONSTRAINT grants_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_limits ADD CONSTRAINT key_limits_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
@@ -2096,8 +2119,8 @@ COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) 
 --   batch_close). The shard is one the transaction holds already, else the first one from the
 --   backend's own (pg_backend_pid() % 16) that no other transaction holds (SKIP LOCKED): members
 --   of one batch end side by side. When all 16 are held (16 producers' open enqueues, say), the
---   add or the end counts into a shard of its own backend (16 + its pid), created then: no add
---   and no end ever waits for a shard.
+--   add or the end counts into its backend's row of pgq.batch_backend_counts (keyed by its pid),
+--   created then: no add and no end ever waits for a shard.
 -- * Once the batch is sealed, a member's end checks how many are left: in the batch's tail (at most
 --   pgq._batch_tail() members left, marked by the seal or by the first end that sums the shards
 --   and finds so, on the batch row and on its shards: pgq._mark_tail) it locks the batch row, held
@@ -2111,10 +2134,10 @@ COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) 
 --   left open holds it longer), then leaves the callback to the sweep; an end inside a claim's or a
 --   sweep's recovery of expired leases waits for it not at all.
 --   pgq.batch_close locks the shards after sealing, so it waits for the ends in flight (which
---   did not see the seal) and then sees them; a backend's shard created meanwhile missed the seal,
+--   did not see the seal) and then sees them; a backend's row created meanwhile missed the seal,
 --   and its 32nd end reads the batch row to learn it. The rest (more than pgq._batch_tail() ends in
---   flight at once at the very end, an end that gave up its turn, an end in a shard created during
---   the seal) is settled by pgq.sweep (pgq._settle_batches: every sealed batch without a callback,
+--   flight at once at the very end, an end that gave up its turn, an end in a backend's row created
+--   during the seal) is settled by pgq.sweep (pgq._settle_batches: every sealed batch without a callback,
 --   by batches_unsettled_idx). Never twice, never before the last member has ended.
 -- * pgq.retry of a failed or cancelled member takes its end back (a shard's count goes down), so
 --   its next end counts once. A member retried after the callback was enqueued changes the counts
@@ -2131,30 +2154,72 @@ COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) 
 -- transaction takes it now (first): one it holds already (its row's current version is this
 -- transaction's, so that a transaction mostly holds one shard of a batch), else the first one from
 -- the backend's own (pg_backend_pid() % 16) that no other transaction holds, else, when every one
--- is held, the backend's own shard 16 + pg_backend_pid() (no other live backend has that pid),
+-- is held, -1: the backend's row of pgq.batch_backend_counts (no other live backend has its pid),
 -- created with the batch's sealed and tail as this statement reads them. Never waits.
-CREATE OR REPLACE FUNCTION pgq._batch_shard(batch bigint, OUT shard integer, OUT first boolean)
+CREATE OR REPLACE FUNCTION pgq._take_batch_shard(batch bigint, OUT shard integer, OUT first boolean)
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    own  integer := pg_backend_pid() % 16;
     mine xid := pg_current_xact_id()::xid;
 BEGIN
     SELECT c.shard, c.xmin IS DISTINCT FROM mine INTO shard, first
     FROM pgq.batch_counts AS c
-    WHERE c.batch_id = _batch_shard.batch
-    ORDER BY c.xmin = mine DESC, (c.shard - own + 16) % 16, c.shard
+    WHERE c.batch_id = _take_batch_shard.batch
+    ORDER BY c.xmin = mine DESC, (c.shard - pg_backend_pid() % 16 + 16) % 16
     LIMIT 1
     FOR NO KEY UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    shard := -1;
+    SELECT c.xmin IS DISTINCT FROM mine INTO first FROM pgq.batch_backend_counts AS c
+    WHERE c.batch_id = _take_batch_shard.batch AND c.backend = pg_backend_pid()
+    FOR NO KEY UPDATE;
     IF NOT FOUND THEN
-        shard := 16 + pg_backend_pid();
         first := true;
-        INSERT INTO pgq.batch_counts AS c (batch_id, shard, sealed, tail)
-        SELECT b.id, _batch_shard.shard, b.sealed_at IS NOT NULL, b.tail
-        FROM pgq.batches AS b WHERE b.id = _batch_shard.batch
-        ON CONFLICT DO NOTHING;
-        PERFORM FROM pgq.batch_counts AS c WHERE c.batch_id = _batch_shard.batch AND c.shard = _batch_shard.shard
-        FOR NO KEY UPDATE;
+        INSERT INTO pgq.batch_backend_counts AS c (batch_id, backend, sealed, tail)
+        SELECT b.id, pg_backend_pid(), b.sealed_at IS NOT NULL, b.tail
+        FROM pgq.batches AS b WHERE b.id = _take_batch_shard.batch;
+    END IF;
+END
+$$;
+
+-- Adds to this transaction's shard of `batch` (pgq._take_batch_shard's `shard`: -1 for its
+-- backend's row) and returns the shard's sealed, tail and members ended (done, failed, cancelled).
+CREATE OR REPLACE FUNCTION pgq._count_in_shard(batch bigint, shard integer, added bigint, done bigint,
+                                               failed bigint, cancelled bigint,
+                                               OUT sealed boolean, OUT tail boolean, OUT ended bigint)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF _count_in_shard.shard >= 0 THEN
+        UPDATE pgq.batch_counts AS c
+        SET added = c.added + _count_in_shard.added, done = c.done + _count_in_shard.done,
+            failed = c.failed + _count_in_shard.failed, cancelled = c.cancelled + _count_in_shard.cancelled
+        WHERE c.batch_id = _count_in_shard.batch AND c.shard = _count_in_shard.shard
+        RETURNING c.sealed, c.tail, c.done + c.failed + c.cancelled INTO sealed, tail, ended;
+    ELSE
+        UPDATE pgq.batch_backend_counts AS c
+        SET added = c.added + _count_in_shard.added, done = c.done + _count_in_shard.done,
+            failed = c.failed + _count_in_shard.failed, cancelled = c.cancelled + _count_in_shard.cancelled
+        WHERE c.batch_id = _count_in_shard.batch AND c.backend = pg_backend_pid()
+        RETURNING c.sealed, c.tail, c.done + c.failed + c.cancelled INTO sealed, tail, ended;
+    END IF;
+END
+$$;
+
+-- Marks this transaction's shard of `batch` (held: pgq._take_batch_shard) sealed, and in the tail
+-- when `tail`.
+CREATE OR REPLACE FUNCTION pgq._mark_own_shard(batch bigint, shard integer, tail boolean) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF _mark_own_shard.shard >= 0 THEN
+        UPDATE pgq.batch_counts AS c SET sealed = true, tail = c.tail OR _mark_own_shard.tail
+        WHERE c.batch_id = _mark_own_shard.batch AND c.shard = _mark_own_shard.shard;
+    ELSE
+        UPDATE pgq.batch_backend_counts AS c SET sealed = true, tail = c.tail OR _mark_own_shard.tail
+        WHERE c.batch_id = _mark_own_shard.batch AND c.backend = pg_backend_pid();
     END IF;
 END
 $$;
@@ -2177,7 +2242,7 @@ CREATE OR REPLACE FUNCTION pgq._batch_tail() RETURNS integer
     AS $$ SELECT 1024 $$;
 
 -- The batch's counts: members added, those ended done, failed and cancelled, and those not ended
--- (sums of its shards, as this statement sees them).
+-- (sums of its shards and its backends' rows, as this statement sees them).
 CREATE OR REPLACE FUNCTION pgq._batch_sums(batch bigint, OUT added bigint, OUT done bigint,
                                            OUT failed bigint, OUT cancelled bigint, OUT unfinished bigint)
     LANGUAGE sql STABLE
@@ -2185,16 +2250,22 @@ CREATE OR REPLACE FUNCTION pgq._batch_sums(batch bigint, OUT added bigint, OUT d
     SELECT x.added, x.done, x.failed, x.cancelled, x.added - x.done - x.failed - x.cancelled
     FROM (SELECT coalesce(sum(c.added), 0)::bigint AS added, coalesce(sum(c.done), 0)::bigint AS done,
                  coalesce(sum(c.failed), 0)::bigint AS failed, coalesce(sum(c.cancelled), 0)::bigint AS cancelled
-          FROM pgq.batch_counts AS c WHERE c.batch_id = _batch_sums.batch) AS x
+          FROM (SELECT y.added, y.done, y.failed, y.cancelled FROM pgq.batch_counts AS y
+                WHERE y.batch_id = _batch_sums.batch
+                UNION ALL
+                SELECT y.added, y.done, y.failed, y.cancelled FROM pgq.batch_backend_counts AS y
+                WHERE y.batch_id = _batch_sums.batch) AS c) AS x
 $$;
 
--- Whether the session's login may add members to a batch that `opened_by` opened, naming the
--- roles `joiners`: it is that login, or a member of one of them (a dropped role matches nobody).
-CREATE OR REPLACE FUNCTION pgq._may_join(opened_by text, joiners oid[]) RETURNS boolean
+-- Whether the session's login may add members to the batch `batch` that `opened_by` opened: it is
+-- that login, or a member of a role the opener named (pgq.batch_joiners; a dropped role matches
+-- nobody).
+CREATE OR REPLACE FUNCTION pgq._may_join(batch bigint, opened_by text) RETURNS boolean
     LANGUAGE sql STABLE
     AS $$
-    SELECT $1 = session_user::text
-        OR EXISTS (SELECT FROM unnest($2) AS r(role) WHERE pg_has_role(session_user, r.role, 'MEMBER'))
+    SELECT $2 = session_user::text
+        OR EXISTS (SELECT FROM pgq.batch_joiners AS j
+                   WHERE j.batch_id = $1 AND pg_has_role(session_user, j.role, 'MEMBER'))
 $$;
 
 -- For pgq.enqueue and pgq.enqueue_many with `batch`, before they insert: the batch row, held FOR
@@ -2209,7 +2280,7 @@ CREATE OR REPLACE FUNCTION pgq._join_batch(batch bigint) RETURNS void
 DECLARE
     b pgq.batches;
 BEGIN
-    SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _join_batch.batch AND pgq._may_join(x.opened_by, x.joiners);
+    SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _join_batch.batch AND pgq._may_join(x.id, x.opened_by);
     IF FOUND AND b.sealed_at IS NULL THEN
         BEGIN
             SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _join_batch.batch FOR SHARE;
@@ -2241,10 +2312,9 @@ CREATE OR REPLACE FUNCTION pgq._batch_added(batch bigint, ids bigint[]) RETURNS 
 DECLARE
     mine integer;
 BEGIN
-    SELECT s.shard INTO mine FROM pgq._batch_shard(_batch_added.batch) AS s;
+    SELECT s.shard INTO mine FROM pgq._take_batch_shard(_batch_added.batch) AS s;
     INSERT INTO pgq.batch_members (batch_id, job_id) SELECT _batch_added.batch, i.id FROM unnest(ids) AS i(id);
-    UPDATE pgq.batch_counts AS c SET added = c.added + cardinality(_batch_added.ids)
-    WHERE c.batch_id = _batch_added.batch AND c.shard = mine;
+    PERFORM pgq._count_in_shard(_batch_added.batch, mine, cardinality(_batch_added.ids), 0, 0, 0);
 END
 $$;
 
@@ -2252,9 +2322,9 @@ $$;
 -- takes an end back; by n from pgq.complete_many, which counts its completed members once per
 -- batch, not one shard update per job; `recovering`: the end is a claim's or a sweep's recovery of
 -- an expired lease):
--- counts it in one shard (pgq._batch_shard), in a statement that also reads the batch's state as
+-- counts it in one shard (pgq._take_batch_shard), in a statement that also reads the batch's state as
 -- the shard holds it (sealed, tail: written by the seal and by the tail's marking). An unsealed
--- batch's end stops there (but every 32nd end of a shard reads the batch row: a backend's shard
+-- batch's end stops there (but every 32nd end of a shard reads the batch row: a backend's row
 -- created while the batch was sealed missed the seal). A sealed one's, in the tail, takes its turn
 -- on the batch row and enqueues the callback when every member has ended (pgq._finish_batch).
 -- Before the tail, the transaction's first end in the shard and every 32nd end of the shard read
@@ -2275,13 +2345,12 @@ DECLARE
     b        record;
     sums     record;
 BEGIN
-    SELECT s.shard, s.first INTO mine, first FROM pgq._batch_shard(_batch_member_ended.batch) AS s;
-    UPDATE pgq.batch_counts AS c
-    SET done = c.done + CASE WHEN _batch_member_ended.state = 'done' THEN n ELSE 0 END,
-        failed = c.failed + CASE WHEN _batch_member_ended.state = 'failed' THEN n ELSE 0 END,
-        cancelled = c.cancelled + CASE WHEN _batch_member_ended.state = 'cancelled' THEN n ELSE 0 END
-    WHERE c.batch_id = _batch_member_ended.batch AND c.shard = mine
-    RETURNING c.sealed, c.tail, c.done + c.failed + c.cancelled INTO sealed, tail, in_shard;
+    SELECT s.shard, s.first INTO mine, first FROM pgq._take_batch_shard(_batch_member_ended.batch) AS s;
+    SELECT c.sealed, c.tail, c.ended INTO sealed, tail, in_shard
+    FROM pgq._count_in_shard(_batch_member_ended.batch, mine, 0,
+                             CASE WHEN _batch_member_ended.state = 'done' THEN n ELSE 0 END,
+                             CASE WHEN _batch_member_ended.state = 'failed' THEN n ELSE 0 END,
+                             CASE WHEN _batch_member_ended.state = 'cancelled' THEN n ELSE 0 END) AS c;
     IF n <= 0 THEN
         RETURN;
     END IF;
@@ -2290,7 +2359,7 @@ BEGIN
            OR NOT EXISTS (SELECT FROM pgq.batches AS x WHERE x.id = _batch_member_ended.batch AND x.sealed_at IS NOT NULL) THEN
             RETURN;
         END IF;
-        UPDATE pgq.batch_counts AS c SET sealed = true WHERE c.batch_id = _batch_member_ended.batch AND c.shard = mine;
+        PERFORM pgq._mark_own_shard(_batch_member_ended.batch, mine, false);
         first := true;  -- and its tail too may be stale: read the batch row below
     END IF;
     IF NOT tail THEN
@@ -2302,8 +2371,7 @@ BEGIN
             RETURN;
         END IF;
         IF b.tail THEN
-            UPDATE pgq.batch_counts AS c SET tail = true
-            WHERE c.batch_id = _batch_member_ended.batch AND c.shard = mine;
+            PERFORM pgq._mark_own_shard(_batch_member_ended.batch, mine, true);
         ELSIF in_shard / 32 = (in_shard - n) / 32 THEN
             RETURN;
         ELSE
@@ -2332,6 +2400,11 @@ BEGIN
       AND c.shard = ANY (ARRAY(SELECT y.shard FROM pgq.batch_counts AS y
                                WHERE y.batch_id = _mark_tail.batch AND NOT y.tail
                                ORDER BY y.shard FOR NO KEY UPDATE SKIP LOCKED));
+    UPDATE pgq.batch_backend_counts AS c SET tail = true
+    WHERE c.batch_id = _mark_tail.batch
+      AND c.backend = ANY (ARRAY(SELECT y.backend FROM pgq.batch_backend_counts AS y
+                                 WHERE y.batch_id = _mark_tail.batch AND NOT y.tail
+                                 ORDER BY y.backend FOR NO KEY UPDATE SKIP LOCKED));
 END
 $$;
 
@@ -2348,6 +2421,8 @@ BEGIN
     UPDATE pgq.batches AS x SET sealed_at = coalesce(x.sealed_at, pgq._now()) WHERE x.id = _seal_batch.batch;
     BEGIN
         PERFORM FROM pgq.batch_counts AS c WHERE c.batch_id = _seal_batch.batch ORDER BY c.shard FOR NO KEY UPDATE;
+        PERFORM FROM pgq.batch_backend_counts AS c WHERE c.batch_id = _seal_batch.batch
+        ORDER BY c.backend FOR NO KEY UPDATE;
     EXCEPTION WHEN lock_not_available THEN
         RAISE EXCEPTION 'pgq: members of batch % are being added or ended by a transaction that has not ended; '
                         'gave up after lock_timeout %', _seal_batch.batch, current_setting('lock_timeout')
@@ -2356,6 +2431,7 @@ BEGIN
                          'end it, and try again.';
     END;
     UPDATE pgq.batch_counts AS c SET sealed = true WHERE c.batch_id = _seal_batch.batch AND NOT c.sealed;
+    UPDATE pgq.batch_backend_counts AS c SET sealed = true WHERE c.batch_id = _seal_batch.batch AND NOT c.sealed;
     sums := pgq._batch_sums(_seal_batch.batch);
     IF sums.unfinished <= pgq._batch_tail() THEN
         PERFORM pgq._mark_tail(_seal_batch.batch);
@@ -2555,8 +2631,8 @@ BEGIN
 END
 $$;
 
--- pgq.batch_open's joiners: the oids of those roles; 22004 for a NULL element, 22023 naming one
--- that is no role.
+-- pgq.batch_open's joiners: the oids of those roles; 22023 naming the argument for a NULL element,
+-- more than 100, or a name that is no role.
 CREATE OR REPLACE FUNCTION pgq._joiner_roles(joiners text[]) RETURNS oid[]
     LANGUAGE plpgsql STABLE
     AS $$
@@ -2609,11 +2685,12 @@ BEGIN
     IF FOUND AND q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'enqueue') THEN
         PERFORM pgq._denied(q.name, 'enqueue');
     END IF;
-    INSERT INTO pgq.batches AS b (opened_by, callback_queue, callback_kind, callback_payload, run_when, joiners)
+    INSERT INTO pgq.batches AS b (opened_by, callback_queue, callback_kind, callback_payload, run_when)
     VALUES (session_user, batch_open.callback_queue, batch_open.callback_kind, batch_open.callback_payload,
-            batch_open.run_when, roles)
+            batch_open.run_when)
     RETURNING b.id INTO new_id;
     INSERT INTO pgq.batch_counts (batch_id, shard) SELECT new_id, s FROM generate_series(0, 15) AS s;
+    INSERT INTO pgq.batch_joiners (batch_id, role) SELECT new_id, r.role FROM unnest(roles) AS r(role);
     RETURN new_id;
 END
 $$;
@@ -3849,6 +3926,19 @@ BEGIN
         PERFORM pgq._check_unique_key(enqueue.unique_key);
         PERFORM pgq._check_workflow(enqueue.dependency_mode, enqueue.notify_finished);
         PERFORM pgq._check_on_conflict(enqueue.on_conflict);
+    END IF;
+    -- A unique_key that a live job of the queue holds answers at once (on_conflict keep, no
+    -- batch, a login that may enqueue there), before the queue's row is locked: a deduplicated
+    -- call writes nothing, not even a lock (no transaction id).
+    IF enqueue.unique_key IS NOT NULL AND enqueue.on_conflict = 'keep' AND enqueue.batch IS NULL THEN
+        SELECT j.id INTO new_id
+        FROM pgq.jobs AS j
+        WHERE j.queue = enqueue.queue AND j.unique_key = enqueue.unique_key
+          AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
+        IF FOUND AND NOT EXISTS (SELECT FROM pgq.queues AS s WHERE s.name = enqueue.queue AND s.restricted IS NOT NULL
+                                 AND NOT pgq._may(s.name, s.restricted, 'enqueue')) THEN
+            RETURN new_id;
+        END IF;
     END IF;
     -- The queue's settings, its row held FOR KEY SHARE to commit (its writer lock: see
     -- pgq._queue_to_write, which creates it on first use and waits for a drop in flight).
@@ -6310,7 +6400,7 @@ BEGIN
     )
     SELECT count(*) INTO deleted FROM gone;
     -- Batches whose callback was enqueued before the same horizon and whose members are all
-    -- deleted, with their counts.
+    -- deleted, with their counts and joiners.
     WITH gone AS (
         DELETE FROM pgq.batches AS b
         WHERE b.id IN (SELECT x.id FROM pgq.batches AS x
@@ -6319,7 +6409,12 @@ BEGIN
                        ORDER BY x.finished_at LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED)
         RETURNING b.id
     )
-    DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id;
+    , counts AS (
+        DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id
+    ), backends AS (
+        DELETE FROM pgq.batch_backend_counts AS c USING gone AS g WHERE c.batch_id = g.id
+    )
+    DELETE FROM pgq.batch_joiners AS j USING gone AS g WHERE j.batch_id = g.id;
     -- Replace calls' successors (pgq._replace) that are no longer live: their key needs none.
     DELETE FROM pgq.unique_successors AS s
     WHERE (s.queue, s.unique_key) IN (
@@ -7070,7 +7165,9 @@ GRANT USAGE ON SCHEMA pgq TO pgq_admin;
 GRANT USAGE ON SCHEMA pgq TO pgq_monitor;
 GRANT USAGE ON SCHEMA pgq TO pgq_producer;
 GRANT USAGE ON SCHEMA pgq TO pgq_worker;
+REVOKE ALL ON TABLE pgq.batch_backend_counts FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.batch_counts FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.batch_joiners FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.batch_members FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.batches FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.dependency_backlog FROM PUBLIC;

@@ -275,6 +275,10 @@ def test_the_logins_an_opener_names_may_join_and_nobody_else(conn, login):  # no
     # Joining is all a named login may do: the batch stays the opener's to read, close and cancel.
     for call in ("SELECT * FROM pgq.batch_status(%s)", "SELECT pgq.batch_close(%s)", "SELECT pgq.cancel_batch(%s)"):
         assert sqlstate_and_message(named, call, (by_name,))[0] == "P0002"
+    assert one(conn, "SELECT count(*) FROM pgq.batch_joiners WHERE batch_id = %s", (by_name,)) == 1
+    one(opener, "SELECT pgq.cancel_batch(%s)", (by_name,))
+    conn.execute("SELECT pgq.prune(older_than => '0')")  # its members, then the batch and its joiners
+    assert one(conn, "SELECT count(*) FROM pgq.batch_joiners WHERE batch_id = %s", (by_name,)) == 0
 
 
 @pytest.mark.parametrize("joiners, code", [
@@ -326,6 +330,11 @@ def test_sixteen_open_joins_make_no_members_end_wait(conn, login):  # noqa: F811
         assert one(alice, "SELECT pgq.complete(%s, %s)", (c["id"], c["attempt"])) is True
     [cb] = callbacks(conn, batch)
     assert cb["meta"]["batch"] == {"id": batch, "members": 17, "done": 17, "failed": 0, "cancelled": 0}
+    assert one(conn, "SELECT count(*) FROM pgq.batch_backend_counts WHERE batch_id = %s", (batch,)) == 1  # alice's
+    conn.execute("SELECT pgq.prune(older_than => '0')")  # the members, then the batch with all its counts
+    assert one(conn, "SELECT (SELECT count(*) FROM pgq.batch_counts WHERE batch_id = %(b)s)"
+                     " + (SELECT count(*) FROM pgq.batch_backend_counts WHERE batch_id = %(b)s)"
+                     " + (SELECT count(*) FROM pgq.batches WHERE id = %(b)s)", {"b": batch}) == 0
 
 
 def test_one_transaction_forging_the_shard_setting_holds_no_members_end(conn, login):  # noqa: F811

@@ -363,7 +363,7 @@ BEGIN
     )
     SELECT count(*) INTO deleted FROM gone;
     -- Batches whose callback was enqueued before the same horizon and whose members are all
-    -- deleted, with their counts.
+    -- deleted, with their counts and joiners.
     WITH gone AS (
         DELETE FROM pgq.batches AS b
         WHERE b.id IN (SELECT x.id FROM pgq.batches AS x
@@ -372,7 +372,12 @@ BEGIN
                        ORDER BY x.finished_at LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED)
         RETURNING b.id
     )
-    DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id;
+    , counts AS (
+        DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id
+    ), backends AS (
+        DELETE FROM pgq.batch_backend_counts AS c USING gone AS g WHERE c.batch_id = g.id
+    )
+    DELETE FROM pgq.batch_joiners AS j USING gone AS g WHERE j.batch_id = g.id;
     -- Replace calls' successors (pgq._replace) that are no longer live: their key needs none.
     DELETE FROM pgq.unique_successors AS s
     WHERE (s.queue, s.unique_key) IN (
