@@ -2227,11 +2227,12 @@ BEGIN
         PERFORM pgq._dependency_ended(NEW.id, OLD.state, NEW.state, waited_for,
                                       NEW.last_event = 'dependency_ended');
     END IF;
-    IF NEW.batch_id IS NOT NULL
-       AND NOT (NEW.state = 'done' AND NEW.last_event = 'completed'
+    IF NEW.batch_id IS NOT NULL THEN  -- (a plain expression: the query below is for members only)
+        IF NOT (NEW.state = 'done' AND NEW.last_event = 'completed'
                 AND EXISTS (SELECT FROM pgq.turns AS t WHERE t.name = pgq._batch_counting_mark(pg_trigger_depth()))) THEN
-        PERFORM pgq._batch_member_ended(NEW.batch_id, NEW.state, 1,  -- (pgq.complete_many counts its own)
-                                        NEW.last_event IN ('lease_expired', 'timed_out'));
+            PERFORM pgq._batch_member_ended(NEW.batch_id, NEW.state, 1,  -- (pgq.complete_many counts its own)
+                                            NEW.last_event IN ('lease_expired', 'timed_out'));
+        END IF;
     END IF;
     IF NEW.notify_finished THEN
         PERFORM pg_notify('pgq_finished', NEW.id::text);
