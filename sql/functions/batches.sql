@@ -36,8 +36,8 @@
 --   did not see the seal) and then sees them; a backend's row created meanwhile missed the seal,
 --   and its 32nd end reads the batch row to learn it. The rest (more than pgq._batch_tail() ends in
 --   flight at once at the very end, an end that gave up its turn, an end in a backend's row created
---   during the seal) is settled by pgq.sweep (pgq._settle_batches: every sealed batch without a callback,
---   by batches_unsettled_idx). Never twice, never before the last member has ended.
+--   during the seal) is settled by pgq.sweep (pgq._settle_batches: every sealed batch without a
+--   callback, by batches_unsettled_idx). Never twice, never before the last member has ended.
 -- * pgq.retry of a failed or cancelled member takes its end back (a shard's count goes down), so
 --   its next end counts once. A member retried after the callback was enqueued changes the counts
 --   pgq.batch_status shows, not the callback.
@@ -220,9 +220,9 @@ $$;
 -- Called by pgq._job_ended when a member of `batch` ends `state` (by -1 from pgq.retry, which
 -- takes an end back; by n from pgq.complete_many, which counts its completed members once per
 -- batch, not one shard update per job; `recovering`: the end is a claim's or a sweep's recovery of
--- an expired lease):
--- counts it in one shard (pgq._take_batch_shard), in a statement that also reads the batch's state as
--- the shard holds it (sealed, tail: written by the seal and by the tail's marking). An unsealed
+-- an expired lease): counts it in one shard (pgq._take_batch_shard, pgq._count_in_shard), whose
+-- update also reads the batch's state as the shard holds it (sealed, tail: written by the seal
+-- and by the tail's marking). An unsealed
 -- batch's end stops there (but every 32nd end of a shard reads the batch row: a backend's row
 -- created while the batch was sealed missed the seal). A sealed one's, in the tail, takes its turn
 -- on the batch row and enqueues the callback when every member has ended (pgq._finish_batch).
