@@ -305,11 +305,24 @@ BEGIN
         PERFORM pgq._check_workflow(enqueue.dependency_mode, enqueue.notify_finished);
         PERFORM pgq._check_on_conflict(enqueue.on_conflict);
     END IF;
-    -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
-    PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(enqueue.queue));
-    SELECT * INTO q FROM pgq.queues AS s WHERE s.name = enqueue.queue;
+    -- A unique_key that a live job of the queue holds answers at once (on_conflict keep, no
+    -- batch, a login that may enqueue there), before the queue's row is locked: a deduplicated
+    -- call writes nothing, not even a lock (no transaction id).
+    IF enqueue.unique_key IS NOT NULL AND enqueue.on_conflict = 'keep' AND enqueue.batch IS NULL THEN
+        SELECT j.id INTO new_id
+        FROM pgq.jobs AS j
+        WHERE j.queue = enqueue.queue AND j.unique_key = enqueue.unique_key
+          AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
+        IF FOUND AND NOT EXISTS (SELECT FROM pgq.queues AS s WHERE s.name = enqueue.queue AND s.restricted IS NOT NULL
+                                 AND NOT pgq._may(s.name, s.restricted, 'enqueue')) THEN
+            RETURN new_id;
+        END IF;
+    END IF;
+    -- The queue's settings, its row held FOR KEY SHARE to commit (its writer lock: see
+    -- pgq._queue_to_write, which creates it on first use and waits for a drop in flight).
+    SELECT * INTO q FROM pgq.queues AS s WHERE s.name = enqueue.queue FOR KEY SHARE SKIP LOCKED;
     IF NOT FOUND THEN
-        q := pgq._queue(enqueue.queue);  -- first use: created with the defaults
+        q := pgq._queue_to_write(enqueue.queue);
     END IF;
     IF q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'enqueue') THEN
         PERFORM pgq._denied(q.name, 'enqueue');
@@ -517,9 +530,11 @@ BEGIN
         ORDER BY p.n;
         RETURN;
     END IF;
-    -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
-    PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(enqueue_many.queue));
-    q := pgq._queue(enqueue_many.queue);
+    -- The queue's settings, its row held FOR KEY SHARE to commit (as in pgq.enqueue).
+    SELECT * INTO q FROM pgq.queues AS s WHERE s.name = enqueue_many.queue FOR KEY SHARE SKIP LOCKED;
+    IF NOT FOUND THEN
+        q := pgq._queue_to_write(enqueue_many.queue);
+    END IF;
     IF q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'enqueue') THEN
         PERFORM pgq._denied(q.name, 'enqueue');
     END IF;
