@@ -14,8 +14,8 @@
 --   by when their wait times out (the sweep), and the unfinished jobs with a start_by or an
 --   expires_at, by the earlier of the two (the sweep). CREATE INDEX holds SHARE on pgq.jobs while it
 --   reads the table (about a second per million rows): workers' writes wait that long. To build them
---   without that wait first, run the CREATE INDEX CONCURRENTLY IF NOT EXISTS statements of
---   docs/upgrading.md; this migration then finds them (IF NOT EXISTS).
+--   without that wait first, add the columns and run the CREATE INDEX CONCURRENTLY IF NOT EXISTS
+--   statements of docs/upgrading.md; this migration then finds both (IF NOT EXISTS).
 -- * pgq.steps: the recorded steps of each job (pgq.record_step, pgq.spawn, pgq.await_signal's
 --   outcomes), kept across attempts, deleted with the job by pgq.prune.
 -- * pgq.signals: the signals sent to each queue (pgq.signal; the first of a name wins), deleted by
@@ -34,12 +34,12 @@
 SET LOCAL lock_timeout = '5s';
 
 ALTER TABLE pgq.jobs
-    ADD COLUMN workflow_id bigint,
-    ADD COLUMN parent_id bigint,
-    ADD COLUMN start_by timestamptz,
-    ADD COLUMN expires_at timestamptz,
-    ADD COLUMN wait_signal text,
-    ADD COLUMN wake_at timestamptz;
+    ADD COLUMN IF NOT EXISTS workflow_id bigint,
+    ADD COLUMN IF NOT EXISTS parent_id bigint,
+    ADD COLUMN IF NOT EXISTS start_by timestamptz,
+    ADD COLUMN IF NOT EXISTS expires_at timestamptz,
+    ADD COLUMN IF NOT EXISTS wait_signal text,
+    ADD COLUMN IF NOT EXISTS wake_at timestamptz;
 COMMENT ON COLUMN pgq.jobs.workflow_id IS
     'A job enqueued by pgq.spawn: the root of its tree (the job that spawned the first of its '
     'ancestors); NULL otherwise, the root included. pgq.cancel_workflow cancels the tree.';

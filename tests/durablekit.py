@@ -35,8 +35,8 @@ def ensure_role(su: psycopg.Connection, name: str, options: str, *member_of: str
 
 
 @pytest.fixture
-def login(conn: psycopg.Connection, dsn: str) -> Iterator[Login]:
-    """login(name) opens a connection (autocommit unless told) as that LOGIN role."""
+def login_as(conn: psycopg.Connection, dsn: str) -> Iterator[Login]:
+    """login_as(name) opens a connection (autocommit unless told) as that LOGIN role."""
     ensure_role(conn, SIGNALLERS, "NOLOGIN")
     for name, role in LOGINS.items():
         ensure_role(conn, name, "LOGIN", role)

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from durablekit import await_signal, reclaim, running, settle, state
 
 from pgq_tools.lab.harness import Harness, Step
 
-from durablekit import await_signal, reclaim, running, settle, signal, state
 from sqlhelpers import claim, expire_lease, job, one
 
 AWAIT = "SELECT status, payload FROM pgq.await_signal(%s, %s, 'go', '1 hour')"
@@ -49,7 +49,8 @@ def signalled_events(conn: psycopg.Connection, job_id: int) -> int:
 # A signal and a wait ---------------------------------------------------------------------------------
 
 ORDERS = sorted({order for order in itertools.permutations(["w_await", "w_commit", "p_signal", "p_commit"])
-                 if order.index("w_await") < order.index("w_commit") and order.index("p_signal") < order.index("p_commit")})
+                 if order.index("w_await") < order.index("w_commit")
+                 and order.index("p_signal") < order.index("p_commit")})
 
 
 def test_every_order_of_a_signal_and_a_wait_wakes_the_job_exactly_once_and_neither_waits(

@@ -10,8 +10,6 @@ from typing import Any
 
 import psycopg
 import pytest
-
-from clockdb import clock_module_dsn, dsn, set_clock  # noqa: F401  (fixtures)
 from durablekit import (
     ADMIN,
     PRODUCER,
@@ -20,7 +18,6 @@ from durablekit import (
     WORKER,
     WORKER2,
     await_signal,
-    login,  # noqa: F401  (fixture)
     reclaim,
     rejected,
     running,
@@ -29,6 +26,8 @@ from durablekit import (
     state,
     steps,
 )
+
+from clockdb import clock_module_dsn, dsn, set_clock  # noqa: F401  (fixtures)
 from sqlhelpers import claim, expire_lease, job, one
 
 NOW = "2030-01-01 12:00:00+00"
@@ -125,8 +124,8 @@ def test_the_sweep_fires_a_timeout_too_and_a_wait_without_one_waits_on(conn):
     assert (state(conn, timed), state(conn, forever)) == ("pending", "waiting")
 
 
-def test_repeating_a_wait_whose_park_committed_answers_waiting_again_and_others_get_no_row(conn, login):
-    worker, other = login(WORKER), login(WORKER2)
+def test_repeating_a_wait_whose_park_committed_answers_waiting_again_and_others_get_no_row(conn, login_as):
+    worker, other = login_as(WORKER), login_as(WORKER2)
     job_id = one(conn, "SELECT pgq.enqueue('q', 'k')")
     (c,) = claim(worker, queues=["q"])
     assert await_signal(other, job_id, c["attempt"], "go") is None        # another login: not yours
@@ -149,8 +148,8 @@ def test_a_stale_attempt_cannot_wait_and_leaves_a_rejected_event(conn):
     assert (state(conn, job_id), job(conn, job_id)["attempt"]) == ("running", second)
 
 
-def test_who_may_signal_is_a_queue_privilege_open_to_producers_until_granted(conn, login):
-    producer, outsider, admin = login(PRODUCER), login(PRODUCER2), login(ADMIN)
+def test_who_may_signal_is_a_queue_privilege_open_to_producers_until_granted(conn, login_as):
+    producer, outsider, admin = login_as(PRODUCER), login_as(PRODUCER2), login_as(ADMIN)
     job_id, attempt = running(conn)
     assert await_signal(conn, job_id, attempt, "go")[0] == "waiting"
     assert one(outsider, "SELECT pgq.signal('q', 'early')") == 0           # no grant: every producer may

@@ -10,8 +10,6 @@ from typing import Any
 
 import psycopg
 import pytest
-
-from clockdb import clock_module_dsn, dsn, set_clock  # noqa: F401  (fixtures)
 from durablekit import (
     ADMIN,
     MONITOR,
@@ -21,15 +19,16 @@ from durablekit import (
     WORKER2,
     await_signal,
     get_step,
-    login,  # noqa: F401  (fixture)
-    rejected,
     reclaim,
     record_step,
+    rejected,
     running,
     signal,
     state,
     steps,
 )
+
+from clockdb import clock_module_dsn, dsn, set_clock  # noqa: F401  (fixtures)
 from sqlhelpers import claim, expire_lease, job, one
 
 NOW = "2030-01-01 12:00:00+00"
@@ -90,8 +89,8 @@ def test_a_guessed_attempt_of_an_unknown_or_finished_job_is_answered_not_yours(c
     assert steps(conn, job_id) == {}
 
 
-def test_another_login_may_neither_read_nor_record_the_owners_steps(conn, login):
-    owner, other = login(WORKER), login(WORKER2)
+def test_another_login_may_neither_read_nor_record_the_owners_steps(conn, login_as):
+    owner, other = login_as(WORKER), login_as(WORKER2)
     job_id = one(conn, "SELECT pgq.enqueue('q', 'k')")
     (c,) = claim(owner, queues=["q"])
     attempt = c["attempt"]
@@ -102,7 +101,7 @@ def test_another_login_may_neither_read_nor_record_the_owners_steps(conn, login)
     assert {r for r, _ in rejected(conn, job_id)} == {WORKER2}
     assert steps(conn, job_id) == {"mine": {"secret": 1}}
     # An admin may act on any running job, as with every owner operation.
-    boss = login(ADMIN)
+    boss = login_as(ADMIN)
     assert get_step(boss, job_id, attempt, "mine") == (True, {"secret": 1})
 
 
@@ -136,14 +135,15 @@ def test_get_steps_pages_the_recorded_steps_in_name_order(conn):
     job_id, attempt = running(conn)
     for n in range(5):
         assert record_step(conn, job_id, attempt, f"s{n}", f'{{"n": {n}}}')
-    first = conn.execute("SELECT name, result FROM pgq.get_steps(%s, %s, limit_rows => 2)", (job_id, attempt)).fetchall()
+    first = conn.execute("SELECT name, result FROM pgq.get_steps(%s, %s, limit_rows => 2)",
+                         (job_id, attempt)).fetchall()
     assert first == [("s0", {"n": 0}), ("s1", {"n": 1})]
     rest = conn.execute("SELECT name FROM pgq.get_steps(%s, %s, after_name => 's1')", (job_id, attempt)).fetchall()
     assert [r[0] for r in rest] == ["s2", "s3", "s4"]
 
 
-def test_job_steps_answers_whoever_may_read_the_result_and_p0002_for_anyone_else(conn, login):
-    producer, stranger, monitor, worker = login(PRODUCER), login(PRODUCER2), login(MONITOR), login(WORKER)
+def test_job_steps_answers_whoever_may_read_the_result_and_p0002_for_anyone_else(conn, login_as):
+    producer, stranger, monitor, worker = login_as(PRODUCER), login_as(PRODUCER2), login_as(MONITOR), login_as(WORKER)
     job_id = one(producer, "SELECT pgq.enqueue('q', 'k')")
     (c,) = claim(worker, queues=["q"])
     assert record_step(worker, job_id, c["attempt"], "charge", '{"receipt": "r"}')
@@ -151,7 +151,7 @@ def test_job_steps_answers_whoever_may_read_the_result_and_p0002_for_anyone_else
     read = "SELECT name, attempt, result FROM pgq.job_steps(%s)"
     assert producer.execute(read, (job_id,)).fetchall() == expected      # it enqueued it
     assert monitor.execute(read, (job_id,)).fetchall() == expected       # it reads the queue
-    assert login(ADMIN).execute(read, (job_id,)).fetchall() == expected
+    assert login_as(ADMIN).execute(read, (job_id,)).fetchall() == expected
     for other in (stranger, worker):                                      # another producer; a worker
         with pytest.raises(psycopg.errors.NoDataFound) as info:
             other.execute(read, (job_id,))

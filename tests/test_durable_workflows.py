@@ -10,16 +10,12 @@ from typing import Any
 
 import psycopg
 import pytest
-
-from clockdb import clock_module_dsn, dsn, set_clock  # noqa: F401  (fixtures)
 from durablekit import (
     ADMIN,
     PRODUCER,
     PRODUCER2,
     WORKER,
-    WORKER2,
     await_signal,
-    login,  # noqa: F401  (fixture)
     reclaim,
     record_step,
     rejected,
@@ -28,6 +24,8 @@ from durablekit import (
     state,
     steps,
 )
+
+from clockdb import clock_module_dsn, dsn, set_clock  # noqa: F401  (fixtures)
 from sqlhelpers import claim, expire_lease, job, notifications_until_marker, one
 
 NOW = "2030-01-01 12:00:00+00"
@@ -87,8 +85,8 @@ def test_a_spawn_of_a_name_a_plain_step_holds_is_refused_and_a_stale_one_enqueue
     assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE queue = 'kids'") == 0
 
 
-def test_a_spawn_needs_the_child_queues_enqueue_privilege_for_the_workers_login(conn, login):
-    worker = login(WORKER)
+def test_a_spawn_needs_the_child_queues_enqueue_privilege_for_the_workers_login(conn, login_as):
+    worker = login_as(WORKER)
     one(conn, "SELECT pgq.enqueue('kids', 'warmup')")
     conn.execute("SELECT pgq.grant_queue('kids', 'pgq_admin', 'enqueue')")
     root = one(conn, "SELECT pgq.enqueue('q', 'k')")
@@ -163,8 +161,8 @@ def test_await_jobs_and_job_outcomes_of_a_stale_attempt_are_not_yours(conn):
     assert (state(conn, root), job(conn, root)["attempt"]) == ("running", second)
 
 
-def test_job_outcomes_answers_the_workflows_jobs_and_those_the_login_may_read_only(conn, login):
-    worker, producer, stranger = login(WORKER), login(PRODUCER), login(PRODUCER2)
+def test_job_outcomes_answers_the_workflows_jobs_and_those_the_login_may_read_only(conn, login_as):
+    worker, producer, stranger = login_as(WORKER), login_as(PRODUCER), login_as(PRODUCER2)
     theirs = one(stranger, "SELECT pgq.enqueue('elsewhere', 'k')")
     own = one(producer, "SELECT pgq.enqueue('elsewhere', 'k')")
     root = one(producer, "SELECT pgq.enqueue('q', 'k')")
@@ -198,8 +196,8 @@ def test_cancel_workflow_cancels_every_unfinished_job_of_the_tree_and_tells_runn
     assert one(conn, "SELECT count(*) FROM pgq.job_dependencies WHERE job_id = %s", (root,)) == 0
 
 
-def test_cancel_workflow_is_for_admins_and_the_login_that_enqueued_the_root(conn, login):
-    producer, stranger, admin = login(PRODUCER), login(PRODUCER2), login(ADMIN)
+def test_cancel_workflow_is_for_admins_and_the_login_that_enqueued_the_root(conn, login_as):
+    producer, stranger, admin = login_as(PRODUCER), login_as(PRODUCER2), login_as(ADMIN)
     first = one(producer, "SELECT pgq.enqueue('q', 'k')")
     second = one(producer, "SELECT pgq.enqueue('q', 'k')")
     with pytest.raises(psycopg.errors.NoDataFound):
@@ -273,7 +271,8 @@ def test_a_job_alive_longer_than_its_max_lifetime_fails_across_attempts_sleeps_a
     for j in (pending, sleeper, waiter, worker):
         row = job(conn, j)
         assert (row["state"], row["last_event"]) == ("failed", "expired"), (j, row["state"], row["last_event"])
-        assert row["last_error"] == "pgq: expired: alive longer than its max_lifetime (until 2030-01-01 12:10:00+00)", row
+        assert row["last_error"] == ("pgq: expired: alive longer than its max_lifetime "
+                                     "(until 2030-01-01 12:10:00+00)"), row
     assert claim(conn, batch=10) == []
 
 
@@ -301,7 +300,8 @@ BAD: list[tuple[str, str, str, str]] = [
     ("await_jobs ids NULL", "SELECT pgq.await_jobs($JOB, 1, NULL)", "22004", "ids"),
     ("await_jobs ids 2-d", "SELECT pgq.await_jobs($JOB, 1, '{{1},{2}}')", "22023", "ids"),
     ("job_outcomes ids NULL", "SELECT * FROM pgq.job_outcomes($JOB, 1, NULL)", "22004", "ids"),
-    ("job_outcomes too many", "SELECT * FROM pgq.job_outcomes($JOB, 1, ARRAY(SELECT generate_series(1, 1001))::bigint[])",
+    ("job_outcomes too many",
+     "SELECT * FROM pgq.job_outcomes($JOB, 1, ARRAY(SELECT generate_series(1, 1001))::bigint[])",
      "22023", "ids"),
     ("cancel_workflow NULL", "SELECT pgq.cancel_workflow(NULL)", "22004", "id"),
     ("enqueue start_by past", "SELECT pgq.enqueue('q', 'k', start_by => now() - interval '1 second')", "22023",

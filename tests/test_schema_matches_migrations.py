@@ -170,7 +170,7 @@ MIGRATION_SHA256 = {
     "0018_power_tools.sql": "371061133eef4452f30acd69b7ba520e1ff0693fa5ac4c37352d97592eaca9c1",
     "0019_no_shared_locks.sql": "0ed02b2e71be8d57e33618fe44cff8ad4ee8b6f0aa2efcc6e7c1fd39bb610f22",
     "0021_graph_isolation.sql": "463f1b39236094d81bb602b7f2aa5a13764886596c8f2a1b6e4d95ad9fe43bf5",
-    "0022_durable.sql": "0fb542eb7020377081092ff08a923e84c6350e6559079dc08cbd03ee9d31fedc",
+    "0022_durable.sql": "c3129647f52b5ac6ff11a43563a35427d3c62d53a5f32cb9160b8940f3213a14",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 

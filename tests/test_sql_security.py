@@ -336,10 +336,11 @@ def durable_scenario(c: psycopg.Connection, flow: str) -> list[Any]:
     out.append(one(c, "SELECT pgq.spawn(%s, %s, 'c', %s, 'child')", (root, r1, flow)) == child)
     out.append(one(c, "SELECT pgq.await_jobs(%s, %s, ARRAY[%s]::bigint[])", (root, r1, child)))
     c1 = attempt(child)
-    out.append(c.execute("SELECT status, payload FROM pgq.await_signal(%s, %s, 'go', '1 hour')", (child, c1)).fetchall())
+    wait = "SELECT status, payload FROM pgq.await_signal(%s, %s, 'go', '1 hour')"
+    out.append(c.execute(wait, (child, c1)).fetchall())
     out.append(one(c, "SELECT pgq.signal(%s, 'go', '{\"ok\": 1}')", (flow,)))
     c2 = attempt(child)
-    out.append(c.execute("SELECT status, payload FROM pgq.await_signal(%s, %s, 'go', '1 hour')", (child, c2)).fetchall())
+    out.append(c.execute(wait, (child, c2)).fetchall())
     out.append(one(c, "SELECT pgq.complete(%s, %s, '{\"done\": 1}')", (child, c2)))
     r2 = attempt(root)
     out.append(one(c, "SELECT pgq.await_jobs(%s, %s, ARRAY[%s]::bigint[])", (root, r2, child)))
