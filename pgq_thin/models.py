@@ -281,7 +281,9 @@ class JobOutcome:
 @dataclass(frozen=True)
 class JobLink:
     """One row of pgq.job_links: a job linked to the one asked about, as its ``dependency`` (a job
-    of its depends_on) or its ``dependant`` (a job whose depends_on names it)."""
+    of its depends_on), its ``dependant`` (a job whose depends_on names it), its ``parent`` (the
+    job that spawned it), its ``child`` (a job it spawned) or a job it is ``awaiting``
+    (pgq.await_jobs, not ended yet)."""
 
     relation: str
     job_id: int

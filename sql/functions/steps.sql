@@ -17,7 +17,7 @@
 -- job's renewals wait for that transaction meanwhile).
 --
 -- Names: 1 to 256 characters, the handler's to choose. A name used again in one run (a loop) must
--- be told apart by the handler: pgq_thin numbers the n-th call of a name (n >= 2) as name#n
+-- be told apart by the handler (pgq_thin's convention: the n-th call of a name, n >= 2, is name#n):
 -- ('charge', 'charge#2', 'charge#3'). Names beginning with 'signal:' are pgq.await_signal's: it
 -- records a wait's outcome under signal:<name of the signal>; record_step refuses them.
 
