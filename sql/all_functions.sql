@@ -238,6 +238,25 @@ BEGIN
 END
 $$;
 
+-- Bounds the waits of the rest of this transaction's statements to `longest` (SET LOCAL
+-- lock_timeout), unless the caller's lock_timeout is shorter already; returns the caller's value,
+-- which the caller of this function sets back (set_config(..., true)) once its bounded statement is
+-- done. For a statement that may wait for another login's open transaction and must not wait
+-- forever (pgq.enqueue's insert of a new holder of a unique_key).
+CREATE OR REPLACE FUNCTION pgq._bound_lock_timeout(longest interval) RETURNS text
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    prior text := current_setting('lock_timeout');
+BEGIN
+    IF prior = '0' OR prior::interval > _bound_lock_timeout.longest THEN
+        PERFORM set_config('lock_timeout', (extract(epoch FROM _bound_lock_timeout.longest) * 1000)::bigint || 'ms',
+                           true);
+    END IF;
+    RETURN prior;
+END
+$$;
+
 -- The schema version: the number of the newest migration. Every migration redefines it (and
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
@@ -3590,6 +3609,8 @@ DECLARE
     wait_on    bigint[] := enqueue.depends_on;
     wait_mode  text := enqueue.dependency_mode;
     r          record;
+    prior_timeout text;  -- the caller's lock_timeout, while a keyed insert bounds its own
+    held_by    bigint;   -- the live job that holds the unique_key
 BEGIN
     -- Every argument checked in one plain expression (no query, no nested call); only a call that
     -- fails it runs the checks that name the bad argument and raise. (The nested checks cost about
@@ -3704,30 +3725,44 @@ BEGIN
                 enqueue.batch, enqueue.notify_finished)
         RETURNING j.id INTO new_id;
     ELSE
-        LOOP
-            INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
-                                       unique_key, tenant, max_run_time, meta, concurrency_key,
-                                       state, depends_on, dependencies_left, dependency_mode, batch_id,
-                                       notify_finished)
-            VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
-                    coalesce(enqueue.max_attempts, q.max_attempts), job_key, job_tenant,
-                    enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key, new_state, dep_ids,
-                    left_count, mode, enqueue.batch, enqueue.notify_finished)
-            ON CONFLICT (queue, unique_key)
-                WHERE unique_key IS NOT NULL AND state IN ('waiting', 'pending', 'running', 'outcome_unknown')
-                DO NOTHING
-            RETURNING j.id INTO new_id;
-            EXIT WHEN FOUND;
-            -- A live job holds this unique_key: hand back its id. If it finished in the meantime,
-            -- the key is free again and the INSERT is tried once more.
-            SELECT j.id INTO new_id
-            FROM pgq.jobs AS j
-            WHERE j.queue = enqueue.queue AND j.unique_key = job_key
-              AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
-            IF FOUND THEN
-                RETURN new_id;
-            END IF;
-        END LOOP;
+        -- The insert of a new holder waits (the unique index) for another transaction that inserted
+        -- a job of this key and has not ended, another producer's open transaction say: at most
+        -- 5 s (or the caller's shorter lock_timeout), then 55P03 naming the key. (A key a committed
+        -- job holds is answered before any insert, without a wait.)
+        prior_timeout := pgq._bound_lock_timeout(interval '5 seconds');
+        BEGIN
+            LOOP
+                INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
+                                           unique_key, tenant, max_run_time, meta, concurrency_key,
+                                           state, depends_on, dependencies_left, dependency_mode, batch_id,
+                                           notify_finished)
+                VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
+                        coalesce(enqueue.max_attempts, q.max_attempts), job_key, job_tenant,
+                        enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key, new_state, dep_ids,
+                        left_count, mode, enqueue.batch, enqueue.notify_finished)
+                ON CONFLICT (queue, unique_key)
+                    WHERE unique_key IS NOT NULL AND state IN ('waiting', 'pending', 'running', 'outcome_unknown')
+                    DO NOTHING
+                RETURNING j.id INTO new_id;
+                EXIT WHEN FOUND;
+                -- A live job holds this unique_key: hand back its id. If it finished in the
+                -- meantime, the key is free again and the INSERT is tried once more.
+                SELECT j.id INTO held_by
+                FROM pgq.jobs AS j
+                WHERE j.queue = enqueue.queue AND j.unique_key = job_key
+                  AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
+                EXIT WHEN FOUND;
+            END LOOP;
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION 'pgq: unique_key % of queue % is being enqueued by another transaction that has not ended; '
+                            'gave up after lock_timeout %', job_key, enqueue.queue, current_setting('lock_timeout')
+                USING ERRCODE = 'lock_not_available',
+                      HINT = 'Try again once it has committed (its job then holds the key) or rolled back.';
+        END;
+        PERFORM set_config('lock_timeout', prior_timeout, true);
+        IF held_by IS NOT NULL THEN
+            RETURN held_by;
+        END IF;
     END IF;
     IF job_key IS NULL AND enqueue.unique_key IS NOT NULL THEN
         -- The successor behind a started holder (pgq._replace_key): later replace calls update it.
