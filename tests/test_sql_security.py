@@ -86,7 +86,7 @@ TABLE_STATEMENTS = [
 TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "tenant", "schedules": "name",
           "fence": "timeline", "grants": "queue",
           "finished_counts": "total", "finished_deltas": "queue", "key_limits": "key", "key_rates": "key",
-          "key_slots": "slot", "rate_buckets": "rate", "job_dependants": "job_id", "batches": "run_when",
+          "key_slots": "slot", "key_locks": "key", "rate_buckets": "rate", "job_dependants": "job_id", "batches": "run_when",
           "batch_counts": "done", "batch_members": "job_id", "unique_successors": "unique_key"}
 
 

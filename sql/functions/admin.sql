@@ -411,10 +411,11 @@ BEGIN
         END;
         PERFORM pg_advisory_unlock(1885827329, hashtext(r.queue));
     END LOOP;
-    -- And the per-key rate limits' buckets that are full again.
+    -- And the per-key rate limits' buckets that are full again, and old keys' rows (keys.sql).
     IF EXISTS (SELECT FROM pgq.key_rates) THEN
         PERFORM pgq._prune_key_rates(prune.max_jobs);
     END IF;
+    PERFORM pgq._prune_key_locks(prune.max_jobs);
     RETURN deleted;
 END
 $$;

@@ -254,6 +254,9 @@ BEGIN
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
+    IF enqueue.concurrency_key IS NOT NULL AND (q.key_limited OR q.key_rate_limit > 0) THEN
+        PERFORM pgq._keep_key(q.name, enqueue.concurrency_key);  -- the row its claims hold (keys.sql)
+    END IF;
     IF enqueue.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue.batch);
     END IF;
@@ -460,6 +463,9 @@ BEGIN
     END IF;
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
+    END IF;
+    IF enqueue_many.concurrency_key IS NOT NULL AND (q.key_limited OR q.key_rate_limit > 0) THEN
+        PERFORM pgq._keep_key(q.name, enqueue_many.concurrency_key);  -- the row its claims hold (keys.sql)
     END IF;
     IF enqueue_many.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue_many.batch);

@@ -14,7 +14,7 @@
 -- the bounds above, so together they never hand out more than the one bucket would. A claim locks
 -- only the shards it spends (pgq._claim_rooms: from a random one on, FOR NO KEY UPDATE SKIP LOCKED,
 -- never waited for), so claimers of one queue spend side by side instead of taking turns on one row. A key's bucket
--- (key_rate_limit, pgq.key_rates) is one row, spent under the key's slot (pgq.key_slots).
+-- (key_rate_limit, pgq.key_rates) is one row, spent while the claim holds the key (pgq._hold_keys).
 
 -- The clock of the rate limits: clock_timestamp(), read by pgq.claim once it holds the shards it
 -- may spend (to count their tokens), and again once all its locks are held, keys' slots included,
@@ -135,36 +135,29 @@ CREATE OR REPLACE FUNCTION pgq._bucket_next_token_at(queue text, period interval
 $$;
 
 -- Deletes up to max_rows rows of pgq.key_rates whose bucket is full again (pgq.sweep,
--- pgq.prune), each under its key's slot (pgq.key_slots), like the claims that write them (a key
--- whose slot another session holds is skipped): at the clock read after the lock, such a row says
--- what no row says, so no claim after it can tell.
+-- pgq.prune), each while this transaction holds its key (pgq._hold_keys), like the claims that
+-- write them (a key another session holds is skipped): at the clock read after the lock, such a
+-- row says what no row says, so no claim after it can tell.
 CREATE OR REPLACE FUNCTION pgq._prune_key_rates(max_rows integer) RETURNS integer
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    queues text[];
-    keys   text[];
-    held   integer[];
-    deleted integer;
+    deleted integer := 0;
+    held    text[];
+    n       integer;
+    r       record;
 BEGIN
-    SELECT array_agg(k.queue), array_agg(k.key) INTO queues, keys
-    FROM (SELECT k.queue, k.key FROM pgq.key_rates AS k WHERE k.tat <= pgq._rate_clock()
-          LIMIT _prune_key_rates.max_rows) AS k;
-    IF queues IS NULL THEN
-        RETURN 0;
-    END IF;
-    held := ARRAY(SELECT s.slot FROM pgq.key_slots AS s
-                  WHERE s.slot = ANY (ARRAY(SELECT pgq._key_slot(c.queue, c.key) FROM unnest(queues, keys) AS c(queue, key)))
-                  ORDER BY s.slot
-                  FOR NO KEY UPDATE SKIP LOCKED);
-    WITH gone AS (
-        DELETE FROM pgq.key_rates AS k
-        USING unnest(queues, keys) AS c(queue, key)
-        WHERE k.queue = c.queue AND k.key = c.key AND pgq._key_slot(c.queue, c.key) = ANY (held)
-          AND k.tat <= pgq._rate_clock()
-        RETURNING 1
-    )
-    SELECT count(*) INTO deleted FROM gone;
+    FOR r IN
+        SELECT k.queue, array_agg(k.key) AS keys
+        FROM (SELECT k.queue, k.key FROM pgq.key_rates AS k WHERE k.tat <= pgq._rate_clock()
+              LIMIT _prune_key_rates.max_rows) AS k
+        GROUP BY k.queue
+    LOOP
+        held := pgq._hold_keys(r.queue, r.keys);
+        DELETE FROM pgq.key_rates AS k WHERE k.queue = r.queue AND k.key = ANY (held) AND k.tat <= pgq._rate_clock();
+        GET DIAGNOSTICS n = ROW_COUNT;
+        deleted := deleted + n;
+    END LOOP;
     RETURN deleted;
 END
 $$;
