@@ -809,8 +809,8 @@ CREATE OR REPLACE FUNCTION pgq._fence_step() RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT 100000 $$;
 
--- The slow path of the fence check in pgq.claim, once per session: when the fences were last
--- moved on another timeline (this server was promoted, or restored), moves them now. In one
+-- The slow path of the fence check in pgq.claim, when the fence row names another timeline than
+-- this server's (it was promoted, or restored): moves the fences now. In one
 -- transaction that locks the fence row (so concurrent first claims take turns, and the later
 -- ones find the work done), every job that is not done gets attempt_skip raised by
 -- _fence_step() per timeline passed: its next claim issues attempt + 1 + attempt_skip, and
@@ -818,8 +818,7 @@ CREATE OR REPLACE FUNCTION pgq._fence_step() RETURNS integer
 -- old primary handed out is issued again. A job running here keeps its attempt: this server's
 -- record of it is the claim that handed that number out, once, to the owner that holds it.
 -- Done jobs are final and never claimed again; failed and cancelled ones may be retried, so
--- they are moved too. Marks the session as checked (the setting pgq.fence, which a transaction
--- that rolls back also rolls back): a session never outlives a timeline change.
+-- they are moved too.
 CREATE OR REPLACE FUNCTION pgq._check_timeline() RETURNS void
     LANGUAGE plpgsql
     AS $$
@@ -866,7 +865,6 @@ BEGIN
                 fenced.timeline, current_timeline, moved, step;
         END IF;
     END IF;
-    PERFORM set_config('pgq.fence', current_timeline::text, false);
 END
 $$;
 
@@ -3468,8 +3466,10 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- row, a key's slot, a bucket's shard) that another transaction holds is skipped for this call
 -- (SKIP LOCKED), so an idle transaction that claimed from a limited queue holds up no other
 -- worker's claims of anything else.
--- Before any of that, the failover fence: the first claim of a session checks that the fences
--- were moved on this server's timeline (pgq._check_timeline); later ones read one setting.
+-- Before any job is handed out, the failover fence: the claim's first read (of the queues) also
+-- compares the fence row's timeline with this server's; when they differ (a promotion), the fences
+-- are moved first (pgq._check_timeline). No session state is trusted for it: a setting would be
+-- one any caller could forge.
 --
 -- pgq.claim, first below, reads as those steps: the arguments (pgq._check_claim,
 -- called only when one is wrong), which queues (pgq._claimable_queues), the capped queues' locks and
@@ -3503,6 +3503,7 @@ DECLARE
     spend_at timestamptz;  -- then: the rate clock the tokens are spent at
     expired  boolean;    -- whether any lease has expired
     due      boolean;    -- whether one of them has a schedule due
+    fenced   boolean;    -- whether the failover fence was moved on this server's timeline
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
 BEGIN
     IF NOT coalesce(length(claim.worker) BETWEEN 1 AND 256 AND claim.batch BETWEEN 1 AND 1000
@@ -3512,15 +3513,16 @@ BEGIN
         PERFORM pgq._check_claim(claim.worker, claim.queues, claim.batch, claim.lease, claim.kinds);
     END IF;
 
-    -- The failover fence, checked once per session (a session never outlives a promotion).
-    IF coalesce(current_setting('pgq.fence', true), '') = '' THEN
-        PERFORM pgq._check_timeline();
-    END IF;
-
     -- Expired leases are recovered first, so their jobs are claimable by this very claim (with
     -- queues => NULL, the queues of recovered jobs are candidates only once recovered: read again).
+    -- The first read also says whether the failover fence was moved on this server's timeline:
+    -- when not, it is now (pgq._check_timeline), before any attempt number is handed out.
     FOR pass IN 1..2 LOOP
-        SELECT e.* INTO names, fairs, capped, expired, due FROM pgq._claimable_queues(claim.queues) AS e;
+        SELECT e.* INTO names, fairs, capped, expired, due, fenced FROM pgq._claimable_queues(claim.queues) AS e;
+        IF NOT fenced THEN
+            PERFORM pgq._check_timeline();
+            fenced := true;
+        END IF;
         EXIT WHEN pass = 2 OR NOT expired;
         PERFORM pgq._recover_expired(100);
         EXIT WHEN claim.queues IS NOT NULL;
@@ -3689,15 +3691,18 @@ $$;
 -- With queues => NULL the candidates are the queues that have a pending job, found by a skip scan
 -- of jobs_ready_idx (the next queue name after the last, one index probe each: queues without
 -- jobs are never read), and those with a due schedule (queues_schedule_due_idx). names is NULL
--- when no queue is eligible. One SELECT, so the planner inlines it into pgq.claim: no call.
+-- when no queue is eligible. And whether the failover fence row (pgq.fence, one row) names this
+-- server's timeline (false on a standby, whose WAL position cannot be read: pgq._check_timeline
+-- then says so). One SELECT, so the planner inlines it into pgq.claim: no call.
 CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[])
-    RETURNS TABLE (names text[], fairs boolean[], capped boolean, expired boolean, due boolean)
+    RETURNS TABLE (names text[], fairs boolean[], capped boolean, expired boolean, due boolean, fenced boolean)
     LANGUAGE sql STABLE
     AS $$
     SELECT array_agg(q.name ORDER BY q.name), array_agg(q.fair ORDER BY q.name),
            coalesce(bool_or(q.max_running > 0 OR q.key_limited OR q.rate_limited), false),
            EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
-           coalesce(bool_or(q.next_schedule_at <= pgq._now()), false)
+           coalesce(bool_or(q.next_schedule_at <= pgq._now()), false),
+           coalesce((SELECT f.timeline = pgq._timeline() FROM pgq.fence AS f WHERE NOT pg_is_in_recovery()), false)
     FROM pgq.queues AS q
     WHERE NOT q.paused
       AND q.name = ANY (coalesce($1, ARRAY(
