@@ -72,6 +72,18 @@ COMMENT ON TYPE pgq.claimed_job IS
     'earlier attempt recorded (progress), the attempt''s deadline (NULL: no limit) and the '
     'producer''s metadata (meta).';
 
+CREATE TYPE pgq.claim_room AS (
+    queue  text,
+    room   integer,
+    fair   boolean,
+    keyed  boolean,
+    rated  boolean
+);
+COMMENT ON TYPE pgq.claim_room IS
+    'One eligible queue of a claim: how many of its jobs the claim may start (room), whether it '
+    'is fair, whether it takes the per-key step (key or rate limits) and whether it has a '
+    'rate_limit.';
+
 -- Tables --------------------------------------------------------------------------------------
 
 CREATE TABLE pgq.queues (
@@ -433,8 +445,8 @@ CREATE TABLE pgq.rate_buckets (
     CONSTRAINT rate_buckets_shard_check CHECK ((shard BETWEEN 0 AND 15))
 );
 COMMENT ON TABLE pgq.rate_buckets IS
-    'A rate-limited queue''s GCRA bucket in shards (pgq._rate_shards of them): each holds rate '
-    'tokens per queues.rate_period; tat is when the shard is full again (NULL or past: full).';
+    'Empty since 0020 (pgq.rate_slices holds the rates'' tokens): kept so that a claim of the '
+    'old function source during the upgrade finds no shard; a later migration drops it.';
 
 CREATE TABLE pgq.job_dependants (
     depends_on  bigint NOT NULL,
@@ -520,11 +532,28 @@ COMMENT ON TABLE pgq.key_locks IS
     'counts the key''s running jobs or spends its tokens. made_by: the transaction that made the '
     'row.';
 
+CREATE TABLE pgq.rate_slices (
+    queue    text NOT NULL,
+    slice    bigint NOT NULL,
+    tokens   integer NOT NULL,
+    taken    integer DEFAULT 0 NOT NULL,
+    made_by  xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    CONSTRAINT rate_slices_pkey PRIMARY KEY (queue, slice, made_by),
+    CONSTRAINT rate_slices_taken_check CHECK ((taken BETWEEN 0 AND tokens))
+);
+COMMENT ON TABLE pgq.rate_slices IS
+    'A rate-limited queue''s tokens in slices (token n is due at n * rate_period / rate_limit '
+    'after the epoch and good for one rate_period; slice s holds `tokens` of them, those of one '
+    'stripe of a block: see pgq._slices): taken, how many of the slice''s first tokens are spent '
+    'or passed. A slice may have a few rows (made_by: the transaction that made it), all locked '
+    'by a claim that spends from it.';
+
 ALTER TABLE pgq.grants ADD CONSTRAINT grants_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_limits ADD CONSTRAINT key_limits_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_rates ADD CONSTRAINT key_rates_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.rate_buckets ADD CONSTRAINT rate_buckets_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_locks ADD CONSTRAINT key_locks_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
+ALTER TABLE pgq.rate_slices ADD CONSTRAINT rate_slices_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 
 -- Rows of a fresh install ---------------------------------------------------------------------
 
@@ -607,6 +636,9 @@ CREATE INDEX batches_cancelling_idx ON pgq.batches USING btree (id) WHERE (cance
 CREATE INDEX batches_finished_idx ON pgq.batches USING btree (finished_at) WHERE (finished_at IS NOT NULL);
 CREATE INDEX key_locks_made_at_idx ON pgq.key_locks USING btree (made_at);
 COMMENT ON INDEX pgq.key_locks_made_at_idx IS 'pgq.sweep and pgq.prune look at the oldest rows first (pgq._prune_key_locks).';
+CREATE INDEX rate_slices_left_idx ON pgq.rate_slices USING btree (queue, slice) WHERE (taken < tokens);
+COMMENT ON INDEX pgq.rate_slices_left_idx IS
+    'The slices with tokens not taken: a claim reads those of the current window (pgq._slices).';
 
 -- sql/functions/checks.sql ----------------------------------------------------------------------------
 
@@ -2592,46 +2624,51 @@ COMMENT ON FUNCTION pgq.cancel_batch(bigint) IS
 
 -- sql/functions/rates.sql -----------------------------------------------------------------------------
 
--- sql/functions/rates.sql: rate limits: GCRA buckets per queue and per key.
+-- sql/functions/rates.sql: rate limits: a queue's tokens in slices, a key's in a GCRA bucket.
 
--- Rate limits (queues.rate_limit, key_rate_limit) are GCRA buckets of `rate` tokens per
--- `period`: a burst of at most `rate`, then `rate` per `period`. The state is one timestamp, the
--- theoretical arrival time (tat): when the bucket is full again (NULL or past: full now). Taking
--- n tokens at `at` moves it to greatest(tat, at) + n * period / rate, and is allowed while that
--- is at most at + period. So in any window of length W the claims take at most
--- rate + floor(W * rate / period) tokens (the tat advances by period / rate per token and never
--- passes the latest clock reading plus period). The arithmetic is exact (numeric epochs, tat
--- rounded up to the microsecond).
+-- A rate limit (queues.rate_limit, key_rate_limit) hands out at most `rate` tokens per `period`: a
+-- burst of at most `rate`, then `rate` per `period`, each claimed job spending one.
 --
--- A queue's bucket (rate_limit) is split into shards (pgq.rate_buckets, pgq._rate_shards of them),
--- each a GCRA bucket of its part of the rate: their sum is the queue's rate, and so is the sum of
--- the bounds above, so together they never hand out more than the one bucket would. A claim locks
--- only the shards it spends (pgq._claim_rooms: from a random one on, FOR NO KEY UPDATE SKIP LOCKED,
--- never waited for), so claimers of one queue spend side by side instead of taking turns on one row. A key's bucket
--- (key_rate_limit, pgq.key_rates) is one row, spent while the claim holds the key (pgq._hold_keys).
+-- A queue's rate (rate_limit) is a line of numbered tokens: token n is due at n * period / rate
+-- after the epoch (pgq._token_time, rounded up to the microsecond) and good for one period; at
+-- `at`, the tokens good are the `rate` newest due (pgq._token_number: the newest), less those
+-- taken. So in any window of length W the claims take at most rate + floor(W * rate / period) + 1
+-- tokens, one fewer once the first of those claims has taken its own. The tokens are kept in
+-- slices of consecutive tokens (pgq.rate_slices, pgq._slice_size tokens each: at most 64 slices
+-- per period), each with how many of its first tokens are taken (spent, or passed when they
+-- were no longer good). A claim spends the oldest tokens good from the slices it holds: it locks
+-- them (pgq._take_tokens, FOR NO KEY UPDATE SKIP LOCKED, never waited for), as few as hold the
+-- tokens its picks need, so claimers of one queue spend side by side, and a claim's transaction
+-- left open holds back the tokens it spent and fewer than one slice's more (the rest of the last
+-- slice it took from): the tokens due after it are other slices'. Slices are made ahead of their
+-- time, up to max(period, 10 s) ahead, by the queue's claims and enqueues (pgq._make_slices); a
+-- slice may have a few rows (two makers at once: neither waits for the other), the most taken of
+-- its rows is its count, and a claim locks all of a slice's rows it sees. No transaction spends
+-- from a slice only it has made (another could be making the same slice, unseen): a claim that
+-- finds its queue's slices missing (after a quiet time longer than that) makes them, and the
+-- next claim spends them.
+--
+-- A key's rate (key_rate_limit, pgq.key_rates) is a GCRA bucket, one row, spent while the claim
+-- holds the key (pgq._hold_keys): one timestamp, the theoretical arrival time (tat), when the
+-- bucket is full again (NULL or past: full now). Taking n tokens at `at` moves it to
+-- greatest(tat, at) + n * period / rate, allowed while that is at most at + period, the same bound
+-- as above. A key held by an open transaction is that key, whole.
 
--- The clock of the rate limits: clock_timestamp(), read by pgq.claim once it holds the shards it
--- may spend (to count their tokens), and again once all its locks are held, keys' slots included,
--- before it hands the jobs out (to spend them). Not pgq._now() (statement_timestamp) or now(): a claim whose statement or
+-- The clock of the rate limits: clock_timestamp(), read by pgq.claim before its keyed pick (to
+-- count the keys' tokens once it holds them), and again once all its locks are held, the rate's
+-- slices included, before it hands the jobs out (to count and spend the queue's tokens, and spend
+-- the keys'). Not pgq._now() (statement_timestamp) or now(): a claim whose statement or
 -- transaction started before another claim's took the lock would spend tokens at an earlier
--- moment than they are handed out, and so refill the bucket for the claims after it; read after
--- the locks, the readings of one bucket's claims come in the order they hand out their jobs. A
--- count at an earlier reading than the spend only finds fewer tokens. (A test database may replace
--- this function, like pgq._now().)
+-- moment than they are handed out; read after the locks, the readings of one slice's (or key's)
+-- claims come in the order they hand out their jobs. A key's tokens counted at an earlier reading
+-- than the spend are only fewer. (A test database may replace this function, like pgq._now().)
 CREATE OR REPLACE FUNCTION pgq._rate_clock() RETURNS timestamptz
     LANGUAGE sql VOLATILE PARALLEL SAFE
     AS $$ SELECT clock_timestamp() $$;
 COMMENT ON FUNCTION pgq._rate_clock() IS
-    'The clock of the rate limits: clock_timestamp(), read once the claim holds its queue rows.';
+    'The clock of the rate limits: clock_timestamp(), read once the claim holds what it spends.';
 
--- How many shards a queue's bucket of `rate` tokens per `period` has: one per 100 tokens a second,
--- 1 to 16 and at most `rate`, so that each shard still gains a token at least every 10 ms. (Written
--- out in migration 0016, which made the first buckets.)
-CREATE OR REPLACE FUNCTION pgq._rate_shards(rate integer, period interval) RETURNS integer
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$ SELECT greatest(1, least(16, $1, floor($1 / extract(epoch FROM $2) / 100)))::integer $$;
-
--- How many tokens a bucket (its tat, rate and period) holds at `at`.
+-- How many tokens a key's bucket (its tat, rate and period) holds at `at`.
 CREATE OR REPLACE FUNCTION pgq._tokens(tat timestamptz, rate integer, period interval, at timestamptz) RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
@@ -2670,62 +2707,291 @@ CREATE OR REPLACE FUNCTION pgq._rescaled_tat(tat timestamptz, old_rate integer, 
            END
 $$;
 
--- Makes a queue's shards (pgq.rate_buckets) for a new rate or period (pgq.configure_queue, which
--- holds the queue's row): every shard is locked first (waiting for the claims that hold one, as
--- admin calls wait), then what the old shards handed out and have not regained (their debt, in
--- tokens) is kept as as many tokens of the new rate (at most a whole bucket: empty), shared by
--- the new shards in proportion (each as full as the bucket). Rate 0: no shard.
+-- How many stripes a queue's rate of `rate` tokens per `period` has: one per 100 tokens a second,
+-- 1 to 16 and at most `rate` (as the shards of pgq.rate_buckets had, up to version 19), so that
+-- claimers at once take the tokens due side by side. Token n is of stripe n mod stripes.
+CREATE OR REPLACE FUNCTION pgq._stripes(rate integer, period interval) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT greatest(1, least(16, $1, floor($1 / extract(epoch FROM $2) / 100)))::integer $$;
+
+-- How many tokens a slice of a queue's rate holds: about 16 slices a period per stripe, so that a
+-- slice's tokens are few (those of the slices of one block, below, fewer than rate / 16 + stripes).
+CREATE OR REPLACE FUNCTION pgq._slice_size(rate integer, period interval) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT greatest(1, ceil($1 / (16.0 * pgq._stripes($1, $2))))::integer $$;
+
+-- The number of the newest token of a rate of `rate` per `period` due at `at` (token n is due at
+-- n * period / rate after the epoch).
+CREATE OR REPLACE FUNCTION pgq._token_number(rate integer, period interval, at timestamptz) RETURNS bigint
+    LANGUAGE sql STABLE PARALLEL SAFE  -- (as extract: declared IMMUTABLE, it would not be inlined)
+    AS $$ SELECT floor(extract(epoch FROM $3) * $1 / extract(epoch FROM $2))::bigint $$;
+
+-- When token n of a rate of `rate` per `period` is due (rounded up to the microsecond: never early).
+CREATE OR REPLACE FUNCTION pgq._token_time(n bigint, rate integer, period interval) RETURNS timestamptz
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT timestamptz 'epoch' + ceil($1 * extract(epoch FROM $3) * 1000000 / $2)::float8 * interval '1 microsecond'
+$$;
+
+-- The rows of the oldest `most` slices of `queue`'s rate (`rate` per period, `m` stripes of
+-- slices of `k` tokens; NULL: all) that hold tokens good when the newest token due is `n`
+-- (pgq._token_number) and have a row with tokens not taken (rate_slices_left_idx), all their
+-- rows, as this transaction sees them (for pgq._slice_tokens).
+CREATE OR REPLACE FUNCTION pgq._window_rows(queue text, rate integer, k integer, m integer, n bigint, most integer)
+    RETURNS pgq.rate_slices[]
+    LANGUAGE plpgsql STABLE
+    SET plan_cache_mode = force_generic_plan
+    AS $$
+BEGIN
+    -- (PL/pgSQL, not SQL: its plan is kept for the session; an SQL function's is made at each call.)
+    RETURN ARRAY(
+        SELECT s FROM (SELECT DISTINCT l.slice FROM pgq.rate_slices AS l
+                       WHERE l.queue = _window_rows.queue AND l.taken < l.tokens
+                         AND l.slice BETWEEN (_window_rows.n - _window_rows.rate + 1) / (_window_rows.m * _window_rows.k)
+                                             * _window_rows.m
+                                         AND _window_rows.n / (_window_rows.m * _window_rows.k) * _window_rows.m
+                                             + _window_rows.m - 1
+                       ORDER BY l.slice LIMIT _window_rows.most) AS w
+        JOIN pgq.rate_slices AS s ON s.queue = _window_rows.queue AND s.slice = w.slice);
+END
+$$;
+
+-- Per slice of `queue` among `rows` (rows of slices, all the rows of each, of any queues; the
+-- queue's rate is `rate` per period, in `m` stripes of slices of `k` tokens), when the newest token
+-- due is `n`. The tokens come in blocks of m * k: slice s holds tokens base + j * m (j from 0 to
+-- k - 1; base = (s / m) * m * k + s % m), the j-th of stripe s % m in block s / m. How many of
+-- its first tokens are taken or no longer good (skip: the most taken of its rows, or up to its
+-- oldest token good), how many after those are due, good and not taken (tokens_left), and whether
+-- a transaction other than this one made one of its rows (only then may this one spend from it:
+-- see pgq._take_tokens). The one place the slices' arithmetic is written. (Inlined where it is
+-- called with no sub-select among its arguments.)
+CREATE OR REPLACE FUNCTION pgq._slice_tokens(rows pgq.rate_slices[], queue text, rate integer, k integer, m integer,
+                                             n bigint)
+    RETURNS TABLE (slice bigint, skip integer, tokens_left integer, spendable boolean)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT x.slice, x.skip, greatest(least($4 - 1, x.due) - x.skip + 1, 0)::integer, x.spendable
+    FROM (SELECT y.slice, y.spendable,
+                 floor(($6 - y.base)::numeric / $5)::bigint AS due,
+                 greatest(y.taken, floor(($6 - $3 - y.base)::numeric / $5)::bigint + 1)::integer AS skip
+          FROM (SELECT r.slice, max(r.taken) AS taken, (r.slice / $5) * $5 * $4 + r.slice % $5 AS base,
+                       bool_or(r.made_by IS DISTINCT FROM pg_current_xact_id_if_assigned()) AS spendable
+                FROM unnest($1) AS r WHERE r.queue = $2 GROUP BY r.slice) AS y) AS x
+$$;
+
+-- Makes the slices of `queue`'s rate ahead of their time (pgq.claim's rooms, pgq.enqueue): when
+-- this transaction sees none for the tokens due within max(period, 10 s) / 2 of `at`, every slice
+-- from the first of the window at `at` (or after the newest made) to those of the block of the
+-- tokens due within max(period, 10 s), never waiting for anyone (plain rows: two makers at once
+-- make two). And as many expired slices as it makes are deleted (those another transaction holds
+-- are left).
+CREATE OR REPLACE FUNCTION pgq._make_slices(queue text, rate integer, period interval, at timestamptz)
+    RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    ahead  interval := greatest(_make_slices.period, interval '10 seconds');
+    k      integer := pgq._slice_size(_make_slices.rate, _make_slices.period);
+    m      integer := pgq._stripes(_make_slices.rate, _make_slices.period);
+    first  bigint := (pgq._token_number(_make_slices.rate, _make_slices.period, _make_slices.at)
+                      - _make_slices.rate + 1) / (m * k) * m;
+    last   bigint;
+    newest bigint;
+BEGIN
+    SELECT max(s.slice) INTO newest FROM pgq.rate_slices AS s WHERE s.queue = _make_slices.queue;
+    IF newest >= pgq._token_number(_make_slices.rate, _make_slices.period, _make_slices.at + ahead / 2) / (m * k) * m THEN
+        RETURN;
+    END IF;
+    last := pgq._token_number(_make_slices.rate, _make_slices.period, _make_slices.at + ahead) / (m * k) * m + m - 1;
+    INSERT INTO pgq.rate_slices (queue, slice, tokens)
+    SELECT _make_slices.queue, g.slice, k FROM generate_series(greatest(newest + 1, first), last) AS g(slice);
+    DELETE FROM pgq.rate_slices AS s
+    WHERE s.ctid = ANY (ARRAY(SELECT x.ctid FROM pgq.rate_slices AS x
+                              WHERE x.queue = _make_slices.queue AND x.slice < first
+                              LIMIT last - greatest(newest + 1, first) + 1
+                              FOR UPDATE SKIP LOCKED));
+END
+$$;
+
+-- For pgq.claim: the tokens of its rate-limited queues (`rooms` whose rated is set) for their picks
+-- among `picks` (locked, pending). Per queue, the oldest slices with tokens of which another
+-- transaction made a row are locked, all their rows (FOR NO KEY UPDATE SKIP LOCKED: a slice another
+-- claim holds is passed, never waited for; a slice is held when this transaction locked each of
+-- its rows it sees, as pgq._hold_keys holds a key), as few as hold the tokens its picks need (up to
+-- four rounds, when slices are held or their tokens went out of date meanwhile), then counted at
+-- the rate clock read once they are held (`at`: they are spent at it too, pgq._spend_tokens). A
+-- queue's picks beyond its tokens are left out, the last in the total order first (they stay
+-- locked, not handed out). Returns the picks kept (`ids`), the slices' rows held (`slices`) and
+-- `at`.
+CREATE OR REPLACE FUNCTION pgq._take_tokens(picks bigint[], rooms pgq.claim_room[], OUT ids bigint[],
+                                            OUT slices pgq.rate_slices[], OUT at timestamptz)
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan
+    AS $$
+DECLARE
+    r      record;
+    me     xid8 := pg_current_xact_id();
+    n      bigint;    -- the newest token due at a reading of the rate clock
+    tried  bigint[];  -- the slices of this queue tried so far
+    want   bigint[];  -- those of one round
+    cand   pgq.rate_slices[];  -- the rows of the slices it looks at in a round
+    held   pgq.rate_slices[];  -- the rows of this queue's slices held
+    got    integer;            -- the tokens they hold by the last reading
+BEGIN
+    slices := '{}';
+    FOR r IN
+        SELECT q.name, q.rate_limit, q.rate_period, pgq._slice_size(q.rate_limit, q.rate_period) AS k,
+               pgq._stripes(q.rate_limit, q.rate_period) AS m, count(j.id)::integer AS need
+        FROM unnest(_take_tokens.rooms) AS e
+        JOIN pgq.queues AS q ON q.name = e.queue
+        JOIN pgq.jobs AS j ON j.id = ANY (_take_tokens.picks) AND j.queue = e.queue
+        WHERE e.rated AND q.rate_limit > 0
+        GROUP BY q.name, q.rate_limit, q.rate_period
+    LOOP
+        tried := '{}';
+        held := '{}';
+        got := 0;
+        FOR round IN 1..4 LOOP
+            n := pgq._token_number(r.rate_limit, r.rate_period, pgq._rate_clock());
+            cand := pgq._window_rows(r.name, r.rate_limit, r.k, r.m, n, r.need - got + cardinality(tried));
+            -- The oldest slices not tried yet whose tokens (by this reading, unlocked) cover what
+            -- is still needed, then all their rows locked, in one statement; and the tokens of
+            -- those held so far.
+            SELECT x.want, held || x.rows, got + x.tokens
+            INTO want, held, got
+            FROM (SELECT w.slices AS want, coalesce(array_agg(l.row) FILTER (WHERE l.row IS NOT NULL), '{}') AS rows,
+                         coalesce(sum(l.tokens) FILTER (WHERE l.first), 0)::integer AS tokens
+                  FROM (SELECT coalesce(array_agg(x.slice), '{}') AS slices,
+                               coalesce(array_agg(x.tokens_left), '{}') AS lefts
+                        FROM (SELECT s.slice, s.tokens_left, sum(s.tokens_left) OVER (ORDER BY s.slice) AS upto
+                              FROM pgq._slice_tokens(cand, r.name, r.rate_limit, r.k, r.m, n) AS s
+                              WHERE s.spendable AND s.tokens_left > 0 AND s.slice <> ALL (tried)) AS x
+                        WHERE x.upto - x.tokens_left < r.need - got) AS w
+                  LEFT JOIN LATERAL (
+                      SELECT ROW(c.queue, c.slice, c.tokens, c.taken, c.made_by)::pgq.rate_slices AS row, c.i = 1 AS first,
+                             w.lefts[ws.i] AS tokens
+                      FROM unnest(w.slices) WITH ORDINALITY AS ws(slice, i)
+                      CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE s.made_by <> me) AS others, count(*) AS n
+                                          FROM pgq.rate_slices AS s WHERE s.queue = r.name AND s.slice = ws.slice) AS v
+                      CROSS JOIN LATERAL (SELECT array_agg(x) AS rows
+                                          FROM (SELECT s FROM pgq.rate_slices AS s
+                                                WHERE s.queue = r.name AND s.slice = ws.slice
+                                                FOR NO KEY UPDATE SKIP LOCKED) AS x(x)) AS g
+                      CROSS JOIN LATERAL unnest(g.rows) WITH ORDINALITY AS c(queue, slice, tokens, taken, made_by, i)
+                      WHERE v.others > 0 AND cardinality(g.rows) = v.n) AS l ON true
+                  GROUP BY w.slices) AS x;
+            EXIT WHEN want = '{}' OR got >= r.need;
+            tried := tried || want;
+        END LOOP;
+        slices := slices || held;
+    END LOOP;
+    at := pgq._rate_clock();
+    -- Each rate-limited queue's picks past the tokens its slices hold at `at`: left out.
+    ids := ARRAY(
+        SELECT j.id
+        FROM (SELECT j.id, j.queue,
+                     row_number() OVER (PARTITION BY j.queue ORDER BY j.priority DESC, j.run_at, j.id) AS nth
+              FROM pgq.jobs AS j WHERE j.id = ANY (_take_tokens.picks)) AS j
+        LEFT JOIN (SELECT q.name,
+                          (SELECT coalesce(sum(t.tokens_left), 0)
+                           FROM pgq._slice_tokens(slices, q.name, q.rate_limit, pgq._slice_size(q.rate_limit, q.rate_period),
+                                                  pgq._stripes(q.rate_limit, q.rate_period),
+                                                  pgq._token_number(q.rate_limit, q.rate_period, at)) AS t) AS tokens
+                   FROM pgq.queues AS q
+                   WHERE q.name = ANY (ARRAY(SELECT e.queue FROM unnest(_take_tokens.rooms) AS e WHERE e.rated))
+                     AND q.rate_limit > 0) AS t ON t.name = j.queue
+        WHERE t.name IS NULL OR j.nth <= t.tokens);
+END
+$$;
+
+-- Makes a queue's slices (pgq.rate_slices) for a new rate or period (pgq.configure_queue, which
+-- holds the queue's row, reads its old rate from it): every slice's rows are locked first (waiting
+-- for the claims that hold one, as admin calls wait), then what the old rate handed out in its
+-- window and has not regained (its debt, in tokens: the rate less the tokens good and not taken,
+-- a slice not made yet counting as whole) is kept as as many tokens of the new rate (at most a
+-- whole bucket: empty), taken from the oldest of the new window's. Rate 0: no slice.
 CREATE OR REPLACE FUNCTION pgq._set_rate_buckets(queue text, old_period interval, rate integer, period interval,
                                                  at timestamptz) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    debt  float8;        -- tokens handed out and not regained yet
-    tat   timestamptz;   -- the new shards' tat
-    n     integer;
+    old_rate integer;
+    debt     bigint := 0;   -- tokens handed out and not regained yet
+    k        integer;       -- the new rate's slices' size,
+    m        integer;       -- stripes
+    n        bigint;        -- and newest token due
 BEGIN
-    PERFORM FROM pgq.rate_buckets AS b WHERE b.queue = _set_rate_buckets.queue ORDER BY b.shard FOR UPDATE;
-    SELECT coalesce(sum(extract(epoch FROM b.tat - _set_rate_buckets.at) * b.rate
-                        / extract(epoch FROM _set_rate_buckets.old_period)), 0)
-    INTO debt
-    FROM pgq.rate_buckets AS b WHERE b.queue = _set_rate_buckets.queue AND b.tat > _set_rate_buckets.at;
-    DELETE FROM pgq.rate_buckets AS b WHERE b.queue = _set_rate_buckets.queue;
+    SELECT q.rate_limit INTO old_rate FROM pgq.queues AS q WHERE q.name = _set_rate_buckets.queue;
+    PERFORM FROM pgq.rate_slices AS s WHERE s.queue = _set_rate_buckets.queue ORDER BY s.slice, s.made_by FOR UPDATE;
+    IF old_rate > 0 THEN
+        debt := old_rate - pgq._bucket_tokens(_set_rate_buckets.queue, _set_rate_buckets.old_period, _set_rate_buckets.at);
+    END IF;
+    DELETE FROM pgq.rate_slices AS s WHERE s.queue = _set_rate_buckets.queue;
     IF _set_rate_buckets.rate = 0 THEN
         RETURN;
     END IF;
-    IF debt > 0 THEN
-        tat := _set_rate_buckets.at + least(debt / _set_rate_buckets.rate, 1) * _set_rate_buckets.period;
-    END IF;
-    n := pgq._rate_shards(_set_rate_buckets.rate, _set_rate_buckets.period);
-    INSERT INTO pgq.rate_buckets (queue, shard, rate, tat)
-    SELECT _set_rate_buckets.queue, s.shard, _set_rate_buckets.rate / n + (s.shard < _set_rate_buckets.rate % n)::integer,
-           tat
-    FROM generate_series(0, n - 1) AS s(shard);
+    k := pgq._slice_size(_set_rate_buckets.rate, _set_rate_buckets.period);
+    m := pgq._stripes(_set_rate_buckets.rate, _set_rate_buckets.period);
+    n := pgq._token_number(_set_rate_buckets.rate, _set_rate_buckets.period, _set_rate_buckets.at);
+    -- The tokens up to n - rate + debt are taken: in slice s, those below base + j * m for the
+    -- first j past that.
+    INSERT INTO pgq.rate_slices (queue, slice, tokens, taken)
+    SELECT _set_rate_buckets.queue, g.slice, k,
+           least(greatest(floor((n - _set_rate_buckets.rate + least(debt, _set_rate_buckets.rate)
+                                 - ((g.slice / m) * m * k + g.slice % m))::numeric / m) + 1, 0), k)
+    FROM generate_series((n - _set_rate_buckets.rate + 1) / (m * k) * m,
+                         pgq._token_number(_set_rate_buckets.rate, _set_rate_buckets.period,
+                                           _set_rate_buckets.at + greatest(_set_rate_buckets.period, interval '10 seconds'))
+                             / (m * k) * m + m - 1) AS g(slice);
 END
 $$;
 
--- How many tokens a queue's shards hold at `at` (its rate_period: `period`); 0 without shards.
+-- How many tokens a queue's rate (its rate_period: `period`) holds at `at`: the good ones not
+-- taken, those of slices not made yet (past the newest made: its next claim makes them) counting
+-- as not taken; 0 without a rate.
 CREATE OR REPLACE FUNCTION pgq._bucket_tokens(queue text, period interval, at timestamptz) RETURNS integer
     LANGUAGE sql STABLE
     AS $$
-    SELECT coalesce(sum(pgq._tokens(b.tat, b.rate, $2, $3)), 0)::integer FROM pgq.rate_buckets AS b WHERE b.queue = $1
+    SELECT coalesce((
+        SELECT coalesce((SELECT sum(s.tokens_left)
+                         FROM pgq._slice_tokens(pgq._window_rows(q.name, q.rate_limit, w.k, w.m, w.n, NULL),
+                                                q.name, q.rate_limit, w.k, w.m, w.n) AS s), 0)
+               + greatest(w.n - greatest(w.n - q.rate_limit + 1,
+                                         (coalesce((SELECT max(x.slice) FROM pgq.rate_slices AS x WHERE x.queue = q.name)
+                                                   / w.m, -1) + 1) * w.m * w.k) + 1, 0)
+        FROM pgq.queues AS q
+        CROSS JOIN LATERAL (SELECT pgq._token_number(q.rate_limit, $2, $3) AS n, pgq._slice_size(q.rate_limit, $2) AS k,
+                                   pgq._stripes(q.rate_limit, $2) AS m) AS w
+        WHERE q.name = $1 AND q.rate_limit > 0), 0)::integer
 $$;
 
--- When a queue's bucket is full again: the latest tat of its shards (NULL: full, or no limit).
--- pgq.configure_queue and pgq.queue_settings show it as queues.rate_tat.
+-- When a queue's rate is whole again: one period after its newest token taken (NULL: none taken
+-- in its window, or no rate). pgq.configure_queue and pgq.queue_settings show it as
+-- queues.rate_tat.
 CREATE OR REPLACE FUNCTION pgq._bucket_full_at(queue text) RETURNS timestamptz
     LANGUAGE sql STABLE
-    AS $$ SELECT max(b.tat) FROM pgq.rate_buckets AS b WHERE b.queue = $1 $$;
+    AS $$
+    SELECT pgq._token_time(max((s.slice / w.m) * w.m * w.k + s.slice % w.m + (s.taken - 1) * w.m),
+                           q.rate_limit, q.rate_period) + q.rate_period
+    FROM pgq.queues AS q
+    CROSS JOIN LATERAL (SELECT pgq._token_number(q.rate_limit, q.rate_period, pgq._rate_clock()) AS n,
+                               pgq._slice_size(q.rate_limit, q.rate_period) AS k,
+                               pgq._stripes(q.rate_limit, q.rate_period) AS m) AS w
+    JOIN pgq.rate_slices AS s ON s.queue = q.name AND s.taken > 0
+    WHERE q.name = $1 AND q.rate_limit > 0
+    GROUP BY q.rate_limit, q.rate_period, w.n
+    HAVING max((s.slice / w.m) * w.m * w.k + s.slice % w.m + (s.taken - 1) * w.m) > w.n - q.rate_limit
+$$;
 
--- When a queue's bucket holds a token again: NULL when one of its shards holds one at `at` (or it
--- has none), else the earliest next token of a shard.
+-- When a queue's rate holds a token again: NULL when it holds one at `at` (or has no rate), else
+-- when the next token is due.
 CREATE OR REPLACE FUNCTION pgq._bucket_next_token_at(queue text, period interval, at timestamptz)
     RETURNS timestamptz
     LANGUAGE sql STABLE
     AS $$
-    SELECT CASE WHEN bool_or(pgq._tokens(b.tat, b.rate, $2, $3) >= 1) THEN NULL
-                ELSE min(pgq._next_token_at(b.tat, b.rate, $2, $3)) END
-    FROM pgq.rate_buckets AS b WHERE b.queue = $1
+    SELECT CASE WHEN pgq._bucket_tokens(q.name, $2, $3) < 1
+                THEN pgq._token_time(pgq._token_number(q.rate_limit, $2, $3) + 1, q.rate_limit, $2) END
+    FROM pgq.queues AS q WHERE q.name = $1 AND q.rate_limit > 0
 $$;
 
 -- Deletes up to max_rows rows of pgq.key_rates whose bucket is full again (pgq.sweep,
@@ -2756,28 +3022,34 @@ BEGIN
 END
 $$;
 
--- For pgq.claim: spends the tokens of the rate-limited queues (from the shards it holds,
--- `buckets`, the fullest first) and of their keys (whose slots it holds) for those of `ids` (its
--- picks) that it handed out, at the rate clock's reading `at` (read once all its locks were held,
--- and so no earlier than the reading it counted the tokens at: they hold at least what it takes).
-CREATE OR REPLACE FUNCTION pgq._spend_tokens(ids bigint[], buckets pgq.rate_buckets[], at timestamptz) RETURNS void
+-- For pgq.claim: spends the tokens of the rate-limited queues for those of `ids` (its picks) that
+-- it handed out (running now), from the slices' rows it holds (`slices`, pgq._take_tokens), the
+-- oldest tokens first, at `at` (the reading they were counted at); and of their keys (whose rows it
+-- holds), in their buckets (pgq.key_rates).
+CREATE OR REPLACE FUNCTION pgq._spend_tokens(ids bigint[], slices pgq.rate_slices[], at timestamptz) RETURNS void
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
     AS $$
 BEGIN
-    IF buckets <> '{}' THEN
-        UPDATE pgq.rate_buckets AS b
-        SET tat = pgq._tat_after(b.tat, b.rate, s.period, _spend_tokens.at, least(s.tokens, c.n - (s.upto - s.tokens)))
-        FROM (SELECT h.queue, h.shard, q.rate_period AS period,
-                     pgq._tokens(h.tat, h.rate, q.rate_period, _spend_tokens.at) AS tokens,
-                     sum(pgq._tokens(h.tat, h.rate, q.rate_period, _spend_tokens.at))
-                         OVER (PARTITION BY h.queue ORDER BY h.tat NULLS FIRST, h.shard)::integer AS upto
-              FROM unnest(_spend_tokens.buckets) AS h
-              JOIN pgq.queues AS q ON q.name = h.queue) AS s,
-             (SELECT j.queue, count(*)::integer AS n FROM pgq.jobs AS j
-              WHERE j.id = ANY (_spend_tokens.ids) AND j.state = 'running'
-              GROUP BY j.queue) AS c
-        WHERE c.queue = s.queue AND b.queue = s.queue AND b.shard = s.shard AND c.n > s.upto - s.tokens;
+    IF slices <> '{}' THEN
+        UPDATE pgq.rate_slices AS s
+        SET taken = x.skip + x.take
+        FROM (SELECT t.queue, t.slice, t.skip,
+                     least(t.tokens_left, greatest(t.n - (sum(t.tokens_left) OVER (PARTITION BY t.queue ORDER BY t.slice)
+                                                          - t.tokens_left), 0)) AS take
+              FROM (SELECT q.name AS queue, c.n, h.*
+                    FROM pgq.queues AS q
+                    JOIN (SELECT j.queue, count(*)::integer AS n FROM pgq.jobs AS j
+                          WHERE j.id = ANY (_spend_tokens.ids) AND j.state = 'running'
+                          GROUP BY j.queue) AS c ON c.queue = q.name
+                    CROSS JOIN LATERAL pgq._slice_tokens(
+                        _spend_tokens.slices, q.name, q.rate_limit, pgq._slice_size(q.rate_limit, q.rate_period),
+                        pgq._stripes(q.rate_limit, q.rate_period),
+                        pgq._token_number(q.rate_limit, q.rate_period, _spend_tokens.at)) AS h
+                    WHERE q.rate_limit > 0) AS t) AS x,
+             unnest(_spend_tokens.slices) AS h
+        WHERE x.take > 0 AND h.queue = x.queue AND h.slice = x.slice
+          AND s.queue = h.queue AND s.slice = h.slice AND s.made_by = h.made_by;
     END IF;
     INSERT INTO pgq.key_rates AS k (queue, key, tat)
     SELECT c.queue, c.key, pgq._tat_after(NULL, q.key_rate_limit, q.rate_period, _spend_tokens.at, c.n)
@@ -3081,9 +3353,26 @@ BEGIN
 END
 $$;
 
--- For an enqueue of a job with a concurrency_key into a queue with key limits or key rate limits:
--- makes the key's row in pgq.key_locks when this transaction sees none (a plain INSERT: it never
--- waits for another transaction's row of the same key; two such rows are as good as one).
+-- For an enqueue into a queue with key limits or rate limits (`q`), of a job whose concurrency_key
+-- is `key`: makes the key's row in pgq.key_locks when this transaction sees none (a plain INSERT:
+-- it never waits for another transaction's row of the same key; two such rows are as good as
+-- one), and the slices of the queue's rate due soon when there are none (pgq._make_slices), so
+-- that the claims of the job need not make them.
+CREATE OR REPLACE FUNCTION pgq._ready_limits(q pgq.queues, key text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF _ready_limits.key IS NOT NULL AND (q.key_limited OR q.key_rate_limit > 0) THEN
+        PERFORM pgq._keep_key(q.name, _ready_limits.key);
+    END IF;
+    IF q.rate_limit > 0 THEN
+        PERFORM pgq._make_slices(q.name, q.rate_limit, q.rate_period, pgq._rate_clock());
+    END IF;
+END
+$$;
+
+-- A key's row in pgq.key_locks, made when this transaction sees none (pgq._ready_limits,
+-- pgq.set_key_limit).
 CREATE OR REPLACE FUNCTION pgq._keep_key(queue text, key text) RETURNS void
     LANGUAGE sql
     AS $$
@@ -3743,8 +4032,8 @@ BEGIN
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
-    IF enqueue.concurrency_key IS NOT NULL AND (q.key_limited OR q.key_rate_limit > 0) THEN
-        PERFORM pgq._keep_key(q.name, enqueue.concurrency_key);  -- the row its claims hold (keys.sql)
+    IF q.key_limited OR q.rate_limited THEN
+        PERFORM pgq._ready_limits(q, enqueue.concurrency_key);  -- the rows its claims hold (keys.sql)
     END IF;
     IF enqueue.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue.batch);
@@ -3953,8 +4242,8 @@ BEGIN
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
-    IF enqueue_many.concurrency_key IS NOT NULL AND (q.key_limited OR q.key_rate_limit > 0) THEN
-        PERFORM pgq._keep_key(q.name, enqueue_many.concurrency_key);  -- the row its claims hold (keys.sql)
+    IF q.key_limited OR q.rate_limited THEN
+        PERFORM pgq._ready_limits(q, enqueue_many.concurrency_key);  -- the rows its claims hold (keys.sql)
     END IF;
     IF enqueue_many.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue_many.batch);
@@ -4091,16 +4380,15 @@ CREATE OR REPLACE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, ba
     SET jit = off
     AS $$
 DECLARE
-    names    text[];     -- the eligible queues, in name order
-    rooms    integer[];  -- how many jobs each may start now
-    fairs    boolean[];  -- whether each is in fair mode
-    keyeds   boolean[];  -- whether each takes the per-key step (queues.key_limited or rate_limited)
+    rooms    pgq.claim_room[];  -- the eligible queues, in name order, with how many jobs each may start
     fair_ids bigint[] := '{}';
     keyed_ids bigint[] := '{}';
     capped   boolean;    -- whether any of them has max_running, key limits or rate limits
-    rated    boolean;    -- then: whether any of those it holds has a rate limit
-    rate_now timestamptz;  -- then: the rate limits' clock, read once their shards are held
-    buckets  pgq.rate_buckets[];  -- then: the shards of the rate-limited queues' buckets it holds
+    fair     boolean;    -- whether any of them is fair
+    keyed    boolean;    -- whether any of them takes the per-key step (key limits or rate limits)
+    rated    boolean;    -- whether any of them has a rate limit (its own or its keys')
+    rate_now timestamptz;  -- then: the rate limits' clock, read before the keyed picks
+    slices   pgq.rate_slices[];  -- then: the rate-limited queues' slices it holds
     spend_at timestamptz;  -- then: the rate clock the tokens are spent at
     expired  boolean;    -- whether any lease has expired
     due      boolean;    -- whether one of them has a schedule due
@@ -4119,28 +4407,23 @@ BEGIN
     -- The first read also says whether the failover fence was moved on this server's timeline:
     -- when not, it is now (pgq._check_timeline), before any attempt number is handed out.
     FOR pass IN 1..2 LOOP
-        SELECT e.* INTO names, fairs, capped, expired, due, fenced FROM pgq._claimable_queues(claim.queues) AS e;
+        SELECT e.* INTO rooms, capped, fair, keyed, rated, expired, due, fenced
+        FROM pgq._claimable_queues(claim.queues, claim.batch) AS e;
         IF NOT fenced THEN
             PERFORM pgq._check_timeline();
-            fenced := true;
         END IF;
         EXIT WHEN pass = 2 OR NOT expired;
         PERFORM pgq._recover_expired(100);
         EXIT WHEN claim.queues IS NOT NULL;
     END LOOP;
-    IF names IS NULL THEN
+    IF rooms IS NULL THEN
         RETURN;  -- no eligible queue
     END IF;
     IF due THEN
-        due_queues := names;  -- before the capped queues' rooms narrow names down
+        due_queues := ARRAY(SELECT r.queue FROM unnest(rooms) AS r);  -- before the capped queues' rooms narrow them
     END IF;
-    IF NOT capped THEN
-        rooms := array_fill(claim.batch, ARRAY[cardinality(names)]);
-        keyeds := array_fill(false, ARRAY[cardinality(names)]);
-    ELSE
-        SELECT e.names, e.rooms, e.fairs, e.keyeds, e.rated, e.rate_now, e.buckets
-        INTO names, rooms, fairs, keyeds, rated, rate_now, buckets
-        FROM pgq._claim_rooms(names, claim.batch) AS e;
+    IF capped THEN
+        rooms := pgq._claim_rooms(rooms, claim.batch);
     END IF;
 
     -- Then the due schedules of these queues fire (at most 10 per claim; a sweep fires the rest),
@@ -4152,32 +4435,34 @@ BEGIN
         PERFORM pgq._fire_schedules(10, due_queues);
     END IF;
 
-    IF true = ANY (fairs) THEN
-        fair_ids := ARRAY(SELECT f.id
-                          FROM unnest(names, rooms, fairs, keyeds) AS e(name, room, fair, keyed)
-                          CROSS JOIN LATERAL pgq._fair_pick(e.name, e.room, claim.kinds) AS f(id)
-                          WHERE e.fair AND NOT e.keyed);
+    IF fair THEN
+        fair_ids := ARRAY(SELECT f.id FROM unnest(rooms) AS r
+                          CROSS JOIN LATERAL pgq._fair_pick(r.queue, r.room, claim.kinds) AS f(id)
+                          WHERE r.fair AND NOT r.keyed);
     END IF;
-    IF true = ANY (keyeds) THEN
-        keyed_ids := ARRAY(SELECT f.id
-                           FROM unnest(names, rooms, fairs, keyeds) AS e(name, room, fair, keyed)
-                           CROSS JOIN LATERAL pgq._keyed_pick(e.name, e.room, claim.kinds, e.fair, rate_now) AS f(id)
-                           WHERE e.keyed);
-    END IF;
-
-    -- The rate clock the tokens are spent at: read once every lock is held (the shards', the
-    -- keys', the picks'), before the jobs are handed out (their claimed events come after it).
-    IF rated THEN
-        spend_at := pgq._rate_clock();
+    IF keyed THEN
+        IF rated THEN
+            rate_now := pgq._rate_clock();
+        END IF;
+        keyed_ids := ARRAY(SELECT f.id FROM unnest(rooms) AS r
+                           CROSS JOIN LATERAL pgq._keyed_pick(r.queue, r.room, claim.kinds, r.fair, rate_now) AS f(id)
+                           WHERE r.keyed);
     END IF;
 
-    RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, names, rooms, fairs, keyeds, fair_ids || keyed_ids,
-                                               claim.batch, claim.lease, claim.kinds);
+    -- The rate-limited queues' tokens for their picks, held (their slices locked) before the jobs
+    -- are handed out, and the rate clock they are spent at, read once every lock is held (the
+    -- slices', the keys', the picks'); picks beyond the tokens are left out.
+    IF rated AND keyed_ids <> '{}' THEN
+        SELECT t.ids, t.slices, t.at INTO keyed_ids, slices, spend_at FROM pgq._take_tokens(keyed_ids, rooms) AS t;
+    END IF;
 
-    -- The rate-limited queues' tokens, spent for the jobs this claim handed out: its picks
-    -- (locked by it, pending until its UPDATE) that are running now.
-    IF rated THEN
-        PERFORM pgq._spend_tokens(keyed_ids, buckets, spend_at);
+    RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch, claim.lease,
+                                               claim.kinds);
+
+    -- The rate limits' tokens, spent for the jobs this claim handed out: its picks (locked by it,
+    -- pending until its UPDATE) that are running now.
+    IF rated AND keyed_ids <> '{}' THEN
+        PERFORM pgq._spend_tokens(keyed_ids, slices, spend_at);
     END IF;
 END
 $$;
@@ -4285,22 +4570,29 @@ BEGIN
 END
 $$;
 
--- Which of the worker's queues (`queues`; NULL: all) a claim takes jobs from, in name order, with
--- whether each is fair, whether any of them is capped (max_running, key limits or rate limits:
--- pgq._claim_rooms), whether any lease has expired (one index probe) and whether one of them has a
--- schedule due (a column of the rows read anyway; bool_or allocates nothing, unlike array_agg).
+-- Which of the worker's queues (`queues`; NULL: all) a claim takes jobs from, in name order, as
+-- its rooms (pgq.claim_room: each with `batch` as its room, whether it is fair, takes the per-key
+-- step or has a rate limit), with whether any of them is capped (max_running, key limits or rate
+-- limits: pgq._claim_rooms), fair, keyed or rate-limited, whether any lease has expired (one index
+-- probe) and whether one of them has a schedule due (columns of the rows read anyway; bool_or
+-- allocates nothing, unlike array_agg).
 -- With queues => NULL the candidates are the queues that have a pending job, found by a skip scan
 -- of jobs_ready_idx (the next queue name after the last, one index probe each: queues without
--- jobs are never read), and those with a due schedule (queues_schedule_due_idx). names is NULL
+-- jobs are never read), and those with a due schedule (queues_schedule_due_idx). rooms is NULL
 -- when no queue is eligible. And whether the failover fence row (pgq.fence, one row) names this
 -- server's timeline (false on a standby, whose WAL position cannot be read: pgq._check_timeline
 -- then says so). One SELECT, so the planner inlines it into pgq.claim: no call.
-CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[])
-    RETURNS TABLE (names text[], fairs boolean[], capped boolean, expired boolean, due boolean, fenced boolean)
+CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer)
+    RETURNS TABLE (rooms pgq.claim_room[], capped boolean, fair boolean, keyed boolean, rated boolean,
+                   expired boolean, due boolean, fenced boolean)
     LANGUAGE sql STABLE
     AS $$
-    SELECT array_agg(q.name ORDER BY q.name), array_agg(q.fair ORDER BY q.name),
+    SELECT array_agg(ROW(q.name, $2, q.fair, q.key_limited OR q.rate_limited, q.rate_limit > 0)::pgq.claim_room
+                     ORDER BY q.name),
            coalesce(bool_or(q.max_running > 0 OR q.key_limited OR q.rate_limited), false),
+           coalesce(bool_or(q.fair), false),
+           coalesce(bool_or(q.key_limited OR q.rate_limited), false),
+           coalesce(bool_or(q.rate_limited), false),
            EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
            coalesce(bool_or(q.next_schedule_at <= pgq._now()), false),
            coalesce((SELECT f.timeline = pgq._timeline() FROM pgq.fence AS f WHERE NOT pg_is_in_recovery()), false)
@@ -4324,33 +4616,29 @@ CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[])
       AND (q.restricted IS NULL OR pgq._may_claim(q.name, q.restricted, $1 IS NOT NULL))
 $$;
 
--- For a claim of capped queues (pgq._claimable_queues): which of `queues` it takes jobs from (names),
--- and how many each may start now (rooms). A queue with max_running is locked before its running
--- jobs are counted by the last statement, whose fresh snapshot sees every earlier claim; one that
--- another transaction holds is skipped (this call claims none of its jobs), never waited for. A
--- queue with a rate limit is not locked: the claim locks the shards of its bucket it may spend
--- (`buckets`: per queue, shards that hold a token by a reading before the locks, as many as hold
--- `batch` tokens on average, from a random one on; each tried with SKIP LOCKED), and its room is
--- at most the tokens those hold at rate_now, the rate clock read once they are held (see
--- pgq._rate_clock); a queue none of whose shards it could lock gets no room. A queue with key
--- limits alone is not locked either (pgq._keyed_pick locks its keys). (Under REPEATABLE READ or
+-- For a claim of capped queues (pgq._claimable_queues): its rooms, each narrowed to how many jobs
+-- the queue may start now; those without room are left out. A queue with max_running is locked
+-- before its running jobs are counted by the last statement, whose fresh snapshot sees every
+-- earlier claim; one that another transaction holds is skipped (this call claims none of its
+-- jobs), never waited for. A queue with a rate limit is not locked: its slices are made ahead
+-- (pgq._make_slices) and its room is at most the tokens they hold that this claim may spend, by a
+-- reading before any lock (pgq._take_tokens holds them, for the picks). A queue with key limits
+-- alone is not locked either (pgq._keyed_pick holds its keys). (Under REPEATABLE READ or
 -- SERIALIZABLE the counts would come from an older snapshot and could pass the limits: such a
 -- claim of a capped queue is refused.)
--- keyeds: whether each takes the per-key step (pgq._keyed_pick); rated: whether any of them has
--- a rate limit, whose tokens pgq.claim spends. A rate-limited queue takes the per-key step, whose
--- picks are known before the claim, so that the tokens spent are those of the jobs handed out
--- (counted after it). Queues without room are left out.
-CREATE OR REPLACE FUNCTION pgq._claim_rooms(queues text[], batch integer, OUT names text[], OUT rooms integer[],
-                                            OUT fairs boolean[], OUT keyeds boolean[], OUT rated boolean,
-                                            OUT rate_now timestamptz, OUT buckets pgq.rate_buckets[])
+CREATE OR REPLACE FUNCTION pgq._claim_rooms(rooms pgq.claim_room[], batch integer) RETURNS pgq.claim_room[]
     LANGUAGE plpgsql
     AS $$
 DECLARE
     locked   text[];     -- the queues with max_running this call holds (the others are skipped)
-    start    integer;    -- the shard a rate-limited queue's locks start at
+    tokens   jsonb := '{}';  -- rate-limited queue -> the tokens it may spend, by that reading
+    at       timestamptz;
+    k        integer;    -- the tokens of a slice of its rate,
+    m        integer;    -- its stripes
+    n        bigint;     -- and the newest token due at `at`
+    cand     pgq.rate_slices[];  -- the rows of its oldest slices with tokens
     r        record;
 BEGIN
-    buckets := '{}';
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'pgq: a claim of a queue with max_running, key limits or rate limits must run at READ COMMITTED, not %',
             upper(current_setting('transaction_isolation'))
@@ -4358,61 +4646,47 @@ BEGIN
                   HINT = 'Claim in autocommit mode, or in a READ COMMITTED transaction.';
     END IF;
     locked := ARRAY(SELECT q.name FROM pgq.queues AS q
-                    WHERE q.max_running > 0 AND NOT q.paused AND q.name = ANY (_claim_rooms.queues)
+                    WHERE q.max_running > 0 AND NOT q.paused AND q.name = ANY (ARRAY(SELECT e.queue FROM unnest(rooms) AS e))
                     FOR NO KEY UPDATE SKIP LOCKED);
-    -- Per rate-limited queue, as many of its shards with a token (by a reading before the locks)
-    -- as hold `batch` tokens on average, from a random shard on: claimers at once start at
-    -- different shards, and each takes the next free ones (SKIP LOCKED with LIMIT).
     FOR r IN
-        SELECT q.name, q.rate_period, count(*)::integer AS shards,
-               sum(pgq._tokens(b.tat, b.rate, q.rate_period, pgq._rate_clock()))::integer AS tokens
-        FROM pgq.queues AS q
-        JOIN pgq.rate_buckets AS b ON b.queue = q.name
-        WHERE q.rate_limit > 0 AND NOT q.paused AND q.name = ANY (_claim_rooms.queues)
-        GROUP BY q.name, q.rate_period
+        SELECT q.name, q.rate_limit, q.rate_period FROM unnest(rooms) AS e JOIN pgq.queues AS q ON q.name = e.queue
+        WHERE e.rated AND q.rate_limit > 0
     LOOP
-        CONTINUE WHEN r.tokens = 0;
-        start := floor(random() * r.shards)::integer;
-        buckets := buckets || ARRAY(
-            SELECT b FROM pgq.rate_buckets AS b
-            WHERE b.queue = r.name AND pgq._tokens(b.tat, b.rate, r.rate_period, pgq._rate_clock()) >= 1
-            ORDER BY (b.shard + start) % r.shards
-            LIMIT least(r.shards, ceil(_claim_rooms.batch::numeric * r.shards / r.tokens))::integer
-            FOR NO KEY UPDATE SKIP LOCKED);
+        at := pgq._rate_clock();
+        PERFORM pgq._make_slices(r.name, r.rate_limit, r.rate_period, at);
+        k := pgq._slice_size(r.rate_limit, r.rate_period);
+        m := pgq._stripes(r.rate_limit, r.rate_period);
+        n := pgq._token_number(r.rate_limit, r.rate_period, at);
+        cand := pgq._window_rows(r.name, r.rate_limit, k, m, n, _claim_rooms.batch);
+        tokens := tokens || jsonb_build_object(r.name, (SELECT coalesce(sum(s.tokens_left), 0)
+                                                        FROM pgq._slice_tokens(cand, r.name, r.rate_limit, k, m, n) AS s
+                                                        WHERE s.spendable));
     END LOOP;
-    rate_now := pgq._rate_clock();
-    SELECT array_agg(e.name ORDER BY e.name), array_agg(e.room ORDER BY e.name),
-           array_agg(e.fair ORDER BY e.name), array_agg(e.keyed ORDER BY e.name),
-           coalesce(bool_or(e.rate_limited), false)
-    INTO names, rooms, fairs, keyeds, rated
-    FROM (
-        SELECT q.name, q.fair, q.key_limited OR q.rate_limited AS keyed, q.rate_limited,
-               least(CASE WHEN q.max_running = 0 THEN _claim_rooms.batch
-                          ELSE least(_claim_rooms.batch, q.max_running - (
-                                   SELECT count(*) FROM pgq.jobs AS j
-                                   WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
-                     END,
-                     CASE WHEN q.rate_limit > 0
-                          THEN (SELECT coalesce(sum(pgq._tokens(h.tat, h.rate, q.rate_period, rate_now)), 0)::integer
-                                FROM unnest(buckets) AS h WHERE h.queue = q.name) END)
-               AS room
-        FROM pgq.queues AS q
-        WHERE NOT q.paused AND q.name = ANY (_claim_rooms.queues)
-          AND (q.max_running = 0 OR q.name = ANY (locked))
-    ) AS e
-    WHERE e.room > 0;
+    RETURN ARRAY(
+        SELECT ROW(e.queue, e.room, e.fair, e.keyed, e.rated)::pgq.claim_room
+        FROM (SELECT e.queue, e.fair, e.keyed, e.rated,
+                     least(CASE WHEN q.max_running = 0 THEN _claim_rooms.batch
+                                ELSE least(_claim_rooms.batch, q.max_running - (
+                                         SELECT count(*) FROM pgq.jobs AS j
+                                         WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
+                           END,
+                           (tokens ->> e.queue)::integer) AS room
+              FROM unnest(rooms) AS e
+              JOIN pgq.queues AS q ON q.name = e.queue
+              WHERE NOT q.paused AND (q.max_running = 0 OR q.name = ANY (locked))) AS e
+        WHERE e.room > 0
+        ORDER BY e.queue);
 END
 $$;
 
--- The pick and the lease, in one statement: for each eligible queue (`names`, in name order, with
--- the room each has, and whether it is fair or takes the per-key step), its first claimable jobs
+-- The pick and the lease, in one statement: for each eligible queue (its room in `rooms`, in name
+-- order, with the room each has, and whether it is fair or takes the per-key step), its first claimable jobs
 -- in index order, per kind when the worker named its kinds; with the fair and key-limited queues'
 -- picks (`picked`, locked by pgq._fair_pick and pgq._keyed_pick), the best `batch` of those across
 -- queues become running under a lease, attempt + 1, claimed_by `worker`, bound to the login; a
 -- claimed event each (queues with audit). Returns them in the total order.
-CREATE OR REPLACE FUNCTION pgq._lease_jobs(worker text, names text[], rooms integer[], fairs boolean[],
-                                           keyeds boolean[], picked bigint[], batch integer, lease interval,
-                                           kinds text[])
+CREATE OR REPLACE FUNCTION pgq._lease_jobs(worker text, rooms pgq.claim_room[], picked bigint[], batch integer,
+                                           lease interval, kinds text[])
     RETURNS SETOF pgq.claimed_job
     LANGUAGE plpgsql
     AS $$
@@ -4424,7 +4698,7 @@ BEGIN
         SELECT c.id
         FROM (
             SELECT c.id, c.priority, c.run_at
-            FROM unnest(names, rooms, fairs, keyeds) AS e(queue, room, fair, keyed)
+            FROM unnest(_lease_jobs.rooms) AS e
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at
                 FROM pgq.jobs AS j
@@ -4441,7 +4715,7 @@ BEGIN
             -- rows for NULL). Inside this one statement: a query of its own would cost a claim
             -- more than the per-kind picks do.
             SELECT c.id, c.priority, c.run_at
-            FROM unnest(names, rooms, fairs, keyeds) AS e(queue, room, fair, keyed)
+            FROM unnest(_lease_jobs.rooms) AS e
             CROSS JOIN (SELECT DISTINCT w.kind FROM unnest(_lease_jobs.kinds) AS w(kind)) AS k
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at
@@ -6979,6 +7253,7 @@ REVOKE ALL ON TABLE pgq.key_rates FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.key_slots FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.queues FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.rate_buckets FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.rate_slices FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.schedules FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.tenants FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.unique_successors FROM PUBLIC;

@@ -254,8 +254,8 @@ BEGIN
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
-    IF enqueue.concurrency_key IS NOT NULL AND (q.key_limited OR q.key_rate_limit > 0) THEN
-        PERFORM pgq._keep_key(q.name, enqueue.concurrency_key);  -- the row its claims hold (keys.sql)
+    IF q.key_limited OR q.rate_limited THEN
+        PERFORM pgq._ready_limits(q, enqueue.concurrency_key);  -- the rows its claims hold (keys.sql)
     END IF;
     IF enqueue.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue.batch);
@@ -464,8 +464,8 @@ BEGIN
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
-    IF enqueue_many.concurrency_key IS NOT NULL AND (q.key_limited OR q.key_rate_limit > 0) THEN
-        PERFORM pgq._keep_key(q.name, enqueue_many.concurrency_key);  -- the row its claims hold (keys.sql)
+    IF q.key_limited OR q.rate_limited THEN
+        PERFORM pgq._ready_limits(q, enqueue_many.concurrency_key);  -- the rows its claims hold (keys.sql)
     END IF;
     IF enqueue_many.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue_many.batch);

@@ -254,9 +254,26 @@ BEGIN
 END
 $$;
 
--- For an enqueue of a job with a concurrency_key into a queue with key limits or key rate limits:
--- makes the key's row in pgq.key_locks when this transaction sees none (a plain INSERT: it never
--- waits for another transaction's row of the same key; two such rows are as good as one).
+-- For an enqueue into a queue with key limits or rate limits (`q`), of a job whose concurrency_key
+-- is `key`: makes the key's row in pgq.key_locks when this transaction sees none (a plain INSERT:
+-- it never waits for another transaction's row of the same key; two such rows are as good as
+-- one), and the slices of the queue's rate due soon when there are none (pgq._make_slices), so
+-- that the claims of the job need not make them.
+CREATE OR REPLACE FUNCTION pgq._ready_limits(q pgq.queues, key text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF _ready_limits.key IS NOT NULL AND (q.key_limited OR q.key_rate_limit > 0) THEN
+        PERFORM pgq._keep_key(q.name, _ready_limits.key);
+    END IF;
+    IF q.rate_limit > 0 THEN
+        PERFORM pgq._make_slices(q.name, q.rate_limit, q.rate_period, pgq._rate_clock());
+    END IF;
+END
+$$;
+
+-- A key's row in pgq.key_locks, made when this transaction sees none (pgq._ready_limits,
+-- pgq.set_key_limit).
 CREATE OR REPLACE FUNCTION pgq._keep_key(queue text, key text) RETURNS void
     LANGUAGE sql
     AS $$
