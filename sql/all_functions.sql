@@ -2075,8 +2075,9 @@ CREATE OR REPLACE FUNCTION pgq._rescaled_tat(tat timestamptz, old_rate integer, 
 $$;
 
 -- How many stripes a queue's rate of `rate` tokens per `period` has: one per 100 tokens a second,
--- 1 to 16 and at most `rate` (as the shards of pgq.rate_buckets had, up to version 19), so that
--- claimers at once take the tokens due side by side. Token n is of stripe n mod stripes.
+-- 1 to 16 and at most `rate` (as many as the shards of pgq.rate_buckets, up to version 19), so
+-- that claimers at once take the tokens falling due side by side. Token n is of stripe n mod
+-- stripes.
 CREATE OR REPLACE FUNCTION pgq._stripes(rate integer, period interval) RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT greatest(1, least(16, $1, floor($1 / extract(epoch FROM $2) / 100)))::integer $$;
@@ -2433,8 +2434,8 @@ $$;
 
 -- For a worker after a claim that came back short: each rate-limited queue of `queues` (NULL:
 -- every one), with how long until a claim may get a job its rate limits hold back now: 0 while
--- a shard of its bucket holds a token and none of its keys is out of tokens; otherwise until the queue's
--- next token, or the earliest next token of a key out of tokens (whether or not that key has due
+-- its rate holds a token (pgq._bucket_tokens) and none of its keys is out of tokens; otherwise
+-- until the queue's next token, or the earliest next token of a key out of tokens (whether or not that key has due
 -- jobs: an index range, never a read of the jobs). A worker calls it only for queues it knows are
 -- rate-limited (this function's last answer), so other queues pay nothing.
 CREATE OR REPLACE FUNCTION pgq.rate_limit_wait(queues text[] DEFAULT NULL)
@@ -3715,25 +3716,29 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- Three queue settings change the pick: a queue with max_running > 0 is locked for the claim and
 -- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
 -- a fair queue's candidates come from pgq._fair_pick, and a key-limited queue's (key_max_running
--- or pgq.set_key_limit) from pgq._keyed_pick, at most each key's free slots: it locks each key it
--- takes (its slot), not the queue, so claims of different keys run side by side; a rate-limited
--- queue's tokens come from the shards of its bucket the claim locks (pgq._claim_rooms), so its
--- claimers spend side by side too. Queues with none of them pay nothing for them.
+-- or pgq.set_key_limit) from pgq._keyed_pick, at most each key's free slots: it holds each key it
+-- takes (the key's own rows, pgq.key_locks), not the queue, so claims of different keys run side by
+-- side; a rate-limited queue's tokens come from the slices of its rate the claim locks after its
+-- picks, as few as hold what they need (pgq._take_tokens), so its claimers spend side by side too.
+-- Queues with none of them pay nothing for them.
 -- A claim never waits for another session's lock: a capped queue's row (a fair queue's tenant
--- row, a key's slot, a bucket's shard) that another transaction holds is skipped for this call
+-- row, a key's rows, a rate's slice) that another transaction holds is skipped for this call
 -- (SKIP LOCKED), so an idle transaction that claimed from a limited queue holds up no other
--- worker's claims of anything else.
+-- worker's claims of anything else, and of a limited queue only the keys it took and the tokens
+-- it spent (and the rest of the slices it took them from).
 -- Before any job is handed out, the failover fence: the claim's first read (of the queues) also
 -- compares the fence row's timeline with this server's; when they differ (a promotion), the fences
 -- are moved first (pgq._check_timeline). No session state is trusted for it: a setting would be
 -- one any caller could forge.
 --
 -- pgq.claim, first below, reads as those steps: the arguments (pgq._check_claim,
--- called only when one is wrong), which queues (pgq._claimable_queues), the capped queues' locks and
--- free slots (pgq._claim_rooms), the due schedules (pgq._fire_schedules), the fair and key-limited
--- picks (pgq._fair_pick, pgq._keyed_pick), then the pick and the lease (pgq._lease_jobs), and the
--- rate limits' tokens (pgq._spend_tokens). The helpers run inside the claim (as its owner, with
--- its settings: no SET clause of their own) and no role may call them.
+-- called only when one is wrong), which queues and their rooms (pgq._claimable_queues: one
+-- pgq.claim_room per queue, the row every step passes on), the capped queues' locks and free slots
+-- (pgq._claim_rooms), the due schedules (pgq._fire_schedules), the fair and key-limited picks
+-- (pgq._fair_pick, pgq._keyed_pick), the rate limits' tokens for the picks (pgq._take_tokens),
+-- then the pick and the lease (pgq._lease_jobs), and the tokens spent (pgq._spend_tokens). The
+-- helpers run inside the claim (as its owner, with its settings: no SET clause of their own) and
+-- no role may call them.
 
 CREATE OR REPLACE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, batch integer DEFAULT 1,
                           lease interval DEFAULT NULL, kinds text[] DEFAULT NULL)
@@ -6189,8 +6194,8 @@ CREATE OR REPLACE FUNCTION pgq.queue_settings(queue text DEFAULT NULL)
     SET search_path = pgq, pg_temp
     AS $$
     SELECT pgq._existing_queue('queue', queue_settings.queue) WHERE queue_settings.queue IS NOT NULL;
-    -- (rate_tat: when the queue's bucket is full again, from its shards, pgq.rate_buckets, which
-    -- hold its state since migration 0016.)
+    -- (rate_tat: when the queue's rate is whole again, from its slices, pgq.rate_slices, which
+    -- hold its state since migration 0020: pgq._bucket_full_at.)
     SELECT (jsonb_populate_record(q, jsonb_build_object('rate_tat', pgq._bucket_full_at(q.name)))).*
     FROM pgq.queues AS q
     WHERE queue_settings.queue IS NULL OR q.name = queue_settings.queue

@@ -20,25 +20,29 @@
 -- Three queue settings change the pick: a queue with max_running > 0 is locked for the claim and
 -- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
 -- a fair queue's candidates come from pgq._fair_pick, and a key-limited queue's (key_max_running
--- or pgq.set_key_limit) from pgq._keyed_pick, at most each key's free slots: it locks each key it
--- takes (its slot), not the queue, so claims of different keys run side by side; a rate-limited
--- queue's tokens come from the shards of its bucket the claim locks (pgq._claim_rooms), so its
--- claimers spend side by side too. Queues with none of them pay nothing for them.
+-- or pgq.set_key_limit) from pgq._keyed_pick, at most each key's free slots: it holds each key it
+-- takes (the key's own rows, pgq.key_locks), not the queue, so claims of different keys run side by
+-- side; a rate-limited queue's tokens come from the slices of its rate the claim locks after its
+-- picks, as few as hold what they need (pgq._take_tokens), so its claimers spend side by side too.
+-- Queues with none of them pay nothing for them.
 -- A claim never waits for another session's lock: a capped queue's row (a fair queue's tenant
--- row, a key's slot, a bucket's shard) that another transaction holds is skipped for this call
+-- row, a key's rows, a rate's slice) that another transaction holds is skipped for this call
 -- (SKIP LOCKED), so an idle transaction that claimed from a limited queue holds up no other
--- worker's claims of anything else.
+-- worker's claims of anything else, and of a limited queue only the keys it took and the tokens
+-- it spent (and the rest of the slices it took them from).
 -- Before any job is handed out, the failover fence: the claim's first read (of the queues) also
 -- compares the fence row's timeline with this server's; when they differ (a promotion), the fences
 -- are moved first (pgq._check_timeline). No session state is trusted for it: a setting would be
 -- one any caller could forge.
 --
 -- pgq.claim, first below, reads as those steps: the arguments (pgq._check_claim,
--- called only when one is wrong), which queues (pgq._claimable_queues), the capped queues' locks and
--- free slots (pgq._claim_rooms), the due schedules (pgq._fire_schedules), the fair and key-limited
--- picks (pgq._fair_pick, pgq._keyed_pick), then the pick and the lease (pgq._lease_jobs), and the
--- rate limits' tokens (pgq._spend_tokens). The helpers run inside the claim (as its owner, with
--- its settings: no SET clause of their own) and no role may call them.
+-- called only when one is wrong), which queues and their rooms (pgq._claimable_queues: one
+-- pgq.claim_room per queue, the row every step passes on), the capped queues' locks and free slots
+-- (pgq._claim_rooms), the due schedules (pgq._fire_schedules), the fair and key-limited picks
+-- (pgq._fair_pick, pgq._keyed_pick), the rate limits' tokens for the picks (pgq._take_tokens),
+-- then the pick and the lease (pgq._lease_jobs), and the tokens spent (pgq._spend_tokens). The
+-- helpers run inside the claim (as its owner, with its settings: no SET clause of their own) and
+-- no role may call them.
 
 CREATE OR REPLACE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, batch integer DEFAULT 1,
                           lease interval DEFAULT NULL, kinds text[] DEFAULT NULL)

@@ -82,8 +82,9 @@ CREATE OR REPLACE FUNCTION pgq._rescaled_tat(tat timestamptz, old_rate integer, 
 $$;
 
 -- How many stripes a queue's rate of `rate` tokens per `period` has: one per 100 tokens a second,
--- 1 to 16 and at most `rate` (as the shards of pgq.rate_buckets had, up to version 19), so that
--- claimers at once take the tokens due side by side. Token n is of stripe n mod stripes.
+-- 1 to 16 and at most `rate` (as many as the shards of pgq.rate_buckets, up to version 19), so
+-- that claimers at once take the tokens falling due side by side. Token n is of stripe n mod
+-- stripes.
 CREATE OR REPLACE FUNCTION pgq._stripes(rate integer, period interval) RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT greatest(1, least(16, $1, floor($1 / extract(epoch FROM $2) / 100)))::integer $$;
@@ -440,8 +441,8 @@ $$;
 
 -- For a worker after a claim that came back short: each rate-limited queue of `queues` (NULL:
 -- every one), with how long until a claim may get a job its rate limits hold back now: 0 while
--- a shard of its bucket holds a token and none of its keys is out of tokens; otherwise until the queue's
--- next token, or the earliest next token of a key out of tokens (whether or not that key has due
+-- its rate holds a token (pgq._bucket_tokens) and none of its keys is out of tokens; otherwise
+-- until the queue's next token, or the earliest next token of a key out of tokens (whether or not that key has due
 -- jobs: an index range, never a read of the jobs). A worker calls it only for queues it knows are
 -- rate-limited (this function's last answer), so other queues pay nothing.
 CREATE OR REPLACE FUNCTION pgq.rate_limit_wait(queues text[] DEFAULT NULL)
