@@ -323,7 +323,8 @@ $$;
 
 -- The keys of `queue` with a claimable job, in key order after `after` (and up to `upto`, when
 -- given), leaving out `skip`: at most `m` of them, one probe of jobs_key_ready_idx each (and one
--- per skipped key). For pgq._keyed_pick's second step.
+-- per skipped key). The walk stops at the first key past `upto` (a bound in the probe itself would
+-- be a filter, and the probe past the last key would read every entry after it).
 CREATE OR REPLACE FUNCTION pgq._walk_keys(queue text, after text, upto text, skip text[], m integer)
     RETURNS SETOF text
     LANGUAGE sql STABLE
@@ -331,17 +332,18 @@ CREATE OR REPLACE FUNCTION pgq._walk_keys(queue text, after text, upto text, ski
     WITH RECURSIVE walk(key) AS (
         (SELECT j.concurrency_key FROM pgq.jobs AS j
          WHERE j.queue = $1 AND j.state = 'pending' AND j.attempt < j.max_attempts
-           AND j.concurrency_key IS NOT NULL AND j.concurrency_key > $2 AND ($3 IS NULL OR j.concurrency_key <= $3)
+           AND j.concurrency_key IS NOT NULL AND j.concurrency_key > $2
          ORDER BY j.concurrency_key LIMIT 1)
         UNION ALL
         SELECT (SELECT j.concurrency_key FROM pgq.jobs AS j
                 WHERE j.queue = $1 AND j.state = 'pending' AND j.attempt < j.max_attempts
                   AND j.concurrency_key IS NOT NULL AND j.concurrency_key > w.key
-                  AND ($3 IS NULL OR j.concurrency_key <= $3)
                 ORDER BY j.concurrency_key LIMIT 1)
-        FROM walk AS w WHERE w.key IS NOT NULL
+        FROM walk AS w WHERE w.key IS NOT NULL AND ($3 IS NULL OR w.key < $3)
     )
-    SELECT w.key FROM walk AS w WHERE w.key IS NOT NULL AND w.key <> ALL ($4) LIMIT $5
+    SELECT w.key FROM walk AS w
+    WHERE w.key IS NOT NULL AND ($3 IS NULL OR w.key <= $3) AND w.key <> ALL ($4)
+    LIMIT $5
 $$;
 
 -- Deletes, oldest first, up to max_rows rows of pgq.key_locks made more than an hour ago (pgq.sweep,
