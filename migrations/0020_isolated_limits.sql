@@ -28,9 +28,10 @@
 -- * pgq.key_slots and pgq.rate_buckets are emptied, not dropped: a claim of the old function
 --   source that runs between this migration and the new source (they commit apart) finds no slot
 --   and no shard, so it holds no key and spends no token, and takes no job of a limited key or of a
---   rate-limited queue; each TRUNCATE waits (lock_timeout) for the claims that hold a row now, so
---   none of them is in flight once the new source counts a key's running jobs or a rate's tokens.
---   A later migration drops both tables.
+--   rate-limited queue. Emptied under an EXCLUSIVE lock, which waits (lock_timeout) for the claims
+--   that hold a slot or a shard now (and not for readers), so none of them is in flight once the
+--   new source counts a key's running jobs or a rate's tokens. A later migration drops both
+--   tables.
 SET LOCAL lock_timeout = '5s';
 
 CREATE TYPE pgq.claim_room AS (
@@ -116,7 +117,11 @@ CROSS JOIN LATERAL generate_series((w.n - q.rate_limit + 1) / (w.m * w.k) * w.m,
                                    w.last / (w.m * w.k) * w.m + w.m - 1) AS g(slice)
 WHERE q.rate_limit > 0;
 
-TRUNCATE pgq.key_slots, pgq.rate_buckets;
+-- (EXCLUSIVE: it waits for the claims that hold a slot or a shard, and lets readers of the
+-- tables be.)
+LOCK TABLE pgq.key_slots, pgq.rate_buckets IN EXCLUSIVE MODE;
+DELETE FROM pgq.key_slots;
+DELETE FROM pgq.rate_buckets;
 COMMENT ON TABLE pgq.key_slots IS
     'Empty since 0020 (pgq.key_locks holds the keys): kept so that a claim of the old function source '
     'during the upgrade finds no slot; a later migration drops it.';

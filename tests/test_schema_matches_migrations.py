@@ -168,7 +168,7 @@ MIGRATION_SHA256 = {
     "0016_per_key_claims.sql": "758b69c002eddc1bf02d5892421c03d90892d226bebd44936eb697f8782c9f31",
     "0017_workflows.sql": "31743646864a8e991c72dfc6ee4dddfb387ba8626bcca795e04040c81110e3f8",
     "0018_power_tools.sql": "371061133eef4452f30acd69b7ba520e1ff0693fa5ac4c37352d97592eaca9c1",
-    "0020_isolated_limits.sql": "36f33079d6472f986bc254f088d7e1ffd3bf927cefb13146903ffc8155597e24",
+    "0020_isolated_limits.sql": "5df91725e1940f7b87967f9af4aa5c08087962bfc1dfa265e7a057f4371099f2",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]
 
