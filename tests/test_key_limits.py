@@ -353,3 +353,18 @@ def test_a_capped_queue_still_takes_turns_with_key_limits(dsn: str, conn: psycop
             assert claim(second, queues=["keyed"], batch=5) == []
         first.commit()
     assert keys_of(conn, claim(conn, queues=["keyed"], batch=5)) == ["b"]
+
+
+def test_a_claim_of_one_whose_first_key_another_claim_holds_takes_the_next_key(dsn: str,
+                                                                               conn: psycopg.Connection) -> None:
+    """Claimers of one job each, at once (a worker's slots, several workers): the one whose first
+    candidate's key another claim holds takes the next key's job, not nothing."""
+    conn.execute("SELECT pgq.configure_queue('keyed', key_max_running => 1)")
+    enqueue_keyed(conn, "keyed", "a", 3)
+    enqueue_keyed(conn, "keyed", "b", 1)
+    with psycopg.connect(dsn) as first:
+        assert keys_of(conn, claim(first, queues=["keyed"])) == ["a"]
+        with psycopg.connect(dsn, autocommit=True) as second:
+            second.execute("SET statement_timeout = '10s'")
+            assert keys_of(conn, claim(second, queues=["keyed"], batch=1)) == ["b"]
+        first.rollback()

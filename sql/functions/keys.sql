@@ -131,36 +131,43 @@ BEGIN
             EXIT WHEN cardinality(picked) >= _keyed_pick.room;
         END LOOP;
     ELSE
-        -- 1. The head of the queue, whatever its keys; of its candidates, the first `room` that
-        -- the hint leaves in (each key's first ones, as many as its limit and tokens allow) say
-        -- which keys are taken: no more keys are held than the claim can use.
-        SELECT h.ids, h.keys, h.seen,
-               ARRAY(SELECT e.key
-                     FROM (SELECT c.key, c.ord,
-                                  row_number() OVER (PARTITION BY c.key ORDER BY c.ord) AS nth
-                           FROM unnest(h.ids, h.keys) WITH ORDINALITY AS c(id, key, ord)
-                           WHERE c.key IS NULL OR c.key <> ALL (full_keys)) AS e
-                     LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = e.key
-                     WHERE e.nth <= coalesce(least((hint ->> e.key)::integer,
-                                                   pgq._key_limit(l.max_running, default_limit), nullif(key_rate, 0)),
-                                             _keyed_pick.room)
-                     ORDER BY e.ord LIMIT _keyed_pick.room)
-        INTO ids, keys, seen, wanted
-        FROM (SELECT array_agg(x.id ORDER BY x.priority DESC, x.run_at, x.id) AS ids,
-                     array_agg(x.key ORDER BY x.priority DESC, x.run_at, x.id) AS keys, count(*) AS seen
-              FROM (SELECT j.id, j.concurrency_key AS key, j.priority, j.run_at
-                    FROM pgq.jobs AS j
-                    WHERE j.queue = _keyed_pick.queue
-                      AND j.state = 'pending' AND j.attempt < j.max_attempts
-                      AND j.run_at <= pgq._now()
-                      AND (_keyed_pick.kinds IS NULL OR j.kind = ANY (_keyed_pick.kinds))
-                    ORDER BY j.priority DESC, j.run_at, j.id
-                    LIMIT head) AS x) AS h;
-        wanted := ARRAY(SELECT DISTINCT w.key FROM unnest(wanted) AS w(key) WHERE w.key IS NOT NULL);
-        IF wanted <> '{}' THEN
-            avail := pgq._take_keys(_keyed_pick.queue, wanted, _keyed_pick.room, default_limit, key_rate, period,
-                                    _keyed_pick.at);
-        END IF;
+        -- 1. The head of the queue, whatever its keys, ...
+        SELECT array_agg(x.id ORDER BY x.priority DESC, x.run_at, x.id),
+               array_agg(x.key ORDER BY x.priority DESC, x.run_at, x.id), count(*)
+        INTO ids, keys, seen
+        FROM (SELECT j.id, j.concurrency_key AS key, j.priority, j.run_at
+              FROM pgq.jobs AS j
+              WHERE j.queue = _keyed_pick.queue
+                AND j.state = 'pending' AND j.attempt < j.max_attempts
+                AND j.run_at <= pgq._now()
+                AND (_keyed_pick.kinds IS NULL OR j.kind = ANY (_keyed_pick.kinds))
+              ORDER BY j.priority DESC, j.run_at, j.id
+              LIMIT head) AS x;
+        -- ... of whose candidates the first `room` that the keys allow are taken: each key's first
+        -- ones, as many as it has places and tokens (by the hint for a key not taken yet, then
+        -- as counted once it is held). The keys of those candidates are taken, a round at a time
+        -- (a key another claim holds, or found full, lets the next candidates in): no more keys
+        -- are held than the claim can use.
+        WHILE ids IS NOT NULL LOOP
+            wanted := ARRAY(
+                SELECT DISTINCT e.key
+                FROM (SELECT e.key, e.ord
+                      FROM (SELECT c.key, c.ord, row_number() OVER (PARTITION BY c.key ORDER BY c.ord) AS nth
+                            FROM unnest(ids, keys) WITH ORDINALITY AS c(id, key, ord)
+                            WHERE c.key IS NULL OR c.key <> ALL (full_keys)) AS e
+                      LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = e.key
+                      WHERE e.key IS NULL
+                         OR e.nth <= CASE WHEN avail ? e.key THEN (avail ->> e.key)::integer
+                                          ELSE coalesce(least((hint ->> e.key)::integer,
+                                                              pgq._key_limit(l.max_running, default_limit),
+                                                              nullif(key_rate, 0)),
+                                                        _keyed_pick.room) END
+                      ORDER BY e.ord LIMIT _keyed_pick.room) AS e
+                WHERE e.key IS NOT NULL AND NOT avail ? e.key);
+            EXIT WHEN wanted = '{}';
+            avail := avail || pgq._take_keys(_keyed_pick.queue, wanted, _keyed_pick.room, default_limit, key_rate,
+                                             period, _keyed_pick.at);
+        END LOOP;
         IF ids IS NOT NULL THEN
             picked := ARRAY(
                 SELECT c.id
