@@ -2124,27 +2124,41 @@ BEGIN
 END
 $$;
 
+-- The arithmetic of a slice of a queue's rate (`rate` per period, `m` stripes of slices of `k`
+-- tokens), when the newest token due is `n`: the tokens come in blocks of m * k, and slice s holds
+-- tokens base + j * m (j from 0 to k - 1; base = (s / m) * m * k + s % m), the j-th of stripe
+-- s % m in block s / m. Of a slice whose first `taken` tokens are taken: how many of its first
+-- tokens are taken or no longer good (skip: up to its oldest token good), and how many after
+-- those are due, good and not taken (left). The one place it is written (inlined where used).
+CREATE OR REPLACE FUNCTION pgq._slice_skip(slice bigint, taken integer, rate integer, k integer, m integer, n bigint)
+    RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT greatest($2::bigint, floor(($6 - $3 - (($1 / $5) * $5 * $4 + $1 % $5))::numeric / $5)::bigint + 1)::integer $$;
+
+CREATE OR REPLACE FUNCTION pgq._slice_left(slice bigint, taken integer, rate integer, k integer, m integer, n bigint)
+    RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT greatest(least($4 - 1, floor(($6 - (($1 / $5) * $5 * $4 + $1 % $5))::numeric / $5)::bigint)
+                    - pgq._slice_skip($1, $2, $3, $4, $5, $6) + 1, 0)::integer
+$$;
+
 -- Per slice of `queue` among `rows` (rows of slices, all the rows of each, of any queues; the
 -- queue's rate is `rate` per period, in `m` stripes of slices of `k` tokens), when the newest token
--- due is `n`. The tokens come in blocks of m * k: slice s holds tokens base + j * m (j from 0 to
--- k - 1; base = (s / m) * m * k + s % m), the j-th of stripe s % m in block s / m. How many of
--- its first tokens are taken or no longer good (skip: the most taken of its rows, or up to its
--- oldest token good), how many after those are due, good and not taken (tokens_left), and whether
--- a transaction other than this one made one of its rows (only then may this one spend from it:
--- see pgq._take_tokens). The one place the slices' arithmetic is written. (Inlined where it is
--- called with no sub-select among its arguments.)
+-- due is `n`: skip and tokens_left of pgq._slice_left, the most taken of its rows counting, and
+-- whether a transaction other than this one made one of its rows (only then may this one spend
+-- from it: see pgq._take_tokens). (Inlined where it is called with no sub-select among its
+-- arguments.)
 CREATE OR REPLACE FUNCTION pgq._slice_tokens(rows pgq.rate_slices[], queue text, rate integer, k integer, m integer,
                                              n bigint)
     RETURNS TABLE (slice bigint, skip integer, tokens_left integer, spendable boolean)
     LANGUAGE sql STABLE
     AS $$
-    SELECT x.slice, x.skip, greatest(least($4 - 1, x.due) - x.skip + 1, 0)::integer, x.spendable
-    FROM (SELECT y.slice, y.spendable,
-                 floor(($6 - y.base)::numeric / $5)::bigint AS due,
-                 greatest(y.taken, floor(($6 - $3 - y.base)::numeric / $5)::bigint + 1)::integer AS skip
-          FROM (SELECT r.slice, max(r.taken) AS taken, (r.slice / $5) * $5 * $4 + r.slice % $5 AS base,
-                       bool_or(r.made_by IS DISTINCT FROM pg_current_xact_id_if_assigned()) AS spendable
-                FROM unnest($1) AS r WHERE r.queue = $2 GROUP BY r.slice) AS y) AS x
+    SELECT y.slice, pgq._slice_skip(y.slice, y.taken, $3, $4, $5, $6), pgq._slice_left(y.slice, y.taken, $3, $4, $5, $6),
+           y.spendable
+    FROM (SELECT r.slice, max(r.taken) AS taken,
+                 bool_or(r.made_by IS DISTINCT FROM pg_current_xact_id_if_assigned()) AS spendable
+          FROM unnest($1) AS r WHERE r.queue = $2 GROUP BY r.slice) AS y
 $$;
 
 -- Makes the slices of `queue`'s rate ahead of their time (pgq.claim's rooms, pgq.enqueue): when
@@ -2182,15 +2196,15 @@ END
 $$;
 
 -- For pgq.claim: the tokens of its rate-limited queues (`rooms` whose rated is set) for their picks
--- among `picks` (locked, pending). Per queue, the oldest slices with tokens of which another
--- transaction made a row are locked, all their rows (FOR NO KEY UPDATE SKIP LOCKED: a slice another
--- claim holds is passed, never waited for; a slice is held when this transaction locked each of
--- its rows it sees, as pgq._hold_keys holds a key), as few as hold the tokens its picks need (up to
--- four rounds, when slices are held or their tokens went out of date meanwhile), then counted at
--- the rate clock read once they are held (`at`: they are spent at it too, pgq._spend_tokens). A
--- queue's picks beyond its tokens are left out, the last in the total order first (they stay
--- locked, not handed out). Returns the picks kept (`ids`), the slices' rows held (`slices`) and
--- `at`.
+-- among `picks` (locked, pending). Per queue, the oldest slices with a token due, good and not
+-- taken are locked as the index is read (rate_slices_left_idx, FOR NO KEY UPDATE SKIP LOCKED: a
+-- slice another claim holds is passed, never waited for), about as few as hold the tokens its
+-- picks need, in rounds while they hold fewer (at most four); a slice counts as held when this
+-- transaction locked each of its rows it sees, one of them made by another transaction (as
+-- pgq._hold_keys holds a key). The tokens are counted at the rate clock read once they are held
+-- (`at`: they are spent at it too, pgq._spend_tokens). A queue's picks beyond its tokens are left
+-- out, the last in the total order first (they stay locked, not handed out). Returns the picks
+-- kept (`ids`), the slices' rows held (`slices`) and `at`.
 CREATE OR REPLACE FUNCTION pgq._take_tokens(picks bigint[], rooms pgq.claim_room[], OUT ids bigint[],
                                             OUT slices pgq.rate_slices[], OUT at timestamptz)
     LANGUAGE plpgsql
@@ -2200,12 +2214,14 @@ DECLARE
     r      record;
     me     xid8 := pg_current_xact_id();
     n      bigint;    -- the newest token due at a reading of the rate clock
-    tried  bigint[];  -- the slices of this queue tried so far
-    want   bigint[];  -- those of one round
-    cand   pgq.rate_slices[];  -- the rows of the slices it looks at in a round
     held   pgq.rate_slices[];  -- the rows of this queue's slices held
+    rows   pgq.rate_slices[];  -- those locked in a round
+    single boolean;            -- whether each of those is its slice's one row, made by another
+    more   integer;            -- and then the tokens they hold
     got    integer;            -- the tokens they hold by the last reading
+    queues integer := 0;       -- how many rate-limited queues have picks
 BEGIN
+    ids := picks;
     slices := '{}';
     FOR r IN
         SELECT q.name, q.rate_limit, q.rate_period, pgq._slice_size(q.rate_limit, q.rate_period) AS k,
@@ -2216,44 +2232,54 @@ BEGIN
         WHERE e.rated AND q.rate_limit > 0
         GROUP BY q.name, q.rate_limit, q.rate_period
     LOOP
-        tried := '{}';
         held := '{}';
         got := 0;
         FOR round IN 1..4 LOOP
             n := pgq._token_number(r.rate_limit, r.rate_period, pgq._rate_clock());
-            cand := pgq._window_rows(r.name, r.rate_limit, r.k, r.m, n, r.need - got + cardinality(tried));
-            -- The oldest slices not tried yet whose tokens (by this reading, unlocked) cover what
-            -- is still needed, then all their rows locked, in one statement; and the tokens of
-            -- those held so far.
-            SELECT x.want, held || x.rows, got + x.tokens
-            INTO want, held, got
-            FROM (SELECT w.slices AS want, coalesce(array_agg(l.row) FILTER (WHERE l.row IS NOT NULL), '{}') AS rows,
-                         coalesce(sum(l.tokens) FILTER (WHERE l.first), 0)::integer AS tokens
-                  FROM (SELECT coalesce(array_agg(x.slice), '{}') AS slices,
-                               coalesce(array_agg(x.tokens_left), '{}') AS lefts
-                        FROM (SELECT s.slice, s.tokens_left, sum(s.tokens_left) OVER (ORDER BY s.slice) AS upto
-                              FROM pgq._slice_tokens(cand, r.name, r.rate_limit, r.k, r.m, n) AS s
-                              WHERE s.spendable AND s.tokens_left > 0 AND s.slice <> ALL (tried)) AS x
-                        WHERE x.upto - x.tokens_left < r.need - got) AS w
-                  LEFT JOIN LATERAL (
-                      SELECT ROW(c.queue, c.slice, c.tokens, c.taken, c.made_by)::pgq.rate_slices AS row, c.i = 1 AS first,
-                             w.lefts[ws.i] AS tokens
-                      FROM unnest(w.slices) WITH ORDINALITY AS ws(slice, i)
-                      CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE s.made_by <> me) AS others, count(*) AS n
-                                          FROM pgq.rate_slices AS s WHERE s.queue = r.name AND s.slice = ws.slice) AS v
-                      CROSS JOIN LATERAL (SELECT array_agg(x) AS rows
-                                          FROM (SELECT s FROM pgq.rate_slices AS s
-                                                WHERE s.queue = r.name AND s.slice = ws.slice
-                                                FOR NO KEY UPDATE SKIP LOCKED) AS x(x)) AS g
-                      CROSS JOIN LATERAL unnest(g.rows) WITH ORDINALITY AS c(queue, slice, tokens, taken, made_by, i)
-                      WHERE v.others > 0 AND cardinality(g.rows) = v.n) AS l ON true
-                  GROUP BY w.slices) AS x;
-            EXIT WHEN want = '{}' OR got >= r.need;
-            tried := tried || want;
+            -- (With, for each row, how many rows of its slice this transaction sees.)
+            SELECT coalesce(array_agg(x.row), '{}'), coalesce(bool_and(x.rows = 1 AND x.others), true),
+                   coalesce(sum(pgq._slice_left((x.row).slice, (x.row).taken, r.rate_limit, r.k, r.m, n)), 0)
+            INTO rows, single, more
+            FROM (SELECT s AS row, s.made_by <> me AS others,
+                         (SELECT count(*) FROM pgq.rate_slices AS c WHERE c.queue = s.queue AND c.slice = s.slice) AS rows
+                  FROM pgq.rate_slices AS s
+                  WHERE s.queue = r.name AND s.taken < s.tokens
+                    AND s.slice BETWEEN (n - r.rate_limit + 1) / (r.m * r.k) * r.m AND n / (r.m * r.k) * r.m + r.m - 1
+                    AND s.slice <> ALL (ARRAY(SELECT h.slice FROM unnest(held) AS h))
+                    AND pgq._slice_left(s.slice, s.taken, r.rate_limit, r.k, r.m, n) > 0
+                  ORDER BY s.slice, s.made_by
+                  LIMIT greatest(1, ceil((r.need - got)::numeric / r.k))::integer
+                  FOR NO KEY UPDATE OF s SKIP LOCKED) AS x;
+            EXIT WHEN rows = '{}';
+            IF single THEN  -- (the usual case: one row a slice, made by another transaction)
+                held := held || rows;
+                got := got + more;
+            ELSE
+                -- Of those slices, the ones wholly held: each of their rows this transaction sees
+                -- locked (the other rows of a slice locked too), one of them another's.
+                held := held || ARRAY(
+                    SELECT c::pgq.rate_slices
+                    FROM (SELECT DISTINCT x.slice FROM unnest(rows) AS x) AS w
+                    CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE s.made_by <> me) AS others, count(*) AS n
+                                        FROM pgq.rate_slices AS s WHERE s.queue = r.name AND s.slice = w.slice) AS v
+                    CROSS JOIN LATERAL (SELECT array_agg(x) AS rows
+                                        FROM (SELECT s FROM pgq.rate_slices AS s
+                                              WHERE s.queue = r.name AND s.slice = w.slice
+                                              FOR NO KEY UPDATE SKIP LOCKED) AS x(x)) AS g
+                    CROSS JOIN LATERAL unnest(g.rows) AS c
+                    WHERE v.others > 0 AND cardinality(g.rows) = v.n);
+                got := (SELECT coalesce(sum(t.tokens_left), 0)
+                        FROM pgq._slice_tokens(held, r.name, r.rate_limit, r.k, r.m, n) AS t);
+            END IF;
+            EXIT WHEN got >= r.need;
         END LOOP;
         slices := slices || held;
+        queues := queues + 1;
     END LOOP;
     at := pgq._rate_clock();
+    IF queues = 0 OR queues = 1 AND got >= r.need AND pgq._token_number(r.rate_limit, r.rate_period, at) = n THEN
+        RETURN;  -- (the tokens good at `at` are those of the last count, which held enough: all picks kept)
+    END IF;
     -- Each rate-limited queue's picks past the tokens its slices hold at `at`: left out.
     ids := ARRAY(
         SELECT j.id
