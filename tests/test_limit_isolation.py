@@ -169,6 +169,11 @@ def test_an_open_transaction_holds_back_at_most_the_tokens_it_spent(dsn, conn, l
     # spent, give or take the claims in flight when the sample was taken.
     over = [(t, n) for t, n in samples if n > rate + rate * t - spent + 4 * 50]
     assert not over, over[:5]
+    # ...and no less, but for what the hoarder holds beyond what it spent (the rest of the slices it
+    # took from: fewer than a block of tokens, 112 at this rate) and the claims in flight: the
+    # others take the tokens as they come, not only once the hoarder's slices have left the window.
+    t, n = samples[-1]
+    assert n >= rate + rate * t - spent - 112 - 4 * 50 - 300, samples
 
 
 # 9. Session settings change nothing -----------------------------------------------------------------
