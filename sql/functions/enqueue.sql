@@ -332,6 +332,9 @@ BEGIN
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
+    IF q.key_limited OR q.rate_limited THEN
+        PERFORM pgq._ready_limits(q, enqueue.concurrency_key);  -- the rows its claims hold (keys.sql)
+    END IF;
     IF enqueue.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue.batch);
     END IF;
@@ -556,6 +559,9 @@ BEGIN
     END IF;
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
+    END IF;
+    IF q.key_limited OR q.rate_limited THEN
+        PERFORM pgq._ready_limits(q, enqueue_many.concurrency_key);  -- the rows its claims hold (keys.sql)
     END IF;
     IF enqueue_many.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue_many.batch);
