@@ -2151,9 +2151,12 @@ BEGIN
         END IF;
         q := pgq._queue(b.callback_queue);  -- dropped since: created again, as an enqueue would
     END IF;
+    IF q.fair AND pgq._fair_tenant(q.name, NULL, patient => false) IS NULL THEN
+        RETURN false;  -- another transaction is registering the queue's tenant '': left to the sweep
+    END IF;
     INSERT INTO pgq.jobs AS j (queue, kind, payload, max_attempts, tenant, meta, enqueued_by)
     VALUES (b.callback_queue, b.callback_kind, b.callback_payload, q.max_attempts,
-            CASE WHEN q.fair THEN pgq._fair_tenant(q.name, NULL) END,
+            CASE WHEN q.fair THEN '' END,
             jsonb_build_object('batch', jsonb_build_object('id', b.id, 'members', sums.added, 'done', sums.done,
                                                            'failed', sums.failed, 'cancelled', sums.cancelled)),
             b.opened_by)
@@ -3552,15 +3555,40 @@ COMMENT ON FUNCTION pgq.queue_limits(text) IS
 
 -- sql/functions/fairness.sql: fair queues: tenants served by weighted round-robin.
 
--- The tenant a job of a fair queue is stored under ('' for none), registered in pgq.tenants.
-CREATE OR REPLACE FUNCTION pgq._fair_tenant(queue text, tenant text) RETURNS text
+-- The tenant a job of a fair queue is stored under ('' for none), registered in pgq.tenants. A
+-- tenant's first job inserts its row, which waits (the primary key) for another transaction that
+-- inserted it and has not ended (another producer's open transaction that enqueued the tenant's
+-- first job): a producer's enqueue (`patient`) at most 5 s (or its shorter lock_timeout), then
+-- 55P03 naming the tenant; a claim's or a sweep's firing of a schedule and a batch's callback in a
+-- worker's end at most 1 ms, then NULL: the caller leaves the job to a later call. A registered
+-- tenant (the usual case) is read, not inserted: no wait at all.
+CREATE OR REPLACE FUNCTION pgq._fair_tenant(queue text, tenant text, patient boolean DEFAULT true) RETURNS text
     LANGUAGE plpgsql
     AS $$
 DECLARE
     stored text := coalesce(_fair_tenant.tenant, '');
+    prior  text;
 BEGIN
-    INSERT INTO pgq.tenants AS t (queue, tenant) VALUES (_fair_tenant.queue, stored)
-    ON CONFLICT DO NOTHING;
+    IF EXISTS (SELECT FROM pgq.tenants AS t WHERE t.queue = _fair_tenant.queue AND t.tenant = stored) THEN
+        RETURN stored;
+    END IF;
+    prior := pgq._bound_lock_timeout(CASE WHEN _fair_tenant.patient THEN interval '5 seconds'
+                                          ELSE interval '1 millisecond' END);
+    BEGIN
+        INSERT INTO pgq.tenants AS t (queue, tenant) VALUES (_fair_tenant.queue, stored)
+        ON CONFLICT DO NOTHING;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM set_config('lock_timeout', prior, true);
+        IF NOT _fair_tenant.patient THEN
+            RETURN NULL;
+        END IF;
+        RAISE EXCEPTION 'pgq: tenant % of queue % is being registered by another transaction that has not ended '
+                        '(its first job); gave up after lock_timeout %', quote_literal(stored), _fair_tenant.queue,
+                        current_setting('lock_timeout')
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'Try again once it has committed or rolled back.';
+    END;
+    PERFORM set_config('lock_timeout', prior, true);
     RETURN stored;
 END
 $$;
@@ -6063,7 +6091,9 @@ BEGIN
         END IF;
         job_tenant := s.tenant;
         IF q.fair THEN
-            job_tenant := pgq._fair_tenant(q.name, job_tenant);
+            job_tenant := pgq._fair_tenant(q.name, job_tenant, patient => false);
+            -- (NULL: another transaction is registering the tenant: the schedule stays due)
+            CONTINUE WHEN job_tenant IS NULL;
         END IF;
         INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant, schedule)
         VALUES (s.queue, s.kind, s.payload, s.priority, fire, coalesce(s.max_attempts, q.max_attempts),

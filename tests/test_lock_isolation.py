@@ -245,6 +245,29 @@ def test_an_enqueue_behind_another_producers_open_insert_of_its_unique_key_gives
     assert one(producer, "SELECT pgq.enqueue('uq', 'k', unique_key => 'order-7')") == held  # keep, at once
 
 
+def test_a_tenants_first_job_left_open_bounds_other_enqueues_and_holds_no_claim(conn, login):  # noqa: F811
+    """Another producer's open transaction enqueued a fair queue's first job of a tenant (it
+    registered the tenant): an enqueue of that tenant waits for it at most 5 s, then 55P03 naming
+    the tenant; a claim that fires a due schedule of that tenant never waits for it (the schedule
+    stays due, and fires once the registration committed)."""
+    conn.execute("SELECT pgq.configure_queue('fq', fair => true)")
+    conn.execute("SELECT pgq.schedule('tick', 'fq', 'tick', every => '1 hour', tenant => 'acme')")
+    conn.execute("UPDATE pgq.schedules SET next_run_at = now() - interval '1 minute' WHERE name = 'tick'")
+    conn.execute("UPDATE pgq.queues SET next_schedule_at = now() - interval '1 minute' WHERE name = 'fq'")
+    conn.execute("DELETE FROM pgq.tenants WHERE queue = 'fq'")
+    squatting, producer, worker = login(PROD, False), victim(login, PROD2, False), victim(login, ALICE)
+    one(squatting, "SELECT pgq.enqueue('fq', 'k', tenant => 'acme')")  # and left open
+    call = Call(conn, producer, "SELECT pgq.enqueue('fq', 'k', tenant => 'acme')").watch(timeout=30)
+    assert call.error is not None and call.error.sqlstate == "55P03", call.error
+    assert "tenant 'acme' of queue fq" in str(call.error)
+    producer.rollback()
+    assert never_waits_rows(conn, worker, "SELECT kind FROM pgq.claim('w', queues => ARRAY['fq'])") == []
+    squatting.commit()
+    assert [r[0] for r in never_waits_rows(conn, worker, "SELECT kind FROM pgq.claim('w', queues => ARRAY['fq'])")] \
+        in (["tick"], ["k"])
+    assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE schedule = 'tick'") == 1
+
+
 # 2 and 5. Batches belong to their opener ---------------------------------------------------------------
 
 
