@@ -58,19 +58,21 @@ class Waiting:
         self.timeout = None if timeout is None else calls.seconds("timeout", timeout)
         self.poll = calls.seconds("poll_interval", poll_interval, positive=True)
         self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        self.noticed = -math.inf  # when a notification last made it read (time.monotonic())
+        self.last_read = -math.inf  # when it last read the result (time.monotonic())
+        self.prompted = False  # whether a notification has made it read yet
 
     def notified(self, payload: str) -> bool:
-        """Whether a notification with ``payload`` makes the wait read now: one naming the job, at
-        most one a poll interval (any login may NOTIFY pgq_finished: a flood of them must not
-        become a flood of reads). One that does not waits for the next periodic read."""
+        """Whether a notification with ``payload`` makes the wait read now: the first one naming
+        the job at once (the job's end, usually), later ones only a poll interval after the last
+        read, so that the wait reads at most once a poll interval however many come (any login may
+        NOTIFY pgq_finished: a flood of them must not become a flood of reads). One that does not
+        waits for the next read, which is a poll interval after the last one."""
         if payload != self.payload:
             return False
-        now = time.monotonic()
-        if now - self.noticed < self.poll:
-            return False
-        self.noticed = now
-        return True
+        if not self.prompted:
+            self.prompted = True
+            return True
+        return time.monotonic() - self.last_read >= self.poll
 
     def on(self, conn: Any) -> Call[JobResult]:
         """The read of pgq.job_result, sent over ``conn`` (None: a pooled connection)."""
@@ -79,6 +81,7 @@ class Waiting:
     def pause(self, seen: JobResult) -> float:
         """How long to wait for a notification before reading again, after reading ``seen`` (not
         finished); WaitTimeout, naming its state, when the time is up."""
+        self.last_read = time.monotonic()
         if self.deadline is None:
             return self.poll
         left = self.deadline - time.monotonic()
@@ -230,9 +233,9 @@ class Client(PgqCalls):
 
         It listens on the channel pgq_finished on a connection of its own, then reads the result
         (so an end between the enqueue and the LISTEN is not missed), and reads it again on each
-        notification naming the job (a job enqueued with ``notify_finished=True``; at most one such
-        read a poll interval, whatever is notified: any login may NOTIFY) and every
-        ``poll_interval`` (any other job). That connection is made with the pool's conninfo
+        notification naming the job (a job enqueued with ``notify_finished=True``), and every
+        ``poll_interval``; after the first notification's read, at most once a ``poll_interval``
+        whatever is notified (any login may NOTIFY). That connection is made with the pool's conninfo
         and kwargs (a pool's ``configure`` callback is not run on it). Behind a transaction-pooling
         proxy (``pooled=True``) there is no LISTEN: it reads every ``poll_interval`` over the pool.
         The job must be one this login enqueued, or of a queue it may read (JobNotFound otherwise)."""

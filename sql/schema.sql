@@ -72,6 +72,18 @@ COMMENT ON TYPE pgq.claimed_job IS
     'earlier attempt recorded (progress), the attempt''s deadline (NULL: no limit) and the '
     'producer''s metadata (meta).';
 
+CREATE TYPE pgq.claim_room AS (
+    queue  text,
+    room   integer,
+    fair   boolean,
+    keyed  boolean,
+    rated  boolean
+);
+COMMENT ON TYPE pgq.claim_room IS
+    'One eligible queue of a claim: how many of its jobs the claim may start (room), whether it '
+    'is fair, whether it takes the per-key step (key or rate limits) and whether it has a '
+    'rate_limit.';
+
 -- Tables --------------------------------------------------------------------------------------
 
 CREATE TABLE pgq.queues (
@@ -440,8 +452,8 @@ CREATE TABLE pgq.key_slots (
     CONSTRAINT key_slots_slot_check CHECK ((slot BETWEEN 0 AND 16383))
 );
 COMMENT ON TABLE pgq.key_slots IS
-    'One row per hash slot of (queue, concurrency_key): a claim locks the slot of each limited '
-    'key it takes (FOR NO KEY UPDATE SKIP LOCKED) before it counts the key''s running jobs.';
+    'Empty since 0020 (pgq.key_locks holds the keys): kept so that a claim of the old function '
+    'source during the upgrade finds no slot; a later migration drops it.';
 
 CREATE TABLE pgq.rate_buckets (
     queue  text NOT NULL,
@@ -453,8 +465,8 @@ CREATE TABLE pgq.rate_buckets (
     CONSTRAINT rate_buckets_shard_check CHECK ((shard BETWEEN 0 AND 15))
 );
 COMMENT ON TABLE pgq.rate_buckets IS
-    'A rate-limited queue''s GCRA bucket in shards (pgq._rate_shards of them): each holds rate '
-    'tokens per queues.rate_period; tat is when the shard is full again (NULL or past: full).';
+    'Empty since 0020 (pgq.rate_slices holds the rates'' tokens): kept so that a claim of the '
+    'old function source during the upgrade finds no shard; a later migration drops it.';
 
 CREATE TABLE pgq.job_dependants (
     depends_on  bigint NOT NULL,
@@ -561,6 +573,35 @@ COMMENT ON TABLE pgq.batch_backend_counts IS
     'transactions that found all 16 shards held by others: each counts into the row of its '
     'backend (its pid), so no add and no end waits for a shard. Part of the batch''s sums; '
     'deleted by pgq.prune with their batch.';
+
+CREATE TABLE pgq.key_locks (
+    queue    text NOT NULL,
+    key      text NOT NULL,
+    made_by  xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    made_at  timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT key_locks_pkey PRIMARY KEY (queue, key, made_by)
+);
+COMMENT ON TABLE pgq.key_locks IS
+    'A concurrency key''s rows (one, or a few made at once) in a queue with key limits or key '
+    'rate limits: a claim locks all of a key''s rows (FOR NO KEY UPDATE SKIP LOCKED) before it '
+    'counts the key''s running jobs or spends its tokens. made_by: the transaction that made the '
+    'row.';
+
+CREATE TABLE pgq.rate_slices (
+    queue    text NOT NULL,
+    slice    bigint NOT NULL,
+    tokens   integer NOT NULL,
+    taken    integer DEFAULT 0 NOT NULL,
+    made_by  xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    CONSTRAINT rate_slices_pkey PRIMARY KEY (queue, slice, made_by),
+    CONSTRAINT rate_slices_taken_check CHECK ((taken BETWEEN 0 AND tokens))
+);
+COMMENT ON TABLE pgq.rate_slices IS
+    'A rate-limited queue''s tokens in slices (token n is due at n * rate_period / rate_limit '
+    'after the epoch and good for one rate_period; slice s holds `tokens` of them, those of one '
+    'stripe of a block: see pgq._slices): taken, how many of the slice''s first tokens are spent '
+    'or passed. A slice may have a few rows (made_by: the transaction that made it), all locked '
+    'by a claim that spends from it.';
 
 CREATE TABLE pgq.cascade_budgets (
     xid         xid8 NOT NULL,
@@ -703,6 +744,8 @@ ALTER TABLE pgq.grants ADD CONSTRAINT grants_queue_fkey FOREIGN KEY (queue) REFE
 ALTER TABLE pgq.key_limits ADD CONSTRAINT key_limits_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_rates ADD CONSTRAINT key_rates_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.rate_buckets ADD CONSTRAINT rate_buckets_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
+ALTER TABLE pgq.key_locks ADD CONSTRAINT key_locks_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
+ALTER TABLE pgq.rate_slices ADD CONSTRAINT rate_slices_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.signals ADD CONSTRAINT signals_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.signal_grants ADD CONSTRAINT signal_grants_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 
@@ -710,7 +753,6 @@ ALTER TABLE pgq.signal_grants ADD CONSTRAINT signal_grants_queue_fkey FOREIGN KE
 
 INSERT INTO pgq.fence (timeline)
 VALUES (('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer);
-INSERT INTO pgq.key_slots (slot) SELECT s FROM generate_series(0, 16383) AS s;
 INSERT INTO pgq.turns (name) VALUES ('fold');
 
 -- Indexes -------------------------------------------------------------------------------------
@@ -804,6 +846,11 @@ COMMENT ON INDEX pgq.dependency_backlog_job_idx IS
 CREATE INDEX batches_unsettled_idx ON pgq.batches USING btree (id) WHERE ((sealed_at IS NOT NULL) AND (callback_job_id IS NULL));
 CREATE INDEX batches_cancelling_idx ON pgq.batches USING btree (id) WHERE (cancel_after IS NOT NULL);
 CREATE INDEX batches_finished_idx ON pgq.batches USING btree (finished_at) WHERE (finished_at IS NOT NULL);
+CREATE INDEX key_locks_made_at_idx ON pgq.key_locks USING btree (made_at);
+COMMENT ON INDEX pgq.key_locks_made_at_idx IS 'pgq.sweep and pgq.prune look at the oldest rows first (pgq._prune_key_locks).';
+CREATE INDEX rate_slices_left_idx ON pgq.rate_slices USING btree (queue, slice) WHERE (taken < tokens);
+COMMENT ON INDEX pgq.rate_slices_left_idx IS
+    'The slices with tokens not taken: a claim reads those of the current window (pgq._slices).';
 CREATE INDEX overlap_checks_login_idx ON pgq.overlap_checks USING btree (login, id);
 COMMENT ON INDEX pgq.overlap_checks_login_idx IS 'Each login''s checks, oldest first (its share of a settle).';
 CREATE INDEX cascade_backlog_job_idx ON pgq.cascade_backlog USING btree (job_id);
@@ -1043,6 +1090,25 @@ BEGIN
         'count), its limit', operation, id, pgq._attempt_room()
         USING ERRCODE = 'program_limit_exceeded',
               HINT = 'Fail or cancel the job: it cannot be given an attempt back again.';
+END
+$$;
+
+-- Bounds the waits of the rest of this transaction's statements to `longest` (SET LOCAL
+-- lock_timeout), unless the caller's lock_timeout is shorter already; returns the caller's value,
+-- which the caller of this function sets back (set_config(..., true)) once its bounded statement is
+-- done. For a statement that may wait for another login's open transaction and must not wait
+-- forever (pgq.enqueue's insert of a new holder of a unique_key).
+CREATE OR REPLACE FUNCTION pgq._bound_lock_timeout(longest interval) RETURNS text
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    prior text := current_setting('lock_timeout');
+BEGIN
+    IF prior = '0' OR prior::interval > _bound_lock_timeout.longest THEN
+        PERFORM set_config('lock_timeout', (extract(epoch FROM _bound_lock_timeout.longest) * 1000)::bigint || 'ms',
+                           true);
+    END IF;
+    RETURN prior;
 END
 $$;
 
@@ -1657,8 +1723,8 @@ CREATE OR REPLACE FUNCTION pgq._fence_step() RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT 100000 $$;
 
--- The slow path of the fence check in pgq.claim, once per session: when the fences were last
--- moved on another timeline (this server was promoted, or restored), moves them now. In one
+-- The slow path of the fence check in pgq.claim, when the fence row names another timeline than
+-- this server's (it was promoted, or restored): moves the fences now. In one
 -- transaction that locks the fence row (so concurrent first claims take turns, and the later
 -- ones find the work done), every job that is not done gets attempt_skip raised by
 -- _fence_step() per timeline passed: its next claim issues attempt + 1 + attempt_skip, and
@@ -1666,8 +1732,7 @@ CREATE OR REPLACE FUNCTION pgq._fence_step() RETURNS integer
 -- old primary handed out is issued again. A job running here keeps its attempt: this server's
 -- record of it is the claim that handed that number out, once, to the owner that holds it.
 -- Done jobs are final and never claimed again; failed and cancelled ones may be retried, so
--- they are moved too. Marks the session as checked (the setting pgq.fence, which a transaction
--- that rolls back also rolls back): a session never outlives a timeline change.
+-- they are moved too.
 CREATE OR REPLACE FUNCTION pgq._check_timeline() RETURNS void
     LANGUAGE plpgsql
     AS $$
@@ -1714,7 +1779,6 @@ BEGIN
                 fenced.timeline, current_timeline, moved, step;
         END IF;
     END IF;
-    PERFORM set_config('pgq.fence', current_timeline::text, false);
 END
 $$;
 
@@ -2959,9 +3023,12 @@ BEGIN
         END IF;
         q := pgq._queue(b.callback_queue);  -- dropped since: created again, as an enqueue would
     END IF;
+    IF q.fair AND pgq._fair_tenant(q.name, NULL, patient => false) IS NULL THEN
+        RETURN false;  -- another transaction is registering the queue's tenant '': left to the sweep
+    END IF;
     INSERT INTO pgq.jobs AS j (queue, kind, payload, max_attempts, tenant, meta, enqueued_by)
     VALUES (b.callback_queue, b.callback_kind, b.callback_payload, q.max_attempts,
-            CASE WHEN q.fair THEN pgq._fair_tenant(q.name, NULL) END,
+            CASE WHEN q.fair THEN '' END,
             jsonb_build_object('batch', jsonb_build_object('id', b.id, 'members', sums.added, 'done', sums.done,
                                                            'failed', sums.failed, 'cancelled', sums.cancelled)),
             b.opened_by)
@@ -3326,46 +3393,51 @@ COMMENT ON FUNCTION pgq._job_ended() IS
 
 -- sql/functions/rates.sql -----------------------------------------------------------------------------
 
--- sql/functions/rates.sql: rate limits: GCRA buckets per queue and per key.
+-- sql/functions/rates.sql: rate limits: a queue's tokens in slices, a key's in a GCRA bucket.
 
--- Rate limits (queues.rate_limit, key_rate_limit) are GCRA buckets of `rate` tokens per
--- `period`: a burst of at most `rate`, then `rate` per `period`. The state is one timestamp, the
--- theoretical arrival time (tat): when the bucket is full again (NULL or past: full now). Taking
--- n tokens at `at` moves it to greatest(tat, at) + n * period / rate, and is allowed while that
--- is at most at + period. So in any window of length W the claims take at most
--- rate + floor(W * rate / period) tokens (the tat advances by period / rate per token and never
--- passes the latest clock reading plus period). The arithmetic is exact (numeric epochs, tat
--- rounded up to the microsecond).
+-- A rate limit (queues.rate_limit, key_rate_limit) hands out at most `rate` tokens per `period`: a
+-- burst of at most `rate`, then `rate` per `period`, each claimed job spending one.
 --
--- A queue's bucket (rate_limit) is split into shards (pgq.rate_buckets, pgq._rate_shards of them),
--- each a GCRA bucket of its part of the rate: their sum is the queue's rate, and so is the sum of
--- the bounds above, so together they never hand out more than the one bucket would. A claim locks
--- only the shards it spends (pgq._claim_rooms: from a random one on, FOR NO KEY UPDATE SKIP LOCKED,
--- never waited for), so claimers of one queue spend side by side instead of taking turns on one row. A key's bucket
--- (key_rate_limit, pgq.key_rates) is one row, spent under the key's slot (pgq.key_slots).
+-- A queue's rate (rate_limit) is a line of numbered tokens: token n is due at n * period / rate
+-- after the epoch (pgq._token_time, rounded up to the microsecond) and good for one period; at
+-- `at`, the tokens good are the `rate` newest due (pgq._token_number: the newest), less those
+-- taken. So in any window of length W the claims take at most rate + floor(W * rate / period) + 1
+-- tokens, one fewer once the first of those claims has taken its own. The tokens are kept in
+-- slices of consecutive tokens (pgq.rate_slices, pgq._slice_size tokens each: at most 64 slices
+-- per period), each with how many of its first tokens are taken (spent, or passed when they
+-- were no longer good). A claim spends the oldest tokens good from the slices it holds: it locks
+-- them (pgq._take_tokens, FOR NO KEY UPDATE SKIP LOCKED, never waited for), as few as hold the
+-- tokens its picks need, so claimers of one queue spend side by side, and a claim's transaction
+-- left open holds back the tokens it spent and fewer than one slice's more (the rest of the last
+-- slice it took from): the tokens due after it are other slices'. Slices are made ahead of their
+-- time, up to max(period, 10 s) ahead, by the queue's claims and enqueues (pgq._make_slices); a
+-- slice may have a few rows (two makers at once: neither waits for the other), the most taken of
+-- its rows is its count, and a claim locks all of a slice's rows it sees. No transaction spends
+-- from a slice only it has made (another could be making the same slice, unseen): a claim that
+-- finds its queue's slices missing (after a quiet time longer than that) makes them, and the
+-- next claim spends them.
+--
+-- A key's rate (key_rate_limit, pgq.key_rates) is a GCRA bucket, one row, spent while the claim
+-- holds the key (pgq._hold_keys): one timestamp, the theoretical arrival time (tat), when the
+-- bucket is full again (NULL or past: full now). Taking n tokens at `at` moves it to
+-- greatest(tat, at) + n * period / rate, allowed while that is at most at + period, the same bound
+-- as above. A key held by an open transaction is that key, whole.
 
--- The clock of the rate limits: clock_timestamp(), read by pgq.claim once it holds the shards it
--- may spend (to count their tokens), and again once all its locks are held, keys' slots included,
--- before it hands the jobs out (to spend them). Not pgq._now() (statement_timestamp) or now(): a claim whose statement or
+-- The clock of the rate limits: clock_timestamp(), read by pgq.claim before its keyed pick (to
+-- count the keys' tokens once it holds them), and again once all its locks are held, the rate's
+-- slices included, before it hands the jobs out (to count and spend the queue's tokens, and spend
+-- the keys'). Not pgq._now() (statement_timestamp) or now(): a claim whose statement or
 -- transaction started before another claim's took the lock would spend tokens at an earlier
--- moment than they are handed out, and so refill the bucket for the claims after it; read after
--- the locks, the readings of one bucket's claims come in the order they hand out their jobs. A
--- count at an earlier reading than the spend only finds fewer tokens. (A test database may replace
--- this function, like pgq._now().)
+-- moment than they are handed out; read after the locks, the readings of one slice's (or key's)
+-- claims come in the order they hand out their jobs. A key's tokens counted at an earlier reading
+-- than the spend are only fewer. (A test database may replace this function, like pgq._now().)
 CREATE OR REPLACE FUNCTION pgq._rate_clock() RETURNS timestamptz
     LANGUAGE sql VOLATILE PARALLEL SAFE
     AS $$ SELECT clock_timestamp() $$;
 COMMENT ON FUNCTION pgq._rate_clock() IS
-    'The clock of the rate limits: clock_timestamp(), read once the claim holds its queue rows.';
+    'The clock of the rate limits: clock_timestamp(), read once the claim holds what it spends.';
 
--- How many shards a queue's bucket of `rate` tokens per `period` has: one per 100 tokens a second,
--- 1 to 16 and at most `rate`, so that each shard still gains a token at least every 10 ms. (Written
--- out in migration 0016, which made the first buckets.)
-CREATE OR REPLACE FUNCTION pgq._rate_shards(rate integer, period interval) RETURNS integer
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$ SELECT greatest(1, least(16, $1, floor($1 / extract(epoch FROM $2) / 100)))::integer $$;
-
--- How many tokens a bucket (its tat, rate and period) holds at `at`.
+-- How many tokens a key's bucket (its tat, rate and period) holds at `at`.
 CREATE OR REPLACE FUNCTION pgq._tokens(tat timestamptz, rate integer, period interval, at timestamptz) RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
@@ -3404,121 +3476,376 @@ CREATE OR REPLACE FUNCTION pgq._rescaled_tat(tat timestamptz, old_rate integer, 
            END
 $$;
 
--- Makes a queue's shards (pgq.rate_buckets) for a new rate or period (pgq.configure_queue, which
--- holds the queue's row): every shard is locked first (waiting for the claims that hold one, as
--- admin calls wait), then what the old shards handed out and have not regained (their debt, in
--- tokens) is kept as as many tokens of the new rate (at most a whole bucket: empty), shared by
--- the new shards in proportion (each as full as the bucket). Rate 0: no shard.
+-- How many stripes a queue's rate of `rate` tokens per `period` has: one per 100 tokens a second,
+-- 1 to 16 and at most `rate` (as many as the shards of pgq.rate_buckets, up to version 19), so
+-- that claimers at once take the tokens falling due side by side. Token n is of stripe n mod
+-- stripes.
+CREATE OR REPLACE FUNCTION pgq._stripes(rate integer, period interval) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT greatest(1, least(16, $1, floor($1 / extract(epoch FROM $2) / 100)))::integer $$;
+
+-- How many tokens a slice of a queue's rate holds: about 16 slices a period per stripe, so that a
+-- slice's tokens are few (those of the slices of one block, below, fewer than rate / 16 + stripes).
+CREATE OR REPLACE FUNCTION pgq._slice_size(rate integer, period interval) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT greatest(1, ceil($1 / (16.0 * pgq._stripes($1, $2))))::integer $$;
+
+-- The number of the newest token of a rate of `rate` per `period` due at `at` (token n is due at
+-- n * period / rate after the epoch).
+CREATE OR REPLACE FUNCTION pgq._token_number(rate integer, period interval, at timestamptz) RETURNS bigint
+    LANGUAGE sql STABLE PARALLEL SAFE  -- (as extract: declared IMMUTABLE, it would not be inlined)
+    AS $$ SELECT floor(extract(epoch FROM $3) * $1 / extract(epoch FROM $2))::bigint $$;
+
+-- When token n of a rate of `rate` per `period` is due (rounded up to the microsecond: never early).
+CREATE OR REPLACE FUNCTION pgq._token_time(n bigint, rate integer, period interval) RETURNS timestamptz
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT timestamptz 'epoch' + ceil($1 * extract(epoch FROM $3) * 1000000 / $2)::float8 * interval '1 microsecond'
+$$;
+
+-- The rows of the oldest `most` slices of `queue`'s rate (`rate` per period, `m` stripes of
+-- slices of `k` tokens; NULL: all) that hold tokens good when the newest token due is `n`
+-- (pgq._token_number) and have a row with tokens not taken (rate_slices_left_idx), all their
+-- rows, as this transaction sees them (for pgq._slice_tokens).
+CREATE OR REPLACE FUNCTION pgq._window_rows(queue text, rate integer, k integer, m integer, n bigint, most integer)
+    RETURNS pgq.rate_slices[]
+    LANGUAGE plpgsql STABLE
+    SET plan_cache_mode = force_generic_plan
+    AS $$
+BEGIN
+    -- (PL/pgSQL, not SQL: its plan is kept for the session; an SQL function's is made at each call.)
+    RETURN ARRAY(
+        SELECT s FROM (SELECT DISTINCT l.slice FROM pgq.rate_slices AS l
+                       WHERE l.queue = _window_rows.queue AND l.taken < l.tokens
+                         AND l.slice BETWEEN (_window_rows.n - _window_rows.rate + 1) / (_window_rows.m * _window_rows.k)
+                                             * _window_rows.m
+                                         AND _window_rows.n / (_window_rows.m * _window_rows.k) * _window_rows.m
+                                             + _window_rows.m - 1
+                       ORDER BY l.slice LIMIT _window_rows.most) AS w
+        JOIN pgq.rate_slices AS s ON s.queue = _window_rows.queue AND s.slice = w.slice);
+END
+$$;
+
+-- The arithmetic of a slice of a queue's rate (`rate` per period, `m` stripes of slices of `k`
+-- tokens), when the newest token due is `n`: the tokens come in blocks of m * k, and slice s holds
+-- tokens base + j * m (j from 0 to k - 1; base = (s / m) * m * k + s % m), the j-th of stripe
+-- s % m in block s / m. Of a slice whose first `taken` tokens are taken: how many of its first
+-- tokens are taken or no longer good (skip: up to its oldest token good), and how many after
+-- those are due, good and not taken (left). The one place it is written (inlined where used).
+CREATE OR REPLACE FUNCTION pgq._slice_skip(slice bigint, taken integer, rate integer, k integer, m integer, n bigint)
+    RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT greatest($2::bigint, floor(($6 - $3 - (($1 / $5) * $5 * $4 + $1 % $5))::numeric / $5)::bigint + 1)::integer $$;
+
+CREATE OR REPLACE FUNCTION pgq._slice_left(slice bigint, taken integer, rate integer, k integer, m integer, n bigint)
+    RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT greatest(least($4 - 1, floor(($6 - (($1 / $5) * $5 * $4 + $1 % $5))::numeric / $5)::bigint)
+                    - pgq._slice_skip($1, $2, $3, $4, $5, $6) + 1, 0)::integer
+$$;
+
+-- Per slice of `queue` among `rows` (rows of slices, all the rows of each, of any queues; the
+-- queue's rate is `rate` per period, in `m` stripes of slices of `k` tokens), when the newest token
+-- due is `n`: skip and tokens_left of pgq._slice_left, the most taken of its rows counting, and
+-- whether a transaction other than this one made one of its rows (only then may this one spend
+-- from it: see pgq._take_tokens). (Inlined where it is called with no sub-select among its
+-- arguments.)
+CREATE OR REPLACE FUNCTION pgq._slice_tokens(rows pgq.rate_slices[], queue text, rate integer, k integer, m integer,
+                                             n bigint)
+    RETURNS TABLE (slice bigint, skip integer, tokens_left integer, spendable boolean)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT y.slice, pgq._slice_skip(y.slice, y.taken, $3, $4, $5, $6), pgq._slice_left(y.slice, y.taken, $3, $4, $5, $6),
+           y.spendable
+    FROM (SELECT r.slice, max(r.taken) AS taken,
+                 bool_or(r.made_by IS DISTINCT FROM pg_current_xact_id_if_assigned()) AS spendable
+          FROM unnest($1) AS r WHERE r.queue = $2 GROUP BY r.slice) AS y
+$$;
+
+-- Makes the slices of `queue`'s rate ahead of their time (pgq.claim's rooms, pgq.enqueue): when
+-- this transaction sees none for the tokens due within max(period, 10 s) / 2 of `at`, every slice
+-- from the first of the window at `at` (or after the newest made) to those of the block of the
+-- tokens due within max(period, 10 s), never waiting for anyone (plain rows: two makers at once
+-- make two). And as many expired slices as it makes are deleted (those another transaction holds
+-- are left).
+CREATE OR REPLACE FUNCTION pgq._make_slices(queue text, rate integer, period interval, at timestamptz)
+    RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    ahead  interval := greatest(_make_slices.period, interval '10 seconds');
+    k      integer := pgq._slice_size(_make_slices.rate, _make_slices.period);
+    m      integer := pgq._stripes(_make_slices.rate, _make_slices.period);
+    first  bigint := (pgq._token_number(_make_slices.rate, _make_slices.period, _make_slices.at)
+                      - _make_slices.rate + 1) / (m * k) * m;
+    last   bigint;
+    newest bigint;
+BEGIN
+    SELECT max(s.slice) INTO newest FROM pgq.rate_slices AS s WHERE s.queue = _make_slices.queue;
+    IF newest >= pgq._token_number(_make_slices.rate, _make_slices.period, _make_slices.at + ahead / 2) / (m * k) * m THEN
+        RETURN;
+    END IF;
+    last := pgq._token_number(_make_slices.rate, _make_slices.period, _make_slices.at + ahead) / (m * k) * m + m - 1;
+    INSERT INTO pgq.rate_slices (queue, slice, tokens)
+    SELECT _make_slices.queue, g.slice, k FROM generate_series(greatest(newest + 1, first), last) AS g(slice);
+    DELETE FROM pgq.rate_slices AS s
+    WHERE s.ctid = ANY (ARRAY(SELECT x.ctid FROM pgq.rate_slices AS x
+                              WHERE x.queue = _make_slices.queue AND x.slice < first
+                              LIMIT last - greatest(newest + 1, first) + 1
+                              FOR UPDATE SKIP LOCKED));
+END
+$$;
+
+-- For pgq.claim: the tokens of its rate-limited queues (`rooms` whose rated is set) for their picks
+-- among `picks` (locked, pending). Per queue, the oldest slices with a token due, good and not
+-- taken are locked as the index is read (rate_slices_left_idx, FOR NO KEY UPDATE SKIP LOCKED: a
+-- slice another claim holds is passed, never waited for), about as few as hold the tokens its
+-- picks need, in rounds while they hold fewer (at most four); a slice counts as held when this
+-- transaction locked each of its rows it sees, one of them made by another transaction (as
+-- pgq._hold_keys holds a key). The tokens are counted at the rate clock read once they are held
+-- (`at`: they are spent at it too, pgq._spend_tokens). A queue's picks beyond its tokens are left
+-- out, the last in the total order first (they stay locked, not handed out). Returns the picks
+-- kept (`ids`), the slices' rows held (`slices`) and `at`.
+CREATE OR REPLACE FUNCTION pgq._take_tokens(picks bigint[], rooms pgq.claim_room[], OUT ids bigint[],
+                                            OUT slices pgq.rate_slices[], OUT at timestamptz)
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan
+    AS $$
+DECLARE
+    r      record;
+    me     xid8 := pg_current_xact_id();
+    n      bigint;    -- the newest token due at a reading of the rate clock
+    held   pgq.rate_slices[];  -- the rows of this queue's slices held
+    rows   pgq.rate_slices[];  -- those locked in a round
+    single boolean;            -- whether each of those is its slice's one row, made by another
+    more   integer;            -- and then the tokens they hold
+    got    integer;            -- the tokens they hold by the last reading
+    queues integer := 0;       -- how many rate-limited queues have picks
+BEGIN
+    ids := picks;
+    slices := '{}';
+    FOR r IN
+        SELECT q.name, q.rate_limit, q.rate_period, pgq._slice_size(q.rate_limit, q.rate_period) AS k,
+               pgq._stripes(q.rate_limit, q.rate_period) AS m, count(j.id)::integer AS need
+        FROM unnest(_take_tokens.rooms) AS e
+        JOIN pgq.queues AS q ON q.name = e.queue
+        JOIN pgq.jobs AS j ON j.id = ANY (_take_tokens.picks) AND j.queue = e.queue
+        WHERE e.rated AND q.rate_limit > 0
+        GROUP BY q.name, q.rate_limit, q.rate_period
+    LOOP
+        held := '{}';
+        got := 0;
+        FOR round IN 1..4 LOOP
+            n := pgq._token_number(r.rate_limit, r.rate_period, pgq._rate_clock());
+            -- (With, for each row, how many rows of its slice this transaction sees.)
+            SELECT coalesce(array_agg(x.row), '{}'), coalesce(bool_and(x.rows = 1 AND x.others), true),
+                   coalesce(sum(pgq._slice_left((x.row).slice, (x.row).taken, r.rate_limit, r.k, r.m, n)), 0)
+            INTO rows, single, more
+            FROM (SELECT s AS row, s.made_by <> me AS others,
+                         (SELECT count(*) FROM pgq.rate_slices AS c WHERE c.queue = s.queue AND c.slice = s.slice) AS rows
+                  FROM pgq.rate_slices AS s
+                  WHERE s.queue = r.name AND s.taken < s.tokens
+                    AND s.slice BETWEEN (n - r.rate_limit + 1) / (r.m * r.k) * r.m AND n / (r.m * r.k) * r.m + r.m - 1
+                    AND s.slice <> ALL (ARRAY(SELECT h.slice FROM unnest(held) AS h))
+                    AND pgq._slice_left(s.slice, s.taken, r.rate_limit, r.k, r.m, n) > 0
+                  ORDER BY s.slice, s.made_by
+                  LIMIT greatest(1, ceil((r.need - got)::numeric / r.k))::integer
+                  FOR NO KEY UPDATE OF s SKIP LOCKED) AS x;
+            EXIT WHEN rows = '{}';
+            IF single THEN  -- (the usual case: one row a slice, made by another transaction)
+                held := held || rows;
+                got := got + more;
+            ELSE
+                -- Of those slices, the ones wholly held: each of their rows this transaction sees
+                -- locked (the other rows of a slice locked too), one of them another's.
+                held := held || ARRAY(
+                    SELECT c::pgq.rate_slices
+                    FROM (SELECT DISTINCT x.slice FROM unnest(rows) AS x) AS w
+                    CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE s.made_by <> me) AS others, count(*) AS n
+                                        FROM pgq.rate_slices AS s WHERE s.queue = r.name AND s.slice = w.slice) AS v
+                    CROSS JOIN LATERAL (SELECT array_agg(x) AS rows
+                                        FROM (SELECT s FROM pgq.rate_slices AS s
+                                              WHERE s.queue = r.name AND s.slice = w.slice
+                                              FOR NO KEY UPDATE SKIP LOCKED) AS x(x)) AS g
+                    CROSS JOIN LATERAL unnest(g.rows) AS c
+                    WHERE v.others > 0 AND cardinality(g.rows) = v.n);
+                got := (SELECT coalesce(sum(t.tokens_left), 0)
+                        FROM pgq._slice_tokens(held, r.name, r.rate_limit, r.k, r.m, n) AS t);
+            END IF;
+            EXIT WHEN got >= r.need;
+        END LOOP;
+        slices := slices || held;
+        queues := queues + 1;
+    END LOOP;
+    at := pgq._rate_clock();
+    IF queues = 0 OR queues = 1 AND got >= r.need AND pgq._token_number(r.rate_limit, r.rate_period, at) = n THEN
+        RETURN;  -- (the tokens good at `at` are those of the last count, which held enough: all picks kept)
+    END IF;
+    -- Each rate-limited queue's picks past the tokens its slices hold at `at`: left out.
+    ids := ARRAY(
+        SELECT j.id
+        FROM (SELECT j.id, j.queue,
+                     row_number() OVER (PARTITION BY j.queue ORDER BY j.priority DESC, j.run_at, j.id) AS nth
+              FROM pgq.jobs AS j WHERE j.id = ANY (_take_tokens.picks)) AS j
+        LEFT JOIN (SELECT q.name,
+                          (SELECT coalesce(sum(t.tokens_left), 0)
+                           FROM pgq._slice_tokens(slices, q.name, q.rate_limit, pgq._slice_size(q.rate_limit, q.rate_period),
+                                                  pgq._stripes(q.rate_limit, q.rate_period),
+                                                  pgq._token_number(q.rate_limit, q.rate_period, at)) AS t) AS tokens
+                   FROM pgq.queues AS q
+                   WHERE q.name = ANY (ARRAY(SELECT e.queue FROM unnest(_take_tokens.rooms) AS e WHERE e.rated))
+                     AND q.rate_limit > 0) AS t ON t.name = j.queue
+        WHERE t.name IS NULL OR j.nth <= t.tokens);
+END
+$$;
+
+-- Makes a queue's slices (pgq.rate_slices) for a new rate or period (pgq.configure_queue, which
+-- holds the queue's row, reads its old rate from it): every slice's rows are locked first (waiting
+-- for the claims that hold one, as admin calls wait), then what the old rate handed out in its
+-- window and has not regained (its debt, in tokens: the rate less the tokens good and not taken,
+-- a slice not made yet counting as whole) is kept as as many tokens of the new rate (at most a
+-- whole bucket: empty), taken from the oldest of the new window's. Rate 0: no slice.
 CREATE OR REPLACE FUNCTION pgq._set_rate_buckets(queue text, old_period interval, rate integer, period interval,
                                                  at timestamptz) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    debt  float8;        -- tokens handed out and not regained yet
-    tat   timestamptz;   -- the new shards' tat
-    n     integer;
+    old_rate integer;
+    debt     bigint := 0;   -- tokens handed out and not regained yet
+    k        integer;       -- the new rate's slices' size,
+    m        integer;       -- stripes
+    n        bigint;        -- and newest token due
 BEGIN
-    PERFORM FROM pgq.rate_buckets AS b WHERE b.queue = _set_rate_buckets.queue ORDER BY b.shard FOR UPDATE;
-    SELECT coalesce(sum(extract(epoch FROM b.tat - _set_rate_buckets.at) * b.rate
-                        / extract(epoch FROM _set_rate_buckets.old_period)), 0)
-    INTO debt
-    FROM pgq.rate_buckets AS b WHERE b.queue = _set_rate_buckets.queue AND b.tat > _set_rate_buckets.at;
-    DELETE FROM pgq.rate_buckets AS b WHERE b.queue = _set_rate_buckets.queue;
+    SELECT q.rate_limit INTO old_rate FROM pgq.queues AS q WHERE q.name = _set_rate_buckets.queue;
+    PERFORM FROM pgq.rate_slices AS s WHERE s.queue = _set_rate_buckets.queue ORDER BY s.slice, s.made_by FOR UPDATE;
+    IF old_rate > 0 THEN
+        debt := old_rate - pgq._bucket_tokens(_set_rate_buckets.queue, _set_rate_buckets.old_period, _set_rate_buckets.at);
+    END IF;
+    DELETE FROM pgq.rate_slices AS s WHERE s.queue = _set_rate_buckets.queue;
     IF _set_rate_buckets.rate = 0 THEN
         RETURN;
     END IF;
-    IF debt > 0 THEN
-        tat := _set_rate_buckets.at + least(debt / _set_rate_buckets.rate, 1) * _set_rate_buckets.period;
-    END IF;
-    n := pgq._rate_shards(_set_rate_buckets.rate, _set_rate_buckets.period);
-    INSERT INTO pgq.rate_buckets (queue, shard, rate, tat)
-    SELECT _set_rate_buckets.queue, s.shard, _set_rate_buckets.rate / n + (s.shard < _set_rate_buckets.rate % n)::integer,
-           tat
-    FROM generate_series(0, n - 1) AS s(shard);
+    k := pgq._slice_size(_set_rate_buckets.rate, _set_rate_buckets.period);
+    m := pgq._stripes(_set_rate_buckets.rate, _set_rate_buckets.period);
+    n := pgq._token_number(_set_rate_buckets.rate, _set_rate_buckets.period, _set_rate_buckets.at);
+    -- The tokens up to n - rate + debt are taken: in slice s, those below base + j * m for the
+    -- first j past that.
+    INSERT INTO pgq.rate_slices (queue, slice, tokens, taken)
+    SELECT _set_rate_buckets.queue, g.slice, k,
+           least(greatest(floor((n - _set_rate_buckets.rate + least(debt, _set_rate_buckets.rate)
+                                 - ((g.slice / m) * m * k + g.slice % m))::numeric / m) + 1, 0), k)
+    FROM generate_series((n - _set_rate_buckets.rate + 1) / (m * k) * m,
+                         pgq._token_number(_set_rate_buckets.rate, _set_rate_buckets.period,
+                                           _set_rate_buckets.at + greatest(_set_rate_buckets.period, interval '10 seconds'))
+                             / (m * k) * m + m - 1) AS g(slice);
 END
 $$;
 
--- How many tokens a queue's shards hold at `at` (its rate_period: `period`); 0 without shards.
+-- How many tokens a queue's rate (its rate_period: `period`) holds at `at`: the good ones not
+-- taken, those of slices not made yet (past the newest made: its next claim makes them) counting
+-- as not taken; 0 without a rate.
 CREATE OR REPLACE FUNCTION pgq._bucket_tokens(queue text, period interval, at timestamptz) RETURNS integer
     LANGUAGE sql STABLE
     AS $$
-    SELECT coalesce(sum(pgq._tokens(b.tat, b.rate, $2, $3)), 0)::integer FROM pgq.rate_buckets AS b WHERE b.queue = $1
+    SELECT coalesce((
+        SELECT coalesce((SELECT sum(s.tokens_left)
+                         FROM pgq._slice_tokens(pgq._window_rows(q.name, q.rate_limit, w.k, w.m, w.n, NULL),
+                                                q.name, q.rate_limit, w.k, w.m, w.n) AS s), 0)
+               + greatest(w.n - greatest(w.n - q.rate_limit + 1,
+                                         (coalesce((SELECT max(x.slice) FROM pgq.rate_slices AS x WHERE x.queue = q.name)
+                                                   / w.m, -1) + 1) * w.m * w.k) + 1, 0)
+        FROM pgq.queues AS q
+        CROSS JOIN LATERAL (SELECT pgq._token_number(q.rate_limit, $2, $3) AS n, pgq._slice_size(q.rate_limit, $2) AS k,
+                                   pgq._stripes(q.rate_limit, $2) AS m) AS w
+        WHERE q.name = $1 AND q.rate_limit > 0), 0)::integer
 $$;
 
--- When a queue's bucket is full again: the latest tat of its shards (NULL: full, or no limit).
--- pgq.configure_queue and pgq.queue_settings show it as queues.rate_tat.
+-- When a queue's rate is whole again: one period after its newest token taken (NULL: none taken
+-- in its window, or no rate). pgq.configure_queue and pgq.queue_settings show it as
+-- queues.rate_tat.
 CREATE OR REPLACE FUNCTION pgq._bucket_full_at(queue text) RETURNS timestamptz
     LANGUAGE sql STABLE
-    AS $$ SELECT max(b.tat) FROM pgq.rate_buckets AS b WHERE b.queue = $1 $$;
+    AS $$
+    SELECT pgq._token_time(max((s.slice / w.m) * w.m * w.k + s.slice % w.m + (s.taken - 1) * w.m),
+                           q.rate_limit, q.rate_period) + q.rate_period
+    FROM pgq.queues AS q
+    CROSS JOIN LATERAL (SELECT pgq._token_number(q.rate_limit, q.rate_period, pgq._rate_clock()) AS n,
+                               pgq._slice_size(q.rate_limit, q.rate_period) AS k,
+                               pgq._stripes(q.rate_limit, q.rate_period) AS m) AS w
+    JOIN pgq.rate_slices AS s ON s.queue = q.name AND s.taken > 0
+    WHERE q.name = $1 AND q.rate_limit > 0
+    GROUP BY q.rate_limit, q.rate_period, w.n
+    HAVING max((s.slice / w.m) * w.m * w.k + s.slice % w.m + (s.taken - 1) * w.m) > w.n - q.rate_limit
+$$;
 
--- When a queue's bucket holds a token again: NULL when one of its shards holds one at `at` (or it
--- has none), else the earliest next token of a shard.
+-- When a queue's rate holds a token again: NULL when it holds one at `at` (or has no rate), else
+-- when the next token is due.
 CREATE OR REPLACE FUNCTION pgq._bucket_next_token_at(queue text, period interval, at timestamptz)
     RETURNS timestamptz
     LANGUAGE sql STABLE
     AS $$
-    SELECT CASE WHEN bool_or(pgq._tokens(b.tat, b.rate, $2, $3) >= 1) THEN NULL
-                ELSE min(pgq._next_token_at(b.tat, b.rate, $2, $3)) END
-    FROM pgq.rate_buckets AS b WHERE b.queue = $1
+    SELECT CASE WHEN pgq._bucket_tokens(q.name, $2, $3) < 1
+                THEN pgq._token_time(pgq._token_number(q.rate_limit, $2, $3) + 1, q.rate_limit, $2) END
+    FROM pgq.queues AS q WHERE q.name = $1 AND q.rate_limit > 0
 $$;
 
 -- Deletes up to max_rows rows of pgq.key_rates whose bucket is full again (pgq.sweep,
--- pgq.prune), each under its key's slot (pgq.key_slots), like the claims that write them (a key
--- whose slot another session holds is skipped): at the clock read after the lock, such a row says
--- what no row says, so no claim after it can tell.
+-- pgq.prune), each while this transaction holds its key (pgq._hold_keys), like the claims that
+-- write them (a key another session holds is skipped): at the clock read after the lock, such a
+-- row says what no row says, so no claim after it can tell.
 CREATE OR REPLACE FUNCTION pgq._prune_key_rates(max_rows integer) RETURNS integer
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    queues text[];
-    keys   text[];
-    held   integer[];
-    deleted integer;
+    deleted integer := 0;
+    held    text[];
+    n       integer;
+    r       record;
 BEGIN
-    SELECT array_agg(k.queue), array_agg(k.key) INTO queues, keys
-    FROM (SELECT k.queue, k.key FROM pgq.key_rates AS k WHERE k.tat <= pgq._rate_clock()
-          LIMIT _prune_key_rates.max_rows) AS k;
-    IF queues IS NULL THEN
-        RETURN 0;
-    END IF;
-    held := ARRAY(SELECT s.slot FROM pgq.key_slots AS s
-                  WHERE s.slot = ANY (ARRAY(SELECT pgq._key_slot(c.queue, c.key) FROM unnest(queues, keys) AS c(queue, key)))
-                  ORDER BY s.slot
-                  FOR NO KEY UPDATE SKIP LOCKED);
-    WITH gone AS (
-        DELETE FROM pgq.key_rates AS k
-        USING unnest(queues, keys) AS c(queue, key)
-        WHERE k.queue = c.queue AND k.key = c.key AND pgq._key_slot(c.queue, c.key) = ANY (held)
-          AND k.tat <= pgq._rate_clock()
-        RETURNING 1
-    )
-    SELECT count(*) INTO deleted FROM gone;
+    FOR r IN
+        SELECT k.queue, array_agg(k.key) AS keys
+        FROM (SELECT k.queue, k.key FROM pgq.key_rates AS k WHERE k.tat <= pgq._rate_clock()
+              LIMIT _prune_key_rates.max_rows) AS k
+        GROUP BY k.queue
+    LOOP
+        held := pgq._hold_keys(r.queue, r.keys);
+        DELETE FROM pgq.key_rates AS k WHERE k.queue = r.queue AND k.key = ANY (held) AND k.tat <= pgq._rate_clock();
+        GET DIAGNOSTICS n = ROW_COUNT;
+        deleted := deleted + n;
+    END LOOP;
     RETURN deleted;
 END
 $$;
 
--- For pgq.claim: spends the tokens of the rate-limited queues (from the shards it holds,
--- `buckets`, the fullest first) and of their keys (whose slots it holds) for those of `ids` (its
--- picks) that it handed out, at the rate clock's reading `at` (read once all its locks were held,
--- and so no earlier than the reading it counted the tokens at: they hold at least what it takes).
-CREATE OR REPLACE FUNCTION pgq._spend_tokens(ids bigint[], buckets pgq.rate_buckets[], at timestamptz) RETURNS void
+-- For pgq.claim: spends the tokens of the rate-limited queues for those of `ids` (its picks) that
+-- it handed out (running now), from the slices' rows it holds (`slices`, pgq._take_tokens), the
+-- oldest tokens first, at `at` (the reading they were counted at); and of their keys (whose rows it
+-- holds), in their buckets (pgq.key_rates).
+CREATE OR REPLACE FUNCTION pgq._spend_tokens(ids bigint[], slices pgq.rate_slices[], at timestamptz) RETURNS void
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
     AS $$
 BEGIN
-    IF buckets <> '{}' THEN
-        UPDATE pgq.rate_buckets AS b
-        SET tat = pgq._tat_after(b.tat, b.rate, s.period, _spend_tokens.at, least(s.tokens, c.n - (s.upto - s.tokens)))
-        FROM (SELECT h.queue, h.shard, q.rate_period AS period,
-                     pgq._tokens(h.tat, h.rate, q.rate_period, _spend_tokens.at) AS tokens,
-                     sum(pgq._tokens(h.tat, h.rate, q.rate_period, _spend_tokens.at))
-                         OVER (PARTITION BY h.queue ORDER BY h.tat NULLS FIRST, h.shard)::integer AS upto
-              FROM unnest(_spend_tokens.buckets) AS h
-              JOIN pgq.queues AS q ON q.name = h.queue) AS s,
-             (SELECT j.queue, count(*)::integer AS n FROM pgq.jobs AS j
-              WHERE j.id = ANY (_spend_tokens.ids) AND j.state = 'running'
-              GROUP BY j.queue) AS c
-        WHERE c.queue = s.queue AND b.queue = s.queue AND b.shard = s.shard AND c.n > s.upto - s.tokens;
+    IF slices <> '{}' THEN
+        UPDATE pgq.rate_slices AS s
+        SET taken = x.skip + x.take
+        FROM (SELECT t.queue, t.slice, t.skip,
+                     least(t.tokens_left, greatest(t.n - (sum(t.tokens_left) OVER (PARTITION BY t.queue ORDER BY t.slice)
+                                                          - t.tokens_left), 0)) AS take
+              FROM (SELECT q.name AS queue, c.n, h.*
+                    FROM pgq.queues AS q
+                    JOIN (SELECT j.queue, count(*)::integer AS n FROM pgq.jobs AS j
+                          WHERE j.id = ANY (_spend_tokens.ids) AND j.state = 'running'
+                          GROUP BY j.queue) AS c ON c.queue = q.name
+                    CROSS JOIN LATERAL pgq._slice_tokens(
+                        _spend_tokens.slices, q.name, q.rate_limit, pgq._slice_size(q.rate_limit, q.rate_period),
+                        pgq._stripes(q.rate_limit, q.rate_period),
+                        pgq._token_number(q.rate_limit, q.rate_period, _spend_tokens.at)) AS h
+                    WHERE q.rate_limit > 0) AS t) AS x,
+             unnest(_spend_tokens.slices) AS h
+        WHERE x.take > 0 AND h.queue = x.queue AND h.slice = x.slice
+          AND s.queue = h.queue AND s.slice = h.slice AND s.made_by = h.made_by;
     END IF;
     INSERT INTO pgq.key_rates AS k (queue, key, tat)
     SELECT c.queue, c.key, pgq._tat_after(NULL, q.key_rate_limit, q.rate_period, _spend_tokens.at, c.n)
@@ -3535,8 +3862,8 @@ $$;
 
 -- For a worker after a claim that came back short: each rate-limited queue of `queues` (NULL:
 -- every one), with how long until a claim may get a job its rate limits hold back now: 0 while
--- a shard of its bucket holds a token and none of its keys is out of tokens; otherwise until the queue's
--- next token, or the earliest next token of a key out of tokens (whether or not that key has due
+-- its rate holds a token (pgq._bucket_tokens) and none of its keys is out of tokens; otherwise
+-- until the queue's next token, or the earliest next token of a key out of tokens (whether or not that key has due
 -- jobs: an index range, never a read of the jobs). A worker calls it only for queues it knows are
 -- rate-limited (this function's last answer), so other queues pay nothing.
 CREATE OR REPLACE FUNCTION pgq.rate_limit_wait(queues text[] DEFAULT NULL)
@@ -3568,34 +3895,41 @@ COMMENT ON FUNCTION pgq.rate_limit_wait(text[]) IS
 
 -- sql/functions/keys.sql: per-key concurrency limits: the keyed pick and pgq.set_key_limit.
 
+-- The limit in effect for a key: the queue's key_max_running (`queue_limit`) unless pgq.key_limits
+-- overrides it for the key (`override`); NULL: none (0 is no limit). The one place this rule is
+-- written (inlined where it is used).
+CREATE OR REPLACE FUNCTION pgq._key_limit(override integer, queue_limit integer) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT nullif(coalesce($1, $2), 0) $$;
+
 -- A key-limited queue's pick (queues.key_limited): up to `room` claimable jobs in the total order
 -- (or by fair mode's round-robin), of which at most as many per concurrency_key as the key has
--- free slots (its limit, pgq.key_limits or the queue's key_max_running, less its running jobs);
--- jobs without a key, or of a key without a limit, are not limited. A full key never blocks the
--- keys behind it, and the work of one pick is bounded however the queue's jobs fall:
+-- free places (its limit, pgq._key_limit, less its running jobs); jobs without a key, or of a key
+-- without a limit, are not limited. A full key never blocks the keys behind it, and the work of
+-- one pick is bounded however the queue's jobs fall:
 --   1. the head: the queue's first room + 16 candidates in the total order, whatever their keys
 --      (one read of jobs_ready_idx of at most that many rows), of which it takes what the keys
 --      allow;
 --   2. other keys: when the head was all read and the pick is still short (keys at their limit
 --      hold the head: a key's jobs in one run, a hot key), the keys with a claimable job that it
---      has not met yet, one probe of jobs_key_ready_idx each, at most room + 16 of them (the full
---      keys it passes are at most the running jobs), walked in key order from where this
---      session's last walk stopped (so every key comes round), and their first jobs, the best
---      in the total order first.
+--      has not met yet, one probe of jobs_key_ready_idx each, at most room + 16 of them, walked in
+--      key order from the key of the queue's most recently claimed running job (so every key
+--      comes round: no state of the session's is read), and their first jobs, the best in the
+--      total order first.
 -- Race-free without the queue's row lock: before it counts a limited key's running jobs (in a
 -- statement whose fresh snapshot sees every earlier claim of that key: a transaction's row locks
--- are released after its commit is visible), the pick locks the key's slot (pgq.key_slots, a hash
--- of queue and key) FOR NO KEY UPDATE SKIP LOCKED. Claims of one key take turns; claims of
--- different keys run side by side (two keys whose slots meet take turns too); a key whose slot
--- another claim holds is left out of this call like a full one, never waited for. The keys that
--- look full at the start (counted before any lock: a hint, never trusted for a free slot) are
--- left out at once. Returns the picked ids, locked FOR NO KEY UPDATE.
+-- are released after its commit is visible), the pick holds the key's rows in pgq.key_locks
+-- (pgq._hold_keys: the key of that queue, no other). Claims of one key take turns; claims of
+-- different keys never meet; a key another claim holds is left out of this call like a full one,
+-- never waited for. Only the keys it takes jobs of are held: the head's keys as the candidates
+-- need them, the walked keys a turn at a time. The keys that look full at the start (counted
+-- before any lock: a hint, never trusted for a free place) are left out at once. Returns the
+-- picked ids, locked FOR NO KEY UPDATE.
 -- A new limit (pgq.set_key_limit, configure_queue) binds the claims that start after it commits.
--- A queue with key_rate_limit also counts each key's tokens at `at` (the claim's rate clock; its
--- queue row is held, as for every rate-limited queue): a key without one is left out like a full
--- key. A rate-limited queue without a per-key step (pgq.queues.rate_limited only) gets its first
--- `room` jobs, locked, or its fair pick. A fair queue's pick goes one job at a time
--- (pgq._fair_pick, passing the keys left out).
+-- A queue with key_rate_limit also counts each key's tokens at `at` (the claim's rate clock): a key
+-- without one is left out like a full key. A rate-limited queue without a per-key step
+-- (pgq.queues.rate_limited only) gets its first `room` jobs, locked, or its fair pick. A fair
+-- queue's pick goes one job at a time (pgq._fair_pick, passing the keys left out).
 CREATE OR REPLACE FUNCTION pgq._keyed_pick(queue text, room integer, kinds text[], fair boolean,
                                 at timestamptz DEFAULT NULL) RETURNS SETOF bigint
     LANGUAGE plpgsql
@@ -3609,18 +3943,19 @@ DECLARE
     key_limited boolean;       -- queues.key_limited
     key_rate  integer;         -- queues.key_rate_limit (0: none), per period
     period    interval;        -- queues.rate_period
-    avail    jsonb := '{}';    -- key -> how many more of its jobs this call may pick, for the keys met
-    full_keys text[];          -- the keys left out: full, without a token, or held by another claim
+    avail    jsonb := '{}';    -- key -> how many more of its jobs this call may pick, for the keys taken
+    hint     jsonb;            -- key -> how many more of its jobs may start, for the keys with running jobs
+    full_keys text[];          -- the keys left out: full or without a token (a hint), or met already
+    newest   text;             -- the key of the queue's most recently claimed running job
     picked   bigint[] := '{}';
     ids      bigint[];         -- candidates, in order,
     keys     text[];           -- their keys
+    wanted   text[];           -- the keys the head's candidates need, in the order first met
     head     integer := _keyed_pick.room + 16;  -- how many candidates the head read takes
     seen     integer;          -- how many it read
-    order_keys text[];         -- the candidates' keys not left out, in the order first met
-    taken    integer := 0;     -- how many of those (then: of walked) were taken
+    taken    integer := 0;     -- how many of walked were taken
     walked   text[];           -- the other keys the second step met
     turn     text[];           -- the keys of one turn of that step
-    cursor   text;             -- where this session's last walk of this queue's keys stopped
     n        integer;
 BEGIN
     SELECT q.key_max_running, q.key_limited, q.key_rate_limit, q.rate_period
@@ -3643,15 +3978,19 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    -- The keys that look full now (a hint: whether a key has a free slot is counted once it is held).
-    full_keys := ARRAY(
-        SELECT c.key
-        FROM (SELECT j.concurrency_key AS key, count(*)::integer AS n
-              FROM pgq.jobs AS j
-              WHERE j.lease_until IS NOT NULL AND j.queue = _keyed_pick.queue AND j.concurrency_key IS NOT NULL
-              GROUP BY j.concurrency_key) AS c
-        LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = c.key
-        WHERE coalesce(l.max_running, default_limit) > 0 AND c.n >= coalesce(l.max_running, default_limit));
+    -- How many more jobs each key with running jobs may start (a hint: whether a key has a free
+    -- place is counted once it is held), and the key of the newest claim, in one read of the
+    -- running jobs.
+    SELECT coalesce(jsonb_object_agg(c.key, pgq._key_limit(l.max_running, default_limit) - c.n)
+                        FILTER (WHERE pgq._key_limit(l.max_running, default_limit) IS NOT NULL), '{}'),
+           (array_agg(c.key ORDER BY c.newest DESC, c.key))[1]
+    INTO hint, newest
+    FROM (SELECT j.concurrency_key AS key, count(*)::integer AS n, max(j.claimed_at) AS newest
+          FROM pgq.jobs AS j
+          WHERE j.lease_until IS NOT NULL AND j.queue = _keyed_pick.queue AND j.concurrency_key IS NOT NULL
+          GROUP BY j.concurrency_key) AS c
+    LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = c.key;
+    full_keys := ARRAY(SELECT h.key FROM jsonb_each_text(hint) AS h(key, n) WHERE h.n::integer <= 0);
     IF key_rate > 0 THEN
         -- The keys without a token (key_rates_tat_idx: those whose tat is furthest ahead).
         full_keys := full_keys || ARRAY(
@@ -3687,7 +4026,7 @@ BEGIN
             EXIT WHEN cardinality(picked) >= _keyed_pick.room;
         END LOOP;
     ELSE
-        -- 1. The head of the queue, whatever its keys.
+        -- 1. The head of the queue, whatever its keys, ...
         SELECT array_agg(x.id ORDER BY x.priority DESC, x.run_at, x.id),
                array_agg(x.key ORDER BY x.priority DESC, x.run_at, x.id), count(*)
         INTO ids, keys, seen
@@ -3699,44 +4038,47 @@ BEGIN
                 AND (_keyed_pick.kinds IS NULL OR j.kind = ANY (_keyed_pick.kinds))
               ORDER BY j.priority DESC, j.run_at, j.id
               LIMIT head) AS x;
+        -- ... of whose candidates the first `room` that the keys allow are taken: each key's first
+        -- ones, as many as it has places and tokens (by the hint for a key not taken yet, then
+        -- as counted once it is held). The keys of those candidates are taken, a round at a time
+        -- (a key another claim holds, or found full, lets the next candidates in): no more keys
+        -- are held than the claim can use.
+        WHILE ids IS NOT NULL LOOP
+            wanted := ARRAY(
+                SELECT DISTINCT e.key
+                FROM (SELECT e.key, e.ord
+                      FROM (SELECT c.key, c.ord, row_number() OVER (PARTITION BY c.key ORDER BY c.ord) AS nth
+                            FROM unnest(ids, keys) WITH ORDINALITY AS c(id, key, ord)
+                            WHERE c.key IS NULL OR c.key <> ALL (full_keys)) AS e
+                      LEFT JOIN pgq.key_limits AS l ON l.queue = _keyed_pick.queue AND l.key = e.key
+                      WHERE e.key IS NULL
+                         OR e.nth <= CASE WHEN avail ? e.key THEN (avail ->> e.key)::integer
+                                          ELSE coalesce(least((hint ->> e.key)::integer,
+                                                              pgq._key_limit(l.max_running, default_limit),
+                                                              nullif(key_rate, 0)),
+                                                        _keyed_pick.room) END
+                      ORDER BY e.ord LIMIT _keyed_pick.room) AS e
+                WHERE e.key IS NOT NULL AND NOT avail ? e.key);
+            EXIT WHEN wanted = '{}';
+            avail := avail || pgq._take_keys(_keyed_pick.queue, wanted, _keyed_pick.room, default_limit, key_rate,
+                                             period, _keyed_pick.at);
+        END LOOP;
         IF ids IS NOT NULL THEN
-            -- Each key is taken (pgq._take_keys) when the walk of the candidates first meets it,
-            -- with the next keys not met yet, as many as the jobs still wanted: no more keys are
-            -- held than the claim could use.
-            order_keys := ARRAY(SELECT k.key FROM unnest(keys) WITH ORDINALITY AS k(key, i)
-                                WHERE k.key IS NOT NULL AND k.key <> ALL (full_keys)
-                                GROUP BY k.key ORDER BY min(k.i));
-            FOR i IN 1..cardinality(ids) LOOP
-                EXIT WHEN cardinality(picked) >= _keyed_pick.room;
-                IF keys[i] IS NULL THEN
-                    picked := picked || ids[i];
-                ELSIF keys[i] <> ALL (full_keys) THEN
-                    IF NOT avail ? keys[i] THEN
-                        avail := avail || pgq._take_keys(_keyed_pick.queue,
-                                     order_keys[taken + 1 : taken + _keyed_pick.room - cardinality(picked)],
-                                     _keyed_pick.room, default_limit, key_rate, period, _keyed_pick.at);
-                        taken := taken + _keyed_pick.room - cardinality(picked);
-                    END IF;
-                    n := (avail ->> keys[i])::integer;
-                    IF n > 0 THEN
-                        picked := picked || ids[i];
-                        avail := avail || jsonb_build_object(keys[i], n - 1);
-                    END IF;
-                    IF n <= 1 THEN
-                        full_keys := full_keys || keys[i];
-                    END IF;
-                END IF;
-            END LOOP;
+            picked := ARRAY(
+                SELECT c.id
+                FROM (SELECT c.id, c.key, c.ord, row_number() OVER (PARTITION BY c.key ORDER BY c.ord) AS nth
+                      FROM unnest(ids, keys) WITH ORDINALITY AS c(id, key, ord)
+                      WHERE c.key IS NULL OR avail ? c.key) AS c
+                WHERE c.key IS NULL OR c.nth <= (avail ->> c.key)::integer
+                ORDER BY c.ord LIMIT _keyed_pick.room);
         END IF;
         -- 2. Other keys' first jobs, when the head was all read and is held by keys left out.
         IF cardinality(picked) < _keyed_pick.room AND seen = head THEN
-            cursor := current_setting('pgq.key_walk', true);
-            cursor := CASE WHEN split_part(cursor, chr(31), 1) = _keyed_pick.queue THEN split_part(cursor, chr(31), 2) END;
-            full_keys := full_keys || ARRAY(SELECT jsonb_object_keys(avail));  -- met already
-            taken := 0;
-            walked := ARRAY(SELECT w.key FROM pgq._walk_keys(_keyed_pick.queue, coalesce(cursor, ''), NULL, full_keys, head) AS w(key));
-            IF cursor IS NOT NULL AND cardinality(walked) < head THEN  -- round again, from the first key
-                walked := walked || ARRAY(SELECT w.key FROM pgq._walk_keys(_keyed_pick.queue, '', cursor, full_keys,
+            full_keys := full_keys || ARRAY(SELECT DISTINCT k.key FROM unnest(keys) AS k(key) WHERE k.key IS NOT NULL);
+            walked := ARRAY(SELECT w.key FROM pgq._walk_keys(_keyed_pick.queue, coalesce(newest, ''), NULL, full_keys, head)
+                            AS w(key));
+            IF newest IS NOT NULL AND cardinality(walked) < head THEN  -- round again, from the first key
+                walked := walked || ARRAY(SELECT w.key FROM pgq._walk_keys(_keyed_pick.queue, '', newest, full_keys,
                                                                            head - cardinality(walked)) AS w(key));
             END IF;
             -- In turns of as many keys as jobs are still wanted, each turn's keys taken, then
@@ -3763,9 +4105,6 @@ BEGIN
                     ORDER BY h.priority DESC, h.run_at, h.id
                     LIMIT _keyed_pick.room - cardinality(picked));
             END LOOP;
-            IF taken > 0 THEN  -- the next walk of this session starts after the last key taken
-                PERFORM set_config('pgq.key_walk', _keyed_pick.queue || chr(31) || walked[taken], false);
-            END IF;
         END IF;
     END IF;
     -- The picks are locked here, re-checked on the newest row version (a job cancelled meanwhile,
@@ -3778,18 +4117,78 @@ BEGIN
 END
 $$;
 
--- The slot of a key (pgq.key_slots): a hash of queue and key, 0 to 16383.
-CREATE OR REPLACE FUNCTION pgq._key_slot(queue text, key text) RETURNS integer
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$ SELECT (hashtextextended($1 || chr(31) || $2, 0) & 16383)::integer $$;
+-- The keys of `keys` (of `queue`) that this transaction now holds, for a claim of their jobs: each
+-- key's rows in pgq.key_locks, locked FOR NO KEY UPDATE SKIP LOCKED. A key is held when at least one
+-- of its rows was made by another transaction (committed: rows made by this one are nobody else's
+-- to see) and this transaction locked every such row it sees. Those rows are the lock of that key
+-- in that queue and of nothing else: no hash, no slot shared with another key or queue, so a
+-- transaction that holds many keys holds only those.
+-- Why every row: a key can have a few rows (an enqueue makes one when it sees none, and two
+-- enqueues of a new key at once both make one, never waiting for each other); the rows two
+-- snapshots see are one set and a larger one holding it (a snapshot sees a prefix of the order in
+-- which transactions ended), so two claims that each lock all they see always meet on a row.
+-- A key with no row at all (its rows were pruned, or made before the queue had key limits) gets
+-- one here, and is not held in this call: the next claim, once this one commits, holds it.
+CREATE OR REPLACE FUNCTION pgq._hold_keys(queue text, keys text[]) RETURNS text[]
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    me      xid8 := pg_current_xact_id();
+    held    text[];
+    missing text[];
+BEGIN
+    SELECT array_agg(w.key) FILTER (WHERE s.others > 0 AND s.others = coalesce(g.n, 0)),
+           array_agg(w.key) FILTER (WHERE s.key IS NULL)
+    INTO held, missing
+    FROM unnest(_hold_keys.keys) AS w(key)
+    LEFT JOIN (SELECT k.key, count(*) FILTER (WHERE k.made_by <> me) AS others
+               FROM pgq.key_locks AS k WHERE k.queue = _hold_keys.queue AND k.key = ANY (_hold_keys.keys)
+               GROUP BY k.key) AS s ON s.key = w.key
+    LEFT JOIN (SELECT x.key, count(*) FILTER (WHERE x.made_by <> me) AS n
+               FROM (SELECT k.key, k.made_by FROM pgq.key_locks AS k
+                     WHERE k.queue = _hold_keys.queue AND k.key = ANY (_hold_keys.keys)
+                     FOR NO KEY UPDATE SKIP LOCKED) AS x
+               GROUP BY x.key) AS g ON g.key = w.key;
+    IF missing IS NOT NULL THEN
+        INSERT INTO pgq.key_locks (queue, key) SELECT _hold_keys.queue, m.key FROM unnest(missing) AS m(key);
+    END IF;
+    RETURN coalesce(held, '{}');
+END
+$$;
+
+-- For an enqueue into a queue with key limits or rate limits (`q`), of a job whose concurrency_key
+-- is `key`: makes the key's row in pgq.key_locks when this transaction sees none (a plain INSERT:
+-- it never waits for another transaction's row of the same key; two such rows are as good as
+-- one), and the slices of the queue's rate due soon when there are none (pgq._make_slices), so
+-- that the claims of the job need not make them.
+CREATE OR REPLACE FUNCTION pgq._ready_limits(q pgq.queues, key text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF _ready_limits.key IS NOT NULL AND (q.key_limited OR q.key_rate_limit > 0) THEN
+        PERFORM pgq._keep_key(q.name, _ready_limits.key);
+    END IF;
+    IF q.rate_limit > 0 THEN
+        PERFORM pgq._make_slices(q.name, q.rate_limit, q.rate_period, pgq._rate_clock());
+    END IF;
+END
+$$;
+
+-- A key's row in pgq.key_locks, made when this transaction sees none (pgq._ready_limits,
+-- pgq.set_key_limit).
+CREATE OR REPLACE FUNCTION pgq._keep_key(queue text, key text) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO pgq.key_locks (queue, key)
+    SELECT $1, $2 WHERE NOT EXISTS (SELECT FROM pgq.key_locks AS k WHERE k.queue = $1 AND k.key = $2)
+$$;
 
 -- For a keyed pick (pgq._keyed_pick): how many more jobs of each of `keys` this claim may take
--- (key -> number). A key without a limit (and without key_rate): `room`, unlocked. A limited key:
--- its slot is locked FOR NO KEY UPDATE SKIP LOCKED first; then, in the next statement (a fresh
--- snapshot, which sees every claim of the key that committed before the lock was free), its
--- free slots (its limit less its running jobs, counted in one read of jobs_lease_idx: the running
--- jobs, which the workers' slots bound) and with key_rate
--- its tokens at `at`; a key whose slot another transaction holds: 0.
+-- (key -> number). A key without a limit (and without key_rate): `room`, not held. A limited key is
+-- held first (pgq._hold_keys); then, in the next statement (a fresh snapshot, which sees every
+-- claim of the key that committed before its rows were free), its free places (its limit less its
+-- running jobs, counted in one read of jobs_lease_idx: the running jobs, which the workers' slots
+-- bound) and with key_rate its tokens at `at`; a key this call does not hold: 0.
 CREATE OR REPLACE FUNCTION pgq._take_keys(queue text, keys text[], room integer, default_limit integer,
                                           key_rate integer, period interval, at timestamptz)
     RETURNS jsonb
@@ -3797,25 +4196,19 @@ CREATE OR REPLACE FUNCTION pgq._take_keys(queue text, keys text[], room integer,
     SET enable_bitmapscan = off  -- (as pgq._keyed_pick: its running jobs by jobs_lease_idx)
     AS $$
 DECLARE
-    wanted integer[];  -- the slots of the limited keys
-    held   integer[] := '{}';  -- those this transaction holds now
+    held text[];  -- the limited keys this transaction holds now
 BEGIN
-    wanted := ARRAY(SELECT pgq._key_slot(_take_keys.queue, k.key)
-                    FROM unnest(_take_keys.keys) AS k(key)
-                    LEFT JOIN pgq.key_limits AS l ON l.queue = _take_keys.queue AND l.key = k.key
-                    WHERE coalesce(l.max_running, _take_keys.default_limit) > 0 OR _take_keys.key_rate > 0);
-    IF wanted <> '{}' THEN
-        held := ARRAY(SELECT s.slot FROM pgq.key_slots AS s WHERE s.slot = ANY (wanted)
-                      FOR NO KEY UPDATE SKIP LOCKED);
-    END IF;
+    held := pgq._hold_keys(_take_keys.queue, ARRAY(
+                SELECT k.key FROM unnest(_take_keys.keys) AS k(key)
+                LEFT JOIN pgq.key_limits AS l ON l.queue = _take_keys.queue AND l.key = k.key
+                WHERE pgq._key_limit(l.max_running, _take_keys.default_limit) IS NOT NULL OR _take_keys.key_rate > 0));
     RETURN (
         SELECT coalesce(jsonb_object_agg(k.key, CASE
-                   WHEN coalesce(l.max_running, _take_keys.default_limit) = 0 AND _take_keys.key_rate = 0
+                   WHEN pgq._key_limit(l.max_running, _take_keys.default_limit) IS NULL AND _take_keys.key_rate = 0
                        THEN _take_keys.room
-                   WHEN pgq._key_slot(_take_keys.queue, k.key) <> ALL (held) THEN 0
+                   WHEN k.key <> ALL (held) THEN 0
                    ELSE greatest(coalesce(least(
-                       CASE WHEN coalesce(l.max_running, _take_keys.default_limit) > 0
-                            THEN coalesce(l.max_running, _take_keys.default_limit) - coalesce(c.n, 0) END,
+                       pgq._key_limit(l.max_running, _take_keys.default_limit) - coalesce(c.n, 0),
                        CASE WHEN _take_keys.key_rate > 0
                             THEN pgq._tokens(r.tat, _take_keys.key_rate, _take_keys.period, _take_keys.at) END), 0), 0)
                    END), '{}')
@@ -3825,14 +4218,15 @@ BEGIN
         LEFT JOIN (SELECT j.concurrency_key AS key, count(*)::integer AS n
                    FROM pgq.jobs AS j
                    WHERE j.lease_until IS NOT NULL AND j.queue = _take_keys.queue
-                     AND j.concurrency_key = ANY (_take_keys.keys)
+                     AND j.concurrency_key = ANY (held)
                    GROUP BY j.concurrency_key) AS c ON c.key = k.key);
 END
 $$;
 
 -- The keys of `queue` with a claimable job, in key order after `after` (and up to `upto`, when
 -- given), leaving out `skip`: at most `m` of them, one probe of jobs_key_ready_idx each (and one
--- per skipped key). For pgq._keyed_pick's second step.
+-- per skipped key). The walk stops at the first key past `upto` (a bound in the probe itself would
+-- be a filter, and the probe past the last key would read every entry after it).
 CREATE OR REPLACE FUNCTION pgq._walk_keys(queue text, after text, upto text, skip text[], m integer)
     RETURNS SETOF text
     LANGUAGE sql STABLE
@@ -3840,17 +4234,65 @@ CREATE OR REPLACE FUNCTION pgq._walk_keys(queue text, after text, upto text, ski
     WITH RECURSIVE walk(key) AS (
         (SELECT j.concurrency_key FROM pgq.jobs AS j
          WHERE j.queue = $1 AND j.state = 'pending' AND j.attempt < j.max_attempts
-           AND j.concurrency_key IS NOT NULL AND j.concurrency_key > $2 AND ($3 IS NULL OR j.concurrency_key <= $3)
+           AND j.concurrency_key IS NOT NULL AND j.concurrency_key > $2
          ORDER BY j.concurrency_key LIMIT 1)
         UNION ALL
         SELECT (SELECT j.concurrency_key FROM pgq.jobs AS j
                 WHERE j.queue = $1 AND j.state = 'pending' AND j.attempt < j.max_attempts
                   AND j.concurrency_key IS NOT NULL AND j.concurrency_key > w.key
-                  AND ($3 IS NULL OR j.concurrency_key <= $3)
                 ORDER BY j.concurrency_key LIMIT 1)
-        FROM walk AS w WHERE w.key IS NOT NULL
+        FROM walk AS w WHERE w.key IS NOT NULL AND ($3 IS NULL OR w.key < $3)
     )
-    SELECT w.key FROM walk AS w WHERE w.key IS NOT NULL AND w.key <> ALL ($4) LIMIT $5
+    SELECT w.key FROM walk AS w
+    WHERE w.key IS NOT NULL AND ($3 IS NULL OR w.key <= $3) AND w.key <> ALL ($4)
+    LIMIT $5
+$$;
+
+-- Deletes, oldest first, up to max_rows rows of pgq.key_locks made more than an hour ago (pgq.sweep,
+-- pgq.prune), each key's rows only when this transaction locks all it sees (FOR UPDATE SKIP LOCKED:
+-- a key a claim holds is left for later): a key with no pending job and whose rate bucket (if it
+-- has one) is full again loses its rows; a key with pending jobs keeps one row, made afresh (its
+-- rows are read again an hour later, and the oldest rows are always the next to look at). A key
+-- whose rows are gone gets one again from its next enqueue (or, once, from a claim: see
+-- pgq._hold_keys).
+CREATE OR REPLACE FUNCTION pgq._prune_key_locks(max_rows integer) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    gone integer;
+BEGIN
+    WITH old AS (
+        SELECT DISTINCT o.queue, o.key
+        FROM (SELECT k.queue, k.key FROM pgq.key_locks AS k
+              WHERE k.made_at < now() - interval '1 hour'
+              ORDER BY k.made_at LIMIT _prune_key_locks.max_rows) AS o
+    ), copies AS (
+        SELECT k.queue, k.key, count(*) AS n FROM pgq.key_locks AS k JOIN old AS o USING (queue, key)
+        GROUP BY k.queue, k.key
+    ), locked AS (
+        SELECT x.queue, x.key, count(*) AS n
+        FROM (SELECT k.queue, k.key FROM pgq.key_locks AS k
+              WHERE (k.queue, k.key) IN (SELECT o.queue, o.key FROM old AS o)
+              FOR UPDATE SKIP LOCKED) AS x
+        GROUP BY x.queue, x.key
+    ), deleted AS (
+        DELETE FROM pgq.key_locks AS k
+        USING copies AS c JOIN locked AS l USING (queue, key, n)
+        WHERE k.queue = c.queue AND k.key = c.key
+        RETURNING k.queue, k.key
+    ), kept AS (
+        INSERT INTO pgq.key_locks (queue, key)
+        SELECT DISTINCT d.queue, d.key FROM deleted AS d
+        WHERE EXISTS (SELECT FROM pgq.jobs AS j
+                      WHERE j.queue = d.queue AND j.concurrency_key = d.key
+                        AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.concurrency_key IS NOT NULL)
+           OR EXISTS (SELECT FROM pgq.key_rates AS r WHERE r.queue = d.queue AND r.key = d.key
+                      AND r.tat > pgq._rate_clock())
+        RETURNING 1
+    )
+    SELECT count(*) - (SELECT count(*) FROM kept) INTO gone FROM deleted;
+    RETURN gone;
+END
 $$;
 
 -- Overrides a queue's key_max_running for one concurrency key (max_running 0: no limit for this
@@ -3894,6 +4336,7 @@ BEGIN
     SET key_limited = s.key_max_running > 0
                       OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = set_key_limit.queue)
     WHERE s.name = set_key_limit.queue;
+    PERFORM pgq._keep_key(set_key_limit.queue, set_key_limit.key);  -- its claims hold it from the first
     RETURN coalesce(set_key_limit.max_running, q.key_max_running);
 END
 $$;
@@ -3942,8 +4385,8 @@ CREATE OR REPLACE FUNCTION pgq.queue_limits(queue text DEFAULT NULL)
         GROUP BY j.queue, j.concurrency_key
     ), keys AS (
         SELECT d.queue,
-               sum(greatest(d.n - greatest(coalesce(l.max_running, q.key_max_running) - coalesce(r.n, 0), 0), 0))
-                   FILTER (WHERE coalesce(l.max_running, q.key_max_running) > 0) AS held_by_key_limit,
+               sum(greatest(d.n - greatest(pgq._key_limit(l.max_running, q.key_max_running) - coalesce(r.n, 0), 0), 0))
+                   AS held_by_key_limit,
                sum(greatest(d.n - pgq._tokens(k.tat, q.key_rate_limit, q.rate_period, c.at), 0))
                    FILTER (WHERE q.key_rate_limit > 0) AS held_by_key_rate_limit,
                min(pgq._next_token_at(k.tat, q.key_rate_limit, q.rate_period, c.at)) AS next_key_token_at
@@ -3984,15 +4427,40 @@ COMMENT ON FUNCTION pgq.queue_limits(text) IS
 
 -- sql/functions/fairness.sql: fair queues: tenants served by weighted round-robin.
 
--- The tenant a job of a fair queue is stored under ('' for none), registered in pgq.tenants.
-CREATE OR REPLACE FUNCTION pgq._fair_tenant(queue text, tenant text) RETURNS text
+-- The tenant a job of a fair queue is stored under ('' for none), registered in pgq.tenants. A
+-- tenant's first job inserts its row, which waits (the primary key) for another transaction that
+-- inserted it and has not ended (another producer's open transaction that enqueued the tenant's
+-- first job): a producer's enqueue (`patient`) at most 5 s (or its shorter lock_timeout), then
+-- 55P03 naming the tenant; a claim's or a sweep's firing of a schedule and a batch's callback in a
+-- worker's end at most 1 ms, then NULL: the caller leaves the job to a later call. A registered
+-- tenant (the usual case) is read, not inserted: no wait at all.
+CREATE OR REPLACE FUNCTION pgq._fair_tenant(queue text, tenant text, patient boolean DEFAULT true) RETURNS text
     LANGUAGE plpgsql
     AS $$
 DECLARE
     stored text := coalesce(_fair_tenant.tenant, '');
+    prior  text;
 BEGIN
-    INSERT INTO pgq.tenants AS t (queue, tenant) VALUES (_fair_tenant.queue, stored)
-    ON CONFLICT DO NOTHING;
+    IF EXISTS (SELECT FROM pgq.tenants AS t WHERE t.queue = _fair_tenant.queue AND t.tenant = stored) THEN
+        RETURN stored;
+    END IF;
+    prior := pgq._bound_lock_timeout(CASE WHEN _fair_tenant.patient THEN interval '5 seconds'
+                                          ELSE interval '1 millisecond' END);
+    BEGIN
+        INSERT INTO pgq.tenants AS t (queue, tenant) VALUES (_fair_tenant.queue, stored)
+        ON CONFLICT DO NOTHING;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM set_config('lock_timeout', prior, true);
+        IF NOT _fair_tenant.patient THEN
+            RETURN NULL;
+        END IF;
+        RAISE EXCEPTION 'pgq: tenant % of queue % is being registered by another transaction that has not ended '
+                        '(its first job); gave up after lock_timeout %', quote_literal(stored), _fair_tenant.queue,
+                        current_setting('lock_timeout')
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'Try again once it has committed or rolled back.';
+    END;
+    PERFORM set_config('lock_timeout', prior, true);
     RETURN stored;
 END
 $$;
@@ -4443,6 +4911,8 @@ DECLARE
     wait_on    bigint[] := enqueue.depends_on;
     wait_mode  text := enqueue.dependency_mode;
     r          record;
+    prior_timeout text;  -- the caller's lock_timeout, while a keyed insert bounds its own
+    held_by    bigint;   -- the live job that holds the unique_key
 BEGIN
     -- Every argument checked in one plain expression (no query, no nested call); only a call that
     -- fails it runs the checks that name the bad argument and raise. (The nested checks cost about
@@ -4503,6 +4973,9 @@ BEGIN
     END IF;
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
+    END IF;
+    IF q.key_limited OR q.rate_limited THEN
+        PERFORM pgq._ready_limits(q, enqueue.concurrency_key);  -- the rows its claims hold (keys.sql)
     END IF;
     IF enqueue.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue.batch);
@@ -4565,31 +5038,45 @@ BEGIN
                 pgq._now() + enqueue.max_lifetime)
         RETURNING j.id INTO new_id;
     ELSE
-        LOOP
-            INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
-                                       unique_key, tenant, max_run_time, meta, concurrency_key,
-                                       state, depends_on, dependencies_left, dependency_mode, batch_id,
-                                       notify_finished, start_by, expires_at)
-            VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
-                    coalesce(enqueue.max_attempts, q.max_attempts), job_key, job_tenant,
-                    enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key, new_state, dep_ids,
-                    left_count, mode, enqueue.batch, enqueue.notify_finished, enqueue.start_by,
-                    pgq._now() + enqueue.max_lifetime)
-            ON CONFLICT (queue, unique_key)
-                WHERE unique_key IS NOT NULL AND state IN ('waiting', 'pending', 'running', 'outcome_unknown')
-                DO NOTHING
-            RETURNING j.id INTO new_id;
-            EXIT WHEN FOUND;
-            -- A live job holds this unique_key: hand back its id. If it finished in the meantime,
-            -- the key is free again and the INSERT is tried once more.
-            SELECT j.id INTO new_id
-            FROM pgq.jobs AS j
-            WHERE j.queue = enqueue.queue AND j.unique_key = job_key
-              AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
-            IF FOUND THEN
-                RETURN new_id;
-            END IF;
-        END LOOP;
+        -- The insert of a new holder waits (the unique index) for another transaction that inserted
+        -- a job of this key and has not ended, another producer's open transaction say: at most
+        -- 5 s (or the caller's shorter lock_timeout), then 55P03 naming the key. (A key a committed
+        -- job holds is answered before any insert, without a wait.)
+        prior_timeout := pgq._bound_lock_timeout(interval '5 seconds');
+        BEGIN
+            LOOP
+                INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
+                                           unique_key, tenant, max_run_time, meta, concurrency_key,
+                                           state, depends_on, dependencies_left, dependency_mode, batch_id,
+                                           notify_finished, start_by, expires_at)
+                VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
+                        coalesce(enqueue.max_attempts, q.max_attempts), job_key, job_tenant,
+                        enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key, new_state, dep_ids,
+                        left_count, mode, enqueue.batch, enqueue.notify_finished, enqueue.start_by,
+                        pgq._now() + enqueue.max_lifetime)
+                ON CONFLICT (queue, unique_key)
+                    WHERE unique_key IS NOT NULL AND state IN ('waiting', 'pending', 'running', 'outcome_unknown')
+                    DO NOTHING
+                RETURNING j.id INTO new_id;
+                EXIT WHEN FOUND;
+                -- A live job holds this unique_key: hand back its id. If it finished in the
+                -- meantime, the key is free again and the INSERT is tried once more.
+                SELECT j.id INTO held_by
+                FROM pgq.jobs AS j
+                WHERE j.queue = enqueue.queue AND j.unique_key = job_key
+                  AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
+                EXIT WHEN FOUND;
+            END LOOP;
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION 'pgq: unique_key % of queue % is being enqueued by another transaction that has not ended; '
+                            'gave up after lock_timeout %', job_key, enqueue.queue, current_setting('lock_timeout')
+                USING ERRCODE = 'lock_not_available',
+                      HINT = 'Try again once it has committed (its job then holds the key) or rolled back.';
+        END;
+        PERFORM set_config('lock_timeout', prior_timeout, true);
+        IF held_by IS NOT NULL THEN
+            RETURN held_by;
+        END IF;
     END IF;
     IF job_key IS NULL AND enqueue.unique_key IS NOT NULL THEN
         -- The successor behind a started holder (pgq._replace_key): later replace calls update it.
@@ -4718,6 +5205,9 @@ BEGIN
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
     END IF;
+    IF q.key_limited OR q.rate_limited THEN
+        PERFORM pgq._ready_limits(q, enqueue_many.concurrency_key);  -- the rows its claims hold (keys.sql)
+    END IF;
     IF enqueue_many.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue_many.batch);
     END IF;
@@ -4821,23 +5311,29 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- Three queue settings change the pick: a queue with max_running > 0 is locked for the claim and
 -- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
 -- a fair queue's candidates come from pgq._fair_pick, and a key-limited queue's (key_max_running
--- or pgq.set_key_limit) from pgq._keyed_pick, at most each key's free slots: it locks each key it
--- takes (its slot), not the queue, so claims of different keys run side by side; a rate-limited
--- queue's tokens come from the shards of its bucket the claim locks (pgq._claim_rooms), so its
--- claimers spend side by side too. Queues with none of them pay nothing for them.
+-- or pgq.set_key_limit) from pgq._keyed_pick, at most each key's free slots: it holds each key it
+-- takes (the key's own rows, pgq.key_locks), not the queue, so claims of different keys run side by
+-- side; a rate-limited queue's tokens come from the slices of its rate the claim locks after its
+-- picks, as few as hold what they need (pgq._take_tokens), so its claimers spend side by side too.
+-- Queues with none of them pay nothing for them.
 -- A claim never waits for another session's lock: a capped queue's row (a fair queue's tenant
--- row, a key's slot, a bucket's shard) that another transaction holds is skipped for this call
+-- row, a key's rows, a rate's slice) that another transaction holds is skipped for this call
 -- (SKIP LOCKED), so an idle transaction that claimed from a limited queue holds up no other
--- worker's claims of anything else.
--- Before any of that, the failover fence: the first claim of a session checks that the fences
--- were moved on this server's timeline (pgq._check_timeline); later ones read one setting.
+-- worker's claims of anything else, and of a limited queue only the keys it took and the tokens
+-- it spent (and the rest of the slices it took them from).
+-- Before any job is handed out, the failover fence: the claim's first read (of the queues) also
+-- compares the fence row's timeline with this server's; when they differ (a promotion), the fences
+-- are moved first (pgq._check_timeline). No session state is trusted for it: a setting would be
+-- one any caller could forge.
 --
 -- pgq.claim, first below, reads as those steps: the arguments (pgq._check_claim,
--- called only when one is wrong), which queues (pgq._claimable_queues), the capped queues' locks and
--- free slots (pgq._claim_rooms), the due schedules (pgq._fire_schedules), the fair and key-limited
--- picks (pgq._fair_pick, pgq._keyed_pick), then the pick and the lease (pgq._lease_jobs), and the
--- rate limits' tokens (pgq._spend_tokens). The helpers run inside the claim (as its owner, with
--- its settings: no SET clause of their own) and no role may call them.
+-- called only when one is wrong), which queues and their rooms (pgq._claimable_queues: one
+-- pgq.claim_room per queue, the row every step passes on), the capped queues' locks and free slots
+-- (pgq._claim_rooms), the due schedules (pgq._fire_schedules), the fair and key-limited picks
+-- (pgq._fair_pick, pgq._keyed_pick), the rate limits' tokens for the picks (pgq._take_tokens),
+-- then the pick and the lease (pgq._lease_jobs), and the tokens spent (pgq._spend_tokens). The
+-- helpers run inside the claim (as its owner, with its settings: no SET clause of their own) and
+-- no role may call them.
 
 CREATE OR REPLACE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, batch integer DEFAULT 1,
                           lease interval DEFAULT NULL, kinds text[] DEFAULT NULL)
@@ -4851,19 +5347,19 @@ CREATE OR REPLACE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, ba
     SET jit = off
     AS $$
 DECLARE
-    names    text[];     -- the eligible queues, in name order
-    rooms    integer[];  -- how many jobs each may start now
-    fairs    boolean[];  -- whether each is in fair mode
-    keyeds   boolean[];  -- whether each takes the per-key step (queues.key_limited or rate_limited)
+    rooms    pgq.claim_room[];  -- the eligible queues, in name order, with how many jobs each may start
     fair_ids bigint[] := '{}';
     keyed_ids bigint[] := '{}';
     capped   boolean;    -- whether any of them has max_running, key limits or rate limits
-    rated    boolean;    -- then: whether any of those it holds has a rate limit
-    rate_now timestamptz;  -- then: the rate limits' clock, read once their shards are held
-    buckets  pgq.rate_buckets[];  -- then: the shards of the rate-limited queues' buckets it holds
+    fair     boolean;    -- whether any of them is fair
+    keyed    boolean;    -- whether any of them takes the per-key step (key limits or rate limits)
+    rated    boolean;    -- whether any of them has a rate limit (its own or its keys')
+    rate_now timestamptz;  -- then: the rate limits' clock, read before the keyed picks
+    slices   pgq.rate_slices[];  -- then: the rate-limited queues' slices it holds
     spend_at timestamptz;  -- then: the rate clock the tokens are spent at
     expired  boolean;    -- whether any lease has expired
     due      boolean;    -- whether one of them has a schedule due
+    fenced   boolean;    -- whether the failover fence was moved on this server's timeline
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
 BEGIN
     IF NOT coalesce(length(claim.worker) BETWEEN 1 AND 256 AND claim.batch BETWEEN 1 AND 1000
@@ -4873,32 +5369,28 @@ BEGIN
         PERFORM pgq._check_claim(claim.worker, claim.queues, claim.batch, claim.lease, claim.kinds);
     END IF;
 
-    -- The failover fence, checked once per session (a session never outlives a promotion).
-    IF coalesce(current_setting('pgq.fence', true), '') = '' THEN
-        PERFORM pgq._check_timeline();
-    END IF;
-
     -- Expired leases are recovered first, so their jobs are claimable by this very claim (with
     -- queues => NULL, the queues of recovered jobs are candidates only once recovered: read again).
+    -- The first read also says whether the failover fence was moved on this server's timeline:
+    -- when not, it is now (pgq._check_timeline), before any attempt number is handed out.
     FOR pass IN 1..2 LOOP
-        SELECT e.* INTO names, fairs, capped, expired, due FROM pgq._claimable_queues(claim.queues) AS e;
+        SELECT e.* INTO rooms, capped, fair, keyed, rated, expired, due, fenced
+        FROM pgq._claimable_queues(claim.queues, claim.batch) AS e;
+        IF NOT fenced THEN
+            PERFORM pgq._check_timeline();
+        END IF;
         EXIT WHEN pass = 2 OR NOT expired;
         PERFORM pgq._recover_expired(100);
         EXIT WHEN claim.queues IS NOT NULL;
     END LOOP;
-    IF names IS NULL THEN
+    IF rooms IS NULL THEN
         RETURN;  -- no eligible queue
     END IF;
     IF due THEN
-        due_queues := names;  -- before the capped queues' rooms narrow names down
+        due_queues := ARRAY(SELECT r.queue FROM unnest(rooms) AS r);  -- before the capped queues' rooms narrow them
     END IF;
-    IF NOT capped THEN
-        rooms := array_fill(claim.batch, ARRAY[cardinality(names)]);
-        keyeds := array_fill(false, ARRAY[cardinality(names)]);
-    ELSE
-        SELECT e.names, e.rooms, e.fairs, e.keyeds, e.rated, e.rate_now, e.buckets
-        INTO names, rooms, fairs, keyeds, rated, rate_now, buckets
-        FROM pgq._claim_rooms(names, claim.batch) AS e;
+    IF capped THEN
+        rooms := pgq._claim_rooms(rooms, claim.batch);
     END IF;
 
     -- Then the due schedules of these queues fire (at most 10 per claim; a sweep fires the rest),
@@ -4910,32 +5402,34 @@ BEGIN
         PERFORM pgq._fire_schedules(10, due_queues);
     END IF;
 
-    IF true = ANY (fairs) THEN
-        fair_ids := ARRAY(SELECT f.id
-                          FROM unnest(names, rooms, fairs, keyeds) AS e(name, room, fair, keyed)
-                          CROSS JOIN LATERAL pgq._fair_pick(e.name, e.room, claim.kinds) AS f(id)
-                          WHERE e.fair AND NOT e.keyed);
+    IF fair THEN
+        fair_ids := ARRAY(SELECT f.id FROM unnest(rooms) AS r
+                          CROSS JOIN LATERAL pgq._fair_pick(r.queue, r.room, claim.kinds) AS f(id)
+                          WHERE r.fair AND NOT r.keyed);
     END IF;
-    IF true = ANY (keyeds) THEN
-        keyed_ids := ARRAY(SELECT f.id
-                           FROM unnest(names, rooms, fairs, keyeds) AS e(name, room, fair, keyed)
-                           CROSS JOIN LATERAL pgq._keyed_pick(e.name, e.room, claim.kinds, e.fair, rate_now) AS f(id)
-                           WHERE e.keyed);
-    END IF;
-
-    -- The rate clock the tokens are spent at: read once every lock is held (the shards', the
-    -- keys', the picks'), before the jobs are handed out (their claimed events come after it).
-    IF rated THEN
-        spend_at := pgq._rate_clock();
+    IF keyed THEN
+        IF rated THEN
+            rate_now := pgq._rate_clock();
+        END IF;
+        keyed_ids := ARRAY(SELECT f.id FROM unnest(rooms) AS r
+                           CROSS JOIN LATERAL pgq._keyed_pick(r.queue, r.room, claim.kinds, r.fair, rate_now) AS f(id)
+                           WHERE r.keyed);
     END IF;
 
-    RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, names, rooms, fairs, keyeds, fair_ids || keyed_ids,
-                                               claim.batch, claim.lease, claim.kinds);
+    -- The rate-limited queues' tokens for their picks, held (their slices locked) before the jobs
+    -- are handed out, and the rate clock they are spent at, read once every lock is held (the
+    -- slices', the keys', the picks'); picks beyond the tokens are left out.
+    IF rated AND keyed_ids <> '{}' THEN
+        SELECT t.ids, t.slices, t.at INTO keyed_ids, slices, spend_at FROM pgq._take_tokens(keyed_ids, rooms) AS t;
+    END IF;
 
-    -- The rate-limited queues' tokens, spent for the jobs this claim handed out: its picks
-    -- (locked by it, pending until its UPDATE) that are running now.
-    IF rated THEN
-        PERFORM pgq._spend_tokens(keyed_ids, buckets, spend_at);
+    RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch, claim.lease,
+                                               claim.kinds);
+
+    -- The rate limits' tokens, spent for the jobs this claim handed out: its picks (locked by it,
+    -- pending until its UPDATE) that are running now.
+    IF rated AND keyed_ids <> '{}' THEN
+        PERFORM pgq._spend_tokens(keyed_ids, slices, spend_at);
     END IF;
 END
 $$;
@@ -5043,22 +5537,32 @@ BEGIN
 END
 $$;
 
--- Which of the worker's queues (`queues`; NULL: all) a claim takes jobs from, in name order, with
--- whether each is fair, whether any of them is capped (max_running, key limits or rate limits:
--- pgq._claim_rooms), whether any lease has expired (one index probe) and whether one of them has a
--- schedule due (a column of the rows read anyway; bool_or allocates nothing, unlike array_agg).
+-- Which of the worker's queues (`queues`; NULL: all) a claim takes jobs from, in name order, as
+-- its rooms (pgq.claim_room: each with `batch` as its room, whether it is fair, takes the per-key
+-- step or has a rate limit), with whether any of them is capped (max_running, key limits or rate
+-- limits: pgq._claim_rooms), fair, keyed or rate-limited, whether any lease has expired (one index
+-- probe) and whether one of them has a schedule due (columns of the rows read anyway; bool_or
+-- allocates nothing, unlike array_agg).
 -- With queues => NULL the candidates are the queues that have a pending job, found by a skip scan
 -- of jobs_ready_idx (the next queue name after the last, one index probe each: queues without
--- jobs are never read), and those with a due schedule (queues_schedule_due_idx). names is NULL
--- when no queue is eligible. One SELECT, so the planner inlines it into pgq.claim: no call.
-CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[])
-    RETURNS TABLE (names text[], fairs boolean[], capped boolean, expired boolean, due boolean)
+-- jobs are never read), and those with a due schedule (queues_schedule_due_idx). rooms is NULL
+-- when no queue is eligible. And whether the failover fence row (pgq.fence, one row) names this
+-- server's timeline (false on a standby, whose WAL position cannot be read: pgq._check_timeline
+-- then says so). One SELECT, so the planner inlines it into pgq.claim: no call.
+CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer)
+    RETURNS TABLE (rooms pgq.claim_room[], capped boolean, fair boolean, keyed boolean, rated boolean,
+                   expired boolean, due boolean, fenced boolean)
     LANGUAGE sql STABLE
     AS $$
-    SELECT array_agg(q.name ORDER BY q.name), array_agg(q.fair ORDER BY q.name),
+    SELECT array_agg(ROW(q.name, $2, q.fair, q.key_limited OR q.rate_limited, q.rate_limit > 0)::pgq.claim_room
+                     ORDER BY q.name),
            coalesce(bool_or(q.max_running > 0 OR q.key_limited OR q.rate_limited), false),
+           coalesce(bool_or(q.fair), false),
+           coalesce(bool_or(q.key_limited OR q.rate_limited), false),
+           coalesce(bool_or(q.rate_limited), false),
            EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
-           coalesce(bool_or(q.next_schedule_at <= pgq._now()), false)
+           coalesce(bool_or(q.next_schedule_at <= pgq._now()), false),
+           coalesce((SELECT f.timeline = pgq._timeline() FROM pgq.fence AS f WHERE NOT pg_is_in_recovery()), false)
     FROM pgq.queues AS q
     WHERE NOT q.paused
       AND q.name = ANY (coalesce($1, ARRAY(
@@ -5079,33 +5583,29 @@ CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[])
       AND (q.restricted IS NULL OR pgq._may_claim(q.name, q.restricted, $1 IS NOT NULL))
 $$;
 
--- For a claim of capped queues (pgq._claimable_queues): which of `queues` it takes jobs from (names),
--- and how many each may start now (rooms). A queue with max_running is locked before its running
--- jobs are counted by the last statement, whose fresh snapshot sees every earlier claim; one that
--- another transaction holds is skipped (this call claims none of its jobs), never waited for. A
--- queue with a rate limit is not locked: the claim locks the shards of its bucket it may spend
--- (`buckets`: per queue, shards that hold a token by a reading before the locks, as many as hold
--- `batch` tokens on average, from a random one on; each tried with SKIP LOCKED), and its room is
--- at most the tokens those hold at rate_now, the rate clock read once they are held (see
--- pgq._rate_clock); a queue none of whose shards it could lock gets no room. A queue with key
--- limits alone is not locked either (pgq._keyed_pick locks its keys). (Under REPEATABLE READ or
+-- For a claim of capped queues (pgq._claimable_queues): its rooms, each narrowed to how many jobs
+-- the queue may start now; those without room are left out. A queue with max_running is locked
+-- before its running jobs are counted by the last statement, whose fresh snapshot sees every
+-- earlier claim; one that another transaction holds is skipped (this call claims none of its
+-- jobs), never waited for. A queue with a rate limit is not locked: its slices are made ahead
+-- (pgq._make_slices) and its room is at most the tokens they hold that this claim may spend, by a
+-- reading before any lock (pgq._take_tokens holds them, for the picks). A queue with key limits
+-- alone is not locked either (pgq._keyed_pick holds its keys). (Under REPEATABLE READ or
 -- SERIALIZABLE the counts would come from an older snapshot and could pass the limits: such a
 -- claim of a capped queue is refused.)
--- keyeds: whether each takes the per-key step (pgq._keyed_pick); rated: whether any of them has
--- a rate limit, whose tokens pgq.claim spends. A rate-limited queue takes the per-key step, whose
--- picks are known before the claim, so that the tokens spent are those of the jobs handed out
--- (counted after it). Queues without room are left out.
-CREATE OR REPLACE FUNCTION pgq._claim_rooms(queues text[], batch integer, OUT names text[], OUT rooms integer[],
-                                            OUT fairs boolean[], OUT keyeds boolean[], OUT rated boolean,
-                                            OUT rate_now timestamptz, OUT buckets pgq.rate_buckets[])
+CREATE OR REPLACE FUNCTION pgq._claim_rooms(rooms pgq.claim_room[], batch integer) RETURNS pgq.claim_room[]
     LANGUAGE plpgsql
     AS $$
 DECLARE
     locked   text[];     -- the queues with max_running this call holds (the others are skipped)
-    start    integer;    -- the shard a rate-limited queue's locks start at
+    tokens   jsonb := '{}';  -- rate-limited queue -> the tokens it may spend, by that reading
+    at       timestamptz;
+    k        integer;    -- the tokens of a slice of its rate,
+    m        integer;    -- its stripes
+    n        bigint;     -- and the newest token due at `at`
+    cand     pgq.rate_slices[];  -- the rows of its oldest slices with tokens
     r        record;
 BEGIN
-    buckets := '{}';
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'pgq: a claim of a queue with max_running, key limits or rate limits must run at READ COMMITTED, not %',
             upper(current_setting('transaction_isolation'))
@@ -5113,49 +5613,36 @@ BEGIN
                   HINT = 'Claim in autocommit mode, or in a READ COMMITTED transaction.';
     END IF;
     locked := ARRAY(SELECT q.name FROM pgq.queues AS q
-                    WHERE q.max_running > 0 AND NOT q.paused AND q.name = ANY (_claim_rooms.queues)
+                    WHERE q.max_running > 0 AND NOT q.paused AND q.name = ANY (ARRAY(SELECT e.queue FROM unnest(rooms) AS e))
                     FOR NO KEY UPDATE SKIP LOCKED);
-    -- Per rate-limited queue, as many of its shards with a token (by a reading before the locks)
-    -- as hold `batch` tokens on average, from a random shard on: claimers at once start at
-    -- different shards, and each takes the next free ones (SKIP LOCKED with LIMIT).
     FOR r IN
-        SELECT q.name, q.rate_period, count(*)::integer AS shards,
-               sum(pgq._tokens(b.tat, b.rate, q.rate_period, pgq._rate_clock()))::integer AS tokens
-        FROM pgq.queues AS q
-        JOIN pgq.rate_buckets AS b ON b.queue = q.name
-        WHERE q.rate_limit > 0 AND NOT q.paused AND q.name = ANY (_claim_rooms.queues)
-        GROUP BY q.name, q.rate_period
+        SELECT q.name, q.rate_limit, q.rate_period FROM unnest(rooms) AS e JOIN pgq.queues AS q ON q.name = e.queue
+        WHERE e.rated AND q.rate_limit > 0
     LOOP
-        CONTINUE WHEN r.tokens = 0;
-        start := floor(random() * r.shards)::integer;
-        buckets := buckets || ARRAY(
-            SELECT b FROM pgq.rate_buckets AS b
-            WHERE b.queue = r.name AND pgq._tokens(b.tat, b.rate, r.rate_period, pgq._rate_clock()) >= 1
-            ORDER BY (b.shard + start) % r.shards
-            LIMIT least(r.shards, ceil(_claim_rooms.batch::numeric * r.shards / r.tokens))::integer
-            FOR NO KEY UPDATE SKIP LOCKED);
+        at := pgq._rate_clock();
+        PERFORM pgq._make_slices(r.name, r.rate_limit, r.rate_period, at);
+        k := pgq._slice_size(r.rate_limit, r.rate_period);
+        m := pgq._stripes(r.rate_limit, r.rate_period);
+        n := pgq._token_number(r.rate_limit, r.rate_period, at);
+        cand := pgq._window_rows(r.name, r.rate_limit, k, m, n, _claim_rooms.batch);
+        tokens := tokens || jsonb_build_object(r.name, (SELECT coalesce(sum(s.tokens_left), 0)
+                                                        FROM pgq._slice_tokens(cand, r.name, r.rate_limit, k, m, n) AS s
+                                                        WHERE s.spendable));
     END LOOP;
-    rate_now := pgq._rate_clock();
-    SELECT array_agg(e.name ORDER BY e.name), array_agg(e.room ORDER BY e.name),
-           array_agg(e.fair ORDER BY e.name), array_agg(e.keyed ORDER BY e.name),
-           coalesce(bool_or(e.rate_limited), false)
-    INTO names, rooms, fairs, keyeds, rated
-    FROM (
-        SELECT q.name, q.fair, q.key_limited OR q.rate_limited AS keyed, q.rate_limited,
-               least(CASE WHEN q.max_running = 0 THEN _claim_rooms.batch
-                          ELSE least(_claim_rooms.batch, q.max_running - (
-                                   SELECT count(*) FROM pgq.jobs AS j
-                                   WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
-                     END,
-                     CASE WHEN q.rate_limit > 0
-                          THEN (SELECT coalesce(sum(pgq._tokens(h.tat, h.rate, q.rate_period, rate_now)), 0)::integer
-                                FROM unnest(buckets) AS h WHERE h.queue = q.name) END)
-               AS room
-        FROM pgq.queues AS q
-        WHERE NOT q.paused AND q.name = ANY (_claim_rooms.queues)
-          AND (q.max_running = 0 OR q.name = ANY (locked))
-    ) AS e
-    WHERE e.room > 0;
+    RETURN ARRAY(
+        SELECT ROW(e.queue, e.room, e.fair, e.keyed, e.rated)::pgq.claim_room
+        FROM (SELECT e.queue, e.fair, e.keyed, e.rated,
+                     least(CASE WHEN q.max_running = 0 THEN _claim_rooms.batch
+                                ELSE least(_claim_rooms.batch, q.max_running - (
+                                         SELECT count(*) FROM pgq.jobs AS j
+                                         WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
+                           END,
+                           (tokens ->> e.queue)::integer) AS room
+              FROM unnest(rooms) AS e
+              JOIN pgq.queues AS q ON q.name = e.queue
+              WHERE NOT q.paused AND (q.max_running = 0 OR q.name = ANY (locked))) AS e
+        WHERE e.room > 0
+        ORDER BY e.queue);
 END
 $$;
 
@@ -5166,15 +5653,14 @@ CREATE OR REPLACE FUNCTION pgq._expired(attempt integer, start_by timestamptz, e
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$ SELECT coalesce(least(CASE WHEN $1 = 0 THEN $2 END, $3) <= pgq._now(), false) $$;
 
--- The pick and the lease, in one statement: for each eligible queue (`names`, in name order, with
--- the room each has, and whether it is fair or takes the per-key step), its first claimable jobs
+-- The pick and the lease, in one statement: for each eligible queue (its room in `rooms`, in name
+-- order, with the room each has, and whether it is fair or takes the per-key step), its first claimable jobs
 -- in index order, per kind when the worker named its kinds; with the fair and key-limited queues'
 -- picks (`picked`, locked by pgq._fair_pick and pgq._keyed_pick), the best `batch` of those across
 -- queues become running under a lease, attempt + 1, claimed_by `worker`, bound to the login; a
 -- claimed event each (queues with audit). Returns them in the total order.
-CREATE OR REPLACE FUNCTION pgq._lease_jobs(worker text, names text[], rooms integer[], fairs boolean[],
-                                           keyeds boolean[], picked bigint[], batch integer, lease interval,
-                                           kinds text[])
+CREATE OR REPLACE FUNCTION pgq._lease_jobs(worker text, rooms pgq.claim_room[], picked bigint[], batch integer,
+                                           lease interval, kinds text[])
     RETURNS SETOF pgq.claimed_job
     LANGUAGE plpgsql
     AS $$
@@ -5186,7 +5672,7 @@ BEGIN
         SELECT c.id
         FROM (
             SELECT c.id, c.priority, c.run_at
-            FROM unnest(names, rooms, fairs, keyeds) AS e(queue, room, fair, keyed)
+            FROM unnest(_lease_jobs.rooms) AS e
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at
                 FROM pgq.jobs AS j
@@ -5203,7 +5689,7 @@ BEGIN
             -- rows for NULL). Inside this one statement: a query of its own would cost a claim
             -- more than the per-kind picks do.
             SELECT c.id, c.priority, c.run_at
-            FROM unnest(names, rooms, fairs, keyeds) AS e(queue, room, fair, keyed)
+            FROM unnest(_lease_jobs.rooms) AS e
             CROSS JOIN (SELECT DISTINCT w.kind FROM unnest(_lease_jobs.kinds) AS w(kind)) AS k
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at
@@ -5938,10 +6424,11 @@ BEGIN
     END IF;
     -- Keeps pgq.finished_deltas short where no exporter calls pgq.metrics().
     PERFORM pgq._fold_finished();
-    -- Forgets the per-key rate limits' buckets that are full again.
+    -- Forgets the per-key rate limits' buckets that are full again, and old keys' rows (keys.sql).
     IF EXISTS (SELECT FROM pgq.key_rates) THEN
         PERFORM pgq._prune_key_rates(sweep.max_jobs);
     END IF;
+    PERFORM pgq._prune_key_locks(sweep.max_jobs);
     RETURN total;
 END
 $$;
@@ -6539,7 +7026,9 @@ BEGIN
         END IF;
         job_tenant := s.tenant;
         IF q.fair THEN
-            job_tenant := pgq._fair_tenant(q.name, job_tenant);
+            job_tenant := pgq._fair_tenant(q.name, job_tenant, patient => false);
+            -- (NULL: another transaction is registering the tenant: the schedule stays due)
+            CONTINUE WHEN job_tenant IS NULL;
         END IF;
         INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant, schedule)
         VALUES (s.queue, s.kind, s.payload, s.priority, fire, coalesce(s.max_attempts, q.max_attempts),
@@ -7107,10 +7596,11 @@ BEGIN
         )
         SELECT tenants_left - count(*) INTO tenants_left FROM gone;
     END LOOP;
-    -- And the per-key rate limits' buckets that are full again.
+    -- And the per-key rate limits' buckets that are full again, and old keys' rows (keys.sql).
     IF EXISTS (SELECT FROM pgq.key_rates) THEN
         PERFORM pgq._prune_key_rates(prune.max_jobs);
     END IF;
+    PERFORM pgq._prune_key_locks(prune.max_jobs);
     RETURN deleted;
 END
 $$;
@@ -7480,8 +7970,8 @@ CREATE OR REPLACE FUNCTION pgq.queue_settings(queue text DEFAULT NULL)
     SET search_path = pgq, pg_temp
     AS $$
     SELECT pgq._existing_queue('queue', queue_settings.queue) WHERE queue_settings.queue IS NOT NULL;
-    -- (rate_tat: when the queue's bucket is full again, from its shards, pgq.rate_buckets, which
-    -- hold its state since migration 0016.)
+    -- (rate_tat: when the queue's rate is whole again, from its slices, pgq.rate_slices, which
+    -- hold its state since migration 0020: pgq._bucket_full_at.)
     SELECT (jsonb_populate_record(q, jsonb_build_object('rate_tat', pgq._bucket_full_at(q.name)))).*
     FROM pgq.queues AS q
     WHERE queue_settings.queue IS NULL OR q.name = queue_settings.queue
@@ -7616,6 +8106,36 @@ BEGIN
         RETURN QUERY SELECT 'ok', 'oldest_snapshot',
             format('no snapshot older than %s', _health_sessions.max_snapshot_age / 2), NULL::text;
     END IF;
+
+    -- 6. Transactions that hold concurrency keys (their claims locked the keys' rows, pgq.key_locks)
+    -- for long: every other claim of those keys leaves them out until they end. Found by the lock
+    -- on the table (pg_locks), so that the rows, counted by their locker (xmax), are read only
+    -- when there is such a transaction.
+    found_any := false;
+    FOR r IN
+        SELECT a.pid, a.usename, a.state, clock_timestamp() - a.xact_start AS age,
+               (SELECT count(DISTINCT (k.queue, k.key)) FROM pgq.key_locks AS k WHERE k.xmax = a.backend_xid) AS keys
+        FROM pg_stat_activity AS a
+        WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+          AND clock_timestamp() - a.xact_start > _health_sessions.max_snapshot_age / 2
+          AND EXISTS (SELECT FROM pg_locks AS l
+                      WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.relation = 'pgq.key_locks'::regclass
+                        AND l.mode = 'RowShareLock' AND l.granted)
+        ORDER BY a.xact_start
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.age > _health_sessions.max_snapshot_age THEN 'critical' ELSE 'warning' END,
+            'held_keys',
+            format('pid %s (%s, %s) has held %s key(s) of key-limited queues for %s: other claims leave '
+                   'those keys out until it ends', r.pid, r.usename, r.state, r.keys, date_trunc('second', r.age)),
+            'A transaction that claimed keyed jobs has not ended: end it (pg_terminate_backend), and set '
+            'idle_in_transaction_session_timeout.';
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'held_keys',
+            format('no transaction has held keys for more than %s', _health_sessions.max_snapshot_age / 2), NULL::text;
+    END IF;
 END
 $$;
 
@@ -7693,7 +8213,7 @@ BEGIN
 
     RETURN QUERY SELECT * FROM pgq._health_sessions(health.max_snapshot_age);
 
-    -- 6. Dead tuples and vacuum of pgq's tables; index sizes, for the record.
+    -- 7. Dead tuples and vacuum of pgq's tables; index sizes, for the record.
     FOR r IN
         SELECT s.relname, s.n_live_tup, s.n_dead_tup, greatest(s.last_autovacuum, s.last_vacuum) AS vacuumed
         FROM pg_stat_user_tables AS s WHERE s.schemaname = 'pgq' ORDER BY s.relname
@@ -7716,7 +8236,7 @@ END
 $$;
 COMMENT ON FUNCTION pgq.health(interval, interval) IS
     'One row per finding (severity ok / warning / critical, check, detail, hint): expired leases, '
-    'waiting jobs, kinds no worker claims, outcome_unknown jobs, blocked sessions, old snapshots, dead '
+    'waiting jobs, kinds no worker claims, outcome_unknown jobs, blocked sessions, old snapshots, held keys, dead '
     'tuples, index sizes.';
 
 -- sql/functions/steps.sql -----------------------------------------------------------------------------
@@ -8111,11 +8631,12 @@ CREATE OR REPLACE FUNCTION pgq.signal(queue text, name text, payload jsonb DEFAU
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
-    SET lock_timeout = '5s'
     AS $$
 DECLARE
     q pgq.queues;
     woken integer;
+    prior_timeout text;
+    first boolean;
 BEGIN
     PERFORM pgq._check_name('queue', signal.queue);
     PERFORM pgq._check_signal_name(signal.name);
@@ -8124,9 +8645,14 @@ BEGIN
     IF q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'signal') THEN
         PERFORM pgq._denied(q.name, 'signal');
     END IF;
+    -- The insert waits (the signal's key) for another transaction sending this very signal, and (its
+    -- foreign key) for a drop of the queue in flight: at most 5 s, or the caller's shorter
+    -- lock_timeout, then 55P03.
+    prior_timeout := pgq._bound_lock_timeout(interval '5 seconds');
     BEGIN
         INSERT INTO pgq.signals AS s (queue, name, payload) VALUES (signal.queue, signal.name, signal.payload)
         ON CONFLICT ON CONSTRAINT signals_pkey DO NOTHING;
+        first := FOUND;
     EXCEPTION WHEN lock_not_available THEN
         RAISE EXCEPTION 'pgq: signal % of queue % is being sent by a transaction that has not ended (or the '
                         'queue is being dropped); gave up after lock_timeout %', quote_literal(signal.name),
@@ -8134,7 +8660,8 @@ BEGIN
             USING ERRCODE = 'lock_not_available',
                   HINT = 'Try again once it has ended: if it committed, the signal is sent (the first of a name wins).';
     END;
-    IF NOT FOUND THEN
+    PERFORM set_config('lock_timeout', prior_timeout, true);
+    IF NOT first THEN
         RETURN 0;  -- sent before: the first wins
     END IF;
     woken := pgq._wake_waiters(signal.queue, signal.name, signal.payload, 1000);
@@ -8833,11 +9360,13 @@ REVOKE ALL ON TABLE pgq.job_dependencies FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.job_events FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.jobs FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.key_limits FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.key_locks FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.key_rates FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.key_slots FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.overlap_checks FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.queues FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.rate_buckets FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.rate_slices FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.replace_slots FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.schedules FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.signal_checks FROM PUBLIC;

@@ -38,9 +38,10 @@ def dsn(clock_module_dsn: str) -> Iterator[str]:
                      "WHERE datname = current_database() AND pid <> pg_backend_pid()")
         conn.execute("SET lock_timeout = '10s'")
         conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.queues, pgq.grants, pgq.key_limits, pgq.key_rates, "
-                     "pgq.rate_buckets, pgq.job_dependants, pgq.batches, pgq.batch_counts, pgq.batch_members, "
-                     "pgq.unique_successors, pgq.replace_slots, pgq.schedules, pgq.tenants, pgq.steps, pgq.signals, "
-                     "pgq.signal_checks, pgq.signal_grants, pgq_test.clock RESTART IDENTITY")
+                     "pgq.rate_buckets, pgq.rate_slices, pgq.key_locks, pgq.job_dependants, pgq.batches, "
+                     "pgq.batch_counts, pgq.batch_members, pgq.unique_successors, pgq.replace_slots, pgq.schedules, "
+                     "pgq.tenants, pgq.steps, pgq.signals, pgq.signal_checks, pgq.signal_grants, pgq_test.clock "
+                     "RESTART IDENTITY")
     yield clock_module_dsn
 
 

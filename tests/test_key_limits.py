@@ -353,3 +353,40 @@ def test_a_capped_queue_still_takes_turns_with_key_limits(dsn: str, conn: psycop
             assert claim(second, queues=["keyed"], batch=5) == []
         first.commit()
     assert keys_of(conn, claim(conn, queues=["keyed"], batch=5)) == ["b"]
+
+
+def test_a_claim_of_one_whose_first_key_another_claim_holds_takes_the_next_key(dsn: str,
+                                                                               conn: psycopg.Connection) -> None:
+    """Claimers of one job each, at once (a worker's slots, several workers): the one whose first
+    candidate's key another claim holds takes the next key's job, not nothing."""
+    conn.execute("SELECT pgq.configure_queue('keyed', key_max_running => 1)")
+    enqueue_keyed(conn, "keyed", "a", 3)
+    enqueue_keyed(conn, "keyed", "b", 1)
+    with psycopg.connect(dsn) as first:
+        assert keys_of(conn, claim(first, queues=["keyed"])) == ["a"]
+        with psycopg.connect(dsn, autocommit=True) as second:
+            second.execute("SET statement_timeout = '10s'")
+            assert keys_of(conn, claim(second, queues=["keyed"], batch=1)) == ["b"]
+        first.rollback()
+
+
+def test_sweep_prunes_old_key_rows_and_keeps_one_for_a_key_with_pending_jobs(conn: psycopg.Connection) -> None:
+    """A key's rows in pgq.key_locks (made by its enqueues: a few when enqueues of a new key meet)
+    are pruned once an hour old: gone for a key without pending jobs, one fresh row for a key with
+    some, whose claims still hold it."""
+    conn.execute("SELECT pgq.configure_queue('keyed', key_max_running => 1)")
+    enqueue_keyed(conn, "keyed", "busy", 2)
+    enqueue_keyed(conn, "keyed", "idle", 1)
+    [idle] = [c for c in claim(conn, queues=["keyed"], batch=5) if keys_of(conn, [c]) == ["idle"]]
+    conn.execute("SELECT pgq.complete(%s, %s)", (idle["id"], idle["attempt"]))
+    conn.execute("INSERT INTO pgq.key_locks (queue, key, made_by) VALUES ('keyed', 'busy', '1')")  # a second row
+    assert one(conn, "SELECT count(*) FROM pgq.key_locks WHERE key = 'busy'") == 2
+    conn.execute("SELECT pgq.sweep()")  # nothing is an hour old yet
+    assert one(conn, "SELECT count(*) FROM pgq.key_locks") == 3
+    conn.execute("UPDATE pgq.key_locks SET made_at = now() - interval '2 hours'")
+    conn.execute("SELECT pgq.sweep()")
+    rows = conn.execute("SELECT key, made_at > now() - interval '1 minute' FROM pgq.key_locks").fetchall()
+    assert rows == [("busy", True)]
+    running = running_per_key(conn, "keyed")
+    assert running == {"busy": 1}  # its other job waits for the one running
+    assert claim(conn, queues=["keyed"], batch=5) == []

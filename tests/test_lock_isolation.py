@@ -218,6 +218,56 @@ def test_a_batch_callback_is_enqueued_past_a_squatter_holding_its_queues_key(con
     assert cb["meta"]["batch"] == {"id": batch, "members": 1, "done": 1, "failed": 0, "cancelled": 0}
 
 
+def test_an_enqueue_behind_another_producers_open_insert_of_its_unique_key_gives_up_after_5s(conn, login):  # noqa: F811
+    """Another producer's transaction inserted a job of the key and stays open: an enqueue of that
+    key waits for it (the unique index) at most 5 s, then 55P03 naming the key; the caller's own
+    lock_timeout is its own again afterwards. (It waited as long as that transaction stayed open.)"""
+    conn.execute("SELECT pgq.configure_queue('uq')")
+    squatting, producer = login(PROD, False), login(PROD2, False)
+    one(squatting, "SELECT pgq.enqueue('uq', 'k', unique_key => 'order-7')")  # and left open
+    for on_conflict in ("keep", "replace"):
+        call = Call(conn, producer, "SELECT pgq.enqueue('uq', 'k', unique_key => 'order-7', on_conflict => %s)",
+                    (on_conflict,)).watch(timeout=30)
+        assert call.error is not None and call.error.sqlstate == "55P03", call.error
+        assert "unique_key order-7 of queue uq" in str(call.error)
+        assert call.waited_for == {squatting.info.backend_pid}
+        producer.rollback()
+    producer.execute("SET lock_timeout = '250ms'")  # a caller's shorter bound is kept
+    call = Call(conn, producer, "SELECT pgq.enqueue('uq', 'k', unique_key => 'order-7')").watch(timeout=30)
+    assert call.error is not None and "gave up after lock_timeout 250ms" in str(call.error)
+    producer.rollback()
+    producer.execute("SET lock_timeout = '0'")
+    assert one(producer, "SELECT pgq.enqueue('uq', 'k', unique_key => 'order-8')") > 0  # no wait: a key of its own
+    assert one(producer, "SHOW lock_timeout") == "0"
+    producer.commit()
+    squatting.commit()
+    held = one(conn, "SELECT id FROM pgq.jobs WHERE unique_key = 'order-7'")
+    assert one(producer, "SELECT pgq.enqueue('uq', 'k', unique_key => 'order-7')") == held  # keep, at once
+
+
+def test_a_tenants_first_job_left_open_bounds_other_enqueues_and_holds_no_claim(conn, login):  # noqa: F811
+    """Another producer's open transaction enqueued a fair queue's first job of a tenant (it
+    registered the tenant): an enqueue of that tenant waits for it at most 5 s, then 55P03 naming
+    the tenant; a claim that fires a due schedule of that tenant never waits for it (the schedule
+    stays due, and fires once the registration committed)."""
+    conn.execute("SELECT pgq.configure_queue('fq', fair => true)")
+    conn.execute("SELECT pgq.schedule('tick', 'fq', 'tick', every => '1 hour', tenant => 'acme')")
+    conn.execute("UPDATE pgq.schedules SET next_run_at = now() - interval '1 minute' WHERE name = 'tick'")
+    conn.execute("UPDATE pgq.queues SET next_schedule_at = now() - interval '1 minute' WHERE name = 'fq'")
+    conn.execute("DELETE FROM pgq.tenants WHERE queue = 'fq'")
+    squatting, producer, worker = login(PROD, False), victim(login, PROD2, False), victim(login, ALICE)
+    one(squatting, "SELECT pgq.enqueue('fq', 'k', tenant => 'acme')")  # and left open
+    call = Call(conn, producer, "SELECT pgq.enqueue('fq', 'k', tenant => 'acme')").watch(timeout=30)
+    assert call.error is not None and call.error.sqlstate == "55P03", call.error
+    assert "tenant 'acme' of queue fq" in str(call.error)
+    producer.rollback()
+    assert never_waits_rows(conn, worker, "SELECT kind FROM pgq.claim('w', queues => ARRAY['fq'])") == []
+    squatting.commit()
+    assert [r[0] for r in never_waits_rows(conn, worker, "SELECT kind FROM pgq.claim('w', queues => ARRAY['fq'])")] \
+        in (["tick"], ["k"])
+    assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE schedule = 'tick'") == 1
+
+
 # 2 and 5. Batches belong to their opener ---------------------------------------------------------------
 
 

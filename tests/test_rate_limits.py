@@ -1,8 +1,10 @@
 """Rate limits (issue 11): a queue's claims hand out at most rate_limit jobs per rate_period (a
-GCRA bucket: a burst of at most rate_limit, then rate_limit per rate_period), and at most
-key_rate_limit per rate_period of one concurrency_key; enforced in pgq.claim under the queue's
-row lock, by the rate clock (pgq._rate_clock). Time is moved with the test clock (clockdb.py);
-the race tests run on the real clock."""
+burst of at most rate_limit, then rate_limit per rate_period: its tokens come one every
+rate_period / rate_limit, each good for one rate_period, kept in slices, pgq.rate_slices, since
+issue 37), and at most key_rate_limit per rate_period of one concurrency_key (a GCRA bucket per
+key), by the rate clock (pgq._rate_clock). Time is moved with the test clock (clockdb.py); the
+race tests run on the real clock. A queue's slices are made ahead of their time by its claims and
+enqueues: the tests set the clock before they enqueue."""
 
 from __future__ import annotations
 
@@ -47,8 +49,8 @@ def complete_all(conn: psycopg.Connection, got: list[dict[str, Any]]) -> None:
 
 def test_a_burst_of_rate_limit_then_one_token_per_period_over_rate(conn: psycopg.Connection) -> None:
     conn.execute("SELECT pgq.configure_queue('api', rate_limit => 5, rate_period => '10 seconds')")
-    enqueue(conn, "api", 30)
     set_clock(conn, at(0))
+    enqueue(conn, "api", 30)
     assert len(claim(conn, queues=["api"], batch=10)) == 5  # the burst
     assert claim(conn, queues=["api"], batch=10) == []  # no token: fewer (none), no error
     set_clock(conn, at(1.999))
@@ -59,14 +61,17 @@ def test_a_burst_of_rate_limit_then_one_token_per_period_over_rate(conn: psycopg
     set_clock(conn, at(7))  # 2.5 tokens since: 2
     assert len(claim(conn, queues=["api"], batch=10)) == 2
     set_clock(conn, at(100))  # idle for long: the bucket holds at most rate_limit
+    # (...in slices that nothing made ahead meanwhile: the first claim makes them, and takes none,
+    # since no transaction spends from slices only it made; the next takes the burst.)
+    assert claim(conn, queues=["api"], batch=10) == []
     assert len(claim(conn, queues=["api"], batch=10)) == 5
     assert claim(conn, queues=["api"], batch=10) == []
 
 
 def test_a_claim_of_ten_with_three_tokens_returns_three(conn: psycopg.Connection) -> None:
     conn.execute("SELECT pgq.configure_queue('api', rate_limit => 3, rate_period => '1 minute')")
-    enqueue(conn, "api", 20)
     set_clock(conn, at(0))
+    enqueue(conn, "api", 20)
     assert len(claim(conn, queues=["api"], batch=10)) == 3
     assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'running'") == 3
 
@@ -75,8 +80,8 @@ def test_the_default_period_is_one_second(conn: psycopg.Connection) -> None:
     settings = conn.execute("SELECT rate_limit, rate_period, rate_limited FROM pgq.configure_queue('api', "
                             "rate_limit => 2)").fetchone()
     assert settings == (2, timedelta(seconds=1), True)
-    enqueue(conn, "api", 10)
     set_clock(conn, at(0))
+    enqueue(conn, "api", 10)
     assert len(claim(conn, queues=["api"], batch=10)) == 2
     set_clock(conn, at(0.5))
     assert len(claim(conn, queues=["api"], batch=10)) == 1
@@ -234,49 +239,59 @@ def test_a_new_rate_keeps_what_was_handed_out_as_tokens_of_the_new_rate(conn: ps
     assert len(claim(conn, queues=["api"], batch=50)) == 1
     conn.execute("SELECT pgq.configure_queue('api', rate_limit => 0)")  # no limit: its state is forgotten
     assert one(conn, "SELECT (rate_limited, rate_tat) FROM pgq.queues WHERE name = 'api'") == ("f", None)
-    assert one(conn, "SELECT count(*) FROM pgq.rate_buckets") == 0
+    assert one(conn, "SELECT count(*) FROM pgq.rate_slices") == 0
     assert len(claim(conn, queues=["api"], batch=50)) == 50 - 21
 
 
-# Shards: a fast rate's bucket spent side by side (issue 25) ------------------------------------
+# Slices: a rate's tokens spent side by side (issue 25), held by their spender alone (issue 37) ----
 
 
-def shards(conn: psycopg.Connection, queue: str = "api") -> list[int]:
-    return [r[0] for r in conn.execute("SELECT rate FROM pgq.rate_buckets WHERE queue = %s ORDER BY shard",
-                                       (queue,)).fetchall()]
+def slices(conn: psycopg.Connection, queue: str = "api") -> list[tuple[int, int]]:
+    """(slice, taken) of the queue's slices, in order."""
+    return [(r[0], r[1]) for r in conn.execute("SELECT slice, taken FROM pgq.rate_slices WHERE queue = %s "
+                                                "ORDER BY slice", (queue,)).fetchall()]
 
 
-def test_a_bucket_has_a_shard_per_100_tokens_a_second_and_their_rates_add_up_to_the_queues(
-        conn: psycopg.Connection) -> None:
-    conn.execute("SELECT pgq.configure_queue('api', rate_limit => 50, rate_period => '1 minute')")
-    assert shards(conn) == [50]
-    conn.execute("SELECT pgq.configure_queue('api', rate_limit => 250, rate_period => '1 second')")
-    assert shards(conn) == [125, 125]
-    conn.execute("SELECT pgq.configure_queue('api', rate_limit => 3001)")
-    assert len(shards(conn)) == 16 and sum(shards(conn)) == 3001 and max(shards(conn)) - min(shards(conn)) == 1
-    conn.execute("SELECT pgq.configure_queue('api', rate_period => '1 minute')")  # 50 a second: one shard
-    assert shards(conn) == [3001]
-    assert one(conn, "SELECT rate_tat FROM pgq.queue_settings('api')") is None  # full
+def test_a_rates_slices_are_made_ahead_of_their_time_in_stripes(conn: psycopg.Connection) -> None:
+    """A rate's tokens are in stripes (one per 100 tokens a second, at most 16, as the shards were)
+    of slices of a few tokens (about 16 slices a period per stripe), made for the window of the
+    tokens good now and those due within max(period, 10 s)."""
+    set_clock(conn, at(0))
+    for rate, period, stripes, size in [(50, "1 minute", 1, 4), (250, "1 second", 2, 8), (3001, "1 second", 16, 12)]:
+        conn.execute("SELECT pgq.configure_queue('api', rate_limit => %s, rate_period => %s)", (rate, period))
+        assert one(conn, "SELECT pgq._stripes(%s, %s)", (rate, period)) == stripes
+        assert one(conn, "SELECT pgq._slice_size(%s, %s)", (rate, period)) == size
+        made = [n for n, _ in slices(conn)]
+        assert made == list(range(made[0], made[-1] + 1))  # one row each, no gap, whole blocks
+        block = stripes * size
+        seconds = max(timedelta(seconds=10), timedelta(minutes=1) if period == "1 minute" else timedelta(seconds=1))
+        first, last = conn.execute(
+            "SELECT (pgq._token_number(%(r)s, %(p)s, %(t)s) - %(r)s + 1) / %(b)s * %(m)s, "
+            "pgq._token_number(%(r)s, %(p)s, %(t)s::timestamptz + %(s)s) / %(b)s * %(m)s + %(m)s - 1",
+            {"r": rate, "p": period, "t": at(0), "b": block, "m": stripes, "s": seconds}).fetchone()
+        assert (made[0], made[-1]) == (first, last)
+        assert one(conn, "SELECT count(DISTINCT tokens) FROM pgq.rate_slices WHERE queue = 'api'") == 1
+    assert one(conn, "SELECT rate_tat FROM pgq.queue_settings('api')") is None  # nothing taken
 
 
-def test_one_claim_takes_the_whole_burst_across_the_shards_then_the_rate(conn: psycopg.Connection) -> None:
+def test_one_claim_takes_the_whole_burst_across_the_slices_then_the_rate(conn: psycopg.Connection) -> None:
     conn.execute("SELECT pgq.configure_queue('api', rate_limit => 400, rate_period => '1 second')")
-    assert len(shards(conn)) == 4
     set_clock(conn, at(0))
     enqueue(conn, "api", 1000)
     assert len(claim(conn, queues=["api"], batch=1000)) == 400
     assert claim(conn, queues=["api"], batch=1000) == []
     assert one(conn, "SELECT rate_tat FROM pgq.queue_settings('api')") == T0 + timedelta(seconds=1)
-    set_clock(conn, at(0.5))  # 50 tokens a shard
+    set_clock(conn, at(0.5))  # a token every 2.5 ms
     assert len(claim(conn, queues=["api"], batch=1000)) == 200
     row = conn.execute("SELECT held_by_rate_limit, next_token_at FROM pgq.queue_limits('api')").fetchone()
-    assert row == (400, T0 + timedelta(seconds=0.51))  # 400 due jobs held; each shard's next token in 10 ms
+    assert row == (400, T0 + timedelta(seconds=0.5025))  # 400 due jobs held; the next token in 2.5 ms
 
 
 def test_claimers_of_a_fast_rate_limit_spend_side_by_side(dsn: str, conn: psycopg.Connection) -> None:  # noqa: F811 (clockdb's dsn)
-    """A claim of a rate-limited queue locks only the shards it spends: while one claim's
-    transaction stays open, another claim takes tokens from the other shards at once (it used to
-    find the queue's row held and get nothing)."""
+    """A claim of a rate-limited queue locks only the slices it spends: while one claim's
+    transaction stays open, another claim takes every token but those of the slice the first one
+    took from, at once (it used to find the queue's row held and get nothing; then, in shards, the
+    three shards the first one did not hold)."""
     conn.execute("SELECT pgq.configure_queue('api', rate_limit => 400, rate_period => '1 second')")
     set_clock(conn, at(0))
     enqueue(conn, "api", 1000)
@@ -284,10 +299,10 @@ def test_claimers_of_a_fast_rate_limit_spend_side_by_side(dsn: str, conn: psycop
         assert len(claim(first, queues=["api"], batch=1)) == 1
         with psycopg.connect(dsn, autocommit=True) as second:
             second.execute("SET statement_timeout = '10s'")  # a wait would fail here, not hang
-            got = claim(second, queues=["api"], batch=1000)
-            assert len(got) == 300  # the three shards the first claim does not hold
+            got = len(claim(second, queues=["api"], batch=1000))
+            assert 400 - 7 <= got <= 399  # all but the first's slice (4 stripes of slices of 7 tokens)
         first.rollback()
-    assert len(claim(conn, queues=["api"], batch=1000)) == 100  # the fourth, given back whole
+    assert len(claim(conn, queues=["api"], batch=1000)) == 400 - got  # the first's slice, given back whole
 
 
 def test_changing_another_setting_keeps_the_rate_state(conn: psycopg.Connection) -> None:
@@ -449,11 +464,14 @@ def test_rate_limit_wait_says_how_long_until_the_next_token(conn: psycopg.Connec
 # Races ------------------------------------------------------------------------------------------
 
 
-def _bound_holds(claims: list[tuple[datetime, int]], burst: int, period: float) -> list[str]:
-    """The GCRA bound, checked on every window of the claims (sorted by when they handed out):
+def _bound_holds(claims: list[tuple[datetime, int]], burst: int, period: float, grid: int = 0) -> list[str]:
+    """The rate's bound, checked on every window of the claims (sorted by when they handed out):
     the claims after the i-th up to the j-th read the rate clock within [e_i, e_j] (each reads it
     after the one before committed, and before its own events), so they took at most
-    burst + floor((e_j - e_i) * burst / period) tokens."""
+    burst + floor((e_j - e_i) * burst / period) tokens (a key's GCRA bucket), or one more
+    (``grid`` 1: a queue's tokens, due on a fixed grid, one every period / burst: a claim right
+    after a grid point may take the token due then, though the one before took the last of the
+    burst just before it)."""
     claims = sorted(claims)
     over = []
     for i in range(len(claims)):
@@ -461,7 +479,7 @@ def _bound_holds(claims: list[tuple[datetime, int]], burst: int, period: float) 
         for j in range(i + 1, len(claims)):
             taken += claims[j][1]
             window = (claims[j][0] - claims[i][0]).total_seconds()
-            if taken > burst + int(window * burst / period + 1e-9):
+            if taken > burst + int(window * burst / period + 1e-9) + grid:
                 over.append(f"{taken} jobs in {window:.4f} s after claim {i}")
     return over
 
@@ -524,7 +542,7 @@ def test_many_concurrent_claimers_never_pass_the_rate_limits(dsn: str, conn: psy
         if key is not None:
             per_key[key].append((first, n))
     assert sum(n for _, n in per_claim.values()) >= done
-    assert not _bound_holds([(e, n) for e, n in per_claim.values()], rate, period)
+    assert not _bound_holds([(e, n) for e, n in per_claim.values()], rate, period, grid=1)
     for key, claims in per_key.items():
         assert not _bound_holds(claims, key_rate, period), key
     # ...and the limit was the one that held: the claims came as fast as the bound allows, give or
@@ -603,7 +621,7 @@ def test_pgq_thin_stats_shows_what_the_limits_hold_back(dsn: str, conn: psycopg.
              if line.startswith("api ")]
     assert row[:7] == ["api", "3", "2", "0", "0", "3", "0"]  # ready, running, held by max_running ...
     next_token = parse_duration(" ".join(row[7:])).total_seconds()  # written as durations are: 29m 59s
-    assert 1700 < next_token <= 1800  # the next token: in 30 minutes
+    assert 0 < next_token <= 1800  # the next token: within 30 minutes (one due every 30 minutes)
 
 
 def test_the_exporter_serves_what_the_limits_hold_back(conn: psycopg.Connection) -> None:

@@ -169,6 +169,7 @@ MIGRATION_SHA256 = {
     "0017_workflows.sql": "31743646864a8e991c72dfc6ee4dddfb387ba8626bcca795e04040c81110e3f8",
     "0018_power_tools.sql": "371061133eef4452f30acd69b7ba520e1ff0693fa5ac4c37352d97592eaca9c1",
     "0019_no_shared_locks.sql": "0ed02b2e71be8d57e33618fe44cff8ad4ee8b6f0aa2efcc6e7c1fd39bb610f22",
+    "0020_isolated_limits.sql": "5df91725e1940f7b87967f9af4aa5c08087962bfc1dfa265e7a057f4371099f2",
     "0021_graph_isolation.sql": "463f1b39236094d81bb602b7f2aa5a13764886596c8f2a1b6e4d95ad9fe43bf5",
     "0022_durable.sql": "c3129647f52b5ac6ff11a43563a35427d3c62d53a5f32cb9160b8940f3213a14",
 }

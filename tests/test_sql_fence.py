@@ -78,20 +78,22 @@ def test_one_fence_move_per_timeline_passed(conn, connect):
     assert job(conn, job_id)["max_attempts"] == 25 + 2 * STEP
 
 
-def test_the_check_is_cached_per_session_and_rolled_back_with_its_transaction(conn, connect):
+def test_every_claim_reads_the_fence_row_and_keeps_no_session_state(conn, connect):
+    """The check is the fence row's, read by every claim: no session setting says it was done (a
+    setting is one any caller can forge: tests/test_limit_isolation.py)."""
     one(conn, "SELECT pgq.enqueue('q', 'k')")
     worker = connect()
-    assert claim(worker, "w")  # checked: the session remembers it
-    assert one(worker, "SELECT current_setting('pgq.fence')") == str(one(conn, "SELECT pgq._timeline()"))
-    promoted(conn)  # (cannot happen to a live session; shows that it reads no table again)
+    assert claim(worker, "w")
+    assert one(worker, "SELECT current_setting('pgq.fence', true)") is None
+    promoted(conn)  # (cannot happen to a live session; shows that its next claim checks again)
     claim(worker, "w")
-    assert one(conn, "SELECT moves FROM pgq.fence") == 0
+    assert one(conn, "SELECT moves FROM pgq.fence") == 1
 
+    promoted(conn)
     tx = connect(autocommit=False)
-    claim(tx, "w")   # this session's first claim moves the fences ...
-    tx.rollback()    # ... and the rollback undoes the move and the session's mark
-    assert one(conn, "SELECT moves FROM pgq.fence") == 0
-    assert one(tx, "SELECT coalesce(current_setting('pgq.fence', true), '')") == ""
+    claim(tx, "w")   # this claim moves the fences ...
+    tx.rollback()    # ... and the rollback undoes the move
+    assert one(conn, "SELECT moves FROM pgq.fence") == 1
     tx.rollback()
 
 

@@ -98,11 +98,12 @@ TABLE_STATEMENTS = [
 TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "tenant", "schedules": "name",
           "fence": "timeline", "grants": "queue",
           "finished_counts": "total", "finished_deltas": "queue", "key_limits": "key", "key_rates": "key",
-          "key_slots": "slot", "rate_buckets": "rate", "job_dependants": "job_id", "batches": "run_when",
-          "batch_counts": "done", "batch_members": "job_id", "unique_successors": "unique_key",
-          "replace_slots": "unique_key", "overlap_checks": "login", "cascade_backlog": "login",
-          "cascade_budgets": "budget", "dependency_checks": "job_id", "dependency_backlog": "job_id",
-          "steps": "name", "signals": "name", "signal_checks": "name", "signal_grants": "queue"}
+          "key_slots": "slot", "key_locks": "key", "rate_buckets": "rate", "rate_slices": "taken",
+          "job_dependants": "job_id", "batches": "run_when", "batch_counts": "done", "batch_members": "job_id",
+          "unique_successors": "unique_key", "replace_slots": "unique_key", "overlap_checks": "login",
+          "cascade_backlog": "login", "cascade_budgets": "budget", "dependency_checks": "job_id",
+          "dependency_backlog": "job_id", "steps": "name", "signals": "name", "signal_checks": "name",
+          "signal_grants": "queue"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:

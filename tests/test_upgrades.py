@@ -23,7 +23,7 @@ from psycopg.rows import dict_row
 from pgq_thin import migrate
 from pgq_tools.bench import _migrate_to  # the migrations up to one, with their own functions
 
-from sqlhelpers import fresh_database, one
+from sqlhelpers import fresh_database, one, wait_for
 from test_schema_matches_migrations import MIGRATION_SHA256, MIGRATIONS, assert_same_catalog, catalog
 
 #: The migrations that landed before the function source: each a schema version users' databases
@@ -295,3 +295,38 @@ def test_0017_behind_a_reader_of_the_jobs_gives_up_changing_nothing_and_runs_aga
             assert one(su, "SELECT pgq.enqueue('q', 'k')") is not None
         reader.rollback()
     assert migrate(dsn) == sorted(p.stem for p in MIGRATIONS.glob("*.sql") if p.stem >= "0017_workflows")
+
+
+def test_0020_waits_for_a_keyed_claim_in_flight_whose_running_job_then_still_holds_its_key(upgraded):
+    """A claim of the old source in flight when 0020 runs holds a key's hash slot: the migration
+    waits for it (its EXCLUSIVE lock on pgq.key_slots), so the job it claimed is running, and
+    counted, when the new source's first claim of the key comes: never two of the key at once."""
+    dsn = upgraded
+    _migrate_to(dsn, "git:5e1aa62")  # 0018, with the source that holds keys by pgq.key_slots
+    with psycopg.connect(dsn, autocommit=True) as su:
+        su.execute("SELECT pgq.configure_queue('keyed', key_max_running => 1)")
+        first, second = (one(su, "SELECT pgq.enqueue('keyed', 'k', '{}', concurrency_key => 'a')") for _ in range(2))
+        with psycopg.connect(dsn) as inflight:
+            claimed = inflight.execute("SELECT id, attempt FROM pgq.claim('old', ARRAY['keyed'])").fetchall()
+            assert [c[0] for c in claimed] == [first]
+            errors: list[BaseException] = []
+
+            def run() -> None:
+                try:
+                    migrate(dsn, lock_timeout="60s")
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+
+            migration = threading.Thread(target=run)
+            migration.start()
+            wait_for(lambda: one(su, "SELECT count(*) FROM pg_locks WHERE NOT granted "
+                                     "AND relation = 'pgq.key_slots'::regclass") > 0,
+                     "the migration to wait for the claim's slot")
+            assert one(su, "SELECT pgq.version()") == "18"
+            inflight.commit()
+            migration.join(timeout=120)
+            assert not migration.is_alive() and not errors, errors
+        assert one(su, "SELECT pgq.version()") == str(max(_number(m) for m in MIGRATION_SHA256))
+        assert su.execute("SELECT * FROM pgq.claim('new', ARRAY['keyed'])").fetchall() == []  # a's one place
+        assert one(su, "SELECT pgq.complete(%s, %s)", claimed[0]) is True
+        assert _claim(su, "keyed")[0] == second

@@ -421,10 +421,11 @@ BEGIN
         )
         SELECT tenants_left - count(*) INTO tenants_left FROM gone;
     END LOOP;
-    -- And the per-key rate limits' buckets that are full again.
+    -- And the per-key rate limits' buckets that are full again, and old keys' rows (keys.sql).
     IF EXISTS (SELECT FROM pgq.key_rates) THEN
         PERFORM pgq._prune_key_rates(prune.max_jobs);
     END IF;
+    PERFORM pgq._prune_key_locks(prune.max_jobs);
     RETURN deleted;
 END
 $$;

@@ -404,9 +404,12 @@ BEGIN
         END IF;
         q := pgq._queue(b.callback_queue);  -- dropped since: created again, as an enqueue would
     END IF;
+    IF q.fair AND pgq._fair_tenant(q.name, NULL, patient => false) IS NULL THEN
+        RETURN false;  -- another transaction is registering the queue's tenant '': left to the sweep
+    END IF;
     INSERT INTO pgq.jobs AS j (queue, kind, payload, max_attempts, tenant, meta, enqueued_by)
     VALUES (b.callback_queue, b.callback_kind, b.callback_payload, q.max_attempts,
-            CASE WHEN q.fair THEN pgq._fair_tenant(q.name, NULL) END,
+            CASE WHEN q.fair THEN '' END,
             jsonb_build_object('batch', jsonb_build_object('id', b.id, 'members', sums.added, 'done', sums.done,
                                                            'failed', sums.failed, 'cancelled', sums.cancelled)),
             b.opened_by)

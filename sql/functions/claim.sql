@@ -20,23 +20,29 @@
 -- Three queue settings change the pick: a queue with max_running > 0 is locked for the claim and
 -- offers only its free slots (claimers of a capped queue take turns; no race can pass the cap),
 -- a fair queue's candidates come from pgq._fair_pick, and a key-limited queue's (key_max_running
--- or pgq.set_key_limit) from pgq._keyed_pick, at most each key's free slots: it locks each key it
--- takes (its slot), not the queue, so claims of different keys run side by side; a rate-limited
--- queue's tokens come from the shards of its bucket the claim locks (pgq._claim_rooms), so its
--- claimers spend side by side too. Queues with none of them pay nothing for them.
+-- or pgq.set_key_limit) from pgq._keyed_pick, at most each key's free slots: it holds each key it
+-- takes (the key's own rows, pgq.key_locks), not the queue, so claims of different keys run side by
+-- side; a rate-limited queue's tokens come from the slices of its rate the claim locks after its
+-- picks, as few as hold what they need (pgq._take_tokens), so its claimers spend side by side too.
+-- Queues with none of them pay nothing for them.
 -- A claim never waits for another session's lock: a capped queue's row (a fair queue's tenant
--- row, a key's slot, a bucket's shard) that another transaction holds is skipped for this call
+-- row, a key's rows, a rate's slice) that another transaction holds is skipped for this call
 -- (SKIP LOCKED), so an idle transaction that claimed from a limited queue holds up no other
--- worker's claims of anything else.
--- Before any of that, the failover fence: the first claim of a session checks that the fences
--- were moved on this server's timeline (pgq._check_timeline); later ones read one setting.
+-- worker's claims of anything else, and of a limited queue only the keys it took and the tokens
+-- it spent (and the rest of the slices it took them from).
+-- Before any job is handed out, the failover fence: the claim's first read (of the queues) also
+-- compares the fence row's timeline with this server's; when they differ (a promotion), the fences
+-- are moved first (pgq._check_timeline). No session state is trusted for it: a setting would be
+-- one any caller could forge.
 --
 -- pgq.claim, first below, reads as those steps: the arguments (pgq._check_claim,
--- called only when one is wrong), which queues (pgq._claimable_queues), the capped queues' locks and
--- free slots (pgq._claim_rooms), the due schedules (pgq._fire_schedules), the fair and key-limited
--- picks (pgq._fair_pick, pgq._keyed_pick), then the pick and the lease (pgq._lease_jobs), and the
--- rate limits' tokens (pgq._spend_tokens). The helpers run inside the claim (as its owner, with
--- its settings: no SET clause of their own) and no role may call them.
+-- called only when one is wrong), which queues and their rooms (pgq._claimable_queues: one
+-- pgq.claim_room per queue, the row every step passes on), the capped queues' locks and free slots
+-- (pgq._claim_rooms), the due schedules (pgq._fire_schedules), the fair and key-limited picks
+-- (pgq._fair_pick, pgq._keyed_pick), the rate limits' tokens for the picks (pgq._take_tokens),
+-- then the pick and the lease (pgq._lease_jobs), and the tokens spent (pgq._spend_tokens). The
+-- helpers run inside the claim (as its owner, with its settings: no SET clause of their own) and
+-- no role may call them.
 
 CREATE OR REPLACE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, batch integer DEFAULT 1,
                           lease interval DEFAULT NULL, kinds text[] DEFAULT NULL)
@@ -50,19 +56,19 @@ CREATE OR REPLACE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, ba
     SET jit = off
     AS $$
 DECLARE
-    names    text[];     -- the eligible queues, in name order
-    rooms    integer[];  -- how many jobs each may start now
-    fairs    boolean[];  -- whether each is in fair mode
-    keyeds   boolean[];  -- whether each takes the per-key step (queues.key_limited or rate_limited)
+    rooms    pgq.claim_room[];  -- the eligible queues, in name order, with how many jobs each may start
     fair_ids bigint[] := '{}';
     keyed_ids bigint[] := '{}';
     capped   boolean;    -- whether any of them has max_running, key limits or rate limits
-    rated    boolean;    -- then: whether any of those it holds has a rate limit
-    rate_now timestamptz;  -- then: the rate limits' clock, read once their shards are held
-    buckets  pgq.rate_buckets[];  -- then: the shards of the rate-limited queues' buckets it holds
+    fair     boolean;    -- whether any of them is fair
+    keyed    boolean;    -- whether any of them takes the per-key step (key limits or rate limits)
+    rated    boolean;    -- whether any of them has a rate limit (its own or its keys')
+    rate_now timestamptz;  -- then: the rate limits' clock, read before the keyed picks
+    slices   pgq.rate_slices[];  -- then: the rate-limited queues' slices it holds
     spend_at timestamptz;  -- then: the rate clock the tokens are spent at
     expired  boolean;    -- whether any lease has expired
     due      boolean;    -- whether one of them has a schedule due
+    fenced   boolean;    -- whether the failover fence was moved on this server's timeline
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
 BEGIN
     IF NOT coalesce(length(claim.worker) BETWEEN 1 AND 256 AND claim.batch BETWEEN 1 AND 1000
@@ -72,32 +78,28 @@ BEGIN
         PERFORM pgq._check_claim(claim.worker, claim.queues, claim.batch, claim.lease, claim.kinds);
     END IF;
 
-    -- The failover fence, checked once per session (a session never outlives a promotion).
-    IF coalesce(current_setting('pgq.fence', true), '') = '' THEN
-        PERFORM pgq._check_timeline();
-    END IF;
-
     -- Expired leases are recovered first, so their jobs are claimable by this very claim (with
     -- queues => NULL, the queues of recovered jobs are candidates only once recovered: read again).
+    -- The first read also says whether the failover fence was moved on this server's timeline:
+    -- when not, it is now (pgq._check_timeline), before any attempt number is handed out.
     FOR pass IN 1..2 LOOP
-        SELECT e.* INTO names, fairs, capped, expired, due FROM pgq._claimable_queues(claim.queues) AS e;
+        SELECT e.* INTO rooms, capped, fair, keyed, rated, expired, due, fenced
+        FROM pgq._claimable_queues(claim.queues, claim.batch) AS e;
+        IF NOT fenced THEN
+            PERFORM pgq._check_timeline();
+        END IF;
         EXIT WHEN pass = 2 OR NOT expired;
         PERFORM pgq._recover_expired(100);
         EXIT WHEN claim.queues IS NOT NULL;
     END LOOP;
-    IF names IS NULL THEN
+    IF rooms IS NULL THEN
         RETURN;  -- no eligible queue
     END IF;
     IF due THEN
-        due_queues := names;  -- before the capped queues' rooms narrow names down
+        due_queues := ARRAY(SELECT r.queue FROM unnest(rooms) AS r);  -- before the capped queues' rooms narrow them
     END IF;
-    IF NOT capped THEN
-        rooms := array_fill(claim.batch, ARRAY[cardinality(names)]);
-        keyeds := array_fill(false, ARRAY[cardinality(names)]);
-    ELSE
-        SELECT e.names, e.rooms, e.fairs, e.keyeds, e.rated, e.rate_now, e.buckets
-        INTO names, rooms, fairs, keyeds, rated, rate_now, buckets
-        FROM pgq._claim_rooms(names, claim.batch) AS e;
+    IF capped THEN
+        rooms := pgq._claim_rooms(rooms, claim.batch);
     END IF;
 
     -- Then the due schedules of these queues fire (at most 10 per claim; a sweep fires the rest),
@@ -109,32 +111,34 @@ BEGIN
         PERFORM pgq._fire_schedules(10, due_queues);
     END IF;
 
-    IF true = ANY (fairs) THEN
-        fair_ids := ARRAY(SELECT f.id
-                          FROM unnest(names, rooms, fairs, keyeds) AS e(name, room, fair, keyed)
-                          CROSS JOIN LATERAL pgq._fair_pick(e.name, e.room, claim.kinds) AS f(id)
-                          WHERE e.fair AND NOT e.keyed);
+    IF fair THEN
+        fair_ids := ARRAY(SELECT f.id FROM unnest(rooms) AS r
+                          CROSS JOIN LATERAL pgq._fair_pick(r.queue, r.room, claim.kinds) AS f(id)
+                          WHERE r.fair AND NOT r.keyed);
     END IF;
-    IF true = ANY (keyeds) THEN
-        keyed_ids := ARRAY(SELECT f.id
-                           FROM unnest(names, rooms, fairs, keyeds) AS e(name, room, fair, keyed)
-                           CROSS JOIN LATERAL pgq._keyed_pick(e.name, e.room, claim.kinds, e.fair, rate_now) AS f(id)
-                           WHERE e.keyed);
-    END IF;
-
-    -- The rate clock the tokens are spent at: read once every lock is held (the shards', the
-    -- keys', the picks'), before the jobs are handed out (their claimed events come after it).
-    IF rated THEN
-        spend_at := pgq._rate_clock();
+    IF keyed THEN
+        IF rated THEN
+            rate_now := pgq._rate_clock();
+        END IF;
+        keyed_ids := ARRAY(SELECT f.id FROM unnest(rooms) AS r
+                           CROSS JOIN LATERAL pgq._keyed_pick(r.queue, r.room, claim.kinds, r.fair, rate_now) AS f(id)
+                           WHERE r.keyed);
     END IF;
 
-    RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, names, rooms, fairs, keyeds, fair_ids || keyed_ids,
-                                               claim.batch, claim.lease, claim.kinds);
+    -- The rate-limited queues' tokens for their picks, held (their slices locked) before the jobs
+    -- are handed out, and the rate clock they are spent at, read once every lock is held (the
+    -- slices', the keys', the picks'); picks beyond the tokens are left out.
+    IF rated AND keyed_ids <> '{}' THEN
+        SELECT t.ids, t.slices, t.at INTO keyed_ids, slices, spend_at FROM pgq._take_tokens(keyed_ids, rooms) AS t;
+    END IF;
 
-    -- The rate-limited queues' tokens, spent for the jobs this claim handed out: its picks
-    -- (locked by it, pending until its UPDATE) that are running now.
-    IF rated THEN
-        PERFORM pgq._spend_tokens(keyed_ids, buckets, spend_at);
+    RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch, claim.lease,
+                                               claim.kinds);
+
+    -- The rate limits' tokens, spent for the jobs this claim handed out: its picks (locked by it,
+    -- pending until its UPDATE) that are running now.
+    IF rated AND keyed_ids <> '{}' THEN
+        PERFORM pgq._spend_tokens(keyed_ids, slices, spend_at);
     END IF;
 END
 $$;
@@ -242,22 +246,32 @@ BEGIN
 END
 $$;
 
--- Which of the worker's queues (`queues`; NULL: all) a claim takes jobs from, in name order, with
--- whether each is fair, whether any of them is capped (max_running, key limits or rate limits:
--- pgq._claim_rooms), whether any lease has expired (one index probe) and whether one of them has a
--- schedule due (a column of the rows read anyway; bool_or allocates nothing, unlike array_agg).
+-- Which of the worker's queues (`queues`; NULL: all) a claim takes jobs from, in name order, as
+-- its rooms (pgq.claim_room: each with `batch` as its room, whether it is fair, takes the per-key
+-- step or has a rate limit), with whether any of them is capped (max_running, key limits or rate
+-- limits: pgq._claim_rooms), fair, keyed or rate-limited, whether any lease has expired (one index
+-- probe) and whether one of them has a schedule due (columns of the rows read anyway; bool_or
+-- allocates nothing, unlike array_agg).
 -- With queues => NULL the candidates are the queues that have a pending job, found by a skip scan
 -- of jobs_ready_idx (the next queue name after the last, one index probe each: queues without
--- jobs are never read), and those with a due schedule (queues_schedule_due_idx). names is NULL
--- when no queue is eligible. One SELECT, so the planner inlines it into pgq.claim: no call.
-CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[])
-    RETURNS TABLE (names text[], fairs boolean[], capped boolean, expired boolean, due boolean)
+-- jobs are never read), and those with a due schedule (queues_schedule_due_idx). rooms is NULL
+-- when no queue is eligible. And whether the failover fence row (pgq.fence, one row) names this
+-- server's timeline (false on a standby, whose WAL position cannot be read: pgq._check_timeline
+-- then says so). One SELECT, so the planner inlines it into pgq.claim: no call.
+CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer)
+    RETURNS TABLE (rooms pgq.claim_room[], capped boolean, fair boolean, keyed boolean, rated boolean,
+                   expired boolean, due boolean, fenced boolean)
     LANGUAGE sql STABLE
     AS $$
-    SELECT array_agg(q.name ORDER BY q.name), array_agg(q.fair ORDER BY q.name),
+    SELECT array_agg(ROW(q.name, $2, q.fair, q.key_limited OR q.rate_limited, q.rate_limit > 0)::pgq.claim_room
+                     ORDER BY q.name),
            coalesce(bool_or(q.max_running > 0 OR q.key_limited OR q.rate_limited), false),
+           coalesce(bool_or(q.fair), false),
+           coalesce(bool_or(q.key_limited OR q.rate_limited), false),
+           coalesce(bool_or(q.rate_limited), false),
            EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
-           coalesce(bool_or(q.next_schedule_at <= pgq._now()), false)
+           coalesce(bool_or(q.next_schedule_at <= pgq._now()), false),
+           coalesce((SELECT f.timeline = pgq._timeline() FROM pgq.fence AS f WHERE NOT pg_is_in_recovery()), false)
     FROM pgq.queues AS q
     WHERE NOT q.paused
       AND q.name = ANY (coalesce($1, ARRAY(
@@ -278,33 +292,29 @@ CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[])
       AND (q.restricted IS NULL OR pgq._may_claim(q.name, q.restricted, $1 IS NOT NULL))
 $$;
 
--- For a claim of capped queues (pgq._claimable_queues): which of `queues` it takes jobs from (names),
--- and how many each may start now (rooms). A queue with max_running is locked before its running
--- jobs are counted by the last statement, whose fresh snapshot sees every earlier claim; one that
--- another transaction holds is skipped (this call claims none of its jobs), never waited for. A
--- queue with a rate limit is not locked: the claim locks the shards of its bucket it may spend
--- (`buckets`: per queue, shards that hold a token by a reading before the locks, as many as hold
--- `batch` tokens on average, from a random one on; each tried with SKIP LOCKED), and its room is
--- at most the tokens those hold at rate_now, the rate clock read once they are held (see
--- pgq._rate_clock); a queue none of whose shards it could lock gets no room. A queue with key
--- limits alone is not locked either (pgq._keyed_pick locks its keys). (Under REPEATABLE READ or
+-- For a claim of capped queues (pgq._claimable_queues): its rooms, each narrowed to how many jobs
+-- the queue may start now; those without room are left out. A queue with max_running is locked
+-- before its running jobs are counted by the last statement, whose fresh snapshot sees every
+-- earlier claim; one that another transaction holds is skipped (this call claims none of its
+-- jobs), never waited for. A queue with a rate limit is not locked: its slices are made ahead
+-- (pgq._make_slices) and its room is at most the tokens they hold that this claim may spend, by a
+-- reading before any lock (pgq._take_tokens holds them, for the picks). A queue with key limits
+-- alone is not locked either (pgq._keyed_pick holds its keys). (Under REPEATABLE READ or
 -- SERIALIZABLE the counts would come from an older snapshot and could pass the limits: such a
 -- claim of a capped queue is refused.)
--- keyeds: whether each takes the per-key step (pgq._keyed_pick); rated: whether any of them has
--- a rate limit, whose tokens pgq.claim spends. A rate-limited queue takes the per-key step, whose
--- picks are known before the claim, so that the tokens spent are those of the jobs handed out
--- (counted after it). Queues without room are left out.
-CREATE OR REPLACE FUNCTION pgq._claim_rooms(queues text[], batch integer, OUT names text[], OUT rooms integer[],
-                                            OUT fairs boolean[], OUT keyeds boolean[], OUT rated boolean,
-                                            OUT rate_now timestamptz, OUT buckets pgq.rate_buckets[])
+CREATE OR REPLACE FUNCTION pgq._claim_rooms(rooms pgq.claim_room[], batch integer) RETURNS pgq.claim_room[]
     LANGUAGE plpgsql
     AS $$
 DECLARE
     locked   text[];     -- the queues with max_running this call holds (the others are skipped)
-    start    integer;    -- the shard a rate-limited queue's locks start at
+    tokens   jsonb := '{}';  -- rate-limited queue -> the tokens it may spend, by that reading
+    at       timestamptz;
+    k        integer;    -- the tokens of a slice of its rate,
+    m        integer;    -- its stripes
+    n        bigint;     -- and the newest token due at `at`
+    cand     pgq.rate_slices[];  -- the rows of its oldest slices with tokens
     r        record;
 BEGIN
-    buckets := '{}';
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'pgq: a claim of a queue with max_running, key limits or rate limits must run at READ COMMITTED, not %',
             upper(current_setting('transaction_isolation'))
@@ -312,49 +322,36 @@ BEGIN
                   HINT = 'Claim in autocommit mode, or in a READ COMMITTED transaction.';
     END IF;
     locked := ARRAY(SELECT q.name FROM pgq.queues AS q
-                    WHERE q.max_running > 0 AND NOT q.paused AND q.name = ANY (_claim_rooms.queues)
+                    WHERE q.max_running > 0 AND NOT q.paused AND q.name = ANY (ARRAY(SELECT e.queue FROM unnest(rooms) AS e))
                     FOR NO KEY UPDATE SKIP LOCKED);
-    -- Per rate-limited queue, as many of its shards with a token (by a reading before the locks)
-    -- as hold `batch` tokens on average, from a random shard on: claimers at once start at
-    -- different shards, and each takes the next free ones (SKIP LOCKED with LIMIT).
     FOR r IN
-        SELECT q.name, q.rate_period, count(*)::integer AS shards,
-               sum(pgq._tokens(b.tat, b.rate, q.rate_period, pgq._rate_clock()))::integer AS tokens
-        FROM pgq.queues AS q
-        JOIN pgq.rate_buckets AS b ON b.queue = q.name
-        WHERE q.rate_limit > 0 AND NOT q.paused AND q.name = ANY (_claim_rooms.queues)
-        GROUP BY q.name, q.rate_period
+        SELECT q.name, q.rate_limit, q.rate_period FROM unnest(rooms) AS e JOIN pgq.queues AS q ON q.name = e.queue
+        WHERE e.rated AND q.rate_limit > 0
     LOOP
-        CONTINUE WHEN r.tokens = 0;
-        start := floor(random() * r.shards)::integer;
-        buckets := buckets || ARRAY(
-            SELECT b FROM pgq.rate_buckets AS b
-            WHERE b.queue = r.name AND pgq._tokens(b.tat, b.rate, r.rate_period, pgq._rate_clock()) >= 1
-            ORDER BY (b.shard + start) % r.shards
-            LIMIT least(r.shards, ceil(_claim_rooms.batch::numeric * r.shards / r.tokens))::integer
-            FOR NO KEY UPDATE SKIP LOCKED);
+        at := pgq._rate_clock();
+        PERFORM pgq._make_slices(r.name, r.rate_limit, r.rate_period, at);
+        k := pgq._slice_size(r.rate_limit, r.rate_period);
+        m := pgq._stripes(r.rate_limit, r.rate_period);
+        n := pgq._token_number(r.rate_limit, r.rate_period, at);
+        cand := pgq._window_rows(r.name, r.rate_limit, k, m, n, _claim_rooms.batch);
+        tokens := tokens || jsonb_build_object(r.name, (SELECT coalesce(sum(s.tokens_left), 0)
+                                                        FROM pgq._slice_tokens(cand, r.name, r.rate_limit, k, m, n) AS s
+                                                        WHERE s.spendable));
     END LOOP;
-    rate_now := pgq._rate_clock();
-    SELECT array_agg(e.name ORDER BY e.name), array_agg(e.room ORDER BY e.name),
-           array_agg(e.fair ORDER BY e.name), array_agg(e.keyed ORDER BY e.name),
-           coalesce(bool_or(e.rate_limited), false)
-    INTO names, rooms, fairs, keyeds, rated
-    FROM (
-        SELECT q.name, q.fair, q.key_limited OR q.rate_limited AS keyed, q.rate_limited,
-               least(CASE WHEN q.max_running = 0 THEN _claim_rooms.batch
-                          ELSE least(_claim_rooms.batch, q.max_running - (
-                                   SELECT count(*) FROM pgq.jobs AS j
-                                   WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
-                     END,
-                     CASE WHEN q.rate_limit > 0
-                          THEN (SELECT coalesce(sum(pgq._tokens(h.tat, h.rate, q.rate_period, rate_now)), 0)::integer
-                                FROM unnest(buckets) AS h WHERE h.queue = q.name) END)
-               AS room
-        FROM pgq.queues AS q
-        WHERE NOT q.paused AND q.name = ANY (_claim_rooms.queues)
-          AND (q.max_running = 0 OR q.name = ANY (locked))
-    ) AS e
-    WHERE e.room > 0;
+    RETURN ARRAY(
+        SELECT ROW(e.queue, e.room, e.fair, e.keyed, e.rated)::pgq.claim_room
+        FROM (SELECT e.queue, e.fair, e.keyed, e.rated,
+                     least(CASE WHEN q.max_running = 0 THEN _claim_rooms.batch
+                                ELSE least(_claim_rooms.batch, q.max_running - (
+                                         SELECT count(*) FROM pgq.jobs AS j
+                                         WHERE j.lease_until IS NOT NULL AND j.queue = q.name)::integer)
+                           END,
+                           (tokens ->> e.queue)::integer) AS room
+              FROM unnest(rooms) AS e
+              JOIN pgq.queues AS q ON q.name = e.queue
+              WHERE NOT q.paused AND (q.max_running = 0 OR q.name = ANY (locked))) AS e
+        WHERE e.room > 0
+        ORDER BY e.queue);
 END
 $$;
 
@@ -365,15 +362,14 @@ CREATE OR REPLACE FUNCTION pgq._expired(attempt integer, start_by timestamptz, e
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$ SELECT coalesce(least(CASE WHEN $1 = 0 THEN $2 END, $3) <= pgq._now(), false) $$;
 
--- The pick and the lease, in one statement: for each eligible queue (`names`, in name order, with
--- the room each has, and whether it is fair or takes the per-key step), its first claimable jobs
+-- The pick and the lease, in one statement: for each eligible queue (its room in `rooms`, in name
+-- order, with the room each has, and whether it is fair or takes the per-key step), its first claimable jobs
 -- in index order, per kind when the worker named its kinds; with the fair and key-limited queues'
 -- picks (`picked`, locked by pgq._fair_pick and pgq._keyed_pick), the best `batch` of those across
 -- queues become running under a lease, attempt + 1, claimed_by `worker`, bound to the login; a
 -- claimed event each (queues with audit). Returns them in the total order.
-CREATE OR REPLACE FUNCTION pgq._lease_jobs(worker text, names text[], rooms integer[], fairs boolean[],
-                                           keyeds boolean[], picked bigint[], batch integer, lease interval,
-                                           kinds text[])
+CREATE OR REPLACE FUNCTION pgq._lease_jobs(worker text, rooms pgq.claim_room[], picked bigint[], batch integer,
+                                           lease interval, kinds text[])
     RETURNS SETOF pgq.claimed_job
     LANGUAGE plpgsql
     AS $$
@@ -385,7 +381,7 @@ BEGIN
         SELECT c.id
         FROM (
             SELECT c.id, c.priority, c.run_at
-            FROM unnest(names, rooms, fairs, keyeds) AS e(queue, room, fair, keyed)
+            FROM unnest(_lease_jobs.rooms) AS e
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at
                 FROM pgq.jobs AS j
@@ -402,7 +398,7 @@ BEGIN
             -- rows for NULL). Inside this one statement: a query of its own would cost a claim
             -- more than the per-kind picks do.
             SELECT c.id, c.priority, c.run_at
-            FROM unnest(names, rooms, fairs, keyeds) AS e(queue, room, fair, keyed)
+            FROM unnest(_lease_jobs.rooms) AS e
             CROSS JOIN (SELECT DISTINCT w.kind FROM unnest(_lease_jobs.kinds) AS w(kind)) AS k
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at

@@ -303,6 +303,8 @@ DECLARE
     wait_on    bigint[] := enqueue.depends_on;
     wait_mode  text := enqueue.dependency_mode;
     r          record;
+    prior_timeout text;  -- the caller's lock_timeout, while a keyed insert bounds its own
+    held_by    bigint;   -- the live job that holds the unique_key
 BEGIN
     -- Every argument checked in one plain expression (no query, no nested call); only a call that
     -- fails it runs the checks that name the bad argument and raise. (The nested checks cost about
@@ -363,6 +365,9 @@ BEGIN
     END IF;
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
+    END IF;
+    IF q.key_limited OR q.rate_limited THEN
+        PERFORM pgq._ready_limits(q, enqueue.concurrency_key);  -- the rows its claims hold (keys.sql)
     END IF;
     IF enqueue.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue.batch);
@@ -425,31 +430,45 @@ BEGIN
                 pgq._now() + enqueue.max_lifetime)
         RETURNING j.id INTO new_id;
     ELSE
-        LOOP
-            INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
-                                       unique_key, tenant, max_run_time, meta, concurrency_key,
-                                       state, depends_on, dependencies_left, dependency_mode, batch_id,
-                                       notify_finished, start_by, expires_at)
-            VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
-                    coalesce(enqueue.max_attempts, q.max_attempts), job_key, job_tenant,
-                    enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key, new_state, dep_ids,
-                    left_count, mode, enqueue.batch, enqueue.notify_finished, enqueue.start_by,
-                    pgq._now() + enqueue.max_lifetime)
-            ON CONFLICT (queue, unique_key)
-                WHERE unique_key IS NOT NULL AND state IN ('waiting', 'pending', 'running', 'outcome_unknown')
-                DO NOTHING
-            RETURNING j.id INTO new_id;
-            EXIT WHEN FOUND;
-            -- A live job holds this unique_key: hand back its id. If it finished in the meantime,
-            -- the key is free again and the INSERT is tried once more.
-            SELECT j.id INTO new_id
-            FROM pgq.jobs AS j
-            WHERE j.queue = enqueue.queue AND j.unique_key = job_key
-              AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
-            IF FOUND THEN
-                RETURN new_id;
-            END IF;
-        END LOOP;
+        -- The insert of a new holder waits (the unique index) for another transaction that inserted
+        -- a job of this key and has not ended, another producer's open transaction say: at most
+        -- 5 s (or the caller's shorter lock_timeout), then 55P03 naming the key. (A key a committed
+        -- job holds is answered before any insert, without a wait.)
+        prior_timeout := pgq._bound_lock_timeout(interval '5 seconds');
+        BEGIN
+            LOOP
+                INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
+                                           unique_key, tenant, max_run_time, meta, concurrency_key,
+                                           state, depends_on, dependencies_left, dependency_mode, batch_id,
+                                           notify_finished, start_by, expires_at)
+                VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
+                        coalesce(enqueue.max_attempts, q.max_attempts), job_key, job_tenant,
+                        enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key, new_state, dep_ids,
+                        left_count, mode, enqueue.batch, enqueue.notify_finished, enqueue.start_by,
+                        pgq._now() + enqueue.max_lifetime)
+                ON CONFLICT (queue, unique_key)
+                    WHERE unique_key IS NOT NULL AND state IN ('waiting', 'pending', 'running', 'outcome_unknown')
+                    DO NOTHING
+                RETURNING j.id INTO new_id;
+                EXIT WHEN FOUND;
+                -- A live job holds this unique_key: hand back its id. If it finished in the
+                -- meantime, the key is free again and the INSERT is tried once more.
+                SELECT j.id INTO held_by
+                FROM pgq.jobs AS j
+                WHERE j.queue = enqueue.queue AND j.unique_key = job_key
+                  AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
+                EXIT WHEN FOUND;
+            END LOOP;
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION 'pgq: unique_key % of queue % is being enqueued by another transaction that has not ended; '
+                            'gave up after lock_timeout %', job_key, enqueue.queue, current_setting('lock_timeout')
+                USING ERRCODE = 'lock_not_available',
+                      HINT = 'Try again once it has committed (its job then holds the key) or rolled back.';
+        END;
+        PERFORM set_config('lock_timeout', prior_timeout, true);
+        IF held_by IS NOT NULL THEN
+            RETURN held_by;
+        END IF;
     END IF;
     IF job_key IS NULL AND enqueue.unique_key IS NOT NULL THEN
         -- The successor behind a started holder (pgq._replace_key): later replace calls update it.
@@ -577,6 +596,9 @@ BEGIN
     END IF;
     IF q.fair THEN
         job_tenant := pgq._fair_tenant(q.name, job_tenant);
+    END IF;
+    IF q.key_limited OR q.rate_limited THEN
+        PERFORM pgq._ready_limits(q, enqueue_many.concurrency_key);  -- the rows its claims hold (keys.sql)
     END IF;
     IF enqueue_many.batch IS NOT NULL THEN
         PERFORM pgq._join_batch(enqueue_many.batch);

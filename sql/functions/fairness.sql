@@ -1,14 +1,39 @@
 -- sql/functions/fairness.sql: fair queues: tenants served by weighted round-robin.
 
--- The tenant a job of a fair queue is stored under ('' for none), registered in pgq.tenants.
-CREATE OR REPLACE FUNCTION pgq._fair_tenant(queue text, tenant text) RETURNS text
+-- The tenant a job of a fair queue is stored under ('' for none), registered in pgq.tenants. A
+-- tenant's first job inserts its row, which waits (the primary key) for another transaction that
+-- inserted it and has not ended (another producer's open transaction that enqueued the tenant's
+-- first job): a producer's enqueue (`patient`) at most 5 s (or its shorter lock_timeout), then
+-- 55P03 naming the tenant; a claim's or a sweep's firing of a schedule and a batch's callback in a
+-- worker's end at most 1 ms, then NULL: the caller leaves the job to a later call. A registered
+-- tenant (the usual case) is read, not inserted: no wait at all.
+CREATE OR REPLACE FUNCTION pgq._fair_tenant(queue text, tenant text, patient boolean DEFAULT true) RETURNS text
     LANGUAGE plpgsql
     AS $$
 DECLARE
     stored text := coalesce(_fair_tenant.tenant, '');
+    prior  text;
 BEGIN
-    INSERT INTO pgq.tenants AS t (queue, tenant) VALUES (_fair_tenant.queue, stored)
-    ON CONFLICT DO NOTHING;
+    IF EXISTS (SELECT FROM pgq.tenants AS t WHERE t.queue = _fair_tenant.queue AND t.tenant = stored) THEN
+        RETURN stored;
+    END IF;
+    prior := pgq._bound_lock_timeout(CASE WHEN _fair_tenant.patient THEN interval '5 seconds'
+                                          ELSE interval '1 millisecond' END);
+    BEGIN
+        INSERT INTO pgq.tenants AS t (queue, tenant) VALUES (_fair_tenant.queue, stored)
+        ON CONFLICT DO NOTHING;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM set_config('lock_timeout', prior, true);
+        IF NOT _fair_tenant.patient THEN
+            RETURN NULL;
+        END IF;
+        RAISE EXCEPTION 'pgq: tenant % of queue % is being registered by another transaction that has not ended '
+                        '(its first job); gave up after lock_timeout %', quote_literal(stored), _fair_tenant.queue,
+                        current_setting('lock_timeout')
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'Try again once it has committed or rolled back.';
+    END;
+    PERFORM set_config('lock_timeout', prior, true);
     RETURN stored;
 END
 $$;

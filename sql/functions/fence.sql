@@ -17,8 +17,8 @@ CREATE OR REPLACE FUNCTION pgq._fence_step() RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT 100000 $$;
 
--- The slow path of the fence check in pgq.claim, once per session: when the fences were last
--- moved on another timeline (this server was promoted, or restored), moves them now. In one
+-- The slow path of the fence check in pgq.claim, when the fence row names another timeline than
+-- this server's (it was promoted, or restored): moves the fences now. In one
 -- transaction that locks the fence row (so concurrent first claims take turns, and the later
 -- ones find the work done), every job that is not done gets attempt_skip raised by
 -- _fence_step() per timeline passed: its next claim issues attempt + 1 + attempt_skip, and
@@ -26,8 +26,7 @@ CREATE OR REPLACE FUNCTION pgq._fence_step() RETURNS integer
 -- old primary handed out is issued again. A job running here keeps its attempt: this server's
 -- record of it is the claim that handed that number out, once, to the owner that holds it.
 -- Done jobs are final and never claimed again; failed and cancelled ones may be retried, so
--- they are moved too. Marks the session as checked (the setting pgq.fence, which a transaction
--- that rolls back also rolls back): a session never outlives a timeline change.
+-- they are moved too.
 CREATE OR REPLACE FUNCTION pgq._check_timeline() RETURNS void
     LANGUAGE plpgsql
     AS $$
@@ -74,6 +73,5 @@ BEGIN
                 fenced.timeline, current_timeline, moved, step;
         END IF;
     END IF;
-    PERFORM set_config('pgq.fence', current_timeline::text, false);
 END
 $$;

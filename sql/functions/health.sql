@@ -122,6 +122,36 @@ BEGIN
         RETURN QUERY SELECT 'ok', 'oldest_snapshot',
             format('no snapshot older than %s', _health_sessions.max_snapshot_age / 2), NULL::text;
     END IF;
+
+    -- 6. Transactions that hold concurrency keys (their claims locked the keys' rows, pgq.key_locks)
+    -- for long: every other claim of those keys leaves them out until they end. Found by the lock
+    -- on the table (pg_locks), so that the rows, counted by their locker (xmax), are read only
+    -- when there is such a transaction.
+    found_any := false;
+    FOR r IN
+        SELECT a.pid, a.usename, a.state, clock_timestamp() - a.xact_start AS age,
+               (SELECT count(DISTINCT (k.queue, k.key)) FROM pgq.key_locks AS k WHERE k.xmax = a.backend_xid) AS keys
+        FROM pg_stat_activity AS a
+        WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+          AND clock_timestamp() - a.xact_start > _health_sessions.max_snapshot_age / 2
+          AND EXISTS (SELECT FROM pg_locks AS l
+                      WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.relation = 'pgq.key_locks'::regclass
+                        AND l.mode = 'RowShareLock' AND l.granted)
+        ORDER BY a.xact_start
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.age > _health_sessions.max_snapshot_age THEN 'critical' ELSE 'warning' END,
+            'held_keys',
+            format('pid %s (%s, %s) has held %s key(s) of key-limited queues for %s: other claims leave '
+                   'those keys out until it ends', r.pid, r.usename, r.state, r.keys, date_trunc('second', r.age)),
+            'A transaction that claimed keyed jobs has not ended: end it (pg_terminate_backend), and set '
+            'idle_in_transaction_session_timeout.';
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'held_keys',
+            format('no transaction has held keys for more than %s', _health_sessions.max_snapshot_age / 2), NULL::text;
+    END IF;
 END
 $$;
 
@@ -199,7 +229,7 @@ BEGIN
 
     RETURN QUERY SELECT * FROM pgq._health_sessions(health.max_snapshot_age);
 
-    -- 6. Dead tuples and vacuum of pgq's tables; index sizes, for the record.
+    -- 7. Dead tuples and vacuum of pgq's tables; index sizes, for the record.
     FOR r IN
         SELECT s.relname, s.n_live_tup, s.n_dead_tup, greatest(s.last_autovacuum, s.last_vacuum) AS vacuumed
         FROM pg_stat_user_tables AS s WHERE s.schemaname = 'pgq' ORDER BY s.relname
@@ -222,5 +252,5 @@ END
 $$;
 COMMENT ON FUNCTION pgq.health(interval, interval) IS
     'One row per finding (severity ok / warning / critical, check, detail, hint): expired leases, '
-    'waiting jobs, kinds no worker claims, outcome_unknown jobs, blocked sessions, old snapshots, dead '
+    'waiting jobs, kinds no worker claims, outcome_unknown jobs, blocked sessions, old snapshots, held keys, dead '
     'tuples, index sizes.';

@@ -359,8 +359,8 @@ CREATE OR REPLACE FUNCTION pgq.queue_settings(queue text DEFAULT NULL)
     SET search_path = pgq, pg_temp
     AS $$
     SELECT pgq._existing_queue('queue', queue_settings.queue) WHERE queue_settings.queue IS NOT NULL;
-    -- (rate_tat: when the queue's bucket is full again, from its shards, pgq.rate_buckets, which
-    -- hold its state since migration 0016.)
+    -- (rate_tat: when the queue's rate is whole again, from its slices, pgq.rate_slices, which
+    -- hold its state since migration 0020: pgq._bucket_full_at.)
     SELECT (jsonb_populate_record(q, jsonb_build_object('rate_tat', pgq._bucket_full_at(q.name)))).*
     FROM pgq.queues AS q
     WHERE queue_settings.queue IS NULL OR q.name = queue_settings.queue

@@ -111,10 +111,11 @@ BEGIN
     END IF;
     -- Keeps pgq.finished_deltas short where no exporter calls pgq.metrics().
     PERFORM pgq._fold_finished();
-    -- Forgets the per-key rate limits' buckets that are full again.
+    -- Forgets the per-key rate limits' buckets that are full again, and old keys' rows (keys.sql).
     IF EXISTS (SELECT FROM pgq.key_rates) THEN
         PERFORM pgq._prune_key_rates(sweep.max_jobs);
     END IF;
+    PERFORM pgq._prune_key_locks(sweep.max_jobs);
     RETURN total;
 END
 $$;

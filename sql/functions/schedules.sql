@@ -144,7 +144,9 @@ BEGIN
         END IF;
         job_tenant := s.tenant;
         IF q.fair THEN
-            job_tenant := pgq._fair_tenant(q.name, job_tenant);
+            job_tenant := pgq._fair_tenant(q.name, job_tenant, patient => false);
+            -- (NULL: another transaction is registering the tenant: the schedule stays due)
+            CONTINUE WHEN job_tenant IS NULL;
         END IF;
         INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant, schedule)
         VALUES (s.queue, s.kind, s.payload, s.priority, fire, coalesce(s.max_attempts, q.max_attempts),

@@ -104,11 +104,12 @@ CREATE OR REPLACE FUNCTION pgq.signal(queue text, name text, payload jsonb DEFAU
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
-    SET lock_timeout = '5s'
     AS $$
 DECLARE
     q pgq.queues;
     woken integer;
+    prior_timeout text;
+    first boolean;
 BEGIN
     PERFORM pgq._check_name('queue', signal.queue);
     PERFORM pgq._check_signal_name(signal.name);
@@ -117,9 +118,14 @@ BEGIN
     IF q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'signal') THEN
         PERFORM pgq._denied(q.name, 'signal');
     END IF;
+    -- The insert waits (the signal's key) for another transaction sending this very signal, and (its
+    -- foreign key) for a drop of the queue in flight: at most 5 s, or the caller's shorter
+    -- lock_timeout, then 55P03.
+    prior_timeout := pgq._bound_lock_timeout(interval '5 seconds');
     BEGIN
         INSERT INTO pgq.signals AS s (queue, name, payload) VALUES (signal.queue, signal.name, signal.payload)
         ON CONFLICT ON CONSTRAINT signals_pkey DO NOTHING;
+        first := FOUND;
     EXCEPTION WHEN lock_not_available THEN
         RAISE EXCEPTION 'pgq: signal % of queue % is being sent by a transaction that has not ended (or the '
                         'queue is being dropped); gave up after lock_timeout %', quote_literal(signal.name),
@@ -127,7 +133,8 @@ BEGIN
             USING ERRCODE = 'lock_not_available',
                   HINT = 'Try again once it has ended: if it committed, the signal is sent (the first of a name wins).';
     END;
-    IF NOT FOUND THEN
+    PERFORM set_config('lock_timeout', prior_timeout, true);
+    IF NOT first THEN
         RETURN 0;  -- sent before: the first wins
     END IF;
     woken := pgq._wake_waiters(signal.queue, signal.name, signal.payload, 1000);

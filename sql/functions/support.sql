@@ -60,6 +60,25 @@ BEGIN
 END
 $$;
 
+-- Bounds the waits of the rest of this transaction's statements to `longest` (SET LOCAL
+-- lock_timeout), unless the caller's lock_timeout is shorter already; returns the caller's value,
+-- which the caller of this function sets back (set_config(..., true)) once its bounded statement is
+-- done. For a statement that may wait for another login's open transaction and must not wait
+-- forever (pgq.enqueue's insert of a new holder of a unique_key).
+CREATE OR REPLACE FUNCTION pgq._bound_lock_timeout(longest interval) RETURNS text
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    prior text := current_setting('lock_timeout');
+BEGIN
+    IF prior = '0' OR prior::interval > _bound_lock_timeout.longest THEN
+        PERFORM set_config('lock_timeout', (extract(epoch FROM _bound_lock_timeout.longest) * 1000)::bigint || 'ms',
+                           true);
+    END IF;
+    RETURN prior;
+END
+$$;
+
 -- The schema version: the number of the newest migration. Every migration redefines it (and
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
