@@ -463,7 +463,7 @@ def batch_open(callback_queue: str, callback_kind: str, callback_payload: dict[s
         "callback_queue": callback_queue, "callback_kind": callback_kind,
         "callback_payload": _json("callback_payload", {} if callback_payload is None else callback_payload),
         "run_when": run_when,
-        "joiners": None if joiners is None else [joiners] if isinstance(joiners, str) else list(joiners),
+        "joiners": [joiners] if isinstance(joiners, str) else _names("joiners", joiners),
     }, _count)
 
 

@@ -42,7 +42,8 @@ def _deep(depth: int = 100_000) -> dict[str, Any]:
 # and those of a wrong type (BadArgumentType). A new annotation must be added here.
 FINE: dict[str, Any] = {"str": "q", "int": 1, "Interval": 30, "bool": True, "datetime": None, "Any": None,
                         "CallerConnection": None, "dict[str, Any]": {}, "Sequence[str]": ["q"],
-                        "Sequence[int]": [1], "Sequence[dict[str, Any]]": [{}], "Sequence[str | None]": ["q"]}
+                        "Sequence[int]": [1], "Sequence[dict[str, Any]]": [{}], "Sequence[str | None]": ["q"],
+                        "Sequence[str] | str": ["q"]}
 _BAD_JSON = [_deep(), {"a": math.nan}, {"a": math.inf}, {"a": "nul \x00 inside"}, {"a": "lone \ud800"},
              {"\udcff": 1}, {"a": 10 ** 5000}, {"a": object()}]
 REFUSED: dict[str, list[Any]] = {
@@ -53,6 +54,7 @@ REFUSED: dict[str, list[Any]] = {
     "Any": _BAD_JSON,
     "Sequence[str]": [["q", "r\udcff"], ["q\x00"]],
     "Sequence[str | None]": [[None, "r\udcff"], ["q\x00"]],
+    "Sequence[str] | str": [["q", "r\udcff"], ["q\x00"], "q\udcff", "q\x00"],
     "Sequence[int]": [[1, 2 ** 63]],
     "Sequence[dict[str, Any]]": [[{}, {"a": math.nan}], [_deep()]],
     "bool": [], "datetime": [], "CallerConnection": [],
@@ -63,6 +65,7 @@ WRONG_TYPE: dict[str, list[Any]] = {
     "Interval": ["30s", True, b"1"],
     "Sequence[str]": ["emails", b"emails", ["q", 5]],
     "Sequence[str | None]": ["emails", b"emails", [None, 5]],
+    "Sequence[str] | str": [b"emails", ["q", 5], 5],
     "Sequence[int]": ["1", [1.5], [True]],
     "Sequence[dict[str, Any]]": [{"a": 1}, "x"],
     "bool": ["yes", 1],

@@ -298,9 +298,10 @@ def test_0017_behind_a_reader_of_the_jobs_gives_up_changing_nothing_and_runs_aga
 
 
 def test_0020_waits_for_a_keyed_claim_in_flight_whose_running_job_then_still_holds_its_key(upgraded):
-    """A claim of the old source in flight when 0020 runs holds a key's hash slot: the migration
-    waits for it (its EXCLUSIVE lock on pgq.key_slots), so the job it claimed is running, and
-    counted, when the new source's first claim of the key comes: never two of the key at once."""
+    """A claim of the old source in flight when the upgrade runs holds a key's hash slot: the
+    migration waits for it (from 0018, 0019's trigger rename waits for its lock on pgq.jobs; from
+    0019, 0020's EXCLUSIVE lock on pgq.key_slots), so the job it claimed is running, and counted,
+    when the new source's first claim of the key comes: never two of the key at once."""
     dsn = upgraded
     _migrate_to(dsn, "git:5e1aa62")  # 0018, with the source that holds keys by pgq.key_slots
     with psycopg.connect(dsn, autocommit=True) as su:
@@ -319,9 +320,10 @@ def test_0020_waits_for_a_keyed_claim_in_flight_whose_running_job_then_still_hol
 
             migration = threading.Thread(target=run)
             migration.start()
-            wait_for(lambda: one(su, "SELECT count(*) FROM pg_locks WHERE NOT granted "
-                                     "AND relation = 'pgq.key_slots'::regclass") > 0,
-                     "the migration to wait for the claim's slot")
+            claimer = one(inflight, "SELECT pg_backend_pid()")
+            wait_for(lambda: one(su, "SELECT count(*) FROM pg_stat_activity "
+                                     "WHERE %s = ANY (pg_blocking_pids(pid))", (claimer,)) > 0,
+                     "the migration to wait for the claim in flight")
             assert one(su, "SELECT pgq.version()") == "18"
             inflight.commit()
             migration.join(timeout=120)

@@ -118,7 +118,7 @@ def _part_b(h: Harness, v: Verdict) -> dict:  # type: ignore[type-arg]
         rounds = r
         steps = h.round(f"B{r}", [(w, f"B{r}_{w.name}_claim", CLAIM_KEYED,
                                    {"worker": w.name, "queue": q, "batch": 3}) for w in workers])
-        blocked += sum(s.blocked for s in steps)
+        blocked += sum(s.lock_wait for s in steps)  # (not a brief relation-extension wait)
         # A claim that found the keys it met held by other claims (tried locks) came back empty: the
         # worker claims once more after the others, as its next poll would, so that every worker
         # has a claim in each round whatever the scheduling (and a key can reach its limit).

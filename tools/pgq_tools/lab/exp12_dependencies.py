@@ -137,7 +137,7 @@ def run(h: Harness) -> Verdict:
         steps = h.round(f"race_{r}", [(a, f"a_end_{r}", ender[0], ender[1]),
                                       (producer, f"producer_enqueue_{r}", ENQUEUE_DEPENDANT,
                                        {"queue": "lab-race-after", "deps": [dep]})])
-        blocked += sum(s.blocked or s.lock_wait for s in steps)
+        blocked += sum(s.lock_wait for s in steps)
         early_race += h.step(obs, f"obs_race_early_{r}", EARLY, {"id": steps[1].value}).value
         if not all(s.ok for s in steps):
             wrong.append((r, dep, "error", "", [s.outcome for s in steps]))
