@@ -30,6 +30,7 @@ from pgq_thin.models import (
     Job,
     JobEvent,
     JobLink,
+    JobOutcome,
     JobRecord,
     JobResult,
     Privileges,
@@ -40,6 +41,10 @@ from pgq_thin.models import (
     QueueStats,
     QueueStatus,
     Schedule,
+    SignalAnswer,
+    SleepAnswer,
+    StepLookup,
+    StepRecord,
     TenantSettings,
     UnreadableJson,
     record,
@@ -93,13 +98,13 @@ _PYTHON_NAMES = {"id": "job_id", "ids": "job_ids"}
 _WANT: dict[str, type] = {
     **dict.fromkeys(("queue", "kind", "worker", "unique_key", "tenant", "error", "note", "state", "name", "cron",
                      "timezone", "role", "privilege", "concurrency_key", "key", "dependency_mode",
-                     "callback_queue", "callback_kind", "run_when", "on_conflict"), str),
+                     "callback_queue", "callback_kind", "run_when", "on_conflict", "after_name"), str),
     **dict.fromkeys(("priority", "max_attempts", "batch", "id", "attempt", "max_jobs", "max_running", "weight",
                      "limit_rows", "before_id", "key_max_running", "rate_limit", "key_rate_limit", "batch_id",
                      "after_id"), int),
     **dict.fromkeys(("retryable", "notify", "audit", "fair", "skip_if_running", "enabled", "notify_finished"),
                     bool),
-    **dict.fromkeys(("finished_before", "created_before"), datetime),
+    **dict.fromkeys(("finished_before", "created_before", "start_by"), datetime),
 }
 
 _INT8 = 2 ** 63
@@ -356,6 +361,8 @@ def enqueue(
     batch: int | None = None,
     notify_finished: bool = False,
     on_conflict: str = "keep",
+    start_by: datetime | None = None,
+    max_lifetime: Interval | None = None,
     conn: CallerConnection | None = None,
 ) -> Call[int]:
     """pgq.enqueue: add one job, now or at ``run_at``; returns its id. With ``conn``, the job
@@ -373,7 +380,9 @@ def enqueue(
     ``"replace"`` gives that job, if it has not started (pending, scheduled or waiting), this
     call's payload, run_at, priority, meta and max_attempts and answers its id, and enqueues a new
     job (run after it) if it is running. Debounce: ``on_conflict="replace"``,
-    ``run_at=now + delay``."""
+    ``run_at=now + delay``. ``start_by``: a job not claimed by then is cancelled, never handed out;
+    ``max_lifetime``: one still alive that long after its enqueue (across attempts, sleeps and
+    waits) fails."""
 
     def read(rows: list[Any]) -> int:
         job_id = int(rows[0][0])
@@ -387,7 +396,7 @@ def enqueue(
         "meta": _meta(meta, trace_context),
         "concurrency_key": concurrency_key, "depends_on": _ints("depends_on", depends_on),
         "dependency_mode": dependency_mode, "batch": batch, "notify_finished": notify_finished,
-        "on_conflict": on_conflict,
+        "on_conflict": on_conflict, "start_by": start_by, "max_lifetime": _interval("max_lifetime", max_lifetime),
     }, read, conn=conn)
 
 
@@ -498,6 +507,102 @@ def job_links(job_id: int, limit_rows: int = 100) -> Call[list[JobLink]]:
     ('dependant'), each by id and at most ``limit_rows`` of each, with their queue, kind and state."""
     return Call(queries.JOB_LINKS, {"id": job_id, "limit_rows": limit_rows},
                 lambda rows: [JobLink(*r) for r in rows])
+
+
+# Durable execution ----------------------------------------------------------------------------------
+# The owner's calls answer "not yours" (a stale attempt, another login's) as the other owner calls
+# do: None, False or nothing, never an exception.
+
+
+def _one(make: Callable[[Any], T]) -> Callable[[list[Any]], T | None]:
+    """Reads the one row of an owner call that answers no row when the attempt is not ours."""
+    return lambda rows: make(rows[0]) if rows else None
+
+
+def get_step(job_id: int, attempt: int, name: str) -> Call[StepLookup | None]:
+    """pgq.get_step: whether step ``name`` of our running attempt's job is recorded, and its result
+    (``StepLookup(False, None)`` while it is not); None when the attempt is not ours."""
+    return Call(queries.GET_STEP, {"id": job_id, "attempt": attempt, "name": name},
+                _one(lambda r: StepLookup(bool(r[0]), r[1])))
+
+
+def get_steps(job_id: int, attempt: int, after_name: str | None = None,
+              limit_rows: int = 1000) -> Call[dict[str, Any]]:
+    """pgq.get_steps: the recorded steps of our running attempt's job, name -> result, in name order
+    after ``after_name``, at most ``limit_rows`` (1 to 10000); empty when the attempt is not ours. A
+    worker reads them once per attempt: each step then costs one call (its record) or none."""
+    return Call(queries.GET_STEPS, {"id": job_id, "attempt": attempt, "after_name": after_name,
+                                    "limit_rows": limit_rows}, lambda rows: {r[0]: r[1] for r in rows})
+
+
+def record_step(job_id: int, attempt: int, name: str, result: Any,
+                conn: CallerConnection | None = None) -> Call[bool]:
+    """pgq.record_step: record step ``name`` of our running attempt with its ``result`` (any JSON
+    value; the first record of a name wins, a later one keeps it: True); False when the attempt is
+    not ours. With ``conn``, in that connection's transaction, with the step's own writes: call it
+    last, then commit (roll back on False)."""
+    return Call(queries.RECORD_STEP, {"id": job_id, "attempt": attempt, "name": name,
+                                      "result": _json("result", result)}, _flag, conn=conn)
+
+
+def sleep(job_id: int, attempt: int, name: str, delay: Interval) -> Call[SleepAnswer | None]:
+    """pgq.sleep: a durable sleep. Step ``name`` records now + ``delay`` once; while that time is
+    ahead, the attempt ends until then (``status`` "sleeping": return without completing), after it
+    ``status`` is "awake". None when the attempt is not ours."""
+    return Call(queries.SLEEP, {"id": job_id, "attempt": attempt, "name": name, "delay": _interval("delay", delay)},
+                _one(lambda r: SleepAnswer(r[0], r[1])))
+
+
+def await_signal(job_id: int, attempt: int, name: str, timeout: Interval | None = None) -> Call[SignalAnswer | None]:
+    """pgq.await_signal: the signal ``name`` of our job's queue: "arrived" with its payload,
+    "timed_out" once the wait passed ``timeout`` (None: no timeout), or "waiting": the job is parked
+    until one of them (return without completing; it runs again from the top). None when the
+    attempt is not ours."""
+    return Call(queries.AWAIT_SIGNAL, {"id": job_id, "attempt": attempt, "name": name,
+                                       "timeout": _interval("timeout", timeout)},
+                _one(lambda r: SignalAnswer(r[0], r[1])))
+
+
+def spawn(job_id: int, attempt: int, name: str, queue: str, kind: str,
+          payload: dict[str, Any] | None = None) -> Call[int | None]:
+    """pgq.spawn: enqueue the child ``name`` of our running attempt's job once (a later call returns
+    the same id); it carries the workflow's root. None when the attempt is not ours."""
+    return Call(queries.SPAWN, {"id": job_id, "attempt": attempt, "name": name, "queue": queue, "kind": kind,
+                                "payload": _json("payload", {} if payload is None else payload)}, _value)
+
+
+def await_jobs(job_id: int, attempt: int, job_ids: Sequence[int]) -> Call[str | None]:
+    """pgq.await_jobs: "ended" when every one of ``job_ids`` has ended, else "waiting": our job is
+    parked until they have (return without completing; ``job_outcomes`` reads how they ended once it
+    runs again). None when the attempt is not ours."""
+    return Call(queries.AWAIT_JOBS, {"id": job_id, "attempt": attempt, "ids": _ints("ids", job_ids)}, _value)
+
+
+def job_outcomes(job_id: int, attempt: int, job_ids: Sequence[int]) -> Call[list[JobOutcome]]:
+    """pgq.job_outcomes: how the jobs ``job_ids`` (1 to 1000) ended, by id, for our running attempt:
+    its workflow's members and the jobs whose result our login may read (others: state None)."""
+    return Call(queries.JOB_OUTCOMES, {"id": job_id, "attempt": attempt, "ids": _ints("ids", job_ids)},
+                lambda rows: [JobOutcome(*r) for r in rows])
+
+
+def signal(queue: str, name: str, payload: dict[str, Any] | None = None) -> Call[int]:
+    """pgq.signal: send signal ``name`` to ``queue`` with ``payload`` (the first of a name wins, a
+    later one changes nothing) and wake the queue's jobs waiting for it; returns how many it woke."""
+    return Call(queries.SIGNAL, {"queue": queue, "name": name,
+                                 "payload": _json("payload", {} if payload is None else payload)}, _count)
+
+
+def job_steps(job_id: int, limit_rows: int = 1000, after_name: str | None = None) -> Call[list[StepRecord]]:
+    """pgq.job_steps: the job's recorded steps, by name (to whoever may read its result; JobNotFound
+    otherwise)."""
+    return Call(queries.JOB_STEPS, {"id": job_id, "limit_rows": limit_rows, "after_name": after_name},
+                lambda rows: [StepRecord(*r) for r in rows])
+
+
+def cancel_workflow(job_id: int) -> Call[int]:
+    """pgq.cancel_workflow: cancel the unfinished jobs of the workflow of ``job_id`` (its root and
+    everything spawned under it), at most 10000 per call: call again until it returns 0."""
+    return Call(queries.CANCEL_WORKFLOW, {"id": job_id}, _count)
 
 
 # Workers ------------------------------------------------------------------------------------------
@@ -968,6 +1073,17 @@ class PgqCalls:
     job_result = Method(job_result)
     dependency_results = Method(dependency_results)
     job_links = Method(job_links)
+    get_step = Method(get_step)
+    get_steps = Method(get_steps)
+    record_step = Method(record_step)
+    sleep = Method(sleep)
+    await_signal = Method(await_signal)
+    spawn = Method(spawn)
+    await_jobs = Method(await_jobs)
+    job_outcomes = Method(job_outcomes)
+    signal = Method(signal)
+    job_steps = Method(job_steps)
+    cancel_workflow = Method(cancel_workflow)
 
 
 #: Every call: each client has one method of each name.

@@ -24,8 +24,8 @@ import psycopg
 from pgq_thin import __version__, queries
 from pgq_thin.client import Client, bulk_calls, resolve_dsn
 from pgq_thin.durations import format_duration, parse_duration
-from pgq_thin.errors import BadArgument, PgqError, WaitTimeout, translate
-from pgq_thin.models import JobResult, UnreadableJson, error_summary
+from pgq_thin.errors import BadArgument, JobNotFound, PermissionDenied, PgqError, WaitTimeout, translate
+from pgq_thin.models import JobRecord, JobResult, StepRecord, UnreadableJson, error_summary
 from pgq_thin.worker import AsyncWorker, Worker
 
 # What the command prints ---------------------------------------------------------------------------
@@ -287,7 +287,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                 "unique_key": args.unique_key, "tenant": args.tenant, "max_run_time": args.max_run_time,
                 "concurrency_key": args.concurrency_key, "depends_on": args.depends_on,
                 "dependency_mode": args.dependency_mode, "batch": args.batch,
-                "notify_finished": args.notify_finished, "on_conflict": args.on_conflict}
+                "notify_finished": args.notify_finished, "on_conflict": args.on_conflict,
+                "start_by": args.start_by, "max_lifetime": args.max_lifetime}
     with _client(args) as client:
         if args.unique_key is None:
             job_id = client.enqueue(args.queue, args.kind, payload, **settings)
@@ -302,6 +303,17 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     say(job_id)
     if existing:
         say(f"pgq-thin: existing job {job_id} (unique key {args.unique_key}): nothing enqueued", err=True, lines=False)
+    return 0
+
+
+def cmd_signal(args: argparse.Namespace) -> int:
+    payload = _payload(args.payload)
+    with _client(args) as client:
+        woken = client.signal(args.queue, args.name, payload)
+    say(woken)
+    if woken == 0:
+        say(f"pgq-thin: no job of queue {_fmt(args.queue)} was waiting for {_fmt(args.name)} (or it was sent "
+            "before: the first signal of a name wins)", err=True, lines=False)
     return 0
 
 
@@ -584,16 +596,51 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-#: Linked jobs (dependencies, dependants) pgq-thin job shows of each relation.
+#: Linked jobs (dependencies, dependants, parent, children, awaited) pgq-thin job shows of each relation.
 LINKS_SHOWN = 100
+#: Recorded steps pgq-thin job shows (pgq.job_steps' first page, by name).
+STEPS_SHOWN = 100
+#: The SQLSTATE of a call of a function the schema does not have (older than this pgq-thin).
+UNDEFINED_FUNCTION = "42883"
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _steps_of(client: Client, job_id: int) -> list[StepRecord] | None:
+    """The job's recorded steps (pgq.job_steps, the first STEPS_SHOWN); None when the login may not read
+    them (job_result's rule) or the schema has none (before migration 0022)."""
+    try:
+        return client.job_steps(job_id, STEPS_SHOWN)
+    except (JobNotFound, PermissionDenied):
+        return None
+    except PgqError as exc:
+        if exc.sqlstate == UNDEFINED_FUNCTION:
+            return None
+        raise
+
+
+def _waits_for(j: JobRecord) -> str | None:
+    """What a parked job waits for: a signal (until its timeout), or the jobs it awaits."""
+    if j.state != "waiting":
+        return None
+    if j.wait_signal is not None:
+        return f"signal {_fmt(j.wait_signal)}" + (f" until {j.wake_at}" if j.wake_at else " (no timeout)")
+    if j.last_event == "awaiting_jobs":
+        return f"{j.dependencies_left} awaited job(s) to end"
+    return None
 
 
 def cmd_job(args: argparse.Namespace) -> int:
     with _client(args) as client:
         j = client.get_job(args.id)
         history = client.job_history(args.id)
+        steps = _steps_of(client, args.id)
         # Asked only of a job that has any (a schema before migration 0017 has neither function).
-        links = client.job_links(args.id, LINKS_SHOWN) if j.depends_on or j.has_dependants else []
+        linked = (j.depends_on or j.has_dependants or j.parent_id is not None or j.state == "waiting"
+                  or any(isinstance(s.result, dict) and set(s.result) == {"job_id"} for s in steps or []))
+        links = client.job_links(args.id, LINKS_SHOWN) if linked else []
         batch = client.batch_status(j.batch_id) if j.batch_id is not None else None
     say(f"job {j.id}: {j.state} (attempt {j.attempt} of {j.max_attempts}), queue {_fmt(j.queue)}, kind {_fmt(j.kind)}")
     fields = [("payload", _json(j.payload)), ("result", _json(j.result)), ("last error", j.last_error),
@@ -604,11 +651,15 @@ def cmd_job(args: argparse.Namespace) -> int:
               ("batch", j.batch_id), ("created at", j.created_at), ("enqueued by", j.enqueued_by),
               ("run at", j.run_at), ("claimed by", j.claimed_by),
               ("claimed at", j.claimed_at), ("login", j.session_role), ("lease until", j.lease_until),
-              ("finished at", j.finished_at)]
+              ("finished at", j.finished_at), ("workflow", j.workflow_id), ("start by", j.start_by),
+              ("expires at", j.expires_at),
+              ("waits for", _waits_for(j))]
     for name, value in fields:
         text = _fmt(value, lines=name == "last error")  # a traceback keeps its lines; the rest, one each
         say(f"{name:<12} {text}" if "\n" not in text else f"{name:<12} " + text.replace("\n", "\n" + " " * 13))
-    for relation, title in (("dependency", "dependencies"), ("dependant", "dependants (jobs that wait for it)")):
+    for relation, title in (("dependency", "dependencies"), ("dependant", "dependants (jobs that wait for it)"),
+                            ("parent", "parent (the job that spawned it)"), ("child", "children (the jobs it spawned)"),
+                            ("awaiting", "awaiting (the jobs it waits for, not ended yet)")):
         rows = [link for link in links if link.relation == relation]
         if rows:
             say()
@@ -621,6 +672,11 @@ def cmd_job(args: argparse.Namespace) -> int:
         callback = f"{_fmt(batch.callback_queue)}/{_fmt(batch.callback_kind)} when {batch.run_when}"
         say(f"callback     {callback}: " + (f"job {batch.callback_job_id}" if batch.callback_job_id is not None
                                            else "not enqueued yet"))
+    if steps:
+        say()
+        say("steps" + (f" (the first {STEPS_SHOWN}, by name)" if len(steps) == STEPS_SHOWN else " (by name)"))
+        say(_table(["name", "attempt", "recorded at", "result"],
+                   [[s.name, s.attempt, _when_short(s.recorded_at), _cut(_json(s.result), 80)] for s in steps]))
     say()
     say("history (oldest first)")
     # A note of several lines (a failed attempt's traceback) is summed up in its row and printed
@@ -901,6 +957,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=batch_id, metavar="ID", help="a member of this open batch (pgq.batch_open)")
     p.add_argument("--notify-finished", action="store_true",
                    help="notify the job's end on the channel pgq_finished (pgq-thin wait returns at once)")
+    p.add_argument("--start-by", type=datetime.fromisoformat, metavar="TIME",
+                   help="ISO time: a job not claimed by then is cancelled, never handed out")
+    p.add_argument("--max-lifetime", type=duration, metavar="DURATION",
+                   help="a job still alive this long after its enqueue (e.g. 7d), across attempts, sleeps and waits, "
+                        "fails")
+
+    p = command("signal", cmd_signal, "send a signal to a queue: wakes its jobs waiting for it (pgq.signal; the "
+                "first signal of a name wins); prints how many it woke")
+    p.add_argument("queue")
+    p.add_argument("name", help="the signal's name, e.g. approved:order-7")
+    p.add_argument("payload", nargs="?", default="{}", help="a JSON object handed to each waiting job, or - to "
+                   "read it from stdin")
 
     p = command("wait", cmd_wait, "wait for a job to end and print its result as JSON (state, result, "
                 "last_error, finished_at); exits 0 when it is done, 1 when it failed or was cancelled (or "
@@ -1010,16 +1078,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--before", type=job_id, metavar="ID", help="only jobs older than this id (the next page)")
 
     p = command("job", cmd_job, "one job: its state, payload, result, last error, dependencies and dependants, "
-                "batch and attempt history")
+                "workflow (parent, children, awaited jobs, the signal it waits for), batch, steps and attempt history")
     p.add_argument("id", type=job_id)
 
-    for name, func, text in (("grant", cmd_grant, "let a role enqueue into, claim from or read a queue (once a "
+    for name, func, text in (("grant", cmd_grant, "let a role enqueue into, claim from, read or signal a queue (once a "
                               "queue has a grant of a privilege, only granted roles and pgq_admin have it)"),
                              ("revoke", cmd_revoke, "take back a grant of pgq-thin grant")):
         p = command(name, func, text)
         p.add_argument("queue")
         p.add_argument("role")
-        p.add_argument("privilege", choices=["enqueue", "claim", "read"])
+        p.add_argument("privilege", choices=["enqueue", "claim", "read", "signal"])
 
     p = command("grants", cmd_grants, "the per-queue grants (pgq.queue_grants)")
     p.add_argument("--queue", help="only this queue's grants")

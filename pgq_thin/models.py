@@ -188,6 +188,16 @@ class JobRecord:
     notify_finished: bool = False
     #: The login that enqueued it (None: enqueued before migration 0017).
     enqueued_by: str | None = None
+    #: A job enqueued by pgq.spawn: the root of its workflow, and the job that spawned it.
+    workflow_id: int | None = None
+    parent_id: int | None = None
+    #: Enqueue's start_by (cancelled when not claimed by then), and created_at + max_lifetime
+    #: (failed when still alive then); None: no such limit.
+    start_by: datetime | None = None
+    expires_at: datetime | None = None
+    #: While parked by pgq.await_signal: the signal it waits for, and when the wait times out.
+    wait_signal: str | None = None
+    wake_at: datetime | None = None
 
 
 #: The states a job ends in: pgq.job_result's answer is final in one of them.
@@ -223,9 +233,57 @@ class DependencyResult:
 
 
 @dataclass(frozen=True)
+class StepRecord:
+    """One row of pgq.job_steps: a recorded step of a job (a spawn's result is ``{"job_id": id}``, a
+    signal wait's outcome is the step ``signal:<name>``)."""
+
+    name: str
+    attempt: int
+    result: Any
+    recorded_at: datetime
+
+
+class StepLookup(NamedTuple):
+    """pgq.get_step's answer: whether the step is recorded, and its result."""
+
+    found: bool
+    result: Any
+
+
+class SignalAnswer(NamedTuple):
+    """pgq.await_signal's answer: ``arrived`` (with the signal's payload), ``timed_out``, or
+    ``waiting`` (the job is parked: the handler returns without completing)."""
+
+    status: str
+    payload: Any
+
+
+class SleepAnswer(NamedTuple):
+    """pgq.sleep's answer: ``sleeping`` (the attempt ended until ``wake_at``: the handler returns
+    without completing) or ``awake`` (the sleep is over: go on)."""
+
+    status: str
+    wake_at: datetime
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """One row of pgq.job_outcomes: an awaited job and how it ended (state None: not answered, or
+    pruned since)."""
+
+    job_id: int
+    state: str | None
+    result: Any
+    last_error: str | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
 class JobLink:
     """One row of pgq.job_links: a job linked to the one asked about, as its ``dependency`` (a job
-    of its depends_on) or its ``dependant`` (a job whose depends_on names it)."""
+    of its depends_on), its ``dependant`` (a job whose depends_on names it), its ``parent`` (the
+    job that spawned it), its ``child`` (a job it spawned) or a job it is ``awaiting``
+    (pgq.await_jobs, not ended yet)."""
 
     relation: str
     job_id: int

@@ -19,7 +19,8 @@ ENQUEUE = (
     " max_run_time => %(max_run_time)s::interval, meta => %(meta)s::jsonb,"
     " concurrency_key => %(concurrency_key)s::text, depends_on => %(depends_on)s::bigint[],"
     " dependency_mode => %(dependency_mode)s::text, batch => %(batch)s::bigint,"
-    " notify_finished => %(notify_finished)s::boolean, on_conflict => %(on_conflict)s::text)"
+    " notify_finished => %(notify_finished)s::boolean, on_conflict => %(on_conflict)s::text,"
+    " start_by => %(start_by)s::timestamptz, max_lifetime => %(max_lifetime)s::interval)"
 )
 
 #: Add one job per payload in one INSERT; returns the ids in payload order. The payloads go in
@@ -123,6 +124,60 @@ SWEEP = "SELECT pgq.sweep(max_jobs => %(max_jobs)s::integer)"
 #: and move up to max_jobs dependants of the backlog on, fairly among logins, never waiting; how
 #: many it moved on. A worker sends it every poll.
 SETTLE_DEPENDENCIES = "SELECT pgq.settle_dependencies(max_jobs => %(max_jobs)s::integer)"
+
+# Durable execution -------------------------------------------------------------------------------
+
+#: A step's recorded result for our attempt: (found, result); no row when the attempt is not ours.
+GET_STEP = (
+    "SELECT found, result FROM pgq.get_step(id => %(id)s::bigint, attempt => %(attempt)s::integer,"
+    " name => %(name)s::text)"
+)
+#: A page of the recorded steps of our attempt's job, by name (no row when the attempt is not ours).
+GET_STEPS = (
+    "SELECT name, result FROM pgq.get_steps(id => %(id)s::bigint, attempt => %(attempt)s::integer,"
+    " after_name => %(after_name)s::text, limit_rows => %(limit_rows)s::integer)"
+)
+#: Record a step of our attempt (the first record of a name wins): false when the attempt is not ours.
+RECORD_STEP = (
+    "SELECT pgq.record_step(id => %(id)s::bigint, attempt => %(attempt)s::integer, name => %(name)s::text,"
+    " result => %(result)s::jsonb)"
+)
+#: A durable sleep: ('sleeping', wake time) when our attempt ended until then, ('awake', wake time).
+SLEEP = (
+    "SELECT status, wake_at FROM pgq.sleep(id => %(id)s::bigint, attempt => %(attempt)s::integer,"
+    " name => %(name)s::text, delay => %(delay)s::interval)"
+)
+#: Wait for a signal of our job's queue: (arrived, payload), (timed_out), or (waiting): parked.
+AWAIT_SIGNAL = (
+    "SELECT status, payload FROM pgq.await_signal(id => %(id)s::bigint, attempt => %(attempt)s::integer,"
+    " name => %(name)s::text, timeout => %(timeout)s::interval)"
+)
+#: Enqueue a child of our attempt's job once per name; its id (NULL when the attempt is not ours).
+SPAWN = (
+    "SELECT pgq.spawn(id => %(id)s::bigint, attempt => %(attempt)s::integer, name => %(name)s::text,"
+    " queue => %(queue)s::text, kind => %(kind)s::text, payload => %(payload)s::jsonb)"
+)
+#: Wait for jobs: 'ended', or 'waiting' with our job parked until they have (NULL: not ours).
+AWAIT_JOBS = (
+    "SELECT pgq.await_jobs(id => %(id)s::bigint, attempt => %(attempt)s::integer, ids => %(ids)s::bigint[])"
+)
+#: How the jobs our attempt's job awaited ended, by id.
+JOB_OUTCOMES = (
+    "SELECT job_id, state, result, last_error, finished_at FROM pgq.job_outcomes(id => %(id)s::bigint,"
+    " attempt => %(attempt)s::integer, ids => %(ids)s::bigint[])"
+)
+
+# Signals and workflows, for producers --------------------------------------------------------------
+
+#: Send a signal to a queue (the first of a name wins); how many waiting jobs it woke.
+SIGNAL = "SELECT pgq.signal(queue => %(queue)s::text, name => %(name)s::text, payload => %(payload)s::jsonb)"
+#: A job's recorded steps, by name (for whoever may read its result).
+JOB_STEPS = (
+    "SELECT name, attempt, result, recorded_at FROM pgq.job_steps(id => %(id)s::bigint,"
+    " limit_rows => %(limit_rows)s::integer, after_name => %(after_name)s::text)"
+)
+#: Cancel the unfinished jobs of a job's workflow (at most 10000 per call); how many.
+CANCEL_WORKFLOW = "SELECT pgq.cancel_workflow(id => %(id)s::bigint)"
 
 # Admin -------------------------------------------------------------------------------------------
 

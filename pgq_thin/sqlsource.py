@@ -48,6 +48,9 @@ SOURCE_FILES = (
     "admin.sql",         # cancel, retry, resolve, prune
     "observe.sql",       # stats, metrics, jobs and their history
     "health.sql",        # pgq.health
+    "steps.sql",         # durable execution: steps, the durable sleep
+    "signals.sql",       # signals and the jobs that wait for them
+    "workflows.sql",     # children, awaited; workflows; lifetimes
     "cleanup.sql",       # drops what the source no longer defines
     "grants.sql",        # which pgq role may call which function
 )

@@ -199,6 +199,12 @@ CREATE TABLE pgq.jobs (
     batch_id           bigint,
     notify_finished    boolean DEFAULT false NOT NULL,
     enqueued_by        text DEFAULT SESSION_USER,
+    workflow_id        bigint,
+    parent_id          bigint,
+    start_by           timestamp with time zone,
+    expires_at         timestamp with time zone,
+    wait_signal        text,
+    wake_at            timestamp with time zone,
     CONSTRAINT jobs_pkey PRIMARY KEY (id),
     CONSTRAINT jobs_attempt_check CHECK ((attempt BETWEEN 0 AND max_attempts)),
     CONSTRAINT jobs_lease_check CHECK (((state = 'running'::pgq.job_state) = (lease_until IS NOT NULL)))
@@ -260,6 +266,20 @@ COMMENT ON COLUMN pgq.jobs.notify_finished IS
 COMMENT ON COLUMN pgq.jobs.enqueued_by IS
     'The login that enqueued the job (pgq.job_result answers it); NULL for jobs enqueued before '
     '0017.';
+COMMENT ON COLUMN pgq.jobs.workflow_id IS
+    'A job enqueued by pgq.spawn: the root of its tree (the job that spawned the first of its '
+    'ancestors); NULL otherwise, the root included. pgq.cancel_workflow cancels the tree.';
+COMMENT ON COLUMN pgq.jobs.parent_id IS 'A job enqueued by pgq.spawn: the job that spawned it; NULL otherwise.';
+COMMENT ON COLUMN pgq.jobs.start_by IS
+    'Enqueue''s start_by: a job not claimed by then (its attempt still 0) is cancelled, never '
+    'handed out; NULL: no such limit.';
+COMMENT ON COLUMN pgq.jobs.expires_at IS
+    'created_at + enqueue''s max_lifetime: a job alive then (waiting, pending, sleeping or '
+    'running) fails, and no attempt runs past it; NULL: no such limit.';
+COMMENT ON COLUMN pgq.jobs.wait_signal IS
+    'While parked by pgq.await_signal (state waiting): the name of the signal of its queue it '
+    'waits for.';
+COMMENT ON COLUMN pgq.jobs.wake_at IS 'While parked by pgq.await_signal: when its wait times out (NULL: never).';
 
 CREATE TABLE pgq.job_events (
     id            bigint GENERATED ALWAYS AS IDENTITY,
@@ -663,12 +683,71 @@ COMMENT ON TABLE pgq.replace_slots IS
     'commit. Deleted by pgq.prune once the job is no longer live.';
 COMMENT ON COLUMN pgq.replace_slots.enqueued_by IS 'The login whose replace calls the row serves (and whose job job_id is).';
 
+CREATE TABLE pgq.steps (
+    job_id       bigint NOT NULL,
+    name         text NOT NULL,
+    attempt      integer NOT NULL,
+    result       jsonb NOT NULL,
+    recorded_at  timestamp with time zone DEFAULT now() NOT NULL,
+    child_id     bigint,
+    CONSTRAINT steps_pkey PRIMARY KEY (job_id, name)
+);
+COMMENT ON TABLE pgq.steps IS
+    'The recorded steps of each job, one per name (the first record wins): pgq.record_step''s, '
+    'pgq.spawn''s (child_id) and pgq.await_signal''s outcomes (named signal:<name>). Kept across '
+    'attempts; deleted with the job by pgq.prune. No foreign key: it would put a trigger on '
+    'every delete of pgq.jobs.';
+COMMENT ON COLUMN pgq.steps.attempt IS 'The attempt that recorded it.';
+COMMENT ON COLUMN pgq.steps.child_id IS 'A spawn: the job it enqueued (NULL: another step).';
+
+CREATE TABLE pgq.signals (
+    queue    text NOT NULL,
+    name     text NOT NULL,
+    payload  jsonb NOT NULL,
+    sent_at  timestamp with time zone DEFAULT now() NOT NULL,
+    sent_by  text DEFAULT SESSION_USER NOT NULL,
+    CONSTRAINT signals_pkey PRIMARY KEY (queue, name)
+);
+COMMENT ON TABLE pgq.signals IS
+    'The signals sent to each queue (pgq.signal): the first of a name wins. Deleted by '
+    'pgq.prune after the queue''s retention.';
+COMMENT ON COLUMN pgq.signals.sent_by IS 'The login that sent it.';
+
+CREATE TABLE pgq.signal_checks (
+    id       bigint GENERATED ALWAYS AS IDENTITY,
+    queue    text NOT NULL,
+    name     text NOT NULL,
+    horizon  xid8,
+    CONSTRAINT signal_checks_pkey PRIMARY KEY (id)
+);
+COMMENT ON TABLE pgq.signal_checks IS
+    'Signals whose waiters are looked at again by pgq.sweep and pgq.settle_dependencies: every '
+    'signal leaves one, for the waits that overlapped it (they read no signal and parked after '
+    'it had looked), the waiters another transaction held, and those past what one call wakes.';
+COMMENT ON COLUMN pgq.signal_checks.horizon IS
+    'A transaction id taken after the signal had committed (NULL: not yet): once no transaction '
+    'older than it is running, every wait that overlapped the signal has committed, and the '
+    'check goes after one more look.';
+
+CREATE TABLE pgq.signal_grants (
+    queue       text NOT NULL,
+    role        oid NOT NULL,
+    granted_at  timestamp with time zone DEFAULT now() NOT NULL,
+    granted_by  text DEFAULT SESSION_USER NOT NULL,
+    CONSTRAINT signal_grants_pkey PRIMARY KEY (queue, role)
+);
+COMMENT ON TABLE pgq.signal_grants IS
+    'Per-queue grants of the privilege signal (pgq.grant_queue(queue, role, ''signal'')): once a '
+    'queue has one, only members of the granted roles and of pgq_admin may send its signals.';
+
 ALTER TABLE pgq.grants ADD CONSTRAINT grants_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_limits ADD CONSTRAINT key_limits_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_rates ADD CONSTRAINT key_rates_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.rate_buckets ADD CONSTRAINT rate_buckets_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.key_locks ADD CONSTRAINT key_locks_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 ALTER TABLE pgq.rate_slices ADD CONSTRAINT rate_slices_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
+ALTER TABLE pgq.signals ADD CONSTRAINT signals_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
+ALTER TABLE pgq.signal_grants ADD CONSTRAINT signal_grants_queue_fkey FOREIGN KEY (queue) REFERENCES pgq.queues(name) ON DELETE CASCADE;
 
 -- Rows of a fresh install ---------------------------------------------------------------------
 
@@ -729,6 +808,23 @@ CREATE INDEX jobs_key_ready_idx ON pgq.jobs USING btree (queue, concurrency_key,
 COMMENT ON INDEX pgq.jobs_key_ready_idx IS
     'A key-limited queue''s claim reads the first jobs of keys other than the full ones here '
     '(pgq._keyed_pick), one probe per key, when full keys hold the head of the queue.';
+CREATE INDEX jobs_workflow_idx ON pgq.jobs USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
+COMMENT ON INDEX pgq.jobs_workflow_idx IS
+    'The members of each workflow (pgq.cancel_workflow, the dashboard): spawned jobs only.';
+CREATE INDEX jobs_signal_wait_idx ON pgq.jobs USING btree (queue, wait_signal) WHERE ((wait_signal IS NOT NULL) AND (state = 'waiting'::pgq.job_state));
+COMMENT ON INDEX pgq.jobs_signal_wait_idx IS
+    'The jobs parked for a signal, by queue and signal name: pgq.signal wakes them from here. A '
+    'job leaves it when it leaves the state waiting, whoever moves it.';
+CREATE INDEX jobs_wake_idx ON pgq.jobs USING btree (wake_at) WHERE ((wake_at IS NOT NULL) AND (state = 'waiting'::pgq.job_state));
+COMMENT ON INDEX pgq.jobs_wake_idx IS 'The signal waits with a timeout, by when it passes: the sweep fires them.';
+CREATE INDEX jobs_expiry_idx ON pgq.jobs USING btree (LEAST(
+CASE
+    WHEN (attempt = 0) THEN start_by
+    ELSE NULL::timestamp with time zone
+END, expires_at)) WHERE (((start_by IS NOT NULL) OR (expires_at IS NOT NULL)) AND (state = ANY (ARRAY['waiting'::pgq.job_state, 'pending'::pgq.job_state])));
+COMMENT ON INDEX pgq.jobs_expiry_idx IS
+    'The jobs not running nor ended that have a start_by (while never claimed) or an '
+    'expires_at, by the earlier: the sweep ends those whose time has come.';
 CREATE INDEX schedules_due_idx ON pgq.schedules USING btree (next_run_at) WHERE enabled;
 COMMENT ON INDEX pgq.schedules_due_idx IS 'The sweep''s probe and the firing read the enabled schedules by next_run_at.';
 CREATE INDEX schedules_queue_idx ON pgq.schedules USING btree (queue, next_run_at) WHERE enabled;
@@ -763,6 +859,8 @@ COMMENT ON INDEX pgq.cascade_backlog_job_idx IS
     'that end''s rows: it finds them here.';
 CREATE INDEX cascade_backlog_login_idx ON pgq.cascade_backlog USING btree (login, id);
 COMMENT ON INDEX pgq.cascade_backlog_login_idx IS 'Each login''s rows, oldest first (its share of a settle).';
+CREATE INDEX signals_sent_idx ON pgq.signals USING btree (sent_at);
+COMMENT ON INDEX pgq.signals_sent_idx IS 'pgq.prune finds old signals here.';
 
 -- sql/functions/checks.sql ----------------------------------------------------------------------------
 
@@ -1018,7 +1116,7 @@ $$;
 -- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '21'::text $$;
+    AS $$ SELECT '22'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -1375,15 +1473,15 @@ COMMENT ON FUNCTION pgq.drop_queue(text) IS
 -- sql/functions/access.sql ----------------------------------------------------------------------------
 
 -- sql/functions/access.sql: who may act: the login a job is bound to, and per-queue grants
--- (enqueue, claim, read).
+-- (enqueue, claim, read, signal).
 
 -- A job is bound to the database login that claimed it (session_user, kept in
 -- jobs.session_role): worker names are whatever a caller says, logins are what PostgreSQL
 -- authenticated. The owner operations accept a running attempt's writes only from that login or
 -- from a member of pgq_admin, and recognise a repeated call only from the login that made it.
--- Per-queue grants (pgq.grants) restrict enqueue, claim and read per queue. Both are decided on
--- session_user, not current_user: inside these SECURITY DEFINER functions current_user is the
--- schema's owner, and a SET ROLE does not change who logged in.
+-- Per-queue grants (pgq.grants, pgq.signal_grants) restrict enqueue, claim, read and signal per
+-- queue. Both are decided on session_user, not current_user: inside these SECURITY DEFINER
+-- functions current_user is the schema's owner, and a SET ROLE does not change who logged in.
 
 -- Whether the session's login may write to a running attempt whose job's session_role is
 -- `owner`: it is the login that claimed it, or a member of pgq_admin (superusers are members of
@@ -1403,7 +1501,7 @@ CREATE OR REPLACE FUNCTION pgq._same_login(actor text) RETURNS boolean
 -- Whether the session's login may use `privilege` on `queue`, whose queues.restricted is
 -- `restricted`: always when that privilege has no grant on the queue; otherwise for members of a
 -- role granted it (read: granted read or claim, since a worker reads the jobs it may claim) and
--- of pgq_admin.
+-- of pgq_admin. The grants of signal are pgq.signal_grants'.
 CREATE OR REPLACE FUNCTION pgq._may(queue text, restricted text[], privilege text) RETURNS boolean
     LANGUAGE sql STABLE
     AS $$
@@ -1413,6 +1511,9 @@ CREATE OR REPLACE FUNCTION pgq._may(queue text, restricted text[], privilege tex
                    WHERE g.queue = _may.queue
                      AND (g.privilege = _may.privilege OR (_may.privilege = 'read' AND g.privilege = 'claim'))
                      AND pg_has_role(session_user, g.role, 'MEMBER'))
+        OR _may.privilege = 'signal'
+           AND EXISTS (SELECT FROM pgq.signal_grants AS g
+                       WHERE g.queue = _may.queue AND pg_has_role(session_user, g.role, 'MEMBER'))
 $$;
 
 -- Whether the session's login may read the jobs of `queue` (true for a queue that does not exist).
@@ -1429,7 +1530,8 @@ CREATE OR REPLACE FUNCTION pgq._denied(queue text, privilege text) RETURNS void
     AS $$
 BEGIN
     RAISE EXCEPTION 'pgq: login % may not % queue %', quote_ident(session_user),
-        CASE _denied.privilege WHEN 'enqueue' THEN 'enqueue into' WHEN 'claim' THEN 'claim from' ELSE 'read' END,
+        CASE _denied.privilege WHEN 'enqueue' THEN 'enqueue into' WHEN 'claim' THEN 'claim from'
+                               WHEN 'signal' THEN 'signal' ELSE 'read' END,
         quote_literal(_denied.queue)
         USING ERRCODE = 'insufficient_privilege',
               HINT = format('The queue has %s grants, none to a role of this login: an admin adds one '
@@ -1482,7 +1584,8 @@ BEGIN
     END IF;
     SELECT r.oid INTO role_oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = _grant_target.role;
     IF NOT FOUND AND _grant_target.dropped_ok AND _grant_target.role ~ '^[0-9]{1,10}$' THEN
-        SELECT g.role INTO role_oid FROM pgq.grants AS g
+        SELECT g.role INTO role_oid
+        FROM (SELECT x.queue, x.role FROM pgq.grants AS x UNION ALL SELECT y.queue, y.role FROM pgq.signal_grants AS y) AS g
         WHERE g.queue = _grant_target.queue AND g.role = _grant_target.role::bigint
           AND NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.oid = g.role)
         LIMIT 1;
@@ -1494,9 +1597,9 @@ BEGIN
     END IF;
     IF _grant_target.privilege IS NULL THEN
         PERFORM pgq._bad_argument('privilege', 'must not be NULL');
-    ELSIF _grant_target.privilege NOT IN ('enqueue', 'claim', 'read') THEN
+    ELSIF _grant_target.privilege NOT IN ('enqueue', 'claim', 'read', 'signal') THEN
         PERFORM pgq._bad_argument('privilege',
-            format('must be one of enqueue, claim, read, got %s', left(quote_literal(_grant_target.privilege), 40)));
+            format('must be one of enqueue, claim, read, signal, got %s', left(quote_literal(_grant_target.privilege), 40)));
     END IF;
     PERFORM pgq._lock_queue(_grant_target.queue);  -- at most lock_timeout (5 s), then 55P03
     RETURN role_oid;
@@ -1508,13 +1611,15 @@ CREATE OR REPLACE FUNCTION pgq._refresh_restricted(queue text) RETURNS text[]
     LANGUAGE sql
     AS $$
     UPDATE pgq.queues AS q
-    SET restricted = (SELECT array_agg(DISTINCT g.privilege ORDER BY g.privilege) FROM pgq.grants AS g
-                      WHERE g.queue = _refresh_restricted.queue)
+    SET restricted = (SELECT array_agg(DISTINCT g.privilege ORDER BY g.privilege)
+                      FROM (SELECT x.privilege FROM pgq.grants AS x WHERE x.queue = _refresh_restricted.queue
+                            UNION ALL
+                            SELECT 'signal' FROM pgq.signal_grants AS y WHERE y.queue = _refresh_restricted.queue) AS g)
     WHERE q.name = _refresh_restricted.queue
     RETURNING q.restricted
 $$;
 
--- Lets the members of `role` use `privilege` (enqueue, claim or read) on an existing queue. The
+-- Lets the members of `role` use `privilege` (enqueue, claim, read or signal) on an existing queue. The
 -- queue's first grant of a privilege restricts that privilege to the granted roles (and
 -- pgq_admin) from the grant's commit on. Returns true when the grant is new, false when it was
 -- there already.
@@ -1528,16 +1633,20 @@ DECLARE
     role_oid oid := pgq._grant_target(grant_queue.queue, grant_queue.role, grant_queue.privilege, false);
     added boolean;
 BEGIN
-    INSERT INTO pgq.grants AS g (queue, privilege, role)
-    VALUES (grant_queue.queue, grant_queue.privilege, role_oid)
-    ON CONFLICT DO NOTHING;
+    IF grant_queue.privilege = 'signal' THEN
+        INSERT INTO pgq.signal_grants AS g (queue, role) VALUES (grant_queue.queue, role_oid) ON CONFLICT DO NOTHING;
+    ELSE
+        INSERT INTO pgq.grants AS g (queue, privilege, role)
+        VALUES (grant_queue.queue, grant_queue.privilege, role_oid)
+        ON CONFLICT DO NOTHING;
+    END IF;
     added := FOUND;
     PERFORM pgq._refresh_restricted(grant_queue.queue);
     RETURN added;
 END
 $$;
 COMMENT ON FUNCTION pgq.grant_queue(text, text, text) IS
-    'Lets members of role enqueue into, claim from or read (privilege) the queue; once a queue has a '
+    'Lets members of role enqueue into, claim from, read or signal (privilege) the queue; once a queue has a '
     'grant of a privilege, only granted roles and pgq_admin have it. True when new.';
 
 -- Takes a grant back. When it was the queue's last grant of that privilege, the privilege is open
@@ -1554,8 +1663,12 @@ DECLARE
     removed boolean;
     restricted text[];
 BEGIN
-    DELETE FROM pgq.grants AS g
-    WHERE g.queue = revoke_queue.queue AND g.privilege = revoke_queue.privilege AND g.role = role_oid;
+    IF revoke_queue.privilege = 'signal' THEN
+        DELETE FROM pgq.signal_grants AS g WHERE g.queue = revoke_queue.queue AND g.role = role_oid;
+    ELSE
+        DELETE FROM pgq.grants AS g
+        WHERE g.queue = revoke_queue.queue AND g.privilege = revoke_queue.privilege AND g.role = role_oid;
+    END IF;
     removed := FOUND;
     restricted := pgq._refresh_restricted(revoke_queue.queue);
     IF removed AND NOT revoke_queue.privilege = ANY (coalesce(restricted, '{}')) THEN
@@ -1579,7 +1692,9 @@ CREATE OR REPLACE FUNCTION pgq.queue_grants(queue text DEFAULT NULL)
     AS $$
     SELECT pgq._existing_queue('queue', queue_grants.queue) WHERE queue_grants.queue IS NOT NULL;
     SELECT g.queue, g.privilege, coalesce(r.rolname::text, g.role::text), g.granted_at, g.granted_by
-    FROM pgq.grants AS g
+    FROM (SELECT x.queue, x.privilege, x.role, x.granted_at, x.granted_by FROM pgq.grants AS x
+          UNION ALL
+          SELECT y.queue, 'signal', y.role, y.granted_at, y.granted_by FROM pgq.signal_grants AS y) AS g
     LEFT JOIN pg_catalog.pg_roles AS r ON r.oid = g.role
     WHERE queue_grants.queue IS NULL OR g.queue = queue_grants.queue
     ORDER BY 1, 2, 3;
@@ -4532,6 +4647,33 @@ BEGIN
 END
 $$;
 
+-- Validates pgq.enqueue's start_by (a finite time after now and after run_at: a job that could
+-- not start before it would only expire) and max_lifetime (a span of more than 0, at most 3650
+-- days), 22023 naming the first that is wrong; NULL is no such limit.
+CREATE OR REPLACE FUNCTION pgq._check_lifetime(run_at timestamptz, start_by timestamptz, max_lifetime interval)
+    RETURNS void
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    IF _check_lifetime.start_by IS NOT NULL THEN
+        IF NOT isfinite(_check_lifetime.start_by) THEN
+            PERFORM pgq._bad_argument('start_by', format('must be a finite time, got %s', _check_lifetime.start_by));
+        ELSIF _check_lifetime.start_by <= pgq._now() THEN
+            PERFORM pgq._bad_argument('start_by', format('must be later than now (%s), got %s', pgq._now(),
+                                                         _check_lifetime.start_by),
+                'A job not claimed by start_by is cancelled: give a time ahead.');
+        ELSIF _check_lifetime.start_by <= _check_lifetime.run_at THEN
+            PERFORM pgq._bad_argument('start_by', format('must be later than run_at (%s), got %s',
+                                                         _check_lifetime.run_at, _check_lifetime.start_by),
+                'A job is claimed at run_at at the earliest.');
+        END IF;
+    END IF;
+    IF _check_lifetime.max_lifetime IS NOT NULL THEN
+        PERFORM pgq._check_interval('max_lifetime', _check_lifetime.max_lifetime, interval '3650 days');
+    END IF;
+END
+$$;
+
 -- Validates pgq.enqueue's and pgq.enqueue_many's on_conflict (22004 / 22023).
 CREATE OR REPLACE FUNCTION pgq._check_on_conflict(on_conflict text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
@@ -4748,7 +4890,8 @@ CREATE OR REPLACE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFA
                             meta jsonb DEFAULT NULL, concurrency_key text DEFAULT NULL,
                             depends_on bigint[] DEFAULT NULL, dependency_mode text DEFAULT 'all_done',
                             batch bigint DEFAULT NULL, notify_finished boolean DEFAULT false,
-                            on_conflict text DEFAULT 'keep')
+                            on_conflict text DEFAULT 'keep', start_by timestamptz DEFAULT NULL,
+                            max_lifetime interval DEFAULT NULL)
     RETURNS bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -4791,7 +4934,12 @@ BEGIN
                     AND coalesce(length(enqueue.concurrency_key) BETWEEN 1 AND 256, true)
                     AND enqueue.dependency_mode IN ('all_done', 'all_ended')
                     AND enqueue.notify_finished IS NOT NULL
-                    AND enqueue.on_conflict IN ('keep', 'replace'), false) THEN
+                    AND enqueue.on_conflict IN ('keep', 'replace')
+                    AND (enqueue.start_by IS NULL OR isfinite(enqueue.start_by) AND enqueue.start_by > pgq._now()
+                         AND enqueue.start_by > enqueue.run_at)
+                    AND coalesce(enqueue.max_lifetime > interval '0'
+                                 AND enqueue.max_lifetime <= interval '3650 days'
+                                 AND pgq._is_span(enqueue.max_lifetime), true), false) THEN
         PERFORM pgq._check_enqueue(enqueue.queue, enqueue.kind, enqueue.run_at, enqueue.priority,
                                    enqueue.max_attempts, enqueue.tenant, enqueue.max_run_time, enqueue.meta,
                                    enqueue.concurrency_key);
@@ -4799,6 +4947,7 @@ BEGIN
         PERFORM pgq._check_unique_key(enqueue.unique_key);
         PERFORM pgq._check_workflow(enqueue.dependency_mode, enqueue.notify_finished);
         PERFORM pgq._check_on_conflict(enqueue.on_conflict);
+        PERFORM pgq._check_lifetime(enqueue.run_at, enqueue.start_by, enqueue.max_lifetime);
     END IF;
     -- A unique_key that a live job of the queue holds answers at once (on_conflict keep, no
     -- batch, a login that may enqueue there), before the queue's row is locked: a deduplicated
@@ -4880,11 +5029,13 @@ BEGIN
         -- A plain INSERT: ON CONFLICT would make it a speculative insertion even without a key.
         INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant,
                                    max_run_time, meta, concurrency_key, state, depends_on,
-                                   dependencies_left, dependency_mode, batch_id, notify_finished)
+                                   dependencies_left, dependency_mode, batch_id, notify_finished,
+                                   start_by, expires_at)
         VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                 coalesce(enqueue.max_attempts, q.max_attempts), job_tenant, enqueue.max_run_time,
                 enqueue.meta, enqueue.concurrency_key, new_state, dep_ids, left_count, mode,
-                enqueue.batch, enqueue.notify_finished)
+                enqueue.batch, enqueue.notify_finished, enqueue.start_by,
+                pgq._now() + enqueue.max_lifetime)
         RETURNING j.id INTO new_id;
     ELSE
         -- The insert of a new holder waits (the unique index) for another transaction that inserted
@@ -4897,11 +5048,12 @@ BEGIN
                 INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
                                            unique_key, tenant, max_run_time, meta, concurrency_key,
                                            state, depends_on, dependencies_left, dependency_mode, batch_id,
-                                           notify_finished)
+                                           notify_finished, start_by, expires_at)
                 VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                         coalesce(enqueue.max_attempts, q.max_attempts), job_key, job_tenant,
                         enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key, new_state, dep_ids,
-                        left_count, mode, enqueue.batch, enqueue.notify_finished)
+                        left_count, mode, enqueue.batch, enqueue.notify_finished, enqueue.start_by,
+                        pgq._now() + enqueue.max_lifetime)
                 ON CONFLICT (queue, unique_key)
                     WHERE unique_key IS NOT NULL AND state IN ('waiting', 'pending', 'running', 'outcome_unknown')
                     DO NOTHING
@@ -4948,7 +5100,7 @@ BEGIN
     RETURN new_id;
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text) IS
+COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text, timestamptz, interval) IS
     'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it '
     '(on_conflict keep), or replaces its payload, run_at, priority, meta and max_attempts if it has '
     'not started and the caller''s login enqueued it (replace; behind such a started holder a new job '
@@ -5494,6 +5646,13 @@ BEGIN
 END
 $$;
 
+-- Whether a job has expired: its start_by has passed before its first claim, or its expires_at has
+-- passed (enqueue's start_by and max_lifetime). One expression, inlined where it is used.
+CREATE OR REPLACE FUNCTION pgq._expired(attempt integer, start_by timestamptz, expires_at timestamptz)
+    RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$ SELECT coalesce(least(CASE WHEN $1 = 0 THEN $2 END, $3) <= pgq._now(), false) $$;
+
 -- The pick and the lease, in one statement: for each eligible queue (its room in `rooms`, in name
 -- order, with the room each has, and whether it is fair or takes the per-key step), its first claimable jobs
 -- in index order, per kind when the worker named its kinds; with the fair and key-limited queues'
@@ -5550,20 +5709,31 @@ BEGIN
         ORDER BY c.priority DESC, c.run_at, c.id
         LIMIT _lease_jobs.batch
     ), claimed AS (
+        -- A pick that has expired (enqueue's start_by passed before its first claim, or its
+        -- expires_at: pgq._expired, read from the row this UPDATE writes) is never handed out: it
+        -- leaves the claimable jobs, waiting, its attempt untouched, for the sweep to end
+        -- (pgq._expire_jobs; an end here would set off its consequences inside the claim). The
+        -- CASEs cost a job that has neither a few tests; a second UPDATE for them would cost every
+        -- claim the opening of the table's indexes.
         UPDATE pgq.jobs AS j
-        SET state = 'running',
+        SET state = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN 'waiting'
+                         ELSE 'running' END::pgq.job_state,
             -- The next number, past any a fence move skipped (attempt_skip is 0 but after a promotion).
-            attempt = j.attempt + 1 + j.attempt_skip,
-            max_attempts = j.max_attempts + j.attempt_skip,
-            attempt_offset = j.attempt_offset + j.attempt_skip,
-            attempt_skip = 0,
-            lease_until = least(pgq._now() + coalesce(_lease_jobs.lease, q.lease),
-                                pgq._now() + coalesce(j.max_run_time, q.max_run_time)),
-            deadline = pgq._now() + coalesce(j.max_run_time, q.max_run_time),
+            attempt = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.attempt
+                           ELSE j.attempt + 1 + j.attempt_skip END,
+            max_attempts = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.max_attempts
+                                ELSE j.max_attempts + j.attempt_skip END,
+            attempt_offset = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.attempt_offset
+                                  ELSE j.attempt_offset + j.attempt_skip END,
+            attempt_skip = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.attempt_skip ELSE 0 END,
+            lease_until = CASE WHEN NOT pgq._expired(j.attempt, j.start_by, j.expires_at)
+                               THEN least(pgq._now() + coalesce(_lease_jobs.lease, q.lease),
+                                          pgq._now() + coalesce(j.max_run_time, q.max_run_time), j.expires_at) END,
+            deadline = least(pgq._now() + coalesce(j.max_run_time, q.max_run_time), j.expires_at),
             claimed_by = _lease_jobs.worker,
             claimed_at = pgq._now(),
             session_role = session_user,
-            last_event = 'claimed'
+            last_event = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN 'expired' ELSE 'claimed' END
         FROM pgq.queues AS q
         -- The picked ids as an array: the generic plan then reads them by primary key. Joined
         -- to the CTE instead, it hashed the CTE and read the whole table (every row ever
@@ -5571,15 +5741,16 @@ BEGIN
         WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p)) AND q.name = j.queue
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
                   j.run_at, j.created_at, j.lease_until, j.tenant, j.progress, j.deadline, j.meta,
-                  q.audit
+                  q.audit, j.state
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, _lease_jobs.worker, 'claimed', 'pending', 'running'
-        FROM claimed AS c WHERE c.audit
+        FROM claimed AS c WHERE c.audit AND c.state = 'running'
     )
     SELECT c.id, c.queue, c.kind, c.payload, c.priority, c.attempt, c.max_attempts,
            c.run_at, c.created_at, c.lease_until, c.tenant, c.progress, c.deadline, c.meta
     FROM claimed AS c
+    WHERE c.state = 'running'
     ORDER BY c.priority DESC, c.run_at, c.id;
 END
 $$;
@@ -6226,6 +6397,9 @@ DECLARE
     r record;
 BEGIN
     PERFORM pgq._check_max_jobs(sweep.max_jobs);
+    -- Durable execution (workflows.sql): signals' checks, signal waits' timeouts, lifetimes; first,
+    -- before this call takes a transaction id of its own (pgq._settle_signals stamps with it).
+    PERFORM pgq._settle_durable(sweep.max_jobs);
     FOR r IN SELECT x.queue, x.recovered FROM pgq._recover_expired(sweep.max_jobs) AS x LOOP
         total := total + r.recovered;
         IF (SELECT q.notify FROM pgq.queues AS q WHERE q.name = r.queue) THEN
@@ -6286,8 +6460,10 @@ $$;
 -- Settles what enqueues and ends that overlapped left (a dependant whose enqueue was in flight
 -- while its dependency ended is released, or cancelled, here, once both have committed), and
 -- moves up to max_jobs dependants of the backlog on; fair among logins, bounded, never waiting.
--- A worker calls it every poll (about once a second): with nothing to do it is three index
--- probes. Returns how many dependants it moved on.
+-- First, durable execution's part (pgq._settle_durable: the signals' checks, the signal waits
+-- whose timeout has passed, the jobs whose start_by or max_lifetime has passed, up to max_jobs
+-- each). A worker calls it every poll (about once a second): with nothing to do it is six index
+-- probes. Returns how many jobs it moved on.
 CREATE OR REPLACE FUNCTION pgq.settle_dependencies(max_jobs integer DEFAULT 100)
     RETURNS integer
     LANGUAGE plpgsql
@@ -6297,18 +6473,20 @@ CREATE OR REPLACE FUNCTION pgq.settle_dependencies(max_jobs integer DEFAULT 100)
     AS $$
 BEGIN
     PERFORM pgq._check_max_jobs(settle_dependencies.max_jobs);
-    RETURN pgq._settle_dependencies(settle_dependencies.max_jobs);
+    RETURN pgq._settle_durable(settle_dependencies.max_jobs) + pgq._settle_dependencies(settle_dependencies.max_jobs);
 END
 $$;
 COMMENT ON FUNCTION pgq.settle_dependencies(integer) IS
     'Releases (or cancels) the dependants whose enqueue overlapped their dependency''s end, once both '
     'committed, and moves up to max_jobs dependants of the backlog on, fairly among logins, never '
-    'waiting; a worker calls it every poll. Returns how many dependants it moved on.';
+    'waiting, and wakes the jobs of signals and timed-out signal waits and ends expired jobs; a worker '
+    'calls it every poll. Returns how many jobs it moved on.';
 
 COMMENT ON FUNCTION pgq.sweep(integer) IS
     'Recovers up to max_jobs running jobs whose lease expired or whose attempt timed out (returns '
-    'how many), fires up to max_jobs due schedules, moves up to max_jobs waiting dependants on, and '
-    'settles batches (callbacks, cancellations).';
+    'how many), fires up to max_jobs due schedules, moves up to max_jobs waiting dependants on, '
+    'settles batches (callbacks, cancellations), and wakes and ends what durable execution leaves '
+    '(signal waits, their timeouts, expired jobs).';
 
 -- sql/functions/cron.sql ------------------------------------------------------------------------------
 
@@ -7307,9 +7485,10 @@ $$;
 COMMENT ON FUNCTION pgq.resolve(bigint, text) IS
     'Settles an outcome_unknown job as done, failed, cancelled or pending (run again).';
 
--- Deletes finished (done, failed, cancelled) jobs, with their events, older than older_than, or
--- than each queue's retention when older_than is NULL. At most max_jobs per call: call it again
--- until it returns 0. Then removes up to max_jobs tenants of fair queues that have no job left and
+-- Deletes finished (done, failed, cancelled) jobs, with their events and steps, older than
+-- older_than, or than each queue's retention when older_than is NULL. At most max_jobs per call:
+-- call it again until it returns 0. Then up to max_jobs signals sent before the same horizon, and
+-- up to max_jobs tenants of fair queues that have no job left and
 -- the default weight 1 (a weight set with pgq.set_tenant_weight is kept; a tenant removed comes
 -- back with its next job, one round behind the busiest as after any idle time). A queue whose
 -- writer lock an enqueue holds is left for the next call: its new job may be one of those tenants'.
@@ -7357,6 +7536,8 @@ BEGIN
     ), members AS (
         DELETE FROM pgq.batch_members AS m USING gone AS g
         WHERE g.batch_id IS NOT NULL AND m.batch_id = g.batch_id AND m.job_id = g.id
+    ), steps AS (
+        DELETE FROM pgq.steps AS s USING gone AS g WHERE s.job_id = g.id
     )
     SELECT count(*) INTO deleted FROM gone;
     -- Batches whose callback was enqueued before the same horizon and whose members are all
@@ -7382,6 +7563,13 @@ BEGIN
         WHERE NOT EXISTS (SELECT FROM pgq.jobs AS j
                           WHERE j.id = x.job_id AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown'))
         LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);
+    -- Signals sent before the same horizon (each job they woke has its own record of it: the step
+    -- signal:<name>); a job that waits for one later waits for it to be sent again.
+    DELETE FROM pgq.signals AS s
+    WHERE (s.queue, s.name) IN (
+        SELECT x.queue, x.name FROM pgq.signals AS x JOIN pgq.queues AS q ON q.name = x.queue
+        WHERE x.sent_at < pgq._now() - coalesce(prune.older_than, q.retention)
+        ORDER BY x.sent_at LIMIT prune.max_jobs FOR UPDATE OF x SKIP LOCKED);
 
     -- Idle tenants, queue by queue, each under its queue's row taken FOR UPDATE without waiting
     -- (the queue's writer lock, which every enqueue holds FOR KEY SHARE: pgq._queue_to_write) and
@@ -7448,8 +7636,9 @@ CREATE OR REPLACE FUNCTION pgq.stats()
     ORDER BY q.name
 $$;
 COMMENT ON FUNCTION pgq.stats() IS
-    'One row per queue: jobs by state (pending = due now, scheduled = due later, waiting = for their '
-    'dependencies), expired leases, and the age of the oldest due job.';
+    'One row per queue: jobs by state (pending = due now, scheduled = due later or sleeping, waiting = '
+    'for their dependencies, a signal or the jobs they await), expired leases, and the age of the oldest '
+    'due job.';
 
 -- What an exporter scrapes, one row per queue, at a bounded cost: the claimable pending jobs
 -- through jobs_ready_idx, outcome_unknown through jobs_list_idx, the running ones through
@@ -7590,9 +7779,11 @@ COMMENT ON FUNCTION pgq.job_result(bigint) IS
     'readers of its queue; P0002 for anyone else.';
 
 -- A job's links: its dependencies (its depends_on, id order) then its dependants (the jobs whose
--- depends_on names it, id order: pgq.job_dependants), at most limit_rows of each, with their
--- queue, kind and state (NULL for a job pruned since). Jobs of queues the login may not read are
--- left out; the job itself must be readable (P0002 otherwise, as for an unknown id).
+-- depends_on names it, id order: pgq.job_dependants), then, for durable execution, the job that
+-- spawned it (parent), the jobs it spawned (child: its spawns' steps, by name) and, while
+-- pgq.await_jobs parks it, the jobs it still awaits (awaiting, id order), at most limit_rows of
+-- each, with their queue, kind and state (NULL for a job pruned since). Jobs of queues the login
+-- may not read are left out; the job itself must be readable (P0002 otherwise, as for an unknown id).
 CREATE OR REPLACE FUNCTION pgq.job_links(id bigint, limit_rows integer DEFAULT 100)
     RETURNS TABLE (relation text, job_id bigint, queue text, kind text, state text)
     LANGUAGE plpgsql STABLE
@@ -7629,10 +7820,30 @@ BEGIN
     LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = e.job_id) AS j ON true
     WHERE j.queue IS NULL OR pgq._may_read(j.queue)
     ORDER BY e.job_id;
+    RETURN QUERY
+    SELECT 'parent'::text, p.id, p.queue, p.kind, p.state::text
+    FROM pgq.jobs AS p WHERE p.id = job.parent_id AND pgq._may_read(p.queue);
+    RETURN QUERY
+    SELECT 'child'::text, c.child_id, j.queue, j.kind, j.state::text
+    FROM (SELECT s.name, s.child_id FROM pgq.steps AS s WHERE s.job_id = job_links.id AND s.child_id IS NOT NULL
+          ORDER BY s.job_id, s.name LIMIT job_links.limit_rows) AS c
+    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = c.child_id) AS j ON true
+    WHERE j.queue IS NULL OR pgq._may_read(j.queue)
+    ORDER BY c.name;
+    IF job.state = 'waiting' AND job.last_event = 'awaiting_jobs' THEN
+        RETURN QUERY
+        SELECT 'awaiting'::text, a.depends_on, j.queue, j.kind, j.state::text
+        FROM (SELECT d.depends_on FROM pgq.job_dependencies AS d WHERE d.job_id = job_links.id
+              ORDER BY d.depends_on LIMIT job_links.limit_rows) AS a
+        LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = a.depends_on) AS j ON true
+        WHERE j.queue IS NULL OR pgq._may_read(j.queue)
+        ORDER BY a.depends_on;
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION pgq.job_links(bigint, integer) IS
-    'A job''s dependencies and dependants (relation, job_id, queue, kind, state), at most limit_rows of each.';
+    'A job''s dependencies, dependants, parent, children and the jobs it awaits (relation, job_id, queue, '
+    'kind, state), at most limit_rows of each.';
 
 -- A job's attempt history, oldest first (empty when its queue has audit off, or it was pruned).
 CREATE OR REPLACE FUNCTION pgq.job_history(id bigint)
@@ -8028,6 +8239,955 @@ COMMENT ON FUNCTION pgq.health(interval, interval) IS
     'waiting jobs, kinds no worker claims, outcome_unknown jobs, blocked sessions, old snapshots, held keys, dead '
     'tuples, index sizes.';
 
+-- sql/functions/steps.sql -----------------------------------------------------------------------------
+
+-- sql/functions/steps.sql: durable execution's steps: get_step, get_steps, record_step, job_steps,
+-- and the durable sleep.
+--
+-- A handler is a sequence of named steps; a step whose result is recorded never runs again, whatever
+-- crashes, and the job's next attempts read what its earlier ones recorded (pgq.steps, one row per
+-- job and name, kept across retries, snoozes, sleeps and waits, deleted with the job by pgq.prune).
+-- A step is fenced like every owner operation: only the job's current attempt (running, its attempt
+-- number), from the login that claimed it (or a member of pgq_admin), reads or records; any other
+-- call gets the documented "not yours" answer (false, NULL or no row) and leaves a `rejected` event
+-- (pgq._reject), never an exception. The first record of a name wins: a later record of the same
+-- name keeps the first and answers true, so a record repeated after an ambiguous commit is
+-- answered as the first. record_step holds the job's row FOR SHARE to its commit: a claim or a
+-- sweep that would take the job from an attempt whose lease has passed skips it meanwhile (SKIP
+-- LOCKED), and a record that comes after such a reclaim finds the new attempt and is rejected. So
+-- a step recorded in the caller's own transaction, with the step's own writes, commits with them
+-- or not at all, and only while its attempt is the job's (record it last, just before COMMIT: the
+-- job's renewals wait for that transaction meanwhile).
+--
+-- Names: 1 to 256 characters, the handler's to choose. A name used again in one run (a loop) must
+-- be told apart by the handler (pgq_thin's convention: the n-th call of a name, n >= 2, is name#n):
+-- ('charge', 'charge#2', 'charge#3'). Names beginning with 'signal:' are pgq.await_signal's: it
+-- records a wait's outcome under signal:<name of the signal>; record_step refuses them.
+
+-- Validates a step's name: 22004 when NULL, 22023 when empty, longer than 256 characters or (for
+-- a name to record, `recording`) one of pgq.await_signal's 'signal:' names.
+CREATE OR REPLACE FUNCTION pgq._check_step_name(argument text, name text, recording boolean) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_step_name.name IS NULL THEN
+        PERFORM pgq._bad_argument(_check_step_name.argument, 'must not be NULL');
+    ELSIF length(_check_step_name.name) NOT BETWEEN 1 AND (CASE WHEN recording THEN 256 ELSE 263 END) THEN
+        PERFORM pgq._bad_argument(_check_step_name.argument,
+            format('must be 1 to 256 characters long, got %s', length(_check_step_name.name)),
+            'Tell repeated steps apart by a number: ''charge#2''.');
+    ELSIF _check_step_name.recording AND starts_with(_check_step_name.name, 'signal:') THEN
+        PERFORM pgq._bad_argument(_check_step_name.argument,
+            format('must not begin with ''signal:'', got %s', left(quote_literal(_check_step_name.name), 80)),
+            'Names beginning with signal: hold pgq.await_signal''s outcomes.');
+    END IF;
+END
+$$;
+
+-- Validates a step's result: a JSON value (a jsonb null for a step without one), at most 1 MiB.
+CREATE OR REPLACE FUNCTION pgq._check_step_result(result jsonb) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_step_result.result IS NULL THEN
+        PERFORM pgq._bad_argument('result', 'must not be NULL', 'A step without a result records ''null''::jsonb.');
+    ELSIF pgq._jsonb_size(_check_step_result.result) > 1048576 THEN
+        PERFORM pgq._bad_argument('result',
+            format('is %s bytes; the limit is 1048576 (1 MiB)', pgq._jsonb_size(_check_step_result.result)),
+            'Store large results in a table of your own (a step with transaction=True writes it with its record).');
+    END IF;
+END
+$$;
+
+-- The row of the caller's running attempt of job `id`, locked FOR SHARE (`share`) or FOR NO KEY
+-- UPDATE, or NULL when the attempt is not the caller's (stale, another login's, not running, an
+-- unknown id). The fence of every durable owner call that writes.
+CREATE OR REPLACE FUNCTION pgq._own_attempt(id bigint, attempt integer, share boolean) RETURNS pgq.jobs
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    job pgq.jobs;
+BEGIN
+    IF _own_attempt.share THEN
+        SELECT * INTO job FROM pgq.jobs AS j
+        WHERE j.id = _own_attempt.id AND j.attempt = _own_attempt.attempt AND j.state = 'running'
+          AND pgq._owns(j.session_role)
+        FOR SHARE;
+    ELSE
+        SELECT * INTO job FROM pgq.jobs AS j
+        WHERE j.id = _own_attempt.id AND j.attempt = _own_attempt.attempt AND j.state = 'running'
+          AND pgq._owns(j.session_role)
+        FOR NO KEY UPDATE;
+    END IF;
+    RETURN job;
+END
+$$;
+
+-- A step's recorded result for the caller's running attempt: found true and the result, found
+-- false and NULL while it has none; no row when the attempt is not the caller's (and a rejected
+-- event). One statement on the hot path: the fence and the step by their primary keys.
+CREATE OR REPLACE FUNCTION pgq.get_step(id bigint, attempt integer, name text)
+    RETURNS TABLE (found boolean, result jsonb)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+#variable_conflict use_column
+BEGIN
+    IF get_step.id IS NULL OR get_step.attempt IS NULL OR get_step.name IS NULL
+       OR length(get_step.name) NOT BETWEEN 1 AND 263 THEN
+        PERFORM pgq._check_fence(get_step.id, get_step.attempt);
+        PERFORM pgq._check_step_name('name', get_step.name, false);
+    END IF;
+    RETURN QUERY
+    SELECT s.result IS NOT NULL, s.result
+    FROM pgq.jobs AS j
+    LEFT JOIN pgq.steps AS s ON s.job_id = j.id AND s.name = get_step.name
+    WHERE j.id = get_step.id AND j.attempt = get_step.attempt AND j.state = 'running'
+      AND pgq._owns(j.session_role);
+    IF NOT FOUND THEN
+        PERFORM pgq._reject(get_step.id, get_step.attempt, 'get_step');
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION pgq.get_step(bigint, integer, text) IS
+    'The recorded result of the caller''s running attempt''s step name: (true, result), or (false, '
+    'NULL) while it has none; no row when the attempt is not the caller''s.';
+
+-- The recorded steps of the caller's running job, in name order after after_name, at most
+-- limit_rows (1 to 10000): what a worker reads once per attempt, so that each step of the run
+-- then costs one call (its record) or none (already recorded). No row when the attempt is not the
+-- caller's (and a rejected event).
+CREATE OR REPLACE FUNCTION pgq.get_steps(id bigint, attempt integer, after_name text DEFAULT NULL,
+                                         limit_rows integer DEFAULT 1000)
+    RETURNS TABLE (name text, result jsonb)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM pgq._check_fence(get_steps.id, get_steps.attempt);
+    IF get_steps.limit_rows IS NULL OR get_steps.limit_rows NOT BETWEEN 1 AND 10000 THEN
+        PERFORM pgq._bad_argument('limit_rows',
+            format('must be between 1 and 10000, got %s', coalesce(get_steps.limit_rows::text, 'NULL')),
+            'Page with after_name => the last name of the previous page.');
+    END IF;
+    IF NOT EXISTS (SELECT FROM pgq.jobs AS j
+                   WHERE j.id = get_steps.id AND j.attempt = get_steps.attempt AND j.state = 'running'
+                     AND pgq._owns(j.session_role)) THEN
+        PERFORM pgq._reject(get_steps.id, get_steps.attempt, 'get_steps');
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT s.name, s.result FROM pgq.steps AS s
+    WHERE s.job_id = get_steps.id AND (get_steps.after_name IS NULL OR s.name > get_steps.after_name)
+    ORDER BY s.job_id, s.name
+    LIMIT get_steps.limit_rows;
+END
+$$;
+COMMENT ON FUNCTION pgq.get_steps(bigint, integer, text, integer) IS
+    'The recorded steps (name, result) of the caller''s running attempt''s job, in name order after '
+    'after_name, at most limit_rows; no row when the attempt is not the caller''s.';
+
+-- Records a step of the caller's running attempt: true (the first record of a name wins; a later
+-- one keeps it and answers true as well); false when the attempt is not the caller's (and a
+-- rejected event). The job's row is held FOR SHARE to the caller's commit (see above).
+CREATE OR REPLACE FUNCTION pgq.record_step(id bigint, attempt integer, name text, result jsonb)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+BEGIN
+    -- Every argument in one plain expression: only a call that fails it runs the checks that name
+    -- the bad one.
+    IF NOT coalesce(length(record_step.name) BETWEEN 1 AND 256 AND NOT starts_with(record_step.name, 'signal:')
+                    AND pgq._jsonb_size(record_step.result) <= 1048576
+                    AND record_step.id IS NOT NULL AND record_step.attempt IS NOT NULL, false) THEN
+        PERFORM pgq._check_fence(record_step.id, record_step.attempt);
+        PERFORM pgq._check_step_name('name', record_step.name, true);
+        PERFORM pgq._check_step_result(record_step.result);
+    END IF;
+    PERFORM FROM pgq.jobs AS j
+    WHERE j.id = record_step.id AND j.attempt = record_step.attempt AND j.state = 'running'
+      AND pgq._owns(j.session_role)
+    FOR SHARE;
+    IF NOT FOUND THEN
+        PERFORM pgq._reject(record_step.id, record_step.attempt, 'record_step');
+        RETURN false;
+    END IF;
+    INSERT INTO pgq.steps (job_id, name, attempt, result)
+    VALUES (record_step.id, record_step.name, record_step.attempt, record_step.result)
+    ON CONFLICT ON CONSTRAINT steps_pkey DO NOTHING;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgq.record_step(bigint, integer, text, jsonb) IS
+    'Records step name of the caller''s running attempt with its result (the first record of a name '
+    'wins; a later one keeps it: true); false when the attempt is not the caller''s.';
+
+-- A job's recorded steps: name, the attempt that recorded it, result and when, in name order after
+-- after_name, at most limit_rows (1 to 10000), for whoever may read the job's result
+-- (pgq._reads_result, pgq.job_result's rule); P0002 for anyone else, as for an unknown id.
+CREATE OR REPLACE FUNCTION pgq.job_steps(id bigint, limit_rows integer DEFAULT 1000, after_name text DEFAULT NULL)
+    RETURNS TABLE (name text, attempt integer, result jsonb, recorded_at timestamptz)
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    job pgq.jobs;
+BEGIN
+    IF job_steps.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    ELSIF job_steps.limit_rows IS NULL OR job_steps.limit_rows NOT BETWEEN 1 AND 10000 THEN
+        PERFORM pgq._bad_argument('limit_rows',
+            format('must be between 1 and 10000, got %s', coalesce(job_steps.limit_rows::text, 'NULL')),
+            'Page with after_name => the last name of the previous page.');
+    END IF;
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = job_steps.id;
+    IF NOT FOUND OR NOT pgq._reads_result(session_user, job.queue,
+                                          (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = job.queue),
+                                          job.enqueued_by) THEN
+        RAISE EXCEPTION 'pgq: no job with id %', job_steps.id
+            USING ERRCODE = 'no_data_found',
+                  HINT = 'A job''s steps are read by whoever may read its result (pgq.job_result).';
+    END IF;
+    RETURN QUERY
+    SELECT s.name, s.attempt, s.result, s.recorded_at FROM pgq.steps AS s
+    WHERE s.job_id = job_steps.id AND (job_steps.after_name IS NULL OR s.name > job_steps.after_name)
+    ORDER BY s.job_id, s.name
+    LIMIT job_steps.limit_rows;
+END
+$$;
+COMMENT ON FUNCTION pgq.job_steps(bigint, integer, text) IS
+    'A job''s recorded steps (name, attempt, result, recorded_at) in name order, for whoever may read '
+    'its result (pgq.job_result''s rule); P0002 for anyone else.';
+
+-- The durable sleep: step `name` records the wake time, now + delay, once (a later call of the same
+-- step reads it back: a job that runs again sleeps until the first call's time, not longer). While
+-- that time is ahead, the attempt ends as pgq.snooze ends it (pending again at that time, no
+-- attempt used, the lease and the worker's slot given up): ('sleeping', the wake time); the handler
+-- returns without completing, and the job's next attempt runs from the top with its steps. Once it
+-- has passed: ('awake', the wake time), and the handler goes on. No row when the attempt is not the
+-- caller's (a repeat after an ambiguous commit of the snooze answers 'sleeping' again). The same as
+-- pgq.record_step(id, attempt, name, jsonb_build_object('until', now() + delay)), then
+-- pgq.get_step's until and, while it is ahead, pgq.snooze(id, attempt, until - now()), in one call.
+CREATE OR REPLACE FUNCTION pgq.sleep(id bigint, attempt integer, name text, delay interval)
+    RETURNS TABLE (status text, wake_at timestamptz)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    job pgq.jobs;
+    recorded jsonb;
+    until timestamptz;
+BEGIN
+    PERFORM pgq._check_fence(sleep.id, sleep.attempt);
+    PERFORM pgq._check_step_name('name', sleep.name, true);
+    PERFORM pgq._check_interval('delay', sleep.delay, interval '365 days');
+    job := pgq._own_attempt(sleep.id, sleep.attempt, false);
+    IF job.id IS NULL THEN
+        -- A repeat after an ambiguous commit: this attempt's sleep, by this login.
+        RETURN QUERY SELECT 'sleeping'::text, j.run_at FROM pgq.jobs AS j
+                     WHERE j.id = sleep.id AND j.attempt = sleep.attempt AND j.state = 'pending'
+                       AND j.last_event = 'snoozed' AND pgq._same_login(j.session_role);
+        IF NOT FOUND THEN
+            PERFORM pgq._reject(sleep.id, sleep.attempt, 'sleep');
+        END IF;
+        RETURN;
+    END IF;
+    INSERT INTO pgq.steps (job_id, name, attempt, result)
+    VALUES (sleep.id, sleep.name, sleep.attempt, jsonb_build_object('until', pgq._now() + sleep.delay))
+    ON CONFLICT ON CONSTRAINT steps_pkey DO NOTHING;
+    SELECT s.result INTO recorded FROM pgq.steps AS s WHERE s.job_id = sleep.id AND s.name = sleep.name;
+    IF jsonb_typeof(recorded -> 'until') IS DISTINCT FROM 'string' THEN
+        PERFORM pgq._bad_argument('name', format('names step %s of job %s, which is no sleep',
+                                                 left(quote_literal(sleep.name), 80), sleep.id),
+            'A sleep records {"until": <time>}; give it a name of its own.');
+    END IF;
+    until := (recorded ->> 'until')::timestamptz;
+    IF until <= pgq._now() THEN
+        RETURN QUERY SELECT 'awake'::text, until;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT 'sleeping'::text, pgq.snooze(sleep.id, sleep.attempt, until - pgq._now());
+END
+$$;
+COMMENT ON FUNCTION pgq.sleep(bigint, integer, text, interval) IS
+    'A durable sleep: step name records now + delay once; while it is ahead the attempt ends as '
+    'pgq.snooze ends it (''sleeping'', the wake time), after it (''awake'', the wake time); no row when '
+    'the attempt is not the caller''s.';
+
+-- sql/functions/signals.sql ---------------------------------------------------------------------------
+
+-- sql/functions/signals.sql: signals and the jobs that wait for them: pgq.signal, pgq.await_signal,
+-- and the sweep's part (timeouts, and the signals' second look).
+--
+-- A signal is a named event of a queue (a human's approval, a webhook): pgq.signal stores it (the
+-- first of a name in a queue wins, pgq.signals) and wakes the queue's jobs parked for it. A job's
+-- handler asks for one with pgq.await_signal: 'arrived' with its payload, 'timed_out' once the wait
+-- has passed its timeout, or 'waiting': the job is parked (state waiting, wait_signal, wake_at; its
+-- attempt ends without using one up, its lease and its worker's slot are given up) until the signal
+-- or the timeout, and then runs again from the top with its steps. The outcome is recorded as the
+-- job's step signal:<name> (by the call, the signal's wake or the timeout, whichever decides first),
+-- so every later call of the job's handler gets the same answer, whatever happens to the signal.
+--
+-- How a signal and a wait meet, neither waiting for the other's transaction:
+--
+-- * await_signal takes the job's row first (a transaction id, before anything is read), then reads
+--   the signal; finding none, it parks the job. signal inserts the signal, then wakes the parked jobs
+--   it sees (SKIP LOCKED: a job another transaction holds is left for later, never waited for).
+-- * A wait and a signal in flight at once may not see each other: the wait reads no signal (it has
+--   not committed), the signal sees no parked job (the park has not committed). So every signal
+--   leaves a check (pgq.signal_checks) that pgq.sweep and pgq.settle_dependencies (which a worker
+--   calls about once a second) take once the signal has committed: each look wakes the jobs then
+--   parked for it, and the first look stamps the check with a transaction id taken after that
+--   (its horizon). Every wait that read no signal because the signal had not committed yet took its
+--   transaction id before that read, so before the horizon; once no transaction older than the
+--   horizon is running (pg_snapshot_xmin), each such wait has committed (its job parked, visible to
+--   the next look) or rolled back, and after that look the check goes. So a signal committed before,
+--   during or after a wait wakes it: in its own transaction when the park committed first, by the
+--   first look after both committed otherwise; and exactly once (a wake moves a parked job to
+--   pending once, on its locked row, and its step's first record wins).
+-- * The checks are shared work: one look per check per call, oldest first, the ones kept going to
+--   the back. A transaction left open anywhere (any login's) keeps checks from going, not wakes from
+--   happening; a producer's open transaction after pgq.signal holds only its own signal's row.
+--   Two signals of one name at once take turns on the signal's key: the second waits for the first
+--   at most lock_timeout (5 s), then 55P03 (if the first commits, the second would change nothing).
+-- * Timeouts: the sweep (and settle) moves the parked jobs whose wake_at has passed to pending,
+--   recording timed_out, oldest first, SKIP LOCKED; nothing waits for a worker.
+-- No advisory lock, no session setting: the only rows locked are pgq's own (a job's, a check's, the
+-- signal's key).
+
+-- Validates a signal's name: 22004 when NULL, 22023 unless 1 to 256 characters.
+CREATE OR REPLACE FUNCTION pgq._check_signal_name(name text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_signal_name.name IS NULL THEN
+        PERFORM pgq._bad_argument('name', 'must not be NULL', 'Name the signal: ''approved:order-42''.');
+    ELSIF length(_check_signal_name.name) NOT BETWEEN 1 AND 256 THEN
+        PERFORM pgq._bad_argument('name',
+            format('must be 1 to 256 characters long, got %s', length(_check_signal_name.name)));
+    END IF;
+END
+$$;
+
+-- Wakes up to max_jobs jobs of `queue` parked for the signal `name` (which carries `payload`), those
+-- no other transaction holds (SKIP LOCKED), in id order: each records signal:<name> = {"status":
+-- "arrived", "payload": ...} and becomes pending now. The queue is notified. Returns how many.
+CREATE OR REPLACE FUNCTION pgq._wake_waiters(queue text, name text, payload jsonb, max_jobs integer)
+    RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    woken integer;
+BEGIN
+    WITH parked AS (
+        SELECT j.id, j.attempt FROM pgq.jobs AS j
+        WHERE j.queue = _wake_waiters.queue AND j.wait_signal = _wake_waiters.name AND j.state = 'waiting'
+        ORDER BY j.id
+        LIMIT _wake_waiters.max_jobs
+        FOR NO KEY UPDATE SKIP LOCKED
+    ), outcomes AS (
+        INSERT INTO pgq.steps (job_id, name, attempt, result)
+        SELECT p.id, 'signal:' || _wake_waiters.name, p.attempt,
+               jsonb_build_object('status', 'arrived', 'payload', _wake_waiters.payload)
+        FROM parked AS p
+        ON CONFLICT ON CONSTRAINT steps_pkey DO NOTHING
+    ), woke AS (
+        UPDATE pgq.jobs AS j
+        SET state = 'pending', run_at = pgq._now(), wait_signal = NULL, wake_at = NULL, last_event = 'signalled'
+        FROM parked AS p
+        WHERE j.id = p.id
+        RETURNING j.id, j.attempt
+    ), events AS (
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+        SELECT w.id, w.attempt, NULL, 'signalled', 'waiting', 'pending',
+               format('signal %s arrived', left(quote_literal(_wake_waiters.name), 200))
+        FROM woke AS w JOIN pgq.queues AS q ON q.name = _wake_waiters.queue AND q.audit
+    )
+    SELECT count(*) INTO woken FROM woke;
+    IF woken > 0 THEN
+        PERFORM pgq._notify(_wake_waiters.queue);
+    END IF;
+    RETURN woken;
+END
+$$;
+
+-- Sends signal `name` to `queue` with `payload` (a JSON object, at most 1 MiB): the first of a name
+-- in a queue wins, a later one changes nothing (0). In the same transaction it wakes up to 1,000 of
+-- the queue's jobs parked for it (pgq._wake_waiters) and leaves a check for the rest and for the
+-- waits it overlaps (above); returns how many it woke. The queue must exist (22023). Who may send
+-- it: the privilege 'signal' (pgq.grant_queue), open to every producer of a queue without a signal
+-- grant (42501 otherwise).
+CREATE OR REPLACE FUNCTION pgq.signal(queue text, name text, payload jsonb DEFAULT '{}'::jsonb)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    q pgq.queues;
+    woken integer;
+    prior_timeout text;
+    first boolean;
+BEGIN
+    PERFORM pgq._check_name('queue', signal.queue);
+    PERFORM pgq._check_signal_name(signal.name);
+    PERFORM pgq._check_payload('payload', signal.payload);
+    q := pgq._existing_queue('queue', signal.queue);
+    IF q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'signal') THEN
+        PERFORM pgq._denied(q.name, 'signal');
+    END IF;
+    -- The insert waits (the signal's key) for another transaction sending this very signal, and (its
+    -- foreign key) for a drop of the queue in flight: at most 5 s, or the caller's shorter
+    -- lock_timeout, then 55P03.
+    prior_timeout := pgq._bound_lock_timeout(interval '5 seconds');
+    BEGIN
+        INSERT INTO pgq.signals AS s (queue, name, payload) VALUES (signal.queue, signal.name, signal.payload)
+        ON CONFLICT ON CONSTRAINT signals_pkey DO NOTHING;
+        first := FOUND;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'pgq: signal % of queue % is being sent by a transaction that has not ended (or the '
+                        'queue is being dropped); gave up after lock_timeout %', quote_literal(signal.name),
+                        quote_literal(signal.queue), current_setting('lock_timeout')
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'Try again once it has ended: if it committed, the signal is sent (the first of a name wins).';
+    END;
+    PERFORM set_config('lock_timeout', prior_timeout, true);
+    IF NOT first THEN
+        RETURN 0;  -- sent before: the first wins
+    END IF;
+    woken := pgq._wake_waiters(signal.queue, signal.name, signal.payload, 1000);
+    INSERT INTO pgq.signal_checks (queue, name) VALUES (signal.queue, signal.name);
+    RETURN woken;
+END
+$$;
+COMMENT ON FUNCTION pgq.signal(text, text, jsonb) IS
+    'Sends signal name to queue (the first of a name wins; a later one changes nothing) and wakes the '
+    'queue''s jobs waiting for it; returns how many it woke (0 for a later one).';
+
+-- The handler of the caller's running attempt waits for signal `name` of its job's queue:
+-- ('arrived', payload) once it is sent; ('timed_out', NULL) once a wait for it has passed its
+-- timeout (NULL: no timeout; at most 3650 days); else ('waiting', NULL): the job is parked (the
+-- attempt ends without using one up: state waiting, no lease, max_attempts + 1) until the signal or
+-- the timeout, and its handler returns without completing. The first answer other than 'waiting'
+-- is the job's step signal:<name>, and every later call answers it again. The timeout runs from the
+-- call that parked the job. No row when the attempt is not the caller's (and a rejected event); a
+-- repeat after an ambiguous commit of the park answers 'waiting' again. 54000 when the job has
+-- been given back its attempt too often (pgq._attempt_room).
+CREATE OR REPLACE FUNCTION pgq.await_signal(id bigint, attempt integer, name text, timeout interval)
+    RETURNS TABLE (status text, payload jsonb)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    job pgq.jobs;
+    outcome jsonb;
+    sent jsonb;
+BEGIN
+    PERFORM pgq._check_fence(await_signal.id, await_signal.attempt);
+    PERFORM pgq._check_signal_name(await_signal.name);
+    IF await_signal.timeout IS NOT NULL THEN
+        PERFORM pgq._check_interval('timeout', await_signal.timeout, interval '3650 days');
+    END IF;
+    -- The job's row first: this transaction's id is taken before the signal is read (see above).
+    job := pgq._own_attempt(await_signal.id, await_signal.attempt, false);
+    IF job.id IS NULL THEN
+        RETURN QUERY SELECT 'waiting'::text, NULL::jsonb FROM pgq.jobs AS j
+                     WHERE j.id = await_signal.id AND j.attempt = await_signal.attempt AND j.state = 'waiting'
+                       AND j.last_event = 'awaiting_signal' AND j.wait_signal = await_signal.name
+                       AND pgq._same_login(j.session_role);
+        IF NOT FOUND THEN
+            PERFORM pgq._reject(await_signal.id, await_signal.attempt, 'await_signal');
+        END IF;
+        RETURN;
+    END IF;
+    SELECT s.result INTO outcome FROM pgq.steps AS s
+    WHERE s.job_id = await_signal.id AND s.name = 'signal:' || await_signal.name;
+    IF outcome IS NOT NULL THEN
+        RETURN QUERY SELECT outcome ->> 'status', outcome -> 'payload';
+        RETURN;
+    END IF;
+    SELECT s.payload INTO sent FROM pgq.signals AS s WHERE s.queue = job.queue AND s.name = await_signal.name;
+    IF sent IS NOT NULL THEN
+        INSERT INTO pgq.steps (job_id, name, attempt, result)
+        VALUES (job.id, 'signal:' || await_signal.name, job.attempt,
+                jsonb_build_object('status', 'arrived', 'payload', sent));
+        RETURN QUERY SELECT 'arrived'::text, sent;
+        RETURN;
+    END IF;
+    IF job.max_attempts - job.attempt_offset >= pgq._attempt_room() THEN
+        PERFORM pgq._no_attempt_room(job.id, 'await_signal');
+    END IF;
+    WITH parked AS (
+        UPDATE pgq.jobs AS j
+        SET state = 'waiting', lease_until = NULL, max_attempts = j.max_attempts + 1,
+            wait_signal = await_signal.name, wake_at = pgq._now() + await_signal.timeout,
+            last_event = 'awaiting_signal', session_role = session_user
+        WHERE j.id = job.id
+        RETURNING j.id, j.attempt, j.claimed_by, j.wake_at
+    )
+    INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+    SELECT p.id, p.attempt, p.claimed_by, 'awaiting_signal', 'running', 'waiting',
+           format('signal %s%s', left(quote_literal(await_signal.name), 200),
+                  CASE WHEN p.wake_at IS NOT NULL THEN ' until ' || p.wake_at END)
+    FROM parked AS p JOIN pgq.queues AS q ON q.name = job.queue AND q.audit;
+    RETURN QUERY SELECT 'waiting'::text, NULL::jsonb;
+END
+$$;
+COMMENT ON FUNCTION pgq.await_signal(bigint, integer, text, interval) IS
+    'Waits for signal name of the job''s queue: (''arrived'', payload), (''timed_out'', NULL) once the '
+    'wait passed its timeout, or (''waiting'', NULL): the job is parked (no attempt used, no lease, no '
+    'slot) until then; no row when the attempt is not the caller''s.';
+
+-- The sweep's timeouts: up to max_jobs parked jobs whose wait for a signal has passed its timeout,
+-- oldest first, those no other transaction holds: each records signal:<name> = {"status":
+-- "timed_out"} and becomes pending now. Returns how many.
+CREATE OR REPLACE FUNCTION pgq._fire_wait_timeouts(max_jobs integer) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    fired integer;
+    due_queues text[];
+BEGIN
+    WITH due AS (
+        SELECT j.id, j.attempt, j.wait_signal FROM pgq.jobs AS j
+        WHERE j.wake_at <= pgq._now() AND j.wake_at IS NOT NULL AND j.state = 'waiting'
+        ORDER BY j.wake_at
+        LIMIT _fire_wait_timeouts.max_jobs
+        FOR NO KEY UPDATE SKIP LOCKED
+    ), outcomes AS (
+        INSERT INTO pgq.steps (job_id, name, attempt, result)
+        SELECT d.id, 'signal:' || d.wait_signal, d.attempt, jsonb_build_object('status', 'timed_out')
+        FROM due AS d
+        ON CONFLICT ON CONSTRAINT steps_pkey DO NOTHING
+    ), fired AS (
+        UPDATE pgq.jobs AS j
+        SET state = 'pending', run_at = pgq._now(), wait_signal = NULL, wake_at = NULL, last_event = 'wait_timed_out'
+        FROM due AS d
+        WHERE j.id = d.id
+        RETURNING j.id, j.queue, j.attempt, d.wait_signal
+    ), events AS (
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+        SELECT f.id, f.attempt, NULL, 'wait_timed_out', 'waiting', 'pending',
+               format('its wait for signal %s timed out', left(quote_literal(f.wait_signal), 200))
+        FROM fired AS f JOIN pgq.queues AS q ON q.name = f.queue AND q.audit
+    )
+    SELECT count(*), array_agg(DISTINCT f.queue) INTO fired, due_queues FROM fired AS f;
+    PERFORM pgq._notify(n.queue) FROM unnest(due_queues) AS n(queue);
+    RETURN fired;
+END
+$$;
+
+-- The sweep's (and settle's) look at the signals' checks (above): up to max_checks, oldest first,
+-- those no other call holds; for each, its signal's parked jobs woken (at most max_jobs in all),
+-- then the check goes once its horizon has passed and none is left parked, or moves to the back
+-- (stamped with this call's transaction id when it had no horizon, if this call took its id after
+-- reading the checks: one taken earlier may be older than the signal's commit). Runs at READ
+-- COMMITTED only (each statement must see what committed before it). Returns how many it woke.
+CREATE OR REPLACE FUNCTION pgq._settle_signals(max_checks integer, max_jobs integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    AS $$
+DECLARE
+    fresh  boolean := pg_current_xact_id_if_assigned() IS NULL;
+    taken  pgq.signal_checks[];
+    c      pgq.signal_checks;
+    stamp  xid8;
+    passed boolean;
+    sent   jsonb;
+    woken  integer := 0;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN 0;
+    END IF;
+    -- Locking them takes this transaction's id, if it had none: after they were read, so after
+    -- their signals committed.
+    taken := ARRAY(SELECT x FROM pgq.signal_checks AS x ORDER BY x.id LIMIT _settle_signals.max_checks
+                   FOR UPDATE SKIP LOCKED);
+    IF cardinality(taken) = 0 THEN
+        RETURN 0;
+    END IF;
+    IF fresh THEN
+        stamp := pg_current_xact_id();
+    END IF;
+    FOREACH c IN ARRAY taken LOOP
+        -- First whether the horizon has passed, then (a later statement, a later snapshot) the look.
+        passed := c.horizon IS NOT NULL AND pg_snapshot_xmin(pg_current_snapshot()) >= c.horizon;
+        SELECT s.payload INTO sent FROM pgq.signals AS s WHERE s.queue = c.queue AND s.name = c.name;
+        IF sent IS NOT NULL AND woken < _settle_signals.max_jobs THEN
+            woken := woken + pgq._wake_waiters(c.queue, c.name, sent, _settle_signals.max_jobs - woken);
+        END IF;
+        DELETE FROM pgq.signal_checks AS x WHERE x.id = c.id;
+        IF sent IS NOT NULL
+           AND (NOT passed OR EXISTS (SELECT FROM pgq.jobs AS j
+                                      WHERE j.queue = c.queue AND j.wait_signal = c.name AND j.state = 'waiting')) THEN
+            INSERT INTO pgq.signal_checks (queue, name, horizon) VALUES (c.queue, c.name, coalesce(c.horizon, stamp));
+        END IF;
+    END LOOP;
+    RETURN woken;
+END
+$$;
+
+-- sql/functions/workflows.sql -------------------------------------------------------------------------
+
+-- sql/functions/workflows.sql: a job's children (pgq.spawn), awaited without holding a worker's slot
+-- (pgq.await_jobs, pgq.job_outcomes), the tree they make (jobs.workflow_id, pgq.cancel_workflow), a
+-- job's lifetime (enqueue's start_by and max_lifetime: pgq._expire_jobs), and the durable part of
+-- every sweep and settle (pgq._settle_durable).
+--
+-- * A spawn is a step (pgq.steps, with child_id): the first call of a name enqueues the child (as
+--   pgq.enqueue would, for the caller's login: its queue's enqueue grants apply) and records it; a
+--   later call answers the same id. Children carry the root of the tree (workflow_id: the spawning
+--   job's, or the spawning job itself when it is the root) and their parent (parent_id).
+-- * await_jobs parks the job (state waiting, its attempt ended without using one up) as a
+--   dependant of the listed jobs not ended yet, all_ended: the dependencies' machinery
+--   (dependencies.sql) makes it pending once each has ended, however, in the end's transaction, or
+--   by the next settle when the two overlapped; then it runs again from the top, and its next call
+--   answers 'ended'.
+-- * cancel_workflow and spawn take turns on the spawning job's row: a spawn holds it FOR SHARE to
+--   its commit, the cancellation locks every unfinished member FOR NO KEY UPDATE (waiting at most
+--   lock_timeout, 5 s) and looks for members again after each round of locks. A spawn that committed
+--   before the cancellation locked its parent is seen by the next round (its child is cancelled);
+--   one that comes after finds its parent cancelled (not yours: NULL, nothing enqueued).
+
+-- Validates the ids of pgq.await_jobs and pgq.job_outcomes: 22004 when NULL, 22023 unless a
+-- one-dimensional array of 1 to `most` distinct ids without NULL (nor the job itself, `job_id`).
+CREATE OR REPLACE FUNCTION pgq._check_job_ids(ids bigint[], job_id bigint, most integer) RETURNS bigint[]
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+DECLARE
+    distinct_ids bigint[];
+BEGIN
+    IF _check_job_ids.ids IS NULL THEN
+        PERFORM pgq._bad_argument('ids', 'must not be NULL');
+    ELSIF array_ndims(_check_job_ids.ids) > 1 THEN
+        PERFORM pgq._bad_argument('ids', 'must be a one-dimensional array of job ids');
+    ELSIF array_position(_check_job_ids.ids, NULL) IS NOT NULL THEN
+        PERFORM pgq._bad_argument('ids', 'must not contain NULL');
+    ELSIF _check_job_ids.job_id = ANY (_check_job_ids.ids) THEN
+        PERFORM pgq._bad_argument('ids', format('must not name the job itself (%s)', _check_job_ids.job_id),
+            'A job that waited for itself would wait for ever.');
+    END IF;
+    distinct_ids := ARRAY(SELECT DISTINCT i.id FROM unnest(_check_job_ids.ids) AS i(id) ORDER BY i.id);
+    IF cardinality(distinct_ids) NOT BETWEEN 1 AND _check_job_ids.most THEN
+        PERFORM pgq._bad_argument('ids', format('must name 1 to %s jobs, got %s', _check_job_ids.most,
+                                                cardinality(distinct_ids)));
+    END IF;
+    RETURN distinct_ids;
+END
+$$;
+
+-- Enqueues the child `name` of the caller's running attempt's job into `queue` (kind, payload: as
+-- pgq.enqueue's, with its checks and the queue's enqueue grants for the caller's login) and records
+-- it as step `name` ({"job_id": <child>}); returns the child's id. A later call of the name (by any
+-- attempt) returns the same id and enqueues nothing; a name recorded by pgq.record_step is refused
+-- (22023). NULL when the attempt is not the caller's (and a rejected event): nothing is enqueued.
+-- The job's row is held FOR SHARE to the caller's commit (pgq.cancel_workflow waits for it).
+CREATE OR REPLACE FUNCTION pgq.spawn(id bigint, attempt integer, name text, queue text, kind text,
+                                     payload jsonb DEFAULT '{}'::jsonb)
+    RETURNS bigint
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+DECLARE
+    job pgq.jobs;
+    spawned record;
+    child bigint;
+BEGIN
+    PERFORM pgq._check_fence(spawn.id, spawn.attempt);
+    PERFORM pgq._check_step_name('name', spawn.name, true);
+    PERFORM pgq._check_name('queue', spawn.queue);
+    PERFORM pgq._check_name('kind', spawn.kind);
+    PERFORM pgq._check_payload('payload', spawn.payload);
+    job := pgq._own_attempt(spawn.id, spawn.attempt, true);
+    IF job.id IS NULL THEN
+        PERFORM pgq._reject(spawn.id, spawn.attempt, 'spawn');
+        RETURN NULL;
+    END IF;
+    SELECT s.child_id INTO spawned FROM pgq.steps AS s WHERE s.job_id = spawn.id AND s.name = spawn.name;
+    IF FOUND THEN
+        IF spawned.child_id IS NULL THEN
+            PERFORM pgq._bad_argument('name', format('names step %s of job %s, which is no spawn',
+                                                     left(quote_literal(spawn.name), 80), spawn.id),
+                'Give the child a name of its own.');
+        END IF;
+        RETURN spawned.child_id;
+    END IF;
+    child := pgq.enqueue(spawn.queue, spawn.kind, spawn.payload);
+    UPDATE pgq.jobs AS j SET workflow_id = coalesce(job.workflow_id, job.id), parent_id = job.id
+    WHERE j.id = child;
+    INSERT INTO pgq.steps (job_id, name, attempt, result, child_id)
+    VALUES (spawn.id, spawn.name, spawn.attempt, jsonb_build_object('job_id', child), child)
+    ON CONFLICT ON CONSTRAINT steps_pkey DO NOTHING;
+    IF NOT FOUND THEN
+        -- Another call of this attempt recorded the name meanwhile (it waited for that one's
+        -- commit): its child is the answer, and this one is taken back (nobody has seen it).
+        DELETE FROM pgq.jobs AS j WHERE j.id = child;
+        RETURN (SELECT s.child_id FROM pgq.steps AS s WHERE s.job_id = spawn.id AND s.name = spawn.name);
+    END IF;
+    RETURN child;
+END
+$$;
+COMMENT ON FUNCTION pgq.spawn(bigint, integer, text, text, text, jsonb) IS
+    'Enqueues the child name of the caller''s running attempt''s job once (a later call returns the '
+    'same id); it carries the root''s id (workflow_id). NULL when the attempt is not the caller''s.';
+
+-- The handler of the caller's running attempt waits for the jobs `ids` (1 to 10000, each a job the
+-- caller may read: a member of the job's workflow, or of a queue whose read grants admit the login;
+-- 22023 naming the first other id, as for an unknown one): 'ended' when every one has ended (done,
+-- failed or cancelled), else 'waiting': the job is parked (the attempt ends without using one up:
+-- state waiting, no lease, max_attempts + 1) until they have, and its handler returns without
+-- completing; it runs again from the top, and its next call answers 'ended'. pgq.job_outcomes
+-- reads their states and results. NULL when the attempt is not the caller's (and a rejected event);
+-- a repeat after an ambiguous commit of the park answers 'waiting' again while it waits.
+CREATE OR REPLACE FUNCTION pgq.await_jobs(id bigint, attempt integer, ids bigint[])
+    RETURNS text
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    AS $$
+DECLARE
+    job pgq.jobs;
+    wanted bigint[];
+    root bigint;
+    missing bigint;
+    open_ids bigint[];
+BEGIN
+    PERFORM pgq._check_fence(await_jobs.id, await_jobs.attempt);
+    wanted := pgq._check_job_ids(await_jobs.ids, await_jobs.id, 10000);
+    job := pgq._own_attempt(await_jobs.id, await_jobs.attempt, false);
+    IF job.id IS NULL THEN
+        IF EXISTS (SELECT FROM pgq.jobs AS j
+                   WHERE j.id = await_jobs.id AND j.attempt = await_jobs.attempt AND j.state = 'waiting'
+                     AND j.last_event = 'awaiting_jobs' AND pgq._same_login(j.session_role)) THEN
+            RETURN 'waiting';
+        END IF;
+        PERFORM pgq._reject(await_jobs.id, await_jobs.attempt, 'await_jobs');
+        RETURN NULL;
+    END IF;
+    root := coalesce(job.workflow_id, job.id);
+    WITH seen AS (
+        SELECT j.id, j.state FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue
+        WHERE j.id = ANY (wanted)
+          AND (j.workflow_id = root OR j.id = root OR q.restricted IS NULL
+               OR pgq._may(q.name, q.restricted, 'read'))
+    )
+    SELECT (SELECT min(i.id) FROM unnest(wanted) AS i(id) WHERE i.id NOT IN (SELECT s.id FROM seen AS s)),
+           ARRAY(SELECT s.id FROM seen AS s WHERE s.state NOT IN ('done', 'failed', 'cancelled') ORDER BY s.id)
+    INTO missing, open_ids;
+    IF missing IS NOT NULL THEN
+        PERFORM pgq._bad_argument('ids', format('names no job with id %s', missing),
+            'A job that never existed, or a finished one that pgq.prune has deleted, cannot be awaited.');
+    END IF;
+    IF cardinality(open_ids) = 0 THEN
+        RETURN 'ended';
+    END IF;
+    IF job.max_attempts - job.attempt_offset >= pgq._attempt_room() THEN
+        PERFORM pgq._no_attempt_room(job.id, 'await_jobs');
+    END IF;
+    WITH parked AS (
+        UPDATE pgq.jobs AS j
+        SET state = 'waiting', lease_until = NULL, max_attempts = j.max_attempts + 1,
+            dependency_mode = 'all_ended', dependencies_left = cardinality(open_ids),
+            last_event = 'awaiting_jobs', session_role = session_user
+        WHERE j.id = job.id
+        RETURNING j.id, j.attempt, j.claimed_by
+    )
+    INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+    SELECT p.id, p.attempt, p.claimed_by, 'awaiting_jobs', 'running', 'waiting',
+           format('%s of %s jobs not ended yet', cardinality(open_ids), cardinality(wanted))
+    FROM parked AS p JOIN pgq.queues AS q ON q.name = job.queue AND q.audit;
+    -- Linked to each open one, with a check each (an end in flight now cannot see the links).
+    PERFORM pgq._wait_for_dependencies(ARRAY[job.id], open_ids, NULL, NULL);
+    RETURN 'waiting';
+END
+$$;
+COMMENT ON FUNCTION pgq.await_jobs(bigint, integer, bigint[]) IS
+    '''ended'' when every listed job has ended, else ''waiting'': the caller''s job is parked (no attempt '
+    'used, no lease, no slot) until they have. NULL when the attempt is not the caller''s.';
+
+-- The states, results, last errors and end times of the jobs `ids` (1 to 1000), in id order, for the
+-- owner of the caller's running attempt (a handler after pgq.await_jobs): a member of the job's
+-- workflow is answered, and so is a job whose result the login may read (pgq.job_result's rule);
+-- any other id, and one pruned since, has NULL columns. No row when the attempt is not the caller's
+-- (and a rejected event).
+CREATE OR REPLACE FUNCTION pgq.job_outcomes(id bigint, attempt integer, ids bigint[])
+    RETURNS TABLE (job_id bigint, state text, result jsonb, last_error text, finished_at timestamptz)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    AS $$
+#variable_conflict use_column
+DECLARE
+    root bigint;
+    wanted bigint[];
+BEGIN
+    PERFORM pgq._check_fence(job_outcomes.id, job_outcomes.attempt);
+    wanted := pgq._check_job_ids(job_outcomes.ids, NULL, 1000);
+    SELECT coalesce(j.workflow_id, j.id) INTO root FROM pgq.jobs AS j
+    WHERE j.id = job_outcomes.id AND j.attempt = job_outcomes.attempt AND j.state = 'running'
+      AND pgq._owns(j.session_role);
+    IF root IS NULL THEN
+        PERFORM pgq._reject(job_outcomes.id, job_outcomes.attempt, 'job_outcomes');
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT w.id, y.state::text, CASE WHEN y.state = 'done' THEN y.result END,
+           CASE WHEN y.state IN ('done', 'failed', 'cancelled') THEN y.last_error END, y.finished_at
+    FROM unnest(wanted) AS w(id)
+    LEFT JOIN LATERAL (
+        SELECT x.state, x.result, x.last_error, x.finished_at FROM pgq.jobs AS x
+        WHERE x.id = w.id
+          AND (x.workflow_id = root OR x.id = root
+               OR pgq._reads_result(session_user, x.queue,
+                                    (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = x.queue),
+                                    x.enqueued_by))
+    ) AS y ON true
+    ORDER BY w.id;
+END
+$$;
+COMMENT ON FUNCTION pgq.job_outcomes(bigint, integer, bigint[]) IS
+    'The state, result, last_error and finished_at of jobs ids for the owner of the caller''s running '
+    'attempt (its workflow''s members, and jobs whose result it may read; NULLs otherwise).';
+
+-- Cancels the unfinished jobs of the workflow of job `id` (its root, and every job spawned under it),
+-- as pgq.cancel cancels one (a running one's worker is told at once), parents before children, and
+-- returns how many: at most 10,000 per call (a NOTICE says when more may be left: call it again
+-- until it returns 0). For admins and the login that enqueued the root; P0002 for anyone else, as
+-- for an unknown id. Waits for a member another transaction holds at most lock_timeout (5 s), then
+-- 55P03 and nothing is cancelled.
+CREATE OR REPLACE FUNCTION pgq.cancel_workflow(id bigint)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    SET enable_seqscan = off
+    AS $$
+DECLARE
+    root pgq.jobs;
+    member pgq.jobs;
+    cancelled integer := 0;
+    round integer;
+BEGIN
+    IF cancel_workflow.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    SELECT r.* INTO root FROM pgq.jobs AS j JOIN pgq.jobs AS r ON r.id = coalesce(j.workflow_id, j.id)
+    WHERE j.id = cancel_workflow.id;
+    IF root.id IS NULL
+       OR NOT (root.enqueued_by = session_user OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')) THEN
+        RAISE EXCEPTION 'pgq: no job with id %', cancel_workflow.id
+            USING ERRCODE = 'no_data_found',
+                  HINT = 'A workflow is cancelled by admins and by the login that enqueued its root.';
+    END IF;
+    -- Round after round: each locks the members it sees (waiting for a spawn in flight from one of
+    -- them) and cancels them; the next sees the children those spawns committed.
+    LOOP
+        round := 0;
+        FOR member IN
+            SELECT j.* FROM pgq.jobs AS j
+            WHERE (j.id = root.id OR j.workflow_id = root.id) AND j.state NOT IN ('done', 'failed', 'cancelled')
+            ORDER BY j.id
+            LIMIT 10000 - cancelled
+            FOR NO KEY UPDATE
+        LOOP
+            PERFORM pgq._cancel_job(member);
+            round := round + 1;
+        END LOOP;
+        cancelled := cancelled + round;
+        EXIT WHEN round = 0;
+        IF cancelled >= 10000 THEN
+            RAISE NOTICE 'pgq: cancelled 10000 jobs of workflow %; call again for the rest', root.id;
+            EXIT;
+        END IF;
+    END LOOP;
+    RETURN cancelled;
+END
+$$;
+COMMENT ON FUNCTION pgq.cancel_workflow(bigint) IS
+    'Cancels every unfinished job of the workflow of job id (its root and all spawned under it), at most '
+    '10000 per call; returns how many. For admins and the login that enqueued the root.';
+
+-- The sweep's lifetime step: up to max_jobs waiting or pending jobs whose start_by has passed while
+-- they were never claimed (cancelled) or whose expires_at has passed (failed), earliest first, those
+-- no other transaction holds; last_error says which. (A running attempt never runs past expires_at:
+-- its claim's deadline; the recovery ends it then.) Returns how many.
+CREATE OR REPLACE FUNCTION pgq._expire_jobs(max_jobs integer) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    ended integer;
+BEGIN
+    WITH due AS (
+        SELECT j.id, j.state FROM pgq.jobs AS j
+        WHERE least(CASE WHEN j.attempt = 0 THEN j.start_by END, j.expires_at) <= pgq._now()
+          AND (j.start_by IS NOT NULL OR j.expires_at IS NOT NULL) AND j.state IN ('waiting', 'pending')
+        ORDER BY least(CASE WHEN j.attempt = 0 THEN j.start_by END, j.expires_at)
+        LIMIT _expire_jobs.max_jobs
+        FOR NO KEY UPDATE SKIP LOCKED
+    ), gone AS (
+        UPDATE pgq.jobs AS j
+        SET state = CASE WHEN j.expires_at <= pgq._now() THEN 'failed' ELSE 'cancelled' END::pgq.job_state,
+            finished_at = pgq._now(), last_event = 'expired',
+            last_error = CASE WHEN j.expires_at <= pgq._now()
+                              THEN format('pgq: expired: alive longer than its max_lifetime (until %s)',
+                                          j.expires_at)
+                              ELSE format('pgq: expired: not claimed by its start_by (%s)', j.start_by) END
+        FROM due AS d
+        WHERE j.id = d.id
+        RETURNING j.id, j.queue, j.attempt, d.state AS from_state, j.state, j.last_error
+    ), events AS (
+        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note)
+        SELECT g.id, g.attempt, NULL, 'expired', g.from_state, g.state, g.last_error
+        FROM gone AS g JOIN pgq.queues AS q ON q.name = g.queue AND q.audit
+    )
+    SELECT count(*) INTO ended FROM gone;
+    RETURN ended;
+END
+$$;
+
+-- The durable part of pgq.sweep and pgq.settle_dependencies, each step only when it has work (one
+-- index probe each): the signals' checks first (pgq._settle_signals: before the call takes a
+-- transaction id of its own), the signal waits' timeouts, the lifetimes. Bounded by max_jobs each,
+-- never waiting. Returns how many jobs it moved on.
+CREATE OR REPLACE FUNCTION pgq._settle_durable(max_jobs integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    AS $$
+DECLARE
+    moved integer := 0;
+BEGIN
+    IF EXISTS (SELECT FROM pgq.signal_checks) THEN
+        moved := moved + pgq._settle_signals(_settle_durable.max_jobs, _settle_durable.max_jobs);
+    END IF;
+    IF EXISTS (SELECT FROM pgq.jobs AS j WHERE j.wake_at <= pgq._now() AND j.wake_at IS NOT NULL AND j.state = 'waiting') THEN
+        moved := moved + pgq._fire_wait_timeouts(_settle_durable.max_jobs);
+    END IF;
+    IF EXISTS (SELECT FROM pgq.jobs AS j
+               WHERE least(CASE WHEN j.attempt = 0 THEN j.start_by END, j.expires_at) <= pgq._now()
+                 AND (j.start_by IS NOT NULL OR j.expires_at IS NOT NULL) AND j.state IN ('waiting', 'pending')) THEN
+        moved := moved + pgq._expire_jobs(_settle_durable.max_jobs);
+    END IF;
+    RETURN moved;
+END
+$$;
+
 -- sql/functions/cleanup.sql ---------------------------------------------------------------------------
 
 -- sql/functions/cleanup.sql: the apply's last step but the grants: what the source no longer
@@ -8083,17 +9243,19 @@ $cleanup$;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC, pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
 
 GRANT EXECUTE ON FUNCTION
-    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text),
+    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text, timestamptz, interval),
     pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean, text[], text),
     pgq.batch_open(text, text, jsonb, text, text[]),
     pgq.batch_close(bigint),
     pgq.batch_status(bigint),
-    pgq.cancel_batch(bigint)
+    pgq.cancel_batch(bigint),
+    pgq.signal(text, text, jsonb),
+    pgq.cancel_workflow(bigint)
     TO pgq_producer;
 
 -- The outcome of a job: to the login that enqueued it (and readers of its queue), whichever pgq
 -- role it has.
-GRANT EXECUTE ON FUNCTION pgq.job_result(bigint) TO pgq_producer, pgq_worker, pgq_monitor;
+GRANT EXECUTE ON FUNCTION pgq.job_result(bigint), pgq.job_steps(bigint, integer, text) TO pgq_producer, pgq_worker, pgq_monitor;
 
 GRANT EXECUTE ON FUNCTION
     pgq.claim(text, text[], integer, interval, text[]),
@@ -8108,6 +9270,14 @@ GRANT EXECUTE ON FUNCTION
     pgq.mark_unknown(bigint, integer, text),
     pgq.progress(bigint, integer, jsonb),
     pgq.dependency_results(bigint, integer, integer, bigint),
+    pgq.get_step(bigint, integer, text),
+    pgq.get_steps(bigint, integer, text, integer),
+    pgq.record_step(bigint, integer, text, jsonb),
+    pgq.sleep(bigint, integer, text, interval),
+    pgq.await_signal(bigint, integer, text, interval),
+    pgq.spawn(bigint, integer, text, text, text, jsonb),
+    pgq.await_jobs(bigint, integer, bigint[]),
+    pgq.job_outcomes(bigint, integer, bigint[]),
     pgq.sweep(integer),
     pgq.settle_dependencies(integer),
     pgq.rate_limit_wait(text[])
@@ -8199,6 +9369,10 @@ REVOKE ALL ON TABLE pgq.rate_buckets FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.rate_slices FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.replace_slots FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.schedules FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.signal_checks FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.signal_grants FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.signals FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.steps FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.tenants FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.turns FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.unique_successors FROM PUBLIC;

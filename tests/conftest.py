@@ -9,6 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from clientkit import KINDS
+from durablekit import login_as  # noqa: F401  (a fixture: the durable tests' logins)
 
 from pgq_thin.testing.server import Databases, ThrowawayPostgres
 

@@ -1,5 +1,11 @@
 """The examples in examples/ (bash + psql, and Node.js with pg) run against a throwaway database.
 
+The durable workflow (psql_workflow.sh, node_workflow.mjs: the same order workflow): each test
+enqueues an order, runs the example in drain mode as often as the workflow needs (it exits when the
+job sleeps or waits: the worker holds nothing), sends the approval, and reads the outcome, the
+steps, the children and the events from the database, and from the log how often each step's body
+ran.
+
 The workers: each test enqueues jobs with SQL, runs one example as a real subprocess and reads the
 outcome from the database: which jobs are done, failed or pending again, with which attempt, and
 what pgq.job_events recorded. The waiters (psql_wait_result.sh, node_wait_result.mjs): each test
@@ -39,7 +45,7 @@ def node_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.skip("node and npm are not installed")
     directory = tmp_path_factory.mktemp("node_example")
-    for name in ("package.json", "node_worker.mjs", "node_wait_result.mjs"):
+    for name in ("package.json", "node_worker.mjs", "node_wait_result.mjs", "node_workflow.mjs"):
         shutil.copy(EXAMPLES / name, directory / name)
     proc = subprocess.run(
         ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error"],
@@ -403,3 +409,83 @@ def test_a_waiter_refuses_a_bad_job_id_and_reports_an_unknown_one(
     stdout, stderr = finish(waiter)
     assert waiter.returncode == 1 and stdout == "", stderr
     assert "no job with id 999999" in stderr
+
+
+# The durable workflow (issue 39): psql_workflow.sh and node_workflow.mjs ---------------------------
+
+@pytest.fixture(params=["psql", "node"])
+def workflow_command(request: pytest.FixtureRequest) -> list[str]:
+    """The command that runs one example workflow worker in drain mode."""
+    if request.param == "psql":
+        if shutil.which("psql") is None:
+            pytest.skip("psql is not installed")
+        return ["bash", str(EXAMPLES / "psql_workflow.sh"), "--drain"]
+    directory: Path = request.getfixturevalue("node_example")
+    return ["node", str(directory / "node_workflow.mjs"), "--drain"]
+
+
+def ran(log: str, step: str) -> int:
+    """How many times a step's body ran, by the workers' log lines."""
+    return sum(1 for line in log.splitlines() if line.endswith(f": step {step} ran"))
+
+
+def test_the_workflow_runs_each_step_once_and_parks_while_it_sleeps_waits_and_awaits_its_children(
+        workflow_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
+    order = one(conn, "SELECT pgq.enqueue('orders', 'fulfil_order', '{\"order\": 7}')")
+    settings = {"COOL_OFF": "1 second", "WORKER": "w-flow"}
+    logs = ""
+
+    def work() -> None:
+        nonlocal logs
+        proc = run_worker(workflow_command, dsn, **settings)
+        assert proc.returncode == 0, proc.stderr
+        logs += proc.stderr
+
+    work()  # the reservation, then the durable sleep: the job sleeps, the worker drains and exits
+    row = job(conn, order)
+    assert (row["state"], row["lease_until"], row["last_event"]) == ("pending", None, "snoozed")
+    assert one(conn, "SELECT run_at > now() FROM pgq.jobs WHERE id = %s", (order,))
+    wait_for(lambda: one(conn, "SELECT run_at <= now() FROM pgq.jobs WHERE id = %s", (order,)),
+             "the cool-off to pass")
+    work()  # awake: it waits for the approval, holding nothing
+    row = job(conn, order)
+    assert (row["state"], row["wait_signal"], row["lease_until"]) == ("waiting", "approved:7", None)
+    assert one(conn, "SELECT pgq.signal('orders', 'approved:7', '{\"by\": \"ann\"}')") == 1
+    work()  # approved: two children, awaited; they run, the order is released, invoiced and done
+    row = job(conn, order)
+    assert row["state"] == "done", row
+    assert row["result"] == {"order": 7, "approved_by": "ann",
+                             "packed": [{"item": 1, "packed": True}, {"item": 2, "packed": True}]}
+    # Four attempts ran the handler from the top; the three that parked gave their attempt back.
+    assert (row["attempt"], row["max_attempts"]) == (4, 25 + 3)
+    assert (ran(logs, "reserve"), ran(logs, "invoice")) == (1, 1)
+    names = [r[0] for r in conn.execute("SELECT name FROM pgq.job_steps(%s)", (order,))]
+    assert names == ["cool-off", "invoice", "pack-1", "pack-2", "reserve", "signal:approved:7"]
+    children = conn.execute("SELECT kind, state, workflow_id, parent_id FROM pgq.jobs WHERE id <> %s ORDER BY id",
+                            (order,)).fetchall()
+    assert children == [("pack_item", "done", order, order)] * 2
+    assert [e[0] for e in events(conn, order)] == [
+        "claimed", "snoozed", "claimed", "awaiting_signal", "signalled", "claimed", "awaiting_jobs",
+        "dependencies_done", "claimed", "completed"]
+    assert one(conn, "SELECT count(*) FROM pgq.job_events WHERE event = 'rejected'") == 0
+
+
+def test_the_workflow_fails_the_order_when_its_approval_times_out(
+        workflow_command: list[str], conn: psycopg.Connection, dsn: str) -> None:
+    order = one(conn, "SELECT pgq.enqueue('orders', 'fulfil_order', '{\"order\": 8}')")
+    settings = {"COOL_OFF": "1 millisecond", "APPROVAL_TIMEOUT": "1 second"}
+    proc = run_worker(workflow_command, dsn, **settings)
+    assert proc.returncode == 0, proc.stderr
+    wait_for(lambda: one(conn, "SELECT run_at <= now() FROM pgq.jobs WHERE id = %s", (order,)), "the cool-off")
+    proc = run_worker(workflow_command, dsn, **settings)
+    assert proc.returncode == 0, proc.stderr
+    assert job(conn, order)["state"] == "waiting"
+    # The timeout fires in a settle (a Python worker calls pgq.settle_dependencies every second).
+    wait_for(lambda: one(conn, "SELECT wake_at <= now() FROM pgq.jobs WHERE id = %s", (order,)), "the timeout")
+    assert one(conn, "SELECT pgq.settle_dependencies()") == 1
+    proc = run_worker(workflow_command, dsn, **settings)
+    assert proc.returncode == 0, proc.stderr
+    assert "no approval in time" in proc.stderr
+    row = job(conn, order)
+    assert (row["state"], row["last_error"]) == ("failed", "not approved in time")
+    assert one(conn, "SELECT pgq.signal('orders', 'approved:8')") == 0

@@ -37,6 +37,17 @@ API: dict[str, tuple[str, set[str]]] = {
     "sweep": ("SELECT pgq.sweep()", WORKER),
     "settle_dependencies": ("SELECT pgq.settle_dependencies()", WORKER),
     "dependency_results": ("SELECT * FROM pgq.dependency_results(1, 1)", WORKER),
+    "get_step": ("SELECT * FROM pgq.get_step(1, 1, 'a')", WORKER),
+    "get_steps": ("SELECT * FROM pgq.get_steps(1, 1)", WORKER),
+    "record_step": ("SELECT pgq.record_step(1, 1, 'a', '{}')", WORKER),
+    "sleep": ("SELECT * FROM pgq.sleep(1, 1, 'nap', '1 hour')", WORKER),
+    "await_signal": ("SELECT * FROM pgq.await_signal(1, 1, 'go', '1 hour')", WORKER),
+    "spawn": ("SELECT pgq.spawn(1, 1, 'child', 'q', 'k')", WORKER),
+    "await_jobs": ("SELECT pgq.await_jobs(1, 1, '{2}')", WORKER),
+    "job_outcomes": ("SELECT * FROM pgq.job_outcomes(1, 1, '{2}')", WORKER),
+    "signal": ("SELECT pgq.signal('q', 'go')", PRODUCER),
+    "cancel_workflow": ("SELECT pgq.cancel_workflow(1)", PRODUCER),
+    "job_steps": ("SELECT * FROM pgq.job_steps(1)", {"pgq_producer", "pgq_worker", "pgq_monitor", "pgq_admin"}),
     "batch_open": ("SELECT pgq.batch_open('q', 'k')", PRODUCER),
     "batch_close": ("SELECT pgq.batch_close(1)", PRODUCER),
     "batch_status": ("SELECT * FROM pgq.batch_status(1)", PRODUCER | MONITOR),
@@ -91,7 +102,8 @@ TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "t
           "job_dependants": "job_id", "batches": "run_when", "batch_counts": "done", "batch_members": "job_id",
           "unique_successors": "unique_key", "replace_slots": "unique_key", "overlap_checks": "login",
           "cascade_backlog": "login", "cascade_budgets": "budget", "dependency_checks": "job_id",
-          "dependency_backlog": "job_id"}
+          "dependency_backlog": "job_id", "steps": "name", "signals": "name", "signal_checks": "name",
+          "signal_grants": "queue"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:
@@ -288,6 +300,7 @@ def scenario(c: psycopg.Connection, su: psycopg.Connection, queue: str) -> list[
                "deadline = pg_catalog.now() - interval '1 second' WHERE id = %s", (t,))
     out.append(one(c, "SELECT pgq.sweep()"))
     out.append(c.execute("SELECT state::text, last_event FROM pgq.get_job(%s)", (t,)).fetchone())
+    out.extend(durable_scenario(c, queue + "_flow"))
     out.append(c.execute("SELECT paused FROM pgq.pause(%s)", (queue,)).fetchone())
     out.append(c.execute("SELECT paused FROM pgq.resume(%s)", (queue,)).fetchone())
     out.append(one(c, "SELECT pgq.prune(interval '1 day')"))
@@ -301,7 +314,44 @@ def scenario(c: psycopg.Connection, su: psycopg.Connection, queue: str) -> list[
         out.append((name[job_id], row["state"], row["attempt"], row["max_attempts"], row["last_event"],
                     error, row["payload"], row["result"]))
     out.append(su.execute("SELECT event, attempt, from_state::text, to_state::text FROM pgq.job_events "
-                          "WHERE job_id = ANY(%s) ORDER BY id", ([a, b, d],)).fetchall())
+                          "WHERE job_id = ANY(%s) ORDER BY job_id, id", ([a, b, d],)).fetchall())
+    return out
+
+
+def durable_scenario(c: psycopg.Connection, flow: str) -> list[Any]:
+    """The durable calls (issue 39) on queue `flow`: steps, a spawned child awaited, a signal wait,
+    a sleep, the steps read back, the workflow cancelled."""
+    out: list[Any] = []
+    root = one(c, "SELECT pgq.enqueue(%s, 'root')", (flow,))
+
+    def attempt(job_id: int) -> int:
+        (x,) = claim(c, worker="w", queues=[flow])
+        assert x["id"] == job_id
+        return int(x["attempt"])
+
+    r1 = attempt(root)
+    out.append(one(c, "SELECT pgq.record_step(%s, %s, 's', '{\"v\": 1}')", (root, r1)))
+    out.append(c.execute("SELECT found, result FROM pgq.get_step(%s, %s, 's')", (root, r1)).fetchall())
+    out.append(c.execute("SELECT name, result FROM pgq.get_steps(%s, %s)", (root, r1)).fetchall())
+    child = one(c, "SELECT pgq.spawn(%s, %s, 'c', %s, 'child', '{\"n\": 1}')", (root, r1, flow))
+    out.append(one(c, "SELECT pgq.spawn(%s, %s, 'c', %s, 'child')", (root, r1, flow)) == child)
+    out.append(one(c, "SELECT pgq.await_jobs(%s, %s, ARRAY[%s]::bigint[])", (root, r1, child)))
+    c1 = attempt(child)
+    wait = "SELECT status, payload FROM pgq.await_signal(%s, %s, 'go', '1 hour')"
+    out.append(c.execute(wait, (child, c1)).fetchall())
+    out.append(one(c, "SELECT pgq.signal(%s, 'go', '{\"ok\": 1}')", (flow,)))
+    c2 = attempt(child)
+    out.append(c.execute(wait, (child, c2)).fetchall())
+    out.append(one(c, "SELECT pgq.complete(%s, %s, '{\"done\": 1}')", (child, c2)))
+    r2 = attempt(root)
+    out.append(one(c, "SELECT pgq.await_jobs(%s, %s, ARRAY[%s]::bigint[])", (root, r2, child)))
+    out.append(c.execute("SELECT job_id = %s, state, result FROM pgq.job_outcomes(%s, %s, ARRAY[%s]::bigint[])",
+                         (child, root, r2, child)).fetchall())
+    out.append(c.execute("SELECT status FROM pgq.sleep(%s, %s, 'nap', '1 hour')", (root, r2)).fetchall())
+    out.append(c.execute("SELECT name, attempt, result->'job_id' = to_jsonb(%s::bigint), result ? 'until' "
+                         "FROM pgq.job_steps(%s)", (child, root)).fetchall())
+    out.append(one(c, "SELECT pgq.cancel_workflow(%s)", (child,)))
+    out.append(c.execute("SELECT state::text, workflow_id IS NULL FROM pgq.get_job(%s)", (root,)).fetchone())
     return out
 
 

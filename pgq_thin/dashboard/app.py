@@ -90,8 +90,14 @@ PAGE_SIZE = 50
 #: How many of a job's dependencies, and of its dependants, the job page and /api/jobs/{id} list
 #: (pgq.job_links is asked for one more of each, to say when there are more).
 LINKS_SHOWN = 100
-#: The job's columns of migration 0017 that the job page shows apart (None on an older schema).
-WORKFLOW_COLUMNS = ("dependency_mode", "batch_id")
+#: The job's columns of migrations 0017 and 0022 that the job page shows apart (None on an older
+#: schema): its dependency mode and batch; its workflow, parent, the signal it waits for and until
+#: when, its start_by and expires_at.
+WORKFLOW_COLUMNS = ("dependency_mode", "batch_id", "workflow_id", "parent_id", "wait_signal", "wake_at",
+                    "start_by", "expires_at", "dependencies_left", "last_event", "state")
+#: How many of a job's recorded steps the job page and /api/jobs/{id} list (pgq.job_steps' first
+#: page, by name; asked for one more, to say when there are more).
+STEPS_SHOWN = 100
 #: What a page shows when it could not ask what the login may do: nothing may be done.
 UNKNOWN_PERMISSIONS: dict[str, Any] = {"role": "?", "can": {}, "read_only": True, "missing": []}
 #: "retry all shown" and "cancel all shown" (README, Dashboard): the list's states each acts on,
@@ -323,6 +329,7 @@ class Dashboard:
         job_id = _job_id(request.path_params["id"])
         job = await client.get_job(job_id)
         return {"job": job, "workflow": _workflow(job), "links": await self.job_links(client, job_id),
+                "steps": await self.job_steps(client, job_id),
                 "history": await client.job_history(job_id), "resolve_states": RESOLVE_STATES}
 
     async def batch(self, request: Request, client: AsyncClient) -> dict[str, Any]:
@@ -347,11 +354,27 @@ class Dashboard:
                 return None
             raise
         links: dict[str, Any] = {}
-        for relation, name in (("dependency", "dependencies"), ("dependant", "dependants")):
+        for relation, name in (("dependency", "dependencies"), ("dependant", "dependants"), ("parent", "parent"),
+                               ("child", "children"), ("awaiting", "awaiting")):
             of = [{"job_id": r.job_id, "queue": r.queue, "kind": r.kind, "state": r.state}
                   for r in rows if r.relation == relation]
             links[name], links[f"more_{name}"] = of[:LINKS_SHOWN], len(of) > LINKS_SHOWN
         return links
+
+    async def job_steps(self, client: AsyncClient, job_id: int) -> dict[str, Any] | None:
+        """The first STEPS_SHOWN recorded steps (pgq.job_steps, by name) and whether there are more;
+        None when the dashboard's login may not read them (pgq.job_result's rule) or the schema has
+        no pgq.job_steps (before 0022)."""
+        try:
+            rows = await client.job_steps(job_id, STEPS_SHOWN + 1)
+        except (JobNotFound, PermissionDenied):
+            return None
+        except PgqError as exc:
+            if exc.sqlstate == "42883":  # undefined_function: the database is not migrated to 0022 yet
+                return None
+            raise
+        return {"rows": [{"name": r.name, "attempt": r.attempt, "result": r.result, "recorded_at": r.recorded_at}
+                         for r in rows[:STEPS_SHOWN]], "more": len(rows) > STEPS_SHOWN}
 
     # The login form --------------------------------------------------------------------------------
 
@@ -424,10 +447,11 @@ class Dashboard:
         return {"jobs": jobs, "next_before_id": jobs[-1].id if len(jobs) == limit else None}
 
     async def api_job(self, request: Request, client: AsyncClient) -> Any:
-        """The job (pgq.get_job's row), its history, and its links (see job_links; null before 0017)."""
+        """The job (pgq.get_job's row), its history, its links (see job_links; null before 0017) and
+        its steps (see job_steps; null before 0022, or for a login that may not read them)."""
         job_id = _job_id(request.path_params["id"])
         return {"job": await client.get_job(job_id), "history": await client.job_history(job_id),
-                "links": await self.job_links(client, job_id)}
+                "links": await self.job_links(client, job_id), "steps": await self.job_steps(client, job_id)}
 
     async def api_batch(self, request: Request, client: AsyncClient) -> Any:
         """pgq.batch_status's row: state, counts by state, the callback and its job id once enqueued."""

@@ -1,13 +1,13 @@
 -- sql/functions/access.sql: who may act: the login a job is bound to, and per-queue grants
--- (enqueue, claim, read).
+-- (enqueue, claim, read, signal).
 
 -- A job is bound to the database login that claimed it (session_user, kept in
 -- jobs.session_role): worker names are whatever a caller says, logins are what PostgreSQL
 -- authenticated. The owner operations accept a running attempt's writes only from that login or
 -- from a member of pgq_admin, and recognise a repeated call only from the login that made it.
--- Per-queue grants (pgq.grants) restrict enqueue, claim and read per queue. Both are decided on
--- session_user, not current_user: inside these SECURITY DEFINER functions current_user is the
--- schema's owner, and a SET ROLE does not change who logged in.
+-- Per-queue grants (pgq.grants, pgq.signal_grants) restrict enqueue, claim, read and signal per
+-- queue. Both are decided on session_user, not current_user: inside these SECURITY DEFINER
+-- functions current_user is the schema's owner, and a SET ROLE does not change who logged in.
 
 -- Whether the session's login may write to a running attempt whose job's session_role is
 -- `owner`: it is the login that claimed it, or a member of pgq_admin (superusers are members of
@@ -27,7 +27,7 @@ CREATE OR REPLACE FUNCTION pgq._same_login(actor text) RETURNS boolean
 -- Whether the session's login may use `privilege` on `queue`, whose queues.restricted is
 -- `restricted`: always when that privilege has no grant on the queue; otherwise for members of a
 -- role granted it (read: granted read or claim, since a worker reads the jobs it may claim) and
--- of pgq_admin.
+-- of pgq_admin. The grants of signal are pgq.signal_grants'.
 CREATE OR REPLACE FUNCTION pgq._may(queue text, restricted text[], privilege text) RETURNS boolean
     LANGUAGE sql STABLE
     AS $$
@@ -37,6 +37,9 @@ CREATE OR REPLACE FUNCTION pgq._may(queue text, restricted text[], privilege tex
                    WHERE g.queue = _may.queue
                      AND (g.privilege = _may.privilege OR (_may.privilege = 'read' AND g.privilege = 'claim'))
                      AND pg_has_role(session_user, g.role, 'MEMBER'))
+        OR _may.privilege = 'signal'
+           AND EXISTS (SELECT FROM pgq.signal_grants AS g
+                       WHERE g.queue = _may.queue AND pg_has_role(session_user, g.role, 'MEMBER'))
 $$;
 
 -- Whether the session's login may read the jobs of `queue` (true for a queue that does not exist).
@@ -53,7 +56,8 @@ CREATE OR REPLACE FUNCTION pgq._denied(queue text, privilege text) RETURNS void
     AS $$
 BEGIN
     RAISE EXCEPTION 'pgq: login % may not % queue %', quote_ident(session_user),
-        CASE _denied.privilege WHEN 'enqueue' THEN 'enqueue into' WHEN 'claim' THEN 'claim from' ELSE 'read' END,
+        CASE _denied.privilege WHEN 'enqueue' THEN 'enqueue into' WHEN 'claim' THEN 'claim from'
+                               WHEN 'signal' THEN 'signal' ELSE 'read' END,
         quote_literal(_denied.queue)
         USING ERRCODE = 'insufficient_privilege',
               HINT = format('The queue has %s grants, none to a role of this login: an admin adds one '
@@ -106,7 +110,8 @@ BEGIN
     END IF;
     SELECT r.oid INTO role_oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = _grant_target.role;
     IF NOT FOUND AND _grant_target.dropped_ok AND _grant_target.role ~ '^[0-9]{1,10}$' THEN
-        SELECT g.role INTO role_oid FROM pgq.grants AS g
+        SELECT g.role INTO role_oid
+        FROM (SELECT x.queue, x.role FROM pgq.grants AS x UNION ALL SELECT y.queue, y.role FROM pgq.signal_grants AS y) AS g
         WHERE g.queue = _grant_target.queue AND g.role = _grant_target.role::bigint
           AND NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.oid = g.role)
         LIMIT 1;
@@ -118,9 +123,9 @@ BEGIN
     END IF;
     IF _grant_target.privilege IS NULL THEN
         PERFORM pgq._bad_argument('privilege', 'must not be NULL');
-    ELSIF _grant_target.privilege NOT IN ('enqueue', 'claim', 'read') THEN
+    ELSIF _grant_target.privilege NOT IN ('enqueue', 'claim', 'read', 'signal') THEN
         PERFORM pgq._bad_argument('privilege',
-            format('must be one of enqueue, claim, read, got %s', left(quote_literal(_grant_target.privilege), 40)));
+            format('must be one of enqueue, claim, read, signal, got %s', left(quote_literal(_grant_target.privilege), 40)));
     END IF;
     PERFORM pgq._lock_queue(_grant_target.queue);  -- at most lock_timeout (5 s), then 55P03
     RETURN role_oid;
@@ -132,13 +137,15 @@ CREATE OR REPLACE FUNCTION pgq._refresh_restricted(queue text) RETURNS text[]
     LANGUAGE sql
     AS $$
     UPDATE pgq.queues AS q
-    SET restricted = (SELECT array_agg(DISTINCT g.privilege ORDER BY g.privilege) FROM pgq.grants AS g
-                      WHERE g.queue = _refresh_restricted.queue)
+    SET restricted = (SELECT array_agg(DISTINCT g.privilege ORDER BY g.privilege)
+                      FROM (SELECT x.privilege FROM pgq.grants AS x WHERE x.queue = _refresh_restricted.queue
+                            UNION ALL
+                            SELECT 'signal' FROM pgq.signal_grants AS y WHERE y.queue = _refresh_restricted.queue) AS g)
     WHERE q.name = _refresh_restricted.queue
     RETURNING q.restricted
 $$;
 
--- Lets the members of `role` use `privilege` (enqueue, claim or read) on an existing queue. The
+-- Lets the members of `role` use `privilege` (enqueue, claim, read or signal) on an existing queue. The
 -- queue's first grant of a privilege restricts that privilege to the granted roles (and
 -- pgq_admin) from the grant's commit on. Returns true when the grant is new, false when it was
 -- there already.
@@ -152,16 +159,20 @@ DECLARE
     role_oid oid := pgq._grant_target(grant_queue.queue, grant_queue.role, grant_queue.privilege, false);
     added boolean;
 BEGIN
-    INSERT INTO pgq.grants AS g (queue, privilege, role)
-    VALUES (grant_queue.queue, grant_queue.privilege, role_oid)
-    ON CONFLICT DO NOTHING;
+    IF grant_queue.privilege = 'signal' THEN
+        INSERT INTO pgq.signal_grants AS g (queue, role) VALUES (grant_queue.queue, role_oid) ON CONFLICT DO NOTHING;
+    ELSE
+        INSERT INTO pgq.grants AS g (queue, privilege, role)
+        VALUES (grant_queue.queue, grant_queue.privilege, role_oid)
+        ON CONFLICT DO NOTHING;
+    END IF;
     added := FOUND;
     PERFORM pgq._refresh_restricted(grant_queue.queue);
     RETURN added;
 END
 $$;
 COMMENT ON FUNCTION pgq.grant_queue(text, text, text) IS
-    'Lets members of role enqueue into, claim from or read (privilege) the queue; once a queue has a '
+    'Lets members of role enqueue into, claim from, read or signal (privilege) the queue; once a queue has a '
     'grant of a privilege, only granted roles and pgq_admin have it. True when new.';
 
 -- Takes a grant back. When it was the queue's last grant of that privilege, the privilege is open
@@ -178,8 +189,12 @@ DECLARE
     removed boolean;
     restricted text[];
 BEGIN
-    DELETE FROM pgq.grants AS g
-    WHERE g.queue = revoke_queue.queue AND g.privilege = revoke_queue.privilege AND g.role = role_oid;
+    IF revoke_queue.privilege = 'signal' THEN
+        DELETE FROM pgq.signal_grants AS g WHERE g.queue = revoke_queue.queue AND g.role = role_oid;
+    ELSE
+        DELETE FROM pgq.grants AS g
+        WHERE g.queue = revoke_queue.queue AND g.privilege = revoke_queue.privilege AND g.role = role_oid;
+    END IF;
     removed := FOUND;
     restricted := pgq._refresh_restricted(revoke_queue.queue);
     IF removed AND NOT revoke_queue.privilege = ANY (coalesce(restricted, '{}')) THEN
@@ -203,7 +218,9 @@ CREATE OR REPLACE FUNCTION pgq.queue_grants(queue text DEFAULT NULL)
     AS $$
     SELECT pgq._existing_queue('queue', queue_grants.queue) WHERE queue_grants.queue IS NOT NULL;
     SELECT g.queue, g.privilege, coalesce(r.rolname::text, g.role::text), g.granted_at, g.granted_by
-    FROM pgq.grants AS g
+    FROM (SELECT x.queue, x.privilege, x.role, x.granted_at, x.granted_by FROM pgq.grants AS x
+          UNION ALL
+          SELECT y.queue, 'signal', y.role, y.granted_at, y.granted_by FROM pgq.signal_grants AS y) AS g
     LEFT JOIN pg_catalog.pg_roles AS r ON r.oid = g.role
     WHERE queue_grants.queue IS NULL OR g.queue = queue_grants.queue
     ORDER BY 1, 2, 3;

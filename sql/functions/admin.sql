@@ -310,9 +310,10 @@ $$;
 COMMENT ON FUNCTION pgq.resolve(bigint, text) IS
     'Settles an outcome_unknown job as done, failed, cancelled or pending (run again).';
 
--- Deletes finished (done, failed, cancelled) jobs, with their events, older than older_than, or
--- than each queue's retention when older_than is NULL. At most max_jobs per call: call it again
--- until it returns 0. Then removes up to max_jobs tenants of fair queues that have no job left and
+-- Deletes finished (done, failed, cancelled) jobs, with their events and steps, older than
+-- older_than, or than each queue's retention when older_than is NULL. At most max_jobs per call:
+-- call it again until it returns 0. Then up to max_jobs signals sent before the same horizon, and
+-- up to max_jobs tenants of fair queues that have no job left and
 -- the default weight 1 (a weight set with pgq.set_tenant_weight is kept; a tenant removed comes
 -- back with its next job, one round behind the busiest as after any idle time). A queue whose
 -- writer lock an enqueue holds is left for the next call: its new job may be one of those tenants'.
@@ -360,6 +361,8 @@ BEGIN
     ), members AS (
         DELETE FROM pgq.batch_members AS m USING gone AS g
         WHERE g.batch_id IS NOT NULL AND m.batch_id = g.batch_id AND m.job_id = g.id
+    ), steps AS (
+        DELETE FROM pgq.steps AS s USING gone AS g WHERE s.job_id = g.id
     )
     SELECT count(*) INTO deleted FROM gone;
     -- Batches whose callback was enqueued before the same horizon and whose members are all
@@ -385,6 +388,13 @@ BEGIN
         WHERE NOT EXISTS (SELECT FROM pgq.jobs AS j
                           WHERE j.id = x.job_id AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown'))
         LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);
+    -- Signals sent before the same horizon (each job they woke has its own record of it: the step
+    -- signal:<name>); a job that waits for one later waits for it to be sent again.
+    DELETE FROM pgq.signals AS s
+    WHERE (s.queue, s.name) IN (
+        SELECT x.queue, x.name FROM pgq.signals AS x JOIN pgq.queues AS q ON q.name = x.queue
+        WHERE x.sent_at < pgq._now() - coalesce(prune.older_than, q.retention)
+        ORDER BY x.sent_at LIMIT prune.max_jobs FOR UPDATE OF x SKIP LOCKED);
 
     -- Idle tenants, queue by queue, each under its queue's row taken FOR UPDATE without waiting
     -- (the queue's writer lock, which every enqueue holds FOR KEY SHARE: pgq._queue_to_write) and

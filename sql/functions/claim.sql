@@ -355,6 +355,13 @@ BEGIN
 END
 $$;
 
+-- Whether a job has expired: its start_by has passed before its first claim, or its expires_at has
+-- passed (enqueue's start_by and max_lifetime). One expression, inlined where it is used.
+CREATE OR REPLACE FUNCTION pgq._expired(attempt integer, start_by timestamptz, expires_at timestamptz)
+    RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$ SELECT coalesce(least(CASE WHEN $1 = 0 THEN $2 END, $3) <= pgq._now(), false) $$;
+
 -- The pick and the lease, in one statement: for each eligible queue (its room in `rooms`, in name
 -- order, with the room each has, and whether it is fair or takes the per-key step), its first claimable jobs
 -- in index order, per kind when the worker named its kinds; with the fair and key-limited queues'
@@ -411,20 +418,31 @@ BEGIN
         ORDER BY c.priority DESC, c.run_at, c.id
         LIMIT _lease_jobs.batch
     ), claimed AS (
+        -- A pick that has expired (enqueue's start_by passed before its first claim, or its
+        -- expires_at: pgq._expired, read from the row this UPDATE writes) is never handed out: it
+        -- leaves the claimable jobs, waiting, its attempt untouched, for the sweep to end
+        -- (pgq._expire_jobs; an end here would set off its consequences inside the claim). The
+        -- CASEs cost a job that has neither a few tests; a second UPDATE for them would cost every
+        -- claim the opening of the table's indexes.
         UPDATE pgq.jobs AS j
-        SET state = 'running',
+        SET state = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN 'waiting'
+                         ELSE 'running' END::pgq.job_state,
             -- The next number, past any a fence move skipped (attempt_skip is 0 but after a promotion).
-            attempt = j.attempt + 1 + j.attempt_skip,
-            max_attempts = j.max_attempts + j.attempt_skip,
-            attempt_offset = j.attempt_offset + j.attempt_skip,
-            attempt_skip = 0,
-            lease_until = least(pgq._now() + coalesce(_lease_jobs.lease, q.lease),
-                                pgq._now() + coalesce(j.max_run_time, q.max_run_time)),
-            deadline = pgq._now() + coalesce(j.max_run_time, q.max_run_time),
+            attempt = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.attempt
+                           ELSE j.attempt + 1 + j.attempt_skip END,
+            max_attempts = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.max_attempts
+                                ELSE j.max_attempts + j.attempt_skip END,
+            attempt_offset = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.attempt_offset
+                                  ELSE j.attempt_offset + j.attempt_skip END,
+            attempt_skip = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.attempt_skip ELSE 0 END,
+            lease_until = CASE WHEN NOT pgq._expired(j.attempt, j.start_by, j.expires_at)
+                               THEN least(pgq._now() + coalesce(_lease_jobs.lease, q.lease),
+                                          pgq._now() + coalesce(j.max_run_time, q.max_run_time), j.expires_at) END,
+            deadline = least(pgq._now() + coalesce(j.max_run_time, q.max_run_time), j.expires_at),
             claimed_by = _lease_jobs.worker,
             claimed_at = pgq._now(),
             session_role = session_user,
-            last_event = 'claimed'
+            last_event = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN 'expired' ELSE 'claimed' END
         FROM pgq.queues AS q
         -- The picked ids as an array: the generic plan then reads them by primary key. Joined
         -- to the CTE instead, it hashed the CTE and read the whole table (every row ever
@@ -432,15 +450,16 @@ BEGIN
         WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p)) AND q.name = j.queue
         RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
                   j.run_at, j.created_at, j.lease_until, j.tenant, j.progress, j.deadline, j.meta,
-                  q.audit
+                  q.audit, j.state
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, _lease_jobs.worker, 'claimed', 'pending', 'running'
-        FROM claimed AS c WHERE c.audit
+        FROM claimed AS c WHERE c.audit AND c.state = 'running'
     )
     SELECT c.id, c.queue, c.kind, c.payload, c.priority, c.attempt, c.max_attempts,
            c.run_at, c.created_at, c.lease_until, c.tenant, c.progress, c.deadline, c.meta
     FROM claimed AS c
+    WHERE c.state = 'running'
     ORDER BY c.priority DESC, c.run_at, c.id;
 END
 $$;

@@ -39,6 +39,33 @@ BEGIN
 END
 $$;
 
+-- Validates pgq.enqueue's start_by (a finite time after now and after run_at: a job that could
+-- not start before it would only expire) and max_lifetime (a span of more than 0, at most 3650
+-- days), 22023 naming the first that is wrong; NULL is no such limit.
+CREATE OR REPLACE FUNCTION pgq._check_lifetime(run_at timestamptz, start_by timestamptz, max_lifetime interval)
+    RETURNS void
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    IF _check_lifetime.start_by IS NOT NULL THEN
+        IF NOT isfinite(_check_lifetime.start_by) THEN
+            PERFORM pgq._bad_argument('start_by', format('must be a finite time, got %s', _check_lifetime.start_by));
+        ELSIF _check_lifetime.start_by <= pgq._now() THEN
+            PERFORM pgq._bad_argument('start_by', format('must be later than now (%s), got %s', pgq._now(),
+                                                         _check_lifetime.start_by),
+                'A job not claimed by start_by is cancelled: give a time ahead.');
+        ELSIF _check_lifetime.start_by <= _check_lifetime.run_at THEN
+            PERFORM pgq._bad_argument('start_by', format('must be later than run_at (%s), got %s',
+                                                         _check_lifetime.run_at, _check_lifetime.start_by),
+                'A job is claimed at run_at at the earliest.');
+        END IF;
+    END IF;
+    IF _check_lifetime.max_lifetime IS NOT NULL THEN
+        PERFORM pgq._check_interval('max_lifetime', _check_lifetime.max_lifetime, interval '3650 days');
+    END IF;
+END
+$$;
+
 -- Validates pgq.enqueue's and pgq.enqueue_many's on_conflict (22004 / 22023).
 CREATE OR REPLACE FUNCTION pgq._check_on_conflict(on_conflict text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
@@ -255,7 +282,8 @@ CREATE OR REPLACE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFA
                             meta jsonb DEFAULT NULL, concurrency_key text DEFAULT NULL,
                             depends_on bigint[] DEFAULT NULL, dependency_mode text DEFAULT 'all_done',
                             batch bigint DEFAULT NULL, notify_finished boolean DEFAULT false,
-                            on_conflict text DEFAULT 'keep')
+                            on_conflict text DEFAULT 'keep', start_by timestamptz DEFAULT NULL,
+                            max_lifetime interval DEFAULT NULL)
     RETURNS bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -298,7 +326,12 @@ BEGIN
                     AND coalesce(length(enqueue.concurrency_key) BETWEEN 1 AND 256, true)
                     AND enqueue.dependency_mode IN ('all_done', 'all_ended')
                     AND enqueue.notify_finished IS NOT NULL
-                    AND enqueue.on_conflict IN ('keep', 'replace'), false) THEN
+                    AND enqueue.on_conflict IN ('keep', 'replace')
+                    AND (enqueue.start_by IS NULL OR isfinite(enqueue.start_by) AND enqueue.start_by > pgq._now()
+                         AND enqueue.start_by > enqueue.run_at)
+                    AND coalesce(enqueue.max_lifetime > interval '0'
+                                 AND enqueue.max_lifetime <= interval '3650 days'
+                                 AND pgq._is_span(enqueue.max_lifetime), true), false) THEN
         PERFORM pgq._check_enqueue(enqueue.queue, enqueue.kind, enqueue.run_at, enqueue.priority,
                                    enqueue.max_attempts, enqueue.tenant, enqueue.max_run_time, enqueue.meta,
                                    enqueue.concurrency_key);
@@ -306,6 +339,7 @@ BEGIN
         PERFORM pgq._check_unique_key(enqueue.unique_key);
         PERFORM pgq._check_workflow(enqueue.dependency_mode, enqueue.notify_finished);
         PERFORM pgq._check_on_conflict(enqueue.on_conflict);
+        PERFORM pgq._check_lifetime(enqueue.run_at, enqueue.start_by, enqueue.max_lifetime);
     END IF;
     -- A unique_key that a live job of the queue holds answers at once (on_conflict keep, no
     -- batch, a login that may enqueue there), before the queue's row is locked: a deduplicated
@@ -387,11 +421,13 @@ BEGIN
         -- A plain INSERT: ON CONFLICT would make it a speculative insertion even without a key.
         INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant,
                                    max_run_time, meta, concurrency_key, state, depends_on,
-                                   dependencies_left, dependency_mode, batch_id, notify_finished)
+                                   dependencies_left, dependency_mode, batch_id, notify_finished,
+                                   start_by, expires_at)
         VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                 coalesce(enqueue.max_attempts, q.max_attempts), job_tenant, enqueue.max_run_time,
                 enqueue.meta, enqueue.concurrency_key, new_state, dep_ids, left_count, mode,
-                enqueue.batch, enqueue.notify_finished)
+                enqueue.batch, enqueue.notify_finished, enqueue.start_by,
+                pgq._now() + enqueue.max_lifetime)
         RETURNING j.id INTO new_id;
     ELSE
         -- The insert of a new holder waits (the unique index) for another transaction that inserted
@@ -404,11 +440,12 @@ BEGIN
                 INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
                                            unique_key, tenant, max_run_time, meta, concurrency_key,
                                            state, depends_on, dependencies_left, dependency_mode, batch_id,
-                                           notify_finished)
+                                           notify_finished, start_by, expires_at)
                 VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                         coalesce(enqueue.max_attempts, q.max_attempts), job_key, job_tenant,
                         enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key, new_state, dep_ids,
-                        left_count, mode, enqueue.batch, enqueue.notify_finished)
+                        left_count, mode, enqueue.batch, enqueue.notify_finished, enqueue.start_by,
+                        pgq._now() + enqueue.max_lifetime)
                 ON CONFLICT (queue, unique_key)
                     WHERE unique_key IS NOT NULL AND state IN ('waiting', 'pending', 'running', 'outcome_unknown')
                     DO NOTHING
@@ -455,7 +492,7 @@ BEGIN
     RETURN new_id;
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text) IS
+COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text, timestamptz, interval) IS
     'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it '
     '(on_conflict keep), or replaces its payload, run_at, priority, meta and max_attempts if it has '
     'not started and the caller''s login enqueued it (replace; behind such a started holder a new job '

@@ -11,17 +11,19 @@
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC, pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
 
 GRANT EXECUTE ON FUNCTION
-    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text),
+    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text, timestamptz, interval),
     pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean, text[], text),
     pgq.batch_open(text, text, jsonb, text, text[]),
     pgq.batch_close(bigint),
     pgq.batch_status(bigint),
-    pgq.cancel_batch(bigint)
+    pgq.cancel_batch(bigint),
+    pgq.signal(text, text, jsonb),
+    pgq.cancel_workflow(bigint)
     TO pgq_producer;
 
 -- The outcome of a job: to the login that enqueued it (and readers of its queue), whichever pgq
 -- role it has.
-GRANT EXECUTE ON FUNCTION pgq.job_result(bigint) TO pgq_producer, pgq_worker, pgq_monitor;
+GRANT EXECUTE ON FUNCTION pgq.job_result(bigint), pgq.job_steps(bigint, integer, text) TO pgq_producer, pgq_worker, pgq_monitor;
 
 GRANT EXECUTE ON FUNCTION
     pgq.claim(text, text[], integer, interval, text[]),
@@ -36,6 +38,14 @@ GRANT EXECUTE ON FUNCTION
     pgq.mark_unknown(bigint, integer, text),
     pgq.progress(bigint, integer, jsonb),
     pgq.dependency_results(bigint, integer, integer, bigint),
+    pgq.get_step(bigint, integer, text),
+    pgq.get_steps(bigint, integer, text, integer),
+    pgq.record_step(bigint, integer, text, jsonb),
+    pgq.sleep(bigint, integer, text, interval),
+    pgq.await_signal(bigint, integer, text, interval),
+    pgq.spawn(bigint, integer, text, text, text, jsonb),
+    pgq.await_jobs(bigint, integer, bigint[]),
+    pgq.job_outcomes(bigint, integer, bigint[]),
     pgq.sweep(integer),
     pgq.settle_dependencies(integer),
     pgq.rate_limit_wait(text[])

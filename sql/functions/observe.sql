@@ -25,8 +25,9 @@ CREATE OR REPLACE FUNCTION pgq.stats()
     ORDER BY q.name
 $$;
 COMMENT ON FUNCTION pgq.stats() IS
-    'One row per queue: jobs by state (pending = due now, scheduled = due later, waiting = for their '
-    'dependencies), expired leases, and the age of the oldest due job.';
+    'One row per queue: jobs by state (pending = due now, scheduled = due later or sleeping, waiting = '
+    'for their dependencies, a signal or the jobs they await), expired leases, and the age of the oldest '
+    'due job.';
 
 -- What an exporter scrapes, one row per queue, at a bounded cost: the claimable pending jobs
 -- through jobs_ready_idx, outcome_unknown through jobs_list_idx, the running ones through
@@ -167,9 +168,11 @@ COMMENT ON FUNCTION pgq.job_result(bigint) IS
     'readers of its queue; P0002 for anyone else.';
 
 -- A job's links: its dependencies (its depends_on, id order) then its dependants (the jobs whose
--- depends_on names it, id order: pgq.job_dependants), at most limit_rows of each, with their
--- queue, kind and state (NULL for a job pruned since). Jobs of queues the login may not read are
--- left out; the job itself must be readable (P0002 otherwise, as for an unknown id).
+-- depends_on names it, id order: pgq.job_dependants), then, for durable execution, the job that
+-- spawned it (parent), the jobs it spawned (child: its spawns' steps, by name) and, while
+-- pgq.await_jobs parks it, the jobs it still awaits (awaiting, id order), at most limit_rows of
+-- each, with their queue, kind and state (NULL for a job pruned since). Jobs of queues the login
+-- may not read are left out; the job itself must be readable (P0002 otherwise, as for an unknown id).
 CREATE OR REPLACE FUNCTION pgq.job_links(id bigint, limit_rows integer DEFAULT 100)
     RETURNS TABLE (relation text, job_id bigint, queue text, kind text, state text)
     LANGUAGE plpgsql STABLE
@@ -206,10 +209,30 @@ BEGIN
     LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = e.job_id) AS j ON true
     WHERE j.queue IS NULL OR pgq._may_read(j.queue)
     ORDER BY e.job_id;
+    RETURN QUERY
+    SELECT 'parent'::text, p.id, p.queue, p.kind, p.state::text
+    FROM pgq.jobs AS p WHERE p.id = job.parent_id AND pgq._may_read(p.queue);
+    RETURN QUERY
+    SELECT 'child'::text, c.child_id, j.queue, j.kind, j.state::text
+    FROM (SELECT s.name, s.child_id FROM pgq.steps AS s WHERE s.job_id = job_links.id AND s.child_id IS NOT NULL
+          ORDER BY s.job_id, s.name LIMIT job_links.limit_rows) AS c
+    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = c.child_id) AS j ON true
+    WHERE j.queue IS NULL OR pgq._may_read(j.queue)
+    ORDER BY c.name;
+    IF job.state = 'waiting' AND job.last_event = 'awaiting_jobs' THEN
+        RETURN QUERY
+        SELECT 'awaiting'::text, a.depends_on, j.queue, j.kind, j.state::text
+        FROM (SELECT d.depends_on FROM pgq.job_dependencies AS d WHERE d.job_id = job_links.id
+              ORDER BY d.depends_on LIMIT job_links.limit_rows) AS a
+        LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = a.depends_on) AS j ON true
+        WHERE j.queue IS NULL OR pgq._may_read(j.queue)
+        ORDER BY a.depends_on;
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION pgq.job_links(bigint, integer) IS
-    'A job''s dependencies and dependants (relation, job_id, queue, kind, state), at most limit_rows of each.';
+    'A job''s dependencies, dependants, parent, children and the jobs it awaits (relation, job_id, queue, '
+    'kind, state), at most limit_rows of each.';
 
 -- A job's attempt history, oldest first (empty when its queue has audit off, or it was pruned).
 CREATE OR REPLACE FUNCTION pgq.job_history(id bigint)

@@ -84,6 +84,9 @@ DECLARE
     r record;
 BEGIN
     PERFORM pgq._check_max_jobs(sweep.max_jobs);
+    -- Durable execution (workflows.sql): signals' checks, signal waits' timeouts, lifetimes; first,
+    -- before this call takes a transaction id of its own (pgq._settle_signals stamps with it).
+    PERFORM pgq._settle_durable(sweep.max_jobs);
     FOR r IN SELECT x.queue, x.recovered FROM pgq._recover_expired(sweep.max_jobs) AS x LOOP
         total := total + r.recovered;
         IF (SELECT q.notify FROM pgq.queues AS q WHERE q.name = r.queue) THEN
@@ -144,8 +147,10 @@ $$;
 -- Settles what enqueues and ends that overlapped left (a dependant whose enqueue was in flight
 -- while its dependency ended is released, or cancelled, here, once both have committed), and
 -- moves up to max_jobs dependants of the backlog on; fair among logins, bounded, never waiting.
--- A worker calls it every poll (about once a second): with nothing to do it is three index
--- probes. Returns how many dependants it moved on.
+-- First, durable execution's part (pgq._settle_durable: the signals' checks, the signal waits
+-- whose timeout has passed, the jobs whose start_by or max_lifetime has passed, up to max_jobs
+-- each). A worker calls it every poll (about once a second): with nothing to do it is six index
+-- probes. Returns how many jobs it moved on.
 CREATE OR REPLACE FUNCTION pgq.settle_dependencies(max_jobs integer DEFAULT 100)
     RETURNS integer
     LANGUAGE plpgsql
@@ -155,15 +160,17 @@ CREATE OR REPLACE FUNCTION pgq.settle_dependencies(max_jobs integer DEFAULT 100)
     AS $$
 BEGIN
     PERFORM pgq._check_max_jobs(settle_dependencies.max_jobs);
-    RETURN pgq._settle_dependencies(settle_dependencies.max_jobs);
+    RETURN pgq._settle_durable(settle_dependencies.max_jobs) + pgq._settle_dependencies(settle_dependencies.max_jobs);
 END
 $$;
 COMMENT ON FUNCTION pgq.settle_dependencies(integer) IS
     'Releases (or cancels) the dependants whose enqueue overlapped their dependency''s end, once both '
     'committed, and moves up to max_jobs dependants of the backlog on, fairly among logins, never '
-    'waiting; a worker calls it every poll. Returns how many dependants it moved on.';
+    'waiting, and wakes the jobs of signals and timed-out signal waits and ends expired jobs; a worker '
+    'calls it every poll. Returns how many jobs it moved on.';
 
 COMMENT ON FUNCTION pgq.sweep(integer) IS
     'Recovers up to max_jobs running jobs whose lease expired or whose attempt timed out (returns '
-    'how many), fires up to max_jobs due schedules, moves up to max_jobs waiting dependants on, and '
-    'settles batches (callbacks, cancellations).';
+    'how many), fires up to max_jobs due schedules, moves up to max_jobs waiting dependants on, '
+    'settles batches (callbacks, cancellations), and wakes and ends what durable execution leaves '
+    '(signal waits, their timeouts, expired jobs).';
