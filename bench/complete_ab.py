@@ -32,13 +32,13 @@ def fn(path, name):  # the CREATE OR REPLACE FUNCTION statement of `name` in a f
 
 
 base_complete = fn("owner.sql", "pgq.complete")
-base_trigger = fn("counters.sql", "pgq._count_finished")
+base_trigger = fn("ended.sql", "pgq._job_ended")
 variants = {"A current": [base_complete, base_trigger]}
 TRIG_ORIG = (
-    "DROP TRIGGER jobs_count_finished ON pgq.jobs; "
-    "CREATE TRIGGER jobs_count_finished AFTER UPDATE OF state ON pgq.jobs FOR EACH ROW WHEN "
+    "DROP TRIGGER jobs_ended ON pgq.jobs; "
+    "CREATE TRIGGER jobs_ended AFTER UPDATE OF state ON pgq.jobs FOR EACH ROW WHEN "
     "((new.state = ANY (ARRAY['done'::pgq.job_state, 'failed'::pgq.job_state, 'cancelled'::pgq.job_state])) "
-    "AND old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION pgq._count_finished()"
+    "AND old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION pgq._job_ended()"
 )
 TRIG_C = TRIG_ORIG.replace(
     "AND old.state IS DISTINCT FROM new.state)",
@@ -68,9 +68,9 @@ variants["X trigger disabled"] = [
     base_complete,
     base_trigger,
     TRIG_ORIG,
-    "ALTER TABLE pgq.jobs DISABLE TRIGGER jobs_count_finished",
+    "ALTER TABLE pgq.jobs DISABLE TRIGGER jobs_ended",
 ]
-ON = "ALTER TABLE pgq.jobs ENABLE TRIGGER jobs_count_finished"
+ON = "ALTER TABLE pgq.jobs ENABLE TRIGGER jobs_ended"
 AUDIT = "UPDATE pgq.queues SET audit = %s WHERE name = 'bench'"
 for k in variants:
     variants[k] += [AUDIT % "true"] + ([ON] if k != "X trigger disabled" else [])

@@ -1,5 +1,5 @@
 """What migration 0010's counter trigger costs a completion, measured inside one database: the
-same server-side loop of pgq.complete calls with the trigger jobs_count_finished enabled (B) and
+same server-side loop of pgq.complete calls with the trigger jobs_ended enabled (B) and
 disabled (A), alternately, for bench/README.md ("Migration 0010: counters of finished jobs").
 
     .venv/bin/python bench/finished_counters_ab.py [--jobs 2000] [--repeats 10] [--fsync on|off]
@@ -61,7 +61,7 @@ def cpu_ns(pid: int) -> int:
 
 def round_us(conn: psycopg.Connection[Any], loop: str, jobs: int, trigger: bool) -> tuple[float, float]:
     conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.finished_deltas, pgq.finished_counts")
-    conn.execute(f"ALTER TABLE pgq.jobs {'ENABLE' if trigger else 'DISABLE'} TRIGGER jobs_count_finished")
+    conn.execute(f"ALTER TABLE pgq.jobs {'ENABLE' if trigger else 'DISABLE'} TRIGGER jobs_ended")
     conn.execute("SELECT pgq.enqueue_many('bench', 'noop', array_fill('{}'::jsonb, ARRAY[%s]))", (jobs,))
     claimed = 0
     while claimed < jobs:  # a claim takes at most 1000

@@ -474,17 +474,18 @@ def _found(cls: type[T], what: str, key: int) -> Callable[[list[Any]], T]:
 
 
 def batch_open(callback_queue: str, callback_kind: str, callback_payload: dict[str, Any] | None = None,
-               run_when: str = "all_ended") -> Call[int]:
+               run_when: str = "all_ended", joiners: Sequence[str] | str | None = None) -> Call[int]:
     """pgq.batch_open: open a batch; returns its id. Add members with ``enqueue(..., batch=id)``
-    (from any transaction, a member's handler too) and seal it with ``batch_close``; then, once
-    every member has ended (``run_when="all_ended"``), or is done (``"all_done"``: otherwise the
-    callback is enqueued cancelled), one callback job of ``callback_kind`` is enqueued into
-    ``callback_queue`` with ``callback_payload``, its meta ``{"batch": {"id", "members", "done",
-    "failed", "cancelled"}}``."""
+    (from any transaction of this login, or of a member of a role named in ``joiners``, one name or
+    several: a member's handler's login, say) and seal it with ``batch_close``; then, once every member has ended
+    (``run_when="all_ended"``), or is done (``"all_done"``: otherwise the callback is enqueued
+    cancelled), one callback job of ``callback_kind`` is enqueued into ``callback_queue`` with
+    ``callback_payload``, its meta ``{"batch": {"id", "members", "done", "failed", "cancelled"}}``."""
     return Call(queries.BATCH_OPEN, {
         "callback_queue": callback_queue, "callback_kind": callback_kind,
         "callback_payload": _json("callback_payload", {} if callback_payload is None else callback_payload),
         "run_when": run_when,
+        "joiners": None if joiners is None else [joiners] if isinstance(joiners, str) else list(joiners),
     }, _count)
 
 

@@ -42,7 +42,8 @@ ENQUEUE_MANY = (
 #: Open a batch: its callback is enqueued once it is sealed and its members have ended.
 BATCH_OPEN = (
     "SELECT pgq.batch_open(callback_queue => %(callback_queue)s::text, callback_kind => %(callback_kind)s::text,"
-    " callback_payload => %(callback_payload)s::jsonb, run_when => %(run_when)s::text)"
+    " callback_payload => %(callback_payload)s::jsonb, run_when => %(run_when)s::text,"
+    " joiners => %(joiners)s::text[])"
 )
 #: Seal a batch: true when sealed by this call, false when it already was.
 BATCH_CLOSE = "SELECT pgq.batch_close(id => %(batch_id)s::bigint)"

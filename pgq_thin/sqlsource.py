@@ -32,9 +32,10 @@ SOURCE_FILES = (
     "queues.sql",        # queue rows and settings: configure_queue, pause, resume, drop_queue
     "access.sql",        # who may act: the login binding, per-queue grants
     "fence.sql",         # the failover fence: timelines
-    "counters.sql",      # the finished counters (the trigger of pgq.jobs)
+    "counters.sql",      # the finished counters, folded
     "dependencies.sql",  # waiting jobs and their release or cancellation
     "batches.sql",       # batches: member counts and the one callback
+    "ended.sql",         # the end of a job: the trigger that sets off all of the above
     "rates.sql",         # rate limits (GCRA buckets)
     "keys.sql",          # per-key concurrency limits
     "fairness.sql",      # fair queues: tenants by virtual time

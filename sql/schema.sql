@@ -344,10 +344,10 @@ CREATE TABLE pgq.finished_deltas (
 );
 ALTER TABLE pgq.finished_deltas REPLICA IDENTITY FULL;
 COMMENT ON TABLE pgq.finished_deltas IS
-    'One row per transition into a terminal state, written by the trigger jobs_count_finished '
-    'and folded into pgq.finished_counts (and deleted) by pgq._fold_finished. It has no key (an '
-    'index would cost every completion); REPLICA IDENTITY FULL lets the fold delete its rows '
-    'where a publication FOR ALL TABLES includes it.';
+    'One row per transition into a terminal state, written by the trigger jobs_ended and folded '
+    'into pgq.finished_counts (and deleted) by pgq._fold_finished. It has no key (an index '
+    'would cost every completion); REPLICA IDENTITY FULL lets the fold delete its rows where a '
+    'publication FOR ALL TABLES includes it.';
 
 CREATE TABLE pgq.key_limits (
     queue        text NOT NULL,
@@ -505,6 +505,43 @@ COMMENT ON TABLE pgq.unique_successors IS
     'Until 0021 (now pgq.replace_slots): no longer written; the sweep moves what is left here. '
     'A later migration drops it.';
 
+CREATE TABLE pgq.turns (
+    name  text NOT NULL,
+    CONSTRAINT turns_pkey PRIMARY KEY (name)
+);
+COMMENT ON TABLE pgq.turns IS
+    'Rows pgq''s calls take turns on or leave for their own triggers, in place of advisory locks '
+    'and session settings (which any login may take or set): ''fold'' (pgq._fold_finished); '
+    '''reject <job> <login>'' while a rejected call records itself (pgq._reject); ''count <xid> '
+    '<depth>'' while pgq.complete_many''s statement ends batch members it counts itself. The last '
+    'two are deleted by the call that inserts them.';
+
+CREATE TABLE pgq.batch_joiners (
+    batch_id  bigint NOT NULL,
+    role      oid NOT NULL,
+    CONSTRAINT batch_joiners_pkey PRIMARY KEY (batch_id, role)
+);
+COMMENT ON TABLE pgq.batch_joiners IS
+    'The roles (by oid) whose members may add members to a batch besides its opener''s login '
+    '(pgq.batch_open(..., joiners)); deleted by pgq.prune with their batch.';
+
+CREATE TABLE pgq.batch_backend_counts (
+    batch_id   bigint NOT NULL,
+    backend    integer NOT NULL,
+    added      bigint DEFAULT 0 NOT NULL,
+    done       bigint DEFAULT 0 NOT NULL,
+    failed     bigint DEFAULT 0 NOT NULL,
+    cancelled  bigint DEFAULT 0 NOT NULL,
+    sealed     boolean DEFAULT false NOT NULL,
+    tail       boolean DEFAULT false NOT NULL,
+    CONSTRAINT batch_backend_counts_pkey PRIMARY KEY (batch_id, backend)
+);
+COMMENT ON TABLE pgq.batch_backend_counts IS
+    'A batch''s members added and ended, like its shards in pgq.batch_counts, by the '
+    'transactions that found all 16 shards held by others: each counts into the row of its '
+    'backend (its pid), so no add and no end waits for a shard. Part of the batch''s sums; '
+    'deleted by pgq.prune with their batch.';
+
 CREATE TABLE pgq.cascade_budgets (
     xid         xid8 NOT NULL,
     budget      integer NOT NULL,
@@ -595,6 +632,7 @@ ALTER TABLE pgq.rate_buckets ADD CONSTRAINT rate_buckets_queue_fkey FOREIGN KEY 
 INSERT INTO pgq.fence (timeline)
 VALUES (('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer);
 INSERT INTO pgq.key_slots (slot) SELECT s FROM generate_series(0, 16383) AS s;
+INSERT INTO pgq.turns (name) VALUES ('fold');
 
 -- Indexes -------------------------------------------------------------------------------------
 
@@ -940,6 +978,41 @@ BEGIN
 END
 $$;
 
+-- The queue's settings row for a call that writes jobs into it (enqueue, enqueue_many), held FOR
+-- KEY SHARE to the caller's commit and created with the defaults on first use: the queue's writer
+-- lock. pgq.drop_queue and the pruning of idle tenants (pgq.prune) take the row FOR UPDATE, which
+-- conflicts with it and with nothing else (claims, pause and configure_queue take it FOR NO KEY
+-- UPDATE): they see every job written into the queue. It is a row of pgq's own table, which only
+-- the schema owner can lock (an advisory key, which it was, any login may take). The callers try
+-- the row with SKIP LOCKED first (one statement); this is their way on when the row is absent or
+-- held FOR UPDATE: it waits for a drop or a prune in flight, or for another session's first
+-- enqueue into the queue, which created its row and has not committed, at most lock_timeout (5 s),
+-- then 55P03 naming the queue.
+CREATE OR REPLACE FUNCTION pgq._queue_to_write(name text) RETURNS pgq.queues
+    LANGUAGE plpgsql
+    SET lock_timeout = '5s'
+    AS $$
+DECLARE
+    q pgq.queues;
+BEGIN
+    PERFORM pgq._check_name('queue', _queue_to_write.name);
+    BEGIN
+        LOOP
+            SELECT * INTO q FROM pgq.queues AS s WHERE s.name = _queue_to_write.name FOR KEY SHARE;
+            EXIT WHEN FOUND;
+            INSERT INTO pgq.queues AS s (name) VALUES (_queue_to_write.name) ON CONFLICT DO NOTHING;
+        END LOOP;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'pgq: queue % is being created, dropped or pruned by a transaction that has not ended; '
+                        'gave up after lock_timeout %', _queue_to_write.name, current_setting('lock_timeout')
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'Another session''s first enqueue into it, or a pgq.drop_queue or pgq.prune of it, '
+                         'sits in an open transaction: let it end, and try again.';
+    END;
+    RETURN q;
+END
+$$;
+
 -- The settings row of a queue that must exist: 22023 naming the argument and the queue otherwise
 -- (a typo must not create a queue, nor act on nothing).
 CREATE OR REPLACE FUNCTION pgq._existing_queue(argument text, name text) RETURNS pgq.queues
@@ -961,7 +1034,8 @@ $$;
 -- The queue row for an admin call, locked (FOR NO KEY UPDATE, or FOR UPDATE to delete it), or
 -- NULL when there is none. Admin calls wait for another session's lock on a queue row at most
 -- lock_timeout (5 s: this function's and theirs): an idle transaction that claimed from a capped
--- queue holds its row until it ends. Then 55P03, naming the sessions that hold it.
+-- queue holds its row until it ends (and, for a drop, one that enqueued into it). Then 55P03,
+-- naming the queue.
 CREATE OR REPLACE FUNCTION pgq._lock_queue(name text, for_delete boolean DEFAULT false) RETURNS pgq.queues
     LANGUAGE plpgsql
     SET lock_timeout = '5s'
@@ -979,7 +1053,7 @@ BEGIN
         RAISE EXCEPTION 'pgq: queue % is locked by another session; gave up after lock_timeout %',
             _lock_queue.name, current_setting('lock_timeout')
             USING ERRCODE = 'lock_not_available',
-                  HINT = 'A transaction that claimed from it (or changes it) has not ended: see '
+                  HINT = 'A transaction that claimed from it (or enqueued into it, or changes it) has not ended: see '
                          'pgq.health() (idle_in_transaction) or pg_stat_activity, end it, and try again.';
     END;
     RETURN q;
@@ -1189,18 +1263,13 @@ END
 $$;
 COMMENT ON FUNCTION pgq.resume(text) IS 'Lets workers claim from the queue again. Returns its settings; 22023 when there is no such queue.';
 
--- The queue's writer lock: a transaction-level advisory lock on the two int4 keys (1885827329,
--- hashtext(queue)) (the first is 'pgq' and a byte). Every job insert (enqueue, enqueue_many, a
--- schedule's firing) holds it shared until its transaction ends; pgq.drop_queue and pgq.prune take
--- it exclusively before they remove a queue's row or its idle tenants, so that they see every job
--- written into the queue (a job inserted meanwhile would be left without a queue, or a tenant).
---
 -- Removes a queue that has nothing left in it: its settings row and its tenants. Refused with 55000
 -- while the queue has jobs (of any state: cancel or finish the unfinished ones, pgq.prune the
 -- finished ones) or schedules (pgq.unschedule them), and with 22023 when there is no such queue.
--- Race-free against enqueues: the queue's writer lock, taken exclusively and held to commit,
--- waits for the enqueues in flight (so their jobs are seen and refuse the drop), and an enqueue
--- that comes later waits for the drop, then creates the queue again with the defaults.
+-- Race-free against enqueues: the queue's row, taken FOR UPDATE and held to commit, waits for the
+-- enqueues in flight (each holds it FOR KEY SHARE: pgq._queue_to_write), so their jobs are seen
+-- and refuse the drop, at most lock_timeout (5 s; then 55P03); an enqueue that comes later waits
+-- for the drop (at most its 5 s), then creates the queue again with the defaults.
 CREATE OR REPLACE FUNCTION pgq.drop_queue(queue text)
     RETURNS boolean
     LANGUAGE plpgsql
@@ -1211,14 +1280,6 @@ CREATE OR REPLACE FUNCTION pgq.drop_queue(queue text)
 DECLARE
     q pgq.queues := pgq._existing_queue('queue', drop_queue.queue);
 BEGIN
-    BEGIN
-        PERFORM pg_advisory_xact_lock(1885827329, hashtext(drop_queue.queue));
-    EXCEPTION WHEN lock_not_available THEN
-        RAISE EXCEPTION 'pgq: queue % is being written to by another session; gave up after lock_timeout %',
-            drop_queue.queue, current_setting('lock_timeout')
-            USING ERRCODE = 'lock_not_available',
-                  HINT = 'A transaction that enqueued into it has not ended: end it, and try again.';
-    END;
     q := pgq._lock_queue(drop_queue.queue, true);
     IF q.name IS NULL THEN
         PERFORM pgq._existing_queue('queue', drop_queue.queue);  -- dropped meanwhile: 22023
@@ -1544,52 +1605,14 @@ $$;
 
 -- sql/functions/counters.sql --------------------------------------------------------------------------
 
--- sql/functions/counters.sql: the trigger of pgq.jobs and the finished counters it feeds.
-
--- Runs as the owner's UPDATE of pgq.jobs (every writer of jobs is a SECURITY DEFINER function of
--- the owner); every name is schema-qualified. Every end of a job runs it once, so it is the hot
--- path: one statement records the end and, in the same statement (an index probe in its RETURNING,
--- about 1.3 us), looks up whether jobs wait for this one; only then, or for a job that waited
--- itself, is pgq._dependency_ended called (issue 24: no flag on the row, which an enqueue would have
--- to lock). Its one SET clause (about 0.7 us per end) holds the probe to job_dependencies' primary
--- key whatever the statistics: the plan is cached per session, and a sequential scan chosen while
--- the table was small would read every link on every end once it is large. The isolation test, for
--- an end whose snapshot may be older than its statement, is a plain expression (about 0.2 us).
-CREATE OR REPLACE FUNCTION pgq._count_finished() RETURNS trigger
-    LANGUAGE plpgsql
-    SET enable_seqscan = off
-    AS $$
-DECLARE
-    waited_for boolean;
-BEGIN
-    INSERT INTO pgq.finished_deltas (queue, state) VALUES (NEW.queue, NEW.state)
-    RETURNING EXISTS (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = NEW.id) INTO waited_for;
-    IF waited_for OR OLD.state = 'waiting'
-       OR (current_setting('transaction_isolation') <> 'read committed'
-           AND transaction_timestamp() <> statement_timestamp()) THEN
-        PERFORM pgq._dependency_ended(NEW.id, OLD.state, NEW.state, waited_for,
-                                      NEW.last_event = 'dependency_ended');
-    END IF;
-    -- A batch's member (pgq._batch_member_ended), a job someone awaits (pgq.job_result): two
-    -- tests of the row for every other job.
-    IF NEW.batch_id IS NOT NULL
-       AND NOT (NEW.state = 'done' AND current_setting('pgq.batch_counting', true) IS NOT DISTINCT FROM 'caller') THEN
-        PERFORM pgq._batch_member_ended(NEW.batch_id, NEW.state);  -- (pgq.complete_many counts its own)
-    END IF;
-    IF NEW.notify_finished THEN
-        PERFORM pg_notify('pgq_finished', NEW.id::text);
-    END IF;
-    RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION pgq._count_finished() IS
-    'Trigger of pgq.jobs: records one transition into done, failed or cancelled in pgq.finished_deltas, '
-    'moves the jobs waiting for it on (pgq._dependency_ended), counts a batch member''s end and '
-    'notifies pgq_finished for a job enqueued with notify_finished.';
+-- sql/functions/counters.sql: the finished counters: what the end of a job records (the trigger
+-- jobs_ended, sql/functions/ended.sql, writes pgq.finished_deltas) folded into pgq.finished_counts.
 
 -- Moves the deltas into the totals, in one transaction (so a reader sees each finished job once,
--- in one table or the other). One fold at a time: a fold that finds another one running skips
--- (it would wait for the other's deleted rows, and two folds' upserts could deadlock); in a
+-- in one table or the other). One fold at a time: each holds the row 'fold' of pgq.turns to its
+-- commit, and a fold that finds it held skips (SKIP LOCKED: it would wait for the other's deleted
+-- rows, and two folds' upserts could deadlock). The row is pgq's own, which only the owner can
+-- lock (an advisory key, which it was, any login could hold, and every fold skipped). In a
 -- read-only transaction (a standby, a read-only login) it skips too. Returns the deltas folded.
 CREATE OR REPLACE FUNCTION pgq._fold_finished() RETURNS bigint
     LANGUAGE plpgsql
@@ -1598,8 +1621,10 @@ CREATE OR REPLACE FUNCTION pgq._fold_finished() RETURNS bigint
 DECLARE
     folded bigint;
 BEGIN
-    IF current_setting('transaction_read_only')::boolean
-       OR NOT pg_try_advisory_xact_lock('pgq.finished_counts'::regclass::oid::integer, 0) THEN
+    IF current_setting('transaction_read_only')::boolean THEN
+        RETURN 0;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pgq.turns AS t WHERE t.name = 'fold' FOR UPDATE SKIP LOCKED) THEN
         RETURN 0;
     END IF;
     -- All of them, by one sequential scan. (A fold bounded by ctid = ANY (ARRAY(SELECT ctid ...
@@ -1635,7 +1660,7 @@ COMMENT ON FUNCTION pgq._fold_finished() IS
 --   return them, admin calls find them unlocked. The new job waits (state 'waiting',
 --   dependencies_left) for those not done yet, linked to each (pgq.job_dependencies), and leaves a
 --   check per such dependency (pgq.overlap_checks; pgq._wait_for_dependencies).
--- * Every end of a job (the trigger jobs_count_finished, pgq._count_finished) looks up whether
+-- * Every end of a job (the trigger jobs_ended, pgq._job_ended) looks up whether
 --   jobs wait for it, in the statement that counts the end (one probe of job_dependencies' primary
 --   key), and only then moves them on (pgq._dependency_ended): done, each waiting dependant counts
 --   one dependency fewer and the one at 0 becomes pending; failed or cancelled, they are cancelled,
@@ -1672,7 +1697,7 @@ COMMENT ON FUNCTION pgq._fold_finished() IS
 --   or settle, a row held elsewhere is left to the backlog.
 -- * pgq.retry may bring an ended job back: the dependants of its earlier end (ids below that end's
 --   backlog rows' below_id) stay that end's, and its next end moves on only those enqueued after.
--- Every function here runs as the owner (like pgq._count_finished: every name schema-qualified).
+-- Every function here runs as the owner (like pgq._job_ended: every name schema-qualified).
 
 -- How many dependants the ends of one transaction move on, at most; the rest goes to the backlog.
 -- (A constant in a function of its own: tests replace it.)
@@ -1752,15 +1777,6 @@ BEGIN
 END
 $$;
 
--- Whether this transaction is recovering expired leases now (for a batch member's end: batches.sql).
-CREATE OR REPLACE FUNCTION pgq._recovering() RETURNS boolean
-    LANGUAGE sql VOLATILE
-    SET enable_seqscan = off
-    AS $$
-    SELECT coalesce((SELECT b.recovering FROM pgq.cascade_budgets AS b
-                     WHERE b.xid = pg_current_xact_id_if_assigned()), false)
-$$;
-
 -- Deletes up to max_rows rows of pgq.cascade_budgets whose transactions have ended (ids below the
 -- oldest one still running), never waiting for another call deleting them. Returns how many.
 CREATE OR REPLACE FUNCTION pgq._forget_cascades(max_rows integer) RETURNS integer
@@ -1778,7 +1794,7 @@ CREATE OR REPLACE FUNCTION pgq._forget_cascades(max_rows integer) RETURNS intege
     SELECT count(*)::integer FROM gone
 $$;
 
--- Called by pgq._count_finished when a job ends that jobs wait for (waited_for), that waited
+-- Called by pgq._job_ended when a job ends that jobs wait for (waited_for), that waited
 -- itself, or whose end reads an older snapshot than its statement. A waiting job that ends (it is
 -- cancelled) deletes its own links; an end under an older snapshot leaves a check for itself; then
 -- the jobs waiting for this one move on, up to this transaction's budget (none inside a claim's or
@@ -1812,7 +1828,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pgq._dependency_ended(bigint, pgq.job_state, pgq.job_state, boolean, boolean) IS
-    'Called by pgq._count_finished when a job that jobs wait for, or that waited, ends: releases (done) '
+    'Called by pgq._job_ended when a job that jobs wait for, or that waited, ends: releases (done) '
     'or cancels (failed, cancelled) its waiting dependants, up to the transaction''s budget.';
 
 -- The dependants of `ended_id`, which has just ended `ended`, moved on by this transaction (at most
@@ -2424,18 +2440,26 @@ COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) 
 
 -- sql/functions/batches.sql: batches: their members' counts and the one callback.
 
--- How a batch is counted without a hot row (issue 26):
+-- Whose a batch is (issue 37): the opener's. A batch id is a sequential number, no capability:
+-- only the opener's login, and the members of the roles it names (pgq.batch_open(..., joiners)),
+-- may add members (pgq._join_batch); to anyone else an enqueue naming the batch answers as for an
+-- unknown id. Only the opener and admins read, close and cancel it (pgq._own_batch). Nobody else
+-- can poison it (a member that waits for a failed job), delay it (a member due in years), fire it
+-- early or hold its row.
+--
+-- How a batch is counted without a hot row (issue 26), and without waiting for a stranger:
 --
 -- * pgq.batch_open writes the batch row and 16 count shards (pgq.batch_counts). A member's enqueue
 --   holds the batch row FOR SHARE (so pgq.batch_close, which updates it, waits for the enqueues in
 --   flight and no member joins a sealed batch) and adds to one shard; a member's end (the trigger
---   of pgq.jobs: pgq._count_finished) adds to one shard and never locks the batch row (the shards
---   have no foreign key to the batch: a shard's second update in one transaction would check it,
---   FOR KEY SHARE on the batch row, a cost per member end and a wait behind a batch_close). The
---   shard is the first one, from the backend's own (pg_backend_pid() % 16), that no other
---   transaction holds (SKIP LOCKED), then the same one for the rest of the transaction: members of
---   one batch end side by side, and only with more than 16 transactions counting into one batch at
---   once does one wait for another.
+--   jobs_ended: pgq._job_ended) adds to one shard and never locks the batch row before the tail
+--   (the shards have no foreign key to the batch: a shard's second update in one transaction would
+--   check it, FOR KEY SHARE on the batch row, a cost per member end and a wait behind a
+--   batch_close). The shard is one the transaction holds already, else the first one from the
+--   backend's own (pg_backend_pid() % 16) that no other transaction holds (SKIP LOCKED): members
+--   of one batch end side by side. When all 16 are held (16 producers' open enqueues, say), the
+--   add or the end counts into its backend's row of pgq.batch_backend_counts (keyed by its pid),
+--   created then: no add and no end ever waits for a shard.
 -- * Once the batch is sealed, a member's end checks how many are left: in the batch's tail (at most
 --   pgq._batch_tail() members left, marked by the seal or by the first end that sums the shards
 --   and finds so, on the batch row and on its shards: pgq._mark_tail) it locks the batch row, held
@@ -2444,50 +2468,107 @@ COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) 
 --   exactly once, since the callback's id is read and written under that lock. The lock makes the
 --   last ends take turns: of two last ends in flight at once (each counted in its own shard, each
 --   seeing the other's as not committed), the second to lock waits for the first's commit and then
---   sees its end, so the last one to commit enqueues the callback in its own transaction.
---   pgq.batch_close locks the 16 shards after sealing, so it waits for the ends in flight (which
---   did not see the seal) and then sees them. The rest (more than pgq._batch_tail() ends in flight
---   at once at the very end, or an end inside a claim's recovery that found the batch row held) is
---   settled by pgq.sweep (pgq._settle_batches: every sealed batch without a callback, by
---   batches_unsettled_idx). Never twice, never before the last member has ended.
+--   sees its end, so the last one to commit enqueues the callback in its own transaction. An end
+--   waits for the batch row at most 1 s (the ends before it commit in milliseconds; a cancel_batch
+--   left open holds it longer), then leaves the callback to the sweep; an end inside a claim's or a
+--   sweep's recovery of expired leases waits for it not at all.
+--   pgq.batch_close locks the shards after sealing, so it waits for the ends in flight (which
+--   did not see the seal) and then sees them; a backend's row created meanwhile missed the seal,
+--   and its 32nd end reads the batch row to learn it. The rest (more than pgq._batch_tail() ends in
+--   flight at once at the very end, an end that gave up its turn, an end in a backend's row created
+--   during the seal) is settled by pgq.sweep (pgq._settle_batches: every sealed batch without a
+--   callback, by batches_unsettled_idx). Never twice, never before the last member has ended.
 -- * pgq.retry of a failed or cancelled member takes its end back (a shard's count goes down), so
 --   its next end counts once. A member retried after the callback was enqueued changes the counts
 --   pgq.batch_status shows, not the callback.
 -- * pgq.cancel_batch seals the batch, marks it cancelled and cancels its members that have not
 --   started, at most pgq._dependency_step() of them per call, walking pgq.batch_members from where
 --   the last step stopped (batches.cancel_after); the sweep takes the next steps.
--- Every function here runs as the owner; every name is schema-qualified.
+-- * The opener's and an admin's close and cancel wait for the batch's row and shards (enqueues and
+--   ends in flight) at most their lock_timeout, 5 s, then 55P03 naming the batch.
+-- Every function here runs as the owner; every name is schema-qualified. What they need passes as
+-- arguments or in rows of pgq's tables, never in a session setting (which any caller can set).
 
--- The shard of `batch` this transaction counts into, locked (FOR NO KEY UPDATE): the one it took
--- last time for this batch (the placeholder setting pgq.batch_shard, local to the transaction,
--- holds "batch:shard"), so that a transaction holds one shard of a batch and waits for no other
--- once it has one; else the first one from the backend's own (pg_backend_pid() % 16) that no other
--- transaction holds, or, when all 16 are held, the backend's own, waited for.
-CREATE OR REPLACE FUNCTION pgq._batch_shard(batch bigint) RETURNS smallint
+-- The shard of `batch` this transaction counts into, locked (FOR NO KEY UPDATE), and whether the
+-- transaction takes it now (first): one it holds already (its row's current version is this
+-- transaction's, so that a transaction mostly holds one shard of a batch), else the first one from
+-- the backend's own (pg_backend_pid() % 16) that no other transaction holds, else, when every one
+-- is held, -1: the backend's row of pgq.batch_backend_counts (no other live backend has its pid),
+-- created with the batch's sealed and tail as this statement reads them. Never waits.
+CREATE OR REPLACE FUNCTION pgq._take_batch_shard(batch bigint, OUT shard integer, OUT first boolean)
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    own   smallint := (pg_backend_pid() % 16)::smallint;
-    last  text := current_setting('pgq.batch_shard', true);
-    taken smallint;
+    mine xid := pg_current_xact_id()::xid;
 BEGIN
-    IF split_part(last, ':', 1) = _batch_shard.batch::text THEN
-        RETURN split_part(last, ':', 2)::smallint;
-    END IF;
-    SELECT c.shard INTO taken FROM pgq.batch_counts AS c
-    WHERE c.batch_id = _batch_shard.batch
-    ORDER BY (c.shard - own + 16) % 16
+    SELECT c.shard, c.xmin IS DISTINCT FROM mine INTO shard, first
+    FROM pgq.batch_counts AS c
+    WHERE c.batch_id = _take_batch_shard.batch
+    ORDER BY c.xmin = mine DESC, (c.shard - pg_backend_pid() % 16 + 16) % 16
     LIMIT 1
     FOR NO KEY UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
-        taken := own;
-        PERFORM FROM pgq.batch_counts AS c WHERE c.batch_id = _batch_shard.batch AND c.shard = own
-        FOR NO KEY UPDATE;
+    IF FOUND THEN
+        RETURN;
     END IF;
-    PERFORM set_config('pgq.batch_shard', _batch_shard.batch || ':' || taken, true);
-    RETURN taken;
+    shard := -1;
+    SELECT c.xmin IS DISTINCT FROM mine INTO first FROM pgq.batch_backend_counts AS c
+    WHERE c.batch_id = _take_batch_shard.batch AND c.backend = pg_backend_pid()
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        first := true;
+        INSERT INTO pgq.batch_backend_counts AS c (batch_id, backend, sealed, tail)
+        SELECT b.id, pg_backend_pid(), b.sealed_at IS NOT NULL, b.tail
+        FROM pgq.batches AS b WHERE b.id = _take_batch_shard.batch;
+    END IF;
 END
 $$;
+
+-- Adds to this transaction's shard of `batch` (pgq._take_batch_shard's `shard`: -1 for its
+-- backend's row) and returns the shard's sealed, tail and members ended (done, failed, cancelled).
+CREATE OR REPLACE FUNCTION pgq._count_in_shard(batch bigint, shard integer, added bigint, done bigint,
+                                               failed bigint, cancelled bigint,
+                                               OUT sealed boolean, OUT tail boolean, OUT ended bigint)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF _count_in_shard.shard >= 0 THEN
+        UPDATE pgq.batch_counts AS c
+        SET added = c.added + _count_in_shard.added, done = c.done + _count_in_shard.done,
+            failed = c.failed + _count_in_shard.failed, cancelled = c.cancelled + _count_in_shard.cancelled
+        WHERE c.batch_id = _count_in_shard.batch AND c.shard = _count_in_shard.shard
+        RETURNING c.sealed, c.tail, c.done + c.failed + c.cancelled INTO sealed, tail, ended;
+    ELSE
+        UPDATE pgq.batch_backend_counts AS c
+        SET added = c.added + _count_in_shard.added, done = c.done + _count_in_shard.done,
+            failed = c.failed + _count_in_shard.failed, cancelled = c.cancelled + _count_in_shard.cancelled
+        WHERE c.batch_id = _count_in_shard.batch AND c.backend = pg_backend_pid()
+        RETURNING c.sealed, c.tail, c.done + c.failed + c.cancelled INTO sealed, tail, ended;
+    END IF;
+END
+$$;
+
+-- Marks this transaction's shard of `batch` (held: pgq._take_batch_shard) sealed, and in the tail
+-- when `tail`.
+CREATE OR REPLACE FUNCTION pgq._mark_own_shard(batch bigint, shard integer, tail boolean) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF _mark_own_shard.shard >= 0 THEN
+        UPDATE pgq.batch_counts AS c SET sealed = true, tail = c.tail OR _mark_own_shard.tail
+        WHERE c.batch_id = _mark_own_shard.batch AND c.shard = _mark_own_shard.shard;
+    ELSE
+        UPDATE pgq.batch_backend_counts AS c SET sealed = true, tail = c.tail OR _mark_own_shard.tail
+        WHERE c.batch_id = _mark_own_shard.batch AND c.backend = pg_backend_pid();
+    END IF;
+END
+$$;
+
+-- The name of the row of pgq.turns by which pgq.complete_many tells the trigger of its UPDATE (at
+-- trigger depth `depth`, in this transaction) that it counts the batch members it completes itself,
+-- once per batch (pgq._job_ended leaves them to it).
+CREATE OR REPLACE FUNCTION pgq._batch_counting_mark(depth integer) RETURNS text
+    LANGUAGE sql VOLATILE
+    AS $$ SELECT 'count ' || pg_current_xact_id() || ' ' || $1 $$;
 
 -- How many members may be left, as an end sees them, for the end to lock its batch's row (see
 -- above): the ends that can be in flight at once (16 shard holders, a worker's transaction
@@ -2500,7 +2581,7 @@ CREATE OR REPLACE FUNCTION pgq._batch_tail() RETURNS integer
     AS $$ SELECT 1024 $$;
 
 -- The batch's counts: members added, those ended done, failed and cancelled, and those not ended
--- (sums of its shards, as this statement sees them).
+-- (sums of its shards and its backends' rows, as this statement sees them).
 CREATE OR REPLACE FUNCTION pgq._batch_sums(batch bigint, OUT added bigint, OUT done bigint,
                                            OUT failed bigint, OUT cancelled bigint, OUT unfinished bigint)
     LANGUAGE sql STABLE
@@ -2508,22 +2589,52 @@ CREATE OR REPLACE FUNCTION pgq._batch_sums(batch bigint, OUT added bigint, OUT d
     SELECT x.added, x.done, x.failed, x.cancelled, x.added - x.done - x.failed - x.cancelled
     FROM (SELECT coalesce(sum(c.added), 0)::bigint AS added, coalesce(sum(c.done), 0)::bigint AS done,
                  coalesce(sum(c.failed), 0)::bigint AS failed, coalesce(sum(c.cancelled), 0)::bigint AS cancelled
-          FROM pgq.batch_counts AS c WHERE c.batch_id = _batch_sums.batch) AS x
+          FROM (SELECT y.added, y.done, y.failed, y.cancelled FROM pgq.batch_counts AS y
+                WHERE y.batch_id = _batch_sums.batch
+                UNION ALL
+                SELECT y.added, y.done, y.failed, y.cancelled FROM pgq.batch_backend_counts AS y
+                WHERE y.batch_id = _batch_sums.batch) AS c) AS x
+$$;
+
+-- Whether the session's login may add members to the batch `batch` that `opened_by` opened: it is
+-- that login, or a member of a role the opener named (pgq.batch_joiners; a dropped role matches
+-- nobody).
+CREATE OR REPLACE FUNCTION pgq._may_join(batch bigint, opened_by text) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT $2 = session_user::text
+        OR EXISTS (SELECT FROM pgq.batch_joiners AS j
+                   WHERE j.batch_id = $1 AND pg_has_role(session_user, j.role, 'MEMBER'))
 $$;
 
 -- For pgq.enqueue and pgq.enqueue_many with `batch`, before they insert: the batch row, held FOR
--- SHARE to this transaction's end (pgq.batch_close waits for it). 22023 naming batch for an unknown
--- id, 55000 for a sealed or cancelled batch.
+-- SHARE to this transaction's end (pgq.batch_close waits for it). A batch the login may not join
+-- (pgq._may_join) answers exactly as an unknown id: 22023 naming batch. 55000 for a sealed or
+-- cancelled batch. A close or cancel in flight holds the row: waited for at most lock_timeout
+-- (5 s), then 55P03 naming the batch.
 CREATE OR REPLACE FUNCTION pgq._join_batch(batch bigint) RETURNS void
     LANGUAGE plpgsql
+    SET lock_timeout = '5s'
     AS $$
 DECLARE
     b pgq.batches;
 BEGIN
-    SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _join_batch.batch FOR SHARE;
-    IF NOT FOUND THEN
+    SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _join_batch.batch AND pgq._may_join(x.id, x.opened_by);
+    IF FOUND AND b.sealed_at IS NULL THEN
+        BEGIN
+            SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _join_batch.batch FOR SHARE;
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION 'pgq: batch % is being closed or cancelled by a transaction that has not ended; '
+                            'gave up after lock_timeout %', _join_batch.batch, current_setting('lock_timeout')
+                USING ERRCODE = 'lock_not_available',
+                      HINT = 'Its opener''s pgq.batch_close or pgq.cancel_batch (or an admin''s) is in flight: '
+                             'try again once it has ended.';
+        END;
+    END IF;
+    IF b.id IS NULL THEN
         PERFORM pgq._bad_argument('batch', format('names no batch with id %s', _join_batch.batch),
-            'A batch is opened by pgq.batch_open, which returns its id.');
+            'A batch is opened by pgq.batch_open, which returns its id; members join it from its opener''s '
+            'login and the logins it names (joiners).');
     ELSIF b.sealed_at IS NOT NULL THEN
         RAISE EXCEPTION 'pgq: batch % is %, no member can join it', _join_batch.batch,
             CASE WHEN b.cancelled_at IS NOT NULL THEN 'cancelled' ELSE 'sealed' END
@@ -2538,52 +2649,57 @@ CREATE OR REPLACE FUNCTION pgq._batch_added(batch bigint, ids bigint[]) RETURNS 
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    mine smallint := pgq._batch_shard(_batch_added.batch);
+    mine integer;
 BEGIN
+    SELECT s.shard INTO mine FROM pgq._take_batch_shard(_batch_added.batch) AS s;
     INSERT INTO pgq.batch_members (batch_id, job_id) SELECT _batch_added.batch, i.id FROM unnest(ids) AS i(id);
-    UPDATE pgq.batch_counts AS c SET added = c.added + cardinality(_batch_added.ids)
-    WHERE c.batch_id = _batch_added.batch AND c.shard = mine;
+    PERFORM pgq._count_in_shard(_batch_added.batch, mine, cardinality(_batch_added.ids), 0, 0, 0);
 END
 $$;
 
--- Called by pgq._count_finished when a member of `batch` ends `state` (by -1 from pgq.retry,
--- which takes an end back; by n from pgq.complete_many, which counts its completed members once per
--- batch, not one shard update per job): counts it in one shard, in a statement that also reads the batch's
--- state as the shard holds it (sealed, tail: written by the seal and by the tail's marking). An
--- unsealed batch's end stops there. A sealed one's, in the tail, takes its turn on the batch row
--- and enqueues the callback when every member has ended (pgq._finish_batch). Before the tail, the
--- first end of a transaction in the shard and every 32nd end of the shard read the batch row: when
--- the tail is marked there, the end marks its own shard (it holds it) and takes its turn; else
--- the 32nd sums the shards, and with at most pgq._batch_tail() members left takes its turn, which
--- marks the tail. So most ends cost one update of a row the transaction holds.
-CREATE OR REPLACE FUNCTION pgq._batch_member_ended(batch bigint, state pgq.job_state, n integer DEFAULT 1)
+-- Called by pgq._job_ended when a member of `batch` ends `state` (by -1 from pgq.retry, which
+-- takes an end back; by n from pgq.complete_many, which counts its completed members once per
+-- batch, not one shard update per job; `recovering`: the end is a claim's or a sweep's recovery of
+-- an expired lease): counts it in one shard (pgq._take_batch_shard, pgq._count_in_shard), whose
+-- update also reads the batch's state as the shard holds it (sealed, tail: written by the seal
+-- and by the tail's marking). An unsealed
+-- batch's end stops there (but every 32nd end of a shard reads the batch row: a backend's row
+-- created while the batch was sealed missed the seal). A sealed one's, in the tail, takes its turn
+-- on the batch row and enqueues the callback when every member has ended (pgq._finish_batch).
+-- Before the tail, the transaction's first end in the shard and every 32nd end of the shard read
+-- the batch row: when the tail is marked there, the end marks its own shard (it holds it) and takes
+-- its turn; else the 32nd sums the shards, and with at most pgq._batch_tail() members left takes its
+-- turn, which marks the tail. So most ends cost one update of a row the transaction holds.
+CREATE OR REPLACE FUNCTION pgq._batch_member_ended(batch bigint, state pgq.job_state, n integer DEFAULT 1,
+                                                   recovering boolean DEFAULT false)
     RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    last     text := current_setting('pgq.batch_shard', true);
-    mine     smallint;
-    first    boolean := false;
+    mine     integer;
+    first    boolean;
     sealed   boolean;
     tail     boolean;
     in_shard bigint;
     b        record;
     sums     record;
 BEGIN
-    IF split_part(last, ':', 1) = _batch_member_ended.batch::text THEN
-        mine := split_part(last, ':', 2)::smallint;  -- the shard this transaction holds already
-    ELSE
-        mine := pgq._batch_shard(_batch_member_ended.batch);
-        first := true;
-    END IF;
-    UPDATE pgq.batch_counts AS c
-    SET done = c.done + CASE WHEN _batch_member_ended.state = 'done' THEN n ELSE 0 END,
-        failed = c.failed + CASE WHEN _batch_member_ended.state = 'failed' THEN n ELSE 0 END,
-        cancelled = c.cancelled + CASE WHEN _batch_member_ended.state = 'cancelled' THEN n ELSE 0 END
-    WHERE c.batch_id = _batch_member_ended.batch AND c.shard = mine
-    RETURNING c.sealed, c.tail, c.done + c.failed + c.cancelled INTO sealed, tail, in_shard;
-    IF NOT sealed OR n <= 0 THEN
+    SELECT s.shard, s.first INTO mine, first FROM pgq._take_batch_shard(_batch_member_ended.batch) AS s;
+    SELECT c.sealed, c.tail, c.ended INTO sealed, tail, in_shard
+    FROM pgq._count_in_shard(_batch_member_ended.batch, mine, 0,
+                             CASE WHEN _batch_member_ended.state = 'done' THEN n ELSE 0 END,
+                             CASE WHEN _batch_member_ended.state = 'failed' THEN n ELSE 0 END,
+                             CASE WHEN _batch_member_ended.state = 'cancelled' THEN n ELSE 0 END) AS c;
+    IF n <= 0 THEN
         RETURN;
+    END IF;
+    IF NOT sealed THEN
+        IF in_shard / 32 = (in_shard - n) / 32
+           OR NOT EXISTS (SELECT FROM pgq.batches AS x WHERE x.id = _batch_member_ended.batch AND x.sealed_at IS NOT NULL) THEN
+            RETURN;
+        END IF;
+        PERFORM pgq._mark_own_shard(_batch_member_ended.batch, mine, false);
+        first := true;  -- and its tail too may be stale: read the batch row below
     END IF;
     IF NOT tail THEN
         IF NOT first AND in_shard / 32 = (in_shard - n) / 32 THEN
@@ -2594,8 +2710,7 @@ BEGIN
             RETURN;
         END IF;
         IF b.tail THEN
-            UPDATE pgq.batch_counts AS c SET tail = true
-            WHERE c.batch_id = _batch_member_ended.batch AND c.shard = mine;
+            PERFORM pgq._mark_own_shard(_batch_member_ended.batch, mine, true);
         ELSIF in_shard / 32 = (in_shard - n) / 32 THEN
             RETURN;
         ELSE
@@ -2605,9 +2720,9 @@ BEGIN
             END IF;
         END IF;
     END IF;
-    -- Inside a claim's or a sweep's recovery of expired leases (pgq._recovering()), a batch row
-    -- another transaction holds is left to the sweep: a claim never waits.
-    PERFORM pgq._finish_batch(_batch_member_ended.batch, pgq._recovering());
+    -- Inside a claim's or a sweep's recovery of expired leases, a batch row another transaction
+    -- holds is left to the sweep: a claim never waits.
+    PERFORM pgq._finish_batch(_batch_member_ended.batch, recovering);
 END
 $$;
 
@@ -2624,12 +2739,18 @@ BEGIN
       AND c.shard = ANY (ARRAY(SELECT y.shard FROM pgq.batch_counts AS y
                                WHERE y.batch_id = _mark_tail.batch AND NOT y.tail
                                ORDER BY y.shard FOR NO KEY UPDATE SKIP LOCKED));
+    UPDATE pgq.batch_backend_counts AS c SET tail = true
+    WHERE c.batch_id = _mark_tail.batch
+      AND c.backend = ANY (ARRAY(SELECT y.backend FROM pgq.batch_backend_counts AS y
+                                 WHERE y.batch_id = _mark_tail.batch AND NOT y.tail
+                                 ORDER BY y.backend FOR NO KEY UPDATE SKIP LOCKED));
 END
 $$;
 
 -- Seals the batch `batch` (its row held by the caller): no member joins it after. Waits for the
--- ends in flight (they hold their shards; they did not see the seal), marks the shards sealed, and
--- marks the tail when few members are left. For pgq.batch_close and pgq.cancel_batch.
+-- adds and ends in flight (they hold their shards; they did not see the seal) at most the caller's
+-- lock_timeout (then 55P03 naming the batch), marks the shards sealed, and marks the tail when few
+-- members are left. For pgq.batch_close and pgq.cancel_batch.
 CREATE OR REPLACE FUNCTION pgq._seal_batch(batch bigint) RETURNS void
     LANGUAGE plpgsql
     AS $$
@@ -2637,8 +2758,19 @@ DECLARE
     sums record;
 BEGIN
     UPDATE pgq.batches AS x SET sealed_at = coalesce(x.sealed_at, pgq._now()) WHERE x.id = _seal_batch.batch;
-    PERFORM FROM pgq.batch_counts AS c WHERE c.batch_id = _seal_batch.batch ORDER BY c.shard FOR NO KEY UPDATE;
+    BEGIN
+        PERFORM FROM pgq.batch_counts AS c WHERE c.batch_id = _seal_batch.batch ORDER BY c.shard FOR NO KEY UPDATE;
+        PERFORM FROM pgq.batch_backend_counts AS c WHERE c.batch_id = _seal_batch.batch
+        ORDER BY c.backend FOR NO KEY UPDATE;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'pgq: members of batch % are being added or ended by a transaction that has not ended; '
+                        'gave up after lock_timeout %', _seal_batch.batch, current_setting('lock_timeout')
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'An enqueue into it or an end of one of its members sits in an open transaction: '
+                         'end it, and try again.';
+    END;
     UPDATE pgq.batch_counts AS c SET sealed = true WHERE c.batch_id = _seal_batch.batch AND NOT c.sealed;
+    UPDATE pgq.batch_backend_counts AS c SET sealed = true WHERE c.batch_id = _seal_batch.batch AND NOT c.sealed;
     sums := pgq._batch_sums(_seal_batch.batch);
     IF sums.unfinished <= pgq._batch_tail() THEN
         PERFORM pgq._mark_tail(_seal_batch.batch);
@@ -2646,12 +2778,34 @@ BEGIN
 END
 $$;
 
+-- The batch row of `batch` for an end in its tail, locked FOR NO KEY UPDATE: waited for at most
+-- 1 s (the ends before it, each holding it to its commit; a pgq.cancel_batch in flight), then the
+-- end leaves the callback to the sweep (NULL). So does an end that would close a circle of waits
+-- (one transaction ending members of two batches in their tails, another the same two in the
+-- other order): the deadlock is the batch rows', not the worker's completion.
+CREATE OR REPLACE FUNCTION pgq._batch_turn(batch bigint) RETURNS pgq.batches
+    LANGUAGE plpgsql
+    SET lock_timeout = '1s'
+    AS $$
+DECLARE
+    b pgq.batches;
+BEGIN
+    SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _batch_turn.batch FOR NO KEY UPDATE;
+    RETURN b;
+EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+    RETURN NULL;
+END
+$$;
+
 -- Enqueues the callback of the sealed batch `batch` if every member has ended and none is
--- recorded yet, under the batch row's lock (taken here: FOR NO KEY UPDATE, waited for unless `skip`,
--- when a batch row another transaction holds is left for later). Returns whether it enqueued it.
+-- recorded yet, under the batch row's lock (taken here: FOR NO KEY UPDATE, waited for at most 1 s
+-- (pgq._batch_turn), or not at all when `skip`, when a batch row another transaction holds is left
+-- for later). Returns whether it enqueued it.
 -- The callback: the batch's callback queue, kind and payload, meta {"batch": {id, members, done,
 -- failed, cancelled}}, enqueued by the batch's opener; cancelled at once (last_error says why)
--- when the batch was cancelled, or runs when all_done and a member failed or was cancelled.
+-- when the batch was cancelled, or runs when all_done and a member failed or was cancelled. Its
+-- queue's row is held FOR KEY SHARE as an enqueue holds it (pgq._queue_to_write), never waited
+-- for: while a drop or a prune holds it, the callback is left for the sweep.
 CREATE OR REPLACE FUNCTION pgq._finish_batch(batch bigint, skip boolean) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
@@ -2665,9 +2819,9 @@ BEGIN
     IF skip THEN
         SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _finish_batch.batch FOR NO KEY UPDATE SKIP LOCKED;
     ELSE
-        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _finish_batch.batch FOR NO KEY UPDATE;
+        b := pgq._batch_turn(_finish_batch.batch);
     END IF;
-    IF NOT FOUND OR b.sealed_at IS NULL OR b.callback_job_id IS NOT NULL THEN
+    IF b.id IS NULL OR b.sealed_at IS NULL OR b.callback_job_id IS NOT NULL THEN
         RETURN false;
     END IF;
     sums := pgq._batch_sums(b.id);
@@ -2683,9 +2837,13 @@ BEGIN
         why := format('pgq: cancelled: %s of the %s members of its batch %s failed and %s were cancelled '
                       '(run_when all_done)', sums.failed, sums.added, b.id, sums.cancelled);
     END IF;
-    -- The queue's writer lock, shared, as an enqueue takes it (see pgq.drop_queue).
-    PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(b.callback_queue));
-    q := pgq._queue(b.callback_queue);
+    SELECT * INTO q FROM pgq.queues AS u WHERE u.name = b.callback_queue FOR KEY SHARE SKIP LOCKED;
+    IF NOT FOUND THEN
+        IF EXISTS (SELECT FROM pgq.queues AS u WHERE u.name = b.callback_queue) THEN
+            RETURN false;  -- a drop or a prune of the callback queue holds its row
+        END IF;
+        q := pgq._queue(b.callback_queue);  -- dropped since: created again, as an enqueue would
+    END IF;
     INSERT INTO pgq.jobs AS j (queue, kind, payload, max_attempts, tenant, meta, enqueued_by)
     VALUES (b.callback_queue, b.callback_kind, b.callback_payload, q.max_attempts,
             CASE WHEN q.fair THEN pgq._fair_tenant(q.name, NULL) END,
@@ -2779,8 +2937,10 @@ BEGIN
 END
 $$;
 
--- The batch `id` for a call of its opener (or an admin): the row, locked FOR NO KEY UPDATE when `lock`;
--- P0002 for an unknown id or a batch another login opened.
+-- The batch `id` for a call of its opener (or an admin): the row; P0002 for an unknown id or a
+-- batch another login opened. With `lock`, the row is then locked FOR NO KEY UPDATE, waited for at
+-- most the caller's lock_timeout (an enqueue into it, a close or a cancel, an end in its tail in
+-- flight), then 55P03 naming the batch. (The check comes first: another login's call locks nothing.)
 CREATE OR REPLACE FUNCTION pgq._own_batch(id bigint, lock boolean) RETURNS pgq.batches
     LANGUAGE plpgsql
     AS $$
@@ -2790,21 +2950,56 @@ BEGIN
     IF _own_batch.id IS NULL THEN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
-    IF lock THEN
-        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _own_batch.id FOR NO KEY UPDATE;
-    ELSE
-        SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _own_batch.id;
-    END IF;
+    SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _own_batch.id;
     IF NOT FOUND OR NOT (b.opened_by = session_user OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')) THEN
         RAISE EXCEPTION 'pgq: no batch with id %', _own_batch.id
             USING ERRCODE = 'no_data_found', HINT = 'A batch is seen by the login that opened it, and by admins.';
+    END IF;
+    IF lock THEN
+        BEGIN
+            SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _own_batch.id FOR NO KEY UPDATE;
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION 'pgq: batch % is held by a transaction that has not ended; gave up after lock_timeout %',
+                _own_batch.id, current_setting('lock_timeout')
+                USING ERRCODE = 'lock_not_available',
+                      HINT = 'An enqueue into it (or a close or cancel of it) sits in an open transaction: end it, '
+                             'and try again.';
+        END;
     END IF;
     RETURN b;
 END
 $$;
 
+-- pgq.batch_open's joiners: the oids of those roles; 22023 naming the argument for a NULL element,
+-- more than 100, or a name that is no role.
+CREATE OR REPLACE FUNCTION pgq._joiner_roles(joiners text[]) RETURNS oid[]
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    roles   oid[];
+    missing text;
+BEGIN
+    IF array_position(joiners, NULL) IS NOT NULL THEN
+        PERFORM pgq._bad_argument('joiners', 'must not contain NULL');
+    ELSIF cardinality(joiners) > 100 THEN
+        PERFORM pgq._bad_argument('joiners', format('names %s roles; at most 100', cardinality(joiners)),
+            'Name a group role and grant it to the logins instead.');
+    END IF;
+    SELECT j.name INTO missing FROM unnest(joiners) AS j(name)
+    WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname = j.name) LIMIT 1;
+    IF FOUND THEN
+        PERFORM pgq._bad_argument('joiners', format('names no role: %s', left(quote_literal(missing), 80)),
+            'Name the logins (or a group role of them) that may add members, as in pg_roles.');
+    END IF;
+    SELECT array_agg(DISTINCT r.oid ORDER BY r.oid) INTO roles
+    FROM pg_catalog.pg_roles AS r WHERE r.rolname = ANY (joiners);
+    RETURN roles;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.batch_open(callback_queue text, callback_kind text,
-                                          callback_payload jsonb DEFAULT '{}', run_when text DEFAULT 'all_ended')
+                                          callback_payload jsonb DEFAULT '{}', run_when text DEFAULT 'all_ended',
+                                          joiners text[] DEFAULT NULL)
     RETURNS bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -2812,6 +3007,7 @@ CREATE OR REPLACE FUNCTION pgq.batch_open(callback_queue text, callback_kind tex
     AS $$
 DECLARE
     q      pgq.queues;
+    roles  oid[];
     new_id bigint;
 BEGIN
     PERFORM pgq._check_name('callback_queue', batch_open.callback_queue);
@@ -2820,6 +3016,9 @@ BEGIN
     IF batch_open.run_when IS NULL OR batch_open.run_when NOT IN ('all_ended', 'all_done') THEN
         PERFORM pgq._bad_argument('run_when', format('must be ''all_ended'' or ''all_done'', got %s',
                                                      coalesce(quote_literal(batch_open.run_when), 'NULL')));
+    END IF;
+    IF batch_open.joiners IS NOT NULL THEN
+        roles := pgq._joiner_roles(batch_open.joiners);
     END IF;
     SELECT * INTO q FROM pgq.queues AS s WHERE s.name = batch_open.callback_queue;
     IF FOUND AND q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'enqueue') THEN
@@ -2830,22 +3029,29 @@ BEGIN
             batch_open.run_when)
     RETURNING b.id INTO new_id;
     INSERT INTO pgq.batch_counts (batch_id, shard) SELECT new_id, s FROM generate_series(0, 15) AS s;
+    INSERT INTO pgq.batch_joiners (batch_id, role) SELECT new_id, r.role FROM unnest(roles) AS r(role);
     RETURN new_id;
 END
 $$;
-COMMENT ON FUNCTION pgq.batch_open(text, text, jsonb, text) IS
-    'Opens a batch and returns its id: members join it by enqueue(..., batch => id); once it is sealed '
-    '(pgq.batch_close) and its last member has ended, one callback job is enqueued.';
+COMMENT ON FUNCTION pgq.batch_open(text, text, jsonb, text, text[]) IS
+    'Opens a batch and returns its id: members join it by enqueue(..., batch => id) from the opener''s '
+    'login and the roles named in joiners; once it is sealed (pgq.batch_close) and its last member has '
+    'ended, one callback job is enqueued.';
 
 CREATE OR REPLACE FUNCTION pgq.batch_close(id bigint)
     RETURNS boolean
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
     AS $$
 DECLARE
-    b pgq.batches := pgq._own_batch(batch_close.id, true);
+    b pgq.batches := pgq._own_batch(batch_close.id, false);
 BEGIN
+    IF b.sealed_at IS NOT NULL THEN
+        RETURN false;  -- (without locking it: a close left open holds no sealed batch's row)
+    END IF;
+    b := pgq._own_batch(batch_close.id, true);
     IF b.sealed_at IS NOT NULL THEN
         RETURN false;
     END IF;
@@ -2856,7 +3062,8 @@ END
 $$;
 COMMENT ON FUNCTION pgq.batch_close(bigint) IS
     'Seals a batch (no member joins it after): true when this call sealed it, false when it was sealed; '
-    'an empty batch''s callback is enqueued at once. P0002: unknown, or another login''s.';
+    'an empty batch''s callback is enqueued at once. P0002: unknown, or another login''s; 55P03 after '
+    'waiting 5 s for enqueues into it or ends of its members in open transactions.';
 
 CREATE OR REPLACE FUNCTION pgq.batch_status(id bigint)
     RETURNS TABLE (batch_id bigint, state text, opened_by text, callback_queue text, callback_kind text,
@@ -2900,6 +3107,7 @@ CREATE OR REPLACE FUNCTION pgq.cancel_batch(id bigint)
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
     AS $$
 DECLARE
     b    pgq.batches := pgq._own_batch(cancel_batch.id, true);
@@ -2907,7 +3115,9 @@ DECLARE
 BEGIN
     IF b.cancelled_at IS NULL THEN
         UPDATE pgq.batches AS x SET cancelled_at = pgq._now(), cancel_after = 0 WHERE x.id = b.id;
-        PERFORM pgq._seal_batch(b.id);
+        IF b.sealed_at IS NULL THEN
+            PERFORM pgq._seal_batch(b.id);  -- (a sealed batch's ends in flight saw the seal already)
+        END IF;
     END IF;
     gone := pgq._cancel_batch_step(b.id, pgq._dependency_step());
     -- A callback enqueued already and not started is cancelled too.
@@ -2923,7 +3133,81 @@ END
 $$;
 COMMENT ON FUNCTION pgq.cancel_batch(bigint) IS
     'Cancels a batch: seals it, cancels up to 1000 of its members that have not started (returns how many; '
-    'pgq.sweep cancels the rest) and its callback. P0002: unknown, or another login''s.';
+    'pgq.sweep cancels the rest) and its callback. P0002: unknown, or another login''s; 55P03 after '
+    'waiting 5 s for enqueues into it or ends of its members in open transactions.';
+
+-- sql/functions/ended.sql -----------------------------------------------------------------------------
+
+-- sql/functions/ended.sql: the end of a job, pgq's "a job ended" hub (the trigger jobs_ended).
+--
+-- A job ends when its state moves into done, failed or cancelled, whichever call moves it
+-- (pgq.complete, complete_many and complete_and_claim, fail, cancel and cancel_jobs, resolve, a
+-- lease's expiry recovered by a claim or a sweep, a dependency's cascade, a batch's cancellation).
+-- The row trigger jobs_ended of pgq.jobs (AFTER UPDATE OF state, WHEN the new state is one of the
+-- three and differs from the old) runs pgq._job_ended once per end, in the ending transaction, and
+-- that is all an end sets off:
+--
+-- 1. The finished counters: one row of pgq.finished_deltas, which pgq._fold_finished folds into
+--    pgq.finished_counts (counters.sql; read by pgq.stats and pgq.metrics, observe.sql).
+-- 2. The jobs waiting for it (depends_on): released when it is done, cancelled (all_done) or
+--    released (all_ended) when it failed or was cancelled, up to the transaction's budget, the
+--    rest left to the backlog that every sweep works through (dependencies.sql:
+--    pgq._dependency_ended). Whether any wait is looked up in the statement that writes 1.
+-- 3. Its batch, when it is a member: the end counted in one of the batch's shards, and, once the
+--    batch is sealed and its last member has ended, the batch's one callback job enqueued
+--    (batches.sql: pgq._batch_member_ended, pgq._finish_batch).
+-- 4. A producer that awaits it (enqueued with notify_finished): NOTIFY pgq_finished, '<id>', and
+--    pgq.job_result reads the outcome (observe.sql).
+--
+-- What the end needs comes from the row or from rows of pgq's own tables, never from a session
+-- setting (a caller can set those): an end inside a claim's or a sweep's recovery of expired
+-- leases, which must wait for nobody, is the one whose last_event is lease_expired or timed_out
+-- (recovery.sql writes nothing else); the members pgq.complete_many completes, which it counts
+-- itself once per batch, are marked by its row of pgq.turns (pgq._batch_counting_mark).
+--
+-- Runs as the owner's UPDATE of pgq.jobs (every writer of jobs is a SECURITY DEFINER function of
+-- the owner); every name is schema-qualified. Every end of a job runs it once, so it is the hot
+-- path: one statement records the end and, in the same statement (an index probe in its RETURNING,
+-- about 1.3 us), looks up whether jobs wait for this one; only then, or for a job that waited
+-- itself, is pgq._dependency_ended called (issue 24: no flag on the row, which an enqueue would have
+-- to lock). Its one SET clause (about 0.7 us per end) holds the probe to job_dependencies' primary
+-- key whatever the statistics: the plan is cached per session, and a sequential scan chosen while
+-- the table was small would read every link on every end once it is large. The isolation test, for
+-- an end whose snapshot may be older than its statement, is a plain expression (about 0.2 us); a
+-- batch member and a job someone awaits are two tests of the row for every other job.
+CREATE OR REPLACE FUNCTION pgq._job_ended() RETURNS trigger
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    AS $$
+DECLARE
+    waited_for boolean;
+BEGIN
+    INSERT INTO pgq.finished_deltas (queue, state) VALUES (NEW.queue, NEW.state)
+    RETURNING EXISTS (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = NEW.id) INTO waited_for;
+    IF waited_for OR OLD.state = 'waiting'
+       OR (current_setting('transaction_isolation') <> 'read committed'
+           AND transaction_timestamp() <> statement_timestamp()) THEN
+        PERFORM pgq._dependency_ended(NEW.id, OLD.state, NEW.state, waited_for,
+                                      NEW.last_event = 'dependency_ended');
+    END IF;
+    IF NEW.batch_id IS NOT NULL THEN  -- (a plain expression: the query below is for members only)
+        IF NOT (NEW.state = 'done' AND NEW.last_event = 'completed'
+                AND EXISTS (SELECT FROM pgq.turns AS t WHERE t.name = pgq._batch_counting_mark(pg_trigger_depth()))) THEN
+            PERFORM pgq._batch_member_ended(NEW.batch_id, NEW.state, 1,  -- (pgq.complete_many counts its own)
+                                            NEW.last_event IN ('lease_expired', 'timed_out'));
+        END IF;
+    END IF;
+    IF NEW.notify_finished THEN
+        PERFORM pg_notify('pgq_finished', NEW.id::text);
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pgq._job_ended() IS
+    'Trigger of pgq.jobs (jobs_ended), pgq''s "a job ended" hub: records one transition into done, '
+    'failed or cancelled in pgq.finished_deltas, moves the jobs waiting for it on '
+    '(pgq._dependency_ended), counts a batch member''s end (pgq._batch_member_ended) and notifies '
+    'pgq_finished for a job enqueued with notify_finished.';
 
 -- sql/functions/rates.sql -----------------------------------------------------------------------------
 
@@ -3836,6 +4120,33 @@ CREATE OR REPLACE FUNCTION pgq._enqueued_it(enqueued_by text) RETURNS boolean
     LANGUAGE sql STABLE
     AS $$ SELECT coalesce($1 = session_user::text, false) OR pg_has_role(session_user, 'pgq_admin', 'MEMBER') $$;
 
+-- pgq._replace_key's lock of a job of the key that has not started (its holder or its successor):
+-- FOR NO KEY UPDATE SKIP LOCKED, as a claim locks it, so a holder that a claim (or a worker's end)
+-- holds counts as started and is never waited for. A 'waiting' job is never claimed: what holds
+-- one is an end's cascade, a sweep or a settle call moving it on, in a transaction of its own that
+-- is over at once, so for a 'waiting' job the lock is tried again, by polling, up to 50 ms (then it
+-- counts as started, as before). Without that, a replace that met a waiting successor while a
+-- sweep released it put a third job of the key behind it. Returns the job locked (id, state,
+-- attempt), or NULLs.
+CREATE OR REPLACE FUNCTION pgq._lock_unstarted(job_id bigint, OUT id bigint, OUT state pgq.job_state,
+                                               OUT attempt integer)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    give_up timestamptz;
+BEGIN
+    LOOP
+        SELECT j.id, j.state, j.attempt INTO id, state, attempt
+        FROM pgq.jobs AS j WHERE j.id = _lock_unstarted.job_id FOR NO KEY UPDATE OF j SKIP LOCKED;
+        EXIT WHEN FOUND OR NOT EXISTS (SELECT FROM pgq.jobs AS j
+                                       WHERE j.id = _lock_unstarted.job_id AND j.state = 'waiting');
+        give_up := coalesce(give_up, clock_timestamp() + interval '50 milliseconds');
+        EXIT WHEN clock_timestamp() >= give_up;
+        PERFORM pg_sleep(0.001);
+    END LOOP;
+END
+$$;
+
 -- pgq.enqueue(..., unique_key, on_conflict => 'replace'), before anything is inserted. A replace
 -- writes and holds only the caller's own jobs (issue 37): the holder or successor it updates was
 -- enqueued by the caller's login (or the caller is an admin). Against another login's holder it is
@@ -3897,9 +4208,9 @@ BEGIN
     END LOOP;
     -- The successor first, if it is live, ours and has not started: it is the key's last job to run.
     IF successor IS NOT NULL THEN
-        SELECT j.id, j.state, j.attempt INTO target
-        FROM pgq.jobs AS j WHERE j.id = successor AND pgq._enqueued_it(j.enqueued_by)
-        FOR NO KEY UPDATE OF j SKIP LOCKED;
+        SELECT l.id, l.state, l.attempt INTO target  -- (only ours: NULL locks nothing)
+        FROM pgq._lock_unstarted((SELECT j.id FROM pgq.jobs AS j
+                                  WHERE j.id = successor AND pgq._enqueued_it(j.enqueued_by))) AS l;
         IF target.id IS NOT NULL AND target.state IN ('waiting', 'pending') THEN
             PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace_key.queue, _replace_key.payload,
                                      _replace_key.run_at, _replace_key.priority, _replace_key.meta, _replace_key.max_attempts);
@@ -3927,8 +4238,7 @@ BEGIN
             RETURN;
         END IF;
         EXIT WHEN holder.id IS NULL OR holder.state IN ('running', 'outcome_unknown');
-        SELECT j.id, j.state, j.attempt INTO target
-        FROM pgq.jobs AS j WHERE j.id = holder.id FOR NO KEY UPDATE OF j SKIP LOCKED;
+        SELECT l.id, l.state, l.attempt INTO target FROM pgq._lock_unstarted(holder.id) AS l;
         IF target.id IS NOT NULL AND target.state IN ('waiting', 'pending') THEN
             PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace_key.queue, _replace_key.payload,
                                      _replace_key.run_at, _replace_key.priority, _replace_key.meta, _replace_key.max_attempts);
@@ -4020,11 +4330,24 @@ BEGIN
         PERFORM pgq._check_workflow(enqueue.dependency_mode, enqueue.notify_finished);
         PERFORM pgq._check_on_conflict(enqueue.on_conflict);
     END IF;
-    -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
-    PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(enqueue.queue));
-    SELECT * INTO q FROM pgq.queues AS s WHERE s.name = enqueue.queue;
+    -- A unique_key that a live job of the queue holds answers at once (on_conflict keep, no
+    -- batch, a login that may enqueue there), before the queue's row is locked: a deduplicated
+    -- call writes nothing, not even a lock (no transaction id).
+    IF enqueue.unique_key IS NOT NULL AND enqueue.on_conflict = 'keep' AND enqueue.batch IS NULL THEN
+        SELECT j.id INTO new_id
+        FROM pgq.jobs AS j
+        WHERE j.queue = enqueue.queue AND j.unique_key = enqueue.unique_key
+          AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
+        IF FOUND AND NOT EXISTS (SELECT FROM pgq.queues AS s WHERE s.name = enqueue.queue AND s.restricted IS NOT NULL
+                                 AND NOT pgq._may(s.name, s.restricted, 'enqueue')) THEN
+            RETURN new_id;
+        END IF;
+    END IF;
+    -- The queue's settings, its row held FOR KEY SHARE to commit (its writer lock: see
+    -- pgq._queue_to_write, which creates it on first use and waits for a drop in flight).
+    SELECT * INTO q FROM pgq.queues AS s WHERE s.name = enqueue.queue FOR KEY SHARE SKIP LOCKED;
     IF NOT FOUND THEN
-        q := pgq._queue(enqueue.queue);  -- first use: created with the defaults
+        q := pgq._queue_to_write(enqueue.queue);
     END IF;
     IF q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'enqueue') THEN
         PERFORM pgq._denied(q.name, 'enqueue');
@@ -4232,9 +4555,11 @@ BEGIN
         ORDER BY p.n;
         RETURN;
     END IF;
-    -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
-    PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(enqueue_many.queue));
-    q := pgq._queue(enqueue_many.queue);
+    -- The queue's settings, its row held FOR KEY SHARE to commit (as in pgq.enqueue).
+    SELECT * INTO q FROM pgq.queues AS s WHERE s.name = enqueue_many.queue FOR KEY SHARE SKIP LOCKED;
+    IF NOT FOUND THEN
+        q := pgq._queue_to_write(enqueue_many.queue);
+    END IF;
     IF q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'enqueue') THEN
         PERFORM pgq._denied(q.name, 'enqueue');
     END IF;
@@ -4787,47 +5112,73 @@ $$;
 -- the second names the latest other attempt, and counts all the rejections that named another one.
 -- A rejection after the job moved on (say from running to done) starts over, as does one by another
 -- login (so one login's flood cannot hide another's forged calls in its count).
--- Rejections of one job by one login take turns (a transaction-level advisory lock on the pair:
--- another login's never waits for this one's), so two concurrent ones cannot both find no event
--- and both write one.
+-- Rejections of one job by one login take turns, so that two concurrent ones cannot both find no
+-- event and both write one: each inserts the row 'reject <job> <login>' of pgq.turns (a row of
+-- pgq's own table, which no login but the owner can lock; it was an advisory lock, which any login
+-- could hold) and deletes it again, so the next one waits for its commit. Only that login's other
+-- rejections of that job ever hold the row, and one waits for them at most lock_timeout (500 ms):
+-- a rejected call answers "not yours" at once whatever happens, and a rejection that could not
+-- take its turn in time (its login's other call on the job sits in an open transaction) is not
+-- recorded. A renewal is never held up by a rejection it has nothing to do with.
 CREATE OR REPLACE FUNCTION pgq._reject(job_id bigint, attempt integer, operation text, times integer DEFAULT 1)
     RETURNS void
     LANGUAGE plpgsql
+    SET lock_timeout = '500ms'
     AS $$
 DECLARE
     job pgq.jobs;
-    seen bigint[];        -- the events of this key, oldest first: at most two
-    first_attempt integer;
-    new_note text;
+    turn text := format('reject %s %s', _reject.job_id, session_user);
 BEGIN
     SELECT j.* INTO job FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue AND q.audit
     WHERE j.id = _reject.job_id;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    PERFORM pg_advisory_xact_lock('pgq.job_events'::regclass::oid::integer,
-                                  hashtext(_reject.job_id::text || ' ' || session_user));
+    BEGIN
+        INSERT INTO pgq.turns AS t (name) VALUES (turn) ON CONFLICT DO NOTHING;
+        PERFORM FROM pgq.turns AS t WHERE t.name = turn FOR UPDATE;
+        PERFORM pgq._record_rejection(job, _reject.attempt, _reject.operation, _reject.times);
+        DELETE FROM pgq.turns AS t WHERE t.name = turn;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN;  -- not recorded: see above
+    END;
+END
+$$;
+
+-- pgq._reject's record of one rejection of `job` (as read before its turn), under its turn.
+CREATE OR REPLACE FUNCTION pgq._record_rejection(job pgq.jobs, attempt integer, operation text, times integer)
+    RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    seen bigint[];        -- the events of this key, oldest first: at most two
+    first_attempt integer;
+    new_note text;
+BEGIN
     new_note := format('%s from attempt %s rejected: the job is %s at attempt %s (last claimed by %s%s)',
-                   _reject.operation, _reject.attempt, job.state, job.attempt, job.claimed_by,
+                   _record_rejection.operation, _record_rejection.attempt, job.state, job.attempt,
+                   job.claimed_by,
                    CASE WHEN NOT pgq._same_login(job.session_role) THEN ', login ' || job.session_role END);
     -- The key of "the same rejections": job, operation, the job's state and the login that made the
     -- call (one more condition per column that should tell rejections apart).
     SELECT array_agg(e.id ORDER BY e.id), (array_agg(e.attempt ORDER BY e.id))[1] INTO seen, first_attempt
     FROM (SELECT x.id, x.attempt FROM pgq.job_events AS x
-          WHERE x.job_id = _reject.job_id AND x.event = 'rejected'
-            AND starts_with(x.note, _reject.operation || ' from attempt ') AND x.from_state = job.state
+          WHERE x.job_id = job.id AND x.event = 'rejected'
+            AND starts_with(x.note, _record_rejection.operation || ' from attempt ') AND x.from_state = job.state
             AND x.session_role IS NOT DISTINCT FROM session_user
           ORDER BY x.id LIMIT 2) AS e;
-    IF first_attempt = _reject.attempt THEN
-        UPDATE pgq.job_events AS e SET times = e.times + _reject.times
-        WHERE e.job_id = _reject.job_id AND e.id = seen[1];
+    IF first_attempt = _record_rejection.attempt THEN
+        UPDATE pgq.job_events AS e SET times = e.times + _record_rejection.times
+        WHERE e.job_id = job.id AND e.id = seen[1];
     ELSIF cardinality(seen) = 2 THEN
         UPDATE pgq.job_events AS e
-        SET times = e.times + _reject.times, attempt = _reject.attempt, note = new_note, at = clock_timestamp()
-        WHERE e.job_id = _reject.job_id AND e.id = seen[2];
+        SET times = e.times + _record_rejection.times, attempt = _record_rejection.attempt, note = new_note,
+            at = clock_timestamp()
+        WHERE e.job_id = job.id AND e.id = seen[2];
     ELSE
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note, times)
-        VALUES (job.id, _reject.attempt, NULL, 'rejected', job.state, NULL, new_note, _reject.times);
+        VALUES (job.id, _record_rejection.attempt, NULL, 'rejected', job.state, NULL, new_note,
+                _record_rejection.times);
     END IF;
 END
 $$;
@@ -4940,8 +5291,10 @@ BEGIN
     END IF;
 
     -- Batch members' ends are counted below, one shard update per batch, not one per job by the
-    -- trigger (pgq._count_finished reads this setting).
-    PERFORM set_config('pgq.batch_counting', 'caller', true);
+    -- trigger: the statement that completes them leaves its mark for the trigger in pgq.turns
+    -- (pgq._batch_counting_mark: this transaction's, and its own trigger depth's, so the ends its
+    -- triggers cascade to are counted as usual), taken away right after. A row of pgq's own table:
+    -- no caller can write one (a session setting, which it was, any caller could).
     WITH wanted AS (
         SELECT w.id, w.attempt FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)
     ), owned AS (
@@ -4963,11 +5316,15 @@ BEGIN
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
         FROM completed AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
+    ), mark AS (
+        INSERT INTO pgq.turns (name)
+        SELECT pgq._batch_counting_mark(pg_trigger_depth() + 1)
+        FROM completed AS c WHERE c.batch_id IS NOT NULL LIMIT 1
     )
     SELECT coalesce(array_agg(c.id), '{}'), array_agg(c.batch_id) FILTER (WHERE c.batch_id IS NOT NULL)
     INTO done_ids, members FROM completed AS c;
-    PERFORM set_config('pgq.batch_counting', '', true);
     IF members IS NOT NULL THEN
+        DELETE FROM pgq.turns AS t WHERE t.name = pgq._batch_counting_mark(pg_trigger_depth() + 1);
         PERFORM pgq._batch_member_ended(m.batch, 'done', m.n::integer)
         FROM (SELECT b.batch, count(*) AS n FROM unnest(members) AS b(batch) GROUP BY b.batch ORDER BY b.batch) AS m;
     END IF;
@@ -5923,7 +6280,9 @@ $$;
 -- job is pending or running. A paused queue's schedule keeps at most one job waiting: while its
 -- last job is still pending there, a due occurrence collapses into it, as missed ones collapse into
 -- the latest (no job, nothing counted; next_run_at moves on), so a pause of a week leaves one job
--- for the resume, not a week of them (issue 24). Then the queues' next_schedule_at is brought up to date: of the
+-- for the resume, not a week of them (issue 24). A schedule whose queue's row a pgq.drop_queue or
+-- a pgq.prune holds (FOR UPDATE) stays due for a later firing: the firing waits for nobody (it
+-- runs inside claims and sweeps). Then the queues' next_schedule_at is brought up to date: of the
 -- queues whose schedules it handled, and of those whose value says due (a value computed by a
 -- concurrent firing from an older snapshot is corrected here, by the next claim or sweep).
 CREATE OR REPLACE FUNCTION pgq._fire_schedules(max_schedules integer, queues text[] DEFAULT NULL) RETURNS integer
@@ -5992,9 +6351,14 @@ BEGIN
             CONTINUE;
         END IF;
 
-        -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
-        PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(s.queue));
-        q := pgq._queue(s.queue);
+        -- The queue's settings, its row held FOR KEY SHARE as an enqueue holds it (its writer lock:
+        -- pgq._queue_to_write), never waited for: while a drop or a prune holds it, the schedule
+        -- stays due, for the next claim or sweep.
+        SELECT * INTO q FROM pgq.queues AS u WHERE u.name = s.queue FOR KEY SHARE SKIP LOCKED;
+        IF NOT FOUND THEN
+            CONTINUE WHEN EXISTS (SELECT FROM pgq.queues AS u WHERE u.name = s.queue);
+            q := pgq._queue(s.queue);  -- (pgq.schedule created it; a drop refuses while it has schedules)
+        END IF;
         job_tenant := s.tenant;
         IF q.fair THEN
             job_tenant := pgq._fair_tenant(q.name, job_tenant);
@@ -6507,7 +6871,7 @@ BEGIN
     )
     SELECT count(*) INTO deleted FROM gone;
     -- Batches whose callback was enqueued before the same horizon and whose members are all
-    -- deleted, with their counts.
+    -- deleted, with their counts and joiners.
     WITH gone AS (
         DELETE FROM pgq.batches AS b
         WHERE b.id IN (SELECT x.id FROM pgq.batches AS x
@@ -6516,7 +6880,12 @@ BEGIN
                        ORDER BY x.finished_at LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED)
         RETURNING b.id
     )
-    DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id;
+    , counts AS (
+        DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id
+    ), backends AS (
+        DELETE FROM pgq.batch_backend_counts AS c USING gone AS g WHERE c.batch_id = g.id
+    )
+    DELETE FROM pgq.batch_joiners AS j USING gone AS g WHERE j.batch_id = g.id;
     -- Replace calls' successors (pgq._replace_key) that are no longer live: their key needs none.
     DELETE FROM pgq.replace_slots AS s
     WHERE (s.queue, s.unique_key, s.enqueued_by) IN (
@@ -6525,10 +6894,11 @@ BEGIN
                           WHERE j.id = x.job_id AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown'))
         LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);
 
-    -- Idle tenants, queue by queue under the queue's writer lock, taken without waiting and held
-    -- (a session lock) only while they are deleted: an enqueue that read a tenant's row before
-    -- has committed its job (or holds the lock still, and the queue is skipped); one that comes
-    -- after inserts the row again, waiting for this transaction's deletion to commit.
+    -- Idle tenants, queue by queue, each under its queue's row taken FOR UPDATE without waiting
+    -- (the queue's writer lock, which every enqueue holds FOR KEY SHARE: pgq._queue_to_write) and
+    -- held to commit: an enqueue that read a tenant's row before has committed its job (or holds
+    -- the row still, and the queue is left for a later prune); one that comes after waits for this
+    -- transaction (at most its 5 s), then inserts the row again.
     tenants_left := prune.max_jobs;
     FOR r IN
         SELECT DISTINCT t.queue FROM pgq.tenants AS t
@@ -6536,24 +6906,18 @@ BEGIN
           AND NOT EXISTS (SELECT FROM pgq.jobs AS j WHERE j.queue = t.queue AND j.tenant = t.tenant)
     LOOP
         EXIT WHEN tenants_left <= 0;
-        CONTINUE WHEN NOT pg_try_advisory_lock(1885827329, hashtext(r.queue));
-        BEGIN
-            WITH gone AS (
-                DELETE FROM pgq.tenants AS t
-                WHERE (t.queue, t.tenant) IN (
-                    SELECT x.queue, x.tenant FROM pgq.tenants AS x
-                    WHERE x.queue = r.queue AND x.weight = 1
-                      AND NOT EXISTS (SELECT FROM pgq.jobs AS j WHERE j.queue = x.queue AND j.tenant = x.tenant)
-                    LIMIT tenants_left
-                    FOR UPDATE SKIP LOCKED)
-                RETURNING 1
-            )
-            SELECT tenants_left - count(*) INTO tenants_left FROM gone;
-        EXCEPTION WHEN OTHERS THEN
-            PERFORM pg_advisory_unlock(1885827329, hashtext(r.queue));
-            RAISE;
-        END;
-        PERFORM pg_advisory_unlock(1885827329, hashtext(r.queue));
+        CONTINUE WHEN NOT EXISTS (SELECT FROM pgq.queues AS u WHERE u.name = r.queue FOR UPDATE SKIP LOCKED);
+        WITH gone AS (
+            DELETE FROM pgq.tenants AS t
+            WHERE (t.queue, t.tenant) IN (
+                SELECT x.queue, x.tenant FROM pgq.tenants AS x
+                WHERE x.queue = r.queue AND x.weight = 1
+                  AND NOT EXISTS (SELECT FROM pgq.jobs AS j WHERE j.queue = x.queue AND j.tenant = x.tenant)
+                LIMIT tenants_left
+                FOR UPDATE SKIP LOCKED)
+            RETURNING 1
+        )
+        SELECT tenants_left - count(*) INTO tenants_left FROM gone;
     END LOOP;
     -- And the per-key rate limits' buckets that are full again.
     IF EXISTS (SELECT FROM pgq.key_rates) THEN
@@ -7201,7 +7565,7 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC, pgq_producer, pgq_wor
 GRANT EXECUTE ON FUNCTION
     pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text),
     pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean, text[], text),
-    pgq.batch_open(text, text, jsonb, text),
+    pgq.batch_open(text, text, jsonb, text, text[]),
     pgq.batch_close(bigint),
     pgq.batch_status(bigint),
     pgq.cancel_batch(bigint)
@@ -7279,7 +7643,7 @@ ALTER TABLE pgq.queues ADD CONSTRAINT queues_max_run_time_check CHECK (((max_run
 ALTER TABLE pgq.queues ADD CONSTRAINT queues_rate_check CHECK (((rate_limit BETWEEN 0 AND 1000000) AND (key_rate_limit BETWEEN 0 AND 1000000) AND (rate_period > '00:00:00'::interval) AND (rate_period <= '1 day'::interval) AND pgq._is_span(rate_period)));
 ALTER TABLE pgq.queues ADD CONSTRAINT queues_retention_check CHECK (((retention >= '00:00:00'::interval) AND (retention <= '3650 days'::interval) AND pgq._is_span(retention)));
 ALTER TABLE pgq.schedules ADD CONSTRAINT schedules_every_check CHECK (((every >= '00:00:01'::interval) AND (every <= '3650 days'::interval) AND pgq._is_span(every)));
-CREATE TRIGGER jobs_count_finished AFTER UPDATE OF state ON pgq.jobs FOR EACH ROW WHEN ((new.state = ANY (ARRAY['done'::pgq.job_state, 'failed'::pgq.job_state, 'cancelled'::pgq.job_state])) AND old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION pgq._count_finished();
+CREATE TRIGGER jobs_ended AFTER UPDATE OF state ON pgq.jobs FOR EACH ROW WHEN ((new.state = ANY (ARRAY['done'::pgq.job_state, 'failed'::pgq.job_state, 'cancelled'::pgq.job_state])) AND old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION pgq._job_ended();
 
 -- Grants on the schema and its tables (the functions': sql/functions/grants.sql) --------------
 
@@ -7288,7 +7652,9 @@ GRANT USAGE ON SCHEMA pgq TO pgq_admin;
 GRANT USAGE ON SCHEMA pgq TO pgq_monitor;
 GRANT USAGE ON SCHEMA pgq TO pgq_producer;
 GRANT USAGE ON SCHEMA pgq TO pgq_worker;
+REVOKE ALL ON TABLE pgq.batch_backend_counts FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.batch_counts FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.batch_joiners FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.batch_members FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.batches FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.cascade_backlog FROM PUBLIC;
@@ -7312,6 +7678,7 @@ REVOKE ALL ON TABLE pgq.rate_buckets FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.replace_slots FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.schedules FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.tenants FROM PUBLIC;
+REVOKE ALL ON TABLE pgq.turns FROM PUBLIC;
 REVOKE ALL ON TABLE pgq.unique_successors FROM PUBLIC;
 REVOKE ALL ON SEQUENCE pgq.job_events_id_seq FROM PUBLIC;
 REVOKE ALL ON SEQUENCE pgq.jobs_id_seq FROM PUBLIC;

@@ -140,3 +140,45 @@ def run_worker(worker: Worker | AsyncWorker, dsn: str, errors: list[BaseExceptio
     thread = threading.Thread(target=main, daemon=True)
     thread.start()
     return thread
+
+
+#: A login with CONNECT (PUBLIC's default) and nothing else: no pgq role, no USAGE on schema pgq
+#: (issue 37's squatter, TESTING item 38).
+SQUATTER = "pgq_t_squatter"
+
+#: The first key of the queue's writer lock, an advisory lock pgq took before issue 37 (5e1aa62).
+WRITER_KEY = 1885827329
+
+
+def squatter_session(su: psycopg.Connection, open_login: Callable[..., psycopg.Connection]) -> psycopg.Connection:
+    """A session of SQUATTER (created if missing; ``open_login`` is test_sql_access's login
+    fixture), with every pgq.* setting set in it: it may call no pgq function."""
+    if su.execute("SELECT FROM pg_roles WHERE rolname = %s", (SQUATTER,)).fetchone() is None:
+        try:
+            su.execute(f"CREATE ROLE {SQUATTER} LOGIN")
+        except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+            pass  # another database of the session's server made it meanwhile
+    sq = open_login(SQUATTER)
+    with pytest.raises(psycopg.Error) as e:
+        sq.execute("SELECT pgq.version()")
+    assert e.value.sqlstate == "42501"  # no pgq role: no USAGE on the schema
+    for setting in ("batch_counting", "batch_shard", "dependency_budget", "dependency_patience", "key_walk",
+                    "fence"):
+        sq.execute(f"SET pgq.{setting} = 'caller'")
+    return sq
+
+
+def hold_every_key(sq: psycopg.Connection, queues: list[str], job_ids: range, logins: list[str]) -> int:
+    """Takes, exclusively and shared, on session ``sq``, every advisory key pgq took at 5e1aa62 that
+    concerns these queues, jobs and logins: the queues' writer locks, the fold lock, the rejection
+    locks (the tables' oids are read from pg_class, which every login may read). Returns how many."""
+    oid = "(SELECT c.oid::integer FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace " \
+          "WHERE n.nspname = 'pgq' AND c.relname = %s)"
+    keys: list[tuple[str, tuple[Any, ...]]] = [(f"{WRITER_KEY}, hashtext(%s)", (q,)) for q in queues]
+    keys.append((f"{oid}, 0", ("finished_counts",)))
+    keys += [(f"{oid}, hashtext(%s || ' ' || %s)", ("job_events", str(i), who)) for i in job_ids for who in logins]
+    for args, params in keys:
+        sq.execute(f"SELECT pg_advisory_lock({args}), pg_advisory_lock_shared({args})", params + params)
+    held = one(sq, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
+    assert held >= len(keys)
+    return len(keys)

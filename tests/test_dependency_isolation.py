@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from pgq_thin.tools.lab.harness import Harness, Step
+from pgq_tools.lab.harness import Harness, Step
 
 from sqlhelpers import claim, job, one
 from test_dependencies import backlog, links, run, state
@@ -359,7 +359,7 @@ def test_an_upgrade_from_5e1aa62_hands_checks_backlog_and_successor_slots_over(d
     one check held by a sweep while 0021 runs: after the upgrade every dependant is released by the
     sweeps and the slot's login still updates its successor; the old tables end empty."""
     from pgq_thin import migrate
-    from pgq_thin.tools.bench import _migrate_to
+    from pgq_tools.bench import _migrate_to
 
     from sqlhelpers import fresh_database
 

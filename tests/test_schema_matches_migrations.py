@@ -168,6 +168,7 @@ MIGRATION_SHA256 = {
     "0016_per_key_claims.sql": "758b69c002eddc1bf02d5892421c03d90892d226bebd44936eb697f8782c9f31",
     "0017_workflows.sql": "31743646864a8e991c72dfc6ee4dddfb387ba8626bcca795e04040c81110e3f8",
     "0018_power_tools.sql": "371061133eef4452f30acd69b7ba520e1ff0693fa5ac4c37352d97592eaca9c1",
+    "0019_no_shared_locks.sql": "0ed02b2e71be8d57e33618fe44cff8ad4ee8b6f0aa2efcc6e7c1fd39bb610f22",
     "0021_graph_isolation.sql": "463f1b39236094d81bb602b7f2aa5a13764886596c8f2a1b6e4d95ad9fe43bf5",
 }
 ALL_MIGRATIONS = [name.removesuffix(".sql") for name in sorted(MIGRATION_SHA256)]

@@ -61,7 +61,7 @@ def test_each_function_is_written_once_in_the_tree_outside_the_landed_migrations
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.split()
     source = source_functions()
-    assert {"claim", "enqueue", "complete", "_count_finished", "version"} <= set(source)
+    assert {"claim", "enqueue", "complete", "_job_ended", "version"} <= set(source)
     elsewhere = []
     for relative in files:
         path = ROOT / relative

@@ -3,9 +3,10 @@ exported from git) drain a queue while `pgq-thin migrate` of this checkout bring
 newest version. Nothing is lost, nothing is completed twice, no worker exits; and the migration
 takes no lock that waits for a reader of any pgq table but pgq.jobs (a session holding ACCESS
 SHARE on each of them, as any reader does, stays open through it: an ACCESS EXCLUSIVE lock, which
-a table rewrite needs, would wait for it and fail the migrate after its lock_timeout). Migration
-0018 only creates a table; 0017 added columns to pgq.jobs, which takes ACCESS EXCLUSIVE on it for
-an instant (tests/test_upgrades.py holds that it gives up behind a reader of pgq.jobs)."""
+a table rewrite needs, would wait for it and fail the migrate after its lock_timeout). Migrations
+0018 and 0019 create tables (0019 also renames the trigger of pgq.jobs); 0017 added columns to
+pgq.jobs, which takes ACCESS EXCLUSIVE on it for an instant (tests/test_upgrades.py holds that it
+gives up behind a reader of pgq.jobs)."""
 
 from __future__ import annotations
 

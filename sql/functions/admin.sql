@@ -363,7 +363,7 @@ BEGIN
     )
     SELECT count(*) INTO deleted FROM gone;
     -- Batches whose callback was enqueued before the same horizon and whose members are all
-    -- deleted, with their counts.
+    -- deleted, with their counts and joiners.
     WITH gone AS (
         DELETE FROM pgq.batches AS b
         WHERE b.id IN (SELECT x.id FROM pgq.batches AS x
@@ -372,7 +372,12 @@ BEGIN
                        ORDER BY x.finished_at LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED)
         RETURNING b.id
     )
-    DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id;
+    , counts AS (
+        DELETE FROM pgq.batch_counts AS c USING gone AS g WHERE c.batch_id = g.id
+    ), backends AS (
+        DELETE FROM pgq.batch_backend_counts AS c USING gone AS g WHERE c.batch_id = g.id
+    )
+    DELETE FROM pgq.batch_joiners AS j USING gone AS g WHERE j.batch_id = g.id;
     -- Replace calls' successors (pgq._replace_key) that are no longer live: their key needs none.
     DELETE FROM pgq.replace_slots AS s
     WHERE (s.queue, s.unique_key, s.enqueued_by) IN (
@@ -381,10 +386,11 @@ BEGIN
                           WHERE j.id = x.job_id AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown'))
         LIMIT prune.max_jobs FOR UPDATE SKIP LOCKED);
 
-    -- Idle tenants, queue by queue under the queue's writer lock, taken without waiting and held
-    -- (a session lock) only while they are deleted: an enqueue that read a tenant's row before
-    -- has committed its job (or holds the lock still, and the queue is skipped); one that comes
-    -- after inserts the row again, waiting for this transaction's deletion to commit.
+    -- Idle tenants, queue by queue, each under its queue's row taken FOR UPDATE without waiting
+    -- (the queue's writer lock, which every enqueue holds FOR KEY SHARE: pgq._queue_to_write) and
+    -- held to commit: an enqueue that read a tenant's row before has committed its job (or holds
+    -- the row still, and the queue is left for a later prune); one that comes after waits for this
+    -- transaction (at most its 5 s), then inserts the row again.
     tenants_left := prune.max_jobs;
     FOR r IN
         SELECT DISTINCT t.queue FROM pgq.tenants AS t
@@ -392,24 +398,18 @@ BEGIN
           AND NOT EXISTS (SELECT FROM pgq.jobs AS j WHERE j.queue = t.queue AND j.tenant = t.tenant)
     LOOP
         EXIT WHEN tenants_left <= 0;
-        CONTINUE WHEN NOT pg_try_advisory_lock(1885827329, hashtext(r.queue));
-        BEGIN
-            WITH gone AS (
-                DELETE FROM pgq.tenants AS t
-                WHERE (t.queue, t.tenant) IN (
-                    SELECT x.queue, x.tenant FROM pgq.tenants AS x
-                    WHERE x.queue = r.queue AND x.weight = 1
-                      AND NOT EXISTS (SELECT FROM pgq.jobs AS j WHERE j.queue = x.queue AND j.tenant = x.tenant)
-                    LIMIT tenants_left
-                    FOR UPDATE SKIP LOCKED)
-                RETURNING 1
-            )
-            SELECT tenants_left - count(*) INTO tenants_left FROM gone;
-        EXCEPTION WHEN OTHERS THEN
-            PERFORM pg_advisory_unlock(1885827329, hashtext(r.queue));
-            RAISE;
-        END;
-        PERFORM pg_advisory_unlock(1885827329, hashtext(r.queue));
+        CONTINUE WHEN NOT EXISTS (SELECT FROM pgq.queues AS u WHERE u.name = r.queue FOR UPDATE SKIP LOCKED);
+        WITH gone AS (
+            DELETE FROM pgq.tenants AS t
+            WHERE (t.queue, t.tenant) IN (
+                SELECT x.queue, x.tenant FROM pgq.tenants AS x
+                WHERE x.queue = r.queue AND x.weight = 1
+                  AND NOT EXISTS (SELECT FROM pgq.jobs AS j WHERE j.queue = x.queue AND j.tenant = x.tenant)
+                LIMIT tenants_left
+                FOR UPDATE SKIP LOCKED)
+            RETURNING 1
+        )
+        SELECT tenants_left - count(*) INTO tenants_left FROM gone;
     END LOOP;
     -- And the per-key rate limits' buckets that are full again.
     IF EXISTS (SELECT FROM pgq.key_rates) THEN

@@ -1,49 +1,11 @@
--- sql/functions/counters.sql: the trigger of pgq.jobs and the finished counters it feeds.
-
--- Runs as the owner's UPDATE of pgq.jobs (every writer of jobs is a SECURITY DEFINER function of
--- the owner); every name is schema-qualified. Every end of a job runs it once, so it is the hot
--- path: one statement records the end and, in the same statement (an index probe in its RETURNING,
--- about 1.3 us), looks up whether jobs wait for this one; only then, or for a job that waited
--- itself, is pgq._dependency_ended called (issue 24: no flag on the row, which an enqueue would have
--- to lock). Its one SET clause (about 0.7 us per end) holds the probe to job_dependencies' primary
--- key whatever the statistics: the plan is cached per session, and a sequential scan chosen while
--- the table was small would read every link on every end once it is large. The isolation test, for
--- an end whose snapshot may be older than its statement, is a plain expression (about 0.2 us).
-CREATE OR REPLACE FUNCTION pgq._count_finished() RETURNS trigger
-    LANGUAGE plpgsql
-    SET enable_seqscan = off
-    AS $$
-DECLARE
-    waited_for boolean;
-BEGIN
-    INSERT INTO pgq.finished_deltas (queue, state) VALUES (NEW.queue, NEW.state)
-    RETURNING EXISTS (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = NEW.id) INTO waited_for;
-    IF waited_for OR OLD.state = 'waiting'
-       OR (current_setting('transaction_isolation') <> 'read committed'
-           AND transaction_timestamp() <> statement_timestamp()) THEN
-        PERFORM pgq._dependency_ended(NEW.id, OLD.state, NEW.state, waited_for,
-                                      NEW.last_event = 'dependency_ended');
-    END IF;
-    -- A batch's member (pgq._batch_member_ended), a job someone awaits (pgq.job_result): two
-    -- tests of the row for every other job.
-    IF NEW.batch_id IS NOT NULL
-       AND NOT (NEW.state = 'done' AND current_setting('pgq.batch_counting', true) IS NOT DISTINCT FROM 'caller') THEN
-        PERFORM pgq._batch_member_ended(NEW.batch_id, NEW.state);  -- (pgq.complete_many counts its own)
-    END IF;
-    IF NEW.notify_finished THEN
-        PERFORM pg_notify('pgq_finished', NEW.id::text);
-    END IF;
-    RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION pgq._count_finished() IS
-    'Trigger of pgq.jobs: records one transition into done, failed or cancelled in pgq.finished_deltas, '
-    'moves the jobs waiting for it on (pgq._dependency_ended), counts a batch member''s end and '
-    'notifies pgq_finished for a job enqueued with notify_finished.';
+-- sql/functions/counters.sql: the finished counters: what the end of a job records (the trigger
+-- jobs_ended, sql/functions/ended.sql, writes pgq.finished_deltas) folded into pgq.finished_counts.
 
 -- Moves the deltas into the totals, in one transaction (so a reader sees each finished job once,
--- in one table or the other). One fold at a time: a fold that finds another one running skips
--- (it would wait for the other's deleted rows, and two folds' upserts could deadlock); in a
+-- in one table or the other). One fold at a time: each holds the row 'fold' of pgq.turns to its
+-- commit, and a fold that finds it held skips (SKIP LOCKED: it would wait for the other's deleted
+-- rows, and two folds' upserts could deadlock). The row is pgq's own, which only the owner can
+-- lock (an advisory key, which it was, any login could hold, and every fold skipped). In a
 -- read-only transaction (a standby, a read-only login) it skips too. Returns the deltas folded.
 CREATE OR REPLACE FUNCTION pgq._fold_finished() RETURNS bigint
     LANGUAGE plpgsql
@@ -52,8 +14,10 @@ CREATE OR REPLACE FUNCTION pgq._fold_finished() RETURNS bigint
 DECLARE
     folded bigint;
 BEGIN
-    IF current_setting('transaction_read_only')::boolean
-       OR NOT pg_try_advisory_xact_lock('pgq.finished_counts'::regclass::oid::integer, 0) THEN
+    IF current_setting('transaction_read_only')::boolean THEN
+        RETURN 0;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pgq.turns AS t WHERE t.name = 'fold' FOR UPDATE SKIP LOCKED) THEN
         RETURN 0;
     END IF;
     -- All of them, by one sequential scan. (A fold bounded by ctid = ANY (ARRAY(SELECT ctid ...

@@ -8,7 +8,7 @@
 --   return them, admin calls find them unlocked. The new job waits (state 'waiting',
 --   dependencies_left) for those not done yet, linked to each (pgq.job_dependencies), and leaves a
 --   check per such dependency (pgq.overlap_checks; pgq._wait_for_dependencies).
--- * Every end of a job (the trigger jobs_count_finished, pgq._count_finished) looks up whether
+-- * Every end of a job (the trigger jobs_ended, pgq._job_ended) looks up whether
 --   jobs wait for it, in the statement that counts the end (one probe of job_dependencies' primary
 --   key), and only then moves them on (pgq._dependency_ended): done, each waiting dependant counts
 --   one dependency fewer and the one at 0 becomes pending; failed or cancelled, they are cancelled,
@@ -45,7 +45,7 @@
 --   or settle, a row held elsewhere is left to the backlog.
 -- * pgq.retry may bring an ended job back: the dependants of its earlier end (ids below that end's
 --   backlog rows' below_id) stay that end's, and its next end moves on only those enqueued after.
--- Every function here runs as the owner (like pgq._count_finished: every name schema-qualified).
+-- Every function here runs as the owner (like pgq._job_ended: every name schema-qualified).
 
 -- How many dependants the ends of one transaction move on, at most; the rest goes to the backlog.
 -- (A constant in a function of its own: tests replace it.)
@@ -125,15 +125,6 @@ BEGIN
 END
 $$;
 
--- Whether this transaction is recovering expired leases now (for a batch member's end: batches.sql).
-CREATE OR REPLACE FUNCTION pgq._recovering() RETURNS boolean
-    LANGUAGE sql VOLATILE
-    SET enable_seqscan = off
-    AS $$
-    SELECT coalesce((SELECT b.recovering FROM pgq.cascade_budgets AS b
-                     WHERE b.xid = pg_current_xact_id_if_assigned()), false)
-$$;
-
 -- Deletes up to max_rows rows of pgq.cascade_budgets whose transactions have ended (ids below the
 -- oldest one still running), never waiting for another call deleting them. Returns how many.
 CREATE OR REPLACE FUNCTION pgq._forget_cascades(max_rows integer) RETURNS integer
@@ -151,7 +142,7 @@ CREATE OR REPLACE FUNCTION pgq._forget_cascades(max_rows integer) RETURNS intege
     SELECT count(*)::integer FROM gone
 $$;
 
--- Called by pgq._count_finished when a job ends that jobs wait for (waited_for), that waited
+-- Called by pgq._job_ended when a job ends that jobs wait for (waited_for), that waited
 -- itself, or whose end reads an older snapshot than its statement. A waiting job that ends (it is
 -- cancelled) deletes its own links; an end under an older snapshot leaves a check for itself; then
 -- the jobs waiting for this one move on, up to this transaction's budget (none inside a claim's or
@@ -185,7 +176,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pgq._dependency_ended(bigint, pgq.job_state, pgq.job_state, boolean, boolean) IS
-    'Called by pgq._count_finished when a job that jobs wait for, or that waited, ends: releases (done) '
+    'Called by pgq._job_ended when a job that jobs wait for, or that waited, ends: releases (done) '
     'or cancels (failed, cancelled) its waiting dependants, up to the transaction''s budget.';
 
 -- The dependants of `ended_id`, which has just ended `ended`, moved on by this transaction (at most

@@ -95,6 +95,33 @@ CREATE OR REPLACE FUNCTION pgq._enqueued_it(enqueued_by text) RETURNS boolean
     LANGUAGE sql STABLE
     AS $$ SELECT coalesce($1 = session_user::text, false) OR pg_has_role(session_user, 'pgq_admin', 'MEMBER') $$;
 
+-- pgq._replace_key's lock of a job of the key that has not started (its holder or its successor):
+-- FOR NO KEY UPDATE SKIP LOCKED, as a claim locks it, so a holder that a claim (or a worker's end)
+-- holds counts as started and is never waited for. A 'waiting' job is never claimed: what holds
+-- one is an end's cascade, a sweep or a settle call moving it on, in a transaction of its own that
+-- is over at once, so for a 'waiting' job the lock is tried again, by polling, up to 50 ms (then it
+-- counts as started, as before). Without that, a replace that met a waiting successor while a
+-- sweep released it put a third job of the key behind it. Returns the job locked (id, state,
+-- attempt), or NULLs.
+CREATE OR REPLACE FUNCTION pgq._lock_unstarted(job_id bigint, OUT id bigint, OUT state pgq.job_state,
+                                               OUT attempt integer)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    give_up timestamptz;
+BEGIN
+    LOOP
+        SELECT j.id, j.state, j.attempt INTO id, state, attempt
+        FROM pgq.jobs AS j WHERE j.id = _lock_unstarted.job_id FOR NO KEY UPDATE OF j SKIP LOCKED;
+        EXIT WHEN FOUND OR NOT EXISTS (SELECT FROM pgq.jobs AS j
+                                       WHERE j.id = _lock_unstarted.job_id AND j.state = 'waiting');
+        give_up := coalesce(give_up, clock_timestamp() + interval '50 milliseconds');
+        EXIT WHEN clock_timestamp() >= give_up;
+        PERFORM pg_sleep(0.001);
+    END LOOP;
+END
+$$;
+
 -- pgq.enqueue(..., unique_key, on_conflict => 'replace'), before anything is inserted. A replace
 -- writes and holds only the caller's own jobs (issue 37): the holder or successor it updates was
 -- enqueued by the caller's login (or the caller is an admin). Against another login's holder it is
@@ -156,9 +183,9 @@ BEGIN
     END LOOP;
     -- The successor first, if it is live, ours and has not started: it is the key's last job to run.
     IF successor IS NOT NULL THEN
-        SELECT j.id, j.state, j.attempt INTO target
-        FROM pgq.jobs AS j WHERE j.id = successor AND pgq._enqueued_it(j.enqueued_by)
-        FOR NO KEY UPDATE OF j SKIP LOCKED;
+        SELECT l.id, l.state, l.attempt INTO target  -- (only ours: NULL locks nothing)
+        FROM pgq._lock_unstarted((SELECT j.id FROM pgq.jobs AS j
+                                  WHERE j.id = successor AND pgq._enqueued_it(j.enqueued_by))) AS l;
         IF target.id IS NOT NULL AND target.state IN ('waiting', 'pending') THEN
             PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace_key.queue, _replace_key.payload,
                                      _replace_key.run_at, _replace_key.priority, _replace_key.meta, _replace_key.max_attempts);
@@ -186,8 +213,7 @@ BEGIN
             RETURN;
         END IF;
         EXIT WHEN holder.id IS NULL OR holder.state IN ('running', 'outcome_unknown');
-        SELECT j.id, j.state, j.attempt INTO target
-        FROM pgq.jobs AS j WHERE j.id = holder.id FOR NO KEY UPDATE OF j SKIP LOCKED;
+        SELECT l.id, l.state, l.attempt INTO target FROM pgq._lock_unstarted(holder.id) AS l;
         IF target.id IS NOT NULL AND target.state IN ('waiting', 'pending') THEN
             PERFORM pgq._replace_job(target.id, target.attempt, target.state, _replace_key.queue, _replace_key.payload,
                                      _replace_key.run_at, _replace_key.priority, _replace_key.meta, _replace_key.max_attempts);
@@ -279,11 +305,24 @@ BEGIN
         PERFORM pgq._check_workflow(enqueue.dependency_mode, enqueue.notify_finished);
         PERFORM pgq._check_on_conflict(enqueue.on_conflict);
     END IF;
-    -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
-    PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(enqueue.queue));
-    SELECT * INTO q FROM pgq.queues AS s WHERE s.name = enqueue.queue;
+    -- A unique_key that a live job of the queue holds answers at once (on_conflict keep, no
+    -- batch, a login that may enqueue there), before the queue's row is locked: a deduplicated
+    -- call writes nothing, not even a lock (no transaction id).
+    IF enqueue.unique_key IS NOT NULL AND enqueue.on_conflict = 'keep' AND enqueue.batch IS NULL THEN
+        SELECT j.id INTO new_id
+        FROM pgq.jobs AS j
+        WHERE j.queue = enqueue.queue AND j.unique_key = enqueue.unique_key
+          AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
+        IF FOUND AND NOT EXISTS (SELECT FROM pgq.queues AS s WHERE s.name = enqueue.queue AND s.restricted IS NOT NULL
+                                 AND NOT pgq._may(s.name, s.restricted, 'enqueue')) THEN
+            RETURN new_id;
+        END IF;
+    END IF;
+    -- The queue's settings, its row held FOR KEY SHARE to commit (its writer lock: see
+    -- pgq._queue_to_write, which creates it on first use and waits for a drop in flight).
+    SELECT * INTO q FROM pgq.queues AS s WHERE s.name = enqueue.queue FOR KEY SHARE SKIP LOCKED;
     IF NOT FOUND THEN
-        q := pgq._queue(enqueue.queue);  -- first use: created with the defaults
+        q := pgq._queue_to_write(enqueue.queue);
     END IF;
     IF q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'enqueue') THEN
         PERFORM pgq._denied(q.name, 'enqueue');
@@ -491,9 +530,11 @@ BEGIN
         ORDER BY p.n;
         RETURN;
     END IF;
-    -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
-    PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(enqueue_many.queue));
-    q := pgq._queue(enqueue_many.queue);
+    -- The queue's settings, its row held FOR KEY SHARE to commit (as in pgq.enqueue).
+    SELECT * INTO q FROM pgq.queues AS s WHERE s.name = enqueue_many.queue FOR KEY SHARE SKIP LOCKED;
+    IF NOT FOUND THEN
+        q := pgq._queue_to_write(enqueue_many.queue);
+    END IF;
     IF q.restricted IS NOT NULL AND NOT pgq._may(q.name, q.restricted, 'enqueue') THEN
         PERFORM pgq._denied(q.name, 'enqueue');
     END IF;

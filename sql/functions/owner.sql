@@ -10,47 +10,73 @@
 -- the second names the latest other attempt, and counts all the rejections that named another one.
 -- A rejection after the job moved on (say from running to done) starts over, as does one by another
 -- login (so one login's flood cannot hide another's forged calls in its count).
--- Rejections of one job by one login take turns (a transaction-level advisory lock on the pair:
--- another login's never waits for this one's), so two concurrent ones cannot both find no event
--- and both write one.
+-- Rejections of one job by one login take turns, so that two concurrent ones cannot both find no
+-- event and both write one: each inserts the row 'reject <job> <login>' of pgq.turns (a row of
+-- pgq's own table, which no login but the owner can lock; it was an advisory lock, which any login
+-- could hold) and deletes it again, so the next one waits for its commit. Only that login's other
+-- rejections of that job ever hold the row, and one waits for them at most lock_timeout (500 ms):
+-- a rejected call answers "not yours" at once whatever happens, and a rejection that could not
+-- take its turn in time (its login's other call on the job sits in an open transaction) is not
+-- recorded. A renewal is never held up by a rejection it has nothing to do with.
 CREATE OR REPLACE FUNCTION pgq._reject(job_id bigint, attempt integer, operation text, times integer DEFAULT 1)
     RETURNS void
     LANGUAGE plpgsql
+    SET lock_timeout = '500ms'
     AS $$
 DECLARE
     job pgq.jobs;
-    seen bigint[];        -- the events of this key, oldest first: at most two
-    first_attempt integer;
-    new_note text;
+    turn text := format('reject %s %s', _reject.job_id, session_user);
 BEGIN
     SELECT j.* INTO job FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue AND q.audit
     WHERE j.id = _reject.job_id;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    PERFORM pg_advisory_xact_lock('pgq.job_events'::regclass::oid::integer,
-                                  hashtext(_reject.job_id::text || ' ' || session_user));
+    BEGIN
+        INSERT INTO pgq.turns AS t (name) VALUES (turn) ON CONFLICT DO NOTHING;
+        PERFORM FROM pgq.turns AS t WHERE t.name = turn FOR UPDATE;
+        PERFORM pgq._record_rejection(job, _reject.attempt, _reject.operation, _reject.times);
+        DELETE FROM pgq.turns AS t WHERE t.name = turn;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN;  -- not recorded: see above
+    END;
+END
+$$;
+
+-- pgq._reject's record of one rejection of `job` (as read before its turn), under its turn.
+CREATE OR REPLACE FUNCTION pgq._record_rejection(job pgq.jobs, attempt integer, operation text, times integer)
+    RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    seen bigint[];        -- the events of this key, oldest first: at most two
+    first_attempt integer;
+    new_note text;
+BEGIN
     new_note := format('%s from attempt %s rejected: the job is %s at attempt %s (last claimed by %s%s)',
-                   _reject.operation, _reject.attempt, job.state, job.attempt, job.claimed_by,
+                   _record_rejection.operation, _record_rejection.attempt, job.state, job.attempt,
+                   job.claimed_by,
                    CASE WHEN NOT pgq._same_login(job.session_role) THEN ', login ' || job.session_role END);
     -- The key of "the same rejections": job, operation, the job's state and the login that made the
     -- call (one more condition per column that should tell rejections apart).
     SELECT array_agg(e.id ORDER BY e.id), (array_agg(e.attempt ORDER BY e.id))[1] INTO seen, first_attempt
     FROM (SELECT x.id, x.attempt FROM pgq.job_events AS x
-          WHERE x.job_id = _reject.job_id AND x.event = 'rejected'
-            AND starts_with(x.note, _reject.operation || ' from attempt ') AND x.from_state = job.state
+          WHERE x.job_id = job.id AND x.event = 'rejected'
+            AND starts_with(x.note, _record_rejection.operation || ' from attempt ') AND x.from_state = job.state
             AND x.session_role IS NOT DISTINCT FROM session_user
           ORDER BY x.id LIMIT 2) AS e;
-    IF first_attempt = _reject.attempt THEN
-        UPDATE pgq.job_events AS e SET times = e.times + _reject.times
-        WHERE e.job_id = _reject.job_id AND e.id = seen[1];
+    IF first_attempt = _record_rejection.attempt THEN
+        UPDATE pgq.job_events AS e SET times = e.times + _record_rejection.times
+        WHERE e.job_id = job.id AND e.id = seen[1];
     ELSIF cardinality(seen) = 2 THEN
         UPDATE pgq.job_events AS e
-        SET times = e.times + _reject.times, attempt = _reject.attempt, note = new_note, at = clock_timestamp()
-        WHERE e.job_id = _reject.job_id AND e.id = seen[2];
+        SET times = e.times + _record_rejection.times, attempt = _record_rejection.attempt, note = new_note,
+            at = clock_timestamp()
+        WHERE e.job_id = job.id AND e.id = seen[2];
     ELSE
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state, note, times)
-        VALUES (job.id, _reject.attempt, NULL, 'rejected', job.state, NULL, new_note, _reject.times);
+        VALUES (job.id, _record_rejection.attempt, NULL, 'rejected', job.state, NULL, new_note,
+                _record_rejection.times);
     END IF;
 END
 $$;
@@ -163,8 +189,10 @@ BEGIN
     END IF;
 
     -- Batch members' ends are counted below, one shard update per batch, not one per job by the
-    -- trigger (pgq._count_finished reads this setting).
-    PERFORM set_config('pgq.batch_counting', 'caller', true);
+    -- trigger: the statement that completes them leaves its mark for the trigger in pgq.turns
+    -- (pgq._batch_counting_mark: this transaction's, and its own trigger depth's, so the ends its
+    -- triggers cascade to are counted as usual), taken away right after. A row of pgq's own table:
+    -- no caller can write one (a session setting, which it was, any caller could).
     WITH wanted AS (
         SELECT w.id, w.attempt FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)
     ), owned AS (
@@ -186,11 +214,15 @@ BEGIN
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
         FROM completed AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
+    ), mark AS (
+        INSERT INTO pgq.turns (name)
+        SELECT pgq._batch_counting_mark(pg_trigger_depth() + 1)
+        FROM completed AS c WHERE c.batch_id IS NOT NULL LIMIT 1
     )
     SELECT coalesce(array_agg(c.id), '{}'), array_agg(c.batch_id) FILTER (WHERE c.batch_id IS NOT NULL)
     INTO done_ids, members FROM completed AS c;
-    PERFORM set_config('pgq.batch_counting', '', true);
     IF members IS NOT NULL THEN
+        DELETE FROM pgq.turns AS t WHERE t.name = pgq._batch_counting_mark(pg_trigger_depth() + 1);
         PERFORM pgq._batch_member_ended(m.batch, 'done', m.n::integer)
         FROM (SELECT b.batch, count(*) AS n FROM unnest(members) AS b(batch) GROUP BY b.batch ORDER BY b.batch) AS m;
     END IF;

@@ -18,6 +18,41 @@ BEGIN
 END
 $$;
 
+-- The queue's settings row for a call that writes jobs into it (enqueue, enqueue_many), held FOR
+-- KEY SHARE to the caller's commit and created with the defaults on first use: the queue's writer
+-- lock. pgq.drop_queue and the pruning of idle tenants (pgq.prune) take the row FOR UPDATE, which
+-- conflicts with it and with nothing else (claims, pause and configure_queue take it FOR NO KEY
+-- UPDATE): they see every job written into the queue. It is a row of pgq's own table, which only
+-- the schema owner can lock (an advisory key, which it was, any login may take). The callers try
+-- the row with SKIP LOCKED first (one statement); this is their way on when the row is absent or
+-- held FOR UPDATE: it waits for a drop or a prune in flight, or for another session's first
+-- enqueue into the queue, which created its row and has not committed, at most lock_timeout (5 s),
+-- then 55P03 naming the queue.
+CREATE OR REPLACE FUNCTION pgq._queue_to_write(name text) RETURNS pgq.queues
+    LANGUAGE plpgsql
+    SET lock_timeout = '5s'
+    AS $$
+DECLARE
+    q pgq.queues;
+BEGIN
+    PERFORM pgq._check_name('queue', _queue_to_write.name);
+    BEGIN
+        LOOP
+            SELECT * INTO q FROM pgq.queues AS s WHERE s.name = _queue_to_write.name FOR KEY SHARE;
+            EXIT WHEN FOUND;
+            INSERT INTO pgq.queues AS s (name) VALUES (_queue_to_write.name) ON CONFLICT DO NOTHING;
+        END LOOP;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'pgq: queue % is being created, dropped or pruned by a transaction that has not ended; '
+                        'gave up after lock_timeout %', _queue_to_write.name, current_setting('lock_timeout')
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'Another session''s first enqueue into it, or a pgq.drop_queue or pgq.prune of it, '
+                         'sits in an open transaction: let it end, and try again.';
+    END;
+    RETURN q;
+END
+$$;
+
 -- The settings row of a queue that must exist: 22023 naming the argument and the queue otherwise
 -- (a typo must not create a queue, nor act on nothing).
 CREATE OR REPLACE FUNCTION pgq._existing_queue(argument text, name text) RETURNS pgq.queues
@@ -39,7 +74,8 @@ $$;
 -- The queue row for an admin call, locked (FOR NO KEY UPDATE, or FOR UPDATE to delete it), or
 -- NULL when there is none. Admin calls wait for another session's lock on a queue row at most
 -- lock_timeout (5 s: this function's and theirs): an idle transaction that claimed from a capped
--- queue holds its row until it ends. Then 55P03, naming the sessions that hold it.
+-- queue holds its row until it ends (and, for a drop, one that enqueued into it). Then 55P03,
+-- naming the queue.
 CREATE OR REPLACE FUNCTION pgq._lock_queue(name text, for_delete boolean DEFAULT false) RETURNS pgq.queues
     LANGUAGE plpgsql
     SET lock_timeout = '5s'
@@ -57,7 +93,7 @@ BEGIN
         RAISE EXCEPTION 'pgq: queue % is locked by another session; gave up after lock_timeout %',
             _lock_queue.name, current_setting('lock_timeout')
             USING ERRCODE = 'lock_not_available',
-                  HINT = 'A transaction that claimed from it (or changes it) has not ended: see '
+                  HINT = 'A transaction that claimed from it (or enqueued into it, or changes it) has not ended: see '
                          'pgq.health() (idle_in_transaction) or pg_stat_activity, end it, and try again.';
     END;
     RETURN q;
@@ -267,18 +303,13 @@ END
 $$;
 COMMENT ON FUNCTION pgq.resume(text) IS 'Lets workers claim from the queue again. Returns its settings; 22023 when there is no such queue.';
 
--- The queue's writer lock: a transaction-level advisory lock on the two int4 keys (1885827329,
--- hashtext(queue)) (the first is 'pgq' and a byte). Every job insert (enqueue, enqueue_many, a
--- schedule's firing) holds it shared until its transaction ends; pgq.drop_queue and pgq.prune take
--- it exclusively before they remove a queue's row or its idle tenants, so that they see every job
--- written into the queue (a job inserted meanwhile would be left without a queue, or a tenant).
---
 -- Removes a queue that has nothing left in it: its settings row and its tenants. Refused with 55000
 -- while the queue has jobs (of any state: cancel or finish the unfinished ones, pgq.prune the
 -- finished ones) or schedules (pgq.unschedule them), and with 22023 when there is no such queue.
--- Race-free against enqueues: the queue's writer lock, taken exclusively and held to commit,
--- waits for the enqueues in flight (so their jobs are seen and refuse the drop), and an enqueue
--- that comes later waits for the drop, then creates the queue again with the defaults.
+-- Race-free against enqueues: the queue's row, taken FOR UPDATE and held to commit, waits for the
+-- enqueues in flight (each holds it FOR KEY SHARE: pgq._queue_to_write), so their jobs are seen
+-- and refuse the drop, at most lock_timeout (5 s; then 55P03); an enqueue that comes later waits
+-- for the drop (at most its 5 s), then creates the queue again with the defaults.
 CREATE OR REPLACE FUNCTION pgq.drop_queue(queue text)
     RETURNS boolean
     LANGUAGE plpgsql
@@ -289,14 +320,6 @@ CREATE OR REPLACE FUNCTION pgq.drop_queue(queue text)
 DECLARE
     q pgq.queues := pgq._existing_queue('queue', drop_queue.queue);
 BEGIN
-    BEGIN
-        PERFORM pg_advisory_xact_lock(1885827329, hashtext(drop_queue.queue));
-    EXCEPTION WHEN lock_not_available THEN
-        RAISE EXCEPTION 'pgq: queue % is being written to by another session; gave up after lock_timeout %',
-            drop_queue.queue, current_setting('lock_timeout')
-            USING ERRCODE = 'lock_not_available',
-                  HINT = 'A transaction that enqueued into it has not ended: end it, and try again.';
-    END;
     q := pgq._lock_queue(drop_queue.queue, true);
     IF q.name IS NULL THEN
         PERFORM pgq._existing_queue('queue', drop_queue.queue);  -- dropped meanwhile: 22023

@@ -63,7 +63,9 @@ $$;
 -- job is pending or running. A paused queue's schedule keeps at most one job waiting: while its
 -- last job is still pending there, a due occurrence collapses into it, as missed ones collapse into
 -- the latest (no job, nothing counted; next_run_at moves on), so a pause of a week leaves one job
--- for the resume, not a week of them (issue 24). Then the queues' next_schedule_at is brought up to date: of the
+-- for the resume, not a week of them (issue 24). A schedule whose queue's row a pgq.drop_queue or
+-- a pgq.prune holds (FOR UPDATE) stays due for a later firing: the firing waits for nobody (it
+-- runs inside claims and sweeps). Then the queues' next_schedule_at is brought up to date: of the
 -- queues whose schedules it handled, and of those whose value says due (a value computed by a
 -- concurrent firing from an older snapshot is corrected here, by the next claim or sweep).
 CREATE OR REPLACE FUNCTION pgq._fire_schedules(max_schedules integer, queues text[] DEFAULT NULL) RETURNS integer
@@ -132,9 +134,14 @@ BEGIN
             CONTINUE;
         END IF;
 
-        -- The queue's writer lock, shared (see pgq.drop_queue), before its settings are read.
-        PERFORM pg_advisory_xact_lock_shared(1885827329, hashtext(s.queue));
-        q := pgq._queue(s.queue);
+        -- The queue's settings, its row held FOR KEY SHARE as an enqueue holds it (its writer lock:
+        -- pgq._queue_to_write), never waited for: while a drop or a prune holds it, the schedule
+        -- stays due, for the next claim or sweep.
+        SELECT * INTO q FROM pgq.queues AS u WHERE u.name = s.queue FOR KEY SHARE SKIP LOCKED;
+        IF NOT FOUND THEN
+            CONTINUE WHEN EXISTS (SELECT FROM pgq.queues AS u WHERE u.name = s.queue);
+            q := pgq._queue(s.queue);  -- (pgq.schedule created it; a drop refuses while it has schedules)
+        END IF;
         job_tenant := s.tenant;
         IF q.fair THEN
             job_tenant := pgq._fair_tenant(q.name, job_tenant);
