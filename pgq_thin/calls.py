@@ -657,7 +657,7 @@ _JOB_FIELDS = tuple(f.name for f in fields(Job))
 def _job(values: Sequence[Any]) -> Job:
     """Job(*values), without the 14 calls of a frozen dataclass's __init__ (one object.__setattr__
     per field: about 1 us of a claimed job's 20). Job has no __post_init__ and no __slots__
-    (tests/test_client_rows.py holds it to that)."""
+    (tests/client/test_client_rows.py holds it to that)."""
     job: Job = object.__new__(Job)
     job.__dict__.update(zip(_JOB_FIELDS, values))
     return job

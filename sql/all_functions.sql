@@ -258,7 +258,7 @@ END
 $$;
 
 -- The schema version: the number of the newest migration. Every migration redefines it (and
--- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
+-- tests/sql/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
     AS $$ SELECT '22'::text $$;
@@ -3079,7 +3079,7 @@ CREATE OR REPLACE FUNCTION pgq._keyed_pick(queue text, room integer, kinds text[
                                 at timestamptz DEFAULT NULL) RETURNS SETOF bigint
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
-    -- The plans tests/test_sql_plans.py pins, whatever the statistics: a CI run's plan counted the
+    -- The plans tests/sql/test_sql_plans.py pins, whatever the statistics: a CI run's plan counted the
     -- running jobs by a bitmap scan instead of jobs_lease_idx.
     SET enable_bitmapscan = off
     AS $$
@@ -8383,7 +8383,7 @@ $cleanup$;
 -- grant of a pgq function to a role of the user's own is left alone). The roles and what each may
 -- do are described in docs/security.md. PUBLIC has no USAGE on schema pgq either (a versioned
 -- grant, in the migrations), and no role may call a function it is not granted here
--- (tests/test_sql_security.py).
+-- (tests/sql/test_sql_security.py).
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC, pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
 

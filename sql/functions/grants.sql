@@ -6,7 +6,7 @@
 -- grant of a pgq function to a role of the user's own is left alone). The roles and what each may
 -- do are described in docs/security.md. PUBLIC has no USAGE on schema pgq either (a versioned
 -- grant, in the migrations), and no role may call a function it is not granted here
--- (tests/test_sql_security.py).
+-- (tests/sql/test_sql_security.py).
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC, pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
 

@@ -80,7 +80,7 @@ END
 $$;
 
 -- The schema version: the number of the newest migration. Every migration redefines it (and
--- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
+-- tests/sql/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
     AS $$ SELECT '22'::text $$;

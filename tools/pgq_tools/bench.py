@@ -2,7 +2,7 @@
 
     from pgq_tools.bench import run_bench
     run_bench("bench/results")            # throwaway PostgreSQL, default sizes (about 10 minutes)
-    run_bench("out", quick=True)          # seconds: what CI runs (tests/test_bench_smoke.py)
+    run_bench("out", quick=True)          # seconds: what CI runs (tests/processes/test_bench_smoke.py)
 
 References, measured in the same run on the same server:
 
