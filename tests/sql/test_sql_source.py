@@ -109,6 +109,28 @@ def test_a_migrated_database_holds_exactly_the_functions_the_source_defines(conn
     assert _function_names(conn) == sorted(source_functions())  # one of each: no overloads
 
 
+def test_no_pgq_function_reads_or_writes_a_setting_a_caller_can_set(conn):
+    """Issue 37: a placeholder setting (pgq.*) is a channel any caller writes in its own session
+    (SET pgq.batch_counting, pgq.batch_shard, pgq.key_walk, pgq.fence... once steered pgq's
+    functions). No installed function reads or sets one, in its body or its SET clauses."""
+    readers = conn.execute(
+        "SELECT p.oid::regprocedure::text FROM pg_proc AS p"
+        " WHERE p.pronamespace = 'pgq'::regnamespace"
+        "   AND (p.prosrc ~* '(current_setting|set_config)\\s*\\(\\s*''pgq[._]'"
+        "        OR EXISTS (SELECT FROM unnest(p.proconfig) AS c(setting) WHERE c.setting ~* '^pgq[._]'))"
+        " ORDER BY 1").fetchall()
+    assert readers == []
+    # The check finds one when there is one.
+    conn.execute("CREATE FUNCTION pgq._probe_setting() RETURNS text LANGUAGE sql"
+                 " AS $$ SELECT current_setting( 'pgq.key_walk', true) $$")
+    try:
+        assert conn.execute(
+            "SELECT count(*) FROM pg_proc AS p WHERE p.pronamespace = 'pgq'::regnamespace"
+            " AND p.prosrc ~* '(current_setting|set_config)\\s*\\(\\s*''pgq[._]'").fetchone() == (1,)
+    finally:
+        conn.execute("DROP FUNCTION pgq._probe_setting()")
+
+
 def test_an_apply_drops_a_function_the_source_no_longer_defines_and_an_old_overload(conn, dsn):
     conn.execute("CREATE FUNCTION pgq.gone() RETURNS int LANGUAGE sql AS 'SELECT 1'")
     conn.execute("CREATE FUNCTION pgq.stats(older integer) RETURNS int LANGUAGE sql AS 'SELECT 1'")
