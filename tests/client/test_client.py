@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from pgq_thin import Client, InvalidArgument, Job, JobNotFound, QueueSettings, QueueStats, WrongState
-from pgq_thin.client import resolve_dsn
+from pgq_thin.client import bulk_calls, resolve_dsn
 from pgq_thin.errors import PermissionDenied, PgqError, WaitTimeout
 from pgq_thin.migrate import shipped_schema_version
 
@@ -365,3 +365,25 @@ def test_a_bounded_call_on_a_row_another_transaction_holds_fails_within_its_lock
         assert client.queue_status(["q"])[0].known  # (and carries no bound: it was SET LOCAL)
         assert bounded.complete(job_id, claimed.attempt, {"ok": 1}) is True
     assert job(conn, job_id)["state"] == "done"
+
+
+def test_bulk_calls_drive_the_one_plan_until_a_call_acts_on_none_or_the_cap_is_reached():
+    """pgq_thin.client.bulk_calls (the CLI's retry/cancel by filter) follows calls.bulk_plan (the
+    dashboard's): the rule of how many rows each call asks for, and when to stop, is written once."""
+    asked: list[int] = []
+
+    def acting(answers: list[int]):
+        it = iter(answers)
+
+        def act(rows: int) -> int:
+            asked.append(rows)
+            return next(it)
+        return act
+
+    assert list(bulk_calls(acting([1000, 400, 0]))) == [1000, 1400]  # a call that skipped some: go on
+    assert asked == [1000, 1000, 1000]
+    asked.clear()
+    assert list(bulk_calls(acting([1000, 500]), most=1500)) == [1000, 1500]
+    assert asked == [1000, 500]
+    asked.clear()
+    assert list(bulk_calls(acting([0]), per_call=7)) == [] and asked == [7]
