@@ -20,6 +20,7 @@ from pgq_tools.lab import (
     exp6_abandoned_claim,
     exp11_key_limits,
     exp13_batches,
+    exp14_durable_kill,
     run_experiment,
     run_lab,
 )
@@ -52,7 +53,7 @@ def test_run_lab_writes_the_evidence_package_with_a_pass_row_per_experiment(
 
     acceptance = (out / "acceptance.md").read_text()
     rows = [line for line in acceptance.splitlines() if re.match(r"^\| \d+ \|", line)]
-    assert len(rows) == len(EXPERIMENTS) == 13
+    assert len(rows) == len(EXPERIMENTS) == 14
     assert all(line.rstrip().endswith("| PASS |") for line in rows), rows
     assert "not observed" not in acceptance and "not executed" not in acceptance.lower()
     assert re.search(r"PostgreSQL \d+", acceptance) and "duration" in acceptance
@@ -158,6 +159,21 @@ def test_experiment_13s_observation_reports_the_callbacks_and_counts_it_saw() ->
     assert "Callback jobs: 0 after the drain, 2 after a sweep (0 early and 3 double" in worse[0]
     assert "enqueued by neither" in worse[0] and "(after the drain)" in worse[0] and "→ false" in worse[0]
     assert "read 40 dependency results in pages [20, 20], 7 differing" in worse[1]
+
+
+def test_experiment_14s_observation_reports_the_kills_and_the_runs_it_saw() -> None:
+    kills = [{"after": a, "attempt": a + 1, "exit": -9} for a in range(6)]
+    runs = [{"step": n, "attempt": n + 1} for n in range(1, 6)]
+    final = {"state": "done", "attempt": 7, "result": {"steps": [{}] * 5}}
+    text = exp14_durable_kill.observation(kills, runs, final, 6, 0)
+    assert "killed 6 times: attempt 1 at boundary 0 (exit -9)" in text
+    assert "step-3 ran 1x (attempts [4])" in text and "ended done at attempt 7 with 5 step results" in text
+    assert "6 lease_expired events; the last worker exited 0." in text
+    worse = exp14_durable_kill.observation(kills[:2], [*runs, {"step": 3, "attempt": 7}], {"state": "failed",
+                                           "attempt": 10, "result": None}, 2, None)
+    assert "killed 2 times" in worse and "step-3 ran 2x (attempts [4, 7])" in worse
+    assert "ended failed at attempt 10 with 0 step results" in worse
+    assert "2 lease_expired events; the last worker exited NULL" in worse
 
 
 def test_experiment_5s_observation_reports_the_probes_measured_wait() -> None:
