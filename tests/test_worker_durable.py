@@ -149,8 +149,17 @@ def sync_worker(scene: Scene, **settings: Any) -> Worker:
     def plain(job: Job, ctx: JobContext) -> Any:
         return {"plain": True}
 
+    def swallower(job: Job, ctx: JobContext) -> Any:
+        try:
+            got = ctx.wait_for_signal("go")
+        except BaseException as exc:  # noqa: BLE001 - what a careless handler does
+            got = {"swallowed": type(exc).__name__, "parked": ctx.parked}
+            if job.payload.get("then") == "raise":
+                raise RuntimeError("raised after the park") from None
+        return {"got": got}
+
     for kind, function in {"steps": steps, "sleeper": sleeper, "waiter": waiter, "parent": parent,
-                           "child": child, "plain": plain}.items():
+                           "child": child, "plain": plain, "swallower": swallower}.items():
         worker.handler(kind)(observed(scene, function))
     return worker
 
@@ -202,8 +211,17 @@ def async_worker(scene: Scene, **settings: Any) -> AsyncWorker:
     async def plain(job: Job, ctx: JobContext) -> Any:
         return {"plain": True}
 
+    async def swallower(job: Job, ctx: JobContext) -> Any:
+        try:
+            got = await ctx.wait_for_signal("go")
+        except BaseException as exc:  # noqa: BLE001 - what a careless handler does
+            got = {"swallowed": type(exc).__name__, "parked": ctx.parked}
+            if job.payload.get("then") == "raise":
+                raise RuntimeError("raised after the park") from None
+        return {"got": got}
+
     for kind, function in {"steps": steps, "sleeper": sleeper, "waiter": waiter, "parent": parent,
-                           "child": child, "plain": plain}.items():
+                           "child": child, "plain": plain, "swallower": swallower}.items():
         worker.handler(kind)(observed_async(scene, function))
     return worker
 
@@ -420,3 +438,62 @@ def test_a_parent_spawns_children_once_and_waits_for_them_without_a_slot(
     assert done["result"] == {"ids": [c[0] for c in children], "states": ["done"], "sum": 6}
     assert scene.runs_of(job_id) == [(1, "Parked"), (2, "returned")]
     assert step_names(conn, job_id) == ["child", "child#2", "child#3"]
+
+
+@pytest.mark.parametrize("then", ["return", "raise"])
+def test_a_handler_that_swallows_parked_changes_nothing(
+        runtime: str, then: str, scene: Scene, dsn: str, conn: psycopg.Connection) -> None:
+    # The park ended the attempt in the database: what the handler returns or raises after catching
+    # Parked is not recorded (no completion, no failure, no rejected call); the job stays parked
+    # and runs again when the signal comes.
+    job_id = start(conn, "swallower", then=then)
+    with running(worker_of(runtime, scene), dsn):
+        wait_for(lambda: scene.runs_of(job_id), "the first run to end", DEADLINE)
+        assert job(conn, job_id)["state"] == "waiting"
+        with Client(dsn) as client:
+            assert client.signal("default", "go", {"n": 2}) == 1
+        done = wait_for(lambda: ended(conn, job_id), "the job to end", DEADLINE)
+    assert done["state"] == "done" and done["result"] == {"got": {"n": 2}}
+    assert scene.runs_of(job_id) == [(1, "returned" if then == "return" else "RuntimeError"), (2, "returned")]
+    assert [e[0] for e in events(conn, job_id) if e[1] == 1 and e[0] in ("completed", "failed", "rejected")] == []
+
+
+def test_misuse_is_refused_clearly(runtime: str, dsn: str, conn: psycopg.Connection) -> None:
+    # A Worker cannot await a step's coroutine; a name that is not a str; a sleep of a bad delay
+    # (the server's 22023: the job is still ours, and the handler goes on to complete it).
+    seen: list[str] = []
+    worker = RUNTIMES[runtime](["default"], **DEFAULTS)
+
+    async def coroutine() -> int:
+        return 1
+
+    if runtime == "threads":
+        @worker.handler("misuse")
+        def misuse(job: Job, ctx: JobContext) -> Any:
+            for attempt in (lambda: ctx.step("s", coroutine), lambda: ctx.step(7, dict),
+                            lambda: ctx.sleep(-1)):
+                try:
+                    attempt()
+                except Exception as exc:  # noqa: BLE001 - recorded for the test
+                    seen.append(f"{type(exc).__name__}: {exc}")
+            return {"ok": ctx.step("s", dict, a=1)}
+    else:
+        @worker.handler("misuse")
+        async def amisuse(job: Job, ctx: JobContext) -> Any:
+            for attempt in (lambda: ctx.step(7, dict), lambda: ctx.sleep(-1)):
+                try:
+                    await attempt()
+                except Exception as exc:  # noqa: BLE001
+                    seen.append(f"{type(exc).__name__}: {exc}")
+            return {"ok": await ctx.step("s", coroutine)}
+    job_id = start(conn, "misuse")
+    with running(worker, dsn):
+        done = wait_for(lambda: ended(conn, job_id), "the job to end", DEADLINE)
+    if runtime == "threads":
+        assert seen[0].startswith("TypeError: step 's': its function returned an awaitable")
+        seen = seen[1:]
+        assert done["result"] == {"ok": {"a": 1}}
+    else:
+        assert done["result"] == {"ok": 1}  # an async def step is awaited
+    assert seen[0] == "TypeError: a step's name must be a str, got int"
+    assert seen[1].startswith("InvalidArgument: ") and '"delay"' in seen[1]  # the server's 22023, job still ours
