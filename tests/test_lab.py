@@ -162,17 +162,18 @@ def test_experiment_13s_observation_reports_the_callbacks_and_counts_it_saw() ->
 
 
 def test_experiment_14s_observation_reports_the_kills_and_the_runs_it_saw() -> None:
-    kills = [{"after": a, "attempt": a + 1, "exit": -9} for a in range(6)]
-    runs = [{"step": n, "attempt": n + 1} for n in range(1, 6)]
-    final = {"state": "done", "attempt": 7, "result": {"steps": [{}] * 5}}
-    text = exp14_durable_kill.observation(kills, runs, final, 6, 0)
-    assert "killed 6 times: attempt 1 at boundary 0 (exit -9)" in text
-    assert "step-3 ran 1x (attempts [4])" in text and "ended done at attempt 7 with 5 step results" in text
-    assert "6 lease_expired events; the last worker exited 0." in text
-    worse = exp14_durable_kill.observation(kills[:2], [*runs, {"step": 3, "attempt": 7}], {"state": "failed",
-                                           "attempt": 10, "result": None}, 2, None)
-    assert "killed 2 times" in worse and "step-3 ran 2x (attempts [4, 7])" in worse
-    assert "ended failed at attempt 10 with 0 step results" in worse
+    kills = [{"attempt": a, "place": place, "step": step, "exit": -9}
+             for a, (place, step) in enumerate(exp14_durable_kill.PLACES, 1)]
+    runs = [{"step": n, "attempt": 2 * n + 1} for n in range(1, 6)]
+    final = {"state": "done", "attempt": 12, "result": {"steps": [{}] * 5}}
+    text = exp14_durable_kill.observation(kills, runs, final, 11, 0)
+    assert "killed 11 times: attempt 1 boundary 0 (exit -9), attempt 2 inside 1 (exit -9)" in text
+    assert "step-3 committed 1x (attempts [7])" in text and "ended done at attempt 12 with 5 step results" in text
+    assert "11 lease_expired events; the last worker exited 0." in text
+    worse = exp14_durable_kill.observation(kills[:2], [*runs, {"step": 3, "attempt": 6}], {"state": "failed",
+                                           "attempt": 20, "result": None}, 2, None)
+    assert "killed 2 times" in worse and "step-3 committed 2x (attempts [7, 6])" in worse
+    assert "ended failed at attempt 20 with 0 step results" in worse
     assert "2 lease_expired events; the last worker exited NULL" in worse
 
 
