@@ -497,3 +497,27 @@ def test_misuse_is_refused_clearly(runtime: str, dsn: str, conn: psycopg.Connect
         assert done["result"] == {"ok": 1}  # an async def step is awaited
     assert seen[0] == "TypeError: a step's name must be a str, got int"
     assert seen[1].startswith("InvalidArgument: ") and '"delay"' in seen[1]  # the server's 22023, job still ours
+
+
+def test_a_plain_handler_on_an_async_worker_is_told_to_be_async(dsn: str, conn: psycopg.Connection) -> None:
+    # Its thread cannot await the calls: each raises TypeError at once (no coroutine left unawaited,
+    # no step silently skipped), and the attempt fails with it.
+    seen: list[str] = []
+    worker = AsyncWorker(["default"], **DEFAULTS)
+
+    @worker.handler("plain_durable")
+    def plain_durable(job: Job, ctx: JobContext) -> Any:
+        for call in (lambda: ctx.step("s", dict), lambda: ctx.sleep(1), lambda: ctx.wait_for_signal("go"),
+                     lambda: ctx.spawn("c", "default", "k"), lambda: ctx.wait_for_jobs([1])):
+            try:
+                call()
+            except TypeError as exc:
+                seen.append(str(exc))
+        return {"seen": len(seen)}
+
+    job_id = start(conn, "plain_durable")
+    with running(worker, dsn):
+        done = wait_for(lambda: ended(conn, job_id), "the job to end", DEADLINE)
+    assert done["result"] == {"seen": 5} and done["state"] == "done"
+    assert seen[0].startswith("ctx.step() on an AsyncWorker is awaited in an async def handler")
+    assert step_names(conn, job_id) == []

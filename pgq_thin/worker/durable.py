@@ -40,9 +40,11 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
+import psycopg
+
 from pgq_thin import calls
 from pgq_thin.async_client import AsyncClient
-from pgq_thin.errors import LeaseLost, translated
+from pgq_thin.errors import LeaseLost, translate, translated
 from pgq_thin.models import Job, JobOutcome
 
 __all__ = ["OUTCOMES_PAGE", "DurableSeam", "Parked", "SignalTimeout", "Steps"]
@@ -135,6 +137,7 @@ class Steps:
     def step(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
              transaction: bool) -> Any:
         if self.is_async:
+            _on_the_loop("step")
             return self.astep(name, fn, args, kwargs, transaction)
         ctx, job = self.ctx, self.ctx.job
         key = self.name_of(name)
@@ -157,10 +160,17 @@ class Steps:
             borrowed = client.pool.connection()
             conn = borrowed.__enter__()
         try:
+            leaving = False  # fn returned: what psycopg raises from now on is the COMMIT's
             with conn.transaction():
-                call, recorded = self.recording(key, _ran(fn(conn, *args, **kwargs), key), conn)
+                result = _ran(fn(conn, *args, **kwargs), key)
+                leaving = True
+                call, recorded = self.recording(key, result, conn)
                 if not client._send(call):
                     raise self.not_ours(f"record_step {key!r}")  # rolls the step's writes back
+        except psycopg.Error as exc:
+            if not leaving:
+                raise  # the step's own statement: as psycopg raised it
+            raise translate(exc) from exc
         finally:
             borrowed.__exit__(None, None, None)
         return recorded
@@ -195,6 +205,7 @@ class Steps:
 
     def sleep(self, delay: float | timedelta, name: str) -> Any:
         if self.is_async:
+            _on_the_loop("sleep")
             return self.asleep(delay, name)
         job, key = self.ctx.job, self.name_of(name)
         call = calls.sleep(job.id, job.attempt, key, delay)  # bad input: refused before the grant
@@ -203,6 +214,7 @@ class Steps:
 
     def wait_for_signal(self, name: str, timeout: float | timedelta | None) -> Any:
         if self.is_async:
+            _on_the_loop("wait_for_signal")
             return self.await_signal(name, timeout)
         job = self.ctx.job
         call = calls.await_signal(job.id, job.attempt, name, timeout)
@@ -211,6 +223,7 @@ class Steps:
 
     def spawn(self, name: str, queue: str, kind: str, payload: dict[str, Any] | None) -> Any:
         if self.is_async:
+            _on_the_loop("spawn")
             return self.aspawn(name, queue, kind, payload)
         job, key = self.ctx.job, self.name_of(name)
         child = self.ctx.client.spawn(job.id, job.attempt, key, queue, kind, payload)
@@ -220,6 +233,7 @@ class Steps:
 
     def wait_for_jobs(self, ids: Sequence[int]) -> Any:
         if self.is_async:
+            _on_the_loop("wait_for_jobs")
             return self.await_jobs(ids)
         job = self.ctx.job
         call = calls.await_jobs(job.id, job.attempt, ids)
@@ -263,13 +277,19 @@ class Steps:
             borrowed = client.pool.connection()
             conn = await borrowed.__aenter__()
         try:
+            leaving = False
             async with conn.transaction():
                 result = fn(conn, *args, **kwargs)
                 if inspect.isawaitable(result):
                     result = await result
+                leaving = True
                 call, recorded = self.recording(key, result, conn)
                 if not await client._send(call):
                     raise self.not_ours(f"record_step {key!r}")
+        except psycopg.Error as exc:
+            if not leaving:
+                raise
+            raise translate(exc) from exc
         finally:
             await borrowed.__aexit__(None, None, None)
         return recorded
@@ -315,6 +335,16 @@ class Steps:
         for page in _pages(ids):
             ended.update(self.outcomes(await self.ctx.client.job_outcomes(job.id, job.attempt, page)))
         return ended
+
+
+def _on_the_loop(method: str) -> None:
+    """On an AsyncWorker the calls are awaited, in an ``async def`` handler: a plain handler (in a
+    handler thread, with no loop) would get a coroutine it cannot await, and nothing would happen."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise TypeError(f"ctx.{method}() on an AsyncWorker is awaited in an async def handler; a plain handler "
+                        "runs in a thread, where it cannot be (make the handler async def, or use a Worker)") from None
 
 
 def _ran(result: Any, key: str) -> Any:
