@@ -107,8 +107,8 @@ class Steps:
         self._seen: dict[str, int] = {}
 
     def name_of(self, name: str) -> str:
-        """The step's name in this run: ``name``, then ``name#2``, ``name#3``... A name that is
-        not a str is left to the server's checks (BadArgument names it)."""
+        """The step's name in this run: ``name``, then ``name#2``, ``name#3``... (TypeError for a
+        name that is not a str; the server checks the rest: 1 to 256 characters, no ``signal:``)."""
         if not isinstance(name, str):
             raise TypeError(f"a step's name must be a str, got {type(name).__name__}")
         n = self._seen[name] = self._seen.get(name, 0) + 1
