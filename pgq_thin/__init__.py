@@ -37,7 +37,7 @@ from pgq_thin.models import (
     TenantSettings,
     UnreadableJson,
 )
-from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Retry, Snooze, Worker
+from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Parked, Retry, SignalTimeout, Snooze, Worker
 
 __all__ = [
     "AsyncClient",
@@ -68,6 +68,7 @@ __all__ = [
     "JobNotFound",
     "LeaseLost",
     "OutcomeUnknown",
+    "Parked",
     "PermissionDenied",
     "PgqError",
     "QueueMetrics",
@@ -75,6 +76,7 @@ __all__ = [
     "QueueStats",
     "Retry",
     "Schedule",
+    "SignalTimeout",
     "Snooze",
     "Worker",
     "WrongState",

@@ -15,10 +15,11 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from pgq_thin.models import Job, UnreadableJson
+from pgq_thin.worker.durable import Parked
 from pgq_thin.worker.support import JobLog, sane_seconds, seconds, transient
 
-__all__ = ["CANCELLED", "Outcome", "OutcomeUnknown", "Retry", "Snooze", "cancelled_before_start", "no_handler",
-           "of_exception", "of_result", "unreadable"]
+__all__ = ["CANCELLED", "PARKED", "Outcome", "OutcomeUnknown", "Retry", "Snooze", "cancelled_before_start",
+           "no_handler", "of_exception", "of_result", "parked", "unreadable"]
 
 
 class Retry(Exception):
@@ -53,7 +54,7 @@ class OutcomeUnknown(Exception):
         self.note = note
 
 
-Operation = Literal["complete", "fail", "snooze", "mark_unknown"]
+Operation = Literal["complete", "fail", "snooze", "mark_unknown", "park"]
 
 def failed_as(state: Any) -> str:
     """What pgq.fail's answer (the job's new state) means, as a sentence."""
@@ -105,6 +106,21 @@ def cancelled_before_start(jlog: JobLog) -> Outcome:
     return CANCELLED
 
 
+#: The outcome of a handler run that a durable wait parked (ctx.sleep, ctx.wait_for_signal,
+#: ctx.wait_for_jobs raised Parked): the database ended the attempt, nothing is sent.
+PARKED = Outcome("park")
+
+
+def parked(outcome: Outcome, jlog: JobLog) -> None:
+    """A durable wait of the handler parked the job (the attempt ended in the database): nothing is
+    sent; what the handler did after it (``outcome``, when it caught Parked) is not recorded."""
+    if outcome is PARKED:
+        jlog.info("parked (a durable sleep or wait): the attempt has ended, the job runs again when it may go on")
+    else:
+        jlog.warning("parked (a durable sleep or wait), but the handler went on after it: what it did then "
+                     "(%s) is not recorded", outcome.operation)
+
+
 #: A handler returned None: its completion joins the next complete_many batch (the common case:
 #: one shared object, nothing made per job).
 BATCHED = Outcome("complete", batched=True)
@@ -147,6 +163,8 @@ def of_exception(exc: BaseException, jlog: JobLog) -> Outcome:
     if isinstance(exc, Snooze):
         jlog.info("the handler snoozed the job for %g s (no attempt used)", seconds(exc.delay))
         return Outcome("snooze", {"delay": exc.delay})
+    if isinstance(exc, Parked):
+        return PARKED
     if isinstance(exc, OutcomeUnknown):
         jlog.warning("the handler cannot tell whether the job's effect happened: %s", exc.note)
         return Outcome("mark_unknown", {"note": sendable(str(exc.note))})

@@ -20,6 +20,7 @@ from pgq_tools.lab import (
     exp6_abandoned_claim,
     exp11_key_limits,
     exp13_batches,
+    exp14_durable_kill,
     run_experiment,
     run_lab,
 )
@@ -52,7 +53,7 @@ def test_run_lab_writes_the_evidence_package_with_a_pass_row_per_experiment(
 
     acceptance = (out / "acceptance.md").read_text()
     rows = [line for line in acceptance.splitlines() if re.match(r"^\| \d+ \|", line)]
-    assert len(rows) == len(EXPERIMENTS) == 13
+    assert len(rows) == len(EXPERIMENTS) == 14
     assert all(line.rstrip().endswith("| PASS |") for line in rows), rows
     assert "not observed" not in acceptance and "not executed" not in acceptance.lower()
     assert re.search(r"PostgreSQL \d+", acceptance) and "duration" in acceptance
@@ -158,6 +159,22 @@ def test_experiment_13s_observation_reports_the_callbacks_and_counts_it_saw() ->
     assert "Callback jobs: 0 after the drain, 2 after a sweep (0 early and 3 double" in worse[0]
     assert "enqueued by neither" in worse[0] and "(after the drain)" in worse[0] and "→ false" in worse[0]
     assert "read 40 dependency results in pages [20, 20], 7 differing" in worse[1]
+
+
+def test_experiment_14s_observation_reports_the_kills_and_the_runs_it_saw() -> None:
+    kills = [{"attempt": a, "place": place, "step": step, "exit": -9}
+             for a, (place, step) in enumerate(exp14_durable_kill.PLACES, 1)]
+    runs = [{"step": n, "attempt": 2 * n + 1} for n in range(1, 6)]
+    final = {"state": "done", "attempt": 12, "result": {"steps": [{}] * 5}}
+    text = exp14_durable_kill.observation(kills, runs, final, 11, 0)
+    assert "killed 11 times: attempt 1 boundary 0 (exit -9), attempt 2 inside 1 (exit -9)" in text
+    assert "step-3 committed 1x (attempts [7])" in text and "ended done at attempt 12 with 5 step results" in text
+    assert "11 lease_expired events; the last worker exited 0." in text
+    worse = exp14_durable_kill.observation(kills[:2], [*runs, {"step": 3, "attempt": 6}], {"state": "failed",
+                                           "attempt": 20, "result": None}, 2, None)
+    assert "killed 2 times" in worse and "step-3 committed 2x (attempts [7, 6])" in worse
+    assert "ended failed at attempt 20 with 0 step results" in worse
+    assert "2 lease_expired events; the last worker exited NULL" in worse
 
 
 def test_experiment_5s_observation_reports_the_probes_measured_wait() -> None:

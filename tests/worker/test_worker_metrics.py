@@ -71,15 +71,24 @@ def make_worker(runtime: str, **settings: Any) -> Worker | AsyncWorker:
     def cancelled(job: Job, ctx: JobContext) -> None:
         assert ctx.lease_lost.wait(DEADLINE) and ctx.cancelled, "the job was never cancelled"
 
+    if runtime == "asyncio":
+        @worker.handler("park")
+        async def apark(job: Job, ctx: JobContext) -> None:
+            await ctx.sleep(3600)  # a durable sleep: the attempt ends, nothing is recorded for it
+    else:
+        @worker.handler("park")
+        def park(job: Job, ctx: JobContext) -> None:
+            ctx.sleep(3600)
+
     return worker
 
 
 def enqueue_mix(conn: psycopg.Connection) -> tuple[int, int]:
-    """6 ok, 2 boom (one attempt each: failed for good), 1 snooze, 1 unknown, 1 lost, 1 cancel; the
-    ids of the lost and the cancel jobs."""
+    """6 ok, 2 boom (one attempt each: failed for good), 1 snooze, 1 unknown, 1 park (a durable
+    sleep), 1 lost, 1 cancel; the ids of the lost and the cancel jobs."""
     conn.execute("SELECT pgq.enqueue_many('default', 'ok', array_fill('{}'::jsonb, ARRAY[6]))")
     conn.execute("SELECT pgq.enqueue_many('default', 'boom', array_fill('{}'::jsonb, ARRAY[2]), max_attempts => 1)")
-    for kind in ("snooze", "unknown"):
+    for kind in ("snooze", "unknown", "park"):
         conn.execute("SELECT pgq.enqueue('default', %s)", (kind,))
     return (int(one(conn, "SELECT pgq.enqueue('default', 'lost')")),
             int(one(conn, "SELECT pgq.enqueue('default', 'cancel')")))
@@ -99,13 +108,13 @@ def test_worker_metrics_after_a_real_drain(conn, dsn, runtime):
                                    " OR (state = 'pending' AND run_at <= now())") == 0, "the drain")
         assert worker.metrics is not None and worker.metrics.port
         port = worker.metrics.port
-        wait_for(lambda: sum(jobs_total(samples(port)).values()) == 12, "every run counted")
+        wait_for(lambda: sum(jobs_total(samples(port)).values()) == 13, "every run counted")
         scraped = samples(port)
     finally:
         stop(worker, thread, failure)
     assert jobs_total(scraped) == {("ok", "completed"): 6, ("boom", "failed"): 2, ("snooze", "snoozed"): 1,
-                                   ("unknown", "outcome_unknown"): 1, ("lost", "lease_lost"): 1,
-                                   ("cancel", "cancelled"): 1}
+                                   ("unknown", "outcome_unknown"): 1, ("park", "parked"): 1,
+                                   ("lost", "lease_lost"): 1, ("cancel", "cancelled"): 1}
     assert scraped[("pgq_worker_leases_lost_total", ())] == 1
     assert scraped[("pgq_worker_busy_slots", ())] == 0
     assert scraped[("pgq_worker_slots", ())] == 3
@@ -113,12 +122,13 @@ def test_worker_metrics_after_a_real_drain(conn, dsn, runtime):
     assert scraped[("pgq_worker_job_duration_seconds_count", ok)] == 6
     lost = (("kind", "lost"), ("queue", "default"))
     assert scraped[("pgq_worker_job_duration_seconds_sum", lost)] > 0.3  # it ran until a renewal was refused
-    # Every job was claimed exactly once (the snoozed one is due in an hour): the batch sizes add up.
-    assert scraped[("pgq_worker_claim_batch_size_sum", ())] == 12
+    # Every job was claimed exactly once (the snoozed and the sleeping one are due in an hour): the
+    # batch sizes add up.
+    assert scraped[("pgq_worker_claim_batch_size_sum", ())] == 13
     assert scraped[("pgq_worker_claim_batch_size_count", ())] >= 2
     states = dict(conn.execute("SELECT kind, state::text FROM pgq.jobs").fetchall())
     assert states == {"ok": "done", "boom": "failed", "snooze": "pending", "unknown": "outcome_unknown",
-                      "lost": "running", "cancel": "cancelled"}  # (the thief holds the lost one)
+                      "park": "pending", "lost": "running", "cancel": "cancelled"}  # (the thief holds the lost one)
     with pytest.raises(OSError):  # the metrics server stopped with the run
         samples(port)
 

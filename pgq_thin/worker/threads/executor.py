@@ -49,6 +49,9 @@ class Executor:
         if held.ctx.completed:  # its ctx.transaction() committed the completion: nothing left to send
             outcomes.committed(outcome, held.log)
             self.owner.held.forget([held])
+        elif held.ctx.parked:  # a durable wait ended the attempt in the database: nothing to send
+            outcomes.parked(outcome, held.log)
+            self.owner.held.forget([held])
         elif outcome.batched:
             if not self.completer.add(held):
                 self.owner.held.forget([held])
