@@ -31,7 +31,7 @@ from pgq_thin import (
 )
 
 from sqlhelpers import events, job, one, steal, wait_for
-from test_worker import DEADLINE, enqueue, running
+from workerkit import DEADLINE, enqueue, running
 
 RUNTIMES = {"threads": Worker, "asyncio": AsyncWorker}
 RAN = "INSERT INTO ran (job_id, label) VALUES (%s, %s)"
