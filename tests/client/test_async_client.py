@@ -34,7 +34,7 @@ def test_every_call_is_a_method_of_both_clients_with_the_same_name_signature_and
             assert bound.__doc__.startswith("pgq.") or method.__name__ in ("privileges", "clock")
     # Every pgq function a role may call, but cron_next (SQL only); and two questions that are not a
     # pgq function's: which of them the login may call (privileges) and the database's clock.
-    assert len(calls.ALL) == 52
+    assert len(calls.ALL) == 63
 
     async def awaitable(client: AsyncClient) -> bool:
         pending = client.version()
