@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, get_args, overload
 
 import psycopg
 from psycopg.adapt import AdaptersMap, Buffer
@@ -1037,13 +1037,41 @@ class AsyncSends(Protocol):
 class Method(Generic[P, T]):
     """A client method made from a call description: the same name, arguments and doc on every
     client; ``client.name(...)`` sends ``build(...)`` with the client's ``_send``, so a Client
-    answers and an AsyncClient returns what to await."""
+    answers and an AsyncClient returns what to await.
 
-    def __init__(self, build: Callable[P, Call[T]]) -> None:
+    Its signature is the description's, with the annotations evaluated and the result as the
+    client gives it (``Call[int]`` is ``-> int`` on Client, ``-> Coroutine[Any, Any, int]`` on
+    AsyncClient), so that ``help(Client)`` and ``inspect.signature(client.enqueue)`` show what a
+    call takes and returns. ``Client.name(client, ...)`` works as for any method."""
+
+    def __init__(self, build: Callable[P, Call[T]], asynchronous: bool = False) -> None:
         self.build = build
+        self.asynchronous = asynchronous
         self.__name__ = build.__name__
+        self.__qualname__ = build.__name__
         self.__doc__ = build.__doc__
-        self.__signature__ = inspect.signature(build)
+        self.__wrapped__ = build
+        described = inspect.signature(build, eval_str=True)
+        (result,) = get_args(described.return_annotation) or (Any,)
+        returns = Coroutine[Any, Any, result] if asynchronous else result  # type: ignore[valid-type]
+        #: The signature of a bound method (client.name): the description's, returning ``returns``.
+        self.bound_signature = described.replace(return_annotation=returns)
+        self.__signature__ = self.bound_signature.replace(parameters=[
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            *described.parameters.values()])
+        self._twin: Method[P, T] | None = None
+
+    def for_client(self, owner: type[Any]) -> Method[P, T]:
+        """This method as ``owner``'s class attribute: the asyncio twin for a client whose
+        ``_send`` is awaited (its signature returns the awaitable), else itself."""
+        if not inspect.iscoroutinefunction(getattr(owner, "_send", None)) or self.asynchronous:
+            return self
+        if self._twin is None:
+            self._twin = Method(self.build, asynchronous=True)
+        return self._twin
+
+    def __call__(self, client: Any, *args: P.args, **kwargs: P.kwargs) -> Any:
+        return client._send(self.build(*args, **kwargs))
 
     @overload
     def __get__(self, client: None, owner: type[Any]) -> Method[P, T]: ...
@@ -1056,15 +1084,15 @@ class Method(Generic[P, T]):
 
     def __get__(self, client: Any, owner: type[Any]) -> Any:
         if client is None:
-            return self
+            return self.for_client(owner)
         build, send = self.build, client._send
 
         def method(*args: P.args, **kwargs: P.kwargs) -> Any:
             return send(build(*args, **kwargs))
 
-        method.__name__ = self.__name__
+        method.__name__ = method.__qualname__ = self.__name__
         method.__doc__ = self.__doc__
-        method.__signature__ = self.__signature__  # type: ignore[attr-defined]
+        method.__signature__ = self.for_client(owner).bound_signature  # type: ignore[attr-defined]
         return method
 
 

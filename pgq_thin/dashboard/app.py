@@ -100,7 +100,7 @@ WORKFLOW_COLUMNS = ("dependency_mode", "batch_id", "workflow_id", "parent_id", "
 STEPS_SHOWN = 100
 #: What a page shows when it could not ask what the login may do: nothing may be done.
 UNKNOWN_PERMISSIONS: dict[str, Any] = {"role": "?", "can": {}, "read_only": True, "missing": []}
-#: "retry all shown" and "cancel all shown" (README, Dashboard): the list's states each acts on,
+#: "retry all shown" and "cancel all shown" (docs/dashboard.md): the list's states each acts on,
 #: the most jobs one click acts on, and the jobs per call of pgq.retry_jobs / pgq.cancel_jobs.
 BULK_STATES = {"retry_jobs": ("failed", "cancelled"),
                "cancel_jobs": ("waiting", "pending", "running", "outcome_unknown")}
@@ -279,7 +279,7 @@ class Dashboard:
                 "first": first, "queues": [q.queue for q in stats], "states": JOB_STATES,
                 "bulk": await self.bulk_button(client, stats, queue, state, kind) if jobs else None}
 
-    # "retry all shown", "cancel all shown" (README, Dashboard) --------------------------------------
+    # "retry all shown", "cancel all shown" (docs/dashboard.md) --------------------------------------
     # "All shown" is every job the list's filter matches (one queue, one state, maybe a kind), on
     # every page, as of the moment the page was made: the confirmation states how many, dated by the
     # database clock, and the click acts on at most that many (at most BULK_MAX), oldest first, and

@@ -101,9 +101,9 @@ def test_a_users_tests_enqueue_drain_and_assert(pytester: pytest.Pytester) -> No
 
 
 @pytest.mark.slow  # a pytest process and a throwaway server of its own
-def test_the_readmes_example_test_passes_as_written(pytester: pytest.Pytester) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    example = readme.split("**Testing your handlers.**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+def test_the_docs_example_test_passes_as_written(pytester: pytest.Pytester) -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "testing.md").read_text()
+    example = page.split("```python\n", 1)[1].split("```", 1)[0]
     pytester.makepyfile(test_welcome=example)
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
