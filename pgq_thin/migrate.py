@@ -28,7 +28,7 @@ from pgq_thin import queries
 from pgq_thin.sqlsource import install_functions
 
 __all__ = ["NewerSchema", "migrate", "migrations_dir", "pending_migrations", "shipped_schema_version",
-           "warn_if_schema_is_old", "yoyo_post_apply", "yoyo_url"]
+           "warn_if_schema_is_old", "yoyo_url"]
 
 log = logging.getLogger("pgq_thin.migrate")
 
@@ -199,22 +199,3 @@ def _interval(value: str) -> str:
     if not re.fullmatch(r"\d+(\.\d+)?\s*(ms|s|min)|0", value.strip()):
         raise ValueError(f"lock_timeout must be a duration with its unit, such as '5s' or '500ms', got {value!r}")
     return value.strip()
-
-
-def yoyo_post_apply(conn: psycopg.Connection[Any], directory: str) -> None:
-    """yoyo's post-apply hook (migrations/post-apply.py), run after every ``yoyo apply`` that
-    applied a migration, in a transaction of its own (``conn`` is in autocommit mode): installs
-    the function source once every migration of ``directory`` is applied. When some are not (yoyo
-    applies a chosen few), the functions of the newest source may not fit the tables yet: it only
-    takes PUBLIC's EXECUTE from every pgq function (what a function a migration created gets by
-    default), as the hook always did."""
-    ids = {path.stem for path in Path(directory).glob("*.sql") if re.match(r"\d+_", path.name)}
-    with conn.transaction():
-        table = conn.execute(queries.YOYO_TABLE).fetchone()
-        applied = set()
-        if table and table[0]:
-            applied = {str(row[0]) for row in conn.execute(queries.YOYO_APPLIED).fetchall()}
-        if ids <= applied:
-            install_functions(conn)
-        else:
-            conn.execute(queries.REVOKE_PUBLIC_EXECUTE)
