@@ -993,7 +993,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("migrate", cmd_migrate, "apply pgq's pending migrations, then its functions (idempotent)")
     p.add_argument("--list", action="store_true", help="only list the pending migrations")
     p.add_argument("--lock-timeout", default="5s", metavar="DURATION",
-                   help="how long each statement may wait for a lock, e.g. 5s or 500ms (default 5s); "
+                   help="how long each statement may wait for a lock, e.g. 5s, 500ms or 2m (default 5s); "
                         "one that waits longer fails, changes nothing, and can be run again")
 
     p = command("enqueue", cmd_enqueue, "add a job; prints its id")
