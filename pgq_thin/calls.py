@@ -9,7 +9,6 @@ import inspect
 import json
 import json.scanner
 import logging
-import math
 import re
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass, fields
@@ -22,6 +21,7 @@ from psycopg.rows import RowFactory, dict_row
 from psycopg.types.json import Jsonb, JsonbBinaryLoader, JsonbLoader
 
 from pgq_thin import queries, tracecontext
+from pgq_thin.durations import Interval, to_timedelta
 from pgq_thin.errors import BadArgument, BadArgumentType, JobNotFound
 from pgq_thin.models import (
     BatchStatus,
@@ -58,8 +58,6 @@ log = logging.getLogger("pgq_thin.client")
 T = TypeVar("T")
 P = ParamSpec("P")
 
-#: An interval argument: a timedelta, or a number of seconds.
-Interval = timedelta | float | int
 
 #: The caller's own connection, to enqueue inside its transaction (a Connection for Client, an
 #: AsyncConnection for AsyncClient).
@@ -109,9 +107,6 @@ _WANT: dict[str, type] = {
 }
 
 _INT8 = 2 ** 63
-#: The longest interval a timedelta holds (999999999 days); PostgreSQL's checks bound each
-#: interval argument far more tightly.
-_MAX_SECONDS = timedelta.max.total_seconds()
 #: A JSON NUL escape (\u0000, not an escaped backslash before "u0000"): jsonb refuses it.
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
@@ -176,23 +171,16 @@ def check_params(params: dict[str, Any]) -> None:
 
 
 def _interval(name: str, value: Interval | None) -> timedelta | None:
-    """A timedelta or a number of seconds (finite, within what a timedelta holds) as an interval."""
+    """A timedelta, a number of seconds (finite, within what a timedelta holds) or a duration with
+    its unit (``"30s"``, ``"1h 30m"``: pgq_thin.durations) as an interval."""
     if value is None or isinstance(value, timedelta):
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _refused(name, f"must be a timedelta or a number of seconds, got {_type_name(value)}",
-                       type_error=True)
     try:
-        seconds = float(value)
-    except OverflowError:
-        seconds = math.inf
-    if not (math.isfinite(seconds) and abs(seconds) <= _MAX_SECONDS):
-        raise _refused(name, f"must be a finite number of seconds, at most {timedelta.max.days} days "
-                       f"either way (a timedelta's range), got {_shown(value)}")
-    try:
-        return timedelta(seconds=seconds)
-    except OverflowError:  # within a rounding of the limit
-        raise _refused(name, f"must be at most {timedelta.max.days} days either way, got {_shown(value)}") from None
+        return to_timedelta(value)
+    except TypeError as exc:
+        raise _refused(name, str(exc), type_error=True) from None
+    except ValueError as exc:
+        raise _refused(name, str(exc)) from None
 
 
 def seconds(name: str, value: Interval, *, positive: bool = False) -> float:
@@ -200,7 +188,8 @@ def seconds(name: str, value: Interval, *, positive: bool = False) -> float:
     of seconds, 0 or more (``positive``: more than 0); a BadArgument naming it otherwise."""
     interval = _interval(name, value)
     if interval is None:
-        raise _refused(name, "must be a timedelta or a number of seconds, got None", type_error=True)
+        raise _refused(name, "must be a timedelta, a number of seconds or a duration such as '30s', got None",
+                       type_error=True)
     total = interval.total_seconds()
     if total < 0 or (positive and total == 0):
         raise _refused(name, f"must be {'more than 0' if positive else '0 or more'} seconds, got {_shown(total)}")

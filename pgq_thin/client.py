@@ -144,6 +144,13 @@ class Bounds:
     lock_timeout: float
     statement_timeout: float
 
+    @classmethod
+    def of(cls, lock_timeout: Interval, statement_timeout: Interval) -> Bounds:
+        """The bounds ``bounded`` was given (seconds, timedeltas or durations such as ``"500ms"``),
+        each more than 0; a BadArgument naming the one that is not."""
+        return cls(calls.seconds("lock_timeout", lock_timeout, positive=True),
+                   calls.seconds("statement_timeout", statement_timeout, positive=True))
+
     def params(self) -> dict[str, str]:
         return {"lock_timeout": f"{max(1, round(self.lock_timeout * 1000))}ms",
                 "statement_timeout": f"{max(1, round(self.statement_timeout * 1000))}ms"}
@@ -275,13 +282,14 @@ class Client(PgqCalls):
         finally:
             conn.close()
 
-    def bounded(self, lock_timeout: float, statement_timeout: float) -> BoundedCalls:
+    def bounded(self, lock_timeout: Interval, statement_timeout: Interval) -> BoundedCalls:
         """This client's calls, each in a transaction of its own that waits at most
-        ``lock_timeout`` seconds for a lock and runs at most ``statement_timeout`` (SET LOCAL; one
+        ``lock_timeout`` (seconds, a timedelta or ``"500ms"``) for a lock and runs at most
+        ``statement_timeout`` (SET LOCAL; one
         round trip still). The worker's own renewals and completions go this way: a row another
         transaction holds makes the call fail with 55P03 (57014 past the statement's bound), never
         hang. A call with ``conn=`` runs in the caller's transaction, unbounded."""
-        return BoundedCalls(self, Bounds(lock_timeout, statement_timeout))
+        return BoundedCalls(self, Bounds.of(lock_timeout, statement_timeout))
 
     # The one place a statement is sent ----------------------------------------------------------
 

@@ -348,12 +348,6 @@ TIMELINE = "SELECT ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(
 SET_LOCK_TIMEOUT = "SET lock_timeout = '{timeout}'"
 #: The migrations a database has applied, from yoyo's table ({table}: yoyo's quoted name for it).
 APPLIED_MIGRATIONS = "SELECT migration_id, migration_hash FROM {table}"
-#: Whether yoyo's table exists (the post-apply hook's connection: yoyo's default name).
-YOYO_TABLE = "SELECT to_regclass('_yoyo_migration') IS NOT NULL"
-YOYO_APPLIED = "SELECT migration_id FROM _yoyo_migration"
-#: What the post-apply hook does while some migrations are not applied: no function a migration
-#: created may be reached by PUBLIC.
-REVOKE_PUBLIC_EXECUTE = "REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC"
 
 # A bounded call (Client.bounded: the worker's own renewals and completions) ------------------------
 

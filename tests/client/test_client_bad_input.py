@@ -23,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from pgq_thin import calls
 from pgq_thin.async_client import AsyncClient
 from pgq_thin.client import Client, resolve_dsn
-from pgq_thin.errors import BadArgument, BadArgumentType, InvalidArgument, PgqError
+from pgq_thin.errors import BadArgument, BadArgumentType, InvalidArgument, PgqError, WaitTimeout
 from pgq_thin.models import UnreadableJson
 
 from sqlhelpers import one
@@ -49,7 +49,8 @@ _BAD_JSON = [_deep(), {"a": math.nan}, {"a": math.inf}, {"a": "nul \x00 inside"}
 REFUSED: dict[str, list[Any]] = {
     "str": ["q\udcff", "\ud800", "q\x00", "\x00"],
     "int": [2 ** 63, -(2 ** 63) - 1, 10 ** 400],
-    "Interval": [math.nan, math.inf, -math.inf, 1e300, -1e300, 10 ** 400, 1e15],
+    "Interval": [math.nan, math.inf, -math.inf, 1e300, -1e300, 10 ** 400, 1e15,
+                 "30", "", "abc", "5 minutes", "1e400s", "99999999999d", "q\x00", "\ud800"],
     "dict[str, Any]": _BAD_JSON,
     "Any": _BAD_JSON,
     "Sequence[str]": [["q", "r\udcff"], ["q\x00"]],
@@ -62,7 +63,7 @@ REFUSED: dict[str, list[Any]] = {
 WRONG_TYPE: dict[str, list[Any]] = {
     "str": [b"q", 5, ["q"]],
     "int": [1.5, True, "1"],
-    "Interval": ["30s", True, b"1"],
+    "Interval": [True, b"1", ["30s"]],
     "Sequence[str]": ["emails", b"emails", ["q", 5]],
     "Sequence[str | None]": ["emails", b"emails", [None, 5]],
     "Sequence[str] | str": [b"emails", ["q", 5], 5],
@@ -230,6 +231,58 @@ def test_any_value_for_any_argument_is_answered_or_refused_with_a_pgq_error(dsn:
             getattr(client, method.__name__)(**arguments)
         except PgqError:
             pass
+
+
+# Durations: one way everywhere (issue 42) ------------------------------------------------------------
+
+#: Durations as the CLI reads them, and what each is.
+DURATIONS = [("30s", timedelta(seconds=30)), ("1h", timedelta(hours=1)), ("3m 12s", timedelta(seconds=192)),
+             ("500ms", timedelta(milliseconds=500)), ("1h 30m", timedelta(minutes=90)), ("7d", timedelta(days=7))]
+
+
+@EVERY_CALL
+def test_every_interval_argument_takes_a_duration_as_the_cli_reads_it(method: Any) -> None:
+    for name, annotation in _parameters(method):
+        if annotation != "Interval":
+            continue
+        for text, expected in DURATIONS:
+            assert method.build(**{**_arguments(method), name: text}).params[name] == expected, (name, text)
+        assert method.build(**{**_arguments(method), name: timedelta(seconds=30)}).params[name] == timedelta(seconds=30)
+        assert method.build(**{**_arguments(method), name: 30}).params[name] == timedelta(seconds=30)
+
+
+def test_a_text_that_is_not_a_duration_is_refused_saying_what_would_be_one() -> None:
+    with pytest.raises(BadArgument, match=r'^argument "lease" needs a unit: \'5\' could be 5s, 5m or 5h') as bare:
+        calls.claim("w", lease="5")
+    assert bare.value.sqlstate == "22023"
+    with pytest.raises(BadArgument, match=r'^argument "every" is not a duration: \'every hour\' \(e\.g\. 30s'):
+        calls.schedule("s", "q", "k", every="every hour")
+    with pytest.raises(BadArgument, match=r'^argument "retention" is too long: \'99999999999d\' \(at most 9+d\)'):
+        calls.configure_queue("q", retention="99999999999d")
+    with pytest.raises(BadArgumentType, match=r'^argument "timeout" must be a timedelta, a number of seconds or a '
+                       r"duration such as '30s', got bytes"):
+        calls.seconds("timeout", b"30s")  # type: ignore[arg-type]
+
+
+def test_durations_in_text_reach_the_server_as_the_intervals_they_name(dsn: str) -> None:
+    with Client(dsn) as client:
+        job_id = client.enqueue("q", "k", max_run_time="3m 12s")
+        assert client.get_job(job_id).max_run_time == timedelta(seconds=192)
+        [job] = client.claim("w", queues=["q"], lease="90s")
+        assert timedelta(seconds=80) < job.lease_until - client.clock() <= timedelta(seconds=90)
+        assert client.fail(job.id, job.attempt, "boom", retry_in="1h") == "pending"
+        assert client.get_job(job_id).run_at - client.clock() > timedelta(minutes=59)
+        with pytest.raises(WaitTimeout):
+            client.wait(job_id, timeout="50ms", poll_interval="10ms")
+
+    async def scenario() -> None:
+        async with AsyncClient(dsn) as aclient:
+            job_id = await aclient.enqueue("q", "k", max_run_time="1h 30m")
+            assert (await aclient.get_job(job_id)).max_run_time == timedelta(minutes=90)
+            with pytest.raises(BadArgument, match='argument "max_run_time" needs a unit'):
+                await aclient.enqueue("q", "k", max_run_time="90")
+
+    asyncio.run(scenario())
 
 
 # Reading: a value the server holds but Python's json cannot read -----------------------------------

@@ -197,7 +197,8 @@ def test_jobs_lists_newest_first_with_filters_and_says_how_to_get_the_next_page(
     listed = pgq("jobs", dsn=dsn)
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
-    assert lines[0].split() == ["id", "queue", "kind", "state", "attempt", "created", "finished", "last", "error"]
+    assert lines[0].split() == ["id", "queue", "kind", "state", "attempt", "run", "at", "created", "finished", "last",
+                                "error"]
     assert [int(line.split()[0]) for line in lines[2:]] == ids[::-1]
     failed = pgq("jobs", "--queue", "emails", "--state", "failed", dsn=dsn)
     [row] = failed.stdout.splitlines()[2:]

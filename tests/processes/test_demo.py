@@ -40,6 +40,21 @@ def test_demo_on_a_throwaway_server_recovers_the_crash_and_rejects_the_stale_wri
     assert not os.path.exists(log_dir[1])
 
 
+@pytest.mark.slow
+def test_demo_on_your_database_says_what_it_leaves_there(dsn: str) -> None:
+    from pgq_tools.demo import LEFT_BEHIND
+
+    result = subprocess.run([sys.executable, "-m", "pgq_thin", "demo", "--jobs", "200", "--dsn", dsn],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"1. Using the database you gave (--dsn); the demo's jobs go to queue 'demo'. {LEFT_BEHIND}"
+    assert lines[-1] == f"7. {LEFT_BEHIND}"
+    with psycopg.connect(dsn) as conn:  # and that is what it left
+        assert conn.execute("SELECT DISTINCT queue FROM pgq.jobs").fetchall() == [("demo",)]
+        assert conn.execute("SELECT name FROM pgq.queues").fetchall() == [("demo",)]
+
+
 def test_worker_command_runs_an_app_until_sigterm(dsn: str, conn: psycopg.Connection) -> None:
     conn.execute("SELECT pgq.enqueue_many('cli', 'demo.work', array_fill('{\"ms\": 1}'::jsonb, ARRAY[20]))")
     proc = subprocess.Popen([sys.executable, "-m", "pgq_thin", "worker", "--app", "pgq_tools.demo_app:worker",

@@ -39,6 +39,14 @@ TIMEOUT = 120
 NASTY = "it's a \"quote\" \\ ; DROP TABLE pgq.jobs; -- :'x' $1 \t tab \n newline \x1f sep | pipe"
 
 
+@pytest.mark.parametrize("name", ["psql_worker.sh", "node_worker.mjs"])
+def test_a_worker_example_says_in_its_first_lines_that_a_job_must_finish_within_its_lease(name: str) -> None:
+    """They do not renew leases (issue 42): a copied worker must not run a long job twice unwarned."""
+    first = " ".join(line.lstrip("#/ ") for line in (EXAMPLES / name).read_text().splitlines()[:8])
+    assert "A job must finish within its lease" in first and "runs twice" in first
+    assert "pgq.renew(id, attempt)" in first
+
+
 @pytest.fixture(scope="session")
 def node_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the Node.js example with its dependencies installed (once per session)."""

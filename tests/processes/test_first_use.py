@@ -52,7 +52,8 @@ def test_jobs_piped_into_head_ends_quietly(dsn: str, conn: psycopg.Connection) -
     # Rows of about 150 characters: 1000 of them are more than the pipe and Python's buffer hold.
     conn.execute("SELECT pgq.enqueue_many('q', %s, array_fill('{}'::jsonb, ARRAY[1000]))", ("k" * 80,))
     result = piped("jobs", "--limit", "1000", dsn=dsn, lines=1)
-    assert result.stdout.split() == ["id", "queue", "kind", "state", "attempt", "created", "finished", "last", "error"]
+    assert result.stdout.split() == ["id", "queue", "kind", "state", "attempt", "run", "at", "created", "finished",
+                                     "last", "error"]
     assert (result.returncode, result.stderr) == (CLOSED_PIPE, "")
 
 

@@ -465,8 +465,11 @@ def test_a_function_a_later_migration_creates_does_not_survive_the_apply(
     every pgq function the source does not define, so no role can ever call it. Without the hook
     (hook=False: yoyo alone, what PostgreSQL does by itself) it stays, and PUBLIC may execute it."""
     from pgq_thin.migrate import migrations_dir
+    from pgq_thin.sqlsource import source_dir
 
     shutil.copytree(migrations_dir(), tmp_path / "m")
+    (tmp_path / "sql").mkdir()  # the hook reads the function source beside the migrations
+    shutil.copy(source_dir().parent / "all_functions.sql", tmp_path / "sql" / "all_functions.sql")
     if not hook:
         (tmp_path / "m" / "post-apply.py").unlink()
     (tmp_path / "m" / "0099_later_feature.sql").write_text(LATER)

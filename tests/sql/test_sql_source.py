@@ -204,6 +204,18 @@ def test_a_yoyo_apply_of_some_migrations_installs_no_newer_functions(empty_dsn):
         assert one(c, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgq'::regnamespace AND proacl IS NULL") == 0
 
 
+def test_migrate_takes_its_lock_timeout_as_any_duration_pgq_takes(dsn, conn):
+    """Issue 42: durations one way everywhere; PostgreSQL's own '1min' still works, a bare number
+    (5 ms to PostgreSQL) is refused before anything is sent."""
+    from datetime import timedelta
+
+    for value in ("2m", timedelta(seconds=30), 30, "1min"):
+        assert migrate(dsn, lock_timeout=value) == []
+    for value in ("5", "5s; DROP SCHEMA pgq", "30d", -1):
+        with pytest.raises(ValueError, match="lock_timeout must be a duration with its unit"):
+            migrate("postgresql://nowhere.invalid/db", lock_timeout=value)
+
+
 def test_migrate_refuses_a_database_that_a_newer_pgq_migrated(dsn, conn):
     from pgq_thin.migrate import NewerSchema
 

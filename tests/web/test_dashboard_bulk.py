@@ -17,8 +17,9 @@ import psycopg
 import pytest
 from starlette.testclient import TestClient
 
-from pgq_thin import Client
-from pgq_thin.dashboard.app import BULK_MAX
+from pgq_thin import AsyncClient, Client
+from pgq_thin.dashboard.app import BULK_MAX, create_app
+from pgq_thin.errors import BadArgument
 
 from dashboardkit import dashboard, failed_job, logins
 
@@ -166,7 +167,10 @@ def test_bad_bodies_get_400_with_the_reason_and_change_nothing(pgq_client: Clien
                               ({"max_jobs": True}, ['"max_jobs"']), ({"queue": None}, ['"queue"']),
                               ({"state": 3}, ['"state"']), ({"kind": ["a"]}, ['"kind"']),
                               ({"before": "2026-12-05T14:00"}, ['"before"', "offset"]),
-                              ({"before": "yesterday"}, ['"before"'])]:
+                              ({"before": "yesterday"}, ['"before"']),
+                              ({"before": "5"}, ['"before"', "needs a unit"]),
+                              ({"before": "99999999999d"}, ['"before"', "too long"]),
+                              ({"before": "999999999d"}, ['"before"', "before the year 1"])]:
             assert_error(http.post(url, json={**good, **change}), 400, None, *words)
         # What pgq itself refuses: its message and SQLSTATE.
         assert_error(http.post(url, json={**good, "state": "done"}), 400, "22023", '"state"')
@@ -175,6 +179,22 @@ def test_bad_bodies_get_400_with_the_reason_and_change_nothing(pgq_client: Clien
         refused = http.post(url, json=good, headers={"Origin": "http://evil.example"})
         assert refused.status_code == 403
     assert pgq_client.get_job(job_id).state == "failed"
+
+
+def test_before_takes_a_duration_as_the_cli_does(pgq_client: Client, roles: dict[str, str]) -> None:
+    """"before": "1h" means an hour before the database's clock now, as `pgq-thin retry --all
+    --before 1h` (issue 42: durations one way everywhere); a login lasts ``session_lifetime``,
+    which takes a duration too."""
+    old, recent = failed_job(pgq_client), failed_job(pgq_client)
+    with psycopg.connect(pgq_client.dsn, autocommit=True) as conn:
+        conn.execute("UPDATE pgq.jobs SET finished_at = finished_at - interval '2 hours' WHERE id = %s", (old,))
+    with dashboard(roles["pgq_admin"], session_lifetime="8h") as http:
+        body = {"queue": "mail", "state": "failed", "before": "1h 30m", "max_jobs": 10}
+        answer = http.post("/api/jobs/retry-all", json=body)
+        assert answer.status_code == 200 and answer.json()["count"] == 1, answer.text
+    assert (pgq_client.get_job(old).state, pgq_client.get_job(recent).state) == ("pending", "failed")
+    with pytest.raises(BadArgument, match='argument "session_lifetime" needs a unit'):
+        create_app(lambda: AsyncClient(roles["pgq_admin"]), session_lifetime="8")
 
 
 def test_a_schema_without_the_functions_shows_no_button(pgq_client: Client, roles: dict[str, str]) -> None:
