@@ -467,6 +467,19 @@ def enqueue_many(
     }, _ids, conn=conn)
 
 
+def update_job(job_id: int, *, payload: dict[str, Any] | None = None, priority: int | None = None,
+               run_at: datetime | None = None, meta: dict[str, Any] | None = None) -> Call[bool]:
+    """pgq.update_job: give a job that has not started (pending or waiting, and no claim holds it)
+    this ``payload``, ``priority``, ``run_at`` and ``meta`` (None keeps the job's own; meta is
+    replaced whole, without a trace context); True when changed, False when it had started or
+    ended (never waits for a worker). For the login that enqueued it and for admins (JobNotFound
+    for anyone else, as for an unknown id)."""
+    return Call(queries.UPDATE_JOB, {
+        "id": job_id, "payload": None if payload is None else _json("payload", payload), "priority": priority,
+        "run_at": run_at, "meta": None if meta is None else _json("meta", meta),
+    }, _flag)
+
+
 # Batches and results ------------------------------------------------------------------------------
 
 
@@ -1073,6 +1086,7 @@ class PgqCalls:
 
     enqueue = Method(enqueue)
     enqueue_many = Method(enqueue_many)
+    update_job = Method(update_job)
     claim = Method(claim)
     renew = Method(renew)
     complete = Method(complete)

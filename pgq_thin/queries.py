@@ -167,6 +167,12 @@ JOB_OUTCOMES = (
     " attempt => %(attempt)s::integer, ids => %(ids)s::bigint[])"
 )
 
+#: Give a job not started a new payload, priority, run_at or meta (NULL: its own); whether it did.
+UPDATE_JOB = (
+    "SELECT pgq.update_job(id => %(id)s::bigint, payload => %(payload)s::jsonb, priority => %(priority)s::integer,"
+    " run_at => %(run_at)s::timestamptz, meta => %(meta)s::jsonb)"
+)
+
 # Signals and workflows, for producers --------------------------------------------------------------
 
 #: Send a signal to a queue (the first of a name wins); how many waiting jobs it woke.

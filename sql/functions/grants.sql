@@ -21,6 +21,9 @@ GRANT EXECUTE ON FUNCTION
     pgq.cancel_workflow(bigint)
     TO pgq_producer;
 
+-- A job not started, edited: by the login that enqueued it and by admins (members of pgq_producer).
+GRANT EXECUTE ON FUNCTION pgq.update_job(bigint, jsonb, integer, timestamptz, jsonb) TO pgq_producer;
+
 -- The outcome of a job: to the login that enqueued it (and readers of its queue), whichever pgq
 -- role it has.
 GRANT EXECUTE ON FUNCTION pgq.job_result(bigint), pgq.job_steps(bigint, integer, text) TO pgq_producer, pgq_worker, pgq_monitor;
