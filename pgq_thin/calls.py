@@ -105,7 +105,7 @@ _WANT: dict[str, type] = {
                      "after_id"), int),
     **dict.fromkeys(("retryable", "notify", "audit", "fair", "skip_if_running", "enabled", "notify_finished"),
                     bool),
-    **dict.fromkeys(("finished_before", "created_before", "start_by"), datetime),
+    **dict.fromkeys(("finished_before", "created_before", "start_by", "before"), datetime),
 }
 
 _INT8 = 2 ** 63
@@ -812,6 +812,19 @@ def cancel_jobs(queue: str, state: str, kind: str | None = None, created_before:
     }, _count)
 
 
+def delete_jobs(queue: str, state: str, kind: str | None = None, before: datetime | None = None,
+                limit_rows: int = 1000) -> Call[int]:
+    """pgq.delete_jobs: delete at most ``limit_rows`` (1 to 10000) of the queue's jobs in ``state``
+    (``"pending"``, ``"waiting"``, ``"done"``, ``"failed"`` or ``"cancelled"``; never a running
+    one), of ``kind`` (None: any) and created (pending, waiting) or finished (the others) before
+    ``before`` (None: whenever), oldest id first; returns how many. A pending or waiting job is
+    cancelled first, so its dependants and its batch see it end. A job another transaction holds is
+    skipped: for all of them, call it again until it returns 0, with ``before`` fixed."""
+    return Call(queries.DELETE_JOBS, {
+        "queue": queue, "state": state, "kind": kind, "before": before, "limit_rows": limit_rows,
+    }, _count)
+
+
 def bulk_plan(most: int | None, per_call: int) -> Generator[int, int, int]:
     """Acting on many jobs by filter (retry_jobs, cancel_jobs) in calls of at most ``per_call`` rows,
     as a plan that a caller of either client drives: it yields the ``limit_rows`` of the next call
@@ -1103,6 +1116,7 @@ class PgqCalls:
     retry = Method(retry)
     retry_jobs = Method(retry_jobs)
     cancel_jobs = Method(cancel_jobs)
+    delete_jobs = Method(delete_jobs)
     resolve = Method(resolve)
     prune = Method(prune)
     pause = Method(pause)

@@ -199,6 +199,11 @@ CANCEL_JOBS = (
     "SELECT pgq.cancel_jobs(queue => %(queue)s::text, state => %(state)s::text, kind => %(kind)s::text,"
     " created_before => %(created_before)s::timestamptz, limit_rows => %(limit_rows)s::integer)"
 )
+#: Delete at most limit_rows jobs of a queue in one state, never running (id order); how many.
+DELETE_JOBS = (
+    "SELECT pgq.delete_jobs(queue => %(queue)s::text, state => %(state)s::text, kind => %(kind)s::text,"
+    " before => %(before)s::timestamptz, limit_rows => %(limit_rows)s::integer)"
+)
 RESOLVE = "SELECT pgq.resolve(id => %(id)s::bigint, state => %(state)s::text)"
 PRUNE = "SELECT pgq.prune(older_than => %(older_than)s::interval, max_jobs => %(max_jobs)s::integer)"
 PAUSE = "SELECT * FROM pgq.pause(queue => %(queue)s::text)"

@@ -59,6 +59,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.retry(bigint),
     pgq.retry_jobs(text, text, text, timestamptz, integer),
     pgq.cancel_jobs(text, text, text, timestamptz, integer),
+    pgq.delete_jobs(text, text, text, timestamptz, integer),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
     pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer),

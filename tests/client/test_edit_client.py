@@ -42,3 +42,19 @@ def test_update_job_errors_name_what_is_wrong(dsn: str, conn: psycopg.Connection
         with pytest.raises(BadArgument, match='"payload"'):
             client.update_job(job_id, payload={"a": float("nan")})
         assert job(conn, job_id) == before
+
+
+def test_delete_jobs_deletes_by_filter_and_cancels_an_unfinished_job_first(
+        dsn: str, conn: psycopg.Connection, client_kind: str) -> None:
+    with clients(client_kind, dsn) as client:
+        first = client.enqueue("q", "a")
+        dependant = client.enqueue("q", "b", depends_on=[first])
+        kept = client.enqueue("q", "b")
+        assert client.delete_jobs("q", "pending", kind="a", limit_rows=10) == 1
+        assert job(conn, dependant)["state"] == "cancelled"
+        assert client.delete_jobs("q", "cancelled", before=one(conn, "SELECT clock_timestamp()")) == 1
+        assert one(conn, "SELECT array_agg(id ORDER BY id) FROM pgq.jobs") == [kept]
+        with pytest.raises(InvalidArgument, match='"state"'):
+            client.delete_jobs("q", "running")
+        with pytest.raises(BadArgument, match='"before"'):
+            client.delete_jobs("q", "done", before="yesterday")  # type: ignore[arg-type]

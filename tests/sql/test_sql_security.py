@@ -59,6 +59,7 @@ API: dict[str, tuple[str, set[str]]] = {
     "retry": ("SELECT pgq.retry(1)", ADMIN),
     "retry_jobs": ("SELECT pgq.retry_jobs('q', 'failed')", ADMIN),
     "cancel_jobs": ("SELECT pgq.cancel_jobs('q', 'pending')", ADMIN),
+    "delete_jobs": ("SELECT pgq.delete_jobs('q', 'done')", ADMIN),
     "resolve": ("SELECT pgq.resolve(1, 'done')", ADMIN),
     "prune": ("SELECT pgq.prune()", ADMIN),
     "configure_queue": ("SELECT pgq.configure_queue('q', lease => '1 minute', rate_limit => 5, "
