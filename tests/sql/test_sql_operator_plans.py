@@ -116,9 +116,9 @@ def test_a_claim_that_names_its_kinds_reads_only_their_jobs_through_jobs_kind_re
 
 
 def test_bulk_retry_and_cancel_read_one_call_of_rows_through_jobs_list_idx(session) -> None:
-    """pgq.retry_jobs, pgq.cancel_jobs (issue 27) and pgq.delete_jobs (issue 41) read their (queue, state) in id order through
-    jobs_list_idx, at most a call's rows: never the 1M finished rows of another queue, nor the jobs
-    of other states. Each runs in a transaction rolled back, leaving the table as it was."""
+    """pgq.retry_jobs, pgq.cancel_jobs (issue 27) and pgq.delete_jobs (issue 41) read their (queue,
+    state) in id order through jobs_list_idx, at most a call's rows: never the 1M finished rows of
+    another queue, nor the jobs of other states. Each runs in a transaction rolled back, leaving the table as it was."""
     cases = [
         ("SELECT pgq.retry_jobs('q', 'failed', limit_rows => 20)", "retry_jobs.finished_before", 20, 20),
         ("SELECT pgq.retry_jobs('bulk', 'failed')", "retry_jobs.finished_before", 0, 0),
