@@ -103,7 +103,7 @@ _WANT: dict[str, type] = {
                      "after_id"), int),
     **dict.fromkeys(("retryable", "notify", "audit", "fair", "skip_if_running", "enabled", "notify_finished"),
                     bool),
-    **dict.fromkeys(("finished_before", "created_before", "start_by"), datetime),
+    **dict.fromkeys(("finished_before", "created_before", "start_by", "before"), datetime),
 }
 
 _INT8 = 2 ** 63
@@ -456,6 +456,19 @@ def enqueue_many(
     }, _ids, conn=conn)
 
 
+def update_job(job_id: int, *, payload: dict[str, Any] | None = None, priority: int | None = None,
+               run_at: datetime | None = None, meta: dict[str, Any] | None = None) -> Call[bool]:
+    """pgq.update_job: give a job that has not started (pending or waiting, and no claim holds it)
+    this ``payload``, ``priority``, ``run_at`` and ``meta`` (None keeps the job's own; meta is
+    replaced whole, without a trace context); True when changed, False when it had started or
+    ended (never waits for a worker). For the login that enqueued it and for admins (JobNotFound
+    for anyone else, as for an unknown id)."""
+    return Call(queries.UPDATE_JOB, {
+        "id": job_id, "payload": None if payload is None else _json("payload", payload), "priority": priority,
+        "run_at": run_at, "meta": None if meta is None else _json("meta", meta),
+    }, _flag)
+
+
 # Batches and results ------------------------------------------------------------------------------
 
 
@@ -788,6 +801,19 @@ def cancel_jobs(queue: str, state: str, kind: str | None = None, created_before:
     }, _count)
 
 
+def delete_jobs(queue: str, state: str, kind: str | None = None, before: datetime | None = None,
+                limit_rows: int = 1000) -> Call[int]:
+    """pgq.delete_jobs: delete at most ``limit_rows`` (1 to 10000) of the queue's jobs in ``state``
+    (``"pending"``, ``"waiting"``, ``"done"``, ``"failed"`` or ``"cancelled"``; never a running
+    one), of ``kind`` (None: any) and created (pending, waiting) or finished (the others) before
+    ``before`` (None: whenever), oldest id first; returns how many. A pending or waiting job is
+    cancelled first, so its dependants and its batch see it end. A job another transaction holds is
+    skipped: for all of them, call it again until it returns 0, with ``before`` fixed."""
+    return Call(queries.DELETE_JOBS, {
+        "queue": queue, "state": state, "kind": kind, "before": before, "limit_rows": limit_rows,
+    }, _count)
+
+
 def bulk_plan(most: int | None, per_call: int) -> Generator[int, int, int]:
     """Acting on many jobs by filter (retry_jobs, cancel_jobs) in calls of at most ``per_call`` rows,
     as a plan that a caller of either client drives: it yields the ``limit_rows`` of the next call
@@ -1090,6 +1116,7 @@ class PgqCalls:
 
     enqueue = Method(enqueue)
     enqueue_many = Method(enqueue_many)
+    update_job = Method(update_job)
     claim = Method(claim)
     renew = Method(renew)
     complete = Method(complete)
@@ -1106,6 +1133,7 @@ class PgqCalls:
     retry = Method(retry)
     retry_jobs = Method(retry_jobs)
     cancel_jobs = Method(cancel_jobs)
+    delete_jobs = Method(delete_jobs)
     resolve = Method(resolve)
     prune = Method(prune)
     pause = Method(pause)

@@ -620,6 +620,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
                          else "had already finished, unchanged")
 
 
+def cmd_delete(args: argparse.Namespace) -> int:
+    _by_filter(args)  # (delete takes no job ids: a filter with --all, or a usage error)
+    return _act_by_filter(args, lambda client, before, rows: client.delete_jobs(
+        args.queue, args.state, args.kind, before=before, limit_rows=rows), "deleted")
+
+
 def cmd_resolve(args: argparse.Namespace) -> int:
     with _client(args) as client:
         return _each_job([args.id], lambda job_id: client.resolve(job_id, args.state)
@@ -1154,6 +1160,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--all", action="store_true",
                        help=f"{name} every job the filter matches (required with a filter)")
         p.set_defaults(parser=p, filter_states=states)
+
+    p = command("delete", cmd_delete, "delete the jobs of a queue in one state (never a running one) with "
+                "--queue, --state and --all (pgq.delete_jobs, 1000 a call); a pending or waiting job is "
+                "cancelled first, so the jobs waiting for it and its batch see it end")
+    p.add_argument("--queue", help="the jobs of this queue")
+    p.add_argument("--state", choices=("pending", "waiting", "done", "failed", "cancelled"), help="in this state")
+    p.add_argument("--kind", help="only jobs of this kind")
+    p.add_argument("--before", type=before_time, metavar="TIME",
+                   help="only jobs created (pending, waiting) or finished (done, failed, cancelled) before TIME: "
+                        "an ISO time or how long ago (30m, 2h, 7d); jobs from after the command started are left alone")
+    p.add_argument("--limit", type=positive_count, metavar="N", help="at most N jobs in all "
+                   "(default: every job that matches)")
+    p.add_argument("--all", action="store_true", help="delete every job the filter matches (required)")
+    p.set_defaults(parser=p, filter_states=("done", "failed", "cancelled", "pending", "waiting"), ids=[])
 
     p = command("resolve", cmd_resolve, "settle an outcome_unknown job: done, pending (run it again), failed "
                 "or cancelled")

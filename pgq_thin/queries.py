@@ -167,6 +167,12 @@ JOB_OUTCOMES = (
     " attempt => %(attempt)s::integer, ids => %(ids)s::bigint[])"
 )
 
+#: Give a job not started a new payload, priority, run_at or meta (NULL: its own); whether it did.
+UPDATE_JOB = (
+    "SELECT pgq.update_job(id => %(id)s::bigint, payload => %(payload)s::jsonb, priority => %(priority)s::integer,"
+    " run_at => %(run_at)s::timestamptz, meta => %(meta)s::jsonb)"
+)
+
 # Signals and workflows, for producers --------------------------------------------------------------
 
 #: Send a signal to a queue (the first of a name wins); how many waiting jobs it woke.
@@ -192,6 +198,11 @@ RETRY_JOBS = (
 CANCEL_JOBS = (
     "SELECT pgq.cancel_jobs(queue => %(queue)s::text, state => %(state)s::text, kind => %(kind)s::text,"
     " created_before => %(created_before)s::timestamptz, limit_rows => %(limit_rows)s::integer)"
+)
+#: Delete at most limit_rows jobs of a queue in one state, never running (id order); how many.
+DELETE_JOBS = (
+    "SELECT pgq.delete_jobs(queue => %(queue)s::text, state => %(state)s::text, kind => %(kind)s::text,"
+    " before => %(before)s::timestamptz, limit_rows => %(limit_rows)s::integer)"
 )
 RESOLVE = "SELECT pgq.resolve(id => %(id)s::bigint, state => %(state)s::text)"
 PRUNE = "SELECT pgq.prune(older_than => %(older_than)s::interval, max_jobs => %(max_jobs)s::integer)"

@@ -6582,6 +6582,66 @@ $$;
 COMMENT ON FUNCTION pgq.cancel_jobs(text, text, text, timestamptz, integer) IS
     'Cancels up to limit_rows jobs of a queue in one unfinished state (of kind, created before '
     'created_before), oldest first, as pgq.cancel does; returns how many. Call again until 0.';
+-- Deletes the jobs of a queue in one state that match the filter, at most limit_rows of them, oldest
+-- id first, and returns how many. Never a running or outcome_unknown job. What others see stays as
+-- after an end: a pending or waiting job is cancelled first (pgq._cancel_job, in this transaction),
+-- so its end reaches its dependants (cancelled down an all_done chain, released for all_ended),
+-- its batch (counted, the callback fired when it was the last) and the metrics, as a cancelled job's
+-- does; then it is deleted as pgq.prune deletes a finished job (pgq._delete_jobs), and its
+-- unique_key is free. A job another transaction holds is skipped (SKIP LOCKED, with a DELETE's lock:
+-- a foreign key's KEY SHARE holder too), and so is a finished job whose end a settle call has yet
+-- to check against an enqueue in flight (pgq.overlap_checks: a gone dependency counts as
+-- cancelled there): call again until it returns 0 (pgq-thin delete --all does). `before`: jobs
+-- created before it (pending, waiting) or finished before it (done, failed, cancelled). The jobs
+-- are read in jobs_list_idx (queue, state, id) order; kind and before filter what that reads.
+CREATE OR REPLACE FUNCTION pgq.delete_jobs(queue text, state text, kind text DEFAULT NULL,
+                                           before timestamptz DEFAULT NULL, limit_rows integer DEFAULT 1000)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    SET enable_sort = off
+    AS $$
+DECLARE
+    job     pgq.jobs;
+    doomed  bigint[] := '{}';
+    checked bigint[];
+BEGIN
+    PERFORM pgq._check_bulk(delete_jobs.queue, delete_jobs.state, '{pending,waiting,done,failed,cancelled}',
+                            delete_jobs.kind, delete_jobs.limit_rows);
+    FOR job IN
+        SELECT j.* FROM pgq.jobs AS j
+        WHERE j.queue = delete_jobs.queue AND j.state = delete_jobs.state::pgq.job_state AND j.state <> 'running'
+          AND (delete_jobs.kind IS NULL OR j.kind = delete_jobs.kind)
+          AND (delete_jobs.before IS NULL
+               OR CASE WHEN j.state IN ('pending', 'waiting') THEN j.created_at ELSE j.finished_at END
+                  < delete_jobs.before)
+        ORDER BY (- j.id) DESC
+        LIMIT delete_jobs.limit_rows
+        FOR UPDATE OF j SKIP LOCKED
+    LOOP
+        IF job.state IN ('pending', 'waiting') THEN
+            PERFORM pgq._cancel_job(job);
+        END IF;
+        doomed := doomed || job.id;
+    END LOOP;
+    IF delete_jobs.state IN ('done', 'failed', 'cancelled') AND cardinality(doomed) > 0 THEN
+        -- One read of the checks not yet settled (a handful: every settle call takes them).
+        checked := ARRAY(SELECT DISTINCT c.job_id FROM pgq.overlap_checks AS c WHERE c.job_id = ANY (doomed));
+        IF cardinality(checked) > 0 THEN
+            doomed := ARRAY(SELECT d.id FROM unnest(doomed) AS d(id) WHERE d.id <> ALL (checked));
+        END IF;
+    END IF;
+    RETURN pgq._delete_jobs(doomed);
+END
+$$;
+COMMENT ON FUNCTION pgq.delete_jobs(text, text, text, timestamptz, integer) IS
+    'Deletes up to limit_rows jobs of a queue in one state (pending, waiting, done, failed or '
+    'cancelled; of kind, created or finished before before), oldest first, a pending or waiting one '
+    'cancelled first (its dependants and batch see it end); returns how many. Call again until 0.';
 COMMENT ON FUNCTION pgq.retry(bigint) IS
     'Makes a failed or cancelled job pending again; 55000 for other states; P0002 when unknown.';
 
@@ -6630,6 +6690,32 @@ $$;
 COMMENT ON FUNCTION pgq.resolve(bigint, text) IS
     'Settles an outcome_unknown job as done, failed, cancelled or pending (run again).';
 
+-- Deletes the finished jobs `ids` (locked FOR UPDATE by the caller: a DELETE's lock, so that a
+-- foreign key's KEY SHARE holder is skipped, never waited for) with what is theirs: their events,
+-- their steps, their own dependency links (pgq.job_links of them) and their batch membership. The
+-- links to them of other jobs stay (they are those jobs' record). Returns how many it deleted.
+-- (pgq.prune, pgq.delete_jobs.)
+CREATE OR REPLACE FUNCTION pgq._delete_jobs(ids bigint[]) RETURNS integer
+    LANGUAGE sql
+    AS $$
+    WITH gone AS (
+        DELETE FROM pgq.jobs AS j WHERE j.id = ANY (_delete_jobs.ids) RETURNING j.id, j.depends_on, j.batch_id
+    ), events AS (
+        DELETE FROM pgq.job_events AS e USING gone AS g WHERE e.job_id = g.id
+    ), links AS (
+        DELETE FROM pgq.job_dependants AS l
+        USING (SELECT x.dep, g.id FROM gone AS g CROSS JOIN LATERAL unnest(g.depends_on) AS x(dep)
+               WHERE g.depends_on IS NOT NULL) AS k
+        WHERE l.depends_on = k.dep AND l.job_id = k.id
+    ), members AS (
+        DELETE FROM pgq.batch_members AS m USING gone AS g
+        WHERE g.batch_id IS NOT NULL AND m.batch_id = g.batch_id AND m.job_id = g.id
+    ), steps AS (
+        DELETE FROM pgq.steps AS s USING gone AS g WHERE s.job_id = g.id
+    )
+    SELECT count(*)::integer FROM gone
+$$;
+
 -- Deletes finished (done, failed, cancelled) jobs, with their events and steps, older than
 -- older_than, or than each queue's retention when older_than is NULL. At most max_jobs per call:
 -- call it again until it returns 0. Then up to max_jobs signals sent before the same horizon, and
@@ -6661,30 +6747,14 @@ BEGIN
     ELSIF prune.max_jobs NOT BETWEEN 1 AND 1000000 THEN
         PERFORM pgq._bad_argument('max_jobs', format('must be between 1 and 1000000, got %s', prune.max_jobs));
     END IF;
-    WITH doomed AS (
+    deleted := pgq._delete_jobs(ARRAY(
         SELECT j.id
         FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue
         WHERE j.state IN ('done', 'failed', 'cancelled')
           AND j.finished_at < pgq._now() - coalesce(prune.older_than, q.retention)
         ORDER BY j.finished_at
         LIMIT prune.max_jobs
-        FOR UPDATE OF j SKIP LOCKED
-    ), gone AS (
-        DELETE FROM pgq.jobs AS j USING doomed AS d WHERE j.id = d.id RETURNING j.id, j.depends_on, j.batch_id
-    ), events AS (
-        DELETE FROM pgq.job_events AS e USING gone AS g WHERE e.job_id = g.id
-    ), links AS (
-        DELETE FROM pgq.job_dependants AS l
-        USING (SELECT x.dep, g.id FROM gone AS g CROSS JOIN LATERAL unnest(g.depends_on) AS x(dep)
-               WHERE g.depends_on IS NOT NULL) AS k
-        WHERE l.depends_on = k.dep AND l.job_id = k.id
-    ), members AS (
-        DELETE FROM pgq.batch_members AS m USING gone AS g
-        WHERE g.batch_id IS NOT NULL AND m.batch_id = g.batch_id AND m.job_id = g.id
-    ), steps AS (
-        DELETE FROM pgq.steps AS s USING gone AS g WHERE s.job_id = g.id
-    )
-    SELECT count(*) INTO deleted FROM gone;
+        FOR UPDATE OF j SKIP LOCKED));
     -- Batches whose callback was enqueued before the same horizon and whose members are all
     -- deleted, with their counts and joiners.
     WITH gone AS (
@@ -6751,6 +6821,118 @@ END
 $$;
 COMMENT ON FUNCTION pgq.prune(interval, integer) IS
     'Deletes up to max_jobs finished jobs (and their events) older than older_than or the queue''s retention.';
+
+-- sql/functions/edits.sql -----------------------------------------------------------------------------
+
+-- sql/functions/edits.sql: a queued job edited (pgq.update_job).
+--
+-- "Not started" is what pgq._lock_unstarted (enqueue.sql) says it is for a replace: the job is
+-- pending or waiting and this transaction could lock its row FOR NO KEY UPDATE without waiting
+-- (SKIP LOCKED), as a claim locks it. A claim in flight holds the row from the moment it locks it
+-- to its commit, so a job a claim holds counts as started (the edit answers false), and an edit
+-- that holds the row makes claims skip the job until the edit's transaction ends. Whichever locks
+-- the row first wins; the other never waits (a waiting job's row, which only a short cascade,
+-- sweep or settle holds, is tried again for up to 50 ms). So a claim hands out either the job as
+-- it was before an edit that then answers false, or the job as edited: never the old payload of
+-- a job whose edit answered true.
+
+-- Validates pgq.update_job's arguments (22004 / 22023), naming the first that is wrong.
+CREATE OR REPLACE FUNCTION pgq._check_update_job(id bigint, payload jsonb, priority integer, run_at timestamptz,
+                                                 meta jsonb)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_update_job.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    IF _check_update_job.payload IS NULL AND _check_update_job.priority IS NULL
+       AND _check_update_job.run_at IS NULL AND _check_update_job.meta IS NULL THEN
+        PERFORM pgq._bad_argument('payload', 'is NULL, and so are priority, run_at and meta: nothing to change',
+            'Give at least one of payload, priority, run_at and meta (NULL keeps the job''s own).');
+    END IF;
+    IF _check_update_job.payload IS NOT NULL THEN
+        PERFORM pgq._check_payload('payload', _check_update_job.payload);
+    END IF;
+    IF _check_update_job.priority NOT BETWEEN -1000 AND 1000 THEN
+        PERFORM pgq._bad_argument('priority',
+            format('must be between -1000 and 1000, got %s', _check_update_job.priority));
+    END IF;
+    IF NOT isfinite(_check_update_job.run_at) THEN
+        PERFORM pgq._bad_argument('run_at', format('must be a finite time, got %s', _check_update_job.run_at));
+    END IF;
+    IF _check_update_job.meta IS NOT NULL THEN
+        PERFORM pgq._check_payload('meta', _check_update_job.meta);
+    END IF;
+END
+$$;
+
+-- Gives a job that has not started (above) the payload, priority, run_at and meta the call names
+-- (NULL: the job's own stays) and returns true; false, changing nothing, when the job has started
+-- (a claim holds it, or it is running or outcome_unknown) or has ended. For admins and the login
+-- that enqueued it (in a queue whose enqueue grants still admit that login: 42501 otherwise);
+-- anyone else gets P0002, as for an unknown id. meta is replaced whole. A run_at not before the
+-- job's start_by is refused (22023): the job could only expire. Its kind, tenant, keys,
+-- dependencies, batch and attempts stay its own. An audited queue records the event `updated`
+-- (its note names the fields given). Never waits for a worker; the only wait is the bounded retry
+-- of a waiting job's row (pgq._lock_unstarted).
+CREATE OR REPLACE FUNCTION pgq.update_job(id bigint, payload jsonb DEFAULT NULL, priority integer DEFAULT NULL,
+                                          run_at timestamptz DEFAULT NULL, meta jsonb DEFAULT NULL)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    job    pgq.jobs;
+    locked record;
+    restricted text[];
+BEGIN
+    PERFORM pgq._check_update_job(update_job.id, update_job.payload, update_job.priority, update_job.run_at,
+                                  update_job.meta);
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = update_job.id;  -- read, not locked (enqueued_by never changes)
+    IF NOT FOUND OR NOT pgq._enqueued_it(job.enqueued_by) THEN
+        RAISE EXCEPTION 'pgq: no job with id %', update_job.id
+            USING ERRCODE = 'no_data_found',
+                  HINT = 'A job is updated by admins and by the login that enqueued it.';
+    END IF;
+    SELECT q.restricted INTO restricted FROM pgq.queues AS q WHERE q.name = job.queue;
+    IF restricted IS NOT NULL AND NOT pgq._may(job.queue, restricted, 'enqueue') THEN
+        PERFORM pgq._denied(job.queue, 'enqueue');
+    END IF;
+    IF job.state NOT IN ('pending', 'waiting') THEN
+        RETURN false;  -- started or ended: nothing locked, nothing waited for
+    END IF;
+    SELECT l.id, l.state INTO locked FROM pgq._lock_unstarted(job.id) AS l;
+    IF locked.id IS NULL OR locked.state NOT IN ('pending', 'waiting') THEN
+        RETURN false;  -- a claim (or another transaction) holds it, or it has started since it was read
+    END IF;
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = update_job.id;  -- as locked
+    IF update_job.run_at >= job.start_by THEN
+        PERFORM pgq._bad_argument('run_at',
+            format('must be earlier than the job''s start_by (%s), got %s', job.start_by, update_job.run_at),
+            'A job is claimed at run_at at the earliest, and one not claimed by start_by is cancelled.');
+    END IF;
+    UPDATE pgq.jobs AS j
+    SET payload = coalesce(update_job.payload, j.payload), priority = coalesce(update_job.priority, j.priority),
+        run_at = coalesce(update_job.run_at, j.run_at), meta = coalesce(update_job.meta, j.meta)
+    WHERE j.id = job.id;
+    PERFORM pgq._admin_event(job, 'updated', job.state,
+        concat_ws(', ', CASE WHEN update_job.payload IS NOT NULL THEN 'payload' END,
+                  CASE WHEN update_job.priority IS NOT NULL THEN 'priority' END,
+                  CASE WHEN update_job.run_at IS NOT NULL THEN 'run_at' END,
+                  CASE WHEN update_job.meta IS NOT NULL THEN 'meta' END));
+    IF job.state = 'pending' AND coalesce(update_job.run_at, job.run_at) <= pgq._now() THEN
+        PERFORM pgq._notify(job.queue);
+    END IF;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgq.update_job(bigint, jsonb, integer, timestamptz, jsonb) IS
+    'Gives a pending or waiting job that no claim holds the payload, priority, run_at and meta named '
+    '(NULL keeps its own); true when changed, false when it had started or ended. For admins and the '
+    'login that enqueued it (P0002 for anyone else, as for an unknown id). Never waits for a worker.';
 
 -- sql/functions/observe.sql ---------------------------------------------------------------------------
 
@@ -8398,6 +8580,9 @@ GRANT EXECUTE ON FUNCTION
     pgq.cancel_workflow(bigint)
     TO pgq_producer;
 
+-- A job not started, edited: by the login that enqueued it and by admins (members of pgq_producer).
+GRANT EXECUTE ON FUNCTION pgq.update_job(bigint, jsonb, integer, timestamptz, jsonb) TO pgq_producer;
+
 -- The outcome of a job: to the login that enqueued it (and readers of its queue), whichever pgq
 -- role it has.
 GRANT EXECUTE ON FUNCTION pgq.job_result(bigint), pgq.job_steps(bigint, integer, text) TO pgq_producer, pgq_worker, pgq_monitor;
@@ -8433,6 +8618,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.retry(bigint),
     pgq.retry_jobs(text, text, text, timestamptz, integer),
     pgq.cancel_jobs(text, text, text, timestamptz, integer),
+    pgq.delete_jobs(text, text, text, timestamptz, integer),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
     pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer),

@@ -21,6 +21,9 @@ GRANT EXECUTE ON FUNCTION
     pgq.cancel_workflow(bigint)
     TO pgq_producer;
 
+-- A job not started, edited: by the login that enqueued it and by admins (members of pgq_producer).
+GRANT EXECUTE ON FUNCTION pgq.update_job(bigint, jsonb, integer, timestamptz, jsonb) TO pgq_producer;
+
 -- The outcome of a job: to the login that enqueued it (and readers of its queue), whichever pgq
 -- role it has.
 GRANT EXECUTE ON FUNCTION pgq.job_result(bigint), pgq.job_steps(bigint, integer, text) TO pgq_producer, pgq_worker, pgq_monitor;
@@ -56,6 +59,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.retry(bigint),
     pgq.retry_jobs(text, text, text, timestamptz, integer),
     pgq.cancel_jobs(text, text, text, timestamptz, integer),
+    pgq.delete_jobs(text, text, text, timestamptz, integer),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
     pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer),

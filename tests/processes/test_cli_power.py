@@ -195,3 +195,19 @@ def test_enqueue_on_conflict_replace_updates_the_holder(dsn: str, conn: psycopg.
     bad = pgq("enqueue", "q", "k", "--unique-key", "u", "--on-conflict", "merge", dsn=dsn)
     assert bad.returncode == 2 and "--on-conflict" in bad.stderr and "invalid choice" in bad.stderr
     assert one(conn, "SELECT count(*) FROM pgq.jobs") == 1
+
+
+def test_delete_by_filter_loops_in_bounded_calls_and_needs_all(dsn: str, conn: psycopg.Connection) -> None:
+    track_functions(dsn, conn)
+    with Client(dsn) as client:
+        client.enqueue_many("q", "a", [{}] * 1200)
+        client.enqueue_many("q", "b", [{}] * 3)
+    refused = pgq("delete", "--queue", "q", "--state", "pending", dsn=dsn)
+    assert refused.returncode == 2 and "--all" in refused.stderr
+    deleted = pgq("delete", "--queue", "q", "--state", "pending", "--kind", "a", "--all", dsn=dsn)
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout.strip() == "deleted 1200 pending job(s) of queue q of kind a"
+    assert calls(conn, "delete_jobs", 3)  # 1000, 200, then none
+    assert states(conn, "q") == {"pending": 3}
+    wrong = pgq("delete", "--queue", "q", "--state", "running", "--all", dsn=dsn)
+    assert wrong.returncode == 2 and "invalid choice" in wrong.stderr

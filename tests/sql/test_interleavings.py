@@ -21,11 +21,10 @@ import pytest
 
 from pgq_tools.lab.harness import Harness, Step
 
-from sqlhelpers import events, expire_lease, job, one
+from sqlhelpers import GATE_KEY, events, expire_lease, install_gated_clock, job, one
 
 DEADLINE = 30.0
 CLAIM = "SELECT id, attempt FROM pgq.claim(worker => %(w)s, queues => ARRAY['q'], batch => %(batch)s)"
-GATE_KEY = 424242
 
 
 @pytest.fixture
@@ -44,21 +43,6 @@ def enqueue(conn: psycopg.Connection, n: int = 1, **more: object) -> list[int]:
 def claim_ids(step: Step) -> list[int]:
     assert step.ok, step.outcome
     return [r[0] for r in step.rows]
-
-
-def install_gated_clock(conn: psycopg.Connection) -> None:
-    """pgq._now() that waits on advisory lock GATE_KEY in sessions with pgq_test.gate = 'on'
-    (test database only). VOLATILE, so it is evaluated per row, in the scan's filter, below the
-    row-locking node: a gated statement stops after its snapshot and before its first row lock."""
-    conn.execute(f"""
-        CREATE OR REPLACE FUNCTION pgq._now() RETURNS timestamptz LANGUAGE plpgsql VOLATILE AS $$
-        BEGIN
-            IF current_setting('pgq_test.gate', true) = 'on' THEN
-                PERFORM pg_advisory_lock_shared({GATE_KEY});
-                PERFORM pg_advisory_unlock_shared({GATE_KEY});
-            END IF;
-            RETURN statement_timestamp();
-        END $$""")
 
 
 # 1 ------------------------------------------------------------------------------------------------

@@ -116,15 +116,20 @@ def test_a_claim_that_names_its_kinds_reads_only_their_jobs_through_jobs_kind_re
 
 
 def test_bulk_retry_and_cancel_read_one_call_of_rows_through_jobs_list_idx(session) -> None:
-    """pgq.retry_jobs and pgq.cancel_jobs (issue 27) read their (queue, state) in id order through
-    jobs_list_idx, at most a call's rows: never the 1M finished rows of another queue, nor the jobs
-    of other states. Each runs in a transaction rolled back, leaving the table as it was."""
+    """pgq.retry_jobs, pgq.cancel_jobs (issue 27) and pgq.delete_jobs (issue 41) read their (queue,
+    state) in id order through jobs_list_idx, at most a call's rows: never the 1M finished rows of
+    another queue, nor the jobs of other states. Each runs in a transaction rolled back, leaving the table as it was."""
     cases = [
         ("SELECT pgq.retry_jobs('q', 'failed', limit_rows => 20)", "retry_jobs.finished_before", 20, 20),
         ("SELECT pgq.retry_jobs('bulk', 'failed')", "retry_jobs.finished_before", 0, 0),
         ("SELECT pgq.retry_jobs('q', 'failed', finished_before => now())", "retry_jobs.finished_before", 30, 30),
         ("SELECT pgq.cancel_jobs('q', 'pending', limit_rows => 20)", "cancel_jobs.created_before", 20, 20),
         ("SELECT pgq.cancel_jobs('bulk', 'waiting')", "cancel_jobs.created_before", 0, 0),
+        # pgq.delete_jobs (issue 41) the same: a pending job is cancelled first, then deleted.
+        ("SELECT pgq.delete_jobs('q', 'failed', limit_rows => 20)", "delete_jobs.before", 20, 20),
+        ("SELECT pgq.delete_jobs('bulk', 'failed')", "delete_jobs.before", 0, 0),
+        ("SELECT pgq.delete_jobs('q', 'done', before => now(), limit_rows => 50)", "delete_jobs.before", 50, 50),
+        ("SELECT pgq.delete_jobs('q', 'pending', limit_rows => 20)", "delete_jobs.before", 20, 20),
     ]
     for sql, marker, count, most in cases:
         for _ in range(WARMUP):

@@ -47,6 +47,7 @@ API: dict[str, tuple[str, set[str]]] = {
     "job_outcomes": ("SELECT * FROM pgq.job_outcomes(1, 1, '{2}')", WORKER),
     "signal": ("SELECT pgq.signal('q', 'go')", PRODUCER),
     "cancel_workflow": ("SELECT pgq.cancel_workflow(1)", PRODUCER),
+    "update_job": ("SELECT pgq.update_job(1, priority => 1)", PRODUCER),
     "job_steps": ("SELECT * FROM pgq.job_steps(1)", {"pgq_producer", "pgq_worker", "pgq_monitor", "pgq_admin"}),
     "batch_open": ("SELECT pgq.batch_open('q', 'k')", PRODUCER),
     "batch_close": ("SELECT pgq.batch_close(1)", PRODUCER),
@@ -58,6 +59,7 @@ API: dict[str, tuple[str, set[str]]] = {
     "retry": ("SELECT pgq.retry(1)", ADMIN),
     "retry_jobs": ("SELECT pgq.retry_jobs('q', 'failed')", ADMIN),
     "cancel_jobs": ("SELECT pgq.cancel_jobs('q', 'pending')", ADMIN),
+    "delete_jobs": ("SELECT pgq.delete_jobs('q', 'done')", ADMIN),
     "resolve": ("SELECT pgq.resolve(1, 'done')", ADMIN),
     "prune": ("SELECT pgq.prune()", ADMIN),
     "configure_queue": ("SELECT pgq.configure_queue('q', lease => '1 minute', rate_limit => 5, "
