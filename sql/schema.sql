@@ -7553,6 +7553,7 @@ COMMENT ON FUNCTION pgq.resolve(bigint, text) IS
 CREATE OR REPLACE FUNCTION pgq._retire_finished(older_than interval, max_jobs integer) RETURNS integer
     LANGUAGE plpgsql
     SET enable_seqscan = off
+    SET jit = off
     AS $$
 DECLARE
     deleted integer := 0;
@@ -7713,7 +7714,8 @@ COMMENT ON FUNCTION pgq.prune(interval, integer) IS
 -- counters began, migration 0010, as pgq.metrics' *_total; retention and pgq.prune do not lower
 -- them). No finished row of pgq.jobs is read. It writes nothing (it does not fold: STABLE, it
 -- runs on a standby); sequential scans are off so that stale statistics cannot make the planner
--- read the table.
+-- read the table, and JIT with them (the cost of a disabled scan, 1e10, would make every call
+-- compile its plan: half a second).
 CREATE OR REPLACE FUNCTION pgq.stats()
     RETURNS TABLE (queue text, paused boolean, pending bigint, scheduled bigint, running bigint,
                    expired bigint, done bigint, failed bigint, cancelled bigint,
@@ -7722,6 +7724,7 @@ CREATE OR REPLACE FUNCTION pgq.stats()
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
     SET enable_seqscan = off
+    SET jit = off
     AS $$
     WITH leased AS (
         SELECT j.queue, count(*) AS running, count(*) FILTER (WHERE j.lease_until < pgq._now()) AS expired
@@ -7776,6 +7779,7 @@ CREATE OR REPLACE FUNCTION pgq.metrics()
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
     SET enable_seqscan = off
+    SET jit = off
     AS $$
 BEGIN
     PERFORM pgq._fold_finished();
@@ -8381,6 +8385,7 @@ CREATE OR REPLACE FUNCTION pgq.health(max_snapshot_age interval DEFAULT '5 minut
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
     SET enable_seqscan = off
+    SET jit = off
     AS $$
 DECLARE
     r record;

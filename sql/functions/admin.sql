@@ -323,6 +323,7 @@ COMMENT ON FUNCTION pgq.resolve(bigint, text) IS
 CREATE OR REPLACE FUNCTION pgq._retire_finished(older_than interval, max_jobs integer) RETURNS integer
     LANGUAGE plpgsql
     SET enable_seqscan = off
+    SET jit = off
     AS $$
 DECLARE
     deleted integer := 0;

@@ -273,6 +273,7 @@ CREATE OR REPLACE FUNCTION pgq.health(max_snapshot_age interval DEFAULT '5 minut
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
     SET enable_seqscan = off
+    SET jit = off
     AS $$
 DECLARE
     r record;
