@@ -7,9 +7,10 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from healthkit import findings
 from pgq_thin.migrate import migrate
 from pgq_thin.testing.topology import ReplicatedPair, wait_for
+
+from healthkit import findings
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,10 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from healthkit import findings
 from pgq_thin.migrate import migrate
 from pgq_thin.testing.server import SERVER_SETTINGS, ThrowawayPostgres
+
+from healthkit import findings
 
 
 @pytest.fixture(scope="module")
