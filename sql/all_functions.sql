@@ -6841,6 +6841,34 @@ COMMENT ON FUNCTION pgq.prune(interval, integer) IS
 
 -- sql/functions/observe.sql: what a monitor reads: stats, metrics, jobs and their history.
 
+-- What pgq.stats and pgq.metrics read of the running jobs, per queue: how many, and how many of
+-- them have an expired lease, through jobs_lease_idx (as many as the workers run). Inlined into
+-- the caller's query (a plain SQL function).
+CREATE OR REPLACE FUNCTION pgq._leased() RETURNS TABLE (queue text, running bigint, expired bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT j.queue, count(*), count(*) FILTER (WHERE j.lease_until < pgq._now())
+    FROM pgq.jobs AS j
+    WHERE j.lease_until IS NOT NULL
+    GROUP BY j.queue
+$$;
+
+-- What pgq.stats and pgq.metrics read of the finished jobs, per queue: the finished counters
+-- (pgq.finished_counts plus the deltas not folded yet), never a row of pgq.jobs. Inlined.
+CREATE OR REPLACE FUNCTION pgq._finished_totals()
+    RETURNS TABLE (queue text, done bigint, failed bigint, cancelled bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT f.queue,
+           coalesce(sum(f.n) FILTER (WHERE f.state = 'done'), 0)::bigint,
+           coalesce(sum(f.n) FILTER (WHERE f.state = 'failed'), 0)::bigint,
+           coalesce(sum(f.n) FILTER (WHERE f.state = 'cancelled'), 0)::bigint
+    FROM (SELECT c.queue, c.state, c.total AS n FROM pgq.finished_counts AS c
+          UNION ALL
+          SELECT d.queue, d.state, count(*) FROM pgq.finished_deltas AS d GROUP BY d.queue, d.state) AS f
+    GROUP BY f.queue
+$$;
+
 -- One row per queue, at a cost that does not grow with the history (what the dashboard's overview
 -- and pgq-thin stats read every few seconds): the pending jobs through jobs_list_idx (queue, state),
 -- outcome_unknown and waiting the same way, the running ones through jobs_lease_idx (as many as
@@ -6861,23 +6889,8 @@ CREATE OR REPLACE FUNCTION pgq.stats()
     SET enable_seqscan = off
     SET jit = off
     AS $$
-    WITH leased AS (
-        SELECT j.queue, count(*) AS running, count(*) FILTER (WHERE j.lease_until < pgq._now()) AS expired
-        FROM pgq.jobs AS j
-        WHERE j.lease_until IS NOT NULL
-        GROUP BY j.queue
-    ), finished AS (
-        SELECT f.queue,
-               sum(f.n) FILTER (WHERE f.state = 'done') AS done,
-               sum(f.n) FILTER (WHERE f.state = 'failed') AS failed,
-               sum(f.n) FILTER (WHERE f.state = 'cancelled') AS cancelled
-        FROM (SELECT c.queue, c.state, c.total AS n FROM pgq.finished_counts AS c
-              UNION ALL
-              SELECT d.queue, d.state, count(*) FROM pgq.finished_deltas AS d GROUP BY d.queue, d.state) AS f
-        GROUP BY f.queue
-    )
     SELECT q.name, q.paused, p.due, p.later, coalesce(l.running, 0), coalesce(l.expired, 0),
-           coalesce(f.done, 0)::bigint, coalesce(f.failed, 0)::bigint, coalesce(f.cancelled, 0)::bigint,
+           coalesce(f.done, 0), coalesce(f.failed, 0), coalesce(f.cancelled, 0),
            u.n, pgq._now() - p.oldest, w.n
     FROM pgq.queues AS q
     CROSS JOIN LATERAL (
@@ -6890,8 +6903,8 @@ CREATE OR REPLACE FUNCTION pgq.stats()
         SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'outcome_unknown') AS u
     CROSS JOIN LATERAL (
         SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'waiting') AS w
-    LEFT JOIN leased AS l ON l.queue = q.name
-    LEFT JOIN finished AS f ON f.queue = q.name
+    LEFT JOIN pgq._leased() AS l ON l.queue = q.name
+    LEFT JOIN pgq._finished_totals() AS f ON f.queue = q.name
     ORDER BY q.name
 $$;
 COMMENT ON FUNCTION pgq.stats() IS
@@ -6919,24 +6932,9 @@ CREATE OR REPLACE FUNCTION pgq.metrics()
 BEGIN
     PERFORM pgq._fold_finished();
     RETURN QUERY
-    WITH leased AS (
-        SELECT j.queue, count(*) AS running, count(*) FILTER (WHERE j.lease_until < pgq._now()) AS expired
-        FROM pgq.jobs AS j
-        WHERE j.lease_until IS NOT NULL
-        GROUP BY j.queue
-    ), finished AS (
-        SELECT f.queue,
-               sum(f.n) FILTER (WHERE f.state = 'done') AS done,
-               sum(f.n) FILTER (WHERE f.state = 'failed') AS failed,
-               sum(f.n) FILTER (WHERE f.state = 'cancelled') AS cancelled
-        FROM (SELECT c.queue, c.state, c.total AS n FROM pgq.finished_counts AS c
-              UNION ALL
-              SELECT d.queue, d.state, count(*) FROM pgq.finished_deltas AS d GROUP BY d.queue, d.state) AS f
-        GROUP BY f.queue
-    )
     SELECT q.name, q.paused, p.due, p.later, coalesce(l.running, 0), coalesce(l.expired, 0), u.n,
            pgq._now() - p.oldest,
-           coalesce(f.done, 0)::bigint, coalesce(f.failed, 0)::bigint, coalesce(f.cancelled, 0)::bigint, w.n
+           coalesce(f.done, 0), coalesce(f.failed, 0), coalesce(f.cancelled, 0), w.n
     FROM pgq.queues AS q
     CROSS JOIN LATERAL (
         SELECT count(*) FILTER (WHERE j.run_at <= pgq._now()) AS due,
@@ -6948,8 +6946,8 @@ BEGIN
         SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'outcome_unknown') AS u
     CROSS JOIN LATERAL (
         SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'waiting') AS w
-    LEFT JOIN leased AS l ON l.queue = q.name
-    LEFT JOIN finished AS f ON f.queue = q.name
+    LEFT JOIN pgq._leased() AS l ON l.queue = q.name
+    LEFT JOIN pgq._finished_totals() AS f ON f.queue = q.name
     ORDER BY q.name;
 END
 $$;
