@@ -5,7 +5,7 @@
 --
 -- * pgq.queues gains retention_failed and retention_cancelled: how long failed and cancelled jobs
 --   are kept; NULL (the default, what every queue has after this migration) follows the queue's
---   retention, as before.
+--   retention, as before. Checked as retention is: a span of 0 to 3650 days.
 -- * pgq.jobs' index of finished jobs becomes (queue, state, finished_at) instead of (finished_at),
 --   over the same rows (done, failed, cancelled): each queue's and state's jobs past their
 --   retention are one range of it, so a prune or a sweep reads the jobs it deletes and no job it
@@ -21,8 +21,13 @@
 SET LOCAL lock_timeout = '5s';
 
 ALTER TABLE pgq.queues
-    ADD COLUMN IF NOT EXISTS retention_failed interval,
-    ADD COLUMN IF NOT EXISTS retention_cancelled interval;
+    ADD COLUMN IF NOT EXISTS retention_failed interval
+        CONSTRAINT queues_retention_failed_check
+        CHECK (retention_failed >= '0' AND retention_failed <= '3650 days' AND pgq._is_span(retention_failed)),
+    ADD COLUMN IF NOT EXISTS retention_cancelled interval
+        CONSTRAINT queues_retention_cancelled_check
+        CHECK (retention_cancelled >= '0' AND retention_cancelled <= '3650 days'
+               AND pgq._is_span(retention_cancelled));
 COMMENT ON COLUMN pgq.queues.retention_failed IS
     'How long failed jobs are kept after they finished (pgq.sweep and pgq.prune delete them after '
     'it); NULL: the queue''s retention.';

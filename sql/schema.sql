@@ -9568,7 +9568,9 @@ ALTER TABLE pgq.queues ADD CONSTRAINT queues_backoff_check CHECK (((backoff_base
 ALTER TABLE pgq.queues ADD CONSTRAINT queues_lease_check CHECK (((lease > '00:00:00'::interval) AND (lease <= '1 day'::interval) AND pgq._is_span(lease)));
 ALTER TABLE pgq.queues ADD CONSTRAINT queues_max_run_time_check CHECK (((max_run_time > '00:00:00'::interval) AND (max_run_time <= '365 days'::interval) AND pgq._is_span(max_run_time)));
 ALTER TABLE pgq.queues ADD CONSTRAINT queues_rate_check CHECK (((rate_limit BETWEEN 0 AND 1000000) AND (key_rate_limit BETWEEN 0 AND 1000000) AND (rate_period > '00:00:00'::interval) AND (rate_period <= '1 day'::interval) AND pgq._is_span(rate_period)));
+ALTER TABLE pgq.queues ADD CONSTRAINT queues_retention_cancelled_check CHECK (((retention_cancelled >= '00:00:00'::interval) AND (retention_cancelled <= '3650 days'::interval) AND pgq._is_span(retention_cancelled)));
 ALTER TABLE pgq.queues ADD CONSTRAINT queues_retention_check CHECK (((retention >= '00:00:00'::interval) AND (retention <= '3650 days'::interval) AND pgq._is_span(retention)));
+ALTER TABLE pgq.queues ADD CONSTRAINT queues_retention_failed_check CHECK (((retention_failed >= '00:00:00'::interval) AND (retention_failed <= '3650 days'::interval) AND pgq._is_span(retention_failed)));
 ALTER TABLE pgq.schedules ADD CONSTRAINT schedules_every_check CHECK (((every >= '00:00:01'::interval) AND (every <= '3650 days'::interval) AND pgq._is_span(every)));
 CREATE TRIGGER jobs_ended AFTER UPDATE OF state ON pgq.jobs FOR EACH ROW WHEN ((new.state = ANY (ARRAY['done'::pgq.job_state, 'failed'::pgq.job_state, 'cancelled'::pgq.job_state])) AND old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION pgq._job_ended();
 
