@@ -35,7 +35,8 @@ def dsn(module_dsn: str) -> Iterator[str]:
         conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.queues, pgq.grants, pgq.key_limits, pgq.key_rates, "
                      "pgq.rate_buckets, pgq.rate_slices, pgq.key_locks, pgq.job_dependants, pgq.batches, "
                      "pgq.batch_counts, pgq.batch_members, pgq.unique_successors, pgq.replace_slots, pgq.schedules, "
-                     "pgq.steps, pgq.signals, pgq.signal_checks, pgq.signal_grants RESTART IDENTITY")
+                     "pgq.steps, pgq.signals, pgq.signal_checks, pgq.signal_grants, pgq.finished_counts, "
+                     "pgq.finished_deltas RESTART IDENTITY")
     yield module_dsn
 
 

@@ -310,9 +310,11 @@ class Dashboard:
     async def matching(self, client: AsyncClient, stats: Sequence[Any], queue: str, state: str,
                        kind: str | None) -> tuple[int, bool]:
         """How many jobs of ``queue`` are in ``state`` (of ``kind``), and whether that is exact: from
-        pgq.stats without a kind; with one, counted through pgq.list_jobs, BULK_CALL a page, up to
+        pgq.stats without a kind for a live state; otherwise counted through pgq.list_jobs, BULK_CALL a page, up to
         BULK_MAX and a page more (not exact past BULK_MAX: "more than BULK_MAX")."""
-        if kind is None:
+        # Finished states are counted by pages too: pgq.stats' done, failed and cancelled are the
+        # finished counters (every job that ever finished so), not the jobs still stored.
+        if kind is None and state not in ("done", "failed", "cancelled"):
             row = next((s for s in stats if s.queue == queue), None)
             if row is None:
                 return 0, True

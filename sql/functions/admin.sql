@@ -396,8 +396,55 @@ CREATE OR REPLACE FUNCTION pgq._delete_jobs(ids bigint[]) RETURNS integer
     SELECT count(*)::integer FROM gone
 $$;
 
+-- Retention (pgq.prune, pgq.sweep): deletes up to max_jobs finished jobs (pgq._delete_jobs: with
+-- their events, links, batch memberships and steps): those that finished before now - older_than or, when
+-- older_than is NULL, before now - their state's retention in their queue (done: retention;
+-- failed: retention_failed; cancelled: retention_cancelled; NULL: retention). Queue by queue (name
+-- order) and state by state, oldest first within each, through jobs_retention_idx (queue, state,
+-- finished_at): a range per queue and state holding only the jobs past it, so a call reads the
+-- jobs it deletes and one index probe per queue and state, whatever the history it keeps. A job
+-- another transaction holds (a retry, a late write of its old owner) is skipped (SKIP LOCKED) and
+-- its state re-checked when it changed meanwhile (FOR UPDATE re-evaluates the WHERE clause on the
+-- newest row version): a job retried to pending is never deleted. Returns how many it deleted.
+CREATE OR REPLACE FUNCTION pgq._retire_finished(older_than interval, max_jobs integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET jit = off
+    AS $$
+DECLARE
+    deleted integer := 0;
+    n integer;
+    r record;
+BEGIN
+    FOR r IN
+        SELECT q.name AS queue, s.state,
+               pgq._now() - coalesce(_retire_finished.older_than,
+                                     CASE s.state WHEN 'failed' THEN coalesce(q.retention_failed, q.retention)
+                                                  WHEN 'cancelled' THEN coalesce(q.retention_cancelled, q.retention)
+                                                  ELSE q.retention END) AS horizon
+        FROM pgq.queues AS q CROSS JOIN unnest('{done,failed,cancelled}'::pgq.job_state[]) AS s(state)
+        ORDER BY q.name, s.state
+    LOOP
+        EXIT WHEN deleted >= _retire_finished.max_jobs;
+        -- (state IN (...) as well: a generic plan proves jobs_retention_idx's predicate from it,
+        -- not from the parameter r.state.)
+        n := pgq._delete_jobs(ARRAY(
+            SELECT j.id
+            FROM pgq.jobs AS j
+            WHERE j.queue = r.queue AND j.state = r.state AND j.state IN ('done', 'failed', 'cancelled')
+              AND j.finished_at < r.horizon
+            ORDER BY j.finished_at
+            LIMIT _retire_finished.max_jobs - deleted
+            FOR UPDATE SKIP LOCKED));
+        deleted := deleted + n;
+    END LOOP;
+    RETURN deleted;
+END
+$$;
+
 -- Deletes finished (done, failed, cancelled) jobs, with their events and steps, older than
--- older_than, or than each queue's retention when older_than is NULL. At most max_jobs per call:
+-- older_than, or, when older_than is NULL, than their state's retention in their queue (retention,
+-- retention_failed, retention_cancelled: pgq._retire_finished). At most max_jobs per call:
 -- call it again until it returns 0. Then up to max_jobs signals sent before the same horizon, and
 -- up to max_jobs tenants of fair queues that have no job left and
 -- the default weight 1 (a weight set with pgq.set_tenant_weight is kept; a tenant removed comes
@@ -427,14 +474,7 @@ BEGIN
     ELSIF prune.max_jobs NOT BETWEEN 1 AND 1000000 THEN
         PERFORM pgq._bad_argument('max_jobs', format('must be between 1 and 1000000, got %s', prune.max_jobs));
     END IF;
-    deleted := pgq._delete_jobs(ARRAY(
-        SELECT j.id
-        FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue
-        WHERE j.state IN ('done', 'failed', 'cancelled')
-          AND j.finished_at < pgq._now() - coalesce(prune.older_than, q.retention)
-        ORDER BY j.finished_at
-        LIMIT prune.max_jobs
-        FOR UPDATE OF j SKIP LOCKED));
+    deleted := pgq._retire_finished(prune.older_than, prune.max_jobs);
     -- Batches whose callback was enqueued before the same horizon and whose members are all
     -- deleted, with their counts and joiners.
     WITH gone AS (

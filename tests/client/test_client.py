@@ -128,6 +128,10 @@ def test_admin_calls(client: Client, conn: psycopg.Connection) -> None:
     assert client.resume("q").paused is False
     settings = client.configure_queue("q", lease=timedelta(seconds=90), max_attempts=3, audit=False)
     assert (settings.lease, settings.max_attempts, settings.audit) == (timedelta(seconds=90), 3, False)
+    settings = client.configure_queue("q", retention_failed=timedelta(days=30), retention_cancelled=0)
+    assert (settings.retention_failed, settings.retention_cancelled) == (timedelta(days=30), timedelta(0))
+    with pytest.raises(InvalidArgument, match="retention_failed"):
+        client.configure_queue("q", retention_failed=timedelta(seconds=-1))
     [claimed] = client.claim("w1", ["q"])
     client.complete(claimed.id, claimed.attempt)
     conn.execute("UPDATE pgq.jobs SET finished_at = now() - interval '2 days' WHERE id = %s", (job_id,))

@@ -129,7 +129,8 @@ def test_the_counters_do_not_drop_when_finished_jobs_are_pruned(conn):
     mixed_queues(conn)
     before = parse(metrics.exposition(conn)[0])["pgq_jobs_finished_total"]
     assert one(conn, "SELECT pgq.prune(older_than => interval '0')") == 6
-    assert one(conn, "SELECT sum(done + failed + cancelled) FROM pgq.stats()") == 0
+    # pgq.stats' finished counts are the counters too (issue 40): not lowered by the prune.
+    assert one(conn, "SELECT sum(done + failed + cancelled) FROM pgq.stats()") == 6
     assert parse(metrics.exposition(conn)[0])["pgq_jobs_finished_total"] == before
 
 

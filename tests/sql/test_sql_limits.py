@@ -81,6 +81,10 @@ INTERVAL_CALLS = {
                                      "backoff_base"),
     "configure_queue backoff_cap": ("SELECT pgq.configure_queue('q', backoff_cap => %s::interval)", "backoff_cap"),
     "configure_queue retention": ("SELECT pgq.configure_queue('q', retention => %s::interval)", "retention"),
+    "configure_queue retention_failed": ("SELECT pgq.configure_queue('q', retention_failed => %s::interval)",
+                                         "retention_failed"),
+    "configure_queue retention_cancelled": (
+        "SELECT pgq.configure_queue('q', retention_cancelled => %s::interval)", "retention_cancelled"),
     "configure_queue max_run_time": ("SELECT pgq.configure_queue('q', max_run_time => %s::interval)",
                                      "max_run_time"),
     "prune older_than": ("SELECT pgq.prune(older_than => %s::interval)", "older_than"),
@@ -102,7 +106,8 @@ def test_every_interval_argument_refuses_months_and_mixed_signs_naming_itself(co
     assert one(conn, "SELECT count(*) FROM pgq.schedules") == 0
 
 
-@pytest.mark.parametrize("column", ["lease", "backoff_base", "backoff_cap", "retention", "max_run_time"])
+@pytest.mark.parametrize("column", ["lease", "backoff_base", "backoff_cap", "retention", "max_run_time",
+                                    "retention_failed", "retention_cancelled"])
 def test_the_queues_table_checks_refuse_months_too(conn, column):
     conn.execute("SELECT pgq.configure_queue('q')")
     assert sqlstate_of(conn, f"UPDATE pgq.queues SET {column} = %s::interval", (MONTHS,)) == "23514"
