@@ -248,8 +248,8 @@ def test_an_enqueue_behind_another_producers_open_insert_of_its_unique_key_gives
 def test_a_tenants_first_job_left_open_bounds_other_enqueues_and_holds_no_claim(conn, login):  # noqa: F811
     """Another producer's open transaction enqueued a fair queue's first job of a tenant (it
     registered the tenant): an enqueue of that tenant waits for it at most 5 s, then 55P03 naming
-    the tenant; a claim that fires a due schedule of that tenant never waits for it (the schedule
-    stays due, and fires once the registration committed)."""
+    the tenant; a claim that fires a due schedule of that tenant waits for it at most 1 ms (the
+    schedule stays due, and fires once the registration committed)."""
     conn.execute("SELECT pgq.configure_queue('fq', fair => true)")
     conn.execute("SELECT pgq.schedule('tick', 'fq', 'tick', every => '1 hour', tenant => 'acme')")
     conn.execute("UPDATE pgq.schedules SET next_run_at = now() - interval '1 minute' WHERE name = 'tick'")
@@ -261,7 +261,12 @@ def test_a_tenants_first_job_left_open_bounds_other_enqueues_and_holds_no_claim(
     assert call.error is not None and call.error.sqlstate == "55P03", call.error
     assert "tenant 'acme' of queue fq" in str(call.error)
     producer.rollback()
-    assert never_waits_rows(conn, worker, "SELECT kind FROM pgq.claim('w', queues => ARRAY['fq'])") == []
+    # The claim's firing waits for the registration at most 1 ms (docs/sql-api.md), then leaves the
+    # schedule due: it ends, with nothing, while the squatter stays open. (A 1 ms wait may be seen
+    # in pg_blocking_pids on a loaded machine: the bound is what is asserted, not "no wait".)
+    call = Call(conn, worker, "SELECT kind FROM pgq.claim('w', queues => ARRAY['fq'])").watch(timeout=30)
+    assert call.error is None and call.rows == [], (call.error, call.rows)
+    assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE schedule = 'tick'") == 0
     squatting.commit()
     assert [r[0] for r in never_waits_rows(conn, worker, "SELECT kind FROM pgq.claim('w', queues => ARRAY['fq'])")] \
         in (["tick"], ["k"])
