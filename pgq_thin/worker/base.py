@@ -7,7 +7,7 @@ import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import psycopg.conninfo
 
@@ -16,6 +16,7 @@ from pgq_thin.client import resolve_dsn
 from pgq_thin.durations import Interval, to_timedelta
 from pgq_thin.errors import PgqError
 from pgq_thin.models import QueueStatus
+from pgq_thin.tasks import Task, default_kind
 from pgq_thin.worker.context import Handler
 from pgq_thin.worker.metrics import JobWatch, WorkerMetrics, check_port, check_token
 from pgq_thin.worker.middleware import Hook, Middleware, check_registration
@@ -32,6 +33,7 @@ DAY = 86400.0
 _H = TypeVar("_H", bound=Handler)
 _M = TypeVar("_M", bound=Middleware)
 _K = TypeVar("_K", bound=Hook)
+_R = TypeVar("_R")
 
 
 def check_queues(queues: Sequence[str] | str | None) -> list[str] | None:
@@ -186,6 +188,34 @@ class WorkerBase:
             return function
 
         return register
+
+    @overload
+    def task(self, function: Callable[..., _R], /) -> Task[_R]: ...
+
+    @overload
+    def task(self, function: None = None, /, *, queue: str | None = None, kind: str | None = None,
+             **defaults: Any) -> Callable[[Callable[..., _R]], Task[_R]]: ...
+
+    def task(self, function: Callable[..., _R] | None = None, /, *, queue: str | None = None,
+             kind: str | None = None, **defaults: Any) -> Task[_R] | Callable[[Callable[..., _R]], Task[_R]]:
+        """Register the decorated function as a task (pgq_thin.tasks.Task): a handler whose
+        arguments are the payload's fields (a parameter named ``ctx`` gets the JobContext), and
+        ``.enqueue(client_or_conn, **arguments)`` to send its jobs. ``queue``: where its jobs go
+        (default: this worker's first queue, "default" for a worker of every queue); ``kind``:
+        the function's ``__qualname__`` (without its ``<locals>.`` parts) unless given;
+        ``defaults``: Client.enqueue's options for its jobs (``max_attempts``, ``priority``,
+        ``unique_key`` (or a function of the task's arguments, by name, that returns it),
+        ``max_run_time``...). ``@worker.task`` alone works too. An ``async def`` task needs an
+        AsyncWorker. Returns the Task."""
+
+        def register(fn: Callable[..., _R]) -> Task[_R]:
+            check_registration("task", fn, type(self).__name__, self._ran, self._async_parts)
+            name = kind if kind is not None else default_kind(fn)
+            task = Task(fn, queue if queue is not None else (self.queues or ["default"])[0], name, defaults)
+            self.handler(name)(task.handler())
+            return task
+
+        return register if function is None else register(function)
 
     #: Whether ``async def`` middleware and hooks are accepted (AsyncWorker).
     _async_parts = False
