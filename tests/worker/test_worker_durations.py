@@ -95,3 +95,31 @@ def test_a_worker_with_word_settings_runs_and_honours_retry_and_snooze_words(dsn
     gap = conn.execute("SELECT run_at - now() FROM pgq.jobs WHERE id = %s", (snoozed,)).fetchone()[0]
     assert timedelta(minutes=119) < gap <= timedelta(hours=2)
     assert job(conn, retried)["attempt"] == 1
+
+
+def test_a_durable_sleep_takes_duration_words(runtime: str, dsn: str, conn: psycopg.Connection) -> None:
+    worker = fast_worker()
+    if runtime == "threads":
+        @worker.handler("napper")
+        def napper(job_: Job, ctx: JobContext) -> None:
+            ctx.sleep("1h 30m", name="nap")
+            raise AssertionError("not awake so soon")
+    else:
+        @worker.handler("napper")
+        async def anapper(job_: Job, ctx: JobContext) -> None:
+            await ctx.sleep("1h 30m", name="nap")
+            raise AssertionError("not awake so soon")
+
+    napping = enqueue(conn, "napper")
+    with running(worker, dsn):
+        wait_for(lambda: conn.execute("SELECT state::text <> 'running' AND run_at > now() + interval '89 minutes' "
+                                      "FROM pgq.jobs WHERE id = %s", (napping,)).fetchone()[0],
+                 "the job asleep for 1h 30m")
+    assert job(conn, napping)["attempt"] == 1 and job(conn, napping)["last_error"] is None
+
+
+def test_a_signal_timeout_in_words_reads_as_given() -> None:
+    from pgq_thin.worker import SignalTimeout
+
+    assert str(SignalTimeout("go", "5m")) == "signal 'go' did not come within its timeout 5m"
+    assert str(SignalTimeout("go", 30)) == "signal 'go' did not come within its timeout 30 s"
