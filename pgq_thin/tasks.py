@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import sys
 import types
 import typing
@@ -40,6 +41,8 @@ from pgq_thin.models import Job
 __all__ = ["CONTEXT", "Task", "default_kind"]
 
 R = TypeVar("R")
+
+log = logging.getLogger("pgq_thin.worker")
 
 #: The name of the parameter that gets the JobContext instead of a payload field.
 CONTEXT = "ctx"
@@ -108,6 +111,31 @@ def _structured(annotation: Any) -> type | None:
     return None
 
 
+def type_hints(function: Callable[..., Any]) -> dict[str, Any]:
+    """The function's annotations, resolved (``from __future__ import annotations`` makes them
+    text). One that cannot be resolved (a class defined in another function's body, a name imported
+    only for type checkers) is left out, with a warning: its argument is handed over as JSON
+    carried it, not rebuilt."""
+    try:
+        return typing.get_type_hints(function)
+    except Exception:  # noqa: BLE001 - resolved one by one below
+        pass
+    hints: dict[str, Any] = {}
+    for name, parameter in inspect.signature(function).parameters.items():
+        annotation = parameter.annotation
+        if isinstance(annotation, str):
+            try:
+                annotation = eval(annotation, getattr(function, "__globals__", {}))  # noqa: S307 - as get_type_hints
+            except Exception:  # noqa: BLE001 - any error: left out, said once
+                log.warning("task %s: the annotation %r of %r cannot be resolved: that argument is not rebuilt "
+                            "(a dataclass or model defined at module level is)", getattr(function, "__qualname__",
+                            function), annotation, name)
+                continue
+        if annotation is not parameter.empty:
+            hints[name] = annotation
+    return hints
+
+
 def default_kind(function: Callable[..., Any]) -> str:
     """A task's kind when ``kind=`` is not given: the function's ``__qualname__``, a function
     defined in another's body without its ``<locals>.`` parts (``make.<locals>.send`` is
@@ -149,7 +177,7 @@ class Task(Generic[R]):
                             f"{'is not an option' if len(unknown) == 1 else 'are not options'} of enqueue "
                             f"(options: {', '.join(sorted(ENQUEUE_OPTIONS))})")
         object.__setattr__(self, "signature", signature)
-        object.__setattr__(self, "hints", typing.get_type_hints(self.function))
+        object.__setattr__(self, "hints", type_hints(self.function))
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         return self.function(*args, **kwargs)

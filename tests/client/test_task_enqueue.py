@@ -114,3 +114,17 @@ def test_calling_a_task_runs_the_function_here() -> None:
     seen: list[int] = []
     task = Worker(["x"]).task(kind="plain")(lambda n: seen.append(n) or n * 2)
     assert task(21) == 42 and seen == [21]
+
+
+def test_extra_keywords_and_unresolvable_annotations(caplog: pytest.LogCaptureFixture) -> None:
+    def tagged(name: str, **tags: object) -> None: ...
+
+    task = Worker(["x"]).task(kind="tagged")(tagged)
+    assert task.payload("a", colour="red", size=3) == {"name": "a", "colour": "red", "size": 3}
+
+    def later(point: NotDefinedAnywhere) -> None: ...  # type: ignore[name-defined]  # noqa: F821
+
+    with caplog.at_level("WARNING", logger="pgq_thin.worker"):
+        task = Worker(["x"]).task(kind="later")(later)
+    assert "the annotation 'NotDefinedAnywhere' of 'point' cannot be resolved" in caplog.text
+    assert task.payload(point={"x": 1}) == {"point": {"x": 1}}
