@@ -37,6 +37,7 @@ from pgq_thin.models import (
     TenantSettings,
     UnreadableJson,
 )
+from pgq_thin.tasks import Task
 from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Parked, Retry, SignalTimeout, Snooze, Worker
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "JobNotFound",
     "LeaseLost",
     "OutcomeUnknown",
+    "Task",
     "Parked",
     "PermissionDenied",
     "PgqError",

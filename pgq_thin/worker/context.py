@@ -6,11 +6,12 @@ import inspect
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import psycopg
 
+from pgq_thin.durations import Interval
 from pgq_thin.errors import ConnectionLost, LeaseLost, PgqError, WrongState, translate
 from pgq_thin.models import DependencyResult, Job
 from pgq_thin.worker.durable import Steps
@@ -196,19 +197,19 @@ class JobContext:
         one runs on the loop: keep it short, or give it to a thread)."""
         return self.durable().step(name, fn, args, kwargs, transaction)
 
-    def sleep(self, delay: float | timedelta, name: str = "sleep") -> Any:
+    def sleep(self, delay: Interval, name: str = "sleep") -> Any:
         """A durable sleep (pgq.sleep): step ``name`` records the wake time, now + ``delay``
-        (seconds or a timedelta), once. While it is ahead the attempt ends (no attempt used, the
-        slot freed) and Parked is raised: let it through, the job runs again from the top at that
-        time. Once it has passed, returns None. Names repeat as step's do. On an AsyncWorker,
-        await it."""
+        (seconds, a timedelta or a duration such as ``"5m"``), once. While it is ahead the
+        attempt ends (no attempt used, the slot freed) and Parked is raised: let it through, the
+        job runs again from the top at that time. Once it has passed, returns None. Names repeat
+        as step's do. On an AsyncWorker, await it."""
         return self.durable().sleep(delay, name)
 
-    def wait_for_signal(self, name: str, timeout: float | timedelta | None = None) -> Any:
+    def wait_for_signal(self, name: str, timeout: Interval | None = None) -> Any:
         """Wait for signal ``name`` of the job's queue (pgq.await_signal; a producer sends it with
         client.signal or pgq-thin signal): its payload once it has come; SignalTimeout (a
-        TimeoutError) once the wait passed ``timeout`` (seconds or a timedelta; None: no
-        timeout); otherwise the job is parked until one of them (Parked is raised: let it
+        TimeoutError) once the wait passed ``timeout`` (seconds, a timedelta or a duration such as
+        ``"1h"``; None: no timeout); otherwise the job is parked until one of them (Parked is raised: let it
         through). The answer is recorded: a later run is told the same. On an AsyncWorker, await
         it."""
         return self.durable().wait_for_signal(name, timeout)

@@ -44,6 +44,7 @@ import psycopg
 
 from pgq_thin import calls
 from pgq_thin.async_client import AsyncClient
+from pgq_thin.durations import Interval
 from pgq_thin.errors import LeaseLost, translate, translated
 from pgq_thin.models import Job, JobOutcome
 
@@ -72,8 +73,9 @@ class SignalTimeout(TimeoutError):
     (pgq.await_signal answered timed_out). It stays so: every later run of the job is told the
     same, even when the signal comes later."""
 
-    def __init__(self, name: str, timeout: float | timedelta | None) -> None:
-        shown = "" if timeout is None else f" {timeout} s" if not isinstance(timeout, timedelta) else f" {timeout}"
+    def __init__(self, name: str, timeout: Interval | None) -> None:
+        shown = ("" if timeout is None else f" {timeout}" if isinstance(timeout, (timedelta, str))
+                 else f" {timeout} s")
         super().__init__(f"signal {name!r} did not come within its timeout{shown}")
         self.name = name
         self.timeout = timeout
@@ -203,7 +205,7 @@ class Steps:
         self.ctx.ungrant()
         return answer
 
-    def sleep(self, delay: float | timedelta, name: str) -> Any:
+    def sleep(self, delay: Interval, name: str) -> Any:
         if self.is_async:
             _on_the_loop("sleep")
             return self.asleep(delay, name)
@@ -212,7 +214,7 @@ class Steps:
         self.park(f"sleep {key!r}", lambda: self.ctx.client._send(call), _sleeping)
         return None
 
-    def wait_for_signal(self, name: str, timeout: float | timedelta | None) -> Any:
+    def wait_for_signal(self, name: str, timeout: Interval | None) -> Any:
         if self.is_async:
             _on_the_loop("wait_for_signal")
             return self.await_signal(name, timeout)
@@ -309,12 +311,12 @@ class Steps:
             raise
         return self.parked_or(call, answer, parks)
 
-    async def asleep(self, delay: float | timedelta, name: str) -> None:
+    async def asleep(self, delay: Interval, name: str) -> None:
         job, key = self.ctx.job, self.name_of(name)
         call = calls.sleep(job.id, job.attempt, key, delay)
         await self.apark(f"sleep {key!r}", lambda: self.ctx.client._send(call), _sleeping)
 
-    async def await_signal(self, name: str, timeout: float | timedelta | None) -> Any:
+    async def await_signal(self, name: str, timeout: Interval | None) -> Any:
         job = self.ctx.job
         call = calls.await_signal(job.id, job.attempt, name, timeout)
         answer = await self.apark(f"await_signal {name!r}", lambda: self.ctx.client._send(call), _waiting_for(name))
@@ -370,7 +372,7 @@ def _jobs_waiting(answer: Any) -> str | None:
     return "waiting for jobs to end" if answer == "waiting" else None
 
 
-def _signalled(answer: Any, name: str, timeout: float | timedelta | None) -> Any:
+def _signalled(answer: Any, name: str, timeout: Interval | None) -> Any:
     if answer.status == "timed_out":
         raise SignalTimeout(name, timeout)
     return answer.payload

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
+from pgq_thin.durations import Interval, to_timedelta
 from pgq_thin.models import Job, UnreadableJson
 from pgq_thin.worker.durable import Parked
 from pgq_thin.worker.support import JobLog, sane_seconds, seconds, transient
@@ -22,27 +23,40 @@ __all__ = ["CANCELLED", "PARKED", "Outcome", "OutcomeUnknown", "Retry", "Snooze"
            "no_handler", "of_exception", "of_result", "parked", "unreadable"]
 
 
-class Retry(Exception):
-    """Raise in a handler to fail this attempt and retry after ``delay`` (pgq.fail with retry_in).
-    ``delay=None`` uses the queue's backoff. Counts as an attempt."""
+def _delay(what: str, delay: Interval) -> float | timedelta:
+    """A Retry's or a Snooze's delay: a number of seconds or a timedelta as given, a duration in
+    text (``"30s"``, ``"1h 30m"``) as its timedelta; positive and finite, else ValueError."""
+    if isinstance(delay, str):
+        try:
+            delay = to_timedelta(delay)
+        except ValueError as exc:
+            raise ValueError(f"{what} delay {exc}") from None
+    if not sane_seconds(delay):
+        raise ValueError(f"{what} delay must be a positive finite number of seconds, a timedelta or a duration "
+                         f"such as '30s', got {delay!r}")
+    return delay
 
-    def __init__(self, delay: float | timedelta | None = None, reason: str = "retry requested") -> None:
-        if delay is not None and not sane_seconds(delay):
-            raise ValueError(f"Retry delay must be a positive finite number of seconds or a timedelta, got {delay!r}")
+
+class Retry(Exception):
+    """Raise in a handler to fail this attempt and retry after ``delay`` (pgq.fail with retry_in):
+    seconds, a timedelta or a duration such as ``"30s"`` or ``"1h 30m"``. ``delay=None`` uses the
+    queue's backoff. Counts as an attempt."""
+
+    def __init__(self, delay: Interval | None = None, reason: str = "retry requested") -> None:
+        checked = None if delay is None else _delay("Retry", delay)
         super().__init__(reason)
-        self.delay = delay
+        self.delay = checked
         self.reason = reason
 
 
 class Snooze(Exception):
-    """Raise in a handler to run the job again after ``delay`` without using up an attempt
-    (pgq.snooze)."""
+    """Raise in a handler to run the job again after ``delay`` (seconds, a timedelta or a duration
+    such as ``"5m"``) without using up an attempt (pgq.snooze)."""
 
-    def __init__(self, delay: float | timedelta) -> None:
-        if not sane_seconds(delay):
-            raise ValueError(f"Snooze delay must be a positive finite number of seconds or a timedelta, got {delay!r}")
-        super().__init__(f"snoozed for {seconds(delay):g} s")
-        self.delay = delay
+    def __init__(self, delay: Interval) -> None:
+        checked = _delay("Snooze", delay)
+        super().__init__(f"snoozed for {seconds(checked):g} s")
+        self.delay = checked
 
 
 class OutcomeUnknown(Exception):

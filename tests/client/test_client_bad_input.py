@@ -319,8 +319,10 @@ def test_a_worker_refuses_a_nan_infinite_or_huge_setting_in_seconds_naming_it(se
         for value in (math.nan, math.inf, 1e300, 10 ** 400):
             with pytest.raises(ValueError, match=f"^{setting} must be a finite number of seconds"):
                 runtime(**{setting: value})
-        with pytest.raises(TypeError, match=f"^{setting} must be a number of seconds, got str"):
-            runtime(**{setting: "30"})
+        with pytest.raises(ValueError, match=f"^{setting} needs a unit: '30' could be 30s"):
+            runtime(**{setting: "30"})  # a bare number in text, as everywhere (issue 42)
+        with pytest.raises(TypeError, match=f"^{setting} must be a number of seconds, a timedelta or a duration"):
+            runtime(**{setting: [30]})
         runtime(**{setting: 30})  # a sane value is fine
 
 
