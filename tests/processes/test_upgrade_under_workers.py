@@ -1,12 +1,13 @@
 """An upgrade while workers run: `pgq-thin worker` processes of the previous landed release (its code
 exported from git) drain a queue while `pgq-thin migrate` of this checkout brings the schema to the
 newest version. Nothing is lost, nothing is completed twice, no worker exits; and the migration
-takes no lock that waits for a reader of any pgq table but pgq.jobs (a session holding ACCESS
-SHARE on each of them, as any reader does, stays open through it: an ACCESS EXCLUSIVE lock, which
-a table rewrite needs, would wait for it and fail the migrate after its lock_timeout). Migrations
-0018 and 0019 create tables (0019 also renames the trigger of pgq.jobs); 0017 added columns to
-pgq.jobs, which takes ACCESS EXCLUSIVE on it for an instant (tests/sql/test_upgrades.py holds that it
-gives up behind a reader of pgq.jobs)."""
+takes no lock that waits for a reader of any pgq table but pgq.jobs and pgq.queues (a session
+holding ACCESS SHARE on each of them, as any reader does, stays open through it: an ACCESS
+EXCLUSIVE lock, which a table rewrite needs, would wait for it and fail the migrate after its
+lock_timeout). Migrations 0018 and 0019 create tables (0019 also renames the trigger of pgq.jobs);
+0017, 0022 and later add columns to pgq.jobs, and 0023 to pgq.queues, which takes ACCESS EXCLUSIVE
+on the table for an instant (tests/sql/test_upgrades.py holds that it gives up behind a reader of
+pgq.jobs); no migration rewrites a table."""
 
 from __future__ import annotations
 
@@ -79,11 +80,12 @@ def test_workers_of_the_previous_release_drain_a_queue_while_it_is_migrated(
                      "the old workers to finish 100 jobs", timeout=120)
             started = one(conn, "SELECT clock_timestamp()")
 
-            # A reader holds ACCESS SHARE on every pgq table but pgq.jobs through the whole migration.
+            # A reader holds ACCESS SHARE on every pgq table but pgq.jobs and pgq.queues (whose new
+            # columns take ACCESS EXCLUSIVE for an instant) through the whole migration.
             with psycopg.connect(old_dsn) as reader:
                 for (table,) in reader.execute("SELECT c.oid::regclass::text FROM pg_class AS c "
                                                "WHERE c.relnamespace = 'pgq'::regnamespace AND c.relkind = 'r' "
-                                               "AND c.relname <> 'jobs'"):
+                                               "AND c.relname NOT IN ('jobs', 'queues')"):
                     reader.execute(f"LOCK TABLE {table} IN ACCESS SHARE MODE")
                 migrated = subprocess.run([sys.executable, "-m", "pgq_thin", "migrate", "--dsn", old_dsn],
                                           cwd=ROOT, capture_output=True, text=True, timeout=300)

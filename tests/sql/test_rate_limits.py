@@ -545,11 +545,8 @@ def test_many_concurrent_claimers_never_pass_the_rate_limits(dsn: str, conn: psy
     assert not _bound_holds([(e, n) for e, n in per_claim.values()], rate, period, grid=1)
     for key, claims in per_key.items():
         assert not _bound_holds(claims, key_rate, period), key
-    # ...and the limit was the one that held: the claims came as fast as the bound allows, give or
-    # take (a wide margin: the machine is shared).
-    times = sorted(e for e, _ in per_claim.values())
-    span = (times[-1] - times[0]).total_seconds()
-    assert sum(n for _, n in per_claim.values()) >= (span * rate / period) * 0.3
+    # (How fast the claims came is the benchmark's to say, not a test's: a loaded machine's
+    # claimers can fall behind the rate, 810 jobs in 6.9 s of a 400/s limit on one CI run.)
 
 
 def test_claimers_at_the_same_moment_share_one_burst(dsn: str, conn: psycopg.Connection) -> None:  # noqa: F811 (clockdb's dsn)
