@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # A pgq worker in bash + psql only: the SQL API is all a worker needs.
 #
+# A job must finish within its lease (LEASE, or the queue's lease): this worker does not renew
+# leases, so a job still running when its lease ends is claimed again by another worker and runs
+# twice (this one's late write is then refused). Set LEASE longer than your longest job, or call
+# pgq.renew(id, attempt) every third of the lease while a job runs (pgq_thin's workers do).
+#
 #   DATABASE_URL=postgresql://... QUEUE=emails ./examples/psql_worker.sh [--drain]
 #
 # Environment:

@@ -37,7 +37,8 @@ from pgq_thin.models import (
     TenantSettings,
     UnreadableJson,
 )
-from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Retry, Snooze, Worker
+from pgq_thin.tasks import Task
+from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Parked, Retry, SignalTimeout, Snooze, Worker
 
 __all__ = [
     "AsyncClient",
@@ -68,6 +69,8 @@ __all__ = [
     "JobNotFound",
     "LeaseLost",
     "OutcomeUnknown",
+    "Task",
+    "Parked",
     "PermissionDenied",
     "PgqError",
     "QueueMetrics",
@@ -75,6 +78,7 @@ __all__ = [
     "QueueStats",
     "Retry",
     "Schedule",
+    "SignalTimeout",
     "Snooze",
     "Worker",
     "WrongState",

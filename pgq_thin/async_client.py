@@ -123,9 +123,9 @@ class AsyncClient(PgqCalls):
         finally:
             await conn.close()
 
-    def bounded(self, lock_timeout: float, statement_timeout: float) -> AsyncBoundedCalls:
+    def bounded(self, lock_timeout: Interval, statement_timeout: Interval) -> AsyncBoundedCalls:
         """This client's calls, each bounded: Client.bounded, awaited."""
-        return AsyncBoundedCalls(self, Bounds(lock_timeout, statement_timeout))
+        return AsyncBoundedCalls(self, Bounds.of(lock_timeout, statement_timeout))
 
     # The one place a statement is sent ----------------------------------------------------------
 

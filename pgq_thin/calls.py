@@ -9,12 +9,11 @@ import inspect
 import json
 import json.scanner
 import logging
-import math
 import re
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, get_args, overload
 
 import psycopg
 from psycopg.adapt import AdaptersMap, Buffer
@@ -22,6 +21,7 @@ from psycopg.rows import RowFactory, dict_row
 from psycopg.types.json import Jsonb, JsonbBinaryLoader, JsonbLoader
 
 from pgq_thin import queries, tracecontext
+from pgq_thin.durations import Interval, to_timedelta
 from pgq_thin.errors import BadArgument, BadArgumentType, JobNotFound
 from pgq_thin.models import (
     BatchStatus,
@@ -58,8 +58,6 @@ log = logging.getLogger("pgq_thin.client")
 T = TypeVar("T")
 P = ParamSpec("P")
 
-#: An interval argument: a timedelta, or a number of seconds.
-Interval = timedelta | float | int
 
 #: The caller's own connection, to enqueue inside its transaction (a Connection for Client, an
 #: AsyncConnection for AsyncClient).
@@ -105,13 +103,10 @@ _WANT: dict[str, type] = {
                      "after_id"), int),
     **dict.fromkeys(("retryable", "notify", "audit", "fair", "skip_if_running", "enabled", "notify_finished"),
                     bool),
-    **dict.fromkeys(("finished_before", "created_before", "start_by"), datetime),
+    **dict.fromkeys(("finished_before", "created_before", "start_by", "before"), datetime),
 }
 
 _INT8 = 2 ** 63
-#: The longest interval a timedelta holds (999999999 days); PostgreSQL's checks bound each
-#: interval argument far more tightly.
-_MAX_SECONDS = timedelta.max.total_seconds()
 #: A JSON NUL escape (\u0000, not an escaped backslash before "u0000"): jsonb refuses it.
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
@@ -176,23 +171,16 @@ def check_params(params: dict[str, Any]) -> None:
 
 
 def _interval(name: str, value: Interval | None) -> timedelta | None:
-    """A timedelta or a number of seconds (finite, within what a timedelta holds) as an interval."""
+    """A timedelta, a number of seconds (finite, within what a timedelta holds) or a duration with
+    its unit (``"30s"``, ``"1h 30m"``: pgq_thin.durations) as an interval."""
     if value is None or isinstance(value, timedelta):
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _refused(name, f"must be a timedelta or a number of seconds, got {_type_name(value)}",
-                       type_error=True)
     try:
-        seconds = float(value)
-    except OverflowError:
-        seconds = math.inf
-    if not (math.isfinite(seconds) and abs(seconds) <= _MAX_SECONDS):
-        raise _refused(name, f"must be a finite number of seconds, at most {timedelta.max.days} days "
-                       f"either way (a timedelta's range), got {_shown(value)}")
-    try:
-        return timedelta(seconds=seconds)
-    except OverflowError:  # within a rounding of the limit
-        raise _refused(name, f"must be at most {timedelta.max.days} days either way, got {_shown(value)}") from None
+        return to_timedelta(value)
+    except TypeError as exc:
+        raise _refused(name, str(exc), type_error=True) from None
+    except ValueError as exc:
+        raise _refused(name, str(exc)) from None
 
 
 def seconds(name: str, value: Interval, *, positive: bool = False) -> float:
@@ -200,7 +188,8 @@ def seconds(name: str, value: Interval, *, positive: bool = False) -> float:
     of seconds, 0 or more (``positive``: more than 0); a BadArgument naming it otherwise."""
     interval = _interval(name, value)
     if interval is None:
-        raise _refused(name, "must be a timedelta or a number of seconds, got None", type_error=True)
+        raise _refused(name, "must be a timedelta, a number of seconds or a duration such as '30s', got None",
+                       type_error=True)
     total = interval.total_seconds()
     if total < 0 or (positive and total == 0):
         raise _refused(name, f"must be {'more than 0' if positive else '0 or more'} seconds, got {_shown(total)}")
@@ -467,6 +456,19 @@ def enqueue_many(
     }, _ids, conn=conn)
 
 
+def update_job(job_id: int, *, payload: dict[str, Any] | None = None, priority: int | None = None,
+               run_at: datetime | None = None, meta: dict[str, Any] | None = None) -> Call[bool]:
+    """pgq.update_job: give a job that has not started (pending or waiting, and no claim holds it)
+    this ``payload``, ``priority``, ``run_at`` and ``meta`` (None keeps the job's own; meta is
+    replaced whole, without a trace context); True when changed, False when it had started or
+    ended (never waits for a worker). For the login that enqueued it and for admins (JobNotFound
+    for anyone else, as for an unknown id)."""
+    return Call(queries.UPDATE_JOB, {
+        "id": job_id, "payload": None if payload is None else _json("payload", payload), "priority": priority,
+        "run_at": run_at, "meta": None if meta is None else _json("meta", meta),
+    }, _flag)
+
+
 # Batches and results ------------------------------------------------------------------------------
 
 
@@ -657,7 +659,7 @@ _JOB_FIELDS = tuple(f.name for f in fields(Job))
 def _job(values: Sequence[Any]) -> Job:
     """Job(*values), without the 14 calls of a frozen dataclass's __init__ (one object.__setattr__
     per field: about 1 us of a claimed job's 20). Job has no __post_init__ and no __slots__
-    (tests/test_client_rows.py holds it to that)."""
+    (tests/client/test_client_rows.py holds it to that)."""
     job: Job = object.__new__(Job)
     job.__dict__.update(zip(_JOB_FIELDS, values))
     return job
@@ -799,6 +801,19 @@ def cancel_jobs(queue: str, state: str, kind: str | None = None, created_before:
     }, _count)
 
 
+def delete_jobs(queue: str, state: str, kind: str | None = None, before: datetime | None = None,
+                limit_rows: int = 1000) -> Call[int]:
+    """pgq.delete_jobs: delete at most ``limit_rows`` (1 to 10000) of the queue's jobs in ``state``
+    (``"pending"``, ``"waiting"``, ``"done"``, ``"failed"`` or ``"cancelled"``; never a running
+    one), of ``kind`` (None: any) and created (pending, waiting) or finished (the others) before
+    ``before`` (None: whenever), oldest id first; returns how many. A pending or waiting job is
+    cancelled first, so its dependants and its batch see it end. A job another transaction holds is
+    skipped: for all of them, call it again until it returns 0, with ``before`` fixed."""
+    return Call(queries.DELETE_JOBS, {
+        "queue": queue, "state": state, "kind": kind, "before": before, "limit_rows": limit_rows,
+    }, _count)
+
+
 def bulk_plan(most: int | None, per_call: int) -> Generator[int, int, int]:
     """Acting on many jobs by filter (retry_jobs, cancel_jobs) in calls of at most ``per_call`` rows,
     as a plan that a caller of either client drives: it yields the ``limit_rows`` of the next call
@@ -858,10 +873,14 @@ def configure_queue(
     rate_limit: int | None = None,
     rate_period: Interval | None = None,
     key_rate_limit: int | None = None,
+    retention_failed: Interval | None = None,
+    retention_cancelled: Interval | None = None,
 ) -> Call[QueueSettings]:
     """pgq.configure_queue: change the given settings (None leaves one unchanged;
     ``max_run_time=0`` removes the limit; ``key_max_running=0`` the per-key limit; ``rate_limit``
-    jobs per ``rate_period`` at most, and ``key_rate_limit`` per key, 0: no limit)."""
+    jobs per ``rate_period`` at most, and ``key_rate_limit`` per key, 0: no limit; ``retention``
+    keeps finished jobs, ``retention_failed`` and ``retention_cancelled`` failed and cancelled ones
+    for another time: never set, the queue's ``retention``)."""
     return Call(queries.CONFIGURE_QUEUE, {
         "queue": queue, "lease": _interval("lease", lease), "max_attempts": max_attempts,
         "backoff_base": _interval("backoff_base", backoff_base), "backoff_cap": _interval("backoff_cap", backoff_cap),
@@ -869,6 +888,8 @@ def configure_queue(
         "fair": fair, "max_running": max_running, "max_run_time": _interval("max_run_time", max_run_time),
         "key_max_running": key_max_running, "rate_limit": rate_limit,
         "rate_period": _interval("rate_period", rate_period), "key_rate_limit": key_rate_limit,
+        "retention_failed": _interval("retention_failed", retention_failed),
+        "retention_cancelled": _interval("retention_cancelled", retention_cancelled),
     }, _settings, rows=dict_row)
 
 
@@ -1037,13 +1058,41 @@ class AsyncSends(Protocol):
 class Method(Generic[P, T]):
     """A client method made from a call description: the same name, arguments and doc on every
     client; ``client.name(...)`` sends ``build(...)`` with the client's ``_send``, so a Client
-    answers and an AsyncClient returns what to await."""
+    answers and an AsyncClient returns what to await.
 
-    def __init__(self, build: Callable[P, Call[T]]) -> None:
+    Its signature is the description's, with the annotations evaluated and the result as the
+    client gives it (``Call[int]`` is ``-> int`` on Client, ``-> Coroutine[Any, Any, int]`` on
+    AsyncClient), so that ``help(Client)`` and ``inspect.signature(client.enqueue)`` show what a
+    call takes and returns. ``Client.name(client, ...)`` works as for any method."""
+
+    def __init__(self, build: Callable[P, Call[T]], asynchronous: bool = False) -> None:
         self.build = build
+        self.asynchronous = asynchronous
         self.__name__ = build.__name__
+        self.__qualname__ = build.__name__
         self.__doc__ = build.__doc__
-        self.__signature__ = inspect.signature(build)
+        self.__wrapped__ = build
+        described = inspect.signature(build, eval_str=True)
+        (result,) = get_args(described.return_annotation) or (Any,)
+        returns = Coroutine[Any, Any, result] if asynchronous else result  # type: ignore[valid-type]
+        #: The signature of a bound method (client.name): the description's, returning ``returns``.
+        self.bound_signature = described.replace(return_annotation=returns)
+        self.__signature__ = self.bound_signature.replace(parameters=[
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            *described.parameters.values()])
+        self._twin: Method[P, T] | None = None
+
+    def for_client(self, owner: type[Any]) -> Method[P, T]:
+        """This method as ``owner``'s class attribute: the asyncio twin for a client whose
+        ``_send`` is awaited (its signature returns the awaitable), else itself."""
+        if not inspect.iscoroutinefunction(getattr(owner, "_send", None)) or self.asynchronous:
+            return self
+        if self._twin is None:
+            self._twin = Method(self.build, asynchronous=True)
+        return self._twin
+
+    def __call__(self, client: Any, *args: P.args, **kwargs: P.kwargs) -> Any:
+        return client._send(self.build(*args, **kwargs))
 
     @overload
     def __get__(self, client: None, owner: type[Any]) -> Method[P, T]: ...
@@ -1056,15 +1105,15 @@ class Method(Generic[P, T]):
 
     def __get__(self, client: Any, owner: type[Any]) -> Any:
         if client is None:
-            return self
+            return self.for_client(owner)
         build, send = self.build, client._send
 
         def method(*args: P.args, **kwargs: P.kwargs) -> Any:
             return send(build(*args, **kwargs))
 
-        method.__name__ = self.__name__
+        method.__name__ = method.__qualname__ = self.__name__
         method.__doc__ = self.__doc__
-        method.__signature__ = self.__signature__  # type: ignore[attr-defined]
+        method.__signature__ = self.for_client(owner).bound_signature  # type: ignore[attr-defined]
         return method
 
 
@@ -1073,6 +1122,7 @@ class PgqCalls:
 
     enqueue = Method(enqueue)
     enqueue_many = Method(enqueue_many)
+    update_job = Method(update_job)
     claim = Method(claim)
     renew = Method(renew)
     complete = Method(complete)
@@ -1089,6 +1139,7 @@ class PgqCalls:
     retry = Method(retry)
     retry_jobs = Method(retry_jobs)
     cancel_jobs = Method(cancel_jobs)
+    delete_jobs = Method(delete_jobs)
     resolve = Method(resolve)
     prune = Method(prune)
     pause = Method(pause)

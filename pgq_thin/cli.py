@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn
 
@@ -207,12 +207,20 @@ def _fmt(value: Any, lines: bool = False) -> str:
     return clean(str(value), lines=lines)
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A table: the first column and text columns left-aligned, columns of numbers (and "-" for
+    none) right-aligned, with their headers."""
     cells = [[_fmt(v) for v in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
+    right = [i > 0 and all(row[i] is None or _number(row[i]) for row in rows) for i in range(len(headers))]
+    out = ["  ".join(h.rjust(w) if r else h.ljust(w) for h, w, r in zip(headers, widths, right)).rstrip(),
+           "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right)).rstrip()
+            for row in cells]
     return "\n".join(out)
 
 
@@ -268,17 +276,30 @@ def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not a JSON value")
 
 
-def _payload(text: str) -> Any:
-    """The payload argument (or stdin for ``-``), parsed: bad JSON is a usage error (exit 2)."""
+#: The hint of every payload refused on the command line: what one looks like, quoted for the shell.
+PAYLOAD_HINT = """a payload is a JSON object in single quotes, such as '{"to": "ada@example.com"}', or - to read it \
+from stdin"""
+#: JSON's names for what Python's json reads.
+_JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null"}
+
+
+def _payload(text: str) -> dict[str, Any]:
+    """The payload argument (or stdin for ``-``), parsed: text that is not JSON, and JSON that is
+    not an object (pgq's payloads are objects), are usage errors (exit 2) with the same hint."""
     try:
         raw = sys.stdin.read() if text == "-" else text
-        return json.loads(raw, parse_constant=_not_json) if raw.strip() else {}
+        value = json.loads(raw, parse_constant=_not_json) if raw.strip() else {}
     except UnicodeDecodeError as exc:
-        raise BadArgument(f"payload is not UTF-8 text: {exc}") from None
+        raise BadArgument(f"payload is not UTF-8 text: {exc}", hint=PAYLOAD_HINT) from None
     except RecursionError:
-        raise BadArgument("payload is nested too deeply") from None
+        raise BadArgument("payload is nested too deeply", hint=PAYLOAD_HINT) from None
     except ValueError as exc:  # json.JSONDecodeError; a number of more than 4300 digits
-        raise BadArgument(f"payload is not valid JSON: {exc}") from None
+        raise BadArgument(f"payload is not valid JSON: {exc}", hint=PAYLOAD_HINT) from None
+    if not isinstance(value, dict):
+        raise BadArgument(f"payload must be a JSON object, got {_JSON_TYPES.get(type(value), 'JSON')}: "
+                          f"{clean(raw.strip())[:40]}", hint=PAYLOAD_HINT)
+    return value
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -452,6 +473,45 @@ def cmd_schedule_rm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_batch_open(args: argparse.Namespace) -> int:
+    payload = _payload(args.payload)
+    with _client(args) as client:
+        batch = client.batch_open(args.callback_queue, args.callback_kind, payload, run_when=args.run_when,
+                                  joiners=args.joiner)
+    say(batch)
+    return 0
+
+
+def cmd_batch_close(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        sealed = client.batch_close(args.id)
+    say(f"batch {args.id}: " + ("closed: no members may be added; its callback comes once they have ended"
+                                if sealed else "was already closed"))
+    return 0
+
+
+def cmd_batch_status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        b = client.batch_status(args.id)
+    callback = f"{b.callback_kind} into queue {b.callback_queue}, when {b.run_when.replace('_', ' ')}"
+    rows = [("batch", b.batch_id), ("state", b.state), ("opened by", b.opened_by), ("callback", callback),
+            ("callback job", b.callback_job_id if b.callback_job_id is not None else "not enqueued yet"),
+            ("members", f"{b.members}: {b.unfinished} unfinished, {b.done} done, {b.failed} failed, "
+                        f"{b.cancelled} cancelled"),
+            ("created", _when(b.created_at)), ("closed", _when(b.sealed_at)), ("finished", _when(b.finished_at))]
+    for name, value in rows:
+        say(f"{name + ':':<14}{_fmt(value)}")
+    return 0
+
+
+def cmd_batch_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        cancelled = client.cancel_batch(args.id)
+    say(f"batch {args.id}: cancelled, with its callback; {cancelled} member(s) that had not started cancelled "
+        "now (at most 1000 a call: pgq-thin sweep cancels the rest)")
+    return 0
+
+
 def cmd_prune(args: argparse.Namespace) -> int:
     total = 0
     with _client(args) as client:
@@ -560,6 +620,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
                          else "had already finished, unchanged")
 
 
+def cmd_delete(args: argparse.Namespace) -> int:
+    _by_filter(args)  # (delete takes no job ids: a filter with --all, or a usage error)
+    return _act_by_filter(args, lambda client, before, rows: client.delete_jobs(
+        args.queue, args.state, args.kind, before=before, limit_rows=rows), "deleted")
+
+
 def cmd_resolve(args: argparse.Namespace) -> int:
     with _client(args) as client:
         return _each_job([args.id], lambda job_id: client.resolve(job_id, args.state)
@@ -582,9 +648,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if not rows:
         say("no jobs" + (f" before id {args.before}" if args.before else "") + " match")
         return 0
-    say(_table(["id", "queue", "kind", "state", "attempt", "created", "finished", "last error"],
-                 [[j.id, j.queue, j.kind, j.state, f"{j.attempt}/{j.max_attempts}", _when_short(j.created_at),
-                   _when_short(j.finished_at), _error_line(j.last_error)] for j in rows]))
+    say(_table(["id", "queue", "kind", "state", "attempt", "run at", "created", "finished", "last error"],
+                 [[j.id, j.queue, j.kind, j.state, f"{j.attempt}/{j.max_attempts}", _when_short(j.run_at),
+                   _when_short(j.created_at), _when_short(j.finished_at), _error_line(j.last_error)] for j in rows]))
     if len(rows) == args.limit:
         say(f"(the newest {len(rows)}; older ones: the same command with --before {rows[-1].id})")
     return 0
@@ -773,16 +839,20 @@ _MARK = {"ok": "ok  ", "warning": "WARN", "critical": "CRIT"}
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    """The findings that are not ok (every one with --all), then one summary line."""
     with _client(args) as client:
         findings = client.health(args.max_snapshot_age, args.max_ready_age)
     for f in findings:
+        if f.severity == "ok" and not args.all:
+            continue
         say(f"[{_fmt(_MARK.get(f.severity, f.severity))}] {_fmt(f.check):<20} {_fmt(f.detail)}")
         if f.hint and f.severity != "ok":
             say(f"       {'':<20} hint: {_fmt(_CLI_HINTS.get(f.hint, f.hint))}")
     worst = {f.severity for f in findings}
     verdict = "critical" if "critical" in worst else "warning" if "warning" in worst else "ok"
     counts = ", ".join(f"{sum(f.severity == s for f in findings)} {s}" for s in ("critical", "warning", "ok"))
-    say(f"pgq health: {verdict} ({counts})")
+    shown = "" if args.all else "; --all lists every check"
+    say(f"pgq health: {verdict} ({counts}{shown})")
     return 2 if verdict == "critical" else 0
 
 
@@ -929,7 +999,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("migrate", cmd_migrate, "apply pgq's pending migrations, then its functions (idempotent)")
     p.add_argument("--list", action="store_true", help="only list the pending migrations")
     p.add_argument("--lock-timeout", default="5s", metavar="DURATION",
-                   help="how long each statement may wait for a lock, e.g. 5s or 500ms (default 5s); "
+                   help="how long each statement may wait for a lock, e.g. 5s, 500ms or 2m (default 5s); "
                         "one that waits longer fails, changes nothing, and can be run again")
 
     p = command("enqueue", cmd_enqueue, "add a job; prints its id")
@@ -1009,14 +1079,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("sweep", cmd_sweep, "recover jobs whose lease expired or timed out, and fire due schedules")
     p.add_argument("--max-jobs", type=int, default=1000)
 
-    p = sub.add_parser("schedule", help="periodic jobs: add, list, rm", description="periodic jobs (pgq.schedule)")
-    schedule_sub = p.add_subparsers(dest="schedule_command", required=True, metavar="ACTION")
+    def actions(name: str, help_text: str, description: str) -> Callable[[str, Any, str], argparse.ArgumentParser]:
+        """A command of several actions (schedule add|list|rm): what adds one, with its --dsn."""
+        group = sub.add_parser(name, help=help_text, description=description).add_subparsers(
+            dest=f"{name}_command", required=True, metavar="ACTION")
 
-    def schedule_command(name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
-        sp = schedule_sub.add_parser(name, help=help_text, description=help_text)
-        sp.add_argument("--dsn", help="database URL (default: $PGQ_DSN, then $DATABASE_URL)")
-        sp.set_defaults(func=func)
-        return sp
+        def action(action_name: str, func: Any, text: str) -> argparse.ArgumentParser:
+            sp = group.add_parser(action_name, help=text, description=text)
+            sp.add_argument("--dsn", help="database URL (default: $PGQ_DSN, then $DATABASE_URL)")
+            sp.set_defaults(func=func)
+            return sp
+
+        return action
+
+    schedule_command = actions("schedule", "periodic jobs: add, list, rm", "periodic jobs (pgq.schedule)")
 
     sp = schedule_command("add", cmd_schedule_add, "create or replace a schedule; prints its next run")
     sp.add_argument("name")
@@ -1037,6 +1113,27 @@ def build_parser() -> argparse.ArgumentParser:
     schedule_command("list", cmd_schedule_list, "every schedule and its next run")
     sp = schedule_command("rm", cmd_schedule_rm, "delete a schedule (its jobs stay)")
     sp.add_argument("name")
+
+    batch_command = actions("batch", "batches: open, close, status, cancel", "batches: jobs enqueued with --batch "
+                            "ID, and one callback job once they have ended (pgq.batch_open)")
+
+    sp = batch_command("open", cmd_batch_open, "open a batch; prints its id (add members with pgq-thin enqueue "
+                       "--batch ID, then close it)")
+    sp.add_argument("callback_queue", help="the queue of the callback job")
+    sp.add_argument("callback_kind", help="the kind of the callback job")
+    sp.add_argument("payload", nargs="?", default="{}", help="the callback's payload: a JSON object, or - to read "
+                    "it from stdin")
+    sp.add_argument("--run-when", choices=["all_ended", "all_done"], default="all_ended",
+                    help="all_ended (default): the callback runs once every member has ended, however; all_done: "
+                         "only if every member is done (otherwise it is enqueued cancelled)")
+    sp.add_argument("--joiner", action="append", metavar="ROLE",
+                    help="a role whose logins may add members too (a handler's login, say); repeat for several")
+    for name, func, text in (
+            ("close", cmd_batch_close, "close a batch: no members added after; its callback comes once they have "
+             "ended (at once for an empty batch)"),
+            ("status", cmd_batch_status, "a batch's state, its members counted by state and its callback job"),
+            ("cancel", cmd_batch_cancel, "cancel a batch: its members that have not ended, and its callback")):
+        batch_command(name, func, text).add_argument("id", type=batch_id, help="the batch's id (batch open printed it)")
 
     p = command("prune", cmd_prune, "delete finished jobs older than a duration (default: each queue's retention)")
     p.add_argument("--older-than", type=duration, help="e.g. 7d, 12h; default: the queue's retention")
@@ -1063,6 +1160,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--all", action="store_true",
                        help=f"{name} every job the filter matches (required with a filter)")
         p.set_defaults(parser=p, filter_states=states)
+
+    p = command("delete", cmd_delete, "delete the jobs of a queue in one state (never a running one) with "
+                "--queue, --state and --all (pgq.delete_jobs, 1000 a call); a pending or waiting job is "
+                "cancelled first, so the jobs waiting for it and its batch see it end")
+    p.add_argument("--queue", help="the jobs of this queue")
+    p.add_argument("--state", choices=("pending", "waiting", "done", "failed", "cancelled"), help="in this state")
+    p.add_argument("--kind", help="only jobs of this kind")
+    p.add_argument("--before", type=before_time, metavar="TIME",
+                   help="only jobs created (pending, waiting) or finished (done, failed, cancelled) before TIME: "
+                        "an ISO time or how long ago (30m, 2h, 7d); jobs from after the command started are left alone")
+    p.add_argument("--limit", type=positive_count, metavar="N", help="at most N jobs in all "
+                   "(default: every job that matches)")
+    p.add_argument("--all", action="store_true", help="delete every job the filter matches (required)")
+    p.set_defaults(parser=p, filter_states=("done", "failed", "cancelled", "pending", "waiting"), ids=[])
 
     p = command("resolve", cmd_resolve, "settle an outcome_unknown job: done, pending (run it again), failed "
                 "or cancelled")
@@ -1098,7 +1209,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("resume", cmd_resume, "let workers claim from a queue again")
     p.add_argument("queue")
 
-    p = command("doctor", cmd_doctor, "check pgq's health (pgq.health); exits 2 on anything critical")
+    p = command("doctor", cmd_doctor, "check pgq's health (pgq.health): the findings that are not ok, then one "
+                "summary line; exits 2 on anything critical")
+    p.add_argument("--all", action="store_true", help="list every check, the ok ones too")
     p.add_argument("--max-snapshot-age", type=duration, default=timedelta(minutes=5),
                    help="older transactions are critical (default 5m; half of it is a warning)")
     p.add_argument("--max-ready-age", type=duration, default=timedelta(minutes=5),

@@ -24,7 +24,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from pgq_thin import calls, queries
-from pgq_thin.calls import READING, Call, Interval, PgqCalls
+from pgq_thin.calls import READING, Call, Interval, PgqCalls, bulk_plan
 from pgq_thin.errors import BadArgument, InvalidArgument, PgqError, WaitTimeout, translated
 from pgq_thin.migrate import warn_if_schema_is_old
 from pgq_thin.models import JobResult
@@ -101,18 +101,20 @@ BULK_CALL = 1000
 
 
 def bulk_calls(act: Callable[[int], int], most: int | None = None, per_call: int = BULK_CALL) -> Iterator[int]:
-    """Acting on many jobs by filter (pgq.retry_jobs, pgq.cancel_jobs): ``act(limit_rows)`` with at
-    most ``per_call`` rows, again until a call acts on none or ``most`` jobs (None: no cap) are acted
-    on; yields the running total after each call that acted. (A call may act on fewer than asked
-    while more match: it skips a job another transaction holds, and retry one whose unique key is
-    held or that has no attempt left; so only a call that acts on none ends it.)"""
-    total = 0
-    while most is None or total < most:
-        acted = act(per_call if most is None else min(per_call, most - total))
-        if acted == 0:
-            return
-        total += acted
-        yield total
+    """Acting on many jobs by filter (pgq.retry_jobs, pgq.cancel_jobs): ``act(limit_rows)`` as
+    pgq_thin.calls.bulk_plan says (calls of at most ``per_call`` rows, until one acts on none or
+    ``most`` jobs, None: no cap, are acted on); yields the running total after each call that acted."""
+    plan, total = bulk_plan(most, per_call), 0
+    try:
+        rows = next(plan)
+        while True:
+            acted = act(rows)
+            if acted:
+                total += acted
+                yield total
+            rows = plan.send(acted)
+    except StopIteration:
+        return
 
 
 def resolve_dsn(dsn: str | None = None) -> str:
@@ -141,6 +143,13 @@ class Bounds:
 
     lock_timeout: float
     statement_timeout: float
+
+    @classmethod
+    def of(cls, lock_timeout: Interval, statement_timeout: Interval) -> Bounds:
+        """The bounds ``bounded`` was given (seconds, timedeltas or durations such as ``"500ms"``),
+        each more than 0; a BadArgument naming the one that is not."""
+        return cls(calls.seconds("lock_timeout", lock_timeout, positive=True),
+                   calls.seconds("statement_timeout", statement_timeout, positive=True))
 
     def params(self) -> dict[str, str]:
         return {"lock_timeout": f"{max(1, round(self.lock_timeout * 1000))}ms",
@@ -273,13 +282,14 @@ class Client(PgqCalls):
         finally:
             conn.close()
 
-    def bounded(self, lock_timeout: float, statement_timeout: float) -> BoundedCalls:
+    def bounded(self, lock_timeout: Interval, statement_timeout: Interval) -> BoundedCalls:
         """This client's calls, each in a transaction of its own that waits at most
-        ``lock_timeout`` seconds for a lock and runs at most ``statement_timeout`` (SET LOCAL; one
+        ``lock_timeout`` (seconds, a timedelta or ``"500ms"``) for a lock and runs at most
+        ``statement_timeout`` (SET LOCAL; one
         round trip still). The worker's own renewals and completions go this way: a row another
         transaction holds makes the call fail with 55P03 (57014 past the statement's bound), never
         hang. A call with ``conn=`` runs in the caller's transaction, unbounded."""
-        return BoundedCalls(self, Bounds(lock_timeout, statement_timeout))
+        return BoundedCalls(self, Bounds.of(lock_timeout, statement_timeout))
 
     # The one place a statement is sent ----------------------------------------------------------
 

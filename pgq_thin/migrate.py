@@ -14,8 +14,10 @@ read from the repository's ``migrations/`` directory.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -25,12 +27,15 @@ from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend, read_migrations
 
 from pgq_thin import queries
+from pgq_thin.durations import Interval, to_timedelta
 from pgq_thin.sqlsource import install_functions
 
 __all__ = ["NewerSchema", "migrate", "migrations_dir", "pending_migrations", "shipped_schema_version",
-           "warn_if_schema_is_old", "yoyo_post_apply", "yoyo_url"]
+           "warn_if_schema_is_old", "yoyo_url"]
 
 log = logging.getLogger("pgq_thin.migrate")
+#: The longest lock_timeout PostgreSQL takes (an int of milliseconds).
+MAX_LOCK_TIMEOUT_MS = 2**31 - 1
 
 
 def migrations_dir() -> Path:
@@ -157,14 +162,14 @@ def _unknown_applied(backend: Any, migrations: Any) -> list[str]:
     return sorted(str(row[0]) for row in rows if row[1] not in known)
 
 
-def migrate(dsn: str, lock_timeout: str = "5s") -> list[str]:
+def migrate(dsn: str, lock_timeout: Interval = "5s") -> list[str]:
     """Apply every pending migration, then the function source, under yoyo's lock; returns the ids
     of the migrations applied (none: only the functions were installed again, a no-op when they
     had not changed). Refuses (NewerSchema) a database that a newer pgq migrated."""
+    setting = queries.SET_LOCK_TIMEOUT.format(timeout=_interval(lock_timeout))
     backend = get_backend(yoyo_url(dsn))
     try:
         migrations = read_migrations(str(migrations_dir()))
-        setting = queries.SET_LOCK_TIMEOUT.format(timeout=_interval(lock_timeout))
         backend.execute(setting)
         # yoyo applies each migration on a connection of its own (backend.copy()): those get the
         # same lock_timeout, so the landed migrations, which set none, wait a bounded time too.
@@ -193,28 +198,18 @@ def migrate(dsn: str, lock_timeout: str = "5s") -> list[str]:
         backend.connection.close()
 
 
-def _interval(value: str) -> str:
-    """A lock_timeout value with its unit ('5s', '500ms', '1min'; '0': no limit), as PostgreSQL
-    reads it; refuses anything else (a bare '5' would be 5 ms to PostgreSQL)."""
-    if not re.fullmatch(r"\d+(\.\d+)?\s*(ms|s|min)|0", value.strip()):
-        raise ValueError(f"lock_timeout must be a duration with its unit, such as '5s' or '500ms', got {value!r}")
-    return value.strip()
-
-
-def yoyo_post_apply(conn: psycopg.Connection[Any], directory: str) -> None:
-    """yoyo's post-apply hook (migrations/post-apply.py), run after every ``yoyo apply`` that
-    applied a migration, in a transaction of its own (``conn`` is in autocommit mode): installs
-    the function source once every migration of ``directory`` is applied. When some are not (yoyo
-    applies a chosen few), the functions of the newest source may not fit the tables yet: it only
-    takes PUBLIC's EXECUTE from every pgq function (what a function a migration created gets by
-    default), as the hook always did."""
-    ids = {path.stem for path in Path(directory).glob("*.sql") if re.match(r"\d+_", path.name)}
-    with conn.transaction():
-        table = conn.execute(queries.YOYO_TABLE).fetchone()
-        applied = set()
-        if table and table[0]:
-            applied = {str(row[0]) for row in conn.execute(queries.YOYO_APPLIED).fetchall()}
-        if ids <= applied:
-            install_functions(conn)
-        else:
-            conn.execute(queries.REVOKE_PUBLIC_EXECUTE)
+def _interval(value: Interval) -> str:
+    """A lock_timeout as PostgreSQL reads it: its own form with a unit ('5s', '500ms', '1min'; '0': no
+    limit) as it is, else a duration as the rest of pgq takes one ('5m', '1h 30m', a timedelta, a
+    number of seconds: pgq_thin.durations) in milliseconds; ValueError otherwise (a bare '5' would be
+    5 ms to PostgreSQL)."""
+    if isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?\s*(ms|s|min)|0", value.strip()):
+        return value.strip()
+    try:
+        ms = to_timedelta(value) / timedelta(milliseconds=1)
+    except (TypeError, ValueError):
+        ms = math.nan
+    if not 0 <= ms <= MAX_LOCK_TIMEOUT_MS:
+        raise ValueError(f"lock_timeout must be a duration with its unit, such as '5s', '500ms' or '2m', from 0 "
+                         f"(no limit) to {MAX_LOCK_TIMEOUT_MS // 86_400_000} days, got {value!r:.60}")
+    return f"{max(1, round(ms)) if ms else 0}ms"

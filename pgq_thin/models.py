@@ -136,6 +136,10 @@ class QueueSettings:
     #: The rate limit's state: when its bucket is full again, the latest of its shards (None or
     #: past: full now).
     rate_tat: datetime | None = None
+    #: How long failed jobs are kept (None: ``retention``).
+    retention_failed: timedelta | None = None
+    #: How long cancelled jobs are kept (None: ``retention``).
+    retention_cancelled: timedelta | None = None
 
 
 @dataclass(frozen=True)

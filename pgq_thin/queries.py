@@ -167,6 +167,12 @@ JOB_OUTCOMES = (
     " attempt => %(attempt)s::integer, ids => %(ids)s::bigint[])"
 )
 
+#: Give a job not started a new payload, priority, run_at or meta (NULL: its own); whether it did.
+UPDATE_JOB = (
+    "SELECT pgq.update_job(id => %(id)s::bigint, payload => %(payload)s::jsonb, priority => %(priority)s::integer,"
+    " run_at => %(run_at)s::timestamptz, meta => %(meta)s::jsonb)"
+)
+
 # Signals and workflows, for producers --------------------------------------------------------------
 
 #: Send a signal to a queue (the first of a name wins); how many waiting jobs it woke.
@@ -193,6 +199,11 @@ CANCEL_JOBS = (
     "SELECT pgq.cancel_jobs(queue => %(queue)s::text, state => %(state)s::text, kind => %(kind)s::text,"
     " created_before => %(created_before)s::timestamptz, limit_rows => %(limit_rows)s::integer)"
 )
+#: Delete at most limit_rows jobs of a queue in one state, never running (id order); how many.
+DELETE_JOBS = (
+    "SELECT pgq.delete_jobs(queue => %(queue)s::text, state => %(state)s::text, kind => %(kind)s::text,"
+    " before => %(before)s::timestamptz, limit_rows => %(limit_rows)s::integer)"
+)
 RESOLVE = "SELECT pgq.resolve(id => %(id)s::bigint, state => %(state)s::text)"
 PRUNE = "SELECT pgq.prune(older_than => %(older_than)s::interval, max_jobs => %(max_jobs)s::integer)"
 PAUSE = "SELECT * FROM pgq.pause(queue => %(queue)s::text)"
@@ -205,7 +216,8 @@ CONFIGURE_QUEUE = (
     " notify => %(notify)s::boolean, audit => %(audit)s::boolean, fair => %(fair)s::boolean,"
     " max_running => %(max_running)s::integer, max_run_time => %(max_run_time)s::interval,"
     " key_max_running => %(key_max_running)s::integer, rate_limit => %(rate_limit)s::integer,"
-    " rate_period => %(rate_period)s::interval, key_rate_limit => %(key_rate_limit)s::integer)"
+    " rate_period => %(rate_period)s::interval, key_rate_limit => %(key_rate_limit)s::integer,"
+    " retention_failed => %(retention_failed)s::interval, retention_cancelled => %(retention_cancelled)s::interval)"
 )
 SET_TENANT_WEIGHT = (
     "SELECT * FROM pgq.set_tenant_weight(queue => %(queue)s::text, tenant => %(tenant)s::text,"
@@ -348,12 +360,6 @@ TIMELINE = "SELECT ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(
 SET_LOCK_TIMEOUT = "SET lock_timeout = '{timeout}'"
 #: The migrations a database has applied, from yoyo's table ({table}: yoyo's quoted name for it).
 APPLIED_MIGRATIONS = "SELECT migration_id, migration_hash FROM {table}"
-#: Whether yoyo's table exists (the post-apply hook's connection: yoyo's default name).
-YOYO_TABLE = "SELECT to_regclass('_yoyo_migration') IS NOT NULL"
-YOYO_APPLIED = "SELECT migration_id FROM _yoyo_migration"
-#: What the post-apply hook does while some migrations are not applied: no function a migration
-#: created may be reached by PUBLIC.
-REVOKE_PUBLIC_EXECUTE = "REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC"
 
 # A bounded call (Client.bounded: the worker's own renewals and completions) ------------------------
 

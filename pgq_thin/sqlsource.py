@@ -46,6 +46,7 @@ SOURCE_FILES = (
     "cron.sql",          # cron expressions: pgq.cron_next
     "schedules.sql",     # periodic jobs
     "admin.sql",         # cancel, retry, resolve, prune
+    "edits.sql",         # a queued job edited: update_job
     "observe.sql",       # stats, metrics, jobs and their history
     "health.sql",        # pgq.health
     "steps.sql",         # durable execution: steps, the durable sleep

@@ -13,7 +13,7 @@ What it does to the source of each definition listed in PARTS (comments kept):
   modules of MODULES (pgq_thin.worker.waits -> pgq_thin.worker.threads.waits: the same waiting
   primitives, blocking a thread) are replaced.
 The generated file imports what its code uses: from the source's imports (renamed), from the
-source module itself (its rules), and the other generated parts. tests/test_worker_generated.py
+source module itself (its rules), and the other generated parts. tests/worker/test_worker_generated.py
 fails while a generated file is stale.
 """
 
@@ -52,7 +52,7 @@ RENAMES = {
 MODULES = {"pgq_thin.async_client": "pgq_thin.client", "pgq_thin.worker.waits": "pgq_thin.worker.threads.waits"}
 
 HEADER = ("# Generated from pgq_thin/worker/{name}.py by scripts/async_to_sync.py: do not edit. Edit the\n"
-          "# asyncio source, then run the script (tests/test_worker_generated.py fails while this is stale).\n")
+          "# asyncio source, then run the script (tests/worker/test_worker_generated.py fails while this is stale).\n")
 
 _NAME = re.compile(r"\b(" + "|".join(sorted(RENAMES, key=len, reverse=True)) + r")\b")
 _STDLIB = set(sys.stdlib_module_names)

@@ -11,7 +11,7 @@
     python scripts/build_sql.py --check    # exit 1 when either is stale
 
 It starts a throwaway PostgreSQL (pgq_thin.testing.server) unless ``--dsn`` names an empty database
-to migrate. tests/test_sql_source.py fails when a committed file differs from what this makes, and
+to migrate. tests/sql/test_sql_source.py fails when a committed file differs from what this makes, and
 requires a database built from sql/schema.sql to have the catalog of one built by the migrations.
 """
 

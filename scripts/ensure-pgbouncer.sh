@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes sure PgBouncer is installed: the topology tests (tests/test_topology_pgbouncer.py) start a
+# Makes sure PgBouncer is installed: the topology tests (tests/processes/test_topology_pgbouncer.py) start a
 # real one in pool_mode = transaction in front of a throwaway server. Installs Debian's package
 # when it is missing and this runs as root; otherwise says so (those tests are then skipped).
 set -euo pipefail

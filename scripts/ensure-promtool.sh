@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes sure promtool is installed: tests/test_metrics_docs.py validates docs/prometheus-alerts.yml
+# Makes sure promtool is installed: tests/project/test_metrics_docs.py validates docs/prometheus-alerts.yml
 # with it (promtool check rules, and promtool test rules on tests/promtool/alerts_test.yml).
 # Installs Debian's prometheus package (which ships promtool) when it is missing and this runs as
 # root; otherwise says so (those tests are then skipped, saying why).

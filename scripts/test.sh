@@ -20,7 +20,7 @@ if [ "$(id -u)" = 0 ] && ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null) \
         || echo "faketime could not be installed; the skewed-clock test patches time instead" >&2
 fi
-# Debian's chromium for the dashboard's browser tests (tests/test_dashboard_browser.py drives it with
+# Debian's chromium for the dashboard's browser tests (tests/web/test_dashboard_browser.py drives it with
 # Playwright; they fail without it).
 if [ "$(id -u)" = 0 ] && [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \

@@ -258,13 +258,10 @@ END
 $$;
 
 -- The schema version: the number of the newest migration. Every migration redefines it (and
--- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
--- PL/pgSQL, not SQL: the trigger jobs_ended's WHEN folds it into a constant once per statement
--- (ended.sql), and a SQL function is parsed again each time it is inlined (about 126,000 server
--- instructions per statement, bench/server_work.py), a PL/pgSQL one compiled once per session.
+-- tests/sql/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
-    LANGUAGE plpgsql IMMUTABLE
-    AS $$ BEGIN RETURN '23'; END $$;
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT '24'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -372,6 +369,20 @@ BEGIN
 END
 $$;
 
+-- A retention (configure_queue's retention, retention_failed, retention_cancelled): a span (no
+-- months or years) between 0 and 3650 days, or NULL (unchanged); 22023 naming the argument.
+CREATE OR REPLACE FUNCTION pgq._check_retention(argument text, value interval) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    PERFORM pgq._check_span(_check_retention.argument, _check_retention.value);
+    IF _check_retention.value < interval '0' OR _check_retention.value > interval '3650 days' THEN
+        PERFORM pgq._bad_argument(_check_retention.argument,
+            format('must be between 0 and 3650 days, got %s', _check_retention.value));
+    END IF;
+END
+$$;
+
 -- pgq.configure_queue's arguments, checked against the queue's settings `q` (a backoff_cap below
 -- the backoff_base it would have): 22023 naming the first that is wrong; NULL leaves a setting as
 -- it is.
@@ -380,7 +391,8 @@ CREATE OR REPLACE FUNCTION pgq._check_queue_settings(q pgq.queues, lease interva
                                                      retention interval, max_running integer,
                                                      max_run_time interval, key_max_running integer,
                                                      rate_limit integer, rate_period interval,
-                                                     key_rate_limit integer)
+                                                     key_rate_limit integer, retention_failed interval,
+                                                     retention_cancelled interval)
     RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     AS $$
@@ -402,10 +414,9 @@ BEGIN
        < coalesce(_check_queue_settings.backoff_base, q.backoff_base) THEN
         PERFORM pgq._bad_argument('backoff_cap', 'must not be less than backoff_base');
     END IF;
-    PERFORM pgq._check_span('retention', _check_queue_settings.retention);
-    IF _check_queue_settings.retention < interval '0' OR _check_queue_settings.retention > interval '3650 days' THEN
-        PERFORM pgq._bad_argument('retention', 'must be between 0 and 3650 days');
-    END IF;
+    PERFORM pgq._check_retention('retention', _check_queue_settings.retention);
+    PERFORM pgq._check_retention('retention_failed', _check_queue_settings.retention_failed);
+    PERFORM pgq._check_retention('retention_cancelled', _check_queue_settings.retention_cancelled);
     IF _check_queue_settings.max_running NOT BETWEEN 0 AND 100000 THEN
         PERFORM pgq._bad_argument('max_running',
             format('must be between 0 (no cap) and 100000, got %s', _check_queue_settings.max_running));
@@ -462,7 +473,9 @@ CREATE OR REPLACE FUNCTION pgq.configure_queue(queue text, lease interval DEFAUL
                                     key_max_running integer DEFAULT NULL,
                                     rate_limit integer DEFAULT NULL,
                                     rate_period interval DEFAULT NULL,
-                                    key_rate_limit integer DEFAULT NULL)
+                                    key_rate_limit integer DEFAULT NULL,
+                                    retention_failed interval DEFAULT NULL,
+                                    retention_cancelled interval DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -482,7 +495,8 @@ BEGIN
                                       configure_queue.retention, configure_queue.max_running,
                                       configure_queue.max_run_time, configure_queue.key_max_running,
                                       configure_queue.rate_limit, configure_queue.rate_period,
-                                      configure_queue.key_rate_limit);
+                                      configure_queue.key_rate_limit, configure_queue.retention_failed,
+                                      configure_queue.retention_cancelled);
     IF configure_queue.fair AND NOT q.fair THEN
         PERFORM pgq._make_fair(configure_queue.queue);
     END IF;
@@ -511,6 +525,8 @@ BEGIN
         backoff_base = coalesce(configure_queue.backoff_base, s.backoff_base),
         backoff_cap = coalesce(configure_queue.backoff_cap, s.backoff_cap),
         retention = coalesce(configure_queue.retention, s.retention),
+        retention_failed = coalesce(configure_queue.retention_failed, s.retention_failed),
+        retention_cancelled = coalesce(configure_queue.retention_cancelled, s.retention_cancelled),
         notify = coalesce(configure_queue.notify, s.notify),
         audit = coalesce(configure_queue.audit, s.audit),
         fair = coalesce(configure_queue.fair, s.fair),
@@ -531,9 +547,10 @@ BEGIN
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer) IS
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval) IS
     'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit) '
-    'and returns them; creates the queue if new.';
+    'and returns them; creates the queue if new. retention_failed and retention_cancelled keep '
+    'failed and cancelled jobs for another time than retention (never set: the queue''s retention).';
 
 -- Pausing or resuming a queue that does not exist is refused (22023): a typo creates nothing.
 CREATE OR REPLACE FUNCTION pgq.pause(queue text)
@@ -2506,20 +2523,15 @@ COMMENT ON FUNCTION pgq.cancel_batch(bigint) IS
 --   records its own end), which runs pgq._job_ended once per end. Those ends are a job at a time
 --   or rare (a failure, a cancel, a recovery).
 --
--- Which completions record their own ends, the trigger's WHEN (migration 0023) asks the statement
--- itself, not the catalog: this source's pgq.complete and pgq.complete_many set
--- pgq.completion_records_ends to 'on' before their UPDATE, whatever the caller set (set_config,
--- for the rest of the transaction: a function's SET clause of a custom setting needs a superuser
--- owner). The previous release's completions do not, and leave their ends to the
--- trigger; a call of theirs that read its body just before this source's install committed may
--- plan its UPDATE just after it, with the new catalog (tests/test_completion_ends.py holds one
--- there), and the trigger still records it. (Its pgq.complete_many counts its batch members itself
--- and marks them in pgq.turns: pgq._batch_counting_mark, which _job_ended still honours.) The WHEN
--- also reads pgq.version(), folded into a constant once per statement: until this source is
--- installed every completion is the trigger's, so no caller can name the setting to have an end
--- left unrecorded. After it, a caller who sets it changes nothing: no other call writes last_event
--- 'completed', and this source's completions set it themselves. (The one end it could still leave
--- unrecorded is that of its own call of the previous release caught at the install's commit.)
+-- Which completions record their own ends, the trigger's WHEN (migration 0024) asks the row:
+-- this source's pgq.complete and pgq.complete_many write their transaction's id into
+-- jobs.ends_recorded_by in the UPDATE that ends the job. The previous release's completions do
+-- not, and leave their ends to the trigger; a call of theirs that read its body just before this
+-- source's install committed may run its UPDATE just after it, with the new catalog
+-- (tests/sql/test_completion_ends.py holds one there), and the trigger still records it (the row's
+-- ends_recorded_by is NULL, or an earlier transaction's). (Its pgq.complete_many counts its batch
+-- members itself and marks them in pgq.turns: pgq._batch_counting_mark, which _job_ended still
+-- honours.) No caller can write a job's row, and no session setting is read.
 --
 -- What an end needs comes from the row or from rows of pgq's own tables, never from a session
 -- setting a caller can set to change it: an end inside a claim's or a sweep's recovery of expired
@@ -3162,7 +3174,7 @@ CREATE OR REPLACE FUNCTION pgq._keyed_pick(queue text, room integer, kinds text[
                                 at timestamptz DEFAULT NULL) RETURNS SETOF bigint
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
-    -- The plans tests/test_sql_plans.py pins, whatever the statistics: a CI run's plan counted the
+    -- The plans tests/sql/test_sql_plans.py pins, whatever the statistics: a CI run's plan counted the
     -- running jobs by a bitmap scan instead of jobs_lease_idx.
     SET enable_bitmapscan = off
     AS $$
@@ -5127,12 +5139,11 @@ BEGIN
     END IF;
     -- The end is recorded here, not by the trigger (sql/functions/ended.sql): its counter and the
     -- probe for jobs that wait for it in the statement, the rest (if any) by
-    -- pgq._completions_ended. The setting tells the trigger so.
-    PERFORM set_config('pgq.completion_records_ends', 'on', true);
+    -- pgq._completions_ended. ends_recorded_by tells the trigger so.
     WITH completed AS (
         UPDATE pgq.jobs AS j
         SET state = 'done', result = complete.result, lease_until = NULL, finished_at = pgq._now(),
-            last_event = 'completed', session_role = session_user
+            last_event = 'completed', session_role = session_user, ends_recorded_by = pg_current_xact_id()
         WHERE j.id = complete.id AND j.attempt = complete.attempt AND j.state = 'running'
           AND pgq._owns(j.session_role)
         RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.batch_id, j.notify_finished,
@@ -5205,14 +5216,13 @@ BEGIN
     -- the probes for jobs that wait for them in the statement, the rest (if any) by
     -- pgq._completions_ended, a statement each for the whole batch. The
     -- jobs are read by primary key in id order and each is locked as the scan meets it (the SET
-    -- clauses above; tests/test_sql_plans.py holds it to that), so concurrent batches lock in one
-    -- order and never deadlock; the pairs are a filter on the rows read. The setting tells the
-    -- trigger that the ends are recorded here.
-    PERFORM set_config('pgq.completion_records_ends', 'on', true);
+    -- clauses above; tests/sql/test_sql_plans.py holds it to that), so concurrent batches lock in one
+    -- order and never deadlock; the pairs are a filter on the rows read. ends_recorded_by tells
+    -- the trigger that the ends are recorded here.
     WITH completed AS (
         UPDATE pgq.jobs AS j
         SET state = 'done', lease_until = NULL, finished_at = pgq._now(), last_event = 'completed',
-            session_role = session_user
+            session_role = session_user, ends_recorded_by = pg_current_xact_id()
         WHERE j.id = ANY (complete_many.ids) AND j.state = 'running' AND pgq._owns(j.session_role)
           AND ((j.id, j.attempt) IN (SELECT w.id, w.attempt
                                      FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)))
@@ -5677,7 +5687,31 @@ BEGIN
         PERFORM pgq._prune_key_rates(sweep.max_jobs);
     END IF;
     PERFORM pgq._prune_key_locks(sweep.max_jobs);
+    -- Retention: up to ten per job of max_jobs (at most 100,000) finished jobs past their state's
+    -- retention (pgq._sweep_retention).
+    PERFORM pgq._sweep_retention(least(10 * sweep.max_jobs, 100000));
     RETURN total;
+END
+$$;
+
+-- pgq.sweep's retention step: pgq._retire_finished(NULL, max_jobs), the jobs of each queue and
+-- state past their retention, up to max_jobs, in a subtransaction that waits for no caller: the
+-- jobs another transaction holds are skipped, and a lock on a row that goes with a job (its events,
+-- steps, links, batch membership) not freed within 100 ms undoes the step, which the next sweep
+-- does again. Returns how many jobs it deleted (0 when it gave up, or in a read-only transaction).
+CREATE OR REPLACE FUNCTION pgq._sweep_retention(max_jobs integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET lock_timeout = '100ms'
+    AS $$
+BEGIN
+    IF current_setting('transaction_read_only')::boolean THEN
+        RETURN 0;
+    END IF;
+    BEGIN
+        RETURN pgq._retire_finished(NULL, _sweep_retention.max_jobs);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 0;
+    END;
 END
 $$;
 -- pgq.sweep's and pgq.settle_dependencies' work on the graph: the checks of enqueues that may have
@@ -5733,8 +5767,9 @@ COMMENT ON FUNCTION pgq.settle_dependencies(integer) IS
 COMMENT ON FUNCTION pgq.sweep(integer) IS
     'Recovers up to max_jobs running jobs whose lease expired or whose attempt timed out (returns '
     'how many), fires up to max_jobs due schedules, moves up to max_jobs waiting dependants on, '
-    'settles batches (callbacks, cancellations), and wakes and ends what durable execution leaves '
-    '(signal waits, their timeouts, expired jobs).';
+    'settles batches (callbacks, cancellations), wakes and ends what durable execution leaves '
+    '(signal waits, their timeouts, expired jobs), and deletes up to 10 x max_jobs (at most 100,000) '
+    'finished jobs past their state''s retention.';
 
 -- sql/functions/cron.sql ------------------------------------------------------------------------------
 
@@ -6685,6 +6720,66 @@ $$;
 COMMENT ON FUNCTION pgq.cancel_jobs(text, text, text, timestamptz, integer) IS
     'Cancels up to limit_rows jobs of a queue in one unfinished state (of kind, created before '
     'created_before), oldest first, as pgq.cancel does; returns how many. Call again until 0.';
+-- Deletes the jobs of a queue in one state that match the filter, at most limit_rows of them, oldest
+-- id first, and returns how many. Never a running or outcome_unknown job. What others see stays as
+-- after an end: a pending or waiting job is cancelled first (pgq._cancel_job, in this transaction),
+-- so its end reaches its dependants (cancelled down an all_done chain, released for all_ended),
+-- its batch (counted, the callback fired when it was the last) and the metrics, as a cancelled job's
+-- does; then it is deleted as pgq.prune deletes a finished job (pgq._delete_jobs), and its
+-- unique_key is free. A job another transaction holds is skipped (SKIP LOCKED, with a DELETE's lock:
+-- a foreign key's KEY SHARE holder too), and so is a finished job whose end a settle call has yet
+-- to check against an enqueue in flight (pgq.overlap_checks: a gone dependency counts as
+-- cancelled there): call again until it returns 0 (pgq-thin delete --all does). `before`: jobs
+-- created before it (pending, waiting) or finished before it (done, failed, cancelled). The jobs
+-- are read in jobs_list_idx (queue, state, id) order; kind and before filter what that reads.
+CREATE OR REPLACE FUNCTION pgq.delete_jobs(queue text, state text, kind text DEFAULT NULL,
+                                           before timestamptz DEFAULT NULL, limit_rows integer DEFAULT 1000)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    SET enable_sort = off
+    AS $$
+DECLARE
+    job     pgq.jobs;
+    doomed  bigint[] := '{}';
+    checked bigint[];
+BEGIN
+    PERFORM pgq._check_bulk(delete_jobs.queue, delete_jobs.state, '{pending,waiting,done,failed,cancelled}',
+                            delete_jobs.kind, delete_jobs.limit_rows);
+    FOR job IN
+        SELECT j.* FROM pgq.jobs AS j
+        WHERE j.queue = delete_jobs.queue AND j.state = delete_jobs.state::pgq.job_state AND j.state <> 'running'
+          AND (delete_jobs.kind IS NULL OR j.kind = delete_jobs.kind)
+          AND (delete_jobs.before IS NULL
+               OR CASE WHEN j.state IN ('pending', 'waiting') THEN j.created_at ELSE j.finished_at END
+                  < delete_jobs.before)
+        ORDER BY (- j.id) DESC
+        LIMIT delete_jobs.limit_rows
+        FOR UPDATE OF j SKIP LOCKED
+    LOOP
+        IF job.state IN ('pending', 'waiting') THEN
+            PERFORM pgq._cancel_job(job);
+        END IF;
+        doomed := doomed || job.id;
+    END LOOP;
+    IF delete_jobs.state IN ('done', 'failed', 'cancelled') AND cardinality(doomed) > 0 THEN
+        -- One read of the checks not yet settled (a handful: every settle call takes them).
+        checked := ARRAY(SELECT DISTINCT c.job_id FROM pgq.overlap_checks AS c WHERE c.job_id = ANY (doomed));
+        IF cardinality(checked) > 0 THEN
+            doomed := ARRAY(SELECT d.id FROM unnest(doomed) AS d(id) WHERE d.id <> ALL (checked));
+        END IF;
+    END IF;
+    RETURN pgq._delete_jobs(doomed);
+END
+$$;
+COMMENT ON FUNCTION pgq.delete_jobs(text, text, text, timestamptz, integer) IS
+    'Deletes up to limit_rows jobs of a queue in one state (pending, waiting, done, failed or '
+    'cancelled; of kind, created or finished before before), oldest first, a pending or waiting one '
+    'cancelled first (its dependants and batch see it end); returns how many. Call again until 0.';
 COMMENT ON FUNCTION pgq.retry(bigint) IS
     'Makes a failed or cancelled job pending again; 55000 for other states; P0002 when unknown.';
 
@@ -6733,8 +6828,81 @@ $$;
 COMMENT ON FUNCTION pgq.resolve(bigint, text) IS
     'Settles an outcome_unknown job as done, failed, cancelled or pending (run again).';
 
+-- Deletes the finished jobs `ids` (locked FOR UPDATE by the caller: a DELETE's lock, so that a
+-- foreign key's KEY SHARE holder is skipped, never waited for) with what is theirs: their events,
+-- their steps, their own dependency links (pgq.job_links of them) and their batch membership. The
+-- links to them of other jobs stay (they are those jobs' record). Returns how many it deleted.
+-- (pgq.prune, pgq.delete_jobs.)
+CREATE OR REPLACE FUNCTION pgq._delete_jobs(ids bigint[]) RETURNS integer
+    LANGUAGE sql
+    AS $$
+    WITH gone AS (
+        DELETE FROM pgq.jobs AS j WHERE j.id = ANY (_delete_jobs.ids) RETURNING j.id, j.depends_on, j.batch_id
+    ), events AS (
+        DELETE FROM pgq.job_events AS e USING gone AS g WHERE e.job_id = g.id
+    ), links AS (
+        DELETE FROM pgq.job_dependants AS l
+        USING (SELECT x.dep, g.id FROM gone AS g CROSS JOIN LATERAL unnest(g.depends_on) AS x(dep)
+               WHERE g.depends_on IS NOT NULL) AS k
+        WHERE l.depends_on = k.dep AND l.job_id = k.id
+    ), members AS (
+        DELETE FROM pgq.batch_members AS m USING gone AS g
+        WHERE g.batch_id IS NOT NULL AND m.batch_id = g.batch_id AND m.job_id = g.id
+    ), steps AS (
+        DELETE FROM pgq.steps AS s USING gone AS g WHERE s.job_id = g.id
+    )
+    SELECT count(*)::integer FROM gone
+$$;
+
+-- Retention (pgq.prune, pgq.sweep): deletes up to max_jobs finished jobs (pgq._delete_jobs: with
+-- their events, links, batch memberships and steps): those that finished before now - older_than or, when
+-- older_than is NULL, before now - their state's retention in their queue (done: retention;
+-- failed: retention_failed; cancelled: retention_cancelled; NULL: retention). Queue by queue (name
+-- order) and state by state, oldest first within each, through jobs_retention_idx (queue, state,
+-- finished_at): a range per queue and state holding only the jobs past it, so a call reads the
+-- jobs it deletes and one index probe per queue and state, whatever the history it keeps. A job
+-- another transaction holds (a retry, a late write of its old owner) is skipped (SKIP LOCKED) and
+-- its state re-checked when it changed meanwhile (FOR UPDATE re-evaluates the WHERE clause on the
+-- newest row version): a job retried to pending is never deleted. Returns how many it deleted.
+CREATE OR REPLACE FUNCTION pgq._retire_finished(older_than interval, max_jobs integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET jit = off
+    AS $$
+DECLARE
+    deleted integer := 0;
+    n integer;
+    r record;
+BEGIN
+    FOR r IN
+        SELECT q.name AS queue, s.state,
+               pgq._now() - coalesce(_retire_finished.older_than,
+                                     CASE s.state WHEN 'failed' THEN coalesce(q.retention_failed, q.retention)
+                                                  WHEN 'cancelled' THEN coalesce(q.retention_cancelled, q.retention)
+                                                  ELSE q.retention END) AS horizon
+        FROM pgq.queues AS q CROSS JOIN unnest('{done,failed,cancelled}'::pgq.job_state[]) AS s(state)
+        ORDER BY q.name, s.state
+    LOOP
+        EXIT WHEN deleted >= _retire_finished.max_jobs;
+        -- (state IN (...) as well: a generic plan proves jobs_retention_idx's predicate from it,
+        -- not from the parameter r.state.)
+        n := pgq._delete_jobs(ARRAY(
+            SELECT j.id
+            FROM pgq.jobs AS j
+            WHERE j.queue = r.queue AND j.state = r.state AND j.state IN ('done', 'failed', 'cancelled')
+              AND j.finished_at < r.horizon
+            ORDER BY j.finished_at
+            LIMIT _retire_finished.max_jobs - deleted
+            FOR UPDATE SKIP LOCKED));
+        deleted := deleted + n;
+    END LOOP;
+    RETURN deleted;
+END
+$$;
+
 -- Deletes finished (done, failed, cancelled) jobs, with their events and steps, older than
--- older_than, or than each queue's retention when older_than is NULL. At most max_jobs per call:
+-- older_than, or, when older_than is NULL, than their state's retention in their queue (retention,
+-- retention_failed, retention_cancelled: pgq._retire_finished). At most max_jobs per call:
 -- call it again until it returns 0. Then up to max_jobs signals sent before the same horizon, and
 -- up to max_jobs tenants of fair queues that have no job left and
 -- the default weight 1 (a weight set with pgq.set_tenant_weight is kept; a tenant removed comes
@@ -6764,30 +6932,7 @@ BEGIN
     ELSIF prune.max_jobs NOT BETWEEN 1 AND 1000000 THEN
         PERFORM pgq._bad_argument('max_jobs', format('must be between 1 and 1000000, got %s', prune.max_jobs));
     END IF;
-    WITH doomed AS (
-        SELECT j.id
-        FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue
-        WHERE j.state IN ('done', 'failed', 'cancelled')
-          AND j.finished_at < pgq._now() - coalesce(prune.older_than, q.retention)
-        ORDER BY j.finished_at
-        LIMIT prune.max_jobs
-        FOR UPDATE OF j SKIP LOCKED
-    ), gone AS (
-        DELETE FROM pgq.jobs AS j USING doomed AS d WHERE j.id = d.id RETURNING j.id, j.depends_on, j.batch_id
-    ), events AS (
-        DELETE FROM pgq.job_events AS e USING gone AS g WHERE e.job_id = g.id
-    ), links AS (
-        DELETE FROM pgq.job_dependants AS l
-        USING (SELECT x.dep, g.id FROM gone AS g CROSS JOIN LATERAL unnest(g.depends_on) AS x(dep)
-               WHERE g.depends_on IS NOT NULL) AS k
-        WHERE l.depends_on = k.dep AND l.job_id = k.id
-    ), members AS (
-        DELETE FROM pgq.batch_members AS m USING gone AS g
-        WHERE g.batch_id IS NOT NULL AND m.batch_id = g.batch_id AND m.job_id = g.id
-    ), steps AS (
-        DELETE FROM pgq.steps AS s USING gone AS g WHERE s.job_id = g.id
-    )
-    SELECT count(*) INTO deleted FROM gone;
+    deleted := pgq._retire_finished(prune.older_than, prune.max_jobs);
     -- Batches whose callback was enqueued before the same horizon and whose members are all
     -- deleted, with their counts and joiners.
     WITH gone AS (
@@ -6855,10 +7000,160 @@ $$;
 COMMENT ON FUNCTION pgq.prune(interval, integer) IS
     'Deletes up to max_jobs finished jobs (and their events) older than older_than or the queue''s retention.';
 
+-- sql/functions/edits.sql -----------------------------------------------------------------------------
+
+-- sql/functions/edits.sql: a queued job edited (pgq.update_job).
+--
+-- "Not started" is what pgq._lock_unstarted (enqueue.sql) says it is for a replace: the job is
+-- pending or waiting and this transaction could lock its row FOR NO KEY UPDATE without waiting
+-- (SKIP LOCKED), as a claim locks it. A claim in flight holds the row from the moment it locks it
+-- to its commit, so a job a claim holds counts as started (the edit answers false), and an edit
+-- that holds the row makes claims skip the job until the edit's transaction ends. Whichever locks
+-- the row first wins; the other never waits (a waiting job's row, which only a short cascade,
+-- sweep or settle holds, is tried again for up to 50 ms). So a claim hands out either the job as
+-- it was before an edit that then answers false, or the job as edited: never the old payload of
+-- a job whose edit answered true.
+
+-- Validates pgq.update_job's arguments (22004 / 22023), naming the first that is wrong.
+CREATE OR REPLACE FUNCTION pgq._check_update_job(id bigint, payload jsonb, priority integer, run_at timestamptz,
+                                                 meta jsonb)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_update_job.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    IF _check_update_job.payload IS NULL AND _check_update_job.priority IS NULL
+       AND _check_update_job.run_at IS NULL AND _check_update_job.meta IS NULL THEN
+        PERFORM pgq._bad_argument('payload', 'is NULL, and so are priority, run_at and meta: nothing to change',
+            'Give at least one of payload, priority, run_at and meta (NULL keeps the job''s own).');
+    END IF;
+    IF _check_update_job.payload IS NOT NULL THEN
+        PERFORM pgq._check_payload('payload', _check_update_job.payload);
+    END IF;
+    IF _check_update_job.priority NOT BETWEEN -1000 AND 1000 THEN
+        PERFORM pgq._bad_argument('priority',
+            format('must be between -1000 and 1000, got %s', _check_update_job.priority));
+    END IF;
+    IF NOT isfinite(_check_update_job.run_at) THEN
+        PERFORM pgq._bad_argument('run_at', format('must be a finite time, got %s', _check_update_job.run_at));
+    END IF;
+    IF _check_update_job.meta IS NOT NULL THEN
+        PERFORM pgq._check_payload('meta', _check_update_job.meta);
+    END IF;
+END
+$$;
+
+-- Gives a job that has not started (above) the payload, priority, run_at and meta the call names
+-- (NULL: the job's own stays) and returns true; false, changing nothing, when the job has started
+-- (a claim holds it, or it is running or outcome_unknown) or has ended. For admins and the login
+-- that enqueued it (in a queue whose enqueue grants still admit that login: 42501 otherwise);
+-- anyone else gets P0002, as for an unknown id. meta is replaced whole. A run_at not before the
+-- job's start_by is refused (22023): the job could only expire. Its kind, tenant, keys,
+-- dependencies, batch and attempts stay its own. An audited queue records the event `updated`
+-- (its note names the fields given). Never waits for a worker; the only wait is the bounded retry
+-- of a waiting job's row (pgq._lock_unstarted).
+CREATE OR REPLACE FUNCTION pgq.update_job(id bigint, payload jsonb DEFAULT NULL, priority integer DEFAULT NULL,
+                                          run_at timestamptz DEFAULT NULL, meta jsonb DEFAULT NULL)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    job    pgq.jobs;
+    locked record;
+    restricted text[];
+BEGIN
+    PERFORM pgq._check_update_job(update_job.id, update_job.payload, update_job.priority, update_job.run_at,
+                                  update_job.meta);
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = update_job.id;  -- read, not locked (enqueued_by never changes)
+    IF NOT FOUND OR NOT pgq._enqueued_it(job.enqueued_by) THEN
+        RAISE EXCEPTION 'pgq: no job with id %', update_job.id
+            USING ERRCODE = 'no_data_found',
+                  HINT = 'A job is updated by admins and by the login that enqueued it.';
+    END IF;
+    SELECT q.restricted INTO restricted FROM pgq.queues AS q WHERE q.name = job.queue;
+    IF restricted IS NOT NULL AND NOT pgq._may(job.queue, restricted, 'enqueue') THEN
+        PERFORM pgq._denied(job.queue, 'enqueue');
+    END IF;
+    IF job.state NOT IN ('pending', 'waiting') THEN
+        RETURN false;  -- started or ended: nothing locked, nothing waited for
+    END IF;
+    SELECT l.id, l.state INTO locked FROM pgq._lock_unstarted(job.id) AS l;
+    IF locked.id IS NULL OR locked.state NOT IN ('pending', 'waiting') THEN
+        RETURN false;  -- a claim (or another transaction) holds it, or it has started since it was read
+    END IF;
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = update_job.id;  -- as locked
+    IF update_job.run_at >= job.start_by THEN
+        PERFORM pgq._bad_argument('run_at',
+            format('must be earlier than the job''s start_by (%s), got %s', job.start_by, update_job.run_at),
+            'A job is claimed at run_at at the earliest, and one not claimed by start_by is cancelled.');
+    END IF;
+    UPDATE pgq.jobs AS j
+    SET payload = coalesce(update_job.payload, j.payload), priority = coalesce(update_job.priority, j.priority),
+        run_at = coalesce(update_job.run_at, j.run_at), meta = coalesce(update_job.meta, j.meta)
+    WHERE j.id = job.id;
+    PERFORM pgq._admin_event(job, 'updated', job.state,
+        concat_ws(', ', CASE WHEN update_job.payload IS NOT NULL THEN 'payload' END,
+                  CASE WHEN update_job.priority IS NOT NULL THEN 'priority' END,
+                  CASE WHEN update_job.run_at IS NOT NULL THEN 'run_at' END,
+                  CASE WHEN update_job.meta IS NOT NULL THEN 'meta' END));
+    IF job.state = 'pending' AND coalesce(update_job.run_at, job.run_at) <= pgq._now() THEN
+        PERFORM pgq._notify(job.queue);
+    END IF;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgq.update_job(bigint, jsonb, integer, timestamptz, jsonb) IS
+    'Gives a pending or waiting job that no claim holds the payload, priority, run_at and meta named '
+    '(NULL keeps its own); true when changed, false when it had started or ended. For admins and the '
+    'login that enqueued it (P0002 for anyone else, as for an unknown id). Never waits for a worker.';
+
 -- sql/functions/observe.sql ---------------------------------------------------------------------------
 
 -- sql/functions/observe.sql: what a monitor reads: stats, metrics, jobs and their history.
 
+-- What pgq.stats and pgq.metrics read of the running jobs, per queue: how many, and how many of
+-- them have an expired lease, through jobs_lease_idx (as many as the workers run). Inlined into
+-- the caller's query (a plain SQL function).
+CREATE OR REPLACE FUNCTION pgq._leased() RETURNS TABLE (queue text, running bigint, expired bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT j.queue, count(*), count(*) FILTER (WHERE j.lease_until < pgq._now())
+    FROM pgq.jobs AS j
+    WHERE j.lease_until IS NOT NULL
+    GROUP BY j.queue
+$$;
+
+-- What pgq.stats and pgq.metrics read of the finished jobs, per queue: the finished counters
+-- (pgq.finished_counts plus the deltas not folded yet), never a row of pgq.jobs. Inlined.
+CREATE OR REPLACE FUNCTION pgq._finished_totals()
+    RETURNS TABLE (queue text, done bigint, failed bigint, cancelled bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT f.queue,
+           coalesce(sum(f.n) FILTER (WHERE f.state = 'done'), 0)::bigint,
+           coalesce(sum(f.n) FILTER (WHERE f.state = 'failed'), 0)::bigint,
+           coalesce(sum(f.n) FILTER (WHERE f.state = 'cancelled'), 0)::bigint
+    FROM (SELECT c.queue, c.state, c.total AS n FROM pgq.finished_counts AS c
+          UNION ALL
+          SELECT d.queue, d.state, count(*) FROM pgq.finished_deltas AS d GROUP BY d.queue, d.state) AS f
+    GROUP BY f.queue
+$$;
+
+-- One row per queue, at a cost that does not grow with the history (what the dashboard's overview
+-- and pgq-thin stats read every few seconds): the pending jobs through jobs_list_idx (queue, state),
+-- outcome_unknown and waiting the same way, the running ones through jobs_lease_idx (as many as
+-- the workers run), and the finished ones from the finished counters (pgq.finished_counts plus the
+-- deltas not folded yet: done, failed and cancelled count the jobs that finished since the
+-- counters began, migration 0010, as pgq.metrics' *_total; retention and pgq.prune do not lower
+-- them). No finished row of pgq.jobs is read. It writes nothing (it does not fold: STABLE, it
+-- runs on a standby); sequential scans are off so that stale statistics cannot make the planner
+-- read the table, and JIT with them (the cost of a disabled scan, 1e10, would make every call
+-- compile its plan: half a second).
 CREATE OR REPLACE FUNCTION pgq.stats()
     RETURNS TABLE (queue text, paused boolean, pending bigint, scheduled bigint, running bigint,
                    expired bigint, done bigint, failed bigint, cancelled bigint,
@@ -6866,33 +7161,39 @@ CREATE OR REPLACE FUNCTION pgq.stats()
     LANGUAGE sql STABLE
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET enable_seqscan = off
+    SET jit = off
     AS $$
-    SELECT q.name, q.paused,
-           count(*) FILTER (WHERE j.state = 'pending' AND j.run_at <= pgq._now()),
-           count(*) FILTER (WHERE j.state = 'pending' AND j.run_at > pgq._now()),
-           count(*) FILTER (WHERE j.state = 'running'),
-           count(*) FILTER (WHERE j.state = 'running' AND j.lease_until < pgq._now()),
-           count(*) FILTER (WHERE j.state = 'done'),
-           count(*) FILTER (WHERE j.state = 'failed'),
-           count(*) FILTER (WHERE j.state = 'cancelled'),
-           count(*) FILTER (WHERE j.state = 'outcome_unknown'),
-           pgq._now() - min(j.run_at) FILTER (WHERE j.state = 'pending' AND j.run_at <= pgq._now()),
-           count(*) FILTER (WHERE j.state = 'waiting')
+    SELECT q.name, q.paused, p.due, p.later, coalesce(l.running, 0), coalesce(l.expired, 0),
+           coalesce(f.done, 0), coalesce(f.failed, 0), coalesce(f.cancelled, 0),
+           u.n, pgq._now() - p.oldest, w.n
     FROM pgq.queues AS q
-    LEFT JOIN pgq.jobs AS j ON j.queue = q.name
-    GROUP BY q.name, q.paused
+    CROSS JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE j.run_at <= pgq._now()) AS due,
+               count(*) FILTER (WHERE j.run_at > pgq._now()) AS later,
+               min(j.run_at) FILTER (WHERE j.run_at <= pgq._now()) AS oldest
+        FROM pgq.jobs AS j
+        WHERE j.queue = q.name AND j.state = 'pending') AS p
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'outcome_unknown') AS u
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'waiting') AS w
+    LEFT JOIN pgq._leased() AS l ON l.queue = q.name
+    LEFT JOIN pgq._finished_totals() AS f ON f.queue = q.name
     ORDER BY q.name
 $$;
 COMMENT ON FUNCTION pgq.stats() IS
-    'One row per queue: jobs by state (pending = due now, scheduled = due later or sleeping, waiting = '
-    'for their dependencies, a signal or the jobs they await), expired leases, and the age of the oldest '
-    'due job.';
+    'One row per queue, without reading finished jobs: jobs by state (pending = due now, scheduled = '
+    'due later or sleeping, waiting = for their dependencies, a signal or the jobs they await), expired '
+    'leases, the age of the oldest due job, and the jobs finished as done, failed and cancelled since '
+    'the finished counters began (retention and pgq.prune do not lower them).';
 
 -- What an exporter scrapes, one row per queue, at a bounded cost: the claimable pending jobs
 -- through jobs_ready_idx, outcome_unknown through jobs_list_idx, the running ones through
 -- jobs_lease_idx (all of them: as many as the workers run), the finished counters from
 -- pgq.finished_counts plus the deltas not folded yet (folded first, when it can). No finished row
--- of pgq.jobs is read.
+-- of pgq.jobs is read, whatever the statistics say (sequential scans off: with statistics taken
+-- before a history arrived, the planner read the whole table for the pending counts).
 CREATE OR REPLACE FUNCTION pgq.metrics()
     RETURNS TABLE (queue text, paused boolean, pending bigint, scheduled bigint, running bigint,
                    expired bigint, outcome_unknown bigint, oldest_ready_age interval,
@@ -6900,28 +7201,15 @@ CREATE OR REPLACE FUNCTION pgq.metrics()
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET enable_seqscan = off
+    SET jit = off
     AS $$
 BEGIN
     PERFORM pgq._fold_finished();
     RETURN QUERY
-    WITH leased AS (
-        SELECT j.queue, count(*) AS running, count(*) FILTER (WHERE j.lease_until < pgq._now()) AS expired
-        FROM pgq.jobs AS j
-        WHERE j.lease_until IS NOT NULL
-        GROUP BY j.queue
-    ), finished AS (
-        SELECT f.queue,
-               sum(f.n) FILTER (WHERE f.state = 'done') AS done,
-               sum(f.n) FILTER (WHERE f.state = 'failed') AS failed,
-               sum(f.n) FILTER (WHERE f.state = 'cancelled') AS cancelled
-        FROM (SELECT c.queue, c.state, c.total AS n FROM pgq.finished_counts AS c
-              UNION ALL
-              SELECT d.queue, d.state, count(*) FROM pgq.finished_deltas AS d GROUP BY d.queue, d.state) AS f
-        GROUP BY f.queue
-    )
     SELECT q.name, q.paused, p.due, p.later, coalesce(l.running, 0), coalesce(l.expired, 0), u.n,
            pgq._now() - p.oldest,
-           coalesce(f.done, 0)::bigint, coalesce(f.failed, 0)::bigint, coalesce(f.cancelled, 0)::bigint, w.n
+           coalesce(f.done, 0), coalesce(f.failed, 0), coalesce(f.cancelled, 0), w.n
     FROM pgq.queues AS q
     CROSS JOIN LATERAL (
         SELECT count(*) FILTER (WHERE j.run_at <= pgq._now()) AS due,
@@ -6933,8 +7221,8 @@ BEGIN
         SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'outcome_unknown') AS u
     CROSS JOIN LATERAL (
         SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'waiting') AS w
-    LEFT JOIN leased AS l ON l.queue = q.name
-    LEFT JOIN finished AS f ON f.queue = q.name
+    LEFT JOIN pgq._leased() AS l ON l.queue = q.name
+    LEFT JOIN pgq._finished_totals() AS f ON f.queue = q.name
     ORDER BY q.name;
 END
 $$;
@@ -7387,9 +7675,116 @@ BEGIN
 END
 $$;
 
+-- pgq.health's checks of what holds back vacuum from outside this database's sessions (read as
+-- the schema's owner): replication slots (cluster-wide: a slot's xmin, which a standby's
+-- hot_standby_feedback sets, holds back vacuum of every table, pgq.jobs included; its catalog_xmin,
+-- a logical slot's, that of the system catalogs), walsenders' backend_xmin (a standby's
+-- hot_standby_feedback without a slot: every table), and this database's prepared transactions
+-- (they hold their snapshot until COMMIT PREPARED or ROLLBACK PREPARED, through restarts). Each
+-- holder is one row with the age it holds, in transactions (and in time where PostgreSQL knows it:
+-- a prepared transaction's). Severity: critical past half of autovacuum_freeze_max_age
+-- transactions (anti-wraparound vacuum cannot freeze past it); for a prepared transaction, past
+-- max_snapshot_age (warning past half of it), as for a session; for a slot or a standby, warning
+-- past 1,000,000 transactions or, for an inactive slot (nothing consumes it: its age only grows),
+-- at any age; ok otherwise (listed: it holds vacuum back by that much). The standbys' xmin is read
+-- from pg_stat_replication, which shows it only to members of pg_read_all_stats (pg_monitor has
+-- it): an owner without it is told so.
+CREATE OR REPLACE FUNCTION pgq._health_xmin_holders(max_snapshot_age interval)
+    RETURNS TABLE (severity text, "check" text, detail text, hint text)
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    r record;
+    found_any boolean;
+    wraparound bigint := current_setting('autovacuum_freeze_max_age')::bigint / 2;
+    many constant bigint := 1000000;
+BEGIN
+    found_any := false;
+    FOR r IN
+        SELECT s.slot_name, s.slot_type, s.database, s.active, age(s.xmin) AS xmin_age,
+               age(s.catalog_xmin) AS catalog_age
+        FROM pg_replication_slots AS s
+        WHERE s.xmin IS NOT NULL OR s.catalog_xmin IS NOT NULL
+        ORDER BY greatest(age(s.xmin), age(s.catalog_xmin)) DESC, s.slot_name
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN greatest(r.xmin_age, r.catalog_age) > wraparound THEN 'critical'
+                 WHEN NOT r.active OR r.xmin_age > many THEN 'warning'
+                 ELSE 'ok' END,
+            'replication_slot',
+            format('%s replication slot %s%s (%s) holds %s', r.slot_type, r.slot_name,
+                   coalesce(' of database ' || r.database, ''), CASE WHEN r.active THEN 'active' ELSE 'inactive' END,
+                   concat_ws(' and ',
+                             'xmin age ' || r.xmin_age || ' transactions (vacuum of every table, pgq.jobs included)',
+                             'catalog_xmin age ' || r.catalog_age || ' transactions (vacuum of the system catalogs)')),
+            CASE WHEN NOT r.active
+                 THEN format('Nothing consumes it: start its consumer or standby, or drop it with '
+                             'SELECT pg_drop_replication_slot(%L).', r.slot_name)
+                 ELSE 'Its consumer is behind, or (xmin) a standby with hot_standby_feedback runs a long query: '
+                      'see that standby''s pg_stat_activity, and its max_standby_streaming_delay.' END;
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'replication_slot', 'no replication slot holds back vacuum', NULL::text;
+    END IF;
+
+    found_any := false;
+    FOR r IN
+        SELECT w.pid, w.application_name, w.client_addr, w.state, age(w.backend_xmin) AS xmin_age
+        FROM pg_stat_replication AS w
+        WHERE w.backend_xmin IS NOT NULL
+        ORDER BY age(w.backend_xmin) DESC, w.pid
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.xmin_age > wraparound THEN 'critical' WHEN r.xmin_age > many THEN 'warning' ELSE 'ok' END,
+            'standby_feedback',
+            format('standby %s (walsender pid %s, %s, %s) feeds back xmin age %s transactions '
+                   '(hot_standby_feedback: vacuum of every table here, pgq.jobs included, waits for it)',
+                   coalesce(nullif(r.application_name, ''), '(unnamed)'), r.pid,
+                   coalesce(host(r.client_addr), 'local'), r.state, r.xmin_age),
+            'A query on that standby holds it: see the standby''s pg_stat_activity and end it; bound such queries '
+            'there with statement_timeout, or turn hot_standby_feedback off (queries may then be cancelled).';
+    END LOOP;
+    IF NOT found_any THEN
+        IF EXISTS (SELECT FROM pg_stat_replication) AND NOT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') THEN
+            RETURN QUERY SELECT 'warning', 'standby_feedback',
+                format('%s walsender(s) run, but pgq''s owner %s may not read their xmin',
+                       (SELECT count(*) FROM pg_stat_replication), current_user),
+                'GRANT pg_monitor TO the owner of schema pgq, so that health sees what standbys hold back.';
+        ELSE
+            RETURN QUERY SELECT 'ok', 'standby_feedback', 'no standby feeds back an xmin', NULL::text;
+        END IF;
+    END IF;
+
+    found_any := false;
+    FOR r IN
+        SELECT p.gid, p.owner, p.prepared, age(p.transaction) AS xmin_age, clock_timestamp() - p.prepared AS age
+        FROM pg_prepared_xacts AS p
+        WHERE p.database = current_database()
+        ORDER BY p.prepared, p.gid
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.age > _health_xmin_holders.max_snapshot_age OR r.xmin_age > wraparound THEN 'critical'
+                 WHEN r.age > _health_xmin_holders.max_snapshot_age / 2 THEN 'warning'
+                 ELSE 'ok' END,
+            'prepared_transaction',
+            format('prepared transaction %s (owner %s) has held its snapshot for %s (xmin age %s transactions)',
+                   quote_literal(r.gid), r.owner, date_trunc('second', r.age), r.xmin_age),
+            format('It holds back vacuum (and its locks) until it is settled: have its transaction manager settle '
+                   'it, or, as its owner or a superuser, COMMIT PREPARED %L or ROLLBACK PREPARED %L.', r.gid, r.gid);
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'prepared_transaction', 'no prepared transaction in this database', NULL::text;
+    END IF;
+END
+$$;
+
 -- Health: one row per finding, for dashboards, alerts and readiness probes (pgq-thin doctor).
 -- severity: ok, warning or critical. The thresholds are arguments so operators (and tests) can
--- tighten them. Session checks read pg_stat_activity: the schema owner needs the pg_monitor role
+-- tighten them. Sequential scans are off: with statistics taken before a history arrived the
+-- planner read all of pgq.jobs for the due jobs. Session checks read pg_stat_activity: the schema owner needs the pg_monitor role
 -- (or to be a superuser) to see other roles' sessions.
 CREATE OR REPLACE FUNCTION pgq.health(max_snapshot_age interval DEFAULT '5 minutes',
                            max_ready_age interval DEFAULT '5 minutes')
@@ -7397,6 +7792,8 @@ CREATE OR REPLACE FUNCTION pgq.health(max_snapshot_age interval DEFAULT '5 minut
     LANGUAGE plpgsql STABLE
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET enable_seqscan = off
+    SET jit = off
     AS $$
 DECLARE
     r record;
@@ -7460,6 +7857,7 @@ BEGIN
     END IF;
 
     RETURN QUERY SELECT * FROM pgq._health_sessions(health.max_snapshot_age);
+    RETURN QUERY SELECT * FROM pgq._health_xmin_holders(health.max_snapshot_age);
 
     -- 7. Dead tuples and vacuum of pgq's tables; index sizes, for the record.
     FOR r IN
@@ -7484,7 +7882,8 @@ END
 $$;
 COMMENT ON FUNCTION pgq.health(interval, interval) IS
     'One row per finding (severity ok / warning / critical, check, detail, hint): expired leases, '
-    'waiting jobs, kinds no worker claims, outcome_unknown jobs, blocked sessions, old snapshots, held keys, dead '
+    'waiting jobs, kinds no worker claims, outcome_unknown jobs, blocked sessions, old snapshots, held keys, '
+    'what else holds back vacuum (replication slots, standbys'' feedback, prepared transactions), dead '
     'tuples, index sizes.';
 
 -- sql/functions/steps.sql -----------------------------------------------------------------------------
@@ -8486,7 +8885,7 @@ $cleanup$;
 -- grant of a pgq function to a role of the user's own is left alone). The roles and what each may
 -- do are described in docs/security.md. PUBLIC has no USAGE on schema pgq either (a versioned
 -- grant, in the migrations), and no role may call a function it is not granted here
--- (tests/test_sql_security.py).
+-- (tests/sql/test_sql_security.py).
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC, pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
 
@@ -8500,6 +8899,9 @@ GRANT EXECUTE ON FUNCTION
     pgq.signal(text, text, jsonb),
     pgq.cancel_workflow(bigint)
     TO pgq_producer;
+
+-- A job not started, edited: by the login that enqueued it and by admins (members of pgq_producer).
+GRANT EXECUTE ON FUNCTION pgq.update_job(bigint, jsonb, integer, timestamptz, jsonb) TO pgq_producer;
 
 -- The outcome of a job: to the login that enqueued it (and readers of its queue), whichever pgq
 -- role it has.
@@ -8536,9 +8938,10 @@ GRANT EXECUTE ON FUNCTION
     pgq.retry(bigint),
     pgq.retry_jobs(text, text, text, timestamptz, integer),
     pgq.cancel_jobs(text, text, text, timestamptz, integer),
+    pgq.delete_jobs(text, text, text, timestamptz, integer),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
-    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer),
+    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval),
     pgq.set_tenant_weight(text, text, integer),
     pgq.set_key_limit(text, text, integer),
     pgq.pause(text),

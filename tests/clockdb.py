@@ -40,7 +40,8 @@ def dsn(clock_module_dsn: str) -> Iterator[str]:
         conn.execute("TRUNCATE pgq.jobs, pgq.job_events, pgq.queues, pgq.grants, pgq.key_limits, pgq.key_rates, "
                      "pgq.rate_buckets, pgq.rate_slices, pgq.key_locks, pgq.job_dependants, pgq.batches, "
                      "pgq.batch_counts, pgq.batch_members, pgq.unique_successors, pgq.replace_slots, pgq.schedules, "
-                     "pgq.tenants, pgq.steps, pgq.signals, pgq.signal_checks, pgq.signal_grants, pgq_test.clock "
+                     "pgq.tenants, pgq.steps, pgq.signals, pgq.signal_checks, pgq.signal_grants, pgq.finished_counts, "
+                     "pgq.finished_deltas, pgq_test.clock "
                      "RESTART IDENTITY")
     yield clock_module_dsn
 

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from clientkit import KINDS
-from durablekit import login_as  # noqa: F401  (a fixture: the durable tests' logins)
 
 from pgq_thin.testing.server import Databases, ThrowawayPostgres
 
+from clientkit import KINDS
+from durablekit import login_as  # noqa: F401  (a fixture: the durable tests' logins)
+from loginkit import login  # noqa: F401  (a fixture: a connection as any of the tests' logins)
 from sqlhelpers import fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -182,3 +182,23 @@ def hold_every_key(sq: psycopg.Connection, queues: list[str], job_ids: range, lo
     held = one(sq, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
     assert held >= len(keys)
     return len(keys)
+
+
+#: The advisory lock key the gated clock (install_gated_clock) waits on.
+GATE_KEY = 424242
+
+
+def install_gated_clock(conn: psycopg.Connection) -> None:
+    """pgq._now() that waits on advisory lock GATE_KEY in sessions with pgq_test.gate = 'on'
+    (test database only). VOLATILE, so it is evaluated per row, in the scan's filter, below the
+    row-locking node: a gated statement (a claim, a sweep) stops after its snapshot and before its
+    first row lock."""
+    conn.execute(f"""
+        CREATE OR REPLACE FUNCTION pgq._now() RETURNS timestamptz LANGUAGE plpgsql VOLATILE AS $$
+        BEGIN
+            IF current_setting('pgq_test.gate', true) = 'on' THEN
+                PERFORM pg_advisory_lock_shared({GATE_KEY});
+                PERFORM pg_advisory_unlock_shared({GATE_KEY});
+            END IF;
+            RETURN statement_timestamp();
+        END $$""")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, is_dataclass
@@ -46,7 +47,7 @@ from starlette.staticfiles import StaticFiles
 
 from pgq_thin import __version__
 from pgq_thin.async_client import AsyncClient
-from pgq_thin.calls import bulk_plan
+from pgq_thin.calls import bulk_plan, seconds
 from pgq_thin.client import BULK_CALL
 from pgq_thin.dashboard.guard import (
     COOKIE,
@@ -59,7 +60,7 @@ from pgq_thin.dashboard.guard import (
     parse_json,
     wants_html,
 )
-from pgq_thin.durations import format_duration
+from pgq_thin.durations import Interval, format_duration, parse_duration
 from pgq_thin.errors import (
     ConnectionLost,
     InvalidArgument,
@@ -100,7 +101,7 @@ WORKFLOW_COLUMNS = ("dependency_mode", "batch_id", "workflow_id", "parent_id", "
 STEPS_SHOWN = 100
 #: What a page shows when it could not ask what the login may do: nothing may be done.
 UNKNOWN_PERMISSIONS: dict[str, Any] = {"role": "?", "can": {}, "read_only": True, "missing": []}
-#: "retry all shown" and "cancel all shown" (README, Dashboard): the list's states each acts on,
+#: "retry all shown" and "cancel all shown" (docs/dashboard.md): the list's states each acts on,
 #: the most jobs one click acts on, and the jobs per call of pgq.retry_jobs / pgq.cancel_jobs.
 BULK_STATES = {"retry_jobs": ("failed", "cancelled"),
                "cancel_jobs": ("waiting", "pending", "running", "outcome_unknown")}
@@ -279,7 +280,7 @@ class Dashboard:
                 "first": first, "queues": [q.queue for q in stats], "states": JOB_STATES,
                 "bulk": await self.bulk_button(client, stats, queue, state, kind) if jobs else None}
 
-    # "retry all shown", "cancel all shown" (README, Dashboard) --------------------------------------
+    # "retry all shown", "cancel all shown" (docs/dashboard.md) --------------------------------------
     # "All shown" is every job the list's filter matches (one queue, one state, maybe a kind), on
     # every page, as of the moment the page was made: the confirmation states how many, dated by the
     # database clock, and the click acts on at most that many (at most BULK_MAX), oldest first, and
@@ -309,9 +310,11 @@ class Dashboard:
     async def matching(self, client: AsyncClient, stats: Sequence[Any], queue: str, state: str,
                        kind: str | None) -> tuple[int, bool]:
         """How many jobs of ``queue`` are in ``state`` (of ``kind``), and whether that is exact: from
-        pgq.stats without a kind; with one, counted through pgq.list_jobs, BULK_CALL a page, up to
+        pgq.stats without a kind for a live state; otherwise counted through pgq.list_jobs, BULK_CALL a page, up to
         BULK_MAX and a page more (not exact past BULK_MAX: "more than BULK_MAX")."""
-        if kind is None:
+        # Finished states are counted by pages too: pgq.stats' done, failed and cancelled are the
+        # finished counters (every job that ever finished so), not the jobs still stored.
+        if kind is None and state not in ("done", "failed", "cancelled"):
             row = next((s for s in stats if s.queue == queue), None)
             if row is None:
                 return 0, True
@@ -491,6 +494,12 @@ class Dashboard:
             queue, state, kind, before, max_jobs = _bulk_filter(await request.body())
             if before is None:  # the jobs there when the request came: a job that fails again is not retried twice
                 before = await client.clock()
+            elif isinstance(before, timedelta):  # that long ago by the database's clock
+                ago = before
+                try:
+                    before = await client.clock() - ago
+                except OverflowError:
+                    raise BadRequest(f'"before": {format_duration(ago)} ago is before the year 1') from None
             act = client.retry_jobs if action == "retry_jobs" else client.cancel_jobs
             done = "retried" if action == "retry_jobs" else "cancelled"
             plan, total = bulk_plan(max_jobs, BULK_CALL), 0
@@ -584,12 +593,13 @@ def _resolve_state(body: bytes) -> str:
 
 
 _BULK_BODY = ('{"queue": "...", "state": "...", "kind": "..." | null, "before": "an ISO 8601 time with its offset" '
-              f'| null, "max_jobs": 1 to {BULK_MAX}}}')
+              f'| "a duration such as 1h (that long ago)" | null, "max_jobs": 1 to {BULK_MAX}}}')
 
 
-def _bulk_filter(body: bytes) -> tuple[str, str, str | None, datetime | None, int]:
-    """retry-all's and cancel-all's body: the filter, the time the jobs are from before, and the most
-    to act on; BadRequest (400) naming what is wrong (the values themselves pgq checks)."""
+def _bulk_filter(body: bytes) -> tuple[str, str, str | None, datetime | timedelta | None, int]:
+    """retry-all's and cancel-all's body: the filter, the time the jobs are from before (a time, or
+    a duration as the CLI's --before takes it: that long before the database's clock now), and the
+    most to act on; BadRequest (400) naming what is wrong (the values themselves pgq checks)."""
     try:
         data = parse_json(body)
     except BadJSON as exc:
@@ -604,16 +614,34 @@ def _bulk_filter(body: bytes) -> tuple[str, str, str | None, datetime | None, in
     before = data.get("before")
     if before is not None:
         try:
-            before = datetime.fromisoformat(before) if isinstance(before, str) else None
-        except ValueError:
-            before = None
-        if before is None or before.tzinfo is None:
-            raise BadRequest(f'"before" must be an ISO 8601 time with its offset, or null, got {data["before"]!r:.60}')
+            before = _before(before)
+        except ValueError as exc:
+            raise BadRequest(f'"before" must be an ISO 8601 time with its offset, a duration such as "1h" (that '
+                             f'long ago), or null, got {data["before"]!r:.60}{exc}') from None
     max_jobs = data.get("max_jobs")
     if type(max_jobs) is not int or not 1 <= max_jobs <= BULK_MAX:
         raise BadRequest(f'"max_jobs" (the most jobs to act on) must be a number from 1 to {BULK_MAX}, '
                          f'got {max_jobs!r:.40}')
     return data["queue"], data["state"], data.get("kind"), before, max_jobs
+
+
+def _before(value: Any) -> datetime | timedelta:
+    """A bulk body's "before": a duration (``"1h"``, as the CLI's --before) or a time with its
+    offset; ValueError (its text: why the duration is not one, when it looks like one) otherwise."""
+    if not isinstance(value, str):
+        raise ValueError("")
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        if re.fullmatch(r"\s*\d+(\.\d+)?\s*[a-z]*\s*", value):  # meant as a duration: say why it is not one
+            raise ValueError(f" ({exc})") from None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("") from None
+    if moment.tzinfo is None:
+        raise ValueError(" (without an offset)")
+    return moment
 
 
 def _worst(findings: Sequence[Any]) -> str:
@@ -636,12 +664,13 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(connect: Callable[[], AsyncClient], *, token: str | None = None,
-               allowed_hosts: Sequence[str] | None = None, session_lifetime: float = SESSION_LIFETIME) -> Starlette:
+               allowed_hosts: Sequence[str] | None = None, session_lifetime: Interval = SESSION_LIFETIME) -> Starlette:
     """The dashboard over the AsyncClient ``connect()`` makes (called when the server starts, in its
     event loop; the client is opened then and closed when the server stops). ``token``: require
     it (Bearer or a login's session cookie) on every request; ``allowed_hosts``: the Host names to
-    answer (None: any); ``session_lifetime``: how long a login lasts, in seconds (12 hours)."""
-    sessions, throttle = Sessions(session_lifetime), Throttle()
+    answer (None: any); ``session_lifetime``: how long a login lasts (seconds, a timedelta or a
+    duration such as ``"8h"``; 12 hours)."""
+    sessions, throttle = Sessions(seconds("session_lifetime", session_lifetime, positive=True)), Throttle()
     d = Dashboard(token, sessions, throttle)
 
     @asynccontextmanager

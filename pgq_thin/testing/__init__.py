@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgq_thin import queries
+from pgq_thin.calls import Interval, seconds
 from pgq_thin.client import Client
 from pgq_thin.models import JobRecord
 
@@ -188,14 +189,16 @@ def _timeout_message(timeout: float, busy: Busy) -> str:
     return f"drain: jobs were still due or running after {timeout:g}s ({'; '.join(left)})"
 
 
-def drain(worker: Any, dsn: str | None = None, timeout: float = 30.0) -> DrainResult:
+def drain(worker: Any, dsn: str | None = None, timeout: Interval = 30.0) -> DrainResult:
     """Run ``worker``'s due jobs in this process until none of its queues has a job that is due or
     running, and return what became of each job it claimed. ``dsn``: the test's ``pgq_dsn`` when
     None. Raises DrainTimeout (an AssertionError) when jobs are still due or running after
-    ``timeout`` seconds, and re-raises what ended the worker early (e.g. a missing privilege).
+    ``timeout`` (seconds, a timedelta or a duration such as ``"2m"``), and re-raises what ended the
+    worker early (e.g. a missing privilege).
 
     Jobs scheduled for later, and retries waiting for their backoff, are not due: the drain ends
     and reports such a job as ``retried`` (a later drain runs it once it is due)."""
+    timeout = seconds("timeout", timeout)
     dsn = _resolve(dsn)
     runner = _fresh_copy(worker)
     failure: list[BaseException] = []
@@ -229,10 +232,11 @@ def drain(worker: Any, dsn: str | None = None, timeout: float = 30.0) -> DrainRe
         observer.close()
 
 
-async def adrain(worker: Any, dsn: str | None = None, timeout: float = 30.0) -> DrainResult:
+async def adrain(worker: Any, dsn: str | None = None, timeout: Interval = 30.0) -> DrainResult:
     """``drain`` for an ``AsyncWorker``: runs ``await worker.run(dsn, install_signal_handlers=False)``
     (on a copy of it) as a task of the running loop, watches the database until none of its queues has
     a job that is due or running, stops it and returns what became of each job it claimed."""
+    timeout = seconds("timeout", timeout)
     dsn = _resolve(dsn)
     runner = _fresh_copy(worker)
     observer = await asyncio.to_thread(_Observer, dsn, getattr(worker, "pooled", False))

@@ -39,7 +39,9 @@ scripts/async_to_sync.py, and only how a part waits has two versions (``waits``,
 - ``middleware``: the chain of ``worker.middleware(fn)`` around each handler, composed once per
   run (none registered: the handler itself), and the on_start / on_stop hooks' rules.
 - ``context``: the JobContext a handler gets (lease_lost, cancelled, deadline, progress,
-  dependency results); ``transaction``: ``ctx.transaction()``, the handler's own transaction,
+  dependency results); ``durable``: its steps that run once, durable sleeps, signal waits,
+  children and waits for them (a wait that parks the job ends the attempt: nothing is recorded
+  for it); ``transaction``: ``ctx.transaction()``, the handler's own transaction,
   whose end runs pgq.complete in it (settled through ``held`` like any other end).
 - ``signals``: the first SIGTERM / SIGINT stops gracefully, the second at once.
 - ``metrics`` (with ``metrics_port``): the worker's Prometheus metrics, counted around each
@@ -55,10 +57,12 @@ scripts/async_to_sync.py, and only how a part waits has two versions (``waits``,
 from pgq_thin.worker.aio import AsyncWorker
 from pgq_thin.worker.base import POOLED_POLL_INTERVAL
 from pgq_thin.worker.context import Handler, JobContext
+from pgq_thin.worker.durable import Parked, SignalTimeout
 from pgq_thin.worker.outcomes import OutcomeUnknown, Retry, Snooze
 from pgq_thin.worker.prefetch import AUTO_PREFETCH_DEEP, AUTO_PREFETCH_MAX, AUTO_PREFETCH_WAIT
 from pgq_thin.worker.support import CHANNEL
 from pgq_thin.worker.threaded import Worker
 
 __all__ = ["AUTO_PREFETCH_DEEP", "AUTO_PREFETCH_MAX", "AUTO_PREFETCH_WAIT", "CHANNEL", "POOLED_POLL_INTERVAL",
-           "AsyncWorker", "Handler", "JobContext", "OutcomeUnknown", "Retry", "Snooze", "Worker"]
+           "AsyncWorker", "Handler", "JobContext", "OutcomeUnknown", "Parked", "Retry", "SignalTimeout", "Snooze",
+           "Worker"]

@@ -7,19 +7,21 @@ import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import psycopg.conninfo
 
 from pgq_thin.calls import READING
 from pgq_thin.client import resolve_dsn
+from pgq_thin.durations import Interval, to_timedelta
 from pgq_thin.errors import PgqError
 from pgq_thin.models import QueueStatus
+from pgq_thin.tasks import Task, default_kind
 from pgq_thin.worker.context import Handler
 from pgq_thin.worker.metrics import JobWatch, WorkerMetrics, check_port, check_token
 from pgq_thin.worker.middleware import Hook, Middleware, check_registration
 from pgq_thin.worker.prefetch import check_prefetch
-from pgq_thin.worker.support import KEEPALIVES, MAX_SECONDS, Flags, default_name, log, sane_seconds
+from pgq_thin.worker.support import KEEPALIVES, MAX_SECONDS, Flags, default_name, log, sane_seconds, seconds
 from pgq_thin.worker.tracing import Tracing
 
 __all__ = ["POOLED_POLL_INTERVAL", "WorkerBase"]
@@ -31,6 +33,7 @@ DAY = 86400.0
 _H = TypeVar("_H", bound=Handler)
 _M = TypeVar("_M", bound=Middleware)
 _K = TypeVar("_K", bound=Hook)
+_R = TypeVar("_R")
 
 
 def check_queues(queues: Sequence[str] | str | None) -> list[str] | None:
@@ -44,13 +47,27 @@ def check_queues(queues: Sequence[str] | str | None) -> list[str] | None:
     return cleaned
 
 
-def check_seconds(name: str, value: Any, low: float, high: float, low_included: bool = False) -> None:
-    """A setting in seconds (a number, or for ``lease`` a timedelta): finite, within its range."""
+def check_seconds(name: str, value: Any, low: float, high: float, low_included: bool = False) -> float | timedelta:
+    """A setting that is an interval: a number of seconds, a timedelta or a duration as the CLI
+    reads it (``"30s"``, ``"3m 12s"``: pgq_thin.durations; a bare ``"5"`` is refused); finite,
+    within its range. Returns it converted: a duration in text becomes a timedelta."""
+    if isinstance(value, str):
+        try:
+            value = to_timedelta(value)
+        except ValueError as exc:
+            raise ValueError(f"{name} {exc}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a number of seconds, a timedelta or a duration such as '30s', "
+                        f"got {type(value).__name__}")
     if not sane_seconds(value, low, high, low_included):
         above = "" if low == -math.inf else f"{'at least' if low_included else 'more than'} {low:g} and "
         raise ValueError(f"{name} must be a finite number of seconds, {above}at most {high:g}, got {value!r}")
+    return value
+
+
+def check_interval(name: str, value: Any, low: float, high: float, low_included: bool = False) -> float:
+    """check_seconds, as a number of seconds (the settings the runtime computes with)."""
+    return seconds(check_seconds(name, value, low, high, low_included))
 
 
 def check_concurrency(concurrency: int) -> int:
@@ -68,12 +85,12 @@ class WorkerBase:
         concurrency: int = 4,
         *,
         name: str | None = None,
-        lease: float | timedelta | None = None,
-        poll_interval: float | None = None,
+        lease: Interval | None = None,
+        poll_interval: Interval | None = None,
         listen: bool = True,
         pooled: bool = False,
-        sweep_interval: float = 30.0,
-        shutdown_timeout: float = 30.0,
+        sweep_interval: Interval = 30.0,
+        shutdown_timeout: Interval = 30.0,
         prefetch: int | str = "auto",
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
@@ -82,11 +99,11 @@ class WorkerBase:
         tracer_provider: Any = None,
     ) -> None:
         if poll_interval is not None:
-            check_seconds("poll_interval", poll_interval, 0, DAY)
+            poll_interval = check_interval("poll_interval", poll_interval, 0, DAY)
         if lease is not None:
-            check_seconds("lease", lease, 0, MAX_SECONDS)  # its range: the server's
-        check_seconds("sweep_interval", sweep_interval, -math.inf, DAY * 365)  # <= 0: never
-        check_seconds("shutdown_timeout", shutdown_timeout, 0, DAY, low_included=True)
+            lease = check_seconds("lease", lease, 0, MAX_SECONDS)  # its range: the server's
+        sweep_interval = check_interval("sweep_interval", sweep_interval, -math.inf, DAY * 365)  # <= 0: never
+        shutdown_timeout = check_interval("shutdown_timeout", shutdown_timeout, 0, DAY, low_included=True)
         self.queues = check_queues(queues)
         self.concurrency = check_concurrency(concurrency)
         self.prefetch = check_prefetch(prefetch)
@@ -171,6 +188,34 @@ class WorkerBase:
             return function
 
         return register
+
+    @overload
+    def task(self, function: Callable[..., _R], /) -> Task[_R]: ...
+
+    @overload
+    def task(self, function: None = None, /, *, queue: str | None = None, kind: str | None = None,
+             **defaults: Any) -> Callable[[Callable[..., _R]], Task[_R]]: ...
+
+    def task(self, function: Callable[..., _R] | None = None, /, *, queue: str | None = None,
+             kind: str | None = None, **defaults: Any) -> Task[_R] | Callable[[Callable[..., _R]], Task[_R]]:
+        """Register the decorated function as a task (pgq_thin.tasks.Task): a handler whose
+        arguments are the payload's fields (a parameter named ``ctx`` gets the JobContext), and
+        ``.enqueue(client_or_conn, **arguments)`` to send its jobs. ``queue``: where its jobs go
+        (default: this worker's first queue, "default" for a worker of every queue); ``kind``:
+        the function's ``__qualname__`` (without its ``<locals>.`` parts) unless given;
+        ``defaults``: Client.enqueue's options for its jobs (``max_attempts``, ``priority``,
+        ``unique_key`` (or a function of the task's arguments, by name, that returns it),
+        ``max_run_time``...). ``@worker.task`` alone works too. An ``async def`` task needs an
+        AsyncWorker. Returns the Task."""
+
+        def register(fn: Callable[..., _R]) -> Task[_R]:
+            check_registration("task", fn, type(self).__name__, self._ran, self._async_parts)
+            name = kind if kind is not None else default_kind(fn)
+            task = Task(fn, queue if queue is not None else (self.queues or ["default"])[0], name, defaults)
+            self.handler(name)(task.handler())
+            return task
+
+        return register if function is None else register(function)
 
     #: Whether ``async def`` middleware and hooks are accepted (AsyncWorker).
     _async_parts = False

@@ -5,14 +5,16 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
+from pgq_thin.durations import Interval
 from pgq_thin.errors import ConnectionLost, LeaseLost, PgqError, WrongState, translate
 from pgq_thin.models import DependencyResult, Job
+from pgq_thin.worker.durable import Steps
 from pgq_thin.worker.transaction import HandlerTransaction
 
 __all__ = ["DependencyResults", "Handler", "HandlerTransaction", "JobContext"]
@@ -48,6 +50,13 @@ class JobContext:
     job (pgq.complete in the same transaction): the handler's writes and the job's completion
     commit together or not at all. ``completed`` is true once such a transaction committed.
 
+    Durable execution (pgq_thin.worker.durable): ``step(name, fn)`` runs ``fn`` once per job,
+    whatever crashes, and returns its recorded result; ``sleep(delay)``, ``wait_for_signal(name,
+    timeout)`` and ``wait_for_jobs(ids)`` may park the job (the attempt ends, the slot is free, the
+    job runs again from the top once it may go on: they raise Parked, which the handler lets
+    through); ``spawn(name, queue, kind, payload)`` enqueues a child once. ``parked`` is true once
+    a call parked the job.
+
     A per-job facility (the deadline from the claimed row, a progress report) belongs here: both
     runtimes make the context in one way, from the claimed Job, the client and the stop flag
     (AsyncClaimer.hand_over_all, and the Claimer made of it); a method that calls ``client`` answers on a
@@ -59,6 +68,10 @@ class JobContext:
     # The worker's registry of held jobs (HeldJobs), set by HeldJobs.hold_all (None for a
     # context no worker holds): a transaction asks it for the job's one settling call.
     _registry: Any = None
+    #: True once a durable wait (sleep, wait_for_signal, wait_for_jobs) ended the attempt in the
+    #: database: the worker records nothing more for it.
+    parked = False
+    _steps: Steps | None = None  # made on first use: a job without steps costs nothing
 
     def __init__(self, job: Job, client: Any, worker_name: str,
                  shutting_down: threading.Event | None = None, *,
@@ -157,6 +170,62 @@ class JobContext:
         (BadArgument) when given, before anything is sent. On an AsyncWorker use ``async with``
         in an ``async def`` handler."""
         return HandlerTransaction(self, result)
+
+    # Durable execution --------------------------------------------------------------------------
+
+    def durable(self) -> Steps:
+        steps = self._steps
+        if steps is None:
+            steps = self._steps = Steps(self)
+        return steps
+
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, transaction: bool = False,
+             **kwargs: Any) -> Any:
+        """A step that runs once per job: the result recorded for ``name`` (pgq.get_step) when
+        there is one, else ``fn(*args, **kwargs)``'s, recorded (pgq.record_step) and returned as
+        recorded (any JSON value, read back from its JSON). A recorded step costs one round trip;
+        a new one two, and its run. With ``transaction=True``, ``fn(conn, *args, **kwargs)`` runs
+        with a connection of the worker's pool in a transaction that ends with the record: the
+        step's own writes and its record commit together or not at all (an exception in ``fn``
+        rolls both back and propagates).
+
+        Names: the n-th call of a name in one run (n >= 2) is the step ``name#n`` (step, sleep
+        and spawn names count together), so a loop's iterations are told apart by their order;
+        or name them yourself (``f"charge-{i}"``). When the job is no longer this attempt's the
+        call raises LeaseLost (and sets ``lease_lost``): the handler stops, its outcome is
+        discarded. On an AsyncWorker, await it; ``fn`` may be an ``async def`` there (a plain
+        one runs on the loop: keep it short, or give it to a thread)."""
+        return self.durable().step(name, fn, args, kwargs, transaction)
+
+    def sleep(self, delay: Interval, name: str = "sleep") -> Any:
+        """A durable sleep (pgq.sleep): step ``name`` records the wake time, now + ``delay``
+        (seconds, a timedelta or a duration such as ``"5m"``), once. While it is ahead the
+        attempt ends (no attempt used, the slot freed) and Parked is raised: let it through, the
+        job runs again from the top at that time. Once it has passed, returns None. Names repeat
+        as step's do. On an AsyncWorker, await it."""
+        return self.durable().sleep(delay, name)
+
+    def wait_for_signal(self, name: str, timeout: Interval | None = None) -> Any:
+        """Wait for signal ``name`` of the job's queue (pgq.await_signal; a producer sends it with
+        client.signal or pgq-thin signal): its payload once it has come; SignalTimeout (a
+        TimeoutError) once the wait passed ``timeout`` (seconds, a timedelta or a duration such as
+        ``"1h"``; None: no timeout); otherwise the job is parked until one of them (Parked is raised: let it
+        through). The answer is recorded: a later run is told the same. On an AsyncWorker, await
+        it."""
+        return self.durable().wait_for_signal(name, timeout)
+
+    def spawn(self, name: str, queue: str, kind: str, payload: dict[str, Any] | None = None) -> Any:
+        """Enqueue the child ``name`` once (pgq.spawn): its job id; a later call of the name, in
+        any run, returns the same id. The child carries the workflow's root (``workflow_id``).
+        Names repeat as step's do. On an AsyncWorker, await it."""
+        return self.durable().spawn(name, queue, kind, payload)
+
+    def wait_for_jobs(self, ids: Sequence[int]) -> Any:
+        """Wait until every job of ``ids`` has ended (pgq.await_jobs): then how each ended, by id
+        (a JobOutcome: its state, result, last error), read with pgq.job_outcomes; until then the
+        job is parked (Parked is raised: let it through) and runs again from the top once they
+        have. On an AsyncWorker, await it."""
+        return self.durable().wait_for_jobs(ids)
 
     # The seam HandlerTransaction uses (transaction.TransactionSeam): whether a block may begin,
     # the job's one settling call asked for and given back, and what a refusal or a failed COMMIT

@@ -56,6 +56,9 @@ class AsyncExecutor:
         if held.ctx.completed:  # its ctx.transaction() committed the completion: nothing left to send
             outcomes.committed(outcome, held.log)
             self.owner.held.forget([held])
+        elif held.ctx.parked:  # a durable wait ended the attempt in the database: nothing to send
+            outcomes.parked(outcome, held.log)
+            self.owner.held.forget([held])
         elif outcome.batched:
             if not await self.completer.add(held):
                 self.owner.held.forget([held])

@@ -38,7 +38,8 @@ DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 #: Jobs per claim (a claim takes at most 1000).
 BATCH_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, float("inf"))
 
-_LABELS = {"complete": "completed", "fail": "failed", "snooze": "snoozed", "mark_unknown": "outcome_unknown"}
+_LABELS = {"complete": "completed", "fail": "failed", "snooze": "snoozed", "mark_unknown": "outcome_unknown",
+           "park": "parked"}
 
 
 def check_port(port: int | None) -> int | None:
@@ -57,6 +58,8 @@ def outcome_label(held: Held, outcome: Outcome | None) -> str:
     """The ``outcome`` label of one handler run."""
     if held.ctx.completed:  # its ctx.transaction() committed: done, whatever the handler did afterwards
         return "completed"
+    if held.ctx.parked:  # a durable wait ended the attempt in the database
+        return "parked"
     if outcome is None:
         return "interrupted"
     if held.ctx.cancelled:

@@ -14,34 +14,49 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
+from pgq_thin.durations import Interval, to_timedelta
 from pgq_thin.models import Job, UnreadableJson
+from pgq_thin.worker.durable import Parked
 from pgq_thin.worker.support import JobLog, sane_seconds, seconds, transient
 
-__all__ = ["CANCELLED", "Outcome", "OutcomeUnknown", "Retry", "Snooze", "cancelled_before_start", "no_handler",
-           "of_exception", "of_result", "unreadable"]
+__all__ = ["CANCELLED", "PARKED", "Outcome", "OutcomeUnknown", "Retry", "Snooze", "cancelled_before_start",
+           "no_handler", "of_exception", "of_result", "parked", "unreadable"]
+
+
+def _delay(what: str, delay: Interval) -> float | timedelta:
+    """A Retry's or a Snooze's delay: a number of seconds or a timedelta as given, a duration in
+    text (``"30s"``, ``"1h 30m"``) as its timedelta; positive and finite, else ValueError."""
+    if isinstance(delay, str):
+        try:
+            delay = to_timedelta(delay)
+        except ValueError as exc:
+            raise ValueError(f"{what} delay {exc}") from None
+    if not sane_seconds(delay):
+        raise ValueError(f"{what} delay must be a positive finite number of seconds, a timedelta or a duration "
+                         f"such as '30s', got {delay!r}")
+    return delay
 
 
 class Retry(Exception):
-    """Raise in a handler to fail this attempt and retry after ``delay`` (pgq.fail with retry_in).
-    ``delay=None`` uses the queue's backoff. Counts as an attempt."""
+    """Raise in a handler to fail this attempt and retry after ``delay`` (pgq.fail with retry_in):
+    seconds, a timedelta or a duration such as ``"30s"`` or ``"1h 30m"``. ``delay=None`` uses the
+    queue's backoff. Counts as an attempt."""
 
-    def __init__(self, delay: float | timedelta | None = None, reason: str = "retry requested") -> None:
-        if delay is not None and not sane_seconds(delay):
-            raise ValueError(f"Retry delay must be a positive finite number of seconds or a timedelta, got {delay!r}")
+    def __init__(self, delay: Interval | None = None, reason: str = "retry requested") -> None:
+        checked = None if delay is None else _delay("Retry", delay)
         super().__init__(reason)
-        self.delay = delay
+        self.delay = checked
         self.reason = reason
 
 
 class Snooze(Exception):
-    """Raise in a handler to run the job again after ``delay`` without using up an attempt
-    (pgq.snooze)."""
+    """Raise in a handler to run the job again after ``delay`` (seconds, a timedelta or a duration
+    such as ``"5m"``) without using up an attempt (pgq.snooze)."""
 
-    def __init__(self, delay: float | timedelta) -> None:
-        if not sane_seconds(delay):
-            raise ValueError(f"Snooze delay must be a positive finite number of seconds or a timedelta, got {delay!r}")
-        super().__init__(f"snoozed for {seconds(delay):g} s")
-        self.delay = delay
+    def __init__(self, delay: Interval) -> None:
+        checked = _delay("Snooze", delay)
+        super().__init__(f"snoozed for {seconds(checked):g} s")
+        self.delay = checked
 
 
 class OutcomeUnknown(Exception):
@@ -53,7 +68,7 @@ class OutcomeUnknown(Exception):
         self.note = note
 
 
-Operation = Literal["complete", "fail", "snooze", "mark_unknown"]
+Operation = Literal["complete", "fail", "snooze", "mark_unknown", "park"]
 
 def failed_as(state: Any) -> str:
     """What pgq.fail's answer (the job's new state) means, as a sentence."""
@@ -105,6 +120,21 @@ def cancelled_before_start(jlog: JobLog) -> Outcome:
     return CANCELLED
 
 
+#: The outcome of a handler run that a durable wait parked (ctx.sleep, ctx.wait_for_signal,
+#: ctx.wait_for_jobs raised Parked): the database ended the attempt, nothing is sent.
+PARKED = Outcome("park")
+
+
+def parked(outcome: Outcome, jlog: JobLog) -> None:
+    """A durable wait of the handler parked the job (the attempt ended in the database): nothing is
+    sent; what the handler did after it (``outcome``, when it caught Parked) is not recorded."""
+    if outcome is PARKED:
+        jlog.info("parked (a durable sleep or wait): the attempt has ended, the job runs again when it may go on")
+    else:
+        jlog.warning("parked (a durable sleep or wait), but the handler went on after it: what it did then "
+                     "(%s) is not recorded", outcome.operation)
+
+
 #: A handler returned None: its completion joins the next complete_many batch (the common case:
 #: one shared object, nothing made per job).
 BATCHED = Outcome("complete", batched=True)
@@ -147,6 +177,8 @@ def of_exception(exc: BaseException, jlog: JobLog) -> Outcome:
     if isinstance(exc, Snooze):
         jlog.info("the handler snoozed the job for %g s (no attempt used)", seconds(exc.delay))
         return Outcome("snooze", {"delay": exc.delay})
+    if isinstance(exc, Parked):
+        return PARKED
     if isinstance(exc, OutcomeUnknown):
         jlog.warning("the handler cannot tell whether the job's effect happened: %s", exc.note)
         return Outcome("mark_unknown", {"note": sendable(str(exc.note))})

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 
 from pgq_thin import queries
+from pgq_thin.durations import Interval, to_timedelta
 from pgq_thin.errors import ConnectionLost, PgqError
 from pgq_thin.models import Job
 
@@ -28,10 +29,15 @@ CHANNEL = queries.CHANNEL
 KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
                               "keepalives_count": 3}
 
-Delay = float | timedelta
+#: A delay or a lease as the worker takes one: a number of seconds, a timedelta or a duration as
+#: the CLI reads it (``"30s"``, ``"3m 12s"``: pgq_thin.durations).
+Delay = Interval
 
 
 def seconds(delay: Delay) -> float:
+    """``delay`` in seconds (a duration in text read by to_timedelta: ValueError if it is not one)."""
+    if isinstance(delay, str):
+        delay = to_timedelta(delay)
     return delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
 
 
@@ -40,13 +46,13 @@ MAX_SECONDS = timedelta.max.total_seconds()
 
 
 def sane_seconds(delay: Any, low: float = 0.0, high: float = MAX_SECONDS, low_included: bool = False) -> bool:
-    """Whether ``delay`` (a number or a timedelta, not a bool) is finite and within (low, high]
-    (or [low, high])."""
-    if isinstance(delay, bool) or not isinstance(delay, (int, float, timedelta)):
+    """Whether ``delay`` (a number, a timedelta or a duration in text, not a bool) is finite and
+    within (low, high] (or [low, high])."""
+    if isinstance(delay, bool) or not isinstance(delay, (int, float, timedelta, str)):
         return False
     try:
         number = seconds(delay)
-    except OverflowError:  # an int too large for a float
+    except (OverflowError, ValueError):  # an int too large for a float; a text that is no duration
         return False
     return (low <= number if low_included else low < number) and number <= high  # NaN: neither
 

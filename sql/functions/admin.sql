@@ -262,6 +262,66 @@ $$;
 COMMENT ON FUNCTION pgq.cancel_jobs(text, text, text, timestamptz, integer) IS
     'Cancels up to limit_rows jobs of a queue in one unfinished state (of kind, created before '
     'created_before), oldest first, as pgq.cancel does; returns how many. Call again until 0.';
+-- Deletes the jobs of a queue in one state that match the filter, at most limit_rows of them, oldest
+-- id first, and returns how many. Never a running or outcome_unknown job. What others see stays as
+-- after an end: a pending or waiting job is cancelled first (pgq._cancel_job, in this transaction),
+-- so its end reaches its dependants (cancelled down an all_done chain, released for all_ended),
+-- its batch (counted, the callback fired when it was the last) and the metrics, as a cancelled job's
+-- does; then it is deleted as pgq.prune deletes a finished job (pgq._delete_jobs), and its
+-- unique_key is free. A job another transaction holds is skipped (SKIP LOCKED, with a DELETE's lock:
+-- a foreign key's KEY SHARE holder too), and so is a finished job whose end a settle call has yet
+-- to check against an enqueue in flight (pgq.overlap_checks: a gone dependency counts as
+-- cancelled there): call again until it returns 0 (pgq-thin delete --all does). `before`: jobs
+-- created before it (pending, waiting) or finished before it (done, failed, cancelled). The jobs
+-- are read in jobs_list_idx (queue, state, id) order; kind and before filter what that reads.
+CREATE OR REPLACE FUNCTION pgq.delete_jobs(queue text, state text, kind text DEFAULT NULL,
+                                           before timestamptz DEFAULT NULL, limit_rows integer DEFAULT 1000)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET lock_timeout = '5s'
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    SET enable_sort = off
+    AS $$
+DECLARE
+    job     pgq.jobs;
+    doomed  bigint[] := '{}';
+    checked bigint[];
+BEGIN
+    PERFORM pgq._check_bulk(delete_jobs.queue, delete_jobs.state, '{pending,waiting,done,failed,cancelled}',
+                            delete_jobs.kind, delete_jobs.limit_rows);
+    FOR job IN
+        SELECT j.* FROM pgq.jobs AS j
+        WHERE j.queue = delete_jobs.queue AND j.state = delete_jobs.state::pgq.job_state AND j.state <> 'running'
+          AND (delete_jobs.kind IS NULL OR j.kind = delete_jobs.kind)
+          AND (delete_jobs.before IS NULL
+               OR CASE WHEN j.state IN ('pending', 'waiting') THEN j.created_at ELSE j.finished_at END
+                  < delete_jobs.before)
+        ORDER BY (- j.id) DESC
+        LIMIT delete_jobs.limit_rows
+        FOR UPDATE OF j SKIP LOCKED
+    LOOP
+        IF job.state IN ('pending', 'waiting') THEN
+            PERFORM pgq._cancel_job(job);
+        END IF;
+        doomed := doomed || job.id;
+    END LOOP;
+    IF delete_jobs.state IN ('done', 'failed', 'cancelled') AND cardinality(doomed) > 0 THEN
+        -- One read of the checks not yet settled (a handful: every settle call takes them).
+        checked := ARRAY(SELECT DISTINCT c.job_id FROM pgq.overlap_checks AS c WHERE c.job_id = ANY (doomed));
+        IF cardinality(checked) > 0 THEN
+            doomed := ARRAY(SELECT d.id FROM unnest(doomed) AS d(id) WHERE d.id <> ALL (checked));
+        END IF;
+    END IF;
+    RETURN pgq._delete_jobs(doomed);
+END
+$$;
+COMMENT ON FUNCTION pgq.delete_jobs(text, text, text, timestamptz, integer) IS
+    'Deletes up to limit_rows jobs of a queue in one state (pending, waiting, done, failed or '
+    'cancelled; of kind, created or finished before before), oldest first, a pending or waiting one '
+    'cancelled first (its dependants and batch see it end); returns how many. Call again until 0.';
 COMMENT ON FUNCTION pgq.retry(bigint) IS
     'Makes a failed or cancelled job pending again; 55000 for other states; P0002 when unknown.';
 
@@ -310,8 +370,81 @@ $$;
 COMMENT ON FUNCTION pgq.resolve(bigint, text) IS
     'Settles an outcome_unknown job as done, failed, cancelled or pending (run again).';
 
+-- Deletes the finished jobs `ids` (locked FOR UPDATE by the caller: a DELETE's lock, so that a
+-- foreign key's KEY SHARE holder is skipped, never waited for) with what is theirs: their events,
+-- their steps, their own dependency links (pgq.job_links of them) and their batch membership. The
+-- links to them of other jobs stay (they are those jobs' record). Returns how many it deleted.
+-- (pgq.prune, pgq.delete_jobs.)
+CREATE OR REPLACE FUNCTION pgq._delete_jobs(ids bigint[]) RETURNS integer
+    LANGUAGE sql
+    AS $$
+    WITH gone AS (
+        DELETE FROM pgq.jobs AS j WHERE j.id = ANY (_delete_jobs.ids) RETURNING j.id, j.depends_on, j.batch_id
+    ), events AS (
+        DELETE FROM pgq.job_events AS e USING gone AS g WHERE e.job_id = g.id
+    ), links AS (
+        DELETE FROM pgq.job_dependants AS l
+        USING (SELECT x.dep, g.id FROM gone AS g CROSS JOIN LATERAL unnest(g.depends_on) AS x(dep)
+               WHERE g.depends_on IS NOT NULL) AS k
+        WHERE l.depends_on = k.dep AND l.job_id = k.id
+    ), members AS (
+        DELETE FROM pgq.batch_members AS m USING gone AS g
+        WHERE g.batch_id IS NOT NULL AND m.batch_id = g.batch_id AND m.job_id = g.id
+    ), steps AS (
+        DELETE FROM pgq.steps AS s USING gone AS g WHERE s.job_id = g.id
+    )
+    SELECT count(*)::integer FROM gone
+$$;
+
+-- Retention (pgq.prune, pgq.sweep): deletes up to max_jobs finished jobs (pgq._delete_jobs: with
+-- their events, links, batch memberships and steps): those that finished before now - older_than or, when
+-- older_than is NULL, before now - their state's retention in their queue (done: retention;
+-- failed: retention_failed; cancelled: retention_cancelled; NULL: retention). Queue by queue (name
+-- order) and state by state, oldest first within each, through jobs_retention_idx (queue, state,
+-- finished_at): a range per queue and state holding only the jobs past it, so a call reads the
+-- jobs it deletes and one index probe per queue and state, whatever the history it keeps. A job
+-- another transaction holds (a retry, a late write of its old owner) is skipped (SKIP LOCKED) and
+-- its state re-checked when it changed meanwhile (FOR UPDATE re-evaluates the WHERE clause on the
+-- newest row version): a job retried to pending is never deleted. Returns how many it deleted.
+CREATE OR REPLACE FUNCTION pgq._retire_finished(older_than interval, max_jobs integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET jit = off
+    AS $$
+DECLARE
+    deleted integer := 0;
+    n integer;
+    r record;
+BEGIN
+    FOR r IN
+        SELECT q.name AS queue, s.state,
+               pgq._now() - coalesce(_retire_finished.older_than,
+                                     CASE s.state WHEN 'failed' THEN coalesce(q.retention_failed, q.retention)
+                                                  WHEN 'cancelled' THEN coalesce(q.retention_cancelled, q.retention)
+                                                  ELSE q.retention END) AS horizon
+        FROM pgq.queues AS q CROSS JOIN unnest('{done,failed,cancelled}'::pgq.job_state[]) AS s(state)
+        ORDER BY q.name, s.state
+    LOOP
+        EXIT WHEN deleted >= _retire_finished.max_jobs;
+        -- (state IN (...) as well: a generic plan proves jobs_retention_idx's predicate from it,
+        -- not from the parameter r.state.)
+        n := pgq._delete_jobs(ARRAY(
+            SELECT j.id
+            FROM pgq.jobs AS j
+            WHERE j.queue = r.queue AND j.state = r.state AND j.state IN ('done', 'failed', 'cancelled')
+              AND j.finished_at < r.horizon
+            ORDER BY j.finished_at
+            LIMIT _retire_finished.max_jobs - deleted
+            FOR UPDATE SKIP LOCKED));
+        deleted := deleted + n;
+    END LOOP;
+    RETURN deleted;
+END
+$$;
+
 -- Deletes finished (done, failed, cancelled) jobs, with their events and steps, older than
--- older_than, or than each queue's retention when older_than is NULL. At most max_jobs per call:
+-- older_than, or, when older_than is NULL, than their state's retention in their queue (retention,
+-- retention_failed, retention_cancelled: pgq._retire_finished). At most max_jobs per call:
 -- call it again until it returns 0. Then up to max_jobs signals sent before the same horizon, and
 -- up to max_jobs tenants of fair queues that have no job left and
 -- the default weight 1 (a weight set with pgq.set_tenant_weight is kept; a tenant removed comes
@@ -341,30 +474,7 @@ BEGIN
     ELSIF prune.max_jobs NOT BETWEEN 1 AND 1000000 THEN
         PERFORM pgq._bad_argument('max_jobs', format('must be between 1 and 1000000, got %s', prune.max_jobs));
     END IF;
-    WITH doomed AS (
-        SELECT j.id
-        FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue
-        WHERE j.state IN ('done', 'failed', 'cancelled')
-          AND j.finished_at < pgq._now() - coalesce(prune.older_than, q.retention)
-        ORDER BY j.finished_at
-        LIMIT prune.max_jobs
-        FOR UPDATE OF j SKIP LOCKED
-    ), gone AS (
-        DELETE FROM pgq.jobs AS j USING doomed AS d WHERE j.id = d.id RETURNING j.id, j.depends_on, j.batch_id
-    ), events AS (
-        DELETE FROM pgq.job_events AS e USING gone AS g WHERE e.job_id = g.id
-    ), links AS (
-        DELETE FROM pgq.job_dependants AS l
-        USING (SELECT x.dep, g.id FROM gone AS g CROSS JOIN LATERAL unnest(g.depends_on) AS x(dep)
-               WHERE g.depends_on IS NOT NULL) AS k
-        WHERE l.depends_on = k.dep AND l.job_id = k.id
-    ), members AS (
-        DELETE FROM pgq.batch_members AS m USING gone AS g
-        WHERE g.batch_id IS NOT NULL AND m.batch_id = g.batch_id AND m.job_id = g.id
-    ), steps AS (
-        DELETE FROM pgq.steps AS s USING gone AS g WHERE s.job_id = g.id
-    )
-    SELECT count(*) INTO deleted FROM gone;
+    deleted := pgq._retire_finished(prune.older_than, prune.max_jobs);
     -- Batches whose callback was enqueued before the same horizon and whose members are all
     -- deleted, with their counts and joiners.
     WITH gone AS (

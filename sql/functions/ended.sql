@@ -32,20 +32,15 @@
 --   records its own end), which runs pgq._job_ended once per end. Those ends are a job at a time
 --   or rare (a failure, a cancel, a recovery).
 --
--- Which completions record their own ends, the trigger's WHEN (migration 0023) asks the statement
--- itself, not the catalog: this source's pgq.complete and pgq.complete_many set
--- pgq.completion_records_ends to 'on' before their UPDATE, whatever the caller set (set_config,
--- for the rest of the transaction: a function's SET clause of a custom setting needs a superuser
--- owner). The previous release's completions do not, and leave their ends to the
--- trigger; a call of theirs that read its body just before this source's install committed may
--- plan its UPDATE just after it, with the new catalog (tests/test_completion_ends.py holds one
--- there), and the trigger still records it. (Its pgq.complete_many counts its batch members itself
--- and marks them in pgq.turns: pgq._batch_counting_mark, which _job_ended still honours.) The WHEN
--- also reads pgq.version(), folded into a constant once per statement: until this source is
--- installed every completion is the trigger's, so no caller can name the setting to have an end
--- left unrecorded. After it, a caller who sets it changes nothing: no other call writes last_event
--- 'completed', and this source's completions set it themselves. (The one end it could still leave
--- unrecorded is that of its own call of the previous release caught at the install's commit.)
+-- Which completions record their own ends, the trigger's WHEN (migration 0024) asks the row:
+-- this source's pgq.complete and pgq.complete_many write their transaction's id into
+-- jobs.ends_recorded_by in the UPDATE that ends the job. The previous release's completions do
+-- not, and leave their ends to the trigger; a call of theirs that read its body just before this
+-- source's install committed may run its UPDATE just after it, with the new catalog
+-- (tests/sql/test_completion_ends.py holds one there), and the trigger still records it (the row's
+-- ends_recorded_by is NULL, or an earlier transaction's). (Its pgq.complete_many counts its batch
+-- members itself and marks them in pgq.turns: pgq._batch_counting_mark, which _job_ended still
+-- honours.) No caller can write a job's row, and no session setting is read.
 --
 -- What an end needs comes from the row or from rows of pgq's own tables, never from a session
 -- setting a caller can set to change it: an end inside a claim's or a sweep's recovery of expired

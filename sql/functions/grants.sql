@@ -6,7 +6,7 @@
 -- grant of a pgq function to a role of the user's own is left alone). The roles and what each may
 -- do are described in docs/security.md. PUBLIC has no USAGE on schema pgq either (a versioned
 -- grant, in the migrations), and no role may call a function it is not granted here
--- (tests/test_sql_security.py).
+-- (tests/sql/test_sql_security.py).
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC, pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
 
@@ -20,6 +20,9 @@ GRANT EXECUTE ON FUNCTION
     pgq.signal(text, text, jsonb),
     pgq.cancel_workflow(bigint)
     TO pgq_producer;
+
+-- A job not started, edited: by the login that enqueued it and by admins (members of pgq_producer).
+GRANT EXECUTE ON FUNCTION pgq.update_job(bigint, jsonb, integer, timestamptz, jsonb) TO pgq_producer;
 
 -- The outcome of a job: to the login that enqueued it (and readers of its queue), whichever pgq
 -- role it has.
@@ -56,9 +59,10 @@ GRANT EXECUTE ON FUNCTION
     pgq.retry(bigint),
     pgq.retry_jobs(text, text, text, timestamptz, integer),
     pgq.cancel_jobs(text, text, text, timestamptz, integer),
+    pgq.delete_jobs(text, text, text, timestamptz, integer),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
-    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer),
+    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval),
     pgq.set_tenant_weight(text, text, integer),
     pgq.set_key_limit(text, text, integer),
     pgq.pause(text),

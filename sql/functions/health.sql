@@ -155,9 +155,116 @@ BEGIN
 END
 $$;
 
+-- pgq.health's checks of what holds back vacuum from outside this database's sessions (read as
+-- the schema's owner): replication slots (cluster-wide: a slot's xmin, which a standby's
+-- hot_standby_feedback sets, holds back vacuum of every table, pgq.jobs included; its catalog_xmin,
+-- a logical slot's, that of the system catalogs), walsenders' backend_xmin (a standby's
+-- hot_standby_feedback without a slot: every table), and this database's prepared transactions
+-- (they hold their snapshot until COMMIT PREPARED or ROLLBACK PREPARED, through restarts). Each
+-- holder is one row with the age it holds, in transactions (and in time where PostgreSQL knows it:
+-- a prepared transaction's). Severity: critical past half of autovacuum_freeze_max_age
+-- transactions (anti-wraparound vacuum cannot freeze past it); for a prepared transaction, past
+-- max_snapshot_age (warning past half of it), as for a session; for a slot or a standby, warning
+-- past 1,000,000 transactions or, for an inactive slot (nothing consumes it: its age only grows),
+-- at any age; ok otherwise (listed: it holds vacuum back by that much). The standbys' xmin is read
+-- from pg_stat_replication, which shows it only to members of pg_read_all_stats (pg_monitor has
+-- it): an owner without it is told so.
+CREATE OR REPLACE FUNCTION pgq._health_xmin_holders(max_snapshot_age interval)
+    RETURNS TABLE (severity text, "check" text, detail text, hint text)
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    r record;
+    found_any boolean;
+    wraparound bigint := current_setting('autovacuum_freeze_max_age')::bigint / 2;
+    many constant bigint := 1000000;
+BEGIN
+    found_any := false;
+    FOR r IN
+        SELECT s.slot_name, s.slot_type, s.database, s.active, age(s.xmin) AS xmin_age,
+               age(s.catalog_xmin) AS catalog_age
+        FROM pg_replication_slots AS s
+        WHERE s.xmin IS NOT NULL OR s.catalog_xmin IS NOT NULL
+        ORDER BY greatest(age(s.xmin), age(s.catalog_xmin)) DESC, s.slot_name
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN greatest(r.xmin_age, r.catalog_age) > wraparound THEN 'critical'
+                 WHEN NOT r.active OR r.xmin_age > many THEN 'warning'
+                 ELSE 'ok' END,
+            'replication_slot',
+            format('%s replication slot %s%s (%s) holds %s', r.slot_type, r.slot_name,
+                   coalesce(' of database ' || r.database, ''), CASE WHEN r.active THEN 'active' ELSE 'inactive' END,
+                   concat_ws(' and ',
+                             'xmin age ' || r.xmin_age || ' transactions (vacuum of every table, pgq.jobs included)',
+                             'catalog_xmin age ' || r.catalog_age || ' transactions (vacuum of the system catalogs)')),
+            CASE WHEN NOT r.active
+                 THEN format('Nothing consumes it: start its consumer or standby, or drop it with '
+                             'SELECT pg_drop_replication_slot(%L).', r.slot_name)
+                 ELSE 'Its consumer is behind, or (xmin) a standby with hot_standby_feedback runs a long query: '
+                      'see that standby''s pg_stat_activity, and its max_standby_streaming_delay.' END;
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'replication_slot', 'no replication slot holds back vacuum', NULL::text;
+    END IF;
+
+    found_any := false;
+    FOR r IN
+        SELECT w.pid, w.application_name, w.client_addr, w.state, age(w.backend_xmin) AS xmin_age
+        FROM pg_stat_replication AS w
+        WHERE w.backend_xmin IS NOT NULL
+        ORDER BY age(w.backend_xmin) DESC, w.pid
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.xmin_age > wraparound THEN 'critical' WHEN r.xmin_age > many THEN 'warning' ELSE 'ok' END,
+            'standby_feedback',
+            format('standby %s (walsender pid %s, %s, %s) feeds back xmin age %s transactions '
+                   '(hot_standby_feedback: vacuum of every table here, pgq.jobs included, waits for it)',
+                   coalesce(nullif(r.application_name, ''), '(unnamed)'), r.pid,
+                   coalesce(host(r.client_addr), 'local'), r.state, r.xmin_age),
+            'A query on that standby holds it: see the standby''s pg_stat_activity and end it; bound such queries '
+            'there with statement_timeout, or turn hot_standby_feedback off (queries may then be cancelled).';
+    END LOOP;
+    IF NOT found_any THEN
+        IF EXISTS (SELECT FROM pg_stat_replication) AND NOT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') THEN
+            RETURN QUERY SELECT 'warning', 'standby_feedback',
+                format('%s walsender(s) run, but pgq''s owner %s may not read their xmin',
+                       (SELECT count(*) FROM pg_stat_replication), current_user),
+                'GRANT pg_monitor TO the owner of schema pgq, so that health sees what standbys hold back.';
+        ELSE
+            RETURN QUERY SELECT 'ok', 'standby_feedback', 'no standby feeds back an xmin', NULL::text;
+        END IF;
+    END IF;
+
+    found_any := false;
+    FOR r IN
+        SELECT p.gid, p.owner, p.prepared, age(p.transaction) AS xmin_age, clock_timestamp() - p.prepared AS age
+        FROM pg_prepared_xacts AS p
+        WHERE p.database = current_database()
+        ORDER BY p.prepared, p.gid
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT
+            CASE WHEN r.age > _health_xmin_holders.max_snapshot_age OR r.xmin_age > wraparound THEN 'critical'
+                 WHEN r.age > _health_xmin_holders.max_snapshot_age / 2 THEN 'warning'
+                 ELSE 'ok' END,
+            'prepared_transaction',
+            format('prepared transaction %s (owner %s) has held its snapshot for %s (xmin age %s transactions)',
+                   quote_literal(r.gid), r.owner, date_trunc('second', r.age), r.xmin_age),
+            format('It holds back vacuum (and its locks) until it is settled: have its transaction manager settle '
+                   'it, or, as its owner or a superuser, COMMIT PREPARED %L or ROLLBACK PREPARED %L.', r.gid, r.gid);
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'prepared_transaction', 'no prepared transaction in this database', NULL::text;
+    END IF;
+END
+$$;
+
 -- Health: one row per finding, for dashboards, alerts and readiness probes (pgq-thin doctor).
 -- severity: ok, warning or critical. The thresholds are arguments so operators (and tests) can
--- tighten them. Session checks read pg_stat_activity: the schema owner needs the pg_monitor role
+-- tighten them. Sequential scans are off: with statistics taken before a history arrived the
+-- planner read all of pgq.jobs for the due jobs. Session checks read pg_stat_activity: the schema owner needs the pg_monitor role
 -- (or to be a superuser) to see other roles' sessions.
 CREATE OR REPLACE FUNCTION pgq.health(max_snapshot_age interval DEFAULT '5 minutes',
                            max_ready_age interval DEFAULT '5 minutes')
@@ -165,6 +272,8 @@ CREATE OR REPLACE FUNCTION pgq.health(max_snapshot_age interval DEFAULT '5 minut
     LANGUAGE plpgsql STABLE
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET enable_seqscan = off
+    SET jit = off
     AS $$
 DECLARE
     r record;
@@ -228,6 +337,7 @@ BEGIN
     END IF;
 
     RETURN QUERY SELECT * FROM pgq._health_sessions(health.max_snapshot_age);
+    RETURN QUERY SELECT * FROM pgq._health_xmin_holders(health.max_snapshot_age);
 
     -- 7. Dead tuples and vacuum of pgq's tables; index sizes, for the record.
     FOR r IN
@@ -252,5 +362,6 @@ END
 $$;
 COMMENT ON FUNCTION pgq.health(interval, interval) IS
     'One row per finding (severity ok / warning / critical, check, detail, hint): expired leases, '
-    'waiting jobs, kinds no worker claims, outcome_unknown jobs, blocked sessions, old snapshots, held keys, dead '
+    'waiting jobs, kinds no worker claims, outcome_unknown jobs, blocked sessions, old snapshots, held keys, '
+    'what else holds back vacuum (replication slots, standbys'' feedback, prepared transactions), dead '
     'tuples, index sizes.';

@@ -39,7 +39,7 @@ CREATE OR REPLACE FUNCTION pgq._keyed_pick(queue text, room integer, kinds text[
                                 at timestamptz DEFAULT NULL) RETURNS SETOF bigint
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
-    -- The plans tests/test_sql_plans.py pins, whatever the statistics: a CI run's plan counted the
+    -- The plans tests/sql/test_sql_plans.py pins, whatever the statistics: a CI run's plan counted the
     -- running jobs by a bitmap scan instead of jobs_lease_idx.
     SET enable_bitmapscan = off
     AS $$

@@ -1,5 +1,43 @@
 -- sql/functions/observe.sql: what a monitor reads: stats, metrics, jobs and their history.
 
+-- What pgq.stats and pgq.metrics read of the running jobs, per queue: how many, and how many of
+-- them have an expired lease, through jobs_lease_idx (as many as the workers run). Inlined into
+-- the caller's query (a plain SQL function).
+CREATE OR REPLACE FUNCTION pgq._leased() RETURNS TABLE (queue text, running bigint, expired bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT j.queue, count(*), count(*) FILTER (WHERE j.lease_until < pgq._now())
+    FROM pgq.jobs AS j
+    WHERE j.lease_until IS NOT NULL
+    GROUP BY j.queue
+$$;
+
+-- What pgq.stats and pgq.metrics read of the finished jobs, per queue: the finished counters
+-- (pgq.finished_counts plus the deltas not folded yet), never a row of pgq.jobs. Inlined.
+CREATE OR REPLACE FUNCTION pgq._finished_totals()
+    RETURNS TABLE (queue text, done bigint, failed bigint, cancelled bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT f.queue,
+           coalesce(sum(f.n) FILTER (WHERE f.state = 'done'), 0)::bigint,
+           coalesce(sum(f.n) FILTER (WHERE f.state = 'failed'), 0)::bigint,
+           coalesce(sum(f.n) FILTER (WHERE f.state = 'cancelled'), 0)::bigint
+    FROM (SELECT c.queue, c.state, c.total AS n FROM pgq.finished_counts AS c
+          UNION ALL
+          SELECT d.queue, d.state, count(*) FROM pgq.finished_deltas AS d GROUP BY d.queue, d.state) AS f
+    GROUP BY f.queue
+$$;
+
+-- One row per queue, at a cost that does not grow with the history (what the dashboard's overview
+-- and pgq-thin stats read every few seconds): the pending jobs through jobs_list_idx (queue, state),
+-- outcome_unknown and waiting the same way, the running ones through jobs_lease_idx (as many as
+-- the workers run), and the finished ones from the finished counters (pgq.finished_counts plus the
+-- deltas not folded yet: done, failed and cancelled count the jobs that finished since the
+-- counters began, migration 0010, as pgq.metrics' *_total; retention and pgq.prune do not lower
+-- them). No finished row of pgq.jobs is read. It writes nothing (it does not fold: STABLE, it
+-- runs on a standby); sequential scans are off so that stale statistics cannot make the planner
+-- read the table, and JIT with them (the cost of a disabled scan, 1e10, would make every call
+-- compile its plan: half a second).
 CREATE OR REPLACE FUNCTION pgq.stats()
     RETURNS TABLE (queue text, paused boolean, pending bigint, scheduled bigint, running bigint,
                    expired bigint, done bigint, failed bigint, cancelled bigint,
@@ -7,33 +45,39 @@ CREATE OR REPLACE FUNCTION pgq.stats()
     LANGUAGE sql STABLE
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET enable_seqscan = off
+    SET jit = off
     AS $$
-    SELECT q.name, q.paused,
-           count(*) FILTER (WHERE j.state = 'pending' AND j.run_at <= pgq._now()),
-           count(*) FILTER (WHERE j.state = 'pending' AND j.run_at > pgq._now()),
-           count(*) FILTER (WHERE j.state = 'running'),
-           count(*) FILTER (WHERE j.state = 'running' AND j.lease_until < pgq._now()),
-           count(*) FILTER (WHERE j.state = 'done'),
-           count(*) FILTER (WHERE j.state = 'failed'),
-           count(*) FILTER (WHERE j.state = 'cancelled'),
-           count(*) FILTER (WHERE j.state = 'outcome_unknown'),
-           pgq._now() - min(j.run_at) FILTER (WHERE j.state = 'pending' AND j.run_at <= pgq._now()),
-           count(*) FILTER (WHERE j.state = 'waiting')
+    SELECT q.name, q.paused, p.due, p.later, coalesce(l.running, 0), coalesce(l.expired, 0),
+           coalesce(f.done, 0), coalesce(f.failed, 0), coalesce(f.cancelled, 0),
+           u.n, pgq._now() - p.oldest, w.n
     FROM pgq.queues AS q
-    LEFT JOIN pgq.jobs AS j ON j.queue = q.name
-    GROUP BY q.name, q.paused
+    CROSS JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE j.run_at <= pgq._now()) AS due,
+               count(*) FILTER (WHERE j.run_at > pgq._now()) AS later,
+               min(j.run_at) FILTER (WHERE j.run_at <= pgq._now()) AS oldest
+        FROM pgq.jobs AS j
+        WHERE j.queue = q.name AND j.state = 'pending') AS p
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'outcome_unknown') AS u
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'waiting') AS w
+    LEFT JOIN pgq._leased() AS l ON l.queue = q.name
+    LEFT JOIN pgq._finished_totals() AS f ON f.queue = q.name
     ORDER BY q.name
 $$;
 COMMENT ON FUNCTION pgq.stats() IS
-    'One row per queue: jobs by state (pending = due now, scheduled = due later or sleeping, waiting = '
-    'for their dependencies, a signal or the jobs they await), expired leases, and the age of the oldest '
-    'due job.';
+    'One row per queue, without reading finished jobs: jobs by state (pending = due now, scheduled = '
+    'due later or sleeping, waiting = for their dependencies, a signal or the jobs they await), expired '
+    'leases, the age of the oldest due job, and the jobs finished as done, failed and cancelled since '
+    'the finished counters began (retention and pgq.prune do not lower them).';
 
 -- What an exporter scrapes, one row per queue, at a bounded cost: the claimable pending jobs
 -- through jobs_ready_idx, outcome_unknown through jobs_list_idx, the running ones through
 -- jobs_lease_idx (all of them: as many as the workers run), the finished counters from
 -- pgq.finished_counts plus the deltas not folded yet (folded first, when it can). No finished row
--- of pgq.jobs is read.
+-- of pgq.jobs is read, whatever the statistics say (sequential scans off: with statistics taken
+-- before a history arrived, the planner read the whole table for the pending counts).
 CREATE OR REPLACE FUNCTION pgq.metrics()
     RETURNS TABLE (queue text, paused boolean, pending bigint, scheduled bigint, running bigint,
                    expired bigint, outcome_unknown bigint, oldest_ready_age interval,
@@ -41,28 +85,15 @@ CREATE OR REPLACE FUNCTION pgq.metrics()
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
+    SET enable_seqscan = off
+    SET jit = off
     AS $$
 BEGIN
     PERFORM pgq._fold_finished();
     RETURN QUERY
-    WITH leased AS (
-        SELECT j.queue, count(*) AS running, count(*) FILTER (WHERE j.lease_until < pgq._now()) AS expired
-        FROM pgq.jobs AS j
-        WHERE j.lease_until IS NOT NULL
-        GROUP BY j.queue
-    ), finished AS (
-        SELECT f.queue,
-               sum(f.n) FILTER (WHERE f.state = 'done') AS done,
-               sum(f.n) FILTER (WHERE f.state = 'failed') AS failed,
-               sum(f.n) FILTER (WHERE f.state = 'cancelled') AS cancelled
-        FROM (SELECT c.queue, c.state, c.total AS n FROM pgq.finished_counts AS c
-              UNION ALL
-              SELECT d.queue, d.state, count(*) FROM pgq.finished_deltas AS d GROUP BY d.queue, d.state) AS f
-        GROUP BY f.queue
-    )
     SELECT q.name, q.paused, p.due, p.later, coalesce(l.running, 0), coalesce(l.expired, 0), u.n,
            pgq._now() - p.oldest,
-           coalesce(f.done, 0)::bigint, coalesce(f.failed, 0)::bigint, coalesce(f.cancelled, 0)::bigint, w.n
+           coalesce(f.done, 0), coalesce(f.failed, 0), coalesce(f.cancelled, 0), w.n
     FROM pgq.queues AS q
     CROSS JOIN LATERAL (
         SELECT count(*) FILTER (WHERE j.run_at <= pgq._now()) AS due,
@@ -74,8 +105,8 @@ BEGIN
         SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'outcome_unknown') AS u
     CROSS JOIN LATERAL (
         SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'waiting') AS w
-    LEFT JOIN leased AS l ON l.queue = q.name
-    LEFT JOIN finished AS f ON f.queue = q.name
+    LEFT JOIN pgq._leased() AS l ON l.queue = q.name
+    LEFT JOIN pgq._finished_totals() AS f ON f.queue = q.name
     ORDER BY q.name;
 END
 $$;

@@ -140,12 +140,11 @@ BEGIN
     END IF;
     -- The end is recorded here, not by the trigger (sql/functions/ended.sql): its counter and the
     -- probe for jobs that wait for it in the statement, the rest (if any) by
-    -- pgq._completions_ended. The setting tells the trigger so.
-    PERFORM set_config('pgq.completion_records_ends', 'on', true);
+    -- pgq._completions_ended. ends_recorded_by tells the trigger so.
     WITH completed AS (
         UPDATE pgq.jobs AS j
         SET state = 'done', result = complete.result, lease_until = NULL, finished_at = pgq._now(),
-            last_event = 'completed', session_role = session_user
+            last_event = 'completed', session_role = session_user, ends_recorded_by = pg_current_xact_id()
         WHERE j.id = complete.id AND j.attempt = complete.attempt AND j.state = 'running'
           AND pgq._owns(j.session_role)
         RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.batch_id, j.notify_finished,
@@ -218,14 +217,13 @@ BEGIN
     -- the probes for jobs that wait for them in the statement, the rest (if any) by
     -- pgq._completions_ended, a statement each for the whole batch. The
     -- jobs are read by primary key in id order and each is locked as the scan meets it (the SET
-    -- clauses above; tests/test_sql_plans.py holds it to that), so concurrent batches lock in one
-    -- order and never deadlock; the pairs are a filter on the rows read. The setting tells the
-    -- trigger that the ends are recorded here.
-    PERFORM set_config('pgq.completion_records_ends', 'on', true);
+    -- clauses above; tests/sql/test_sql_plans.py holds it to that), so concurrent batches lock in one
+    -- order and never deadlock; the pairs are a filter on the rows read. ends_recorded_by tells
+    -- the trigger that the ends are recorded here.
     WITH completed AS (
         UPDATE pgq.jobs AS j
         SET state = 'done', lease_until = NULL, finished_at = pgq._now(), last_event = 'completed',
-            session_role = session_user
+            session_role = session_user, ends_recorded_by = pg_current_xact_id()
         WHERE j.id = ANY (complete_many.ids) AND j.state = 'running' AND pgq._owns(j.session_role)
           AND ((j.id, j.attempt) IN (SELECT w.id, w.attempt
                                      FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)))

@@ -100,6 +100,20 @@ BEGIN
 END
 $$;
 
+-- A retention (configure_queue's retention, retention_failed, retention_cancelled): a span (no
+-- months or years) between 0 and 3650 days, or NULL (unchanged); 22023 naming the argument.
+CREATE OR REPLACE FUNCTION pgq._check_retention(argument text, value interval) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    PERFORM pgq._check_span(_check_retention.argument, _check_retention.value);
+    IF _check_retention.value < interval '0' OR _check_retention.value > interval '3650 days' THEN
+        PERFORM pgq._bad_argument(_check_retention.argument,
+            format('must be between 0 and 3650 days, got %s', _check_retention.value));
+    END IF;
+END
+$$;
+
 -- pgq.configure_queue's arguments, checked against the queue's settings `q` (a backoff_cap below
 -- the backoff_base it would have): 22023 naming the first that is wrong; NULL leaves a setting as
 -- it is.
@@ -108,7 +122,8 @@ CREATE OR REPLACE FUNCTION pgq._check_queue_settings(q pgq.queues, lease interva
                                                      retention interval, max_running integer,
                                                      max_run_time interval, key_max_running integer,
                                                      rate_limit integer, rate_period interval,
-                                                     key_rate_limit integer)
+                                                     key_rate_limit integer, retention_failed interval,
+                                                     retention_cancelled interval)
     RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     AS $$
@@ -130,10 +145,9 @@ BEGIN
        < coalesce(_check_queue_settings.backoff_base, q.backoff_base) THEN
         PERFORM pgq._bad_argument('backoff_cap', 'must not be less than backoff_base');
     END IF;
-    PERFORM pgq._check_span('retention', _check_queue_settings.retention);
-    IF _check_queue_settings.retention < interval '0' OR _check_queue_settings.retention > interval '3650 days' THEN
-        PERFORM pgq._bad_argument('retention', 'must be between 0 and 3650 days');
-    END IF;
+    PERFORM pgq._check_retention('retention', _check_queue_settings.retention);
+    PERFORM pgq._check_retention('retention_failed', _check_queue_settings.retention_failed);
+    PERFORM pgq._check_retention('retention_cancelled', _check_queue_settings.retention_cancelled);
     IF _check_queue_settings.max_running NOT BETWEEN 0 AND 100000 THEN
         PERFORM pgq._bad_argument('max_running',
             format('must be between 0 (no cap) and 100000, got %s', _check_queue_settings.max_running));
@@ -190,7 +204,9 @@ CREATE OR REPLACE FUNCTION pgq.configure_queue(queue text, lease interval DEFAUL
                                     key_max_running integer DEFAULT NULL,
                                     rate_limit integer DEFAULT NULL,
                                     rate_period interval DEFAULT NULL,
-                                    key_rate_limit integer DEFAULT NULL)
+                                    key_rate_limit integer DEFAULT NULL,
+                                    retention_failed interval DEFAULT NULL,
+                                    retention_cancelled interval DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -210,7 +226,8 @@ BEGIN
                                       configure_queue.retention, configure_queue.max_running,
                                       configure_queue.max_run_time, configure_queue.key_max_running,
                                       configure_queue.rate_limit, configure_queue.rate_period,
-                                      configure_queue.key_rate_limit);
+                                      configure_queue.key_rate_limit, configure_queue.retention_failed,
+                                      configure_queue.retention_cancelled);
     IF configure_queue.fair AND NOT q.fair THEN
         PERFORM pgq._make_fair(configure_queue.queue);
     END IF;
@@ -239,6 +256,8 @@ BEGIN
         backoff_base = coalesce(configure_queue.backoff_base, s.backoff_base),
         backoff_cap = coalesce(configure_queue.backoff_cap, s.backoff_cap),
         retention = coalesce(configure_queue.retention, s.retention),
+        retention_failed = coalesce(configure_queue.retention_failed, s.retention_failed),
+        retention_cancelled = coalesce(configure_queue.retention_cancelled, s.retention_cancelled),
         notify = coalesce(configure_queue.notify, s.notify),
         audit = coalesce(configure_queue.audit, s.audit),
         fair = coalesce(configure_queue.fair, s.fair),
@@ -259,9 +278,10 @@ BEGIN
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer) IS
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval) IS
     'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit) '
-    'and returns them; creates the queue if new.';
+    'and returns them; creates the queue if new. retention_failed and retention_cancelled keep '
+    'failed and cancelled jobs for another time than retention (never set: the queue''s retention).';
 
 -- Pausing or resuming a queue that does not exist is refused (22023): a typo creates nothing.
 CREATE OR REPLACE FUNCTION pgq.pause(queue text)

@@ -116,7 +116,31 @@ BEGIN
         PERFORM pgq._prune_key_rates(sweep.max_jobs);
     END IF;
     PERFORM pgq._prune_key_locks(sweep.max_jobs);
+    -- Retention: up to ten per job of max_jobs (at most 100,000) finished jobs past their state's
+    -- retention (pgq._sweep_retention).
+    PERFORM pgq._sweep_retention(least(10 * sweep.max_jobs, 100000));
     RETURN total;
+END
+$$;
+
+-- pgq.sweep's retention step: pgq._retire_finished(NULL, max_jobs), the jobs of each queue and
+-- state past their retention, up to max_jobs, in a subtransaction that waits for no caller: the
+-- jobs another transaction holds are skipped, and a lock on a row that goes with a job (its events,
+-- steps, links, batch membership) not freed within 100 ms undoes the step, which the next sweep
+-- does again. Returns how many jobs it deleted (0 when it gave up, or in a read-only transaction).
+CREATE OR REPLACE FUNCTION pgq._sweep_retention(max_jobs integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET lock_timeout = '100ms'
+    AS $$
+BEGIN
+    IF current_setting('transaction_read_only')::boolean THEN
+        RETURN 0;
+    END IF;
+    BEGIN
+        RETURN pgq._retire_finished(NULL, _sweep_retention.max_jobs);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 0;
+    END;
 END
 $$;
 -- pgq.sweep's and pgq.settle_dependencies' work on the graph: the checks of enqueues that may have
@@ -172,5 +196,6 @@ COMMENT ON FUNCTION pgq.settle_dependencies(integer) IS
 COMMENT ON FUNCTION pgq.sweep(integer) IS
     'Recovers up to max_jobs running jobs whose lease expired or whose attempt timed out (returns '
     'how many), fires up to max_jobs due schedules, moves up to max_jobs waiting dependants on, '
-    'settles batches (callbacks, cancellations), and wakes and ends what durable execution leaves '
-    '(signal waits, their timeouts, expired jobs).';
+    'settles batches (callbacks, cancellations), wakes and ends what durable execution leaves '
+    '(signal waits, their timeouts, expired jobs), and deletes up to 10 x max_jobs (at most 100,000) '
+    'finished jobs past their state''s retention.';

@@ -80,12 +80,9 @@ END
 $$;
 
 -- The schema version: the number of the newest migration. Every migration redefines it (and
--- tests/test_schema_matches_migrations.py checks that it names the newest migration file).
--- PL/pgSQL, not SQL: the trigger jobs_ended's WHEN folds it into a constant once per statement
--- (ended.sql), and a SQL function is parsed again each time it is inlined (about 126,000 server
--- instructions per statement, bench/server_work.py), a PL/pgSQL one compiled once per session.
+-- tests/sql/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
-    LANGUAGE plpgsql IMMUTABLE
-    AS $$ BEGIN RETURN '23'; END $$;
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT '24'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';

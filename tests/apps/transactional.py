@@ -1,4 +1,4 @@
-"""A worker app for the kill -9 tests of ctx.transaction() (tests/test_handler_transaction.py):
+"""A worker app for the kill -9 tests of ctx.transaction() (tests/worker/test_handler_transaction.py):
 one kind, ``effect``, whose handler writes a row of ``effects`` (job id, attempt) in
 ctx.transaction(result={"attempt": ...}). Its first attempt logs each step (``job ID attempt N at
 STEP``: before_write, after_write, after_commit) and, at the step ``payload["pause"]`` names,

@@ -14,10 +14,12 @@ import re
 
 from pgq_thin import __version__
 
-__all__ = ["DISTRIBUTION", "__version__", "missing_requirements", "requirements"]
+__all__ = ["DISTRIBUTION", "OPTIONAL", "__version__", "missing_requirements", "requirements"]
 
 #: The tools' distribution (tools/pyproject.toml).
 DISTRIBUTION = "pgq-tools"
+#: What the tools go on without, and what is left out then: no tool refuses to run for want of it.
+OPTIONAL = {"matplotlib": "the benchmark's chart (bench.png)"}
 
 _NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
 _EXTRA = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
@@ -55,9 +57,11 @@ def requirements() -> list[str]:
 
 
 def missing_requirements() -> list[str]:
-    """The distributions the tools need that are not installed."""
+    """The distributions the tools need that are not installed (the OPTIONAL ones left out)."""
     missing = []
     for name in requirements():
+        if name in OPTIONAL:
+            continue
         try:
             importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:

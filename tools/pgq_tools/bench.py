@@ -2,7 +2,7 @@
 
     from pgq_tools.bench import run_bench
     run_bench("bench/results")            # throwaway PostgreSQL, default sizes (about 10 minutes)
-    run_bench("out", quick=True)          # seconds: what CI runs (tests/test_bench_smoke.py)
+    run_bench("out", quick=True)          # seconds: what CI runs (tests/processes/test_bench_smoke.py)
 
 References, measured in the same run on the same server:
 
@@ -103,7 +103,7 @@ RAW_INSERT_MANY = ("INSERT INTO bench_raw.jobs (payload) SELECT p FROM unnest(%(
 #: The enqueue statements' parameters of 0017 (issue 26) and 0018 (issue 27), for a job of no
 #: workflow and no key: what the client sends by default.
 NO_WORKFLOW: dict[str, Any] = {"dependency_mode": "all_done", "batch": None, "notify_finished": False,
-                               "unique_keys": None, "on_conflict": "keep"}
+                               "unique_keys": None, "on_conflict": "keep", "start_by": None, "max_lifetime": None}
 
 #: The prefetch of the "pgq worker prefetch" drain: claimed jobs that may wait for a slot.
 WORKER_PREFETCH = 100

@@ -21,6 +21,11 @@ from pgq_tools.fleet import Fleet, worker_command
 
 QUEUE = "demo"
 LEASE = timedelta(seconds=3)
+#: What a run on a database of the user's own (--dsn) leaves there, said before and after it.
+LEFT_BEHIND = (f"It leaves in that database pgq's schema (pgq-thin migrate's, with its roles pgq_admin, "
+               f"pgq_worker, pgq_producer and pgq_monitor) and queue {QUEUE!r}: its settings (a "
+               f"{LEASE.total_seconds():g}s lease) and its jobs with their history; pgq-thin prune removes finished "
+               f"jobs older than the queue's retention, then SELECT pgq.drop_queue('{QUEUE}') removes the queue.")
 
 
 def say(text: str) -> None:
@@ -80,7 +85,7 @@ def run_demo(dsn: str | None = None, jobs: int = 3000, workers: int = 3, concurr
             server = embedded.start()
             dsn = server.url()
         else:
-            say(f"1. Using the database you gave (--dsn); the demo's jobs go to queue {QUEUE!r}.")
+            say(f"1. Using the database you gave (--dsn); the demo's jobs go to queue {QUEUE!r}. {LEFT_BEHIND}")
         applied = migrate(dsn)
         say(f"2. Migrations: {', '.join(applied) if applied else 'already up to date'}.")
 
@@ -206,3 +211,5 @@ def run_demo(dsn: str | None = None, jobs: int = 3000, workers: int = 3, concurr
         if server is not None:
             server.stop()
             say("7. Stopped the throwaway PostgreSQL.")
+        elif dsn is not None:
+            say(f"7. {LEFT_BEHIND}")

@@ -1,5 +1,5 @@
 # Generated from pgq_thin/worker/engine.py by scripts/async_to_sync.py: do not edit. Edit the
-# asyncio source, then run the script (tests/test_worker_generated.py fails while this is stale).
+# asyncio source, then run the script (tests/worker/test_worker_generated.py fails while this is stale).
 """The thread runtime's Run: made of the asyncio AsyncRun
 (pgq_thin.worker.engine), blocking a thread instead of awaiting."""
 

@@ -1,5 +1,5 @@
 # Generated from pgq_thin/worker/executor.py by scripts/async_to_sync.py: do not edit. Edit the
-# asyncio source, then run the script (tests/test_worker_generated.py fails while this is stale).
+# asyncio source, then run the script (tests/worker/test_worker_generated.py fails while this is stale).
 """The thread runtime's Executor: made of the asyncio AsyncExecutor
 (pgq_thin.worker.executor), blocking a thread instead of awaiting."""
 
@@ -48,6 +48,9 @@ class Executor:
                 watch.finished(token, held, done)
         if held.ctx.completed:  # its ctx.transaction() committed the completion: nothing left to send
             outcomes.committed(outcome, held.log)
+            self.owner.held.forget([held])
+        elif held.ctx.parked:  # a durable wait ended the attempt in the database: nothing to send
+            outcomes.parked(outcome, held.log)
             self.owner.held.forget([held])
         elif outcome.batched:
             if not self.completer.add(held):

@@ -35,6 +35,7 @@ from pgq_tools.lab import (
     exp11_key_limits,
     exp12_dependencies,
     exp13_batches,
+    exp14_durable_kill,
 )
 from pgq_tools.lab.harness import Check, Harness, Step, Verdict, utcnow
 from pgq_tools.lab.statements import TEMPLATES
@@ -59,6 +60,7 @@ EXPERIMENTS: list[ModuleType] = [
     exp11_key_limits,
     exp12_dependencies,
     exp13_batches,
+    exp14_durable_kill,
 ]
 
 
