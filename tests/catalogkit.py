@@ -130,4 +130,5 @@ MIGRATION_SHA256 = {
     "0020_isolated_limits.sql": "5df91725e1940f7b87967f9af4aa5c08087962bfc1dfa265e7a057f4371099f2",
     "0021_graph_isolation.sql": "463f1b39236094d81bb602b7f2aa5a13764886596c8f2a1b6e4d95ad9fe43bf5",
     "0022_durable.sql": "c3129647f52b5ac6ff11a43563a35427d3c62d53a5f32cb9160b8940f3213a14",
+    "0025_tags_unique_for.sql": "b0037e2a2ac2f046b97b3c20b7633f623519fd2821d5cf22d733d3bdd7553c0d",
 }
