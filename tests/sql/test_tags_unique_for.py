@@ -54,7 +54,8 @@ def test_a_jobs_tags_are_stored_each_once_sorted_and_an_empty_list_is_none(conn:
 
 
 def test_only_tagged_jobs_have_entries_in_the_partial_tags_index(conn: psycopg.Connection) -> None:
-    pred = one(conn, "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'pgq.jobs_tags_idx'::regclass")
+    pred = one(conn, "SELECT pg_get_expr(indpred, indrelid) FROM pg_index"
+                     " WHERE indexrelid = 'pgq.jobs_tags_idx'::regclass")
     assert pred == "(tags IS NOT NULL)"
     assert one(conn, "SELECT amname FROM pg_class c JOIN pg_am a ON a.oid = c.relam"
                      " WHERE c.oid = 'pgq.jobs_tags_idx'::regclass") == "gin"
@@ -102,7 +103,8 @@ def test_the_tags_filter_reads_the_tagged_jobs_through_jobs_tags_idx(conn: psyco
     conn.execute("VACUUM ANALYZE pgq.jobs")
     conn.execute("LOAD 'auto_explain'")
     for sql, marker in [("SELECT id FROM pgq.list_jobs(tags => '{rare}')", "j.tags @> list_jobs.tags"),
-                        ("SELECT pgq.cancel_jobs('q', 'pending', tags => '{rare}', limit_rows => 3)", "j.tags @> cancel_jobs.tags"),
+                        ("SELECT pgq.cancel_jobs('q', 'pending', tags => '{rare}', limit_rows => 3)",
+                         "j.tags @> cancel_jobs.tags"),
                         ("SELECT pgq.retry_jobs('q', 'failed', tags => '{rare}')", "j.tags @> retry_jobs.tags"),
                         ("SELECT pgq.delete_jobs('q', 'failed', tags => '{rare}')", "j.tags @> delete_jobs.tags")]:
         conn.execute("BEGIN")
@@ -119,7 +121,8 @@ def test_the_tags_filter_reads_the_tagged_jobs_through_jobs_tags_idx(conn: psyco
 
 # --- unique_for ---------------------------------------------------------------------------------
 
-def test_a_job_of_the_key_done_within_unique_for_is_the_answer_and_nothing_is_enqueued(conn: psycopg.Connection) -> None:
+def test_a_job_of_the_key_done_within_unique_for_is_the_answer_and_nothing_is_enqueued(
+        conn: psycopg.Connection) -> None:
     first = enqueue(conn, unique_key="u")
     finish(conn, first)
     assert enqueue(conn, unique_key="u", unique_for="1 hour") == first
