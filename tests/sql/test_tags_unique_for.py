@@ -12,11 +12,15 @@ many enqueuers of one key while a worker claims and completes its jobs at once: 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import psycopg
+import pytest
+
+from pgq_tools.lab.harness import Harness
 
 from plankit import capture, plan_of
-from sqlhelpers import claim, job, one
+from sqlhelpers import GATE_KEY, claim, install_gated_clock, job, one
 
 
 def enqueue(conn: psycopg.Connection, queue: str = "q", kind: str = "k", **more: object) -> int:
@@ -162,6 +166,43 @@ def test_every_enqueue_path_answers_with_the_done_holder(conn: psycopg.Connectio
     assert ids(conn, "SELECT pgq.enqueue_many('q', 'k', ARRAY['{}', '{}']::jsonb[], unique_keys => '{u,v}',"
                      " unique_for => '1 hour')")[0] == first
     assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE unique_key = 'u'") == 1
+
+
+@pytest.fixture
+def h(dsn: str) -> Iterator[Harness]:
+    harness = Harness(dsn)
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+def test_a_job_of_the_key_enqueued_and_done_while_a_call_reads_is_its_answer(
+        h: Harness, conn: psycopg.Connection) -> None:
+    """The narrow interleaving, made to happen: a call reads the key (no job of it, in its snapshot)
+    and stops there (the gated clock); meanwhile another producer enqueues the key and a worker
+    claims and completes that job; then the call goes on. Its insert meets no live job, but its
+    read once more after the insert finds the job done within unique_for: that is its answer, and
+    its own row goes."""
+    # A job of the key done long ago: the read's filter on finished_at (the gated clock) stops the
+    # call after its snapshot, in that read.
+    old = enqueue(conn, unique_key="u")
+    finish(conn, old)
+    conn.execute("UPDATE pgq.jobs SET finished_at = now() - interval '1 day' WHERE id = %s", (old,))
+    install_gated_clock(conn)
+    late, other, gate = h.session("late"), h.session("other"), h.session("gate")
+    h.step(gate, "gate_close", "SELECT pg_advisory_lock(%s)", (GATE_KEY,))
+    h.step(late, "l_gate_on", "SET pgq_test.gate = 'on'")
+    call = h.step(late, "l_enqueue", "SELECT pgq.enqueue('q', 'k', unique_key => 'u', unique_for => '1 hour')")
+    assert call.blocked and call.blocked_by == ["gate"], call.outcome
+    first = h.step(other, "o_enqueue", "SELECT pgq.enqueue('q', 'k', unique_key => 'u')")
+    assert first.ok and not first.blocked, first.outcome
+    (c,) = claim(conn, queues=["q"])
+    assert c["id"] == first.value and one(conn, "SELECT pgq.complete(%s, %s)", (c["id"], c["attempt"])) is True
+    h.step(gate, "gate_open", "SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
+    h.wait(call)
+    assert call.ok and call.value == first.value, call.outcome
+    assert ids(conn, "SELECT id FROM pgq.jobs WHERE unique_key = 'u' ORDER BY id") == [old, first.value]
 
 
 def test_many_enqueuers_of_a_key_whose_jobs_end_at_once_enqueue_it_once(dsn: str, conn: psycopg.Connection) -> None:
