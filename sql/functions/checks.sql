@@ -152,15 +152,6 @@ BEGIN
 END
 $$;
 
--- Whether a tag list is valid (pgq._check_tags says what is wrong): one dimension, at most 16 tags,
--- each 1 to 64 characters, no NULL. Query-free enough for enqueue's one-expression check.
-CREATE OR REPLACE FUNCTION pgq._is_tags(tags text[]) RETURNS boolean
-    LANGUAGE sql IMMUTABLE
-    AS $$
-    SELECT coalesce(array_ndims($1), 1) = 1 AND cardinality($1) <= 16
-           AND NOT EXISTS (SELECT FROM unnest($1) AS t(tag) WHERE t.tag IS NULL OR length(t.tag) NOT BETWEEN 1 AND 64)
-$$;
-
 -- Validates a tag list: enqueue's tags (NULL or empty: none) or a tags filter (`filter`: NULL is
 -- no filter, an empty one is refused), 22023 naming `argument` (tags) and the element.
 CREATE OR REPLACE FUNCTION pgq._check_tags(argument text, tags text[], filter boolean DEFAULT false)
