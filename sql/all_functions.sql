@@ -4380,10 +4380,12 @@ BEGIN
                                enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key);
     PERFORM pgq._check_workflow(enqueue_many.dependency_mode, enqueue_many.notify_finished);
     PERFORM pgq._check_on_conflict(enqueue_many.on_conflict);
-    PERFORM pgq._check_tags('tags', enqueue_many.tags);
-    PERFORM pgq._check_unique_for(enqueue_many.unique_keys IS NOT NULL, enqueue_many.unique_for);
-    IF cardinality(enqueue_many.tags) > 0 THEN
-        job_tags := ARRAY(SELECT DISTINCT t.tag FROM unnest(enqueue_many.tags) AS t(tag) ORDER BY t.tag);
+    IF enqueue_many.tags IS NOT NULL OR enqueue_many.unique_for IS NOT NULL THEN
+        PERFORM pgq._check_tags('tags', enqueue_many.tags);
+        PERFORM pgq._check_unique_for(enqueue_many.unique_keys IS NOT NULL, enqueue_many.unique_for);
+        IF cardinality(enqueue_many.tags) > 0 THEN
+            job_tags := ARRAY(SELECT DISTINCT t.tag FROM unnest(enqueue_many.tags) AS t(tag) ORDER BY t.tag);
+        END IF;
     END IF;
     IF enqueue_many.payloads IS NULL THEN
         PERFORM pgq._bad_argument('payloads', 'must not be NULL');
