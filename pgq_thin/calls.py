@@ -383,6 +383,8 @@ def enqueue(
     on_conflict: str = "keep",
     start_by: datetime | None = None,
     max_lifetime: Interval | None = None,
+    tags: Sequence[str] | None = None,
+    unique_for: Interval | None = None,
     conn: CallerConnection | None = None,
 ) -> Call[int]:
     """pgq.enqueue: add one job, now or at ``run_at``; returns its id. With ``conn``, the job
@@ -402,7 +404,10 @@ def enqueue(
     job (run after it) if it is running. Debounce: ``on_conflict="replace"``,
     ``run_at=now + delay``. ``start_by``: a job not claimed by then is cancelled, never handed out;
     ``max_lifetime``: one still alive that long after its enqueue (across attempts, sleeps and
-    waits) fails."""
+    waits) fails. ``tags``: up to 16 tags (1 to 64 characters each) that the ``tags`` filters of
+    list_jobs, retry_jobs, cancel_jobs and delete_jobs find. ``unique_for`` (with ``unique_key``):
+    a job of the key that ended done within that span of now also holds the key (its id is the
+    answer, nothing is enqueued); failed and cancelled jobs never do."""
 
     def read(rows: list[Any]) -> int:
         job_id = int(rows[0][0])
@@ -417,6 +422,7 @@ def enqueue(
         "concurrency_key": concurrency_key, "depends_on": _ints("depends_on", depends_on),
         "dependency_mode": dependency_mode, "batch": batch, "notify_finished": notify_finished,
         "on_conflict": on_conflict, "start_by": start_by, "max_lifetime": _interval("max_lifetime", max_lifetime),
+        "tags": _names("tags", tags), "unique_for": _interval("unique_for", unique_for),
     }, read, conn=conn)
 
 
@@ -439,13 +445,16 @@ def enqueue_many(
     notify_finished: bool = False,
     unique_keys: Sequence[str | None] | None = None,
     on_conflict: str = "keep",
+    tags: Sequence[str] | None = None,
+    unique_for: Interval | None = None,
     conn: CallerConnection | None = None,
 ) -> Call[list[int]]:
     """pgq.enqueue_many: add one job per payload in one statement; ids in payload order. Every
     job gets the same ``meta`` (with the trace context, as enqueue's) and the same ``depends_on``,
     ``dependency_mode``, ``batch`` and ``notify_finished``. ``unique_keys``: one per payload (None
     for a payload without), each answered as enqueue's ``unique_key`` with ``on_conflict``; a key
-    twice in one call, or a list not as long as ``payloads``, is refused (InvalidArgument)."""
+    twice in one call, or a list not as long as ``payloads``, is refused (InvalidArgument).
+    ``tags``: the same tags for every job; ``unique_for``: enqueue's, for each key."""
     return Call(queries.ENQUEUE_MANY, {
         "queue": queue, "kind": kind, "payloads": _jsons("payloads", payloads),
         "run_at": run_at, "priority": priority, "max_attempts": max_attempts, "tenant": tenant,
@@ -453,6 +462,7 @@ def enqueue_many(
         "concurrency_key": concurrency_key, "depends_on": _ints("depends_on", depends_on),
         "dependency_mode": dependency_mode, "batch": batch, "notify_finished": notify_finished,
         "unique_keys": _keys("unique_keys", unique_keys), "on_conflict": on_conflict,
+        "tags": _names("tags", tags), "unique_for": _interval("unique_for", unique_for),
     }, _ids, conn=conn)
 
 
@@ -776,41 +786,47 @@ def retry(job_id: int) -> Call[bool]:
 
 
 def retry_jobs(queue: str, state: str, kind: str | None = None, finished_before: datetime | None = None,
-               limit_rows: int = 1000) -> Call[int]:
+               limit_rows: int = 1000, tags: Sequence[str] | None = None) -> Call[int]:
     """pgq.retry_jobs: make at most ``limit_rows`` (1 to 10000) of the queue's jobs in ``state``
     (``"failed"`` or ``"cancelled"``), of ``kind`` (None: any) and finished before
     ``finished_before`` (None: whenever), pending again, oldest id first, as ``retry`` does each;
     returns how many. A job another transaction holds, or that ``retry`` would refuse (its
     unique_key held by a live job, no attempt left), is skipped. For all of them, call it again
     until it returns 0, with ``finished_before`` fixed (the time you began, say): a job retried
-    that fails again meanwhile is then not retried twice (``pgq-thin retry --all`` does so)."""
+    that fails again meanwhile is then not retried twice (``pgq-thin retry --all`` does so).
+    ``tags``: only the jobs holding all of them."""
     return Call(queries.RETRY_JOBS, {
         "queue": queue, "state": state, "kind": kind, "finished_before": finished_before, "limit_rows": limit_rows,
+        "tags": _names("tags", tags),
     }, _count)
 
 
 def cancel_jobs(queue: str, state: str, kind: str | None = None, created_before: datetime | None = None,
-                limit_rows: int = 1000) -> Call[int]:
+                limit_rows: int = 1000, tags: Sequence[str] | None = None) -> Call[int]:
     """pgq.cancel_jobs: cancel at most ``limit_rows`` (1 to 10000) of the queue's jobs in
     ``state`` (``"waiting"``, ``"pending"``, ``"running"`` or ``"outcome_unknown"``), of ``kind``
     (None: any) and created before ``created_before`` (None: whenever), oldest id first, as
     ``cancel`` does each (a running one's worker is told at once); returns how many. A job another
-    transaction holds is skipped: for all of them, call it again until it returns 0."""
+    transaction holds is skipped: for all of them, call it again until it returns 0. ``tags``: only
+    the jobs holding all of them."""
     return Call(queries.CANCEL_JOBS, {
         "queue": queue, "state": state, "kind": kind, "created_before": created_before, "limit_rows": limit_rows,
+        "tags": _names("tags", tags),
     }, _count)
 
 
 def delete_jobs(queue: str, state: str, kind: str | None = None, before: datetime | None = None,
-                limit_rows: int = 1000) -> Call[int]:
+                limit_rows: int = 1000, tags: Sequence[str] | None = None) -> Call[int]:
     """pgq.delete_jobs: delete at most ``limit_rows`` (1 to 10000) of the queue's jobs in ``state``
     (``"pending"``, ``"waiting"``, ``"done"``, ``"failed"`` or ``"cancelled"``; never a running
     one), of ``kind`` (None: any) and created (pending, waiting) or finished (the others) before
     ``before`` (None: whenever), oldest id first; returns how many. A pending or waiting job is
     cancelled first, so its dependants and its batch see it end. A job another transaction holds is
-    skipped: for all of them, call it again until it returns 0, with ``before`` fixed."""
+    skipped: for all of them, call it again until it returns 0, with ``before`` fixed. ``tags``: only
+    the jobs holding all of them."""
     return Call(queries.DELETE_JOBS, {
         "queue": queue, "state": state, "kind": kind, "before": before, "limit_rows": limit_rows,
+        "tags": _names("tags", tags),
     }, _count)
 
 
@@ -999,10 +1015,13 @@ def health(max_snapshot_age: Interval = timedelta(minutes=5),
 
 
 def list_jobs(queue: str | None = None, state: str | None = None, kind: str | None = None,
-              limit_rows: int = 50, before_id: int | None = None) -> Call[list[JobRecord]]:
-    """pgq.list_jobs: jobs newest first, filtered; pass a page's last id as ``before_id`` for the next."""
+              limit_rows: int = 50, before_id: int | None = None,
+              tags: Sequence[str] | None = None) -> Call[list[JobRecord]]:
+    """pgq.list_jobs: jobs newest first, filtered (``tags``: the jobs holding all of them); pass a
+    page's last id as ``before_id`` for the next."""
     return Call(queries.LIST_JOBS, {
         "queue": queue, "state": state, "kind": kind, "limit_rows": limit_rows, "before_id": before_id,
+        "tags": _names("tags", tags),
     }, lambda rows: [record(JobRecord, r) for r in rows], rows=dict_row)
 
 

@@ -309,7 +309,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                 "concurrency_key": args.concurrency_key, "depends_on": args.depends_on,
                 "dependency_mode": args.dependency_mode, "batch": args.batch,
                 "notify_finished": args.notify_finished, "on_conflict": args.on_conflict,
-                "start_by": args.start_by, "max_lifetime": args.max_lifetime}
+                "start_by": args.start_by, "max_lifetime": args.max_lifetime, "tags": args.tag,
+                "unique_for": args.unique_for}
     with _client(args) as client:
         if args.unique_key is None:
             job_id = client.enqueue(args.queue, args.kind, payload, **settings)
@@ -543,7 +544,7 @@ def _each_job(ids: Sequence[int], act: Any) -> int:
 
 
 #: The options of retry's and cancel's filter form.
-_FILTER_OPTIONS = ("queue", "state", "kind", "before", "limit", "all")
+_FILTER_OPTIONS = ("queue", "state", "kind", "tag", "before", "limit", "all")
 
 
 def _by_filter(args: argparse.Namespace) -> bool:
@@ -597,7 +598,8 @@ def _act_by_filter(args: argparse.Namespace, act: Any, done: str) -> int:
             raise
     if total:
         say(err=True)
-    what = f"{args.state} job(s) of queue {args.queue}" + (f" of kind {args.kind}" if args.kind else "")
+    what = (f"{args.state} job(s) of queue {args.queue}" + (f" of kind {args.kind}" if args.kind else "")
+            + (f" tagged {', '.join(args.tag)}" if args.tag else ""))
     say(f"{done} {total} {what}" + (f" (--limit {args.limit} reached: more may match)"
                                     if args.limit is not None and total == args.limit else ""))
     return 0
@@ -606,7 +608,7 @@ def _act_by_filter(args: argparse.Namespace, act: Any, done: str) -> int:
 def cmd_retry(args: argparse.Namespace) -> int:
     if _by_filter(args):
         return _act_by_filter(args, lambda client, before, rows: client.retry_jobs(
-            args.queue, args.state, args.kind, finished_before=before, limit_rows=rows), "retried")
+            args.queue, args.state, args.kind, finished_before=before, limit_rows=rows, tags=args.tag), "retried")
     with _client(args) as client:
         return _each_job(args.ids, lambda job_id: client.retry(job_id) and "pending again")
 
@@ -614,7 +616,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     if _by_filter(args):
         return _act_by_filter(args, lambda client, before, rows: client.cancel_jobs(
-            args.queue, args.state, args.kind, created_before=before, limit_rows=rows), "cancelled")
+            args.queue, args.state, args.kind, created_before=before, limit_rows=rows, tags=args.tag), "cancelled")
     with _client(args) as client:
         return _each_job(args.ids, lambda job_id: "cancelled" if client.cancel(job_id)
                          else "had already finished, unchanged")
@@ -623,7 +625,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_delete(args: argparse.Namespace) -> int:
     _by_filter(args)  # (delete takes no job ids: a filter with --all, or a usage error)
     return _act_by_filter(args, lambda client, before, rows: client.delete_jobs(
-        args.queue, args.state, args.kind, before=before, limit_rows=rows), "deleted")
+        args.queue, args.state, args.kind, before=before, limit_rows=rows, tags=args.tag), "deleted")
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
@@ -644,7 +646,8 @@ def _error_line(text: str | None, width: int = 60) -> str | None:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        rows = client.list_jobs(args.queue, args.state, args.kind, limit_rows=args.limit, before_id=args.before)
+        rows = client.list_jobs(args.queue, args.state, args.kind, limit_rows=args.limit, before_id=args.before,
+                                tags=args.tag)
     if not rows:
         say("no jobs" + (f" before id {args.before}" if args.before else "") + " match")
         return 0
@@ -710,7 +713,8 @@ def cmd_job(args: argparse.Namespace) -> int:
         batch = client.batch_status(j.batch_id) if j.batch_id is not None else None
     say(f"job {j.id}: {j.state} (attempt {j.attempt} of {j.max_attempts}), queue {_fmt(j.queue)}, kind {_fmt(j.kind)}")
     fields = [("payload", _json(j.payload)), ("result", _json(j.result)), ("last error", j.last_error),
-              ("priority", j.priority), ("tenant", j.tenant), ("unique key", j.unique_key),
+              ("priority", j.priority), ("tenant", j.tenant), ("tags", None if j.tags is None else ", ".join(j.tags)),
+              ("unique key", j.unique_key),
               ("conc. key", j.concurrency_key),
               ("depends on", None if j.depends_on is None
                else ", ".join(map(str, j.depends_on)) + (f" ({j.dependency_mode})" if j.dependency_mode else "")),
@@ -1032,6 +1036,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-lifetime", type=duration, metavar="DURATION",
                    help="a job still alive this long after its enqueue (e.g. 7d), across attempts, sleeps and waits, "
                         "fails")
+    p.add_argument("--tag", action="append", metavar="TAG",
+                   help="a tag of the job (repeat for more: --tag vip --tag eu), for the --tag filters")
+    p.add_argument("--unique-for", type=duration, metavar="DURATION",
+                   help="with --unique-key: a job of the key that ended done within DURATION (e.g. 1h) also holds "
+                        "it (its id is printed, nothing is enqueued)")
 
     p = command("signal", cmd_signal, "send a signal to a queue: wakes its jobs waiting for it (pgq.signal; the "
                 "first signal of a name wins); prints how many it woke")
@@ -1152,6 +1161,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--queue", help="by filter: the jobs of this queue")
         p.add_argument("--state", choices=states, help="by filter: the jobs in this state")
         p.add_argument("--kind", help="by filter: only jobs of this kind")
+        p.add_argument("--tag", action="append", metavar="TAG",
+                       help="by filter: only jobs holding this tag (repeat: jobs holding all of them)")
         p.add_argument("--before", type=before_time, metavar="TIME",
                        help=f"by filter: {before}: an ISO time (2026-12-05T14:00, local time without an offset) "
                             "or how long ago (30m, 2h, 7d); jobs from after the command started are left alone")
@@ -1167,6 +1178,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", help="the jobs of this queue")
     p.add_argument("--state", choices=("pending", "waiting", "done", "failed", "cancelled"), help="in this state")
     p.add_argument("--kind", help="only jobs of this kind")
+    p.add_argument("--tag", action="append", metavar="TAG",
+                   help="only jobs holding this tag (repeat: jobs holding all of them)")
     p.add_argument("--before", type=before_time, metavar="TIME",
                    help="only jobs created (pending, waiting) or finished (done, failed, cancelled) before TIME: "
                         "an ISO time or how long ago (30m, 2h, 7d); jobs from after the command started are left alone")
@@ -1185,6 +1198,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state", help="only jobs in this state: waiting, pending, running, done, failed, "
                    "cancelled, outcome_unknown")
     p.add_argument("--kind", help="only jobs of this kind")
+    p.add_argument("--tag", action="append", metavar="TAG",
+                   help="only jobs holding this tag (repeat: jobs holding all of them)")
     p.add_argument("--limit", type=int, default=50, help="at most this many (default 50, at most 1000)")
     p.add_argument("--before", type=job_id, metavar="ID", help="only jobs older than this id (the next page)")
 

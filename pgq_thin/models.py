@@ -202,6 +202,8 @@ class JobRecord:
     #: While parked by pgq.await_signal: the signal it waits for, and when the wait times out.
     wait_signal: str | None = None
     wake_at: datetime | None = None
+    #: Enqueue's tags (each once, sorted); None: none.
+    tags: list[str] | None = None
 
 
 #: The states a job ends in: pgq.job_result's answer is final in one of them.

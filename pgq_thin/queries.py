@@ -20,7 +20,8 @@ ENQUEUE = (
     " concurrency_key => %(concurrency_key)s::text, depends_on => %(depends_on)s::bigint[],"
     " dependency_mode => %(dependency_mode)s::text, batch => %(batch)s::bigint,"
     " notify_finished => %(notify_finished)s::boolean, on_conflict => %(on_conflict)s::text,"
-    " start_by => %(start_by)s::timestamptz, max_lifetime => %(max_lifetime)s::interval)"
+    " start_by => %(start_by)s::timestamptz, max_lifetime => %(max_lifetime)s::interval,"
+    " tags => %(tags)s::text[], unique_for => %(unique_for)s::interval)"
 )
 
 #: Add one job per payload in one INSERT; returns the ids in payload order. The payloads go in
@@ -35,7 +36,8 @@ ENQUEUE_MANY = (
     " concurrency_key => %(concurrency_key)s::text, depends_on => %(depends_on)s::bigint[],"
     " dependency_mode => %(dependency_mode)s::text, batch => %(batch)s::bigint,"
     " notify_finished => %(notify_finished)s::boolean, unique_keys => %(unique_keys)s::text[],"
-    " on_conflict => %(on_conflict)s::text) AS t(id)"
+    " on_conflict => %(on_conflict)s::text, tags => %(tags)s::text[],"
+    " unique_for => %(unique_for)s::interval) AS t(id)"
 )
 
 # Batches and results -----------------------------------------------------------------------------
@@ -192,17 +194,19 @@ RETRY = "SELECT pgq.retry(id => %(id)s::bigint)"
 #: Make at most limit_rows failed or cancelled jobs of a queue pending again (id order); how many.
 RETRY_JOBS = (
     "SELECT pgq.retry_jobs(queue => %(queue)s::text, state => %(state)s::text, kind => %(kind)s::text,"
-    " finished_before => %(finished_before)s::timestamptz, limit_rows => %(limit_rows)s::integer)"
+    " finished_before => %(finished_before)s::timestamptz, limit_rows => %(limit_rows)s::integer,"
+    " tags => %(tags)s::text[])"
 )
 #: Cancel at most limit_rows unfinished jobs of a queue in one state (id order); how many.
 CANCEL_JOBS = (
     "SELECT pgq.cancel_jobs(queue => %(queue)s::text, state => %(state)s::text, kind => %(kind)s::text,"
-    " created_before => %(created_before)s::timestamptz, limit_rows => %(limit_rows)s::integer)"
+    " created_before => %(created_before)s::timestamptz, limit_rows => %(limit_rows)s::integer,"
+    " tags => %(tags)s::text[])"
 )
 #: Delete at most limit_rows jobs of a queue in one state, never running (id order); how many.
 DELETE_JOBS = (
     "SELECT pgq.delete_jobs(queue => %(queue)s::text, state => %(state)s::text, kind => %(kind)s::text,"
-    " before => %(before)s::timestamptz, limit_rows => %(limit_rows)s::integer)"
+    " before => %(before)s::timestamptz, limit_rows => %(limit_rows)s::integer, tags => %(tags)s::text[])"
 )
 RESOLVE = "SELECT pgq.resolve(id => %(id)s::bigint, state => %(state)s::text)"
 PRUNE = "SELECT pgq.prune(older_than => %(older_than)s::interval, max_jobs => %(max_jobs)s::integer)"
@@ -257,7 +261,7 @@ HEALTH = (
 )
 LIST_JOBS = (
     "SELECT * FROM pgq.list_jobs(queue => %(queue)s::text, state => %(state)s::text, kind => %(kind)s::text,"
-    " limit_rows => %(limit_rows)s::integer, before_id => %(before_id)s::bigint)"
+    " limit_rows => %(limit_rows)s::integer, before_id => %(before_id)s::bigint, tags => %(tags)s::text[])"
 )
 GET_JOB = "SELECT * FROM pgq.get_job(id => %(id)s::bigint)"
 JOB_HISTORY = "SELECT * FROM pgq.job_history(id => %(id)s::bigint)"
@@ -298,8 +302,8 @@ ACTION_FUNCTIONS = {
     "resolve": "pgq.resolve(bigint,text)",
     "pause": "pgq.pause(text)",
     "resume": "pgq.resume(text)",
-    "retry_jobs": "pgq.retry_jobs(text,text,text,timestamptz,integer)",
-    "cancel_jobs": "pgq.cancel_jobs(text,text,text,timestamptz,integer)",
+    "retry_jobs": "pgq.retry_jobs(text,text,text,timestamptz,integer,text[])",
+    "cancel_jobs": "pgq.cancel_jobs(text,text,text,timestamptz,integer,text[])",
 }
 #: current_user and, per function (a column named after it), whether the login may call it: NULL
 #: when the function does not exist (a schema older than the migration that adds it).

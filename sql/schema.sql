@@ -214,6 +214,7 @@ CREATE TABLE pgq.jobs (
     wait_signal        text,
     wake_at            timestamp with time zone,
     ends_recorded_by   xid8,
+    tags               text[],
     CONSTRAINT jobs_pkey PRIMARY KEY (id),
     CONSTRAINT jobs_attempt_check CHECK ((attempt BETWEEN 0 AND max_attempts)),
     CONSTRAINT jobs_lease_check CHECK (((state = 'running'::pgq.job_state) = (lease_until IS NOT NULL)))
@@ -293,6 +294,10 @@ COMMENT ON COLUMN pgq.jobs.ends_recorded_by IS
     'The transaction whose pgq.complete or pgq.complete_many ended the job and recorded the end '
     'itself (the trigger jobs_ended leaves that end alone); NULL when no completion of this '
     'kind has.';
+COMMENT ON COLUMN pgq.jobs.tags IS
+    'Enqueue''s tags (1 to 64 characters each, at most 16, no NULL); NULL: none. The tags filter '
+    'of pgq.list_jobs, retry_jobs, cancel_jobs and delete_jobs finds the jobs holding all of '
+    'its tags.';
 
 CREATE TABLE pgq.job_events (
     id            bigint GENERATED ALWAYS AS IDENTITY,
@@ -841,6 +846,14 @@ CREATE INDEX jobs_retention_idx ON pgq.jobs USING btree (queue, state, finished_
 COMMENT ON INDEX pgq.jobs_retention_idx IS
     'Retention (pgq.sweep, pgq.prune) finds each queue''s and state''s finished jobs by age: the '
     'jobs past their retention are one range, read without the jobs kept.';
+CREATE INDEX jobs_tags_idx ON pgq.jobs USING gin (tags) WHERE (tags IS NOT NULL);
+COMMENT ON INDEX pgq.jobs_tags_idx IS
+    'The tagged jobs by tag (tags @> filter): the tags filter of the list and bulk calls. A job '
+    'without tags has no entry.';
+CREATE INDEX jobs_unique_done_idx ON pgq.jobs USING btree (queue, unique_key, finished_at) WHERE ((unique_key IS NOT NULL) AND (state = 'done'::pgq.job_state));
+COMMENT ON INDEX pgq.jobs_unique_done_idx IS
+    'The done jobs with a unique_key, by queue, key and end: enqueue''s unique_for reads the '
+    'newest of a key here (one probe).';
 CREATE INDEX schedules_due_idx ON pgq.schedules USING btree (next_run_at) WHERE enabled;
 COMMENT ON INDEX pgq.schedules_due_idx IS 'The sweep''s probe and the firing read the enabled schedules by next_run_at.';
 CREATE INDEX schedules_queue_idx ON pgq.schedules USING btree (queue, next_run_at) WHERE enabled;
@@ -1034,6 +1047,38 @@ BEGIN
 END
 $$;
 
+-- Validates a tag list: enqueue's tags (NULL or empty: none) or a tags filter (`filter`: NULL is
+-- no filter, an empty one is refused), 22023 naming `argument` (tags) and the element.
+CREATE OR REPLACE FUNCTION pgq._check_tags(argument text, tags text[], filter boolean DEFAULT false)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+DECLARE
+    bad record;
+BEGIN
+    IF tags IS NULL THEN
+        RETURN;
+    END IF;
+    IF array_ndims(tags) > 1 THEN
+        PERFORM pgq._bad_argument(argument, format('must be a one-dimensional array, got %s dimensions',
+                                                   array_ndims(tags)));
+    ELSIF cardinality(tags) = 0 AND filter THEN
+        PERFORM pgq._bad_argument(argument, 'must name at least one tag', 'Pass NULL for no tags filter.');
+    ELSIF cardinality(tags) > 16 THEN
+        PERFORM pgq._bad_argument(argument, format('must hold at most 16 tags, got %s', cardinality(tags)));
+    END IF;
+    SELECT t.tag, t.n INTO bad FROM unnest(tags) WITH ORDINALITY AS t(tag, n)
+    WHERE t.tag IS NULL OR length(t.tag) NOT BETWEEN 1 AND 64
+    ORDER BY t.n LIMIT 1;
+    IF FOUND AND bad.tag IS NULL THEN
+        PERFORM pgq._bad_argument(argument, format('must not hold NULL (%s[%s])', argument, bad.n));
+    ELSIF FOUND THEN
+        PERFORM pgq._bad_argument(argument, format('must hold tags of 1 to 64 characters, %s[%s] has %s',
+                                                   argument, bad.n, length(bad.tag)));
+    END IF;
+END
+$$;
+
 -- Validates a concurrency key (a job's, or pgq.set_key_limit's): NULL or 1 to 256 characters.
 CREATE OR REPLACE FUNCTION pgq._check_concurrency_key(argument text, value text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
@@ -1132,7 +1177,7 @@ $$;
 -- tests/sql/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '24'::text $$;
+    AS $$ SELECT '25'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -4994,6 +5039,45 @@ BEGIN
 END
 $$;
 
+-- Validates enqueue's unique_for: NULL (none), or a span of more than 0 and at most 3650 days
+-- given with a unique_key (`keyed`), 22023 naming unique_for.
+CREATE OR REPLACE FUNCTION pgq._check_unique_for(keyed boolean, unique_for interval) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_unique_for.unique_for IS NOT NULL THEN
+        PERFORM pgq._check_interval('unique_for', _check_unique_for.unique_for, interval '3650 days');
+        IF NOT _check_unique_for.keyed THEN
+            PERFORM pgq._bad_argument('unique_for', 'needs a unique_key (unique_keys for enqueue_many)',
+                'unique_for is how long a job of the key that finished done still holds it.');
+        END IF;
+    END IF;
+END
+$$;
+
+-- The job that holds a unique_key for enqueue's unique_for: a live one (waiting, pending, running,
+-- outcome_unknown), else the newest of the key that ended done within unique_for of now (finished
+-- after now - unique_for; failed and cancelled jobs never hold a key, as in River's and Oban's
+-- default states). One statement, so one snapshot: a holder that ends while it runs is seen live or
+-- done, never neither. `other_than`: a job to leave out (the caller's own insert). Each read is one
+-- probe of an index (jobs_unique_key_idx, jobs_unique_done_idx). NULL: none.
+CREATE OR REPLACE FUNCTION pgq._key_holder(queue text, unique_key text, unique_for interval,
+                                           other_than bigint DEFAULT NULL)
+    RETURNS bigint
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(
+        (SELECT j.id FROM pgq.jobs AS j
+         WHERE j.queue = _key_holder.queue AND j.unique_key = _key_holder.unique_key AND j.unique_key IS NOT NULL
+           AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown')
+           AND j.id IS DISTINCT FROM _key_holder.other_than),
+        (SELECT j.id FROM pgq.jobs AS j
+         WHERE j.queue = _key_holder.queue AND j.unique_key = _key_holder.unique_key AND j.unique_key IS NOT NULL
+           AND j.state = 'done' AND j.finished_at > pgq._now() - _key_holder.unique_for
+         ORDER BY j.finished_at DESC
+         LIMIT 1))
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFAULT '{}',
                             run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
                             max_attempts integer DEFAULT NULL, unique_key text DEFAULT NULL,
@@ -5002,7 +5086,8 @@ CREATE OR REPLACE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFA
                             depends_on bigint[] DEFAULT NULL, dependency_mode text DEFAULT 'all_done',
                             batch bigint DEFAULT NULL, notify_finished boolean DEFAULT false,
                             on_conflict text DEFAULT 'keep', start_by timestamptz DEFAULT NULL,
-                            max_lifetime interval DEFAULT NULL)
+                            max_lifetime interval DEFAULT NULL, tags text[] DEFAULT NULL,
+                            unique_for interval DEFAULT NULL)
     RETURNS bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -5024,6 +5109,7 @@ DECLARE
     r          record;
     prior_timeout text;  -- the caller's lock_timeout, while a keyed insert bounds its own
     held_by    bigint;   -- the live job that holds the unique_key
+    job_tags   text[];   -- tags, each once, sorted (NULL: none)
 BEGIN
     -- Every argument checked in one plain expression (no query, no nested call); only a call that
     -- fails it runs the checks that name the bad argument and raise. (The nested checks cost about
@@ -5060,15 +5146,29 @@ BEGIN
         PERFORM pgq._check_on_conflict(enqueue.on_conflict);
         PERFORM pgq._check_lifetime(enqueue.run_at, enqueue.start_by, enqueue.max_lifetime);
     END IF;
+    -- tags and unique_for, checked apart: a call that uses neither pays one NULL test (a check in
+    -- the expression above, with its query over the tags, made every enqueue about a third slower).
+    IF enqueue.tags IS NOT NULL OR enqueue.unique_for IS NOT NULL THEN
+        PERFORM pgq._check_tags('tags', enqueue.tags);
+        PERFORM pgq._check_unique_for(enqueue.unique_key IS NOT NULL, enqueue.unique_for);
+        IF cardinality(enqueue.tags) > 0 THEN
+            job_tags := ARRAY(SELECT DISTINCT t.tag FROM unnest(enqueue.tags) AS t(tag) ORDER BY t.tag);
+        END IF;
+    END IF;
     -- A unique_key that a live job of the queue holds answers at once (on_conflict keep, no
     -- batch, a login that may enqueue there), before the queue's row is locked: a deduplicated
-    -- call writes nothing, not even a lock (no transaction id).
+    -- call writes nothing, not even a lock (no transaction id). With unique_for, a job of the key
+    -- that ended done within it holds the key too (pgq._key_holder).
     IF enqueue.unique_key IS NOT NULL AND enqueue.on_conflict = 'keep' AND enqueue.batch IS NULL THEN
-        SELECT j.id INTO new_id
-        FROM pgq.jobs AS j
-        WHERE j.queue = enqueue.queue AND j.unique_key = enqueue.unique_key
-          AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
-        IF FOUND AND NOT EXISTS (SELECT FROM pgq.queues AS s WHERE s.name = enqueue.queue AND s.restricted IS NOT NULL
+        IF enqueue.unique_for IS NULL THEN
+            SELECT j.id INTO new_id
+            FROM pgq.jobs AS j
+            WHERE j.queue = enqueue.queue AND j.unique_key = enqueue.unique_key
+              AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
+        ELSE
+            new_id := pgq._key_holder(enqueue.queue, enqueue.unique_key, enqueue.unique_for);
+        END IF;
+        IF new_id IS NOT NULL AND NOT EXISTS (SELECT FROM pgq.queues AS s WHERE s.name = enqueue.queue AND s.restricted IS NOT NULL
                                  AND NOT pgq._may(s.name, s.restricted, 'enqueue')) THEN
             RETURN new_id;
         END IF;
@@ -5117,11 +5217,8 @@ BEGIN
     -- holds the unique_key is answered first, so that a deduplicated call writes nothing here either.
     IF wait_on IS NOT NULL THEN
         IF job_key IS NOT NULL THEN
-            SELECT j.id INTO new_id
-            FROM pgq.jobs AS j
-            WHERE j.queue = enqueue.queue AND j.unique_key = job_key
-              AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
-            IF FOUND THEN
+            new_id := pgq._key_holder(enqueue.queue, job_key, coalesce(enqueue.unique_for, interval '0'));
+            IF new_id IS NOT NULL THEN
                 RETURN new_id;
             END IF;
         END IF;
@@ -5141,12 +5238,12 @@ BEGIN
         INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant,
                                    max_run_time, meta, concurrency_key, state, depends_on,
                                    dependencies_left, dependency_mode, batch_id, notify_finished,
-                                   start_by, expires_at)
+                                   start_by, expires_at, tags)
         VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                 coalesce(enqueue.max_attempts, q.max_attempts), job_tenant, enqueue.max_run_time,
                 enqueue.meta, enqueue.concurrency_key, new_state, dep_ids, left_count, mode,
                 enqueue.batch, enqueue.notify_finished, enqueue.start_by,
-                pgq._now() + enqueue.max_lifetime)
+                pgq._now() + enqueue.max_lifetime, job_tags)
         RETURNING j.id INTO new_id;
     ELSE
         -- The insert of a new holder waits (the unique index) for another transaction that inserted
@@ -5159,24 +5256,33 @@ BEGIN
                 INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
                                            unique_key, tenant, max_run_time, meta, concurrency_key,
                                            state, depends_on, dependencies_left, dependency_mode, batch_id,
-                                           notify_finished, start_by, expires_at)
+                                           notify_finished, start_by, expires_at, tags)
                 VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                         coalesce(enqueue.max_attempts, q.max_attempts), job_key, job_tenant,
                         enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key, new_state, dep_ids,
                         left_count, mode, enqueue.batch, enqueue.notify_finished, enqueue.start_by,
-                        pgq._now() + enqueue.max_lifetime)
+                        pgq._now() + enqueue.max_lifetime, job_tags)
                 ON CONFLICT (queue, unique_key)
                     WHERE unique_key IS NOT NULL AND state IN ('waiting', 'pending', 'running', 'outcome_unknown')
                     DO NOTHING
                 RETURNING j.id INTO new_id;
+                IF FOUND AND enqueue.unique_for IS NOT NULL THEN
+                    -- unique_for: the new job holds the key among the live ones (a concurrent
+                    -- enqueue of it waits for this transaction), but a job of the key may have been
+                    -- enqueued, and ended done, since the check above read (the insert only meets
+                    -- live ones). Read once more now that the key is ours: such a job is the
+                    -- answer, and the new row goes.
+                    held_by := pgq._key_holder(enqueue.queue, job_key, enqueue.unique_for, new_id);
+                    IF held_by IS NOT NULL THEN
+                        DELETE FROM pgq.jobs AS j WHERE j.id = new_id;
+                    END IF;
+                END IF;
                 EXIT WHEN FOUND;
                 -- A live job holds this unique_key: hand back its id. If it finished in the
-                -- meantime, the key is free again and the INSERT is tried once more.
-                SELECT j.id INTO held_by
-                FROM pgq.jobs AS j
-                WHERE j.queue = enqueue.queue AND j.unique_key = job_key
-                  AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
-                EXIT WHEN FOUND;
+                -- meantime, the key is free again (or, with unique_for, held by that job, done)
+                -- and the INSERT is tried once more.
+                held_by := pgq._key_holder(enqueue.queue, job_key, coalesce(enqueue.unique_for, interval '0'));
+                EXIT WHEN held_by IS NOT NULL;
             END LOOP;
         EXCEPTION WHEN lock_not_available THEN
             RAISE EXCEPTION 'pgq: unique_key % of queue % is being enqueued by another transaction that has not ended; '
@@ -5211,7 +5317,7 @@ BEGIN
     RETURN new_id;
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text, timestamptz, interval) IS
+COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text, timestamptz, interval, text[], interval) IS
     'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it '
     '(on_conflict keep), or replaces its payload, run_at, priority, meta and max_attempts if it has '
     'not started and the caller''s login enqueued it (replace; behind such a started holder a new job '
@@ -5219,7 +5325,8 @@ COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer
     'meta: a JSON object (or NULL) kept with the job and returned by pgq.claim. depends_on: the job '
     'waits until those jobs are done (dependency_mode all_done: cancelled if one fails or is cancelled) '
     'or have ended however (all_ended). batch: joins that open batch. notify_finished: its end '
-    'notifies channel pgq_finished.';
+    'notifies channel pgq_finished. tags: up to 16 tags (1 to 64 characters) for the tags filters. '
+    'unique_for (with unique_key): a job of the key that ended done within it holds the key too.';
 
 CREATE OR REPLACE FUNCTION pgq.enqueue_many(queue text, kind text, payloads jsonb[],
                                  run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
@@ -5228,7 +5335,8 @@ CREATE OR REPLACE FUNCTION pgq.enqueue_many(queue text, kind text, payloads json
                                  concurrency_key text DEFAULT NULL, depends_on bigint[] DEFAULT NULL,
                                  dependency_mode text DEFAULT 'all_done', batch bigint DEFAULT NULL,
                                  notify_finished boolean DEFAULT false, unique_keys text[] DEFAULT NULL,
-                                 on_conflict text DEFAULT 'keep')
+                                 on_conflict text DEFAULT 'keep', tags text[] DEFAULT NULL,
+                                 unique_for interval DEFAULT NULL)
     RETURNS SETOF bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -5244,12 +5352,20 @@ DECLARE
     left_count integer;
     new_ids    bigint[];
     mode       text;
+    job_tags   text[];  -- tags, each once, sorted (NULL: none)
 BEGIN
     PERFORM pgq._check_enqueue(enqueue_many.queue, enqueue_many.kind, enqueue_many.run_at,
                                enqueue_many.priority, enqueue_many.max_attempts, enqueue_many.tenant,
                                enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key);
     PERFORM pgq._check_workflow(enqueue_many.dependency_mode, enqueue_many.notify_finished);
     PERFORM pgq._check_on_conflict(enqueue_many.on_conflict);
+    IF enqueue_many.tags IS NOT NULL OR enqueue_many.unique_for IS NOT NULL THEN
+        PERFORM pgq._check_tags('tags', enqueue_many.tags);
+        PERFORM pgq._check_unique_for(enqueue_many.unique_keys IS NOT NULL, enqueue_many.unique_for);
+        IF cardinality(enqueue_many.tags) > 0 THEN
+            job_tags := ARRAY(SELECT DISTINCT t.tag FROM unnest(enqueue_many.tags) AS t(tag) ORDER BY t.tag);
+        END IF;
+    END IF;
     IF enqueue_many.payloads IS NULL THEN
         PERFORM pgq._bad_argument('payloads', 'must not be NULL');
     END IF;
@@ -5300,7 +5416,9 @@ BEGIN
                            enqueue_many.max_attempts, enqueue_many.unique_keys[p.n], enqueue_many.tenant,
                            enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key,
                            enqueue_many.depends_on, enqueue_many.dependency_mode, enqueue_many.batch,
-                           enqueue_many.notify_finished, enqueue_many.on_conflict)
+                           enqueue_many.notify_finished, enqueue_many.on_conflict, NULL, NULL,
+                           enqueue_many.tags,
+                           CASE WHEN enqueue_many.unique_keys[p.n] IS NOT NULL THEN enqueue_many.unique_for END)
         FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
         ORDER BY p.n;
         RETURN;
@@ -5350,11 +5468,11 @@ BEGIN
         RETURN QUERY
         WITH inserted AS (
             INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant, max_run_time,
-                                  meta, concurrency_key, batch_id, notify_finished)
+                                  meta, concurrency_key, batch_id, notify_finished, tags)
             SELECT enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.priority,
                    enqueue_many.run_at, coalesce(enqueue_many.max_attempts, q.max_attempts),
                    job_tenant, enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key,
-                   enqueue_many.batch, enqueue_many.notify_finished
+                   enqueue_many.batch, enqueue_many.notify_finished, job_tags
             FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
             ORDER BY p.n
             RETURNING jobs.id
@@ -5370,11 +5488,11 @@ BEGIN
     WITH inserted AS (
         INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant, max_run_time,
                               meta, concurrency_key, state, depends_on, dependencies_left, dependency_mode,
-                              batch_id, notify_finished)
+                              batch_id, notify_finished, tags)
         SELECT enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.priority,
                enqueue_many.run_at, coalesce(enqueue_many.max_attempts, q.max_attempts),
                job_tenant, enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key,
-               new_state, dep_ids, left_count, mode, enqueue_many.batch, enqueue_many.notify_finished
+               new_state, dep_ids, left_count, mode, enqueue_many.batch, enqueue_many.notify_finished, job_tags
         FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
         ORDER BY p.n
         RETURNING jobs.id
@@ -5393,10 +5511,11 @@ BEGIN
     RETURN QUERY SELECT unnest(new_ids);
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean, text[], text) IS
+COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean, text[], text, text[], interval) IS
     'Adds one job per payload in one INSERT and returns their ids in payload order; each job '
     'gets the same meta, depends_on, dependency_mode, batch and notify_finished. unique_keys: one '
-    'key per payload (NULL: none), each enqueued as pgq.enqueue does with on_conflict.';
+    'key per payload (NULL: none), each enqueued as pgq.enqueue does with on_conflict and unique_for. '
+    'tags: the same tags for every job.';
 
 -- sql/functions/claim.sql -----------------------------------------------------------------------------
 
@@ -7460,8 +7579,9 @@ END
 $$;
 
 -- Validates the filter of pgq.retry_jobs and pgq.cancel_jobs (22004 / 22023): queue, state (one
--- of allowed), kind (NULL: any) and limit_rows (1 to 10000).
-CREATE OR REPLACE FUNCTION pgq._check_bulk(queue text, state text, allowed text[], kind text, limit_rows integer)
+-- of allowed), kind (NULL: any), limit_rows (1 to 10000) and tags (NULL: any; pgq._check_tags).
+CREATE OR REPLACE FUNCTION pgq._check_bulk(queue text, state text, allowed text[], kind text, limit_rows integer,
+                                           tags text[] DEFAULT NULL)
     RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     AS $$
@@ -7482,6 +7602,30 @@ BEGIN
         PERFORM pgq._bad_argument('limit_rows',
             format('must be between 1 and 10000, got %s', _check_bulk.limit_rows), 'Call again for the rest.');
     END IF;
+    PERFORM pgq._check_tags('tags', _check_bulk.tags, true);
+END
+$$;
+
+-- A bulk call's tags filter reads the tagged jobs through jobs_tags_idx (GIN, `tags @> filter`),
+-- which only a bitmap scan reads, and sorts what it found by id: the calls that run with those
+-- off (their plans without a tags filter stay index scans in id order) turn them on, for the rest
+-- of the call only (their SET clauses restore them at its end), before their tagged read.
+CREATE OR REPLACE FUNCTION pgq._tagged_reads() RETURNS void
+    LANGUAGE sql
+    AS $$
+    SELECT set_config('enable_bitmapscan', 'on', true), set_config('enable_sort', 'on', true);
+$$;
+
+-- pgq.retry_jobs' retry of one job: 1, or 0 when pgq.retry would refuse it (its key is held, or
+-- no attempt is left: 55000), which then stays as it was.
+CREATE OR REPLACE FUNCTION pgq._retry_quietly(job pgq.jobs) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pgq._retry_job(job);
+    RETURN 1;
+EXCEPTION WHEN object_not_in_prerequisite_state THEN
+    RETURN 0;
 END
 $$;
 
@@ -7493,7 +7637,7 @@ $$;
 -- jobs_list_idx (queue, state, id) order; kind and finished_before filter what that reads.
 CREATE OR REPLACE FUNCTION pgq.retry_jobs(queue text, state text, kind text DEFAULT NULL,
                                           finished_before timestamptz DEFAULT NULL,
-                                          limit_rows integer DEFAULT 1000)
+                                          limit_rows integer DEFAULT 1000, tags text[] DEFAULT NULL)
     RETURNS integer
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -7508,8 +7652,22 @@ DECLARE
     retried integer := 0;
 BEGIN
     PERFORM pgq._check_bulk(retry_jobs.queue, retry_jobs.state, '{failed,cancelled}', retry_jobs.kind,
-                            retry_jobs.limit_rows);
-    FOR job IN
+                            retry_jobs.limit_rows, retry_jobs.tags);
+    IF retry_jobs.tags IS NOT NULL THEN
+        PERFORM pgq._tagged_reads();
+        FOR job IN
+            SELECT j.* FROM pgq.jobs AS j
+            WHERE j.tags @> retry_jobs.tags AND j.tags IS NOT NULL
+              AND j.queue = retry_jobs.queue AND j.state = retry_jobs.state::pgq.job_state
+              AND (retry_jobs.kind IS NULL OR j.kind = retry_jobs.kind)
+              AND (retry_jobs.finished_before IS NULL OR j.finished_at < retry_jobs.finished_before)
+            ORDER BY j.id
+            LIMIT retry_jobs.limit_rows
+            FOR NO KEY UPDATE OF j SKIP LOCKED
+        LOOP
+            retried := retried + pgq._retry_quietly(job);
+        END LOOP;
+    ELSE FOR job IN
         SELECT j.* FROM pgq.jobs AS j
         WHERE j.queue = retry_jobs.queue AND j.state = retry_jobs.state::pgq.job_state AND j.state <> 'running'
           AND (retry_jobs.kind IS NULL OR j.kind = retry_jobs.kind)
@@ -7518,22 +7676,19 @@ BEGIN
         LIMIT retry_jobs.limit_rows
         FOR NO KEY UPDATE OF j SKIP LOCKED
     LOOP
-        BEGIN
-            PERFORM pgq._retry_job(job);
-            retried := retried + 1;
-        EXCEPTION WHEN object_not_in_prerequisite_state THEN
-            NULL;  -- its key is held, or no attempt is left: it stays as it was
-        END;
+        retried := retried + pgq._retry_quietly(job);
     END LOOP;
+    END IF;
     IF retried > 0 THEN
         PERFORM pgq._notify(retry_jobs.queue);
     END IF;
     RETURN retried;
 END
 $$;
-COMMENT ON FUNCTION pgq.retry_jobs(text, text, text, timestamptz, integer) IS
+COMMENT ON FUNCTION pgq.retry_jobs(text, text, text, timestamptz, integer, text[]) IS
     'Retries up to limit_rows failed or cancelled jobs of a queue (of kind, finished before '
-    'finished_before), oldest first, as pgq.retry does; returns how many. Call again until 0.';
+    'finished_before, holding all of tags), oldest first, as pgq.retry does; returns how many. Call '
+    'again until 0.';
 
 -- Cancels the jobs of a queue in one state that match the filter, at most limit_rows of them,
 -- oldest id first, as pgq.cancel cancels one (a running one's worker is told at once), and returns
@@ -7543,7 +7698,7 @@ COMMENT ON FUNCTION pgq.retry_jobs(text, text, text, timestamptz, integer) IS
 -- are as many as workers run.
 CREATE OR REPLACE FUNCTION pgq.cancel_jobs(queue text, state text, kind text DEFAULT NULL,
                                            created_before timestamptz DEFAULT NULL,
-                                           limit_rows integer DEFAULT 1000)
+                                           limit_rows integer DEFAULT 1000, tags text[] DEFAULT NULL)
     RETURNS integer
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -7557,7 +7712,24 @@ DECLARE
     cancelled integer := 0;
 BEGIN
     PERFORM pgq._check_bulk(cancel_jobs.queue, cancel_jobs.state, '{waiting,pending,running,outcome_unknown}',
-                            cancel_jobs.kind, cancel_jobs.limit_rows);
+                            cancel_jobs.kind, cancel_jobs.limit_rows, cancel_jobs.tags);
+    IF cancel_jobs.tags IS NOT NULL THEN
+        PERFORM pgq._tagged_reads();
+        FOR job IN
+            SELECT j.* FROM pgq.jobs AS j
+            WHERE j.tags @> cancel_jobs.tags AND j.tags IS NOT NULL
+              AND j.queue = cancel_jobs.queue AND j.state = cancel_jobs.state::pgq.job_state
+              AND (cancel_jobs.kind IS NULL OR j.kind = cancel_jobs.kind)
+              AND (cancel_jobs.created_before IS NULL OR j.created_at < cancel_jobs.created_before)
+            ORDER BY j.id
+            LIMIT cancel_jobs.limit_rows
+            FOR NO KEY UPDATE OF j SKIP LOCKED
+        LOOP
+            PERFORM pgq._cancel_job(job);
+            cancelled := cancelled + 1;
+        END LOOP;
+        RETURN cancelled;
+    END IF;
     IF cancel_jobs.state = 'running' THEN
         FOR job IN
             SELECT j.* FROM pgq.jobs AS j
@@ -7588,9 +7760,23 @@ BEGIN
     RETURN cancelled;
 END
 $$;
-COMMENT ON FUNCTION pgq.cancel_jobs(text, text, text, timestamptz, integer) IS
+COMMENT ON FUNCTION pgq.cancel_jobs(text, text, text, timestamptz, integer, text[]) IS
     'Cancels up to limit_rows jobs of a queue in one unfinished state (of kind, created before '
-    'created_before), oldest first, as pgq.cancel does; returns how many. Call again until 0.';
+    'created_before, holding all of tags), oldest first, as pgq.cancel does; returns how many. Call '
+    'again until 0.';
+-- pgq.delete_jobs' first step for one job it deletes: a pending or waiting one is cancelled (its
+-- end reaches its dependants, batch and metrics). Returns its id.
+CREATE OR REPLACE FUNCTION pgq._doom(job pgq.jobs) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF job.state IN ('pending', 'waiting') THEN
+        PERFORM pgq._cancel_job(job);
+    END IF;
+    RETURN job.id;
+END
+$$;
+
 -- Deletes the jobs of a queue in one state that match the filter, at most limit_rows of them, oldest
 -- id first, and returns how many. Never a running or outcome_unknown job. What others see stays as
 -- after an end: a pending or waiting job is cancelled first (pgq._cancel_job, in this transaction),
@@ -7604,7 +7790,8 @@ COMMENT ON FUNCTION pgq.cancel_jobs(text, text, text, timestamptz, integer) IS
 -- created before it (pending, waiting) or finished before it (done, failed, cancelled). The jobs
 -- are read in jobs_list_idx (queue, state, id) order; kind and before filter what that reads.
 CREATE OR REPLACE FUNCTION pgq.delete_jobs(queue text, state text, kind text DEFAULT NULL,
-                                           before timestamptz DEFAULT NULL, limit_rows integer DEFAULT 1000)
+                                           before timestamptz DEFAULT NULL, limit_rows integer DEFAULT 1000,
+                                           tags text[] DEFAULT NULL)
     RETURNS integer
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -7620,8 +7807,24 @@ DECLARE
     checked bigint[];
 BEGIN
     PERFORM pgq._check_bulk(delete_jobs.queue, delete_jobs.state, '{pending,waiting,done,failed,cancelled}',
-                            delete_jobs.kind, delete_jobs.limit_rows);
-    FOR job IN
+                            delete_jobs.kind, delete_jobs.limit_rows, delete_jobs.tags);
+    IF delete_jobs.tags IS NOT NULL THEN
+        PERFORM pgq._tagged_reads();
+        FOR job IN
+            SELECT j.* FROM pgq.jobs AS j
+            WHERE j.tags @> delete_jobs.tags AND j.tags IS NOT NULL
+              AND j.queue = delete_jobs.queue AND j.state = delete_jobs.state::pgq.job_state
+              AND (delete_jobs.kind IS NULL OR j.kind = delete_jobs.kind)
+              AND (delete_jobs.before IS NULL
+                   OR CASE WHEN j.state IN ('pending', 'waiting') THEN j.created_at ELSE j.finished_at END
+                      < delete_jobs.before)
+            ORDER BY j.id
+            LIMIT delete_jobs.limit_rows
+            FOR UPDATE OF j SKIP LOCKED
+        LOOP
+            doomed := doomed || pgq._doom(job);
+        END LOOP;
+    ELSE FOR job IN
         SELECT j.* FROM pgq.jobs AS j
         WHERE j.queue = delete_jobs.queue AND j.state = delete_jobs.state::pgq.job_state AND j.state <> 'running'
           AND (delete_jobs.kind IS NULL OR j.kind = delete_jobs.kind)
@@ -7632,11 +7835,9 @@ BEGIN
         LIMIT delete_jobs.limit_rows
         FOR UPDATE OF j SKIP LOCKED
     LOOP
-        IF job.state IN ('pending', 'waiting') THEN
-            PERFORM pgq._cancel_job(job);
-        END IF;
-        doomed := doomed || job.id;
+        doomed := doomed || pgq._doom(job);
     END LOOP;
+    END IF;
     IF delete_jobs.state IN ('done', 'failed', 'cancelled') AND cardinality(doomed) > 0 THEN
         -- One read of the checks not yet settled (a handful: every settle call takes them).
         checked := ARRAY(SELECT DISTINCT c.job_id FROM pgq.overlap_checks AS c WHERE c.job_id = ANY (doomed));
@@ -7647,9 +7848,9 @@ BEGIN
     RETURN pgq._delete_jobs(doomed);
 END
 $$;
-COMMENT ON FUNCTION pgq.delete_jobs(text, text, text, timestamptz, integer) IS
+COMMENT ON FUNCTION pgq.delete_jobs(text, text, text, timestamptz, integer, text[]) IS
     'Deletes up to limit_rows jobs of a queue in one state (pending, waiting, done, failed or '
-    'cancelled; of kind, created or finished before before), oldest first, a pending or waiting one '
+    'cancelled; of kind, created or finished before before, holding all of tags), oldest first, a pending or waiting one '
     'cancelled first (its dependants and batch see it end); returns how many. Call again until 0.';
 COMMENT ON FUNCTION pgq.retry(bigint) IS
     'Makes a failed or cancelled job pending again; 55000 for other states; P0002 when unknown.';
@@ -8277,9 +8478,12 @@ COMMENT ON FUNCTION pgq.job_history(bigint) IS
 -- per (queue, state) through jobs_list_idx (keyed by -id), and the running jobs through
 -- jobs_lease_idx, however much finished history the table holds; kind is a filter within those
 -- (a rare kind among many jobs of its queue and state reads past the others). An unknown queue or state
--- is refused (22023), like a malformed kind.
+-- is refused (22023), like a malformed kind. A tags filter (the jobs holding all of its tags) reads
+-- the tagged jobs instead, through jobs_tags_idx (GIN: a bitmap scan of the jobs holding them, in
+-- every queue and state, then the newest limit_rows of those that match the rest).
 CREATE OR REPLACE FUNCTION pgq.list_jobs(queue text DEFAULT NULL, state text DEFAULT NULL, kind text DEFAULT NULL,
-                              limit_rows integer DEFAULT 50, before_id bigint DEFAULT NULL)
+                              limit_rows integer DEFAULT 50, before_id bigint DEFAULT NULL,
+                              tags text[] DEFAULT NULL)
     RETURNS SETOF pgq.jobs
     LANGUAGE plpgsql STABLE
     SECURITY DEFINER
@@ -8316,6 +8520,19 @@ BEGIN
     ELSIF list_jobs.limit_rows NOT BETWEEN 1 AND 1000 THEN
         PERFORM pgq._bad_argument('limit_rows', format('must be between 1 and 1000, got %s', list_jobs.limit_rows));
     END IF;
+    IF list_jobs.tags IS NOT NULL THEN
+        PERFORM pgq._check_tags('tags', list_jobs.tags, true);
+        RETURN QUERY
+        SELECT j.*
+        FROM pgq.jobs AS j
+        WHERE j.tags @> list_jobs.tags AND j.tags IS NOT NULL AND j.id < below AND j.state = ANY (states)
+          AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
+          AND (list_jobs.kind IS NULL OR j.kind = list_jobs.kind)
+          AND j.queue <> ALL (hidden)
+        ORDER BY j.id DESC
+        LIMIT list_jobs.limit_rows;
+        RETURN;
+    END IF;
 
     RETURN QUERY
     SELECT p.*
@@ -8346,9 +8563,9 @@ BEGIN
     LIMIT list_jobs.limit_rows;
 END
 $$;
-COMMENT ON FUNCTION pgq.list_jobs(text, text, text, integer, bigint) IS
-    'Jobs newest first (by id), filtered by queue, state and kind; at most limit_rows, all older than '
-    'before_id when given (keyset paging).';
+COMMENT ON FUNCTION pgq.list_jobs(text, text, text, integer, bigint, text[]) IS
+    'Jobs newest first (by id), filtered by queue, state, kind and tags (holding all of them); at '
+    'most limit_rows, all older than before_id when given (keyset paging).';
 
 -- For a worker at start: whether each of its queues exists and is paused (a worker may not read
 -- pgq.stats).
@@ -9761,8 +9978,8 @@ $cleanup$;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC, pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
 
 GRANT EXECUTE ON FUNCTION
-    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text, timestamptz, interval),
-    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean, text[], text),
+    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text, timestamptz, interval, text[], interval),
+    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean, text[], text, text[], interval),
     pgq.batch_open(text, text, jsonb, text, text[]),
     pgq.batch_close(bigint),
     pgq.batch_status(bigint),
@@ -9807,9 +10024,9 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     pgq.cancel(bigint),
     pgq.retry(bigint),
-    pgq.retry_jobs(text, text, text, timestamptz, integer),
-    pgq.cancel_jobs(text, text, text, timestamptz, integer),
-    pgq.delete_jobs(text, text, text, timestamptz, integer),
+    pgq.retry_jobs(text, text, text, timestamptz, integer, text[]),
+    pgq.cancel_jobs(text, text, text, timestamptz, integer, text[]),
+    pgq.delete_jobs(text, text, text, timestamptz, integer, text[]),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
     pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval),
@@ -9831,7 +10048,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.job_history(bigint),
     pgq.job_links(bigint, integer),
     pgq.batch_status(bigint),
-    pgq.list_jobs(text, text, text, integer, bigint),
+    pgq.list_jobs(text, text, text, integer, bigint, text[]),
     pgq.queue_status(text[]),
     pgq.schedules(),
     pgq.queue_grants(text),

@@ -131,8 +131,9 @@ END
 $$;
 
 -- Validates the filter of pgq.retry_jobs and pgq.cancel_jobs (22004 / 22023): queue, state (one
--- of allowed), kind (NULL: any) and limit_rows (1 to 10000).
-CREATE OR REPLACE FUNCTION pgq._check_bulk(queue text, state text, allowed text[], kind text, limit_rows integer)
+-- of allowed), kind (NULL: any), limit_rows (1 to 10000) and tags (NULL: any; pgq._check_tags).
+CREATE OR REPLACE FUNCTION pgq._check_bulk(queue text, state text, allowed text[], kind text, limit_rows integer,
+                                           tags text[] DEFAULT NULL)
     RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     AS $$
@@ -153,6 +154,30 @@ BEGIN
         PERFORM pgq._bad_argument('limit_rows',
             format('must be between 1 and 10000, got %s', _check_bulk.limit_rows), 'Call again for the rest.');
     END IF;
+    PERFORM pgq._check_tags('tags', _check_bulk.tags, true);
+END
+$$;
+
+-- A bulk call's tags filter reads the tagged jobs through jobs_tags_idx (GIN, `tags @> filter`),
+-- which only a bitmap scan reads, and sorts what it found by id: the calls that run with those
+-- off (their plans without a tags filter stay index scans in id order) turn them on, for the rest
+-- of the call only (their SET clauses restore them at its end), before their tagged read.
+CREATE OR REPLACE FUNCTION pgq._tagged_reads() RETURNS void
+    LANGUAGE sql
+    AS $$
+    SELECT set_config('enable_bitmapscan', 'on', true), set_config('enable_sort', 'on', true);
+$$;
+
+-- pgq.retry_jobs' retry of one job: 1, or 0 when pgq.retry would refuse it (its key is held, or
+-- no attempt is left: 55000), which then stays as it was.
+CREATE OR REPLACE FUNCTION pgq._retry_quietly(job pgq.jobs) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pgq._retry_job(job);
+    RETURN 1;
+EXCEPTION WHEN object_not_in_prerequisite_state THEN
+    RETURN 0;
 END
 $$;
 
@@ -164,7 +189,7 @@ $$;
 -- jobs_list_idx (queue, state, id) order; kind and finished_before filter what that reads.
 CREATE OR REPLACE FUNCTION pgq.retry_jobs(queue text, state text, kind text DEFAULT NULL,
                                           finished_before timestamptz DEFAULT NULL,
-                                          limit_rows integer DEFAULT 1000)
+                                          limit_rows integer DEFAULT 1000, tags text[] DEFAULT NULL)
     RETURNS integer
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -179,8 +204,22 @@ DECLARE
     retried integer := 0;
 BEGIN
     PERFORM pgq._check_bulk(retry_jobs.queue, retry_jobs.state, '{failed,cancelled}', retry_jobs.kind,
-                            retry_jobs.limit_rows);
-    FOR job IN
+                            retry_jobs.limit_rows, retry_jobs.tags);
+    IF retry_jobs.tags IS NOT NULL THEN
+        PERFORM pgq._tagged_reads();
+        FOR job IN
+            SELECT j.* FROM pgq.jobs AS j
+            WHERE j.tags @> retry_jobs.tags AND j.tags IS NOT NULL
+              AND j.queue = retry_jobs.queue AND j.state = retry_jobs.state::pgq.job_state
+              AND (retry_jobs.kind IS NULL OR j.kind = retry_jobs.kind)
+              AND (retry_jobs.finished_before IS NULL OR j.finished_at < retry_jobs.finished_before)
+            ORDER BY j.id
+            LIMIT retry_jobs.limit_rows
+            FOR NO KEY UPDATE OF j SKIP LOCKED
+        LOOP
+            retried := retried + pgq._retry_quietly(job);
+        END LOOP;
+    ELSE FOR job IN
         SELECT j.* FROM pgq.jobs AS j
         WHERE j.queue = retry_jobs.queue AND j.state = retry_jobs.state::pgq.job_state AND j.state <> 'running'
           AND (retry_jobs.kind IS NULL OR j.kind = retry_jobs.kind)
@@ -189,22 +228,19 @@ BEGIN
         LIMIT retry_jobs.limit_rows
         FOR NO KEY UPDATE OF j SKIP LOCKED
     LOOP
-        BEGIN
-            PERFORM pgq._retry_job(job);
-            retried := retried + 1;
-        EXCEPTION WHEN object_not_in_prerequisite_state THEN
-            NULL;  -- its key is held, or no attempt is left: it stays as it was
-        END;
+        retried := retried + pgq._retry_quietly(job);
     END LOOP;
+    END IF;
     IF retried > 0 THEN
         PERFORM pgq._notify(retry_jobs.queue);
     END IF;
     RETURN retried;
 END
 $$;
-COMMENT ON FUNCTION pgq.retry_jobs(text, text, text, timestamptz, integer) IS
+COMMENT ON FUNCTION pgq.retry_jobs(text, text, text, timestamptz, integer, text[]) IS
     'Retries up to limit_rows failed or cancelled jobs of a queue (of kind, finished before '
-    'finished_before), oldest first, as pgq.retry does; returns how many. Call again until 0.';
+    'finished_before, holding all of tags), oldest first, as pgq.retry does; returns how many. Call '
+    'again until 0.';
 
 -- Cancels the jobs of a queue in one state that match the filter, at most limit_rows of them,
 -- oldest id first, as pgq.cancel cancels one (a running one's worker is told at once), and returns
@@ -214,7 +250,7 @@ COMMENT ON FUNCTION pgq.retry_jobs(text, text, text, timestamptz, integer) IS
 -- are as many as workers run.
 CREATE OR REPLACE FUNCTION pgq.cancel_jobs(queue text, state text, kind text DEFAULT NULL,
                                            created_before timestamptz DEFAULT NULL,
-                                           limit_rows integer DEFAULT 1000)
+                                           limit_rows integer DEFAULT 1000, tags text[] DEFAULT NULL)
     RETURNS integer
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -228,7 +264,24 @@ DECLARE
     cancelled integer := 0;
 BEGIN
     PERFORM pgq._check_bulk(cancel_jobs.queue, cancel_jobs.state, '{waiting,pending,running,outcome_unknown}',
-                            cancel_jobs.kind, cancel_jobs.limit_rows);
+                            cancel_jobs.kind, cancel_jobs.limit_rows, cancel_jobs.tags);
+    IF cancel_jobs.tags IS NOT NULL THEN
+        PERFORM pgq._tagged_reads();
+        FOR job IN
+            SELECT j.* FROM pgq.jobs AS j
+            WHERE j.tags @> cancel_jobs.tags AND j.tags IS NOT NULL
+              AND j.queue = cancel_jobs.queue AND j.state = cancel_jobs.state::pgq.job_state
+              AND (cancel_jobs.kind IS NULL OR j.kind = cancel_jobs.kind)
+              AND (cancel_jobs.created_before IS NULL OR j.created_at < cancel_jobs.created_before)
+            ORDER BY j.id
+            LIMIT cancel_jobs.limit_rows
+            FOR NO KEY UPDATE OF j SKIP LOCKED
+        LOOP
+            PERFORM pgq._cancel_job(job);
+            cancelled := cancelled + 1;
+        END LOOP;
+        RETURN cancelled;
+    END IF;
     IF cancel_jobs.state = 'running' THEN
         FOR job IN
             SELECT j.* FROM pgq.jobs AS j
@@ -259,9 +312,23 @@ BEGIN
     RETURN cancelled;
 END
 $$;
-COMMENT ON FUNCTION pgq.cancel_jobs(text, text, text, timestamptz, integer) IS
+COMMENT ON FUNCTION pgq.cancel_jobs(text, text, text, timestamptz, integer, text[]) IS
     'Cancels up to limit_rows jobs of a queue in one unfinished state (of kind, created before '
-    'created_before), oldest first, as pgq.cancel does; returns how many. Call again until 0.';
+    'created_before, holding all of tags), oldest first, as pgq.cancel does; returns how many. Call '
+    'again until 0.';
+-- pgq.delete_jobs' first step for one job it deletes: a pending or waiting one is cancelled (its
+-- end reaches its dependants, batch and metrics). Returns its id.
+CREATE OR REPLACE FUNCTION pgq._doom(job pgq.jobs) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF job.state IN ('pending', 'waiting') THEN
+        PERFORM pgq._cancel_job(job);
+    END IF;
+    RETURN job.id;
+END
+$$;
+
 -- Deletes the jobs of a queue in one state that match the filter, at most limit_rows of them, oldest
 -- id first, and returns how many. Never a running or outcome_unknown job. What others see stays as
 -- after an end: a pending or waiting job is cancelled first (pgq._cancel_job, in this transaction),
@@ -275,7 +342,8 @@ COMMENT ON FUNCTION pgq.cancel_jobs(text, text, text, timestamptz, integer) IS
 -- created before it (pending, waiting) or finished before it (done, failed, cancelled). The jobs
 -- are read in jobs_list_idx (queue, state, id) order; kind and before filter what that reads.
 CREATE OR REPLACE FUNCTION pgq.delete_jobs(queue text, state text, kind text DEFAULT NULL,
-                                           before timestamptz DEFAULT NULL, limit_rows integer DEFAULT 1000)
+                                           before timestamptz DEFAULT NULL, limit_rows integer DEFAULT 1000,
+                                           tags text[] DEFAULT NULL)
     RETURNS integer
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -291,8 +359,24 @@ DECLARE
     checked bigint[];
 BEGIN
     PERFORM pgq._check_bulk(delete_jobs.queue, delete_jobs.state, '{pending,waiting,done,failed,cancelled}',
-                            delete_jobs.kind, delete_jobs.limit_rows);
-    FOR job IN
+                            delete_jobs.kind, delete_jobs.limit_rows, delete_jobs.tags);
+    IF delete_jobs.tags IS NOT NULL THEN
+        PERFORM pgq._tagged_reads();
+        FOR job IN
+            SELECT j.* FROM pgq.jobs AS j
+            WHERE j.tags @> delete_jobs.tags AND j.tags IS NOT NULL
+              AND j.queue = delete_jobs.queue AND j.state = delete_jobs.state::pgq.job_state
+              AND (delete_jobs.kind IS NULL OR j.kind = delete_jobs.kind)
+              AND (delete_jobs.before IS NULL
+                   OR CASE WHEN j.state IN ('pending', 'waiting') THEN j.created_at ELSE j.finished_at END
+                      < delete_jobs.before)
+            ORDER BY j.id
+            LIMIT delete_jobs.limit_rows
+            FOR UPDATE OF j SKIP LOCKED
+        LOOP
+            doomed := doomed || pgq._doom(job);
+        END LOOP;
+    ELSE FOR job IN
         SELECT j.* FROM pgq.jobs AS j
         WHERE j.queue = delete_jobs.queue AND j.state = delete_jobs.state::pgq.job_state AND j.state <> 'running'
           AND (delete_jobs.kind IS NULL OR j.kind = delete_jobs.kind)
@@ -303,11 +387,9 @@ BEGIN
         LIMIT delete_jobs.limit_rows
         FOR UPDATE OF j SKIP LOCKED
     LOOP
-        IF job.state IN ('pending', 'waiting') THEN
-            PERFORM pgq._cancel_job(job);
-        END IF;
-        doomed := doomed || job.id;
+        doomed := doomed || pgq._doom(job);
     END LOOP;
+    END IF;
     IF delete_jobs.state IN ('done', 'failed', 'cancelled') AND cardinality(doomed) > 0 THEN
         -- One read of the checks not yet settled (a handful: every settle call takes them).
         checked := ARRAY(SELECT DISTINCT c.job_id FROM pgq.overlap_checks AS c WHERE c.job_id = ANY (doomed));
@@ -318,9 +400,9 @@ BEGIN
     RETURN pgq._delete_jobs(doomed);
 END
 $$;
-COMMENT ON FUNCTION pgq.delete_jobs(text, text, text, timestamptz, integer) IS
+COMMENT ON FUNCTION pgq.delete_jobs(text, text, text, timestamptz, integer, text[]) IS
     'Deletes up to limit_rows jobs of a queue in one state (pending, waiting, done, failed or '
-    'cancelled; of kind, created or finished before before), oldest first, a pending or waiting one '
+    'cancelled; of kind, created or finished before before, holding all of tags), oldest first, a pending or waiting one '
     'cancelled first (its dependants and batch see it end); returns how many. Call again until 0.';
 COMMENT ON FUNCTION pgq.retry(bigint) IS
     'Makes a failed or cancelled job pending again; 55000 for other states; P0002 when unknown.';

@@ -152,6 +152,38 @@ BEGIN
 END
 $$;
 
+-- Validates a tag list: enqueue's tags (NULL or empty: none) or a tags filter (`filter`: NULL is
+-- no filter, an empty one is refused), 22023 naming `argument` (tags) and the element.
+CREATE OR REPLACE FUNCTION pgq._check_tags(argument text, tags text[], filter boolean DEFAULT false)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+DECLARE
+    bad record;
+BEGIN
+    IF tags IS NULL THEN
+        RETURN;
+    END IF;
+    IF array_ndims(tags) > 1 THEN
+        PERFORM pgq._bad_argument(argument, format('must be a one-dimensional array, got %s dimensions',
+                                                   array_ndims(tags)));
+    ELSIF cardinality(tags) = 0 AND filter THEN
+        PERFORM pgq._bad_argument(argument, 'must name at least one tag', 'Pass NULL for no tags filter.');
+    ELSIF cardinality(tags) > 16 THEN
+        PERFORM pgq._bad_argument(argument, format('must hold at most 16 tags, got %s', cardinality(tags)));
+    END IF;
+    SELECT t.tag, t.n INTO bad FROM unnest(tags) WITH ORDINALITY AS t(tag, n)
+    WHERE t.tag IS NULL OR length(t.tag) NOT BETWEEN 1 AND 64
+    ORDER BY t.n LIMIT 1;
+    IF FOUND AND bad.tag IS NULL THEN
+        PERFORM pgq._bad_argument(argument, format('must not hold NULL (%s[%s])', argument, bad.n));
+    ELSIF FOUND THEN
+        PERFORM pgq._bad_argument(argument, format('must hold tags of 1 to 64 characters, %s[%s] has %s',
+                                                   argument, bad.n, length(bad.tag)));
+    END IF;
+END
+$$;
+
 -- Validates a concurrency key (a job's, or pgq.set_key_limit's): NULL or 1 to 256 characters.
 CREATE OR REPLACE FUNCTION pgq._check_concurrency_key(argument text, value text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE

@@ -275,6 +275,45 @@ BEGIN
 END
 $$;
 
+-- Validates enqueue's unique_for: NULL (none), or a span of more than 0 and at most 3650 days
+-- given with a unique_key (`keyed`), 22023 naming unique_for.
+CREATE OR REPLACE FUNCTION pgq._check_unique_for(keyed boolean, unique_for interval) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_unique_for.unique_for IS NOT NULL THEN
+        PERFORM pgq._check_interval('unique_for', _check_unique_for.unique_for, interval '3650 days');
+        IF NOT _check_unique_for.keyed THEN
+            PERFORM pgq._bad_argument('unique_for', 'needs a unique_key (unique_keys for enqueue_many)',
+                'unique_for is how long a job of the key that finished done still holds it.');
+        END IF;
+    END IF;
+END
+$$;
+
+-- The job that holds a unique_key for enqueue's unique_for: a live one (waiting, pending, running,
+-- outcome_unknown), else the newest of the key that ended done within unique_for of now (finished
+-- after now - unique_for; failed and cancelled jobs never hold a key, as in River's and Oban's
+-- default states). One statement, so one snapshot: a holder that ends while it runs is seen live or
+-- done, never neither. `other_than`: a job to leave out (the caller's own insert). Each read is one
+-- probe of an index (jobs_unique_key_idx, jobs_unique_done_idx). NULL: none.
+CREATE OR REPLACE FUNCTION pgq._key_holder(queue text, unique_key text, unique_for interval,
+                                           other_than bigint DEFAULT NULL)
+    RETURNS bigint
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(
+        (SELECT j.id FROM pgq.jobs AS j
+         WHERE j.queue = _key_holder.queue AND j.unique_key = _key_holder.unique_key AND j.unique_key IS NOT NULL
+           AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown')
+           AND j.id IS DISTINCT FROM _key_holder.other_than),
+        (SELECT j.id FROM pgq.jobs AS j
+         WHERE j.queue = _key_holder.queue AND j.unique_key = _key_holder.unique_key AND j.unique_key IS NOT NULL
+           AND j.state = 'done' AND j.finished_at > pgq._now() - _key_holder.unique_for
+         ORDER BY j.finished_at DESC
+         LIMIT 1))
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFAULT '{}',
                             run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
                             max_attempts integer DEFAULT NULL, unique_key text DEFAULT NULL,
@@ -283,7 +322,8 @@ CREATE OR REPLACE FUNCTION pgq.enqueue(queue text, kind text, payload jsonb DEFA
                             depends_on bigint[] DEFAULT NULL, dependency_mode text DEFAULT 'all_done',
                             batch bigint DEFAULT NULL, notify_finished boolean DEFAULT false,
                             on_conflict text DEFAULT 'keep', start_by timestamptz DEFAULT NULL,
-                            max_lifetime interval DEFAULT NULL)
+                            max_lifetime interval DEFAULT NULL, tags text[] DEFAULT NULL,
+                            unique_for interval DEFAULT NULL)
     RETURNS bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -305,6 +345,7 @@ DECLARE
     r          record;
     prior_timeout text;  -- the caller's lock_timeout, while a keyed insert bounds its own
     held_by    bigint;   -- the live job that holds the unique_key
+    job_tags   text[];   -- tags, each once, sorted (NULL: none)
 BEGIN
     -- Every argument checked in one plain expression (no query, no nested call); only a call that
     -- fails it runs the checks that name the bad argument and raise. (The nested checks cost about
@@ -341,15 +382,29 @@ BEGIN
         PERFORM pgq._check_on_conflict(enqueue.on_conflict);
         PERFORM pgq._check_lifetime(enqueue.run_at, enqueue.start_by, enqueue.max_lifetime);
     END IF;
+    -- tags and unique_for, checked apart: a call that uses neither pays one NULL test (a check in
+    -- the expression above, with its query over the tags, made every enqueue about a third slower).
+    IF enqueue.tags IS NOT NULL OR enqueue.unique_for IS NOT NULL THEN
+        PERFORM pgq._check_tags('tags', enqueue.tags);
+        PERFORM pgq._check_unique_for(enqueue.unique_key IS NOT NULL, enqueue.unique_for);
+        IF cardinality(enqueue.tags) > 0 THEN
+            job_tags := ARRAY(SELECT DISTINCT t.tag FROM unnest(enqueue.tags) AS t(tag) ORDER BY t.tag);
+        END IF;
+    END IF;
     -- A unique_key that a live job of the queue holds answers at once (on_conflict keep, no
     -- batch, a login that may enqueue there), before the queue's row is locked: a deduplicated
-    -- call writes nothing, not even a lock (no transaction id).
+    -- call writes nothing, not even a lock (no transaction id). With unique_for, a job of the key
+    -- that ended done within it holds the key too (pgq._key_holder).
     IF enqueue.unique_key IS NOT NULL AND enqueue.on_conflict = 'keep' AND enqueue.batch IS NULL THEN
-        SELECT j.id INTO new_id
-        FROM pgq.jobs AS j
-        WHERE j.queue = enqueue.queue AND j.unique_key = enqueue.unique_key
-          AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
-        IF FOUND AND NOT EXISTS (SELECT FROM pgq.queues AS s WHERE s.name = enqueue.queue AND s.restricted IS NOT NULL
+        IF enqueue.unique_for IS NULL THEN
+            SELECT j.id INTO new_id
+            FROM pgq.jobs AS j
+            WHERE j.queue = enqueue.queue AND j.unique_key = enqueue.unique_key
+              AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
+        ELSE
+            new_id := pgq._key_holder(enqueue.queue, enqueue.unique_key, enqueue.unique_for);
+        END IF;
+        IF new_id IS NOT NULL AND NOT EXISTS (SELECT FROM pgq.queues AS s WHERE s.name = enqueue.queue AND s.restricted IS NOT NULL
                                  AND NOT pgq._may(s.name, s.restricted, 'enqueue')) THEN
             RETURN new_id;
         END IF;
@@ -398,11 +453,8 @@ BEGIN
     -- holds the unique_key is answered first, so that a deduplicated call writes nothing here either.
     IF wait_on IS NOT NULL THEN
         IF job_key IS NOT NULL THEN
-            SELECT j.id INTO new_id
-            FROM pgq.jobs AS j
-            WHERE j.queue = enqueue.queue AND j.unique_key = job_key
-              AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
-            IF FOUND THEN
+            new_id := pgq._key_holder(enqueue.queue, job_key, coalesce(enqueue.unique_for, interval '0'));
+            IF new_id IS NOT NULL THEN
                 RETURN new_id;
             END IF;
         END IF;
@@ -422,12 +474,12 @@ BEGIN
         INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts, tenant,
                                    max_run_time, meta, concurrency_key, state, depends_on,
                                    dependencies_left, dependency_mode, batch_id, notify_finished,
-                                   start_by, expires_at)
+                                   start_by, expires_at, tags)
         VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                 coalesce(enqueue.max_attempts, q.max_attempts), job_tenant, enqueue.max_run_time,
                 enqueue.meta, enqueue.concurrency_key, new_state, dep_ids, left_count, mode,
                 enqueue.batch, enqueue.notify_finished, enqueue.start_by,
-                pgq._now() + enqueue.max_lifetime)
+                pgq._now() + enqueue.max_lifetime, job_tags)
         RETURNING j.id INTO new_id;
     ELSE
         -- The insert of a new holder waits (the unique index) for another transaction that inserted
@@ -440,24 +492,33 @@ BEGIN
                 INSERT INTO pgq.jobs AS j (queue, kind, payload, priority, run_at, max_attempts,
                                            unique_key, tenant, max_run_time, meta, concurrency_key,
                                            state, depends_on, dependencies_left, dependency_mode, batch_id,
-                                           notify_finished, start_by, expires_at)
+                                           notify_finished, start_by, expires_at, tags)
                 VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.run_at,
                         coalesce(enqueue.max_attempts, q.max_attempts), job_key, job_tenant,
                         enqueue.max_run_time, enqueue.meta, enqueue.concurrency_key, new_state, dep_ids,
                         left_count, mode, enqueue.batch, enqueue.notify_finished, enqueue.start_by,
-                        pgq._now() + enqueue.max_lifetime)
+                        pgq._now() + enqueue.max_lifetime, job_tags)
                 ON CONFLICT (queue, unique_key)
                     WHERE unique_key IS NOT NULL AND state IN ('waiting', 'pending', 'running', 'outcome_unknown')
                     DO NOTHING
                 RETURNING j.id INTO new_id;
+                IF FOUND AND enqueue.unique_for IS NOT NULL THEN
+                    -- unique_for: the new job holds the key among the live ones (a concurrent
+                    -- enqueue of it waits for this transaction), but a job of the key may have been
+                    -- enqueued, and ended done, since the check above read (the insert only meets
+                    -- live ones). Read once more now that the key is ours: such a job is the
+                    -- answer, and the new row goes.
+                    held_by := pgq._key_holder(enqueue.queue, job_key, enqueue.unique_for, new_id);
+                    IF held_by IS NOT NULL THEN
+                        DELETE FROM pgq.jobs AS j WHERE j.id = new_id;
+                    END IF;
+                END IF;
                 EXIT WHEN FOUND;
                 -- A live job holds this unique_key: hand back its id. If it finished in the
-                -- meantime, the key is free again and the INSERT is tried once more.
-                SELECT j.id INTO held_by
-                FROM pgq.jobs AS j
-                WHERE j.queue = enqueue.queue AND j.unique_key = job_key
-                  AND j.unique_key IS NOT NULL AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown');
-                EXIT WHEN FOUND;
+                -- meantime, the key is free again (or, with unique_for, held by that job, done)
+                -- and the INSERT is tried once more.
+                held_by := pgq._key_holder(enqueue.queue, job_key, coalesce(enqueue.unique_for, interval '0'));
+                EXIT WHEN held_by IS NOT NULL;
             END LOOP;
         EXCEPTION WHEN lock_not_available THEN
             RAISE EXCEPTION 'pgq: unique_key % of queue % is being enqueued by another transaction that has not ended; '
@@ -492,7 +553,7 @@ BEGIN
     RETURN new_id;
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text, timestamptz, interval) IS
+COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text, timestamptz, interval, text[], interval) IS
     'Adds one job and returns its id; with unique_key, returns the id of the live job that holds it '
     '(on_conflict keep), or replaces its payload, run_at, priority, meta and max_attempts if it has '
     'not started and the caller''s login enqueued it (replace; behind such a started holder a new job '
@@ -500,7 +561,8 @@ COMMENT ON FUNCTION pgq.enqueue(text, text, jsonb, timestamptz, integer, integer
     'meta: a JSON object (or NULL) kept with the job and returned by pgq.claim. depends_on: the job '
     'waits until those jobs are done (dependency_mode all_done: cancelled if one fails or is cancelled) '
     'or have ended however (all_ended). batch: joins that open batch. notify_finished: its end '
-    'notifies channel pgq_finished.';
+    'notifies channel pgq_finished. tags: up to 16 tags (1 to 64 characters) for the tags filters. '
+    'unique_for (with unique_key): a job of the key that ended done within it holds the key too.';
 
 CREATE OR REPLACE FUNCTION pgq.enqueue_many(queue text, kind text, payloads jsonb[],
                                  run_at timestamptz DEFAULT now(), priority integer DEFAULT 0,
@@ -509,7 +571,8 @@ CREATE OR REPLACE FUNCTION pgq.enqueue_many(queue text, kind text, payloads json
                                  concurrency_key text DEFAULT NULL, depends_on bigint[] DEFAULT NULL,
                                  dependency_mode text DEFAULT 'all_done', batch bigint DEFAULT NULL,
                                  notify_finished boolean DEFAULT false, unique_keys text[] DEFAULT NULL,
-                                 on_conflict text DEFAULT 'keep')
+                                 on_conflict text DEFAULT 'keep', tags text[] DEFAULT NULL,
+                                 unique_for interval DEFAULT NULL)
     RETURNS SETOF bigint
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -525,12 +588,20 @@ DECLARE
     left_count integer;
     new_ids    bigint[];
     mode       text;
+    job_tags   text[];  -- tags, each once, sorted (NULL: none)
 BEGIN
     PERFORM pgq._check_enqueue(enqueue_many.queue, enqueue_many.kind, enqueue_many.run_at,
                                enqueue_many.priority, enqueue_many.max_attempts, enqueue_many.tenant,
                                enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key);
     PERFORM pgq._check_workflow(enqueue_many.dependency_mode, enqueue_many.notify_finished);
     PERFORM pgq._check_on_conflict(enqueue_many.on_conflict);
+    IF enqueue_many.tags IS NOT NULL OR enqueue_many.unique_for IS NOT NULL THEN
+        PERFORM pgq._check_tags('tags', enqueue_many.tags);
+        PERFORM pgq._check_unique_for(enqueue_many.unique_keys IS NOT NULL, enqueue_many.unique_for);
+        IF cardinality(enqueue_many.tags) > 0 THEN
+            job_tags := ARRAY(SELECT DISTINCT t.tag FROM unnest(enqueue_many.tags) AS t(tag) ORDER BY t.tag);
+        END IF;
+    END IF;
     IF enqueue_many.payloads IS NULL THEN
         PERFORM pgq._bad_argument('payloads', 'must not be NULL');
     END IF;
@@ -581,7 +652,9 @@ BEGIN
                            enqueue_many.max_attempts, enqueue_many.unique_keys[p.n], enqueue_many.tenant,
                            enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key,
                            enqueue_many.depends_on, enqueue_many.dependency_mode, enqueue_many.batch,
-                           enqueue_many.notify_finished, enqueue_many.on_conflict)
+                           enqueue_many.notify_finished, enqueue_many.on_conflict, NULL, NULL,
+                           enqueue_many.tags,
+                           CASE WHEN enqueue_many.unique_keys[p.n] IS NOT NULL THEN enqueue_many.unique_for END)
         FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
         ORDER BY p.n;
         RETURN;
@@ -631,11 +704,11 @@ BEGIN
         RETURN QUERY
         WITH inserted AS (
             INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant, max_run_time,
-                                  meta, concurrency_key, batch_id, notify_finished)
+                                  meta, concurrency_key, batch_id, notify_finished, tags)
             SELECT enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.priority,
                    enqueue_many.run_at, coalesce(enqueue_many.max_attempts, q.max_attempts),
                    job_tenant, enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key,
-                   enqueue_many.batch, enqueue_many.notify_finished
+                   enqueue_many.batch, enqueue_many.notify_finished, job_tags
             FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
             ORDER BY p.n
             RETURNING jobs.id
@@ -651,11 +724,11 @@ BEGIN
     WITH inserted AS (
         INSERT INTO pgq.jobs (queue, kind, payload, priority, run_at, max_attempts, tenant, max_run_time,
                               meta, concurrency_key, state, depends_on, dependencies_left, dependency_mode,
-                              batch_id, notify_finished)
+                              batch_id, notify_finished, tags)
         SELECT enqueue_many.queue, enqueue_many.kind, p.value, enqueue_many.priority,
                enqueue_many.run_at, coalesce(enqueue_many.max_attempts, q.max_attempts),
                job_tenant, enqueue_many.max_run_time, enqueue_many.meta, enqueue_many.concurrency_key,
-               new_state, dep_ids, left_count, mode, enqueue_many.batch, enqueue_many.notify_finished
+               new_state, dep_ids, left_count, mode, enqueue_many.batch, enqueue_many.notify_finished, job_tags
         FROM unnest(enqueue_many.payloads) WITH ORDINALITY AS p(value, n)
         ORDER BY p.n
         RETURNING jobs.id
@@ -674,7 +747,8 @@ BEGIN
     RETURN QUERY SELECT unnest(new_ids);
 END
 $$;
-COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean, text[], text) IS
+COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean, text[], text, text[], interval) IS
     'Adds one job per payload in one INSERT and returns their ids in payload order; each job '
     'gets the same meta, depends_on, dependency_mode, batch and notify_finished. unique_keys: one '
-    'key per payload (NULL: none), each enqueued as pgq.enqueue does with on_conflict.';
+    'key per payload (NULL: none), each enqueued as pgq.enqueue does with on_conflict and unique_for. '
+    'tags: the same tags for every job.';

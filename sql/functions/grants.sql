@@ -11,8 +11,8 @@
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq FROM PUBLIC, pgq_producer, pgq_worker, pgq_admin, pgq_monitor;
 
 GRANT EXECUTE ON FUNCTION
-    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text, timestamptz, interval),
-    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean, text[], text),
+    pgq.enqueue(text, text, jsonb, timestamptz, integer, integer, text, text, interval, jsonb, text, bigint[], text, bigint, boolean, text, timestamptz, interval, text[], interval),
+    pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, integer, text, interval, jsonb, text, bigint[], text, bigint, boolean, text[], text, text[], interval),
     pgq.batch_open(text, text, jsonb, text, text[]),
     pgq.batch_close(bigint),
     pgq.batch_status(bigint),
@@ -57,9 +57,9 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     pgq.cancel(bigint),
     pgq.retry(bigint),
-    pgq.retry_jobs(text, text, text, timestamptz, integer),
-    pgq.cancel_jobs(text, text, text, timestamptz, integer),
-    pgq.delete_jobs(text, text, text, timestamptz, integer),
+    pgq.retry_jobs(text, text, text, timestamptz, integer, text[]),
+    pgq.cancel_jobs(text, text, text, timestamptz, integer, text[]),
+    pgq.delete_jobs(text, text, text, timestamptz, integer, text[]),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
     pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval),
@@ -81,7 +81,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.job_history(bigint),
     pgq.job_links(bigint, integer),
     pgq.batch_status(bigint),
-    pgq.list_jobs(text, text, text, integer, bigint),
+    pgq.list_jobs(text, text, text, integer, bigint, text[]),
     pgq.queue_status(text[]),
     pgq.schedules(),
     pgq.queue_grants(text),

@@ -290,9 +290,12 @@ COMMENT ON FUNCTION pgq.job_history(bigint) IS
 -- per (queue, state) through jobs_list_idx (keyed by -id), and the running jobs through
 -- jobs_lease_idx, however much finished history the table holds; kind is a filter within those
 -- (a rare kind among many jobs of its queue and state reads past the others). An unknown queue or state
--- is refused (22023), like a malformed kind.
+-- is refused (22023), like a malformed kind. A tags filter (the jobs holding all of its tags) reads
+-- the tagged jobs instead, through jobs_tags_idx (GIN: a bitmap scan of the jobs holding them, in
+-- every queue and state, then the newest limit_rows of those that match the rest).
 CREATE OR REPLACE FUNCTION pgq.list_jobs(queue text DEFAULT NULL, state text DEFAULT NULL, kind text DEFAULT NULL,
-                              limit_rows integer DEFAULT 50, before_id bigint DEFAULT NULL)
+                              limit_rows integer DEFAULT 50, before_id bigint DEFAULT NULL,
+                              tags text[] DEFAULT NULL)
     RETURNS SETOF pgq.jobs
     LANGUAGE plpgsql STABLE
     SECURITY DEFINER
@@ -329,6 +332,19 @@ BEGIN
     ELSIF list_jobs.limit_rows NOT BETWEEN 1 AND 1000 THEN
         PERFORM pgq._bad_argument('limit_rows', format('must be between 1 and 1000, got %s', list_jobs.limit_rows));
     END IF;
+    IF list_jobs.tags IS NOT NULL THEN
+        PERFORM pgq._check_tags('tags', list_jobs.tags, true);
+        RETURN QUERY
+        SELECT j.*
+        FROM pgq.jobs AS j
+        WHERE j.tags @> list_jobs.tags AND j.tags IS NOT NULL AND j.id < below AND j.state = ANY (states)
+          AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
+          AND (list_jobs.kind IS NULL OR j.kind = list_jobs.kind)
+          AND j.queue <> ALL (hidden)
+        ORDER BY j.id DESC
+        LIMIT list_jobs.limit_rows;
+        RETURN;
+    END IF;
 
     RETURN QUERY
     SELECT p.*
@@ -359,9 +375,9 @@ BEGIN
     LIMIT list_jobs.limit_rows;
 END
 $$;
-COMMENT ON FUNCTION pgq.list_jobs(text, text, text, integer, bigint) IS
-    'Jobs newest first (by id), filtered by queue, state and kind; at most limit_rows, all older than '
-    'before_id when given (keyset paging).';
+COMMENT ON FUNCTION pgq.list_jobs(text, text, text, integer, bigint, text[]) IS
+    'Jobs newest first (by id), filtered by queue, state, kind and tags (holding all of them); at '
+    'most limit_rows, all older than before_id when given (keyset paging).';
 
 -- For a worker at start: whether each of its queues exists and is paused (a worker may not read
 -- pgq.stats).

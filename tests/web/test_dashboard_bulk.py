@@ -202,8 +202,8 @@ def test_a_schema_without_the_functions_shows_no_button(pgq_client: Client, role
     the list works, without the buttons; a POST is answered 501, naming the function."""
     job_id = failed_job(pgq_client)
     with psycopg.connect(pgq_client.dsn, autocommit=True) as conn:
-        conn.execute("DROP FUNCTION pgq.retry_jobs(text, text, text, timestamptz, integer)")
-        conn.execute("DROP FUNCTION pgq.cancel_jobs(text, text, text, timestamptz, integer)")
+        conn.execute("DROP FUNCTION pgq.retry_jobs(text, text, text, timestamptz, integer, text[])")
+        conn.execute("DROP FUNCTION pgq.cancel_jobs(text, text, text, timestamptz, integer, text[])")
     with dashboard(roles["pgq_admin"]) as http:
         assert bulk_button(http, "queue=mail&state=failed") is None
         assert "Read-only" not in http.get("/").text

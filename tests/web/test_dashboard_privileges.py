@@ -113,7 +113,7 @@ def test_privileges_names_the_login_what_it_may_call_and_none_for_what_the_schem
     assert seen[0].functions == dict.fromkeys(functions, False) and seen[0].read_only and seen[0].missing == []
     assert seen[1].functions == dict.fromkeys(functions, True) and not seen[1].read_only
     with psycopg.connect(pgq_client.dsn, autocommit=True) as conn:
-        conn.execute("DROP FUNCTION pgq.retry_jobs(text, text, text, timestamptz, integer)")
+        conn.execute("DROP FUNCTION pgq.retry_jobs(text, text, text, timestamptz, integer, text[])")
 
     async def asked() -> Privileges:
         async with AsyncClient(roles["pgq_admin"]) as client:

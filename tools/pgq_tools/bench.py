@@ -103,7 +103,8 @@ RAW_INSERT_MANY = ("INSERT INTO bench_raw.jobs (payload) SELECT p FROM unnest(%(
 #: The enqueue statements' parameters of 0017 (issue 26) and 0018 (issue 27), for a job of no
 #: workflow and no key: what the client sends by default.
 NO_WORKFLOW: dict[str, Any] = {"dependency_mode": "all_done", "batch": None, "notify_finished": False,
-                               "unique_keys": None, "on_conflict": "keep", "start_by": None, "max_lifetime": None}
+                               "unique_keys": None, "on_conflict": "keep", "start_by": None, "max_lifetime": None,
+                               "tags": None, "unique_for": None}
 
 #: The prefetch of the "pgq worker prefetch" drain: claimed jobs that may wait for a slot.
 WORKER_PREFETCH = 100
