@@ -16,7 +16,12 @@ import pytest
 from pgq_thin import migrate
 from pgq_tools.bench import _migrate_to
 
+from catalogkit import MIGRATIONS
 from sqlhelpers import fresh_database, one
+
+#: The newest migration's number: this source's pgq.version().
+NEWEST_MIGRATION = max(p.stem for p in MIGRATIONS.glob("[0-9]*.sql"))
+NEWEST = str(int(NEWEST_MIGRATION[:4]))
 
 #: main before migration 0024 (its newest migration 0024): completions that left their ends to the trigger.
 BEFORE_0024 = "90f552faa7bf1057923563b8bd3cf951e542f06d"
@@ -114,7 +119,7 @@ def test_a_completion_under_an_older_snapshot_leaves_the_checks_an_end_leaves(ds
 def test_completions_between_migration_0024_and_the_function_source_are_recorded_once(databases) -> None:
     for dsn in fresh_database(databases, "template1"):
         _migrate_to(dsn, f"git:{BEFORE_0024}")  # the previous release: its schema and its functions
-        _migrate_to(dsn, "0024_completions_end_themselves")  # the migration, not yet this source
+        _migrate_to(dsn, NEWEST_MIGRATION)  # the migrations (0024 and any later), not yet this source
         with psycopg.connect(dsn, autocommit=True) as conn:
             assert one(conn, "SELECT pgq.version()") == "23"
             parents = [one(conn, "SELECT pgq.enqueue('window', 'k')") for _ in range(4)]
@@ -129,7 +134,7 @@ def test_completions_between_migration_0024_and_the_function_source_are_recorded
             assert one(conn, "SELECT pgq.complete(%s, %s)", (parents[1], held[parents[1]])) is True
             assert _deltas(conn, "window") == {"done": 2}
             migrate(dsn)
-            assert one(conn, "SELECT pgq.version()") == "24"
+            assert one(conn, "SELECT pgq.version()") == NEWEST
             # This release's: they record themselves, the trigger leaves them.
             assert len(conn.execute("SELECT * FROM pgq.complete_many(%s, %s)",
                                     (parents[2:3], [held[parents[2]]])).fetchall()) == 1
@@ -156,7 +161,7 @@ def test_a_previous_release_completion_in_flight_at_the_source_install_is_record
     only the ends of calls that say they record them.)"""
     for dsn in fresh_database(databases, "template1"):
         _migrate_to(dsn, f"git:{BEFORE_0024}")
-        _migrate_to(dsn, "0024_completions_end_themselves")
+        _migrate_to(dsn, NEWEST_MIGRATION)  # the migrations (0024 and any later), not yet this source
         with psycopg.connect(dsn, autocommit=True) as conn, \
                 psycopg.connect(dsn, autocommit=True) as worker, psycopg.connect(dsn) as locker:
             batch = one(conn, "SELECT pgq.batch_open('callbacks', 'cb')")
@@ -175,7 +180,7 @@ def test_a_previous_release_completion_in_flight_at_the_source_install_is_record
                 while not _blocked_on_a_lock(conn, worker.info.backend_pid):
                     thread.join(0.01)
                 migrate(dsn)  # this source, while the call waits with the previous release's body
-                assert one(conn, "SELECT pgq.version()") == "24"
+                assert one(conn, "SELECT pgq.version()") == NEWEST
                 locker.commit()
                 thread.join(30)
                 assert answer == [[job_id]]
