@@ -47,7 +47,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from pgq_thin import queries
+from pgq_thin import calls, queries
 from pgq_thin.testing.server import SERVER_SETTINGS, Databases
 
 __all__ = ["run_bench", "BenchConfig"]
@@ -205,11 +205,9 @@ def _prepare_database(dsn: str) -> None:
     migrate(dsn)
     with _connect(dsn) as conn:
         conn.execute(RAW_SCHEMA)
-        conn.execute(queries.CONFIGURE_QUEUE, {
-            "queue": QUEUE, "lease": None, "max_attempts": None, "backoff_base": None, "backoff_cap": None,
-            "retention": None, "notify": True, "audit": True, "fair": False, "max_running": None,
-            "max_run_time": None, "meta": None, "key_max_running": None,
-            "rate_limit": None, "rate_period": None, "key_rate_limit": None})
+        # The client's own description of the call: its parameters are every one the function takes.
+        configure = calls.configure_queue(QUEUE, notify=True, audit=True, fair=False)
+        conn.execute(configure.query, configure.params)
 
 
 def _reset(conn: psycopg.Connection) -> None:
