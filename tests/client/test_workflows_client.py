@@ -271,7 +271,8 @@ def test_wait_times_out_naming_the_job_and_its_state(client: Client) -> None:
 
 def test_wait_refuses_bad_arguments_naming_them(client: Client) -> None:
     for kwargs, name in (({"timeout": -1}, "timeout"), ({"timeout": float("nan")}, "timeout"),
-                         ({"poll_interval": 0}, "poll_interval"), ({"timeout": "5s"}, "timeout")):
+                         ({"poll_interval": 0}, "poll_interval"), ({"timeout": "5"}, "timeout"),
+                         ({"poll_interval": "soon"}, "poll_interval")):  # text: a duration with its unit
         with pytest.raises(BadArgument, match=f'argument "{name}"'):
             client.wait(1, **kwargs)
     with pytest.raises(BadArgumentType, match='argument "job_id"'):
