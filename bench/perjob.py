@@ -272,8 +272,8 @@ def drain(pg: ThrowawayPostgres, db: str, source: Path, shape: str, workers: int
             text = callgrind.read_text(errors="replace")
             result["ir_total"] = next(int(line.split()[1]) for line in text.splitlines()
                                       if line.startswith(("summary:", "totals:")))
-            if os.environ.get("PERJOB_KEEP"):  # keep the files (for callgrind_annotate): PERJOB_KEEP.<jobs>
-                shutil.copy(callgrind, f"{os.environ['PERJOB_KEEP']}.{n}")
+            if os.environ.get("PERJOB_KEEP"):  # keep the last big drain's file (for callgrind_annotate)
+                shutil.copy(callgrind, os.environ["PERJOB_KEEP"])
             callgrind.unlink()
         if profile:
             result["calls"] = stats["calls"] / n

@@ -13,10 +13,9 @@ find nothing: the fence check, the plans, prepared as psycopg prepares the worke
 second one warms up alike and then drains the N jobs the way the Worker does on a deep backlog:
 ``split`` (default) a pgq.claim of ``batch`` jobs then one pgq.complete_many of them, ``combined``
 pgq.complete_and_claim carrying the previous batch's completions, ``single`` pgq.claim of 1 and
-pgq.complete, ``claim`` the claims of ``split`` alone (the jobs stay running). Per job: the second
-session's instructions (Ir) less the first's, the WAL bytes and records of the drain
-(pg_walinspect), the rows written per table. ``--annotate`` keeps the callgrind files and writes
-callgrind_annotate's inclusive listing beside them.
+pgq.complete. Per job: the second session's instructions (Ir) less the first's, the WAL bytes and
+records of the drain (pg_walinspect), the rows written per table. ``--annotate`` keeps the callgrind
+files and writes callgrind_annotate's inclusive listing beside them.
 
 Only that session is counted: the WAL writer, the checkpointer and the other processes are not
 (with fsync on, the commits' WAL flushes are the session's own).
@@ -45,13 +44,10 @@ from pgq_thin.testing.server import SERVER_SETTINGS, ThrowawayPostgres, server_p
 QUEUE = "bench"
 MIGRATE = "import sys; from pgq_thin.migrate import migrate; migrate(sys.argv[1])"
 TABLES = ("jobs", "job_events", "finished_deltas")
-#: The worker's statements (pgq_thin.queries), their arguments positional.
-CLAIM = ("SELECT id, attempt, queue, kind, payload, priority, max_attempts, run_at, created_at, lease_until, tenant,"
-         " progress, deadline, meta FROM pgq.claim(worker => %s::text, queues => %s::text[], batch => %s::integer,"
+CLAIM = ("SELECT id, attempt FROM pgq.claim(worker => %s::text, queues => %s::text[], batch => %s::integer,"
          " lease => NULL::interval, kinds => %s::text[])")
 COMPLETE_MANY = "SELECT id FROM pgq.complete_many(ids => %s::bigint[], attempts => %s::integer[]) AS t(id)"
-COMPLETE_AND_CLAIM = ("SELECT completed, id, attempt, queue, kind, payload, priority, max_attempts, run_at, created_at,"
-                      " lease_until, tenant, progress, deadline, meta FROM pgq.complete_and_claim(ids => %s::bigint[],"
+COMPLETE_AND_CLAIM = ("SELECT completed, id, attempt FROM pgq.complete_and_claim(ids => %s::bigint[],"
                       " attempts => %s::integer[], worker => %s::text, queues => %s::text[], batch => %s::integer,"
                       " lease => NULL::interval, kinds => %s::text[])")
 COMPLETE = "SELECT pgq.complete(id => %s::bigint, attempt => %s::integer, result => NULL::jsonb)"
@@ -91,13 +87,8 @@ def drain(conn: psycopg.Connection[Any], mode: str, batch: int) -> int:
             row = conn.execute(CLAIM, ("w", [QUEUE], 1, None), prepare=True).fetchone()
             if row is None:
                 return done
-            assert conn.execute(COMPLETE, row[:2], prepare=True).fetchone() == (True,)
+            assert conn.execute(COMPLETE, row, prepare=True).fetchone() == (True,)
             done += 1
-        elif mode == "claim":  # the claims alone (the jobs stay running): split less this is the completions'
-            rows = conn.execute(CLAIM, ("w", [QUEUE], batch, None), prepare=True).fetchall()
-            if not rows:
-                return done
-            done += len(rows)
         elif mode == "split":
             rows = conn.execute(CLAIM, ("w", [QUEUE], batch, None), prepare=True).fetchall()
             if not rows:
@@ -200,10 +191,9 @@ def main() -> None:
     parser.add_argument("--variant", action="append", required=True, help="NAME=SOURCE")
     parser.add_argument("--jobs", type=int, default=4000)
     parser.add_argument("--batch", type=int, default=500)
-    parser.add_argument("--mode", default="split", help="split, combined, single or claim (comma-separated: several)")
+    parser.add_argument("--mode", default="split", help="split, combined or single (comma-separated: several)")
     parser.add_argument("--setup", action="append", default=[],
-                        help="NAME=SQL (or NAME=@FILE): run SQL in variant NAME's database after its migration"
-                             " (an ablation)")
+                        help="NAME=SQL: run SQL in variant NAME's database after its migration (an ablation)")
     parser.add_argument("--annotate", help="keep the callgrind files and their inclusive listings here")
     args = parser.parse_args()
     keep = Path(args.annotate) if args.annotate else None
@@ -232,9 +222,8 @@ def main() -> None:
                 with psycopg.connect(pg.dsn_for(db), autocommit=True) as conn:
                     conn.execute("CREATE EXTENSION pg_walinspect")
                     for setup in args.setup:
-                        target, _, sql = setup.partition("=")
-                        if target == name:
-                            conn.execute(Path(sql[1:]).read_text() if sql.startswith("@") else sql)
+                        if setup.partition("=")[0] == name:
+                            conn.execute(setup.partition("=")[2])
                 variants.append((name, db))
             print(f"server instructions per job (callgrind), PostgreSQL {version}, {args.jobs:,} jobs,"
                   f" batch {args.batch}")

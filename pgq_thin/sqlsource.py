@@ -35,7 +35,7 @@ SOURCE_FILES = (
     "counters.sql",      # the finished counters, folded
     "dependencies.sql",  # waiting jobs and their release or cancellation
     "batches.sql",       # batches: member counts and the one callback
-    "ended.sql",         # the end of a job: what sets off all of the above (the trigger, the completions')
+    "ended.sql",         # the end of a job: the trigger that sets off all of the above
     "rates.sql",         # rate limits (GCRA buckets)
     "keys.sql",          # per-key concurrency limits
     "fairness.sql",      # fair queues: tenants by virtual time

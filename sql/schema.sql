@@ -213,7 +213,6 @@ CREATE TABLE pgq.jobs (
     expires_at         timestamp with time zone,
     wait_signal        text,
     wake_at            timestamp with time zone,
-    ends_recorded_by   xid8,
     tags               text[],
     CONSTRAINT jobs_pkey PRIMARY KEY (id),
     CONSTRAINT jobs_attempt_check CHECK ((attempt BETWEEN 0 AND max_attempts)),
@@ -290,10 +289,6 @@ COMMENT ON COLUMN pgq.jobs.wait_signal IS
     'While parked by pgq.await_signal (state waiting): the name of the signal of its queue it '
     'waits for.';
 COMMENT ON COLUMN pgq.jobs.wake_at IS 'While parked by pgq.await_signal: when its wait times out (NULL: never).';
-COMMENT ON COLUMN pgq.jobs.ends_recorded_by IS
-    'The transaction whose pgq.complete or pgq.complete_many ended the job and recorded the end '
-    'itself (the trigger jobs_ended leaves that end alone); NULL when no completion of this '
-    'kind has.';
 COMMENT ON COLUMN pgq.jobs.tags IS
     'Enqueue''s tags (1 to 64 characters each, at most 16, no NULL); NULL: none. The tags filter '
     'of pgq.list_jobs, retry_jobs, cancel_jobs and delete_jobs finds the jobs holding all of '
@@ -561,11 +556,10 @@ CREATE TABLE pgq.turns (
 );
 COMMENT ON TABLE pgq.turns IS
     'Rows pgq''s calls take turns on or leave for their own triggers, in place of advisory locks '
-    '(which any login may take): ''fold'' (pgq._fold_finished); ''reject <job> <login>'' while a '
-    'rejected call records itself (pgq._reject); ''count <xid> <depth>'' while the previous '
-    'release''s pgq.complete_many (a call in flight when this release''s functions were '
-    'installed) ends batch members it counts itself. The last two are deleted by the call that '
-    'inserts them.';
+    'and session settings (which any login may take or set): ''fold'' (pgq._fold_finished); '
+    '''reject <job> <login>'' while a rejected call records itself (pgq._reject); ''count <xid> '
+    '<depth>'' while pgq.complete_many''s statement ends batch members it counts itself. The last '
+    'two are deleted by the call that inserts them.';
 
 CREATE TABLE pgq.batch_joiners (
     batch_id  bigint NOT NULL,
@@ -2712,8 +2706,7 @@ COMMENT ON FUNCTION pgq._cancel_for_dependency(bigint[], bigint, pgq.job_state) 
 -- * pgq.batch_open writes the batch row and 16 count shards (pgq.batch_counts). A member's enqueue
 --   holds the batch row FOR SHARE (so pgq.batch_close, which updates it, waits for the enqueues in
 --   flight and no member joins a sealed batch) and adds to one shard; a member's end (the trigger
---   jobs_ended: pgq._job_ended; a completion's: pgq._completions_ended) adds to one shard and never
---   locks the batch row before the tail
+--   jobs_ended: pgq._job_ended) adds to one shard and never locks the batch row before the tail
 --   (the shards have no foreign key to the batch: a shard's second update in one transaction would
 --   check it, FOR KEY SHARE on the batch row, a cost per member end and a wait behind a
 --   batch_close). The shard is one the transaction holds already, else the first one from the
@@ -2824,12 +2817,9 @@ BEGIN
 END
 $$;
 
--- The name of the row of pgq.turns by which the previous release's pgq.complete_many (migration
--- 0022's source) tells the trigger of its UPDATE (at trigger depth `depth`, in this transaction)
--- that it counts the batch members it completes itself, once per batch: pgq._job_ended leaves
--- them to it. Only a call of that release still in flight when this source was installed writes
--- one (this release's completions record their own ends, sql/functions/ended.sql); the next
--- release drops it.
+-- The name of the row of pgq.turns by which pgq.complete_many tells the trigger of its UPDATE (at
+-- trigger depth `depth`, in this transaction) that it counts the batch members it completes itself,
+-- once per batch (pgq._job_ended leaves them to it).
 CREATE OR REPLACE FUNCTION pgq._batch_counting_mark(depth integer) RETURNS text
     LANGUAGE sql VOLATILE
     AS $$ SELECT 'count ' || pg_current_xact_id() || ' ' || $1 $$;
@@ -2922,7 +2912,7 @@ END
 $$;
 
 -- Called by pgq._job_ended when a member of `batch` ends `state` (by -1 from pgq.retry, which
--- takes an end back; by n from pgq._completions_ended, which counts a completion's members once per
+-- takes an end back; by n from pgq.complete_many, which counts its completed members once per
 -- batch, not one shard update per job; `recovering`: the end is a claim's or a sweep's recovery of
 -- an expired lease): counts it in one shard (pgq._take_batch_shard, pgq._count_in_shard), whose
 -- update also reads the batch's state as the shard holds it (sealed, tail: written by the seal
@@ -3405,115 +3395,42 @@ COMMENT ON FUNCTION pgq.cancel_batch(bigint) IS
 
 -- sql/functions/ended.sql -----------------------------------------------------------------------------
 
--- sql/functions/ended.sql: the end of a job, pgq's "a job ended" hub (the trigger jobs_ended, and
--- the completions' own record of their ends).
+-- sql/functions/ended.sql: the end of a job, pgq's "a job ended" hub (the trigger jobs_ended).
 --
 -- A job ends when its state moves into done, failed or cancelled, whichever call moves it
 -- (pgq.complete, complete_many and complete_and_claim, fail, cancel and cancel_jobs, resolve, a
 -- lease's expiry recovered by a claim or a sweep, a dependency's cascade, a batch's cancellation).
--- Every end sets off the same four things, in the ending transaction:
+-- The row trigger jobs_ended of pgq.jobs (AFTER UPDATE OF state, WHEN the new state is one of the
+-- three and differs from the old) runs pgq._job_ended once per end, in the ending transaction, and
+-- that is all an end sets off:
 --
 -- 1. The finished counters: one row of pgq.finished_deltas, which pgq._fold_finished folds into
 --    pgq.finished_counts (counters.sql; read by pgq.stats and pgq.metrics, observe.sql).
 -- 2. The jobs waiting for it (depends_on): released when it is done, cancelled (all_done) or
 --    released (all_ended) when it failed or was cancelled, up to the transaction's budget, the
 --    rest left to the backlog that every sweep works through (dependencies.sql:
---    pgq._dependency_ended). Whether any wait is looked up in a statement after the one that ends
---    it (a snapshot that sees the links committed before that end).
+--    pgq._dependency_ended). Whether any wait is looked up in the statement that writes 1.
 -- 3. Its batch, when it is a member: the end counted in one of the batch's shards, and, once the
 --    batch is sealed and its last member has ended, the batch's one callback job enqueued
 --    (batches.sql: pgq._batch_member_ended, pgq._finish_batch).
 -- 4. A producer that awaits it (enqueued with notify_finished): NOTIFY pgq_finished, '<id>', and
 --    pgq.job_result reads the outcome (observe.sql).
 --
--- Two ways in, one for each kind of end:
---
--- * A completion (last_event 'completed': pgq.complete and pgq.complete_many, so complete_and_claim
---   too, owner.sql) records its own ends, the hot path of every worker: its UPDATE writes 1 for all
---   its rows in the same statement and looks up which of them jobs wait for, then one call of
---   pgq._completions_ended does 2, 3 and 4 for them, a statement each for the whole batch (none
---   for plain jobs). (A PL/pgSQL trigger call per completed job, its
---   INSERT and its probe, were about a fifth of the server's work for a job a worker completes.)
--- * Every other end runs the row trigger jobs_ended of pgq.jobs (AFTER UPDATE OF state, WHEN the
---   new state is one of the three and differs from the old, and the row is not a completion that
---   records its own end), which runs pgq._job_ended once per end. Those ends are a job at a time
---   or rare (a failure, a cancel, a recovery).
---
--- Which completions record their own ends, the trigger's WHEN (migration 0024) asks the row:
--- this source's pgq.complete and pgq.complete_many write their transaction's id into
--- jobs.ends_recorded_by in the UPDATE that ends the job. The previous release's completions do
--- not, and leave their ends to the trigger; a call of theirs that read its body just before this
--- source's install committed may run its UPDATE just after it, with the new catalog
--- (tests/sql/test_completion_ends.py holds one there), and the trigger still records it (the row's
--- ends_recorded_by is NULL, or an earlier transaction's). (Its pgq.complete_many counts its batch
--- members itself and marks them in pgq.turns: pgq._batch_counting_mark, which _job_ended still
--- honours.) No caller can write a job's row, and no session setting is read.
---
--- What an end needs comes from the row or from rows of pgq's own tables, never from a session
--- setting a caller can set to change it: an end inside a claim's or a sweep's recovery of expired
+-- What the end needs comes from the row or from rows of pgq's own tables, never from a session
+-- setting (a caller can set those): an end inside a claim's or a sweep's recovery of expired
 -- leases, which must wait for nobody, is the one whose last_event is lease_expired or timed_out
--- (recovery.sql writes nothing else). A call that moves a job to done with last_event 'completed'
--- must set the setting above and record the end itself (the counter row in its statement, then
--- pgq._completions_ended).
-
--- Whether an end in this statement may have a snapshot older than the statement (REPEATABLE READ
--- or SERIALIZABLE, a later statement of the transaction): it may then miss the links an enqueue
--- made meanwhile, so it goes to pgq._dependency_ended whether it saw any or not, which leaves a
--- check for each. A plain expression, about 0.2 us.
-CREATE OR REPLACE FUNCTION pgq._older_snapshot() RETURNS boolean
-    LANGUAGE sql STABLE
-    AS $$ SELECT current_setting('transaction_isolation') <> 'read committed'
-                 AND transaction_timestamp() <> statement_timestamp() $$;
-
--- What a completion's ends set off but the counters (2, 3 and 4 above), for the jobs `ids` that one
--- statement of pgq.complete or pgq.complete_many has just moved from running to done, in that
--- order: `waited` those of them that jobs wait for (the completing statement's probe of
--- job_dependencies' primary key, in its RETURNING, as the trigger's is in its statement),
--- `members` the batch of each that is a batch's member (once per member), `notified` those
--- enqueued with notify_finished. The completions call it only when one of these is not NULL or
--- pgq._older_snapshot(): a plain job's completion makes no call. Its statements see the ends (they
--- run after the completing statement); each does its part for all the jobs at once.
-CREATE OR REPLACE FUNCTION pgq._completions_ended(ids bigint[], waited bigint[], members bigint[],
-                                                  notified bigint[])
-    RETURNS void
-    LANGUAGE plpgsql
-    SET enable_seqscan = off
-    AS $$
-BEGIN
-    IF pgq._older_snapshot() THEN
-        PERFORM pgq._dependency_ended(e.id, 'running', 'done', e.id = ANY (_completions_ended.waited), false)
-        FROM unnest(_completions_ended.ids) WITH ORDINALITY AS e(id, n) ORDER BY e.n;
-    ELSIF _completions_ended.waited IS NOT NULL THEN
-        PERFORM pgq._dependency_ended(e.id, 'running', 'done', true, false)
-        FROM unnest(_completions_ended.waited) WITH ORDINALITY AS e(id, n) ORDER BY e.n;
-    END IF;
-    IF _completions_ended.members IS NOT NULL THEN  -- one shard update per batch, not one per member
-        PERFORM pgq._batch_member_ended(m.batch, 'done', m.n::integer)
-        FROM (SELECT b.batch, count(*) AS n FROM unnest(_completions_ended.members) AS b(batch)
-              GROUP BY b.batch ORDER BY b.batch) AS m;
-    END IF;
-    IF _completions_ended.notified IS NOT NULL THEN
-        PERFORM pg_notify('pgq_finished', n.id::text)
-        FROM unnest(_completions_ended.notified) WITH ORDINALITY AS n(id, k) ORDER BY n.k;
-    END IF;
-END
-$$;
-COMMENT ON FUNCTION pgq._completions_ended(bigint[], bigint[], bigint[], bigint[]) IS
-    'What the ends of jobs a completion just moved to done set off besides the counters: their '
-    'dependants moved on, their batches counted, pgq_finished notified (the trigger jobs_ended '
-    'leaves completions to their calls).';
-
--- The trigger's function, for every end but a completion's.
+-- (recovery.sql writes nothing else); the members pgq.complete_many completes, which it counts
+-- itself once per batch, are marked by its row of pgq.turns (pgq._batch_counting_mark).
 --
 -- Runs as the owner's UPDATE of pgq.jobs (every writer of jobs is a SECURITY DEFINER function of
--- the owner); every name is schema-qualified. Every such end runs it once: one statement records
--- the end and, in the same statement (an index probe in its RETURNING, about 1.3 us), looks up
--- whether jobs wait for this one; only then, or for a job that waited itself, is
--- pgq._dependency_ended called (issue 24: no flag on the row, which an enqueue would have to lock).
--- Its one SET clause (about 0.7 us per end) holds the probe to job_dependencies' primary key
--- whatever the statistics: the plan is cached per session, and a sequential scan chosen while the
--- table was small would read every link on every end once it is large. The isolation test, for an
--- end whose snapshot may be older than its statement, is a plain expression (about 0.2 us); a
+-- the owner); every name is schema-qualified. Every end of a job runs it once, so it is the hot
+-- path: one statement records the end and, in the same statement (an index probe in its RETURNING,
+-- about 1.3 us), looks up whether jobs wait for this one; only then, or for a job that waited
+-- itself, is pgq._dependency_ended called (issue 24: no flag on the row, which an enqueue would have
+-- to lock). Its one SET clause (about 0.7 us per end) holds the probe to job_dependencies' primary
+-- key whatever the statistics: the plan is cached per session, and a sequential scan chosen while
+-- the table was small would read every link on every end once it is large. The isolation test, for
+-- an end whose snapshot may be older than its statement, is a plain expression (about 0.2 us); a
 -- batch member and a job someone awaits are two tests of the row for every other job.
 CREATE OR REPLACE FUNCTION pgq._job_ended() RETURNS trigger
     LANGUAGE plpgsql
@@ -3524,15 +3441,17 @@ DECLARE
 BEGIN
     INSERT INTO pgq.finished_deltas (queue, state) VALUES (NEW.queue, NEW.state)
     RETURNING EXISTS (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = NEW.id) INTO waited_for;
-    IF waited_for OR OLD.state = 'waiting' OR pgq._older_snapshot() THEN
+    IF waited_for OR OLD.state = 'waiting'
+       OR (current_setting('transaction_isolation') <> 'read committed'
+           AND transaction_timestamp() <> statement_timestamp()) THEN
         PERFORM pgq._dependency_ended(NEW.id, OLD.state, NEW.state, waited_for,
                                       NEW.last_event = 'dependency_ended');
     END IF;
     IF NEW.batch_id IS NOT NULL THEN  -- (a plain expression: the query below is for members only)
         IF NOT (NEW.state = 'done' AND NEW.last_event = 'completed'
                 AND EXISTS (SELECT FROM pgq.turns AS t WHERE t.name = pgq._batch_counting_mark(pg_trigger_depth()))) THEN
-            PERFORM pgq._batch_member_ended(NEW.batch_id, NEW.state, 1,  -- (a previous release's
-                                            NEW.last_event IN ('lease_expired', 'timed_out'));  -- complete_many counts its own)
+            PERFORM pgq._batch_member_ended(NEW.batch_id, NEW.state, 1,  -- (pgq.complete_many counts its own)
+                                            NEW.last_event IN ('lease_expired', 'timed_out'));
         END IF;
     END IF;
     IF NEW.notify_finished THEN
@@ -3542,9 +3461,9 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pgq._job_ended() IS
-    'Trigger of pgq.jobs (jobs_ended), pgq''s "a job ended" hub for every end but a completion''s: '
-    'records one transition into done, failed or cancelled in pgq.finished_deltas, moves the jobs '
-    'waiting for it on (pgq._dependency_ended), counts a batch member''s end (pgq._batch_member_ended) and notifies '
+    'Trigger of pgq.jobs (jobs_ended), pgq''s "a job ended" hub: records one transition into done, '
+    'failed or cancelled in pgq.finished_deltas, moves the jobs waiting for it on '
+    '(pgq._dependency_ended), counts a batch member''s end (pgq._batch_member_ended) and notifies '
     'pgq_finished for a job enqueued with notify_finished.';
 
 -- sql/functions/rates.sql -----------------------------------------------------------------------------
@@ -6109,15 +6028,9 @@ CREATE OR REPLACE FUNCTION pgq.complete(id bigint, attempt integer, result jsonb
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
-    -- The probe of job_dependencies below reads its primary key whatever the statistics (the plan
-    -- is cached per session: a sequential scan chosen while the table was small would read every
-    -- link on every completion once it is large).
-    SET enable_seqscan = off
     AS $$
 DECLARE
-    waited    boolean;  -- whether jobs wait for it
-    member_of bigint;   -- the batch of the job, when it is a member
-    notified  boolean;  -- whether it was enqueued with notify_finished
+    changed integer;
 BEGIN
     IF complete.id IS NULL OR complete.attempt IS NULL THEN  -- a plain expression: no query on the hot path
         PERFORM pgq._check_fence(complete.id, complete.attempt);
@@ -6127,31 +6040,20 @@ BEGIN
             format('is %s bytes; the limit is 1048576 (1 MiB)', pgq._jsonb_size(complete.result)),
             'Store large results in a table of your own.');
     END IF;
-    -- The end is recorded here, not by the trigger (sql/functions/ended.sql): its counter and the
-    -- probe for jobs that wait for it in the statement, the rest (if any) by
-    -- pgq._completions_ended. ends_recorded_by tells the trigger so.
     WITH completed AS (
         UPDATE pgq.jobs AS j
         SET state = 'done', result = complete.result, lease_until = NULL, finished_at = pgq._now(),
-            last_event = 'completed', session_role = session_user, ends_recorded_by = pg_current_xact_id()
+            last_event = 'completed', session_role = session_user
         WHERE j.id = complete.id AND j.attempt = complete.attempt AND j.state = 'running'
           AND pgq._owns(j.session_role)
-        RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.batch_id, j.notify_finished,
-                  EXISTS (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = j.id) AS waited
+        RETURNING j.id, j.queue, j.attempt, j.claimed_by
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
         FROM completed AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
-    ), deltas AS (
-        INSERT INTO pgq.finished_deltas (queue, state) SELECT c.queue, 'done' FROM completed AS c
     )
-    SELECT c.waited, c.batch_id, c.notify_finished INTO waited, member_of, notified FROM completed AS c;
-    IF FOUND THEN
-        IF waited OR member_of IS NOT NULL OR notified OR pgq._older_snapshot() THEN
-            PERFORM pgq._completions_ended(ARRAY[complete.id], CASE WHEN waited THEN ARRAY[complete.id] END,
-                                           CASE WHEN member_of IS NOT NULL THEN ARRAY[member_of] END,
-                                           CASE WHEN notified THEN ARRAY[complete.id] END);
-        END IF;
+    SELECT count(*) INTO changed FROM completed;
+    IF changed > 0 THEN
         RETURN true;
     END IF;
     -- Idempotent: the same attempt already completed it (a retry after an ambiguous commit), by
@@ -6176,18 +6078,10 @@ CREATE OR REPLACE FUNCTION pgq.complete_many(ids bigint[], attempts integer[])
     -- The custom plan of the completing statement cost a re-plan per call (1.6 ms of a 4-job
     -- call here, 0.7 ms with the generic plan, which reads every pair by primary key).
     SET plan_cache_mode = force_generic_plan
-    -- The completing statement locks its jobs in the order its plan meets them: only an index scan
-    -- of jobs_pkey by the ids (= ANY, which a btree reads in key order) is id order, whatever the
-    -- statistics (on a small table a sequential scan met them in the table's order, and two calls
-    -- deadlocked).
-    SET enable_seqscan = off
-    SET enable_bitmapscan = off
     AS $$
 DECLARE
     done_ids bigint[];
-    waited   bigint[];  -- the completed jobs that jobs wait for
     members  bigint[];  -- the batch of each completed job that is a batch's member
-    notified bigint[];  -- the completed jobs enqueued with notify_finished
 BEGIN
     IF complete_many.ids IS NULL THEN
         PERFORM pgq._bad_argument('ids', 'must not be NULL');
@@ -6202,36 +6096,43 @@ BEGIN
         PERFORM pgq._bad_argument('ids', 'must not contain NULL (nor may attempts)');
     END IF;
 
-    -- The ends are recorded here, not by the trigger (sql/functions/ended.sql): their counters and
-    -- the probes for jobs that wait for them in the statement, the rest (if any) by
-    -- pgq._completions_ended, a statement each for the whole batch. The
-    -- jobs are read by primary key in id order and each is locked as the scan meets it (the SET
-    -- clauses above; tests/sql/test_sql_plans.py holds it to that), so concurrent batches lock in one
-    -- order and never deadlock; the pairs are a filter on the rows read. ends_recorded_by tells
-    -- the trigger that the ends are recorded here.
-    WITH completed AS (
+    -- Batch members' ends are counted below, one shard update per batch, not one per job by the
+    -- trigger: the statement that completes them leaves its mark for the trigger in pgq.turns
+    -- (pgq._batch_counting_mark: this transaction's, and its own trigger depth's, so the ends its
+    -- triggers cascade to are counted as usual), taken away right after. A row of pgq's own table:
+    -- no caller can write one (a session setting, which it was, any caller could).
+    WITH wanted AS (
+        SELECT w.id, w.attempt FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)
+    ), owned AS (
+        -- Lock in id order, so concurrent batches never deadlock.
+        SELECT j.id
+        FROM pgq.jobs AS j JOIN wanted AS w ON w.id = j.id AND w.attempt = j.attempt
+        WHERE j.state = 'running' AND pgq._owns(j.session_role)
+        ORDER BY j.id
+        FOR NO KEY UPDATE OF j
+    ), completed AS (
         UPDATE pgq.jobs AS j
         SET state = 'done', lease_until = NULL, finished_at = pgq._now(), last_event = 'completed',
-            session_role = session_user, ends_recorded_by = pg_current_xact_id()
-        WHERE j.id = ANY (complete_many.ids) AND j.state = 'running' AND pgq._owns(j.session_role)
-          AND ((j.id, j.attempt) IN (SELECT w.id, w.attempt
-                                     FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)))
-              IS TRUE
-        RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.batch_id, j.notify_finished,
-                  EXISTS (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = j.id) AS waited
+            session_role = session_user
+        FROM owned AS o, wanted AS w
+        WHERE j.id = o.id AND w.id = j.id AND j.attempt = w.attempt AND j.state = 'running'
+          AND pgq._owns(j.session_role)
+        RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.batch_id
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
         FROM completed AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
-    ), deltas AS (
-        INSERT INTO pgq.finished_deltas (queue, state) SELECT c.queue, 'done' FROM completed AS c
+    ), mark AS (
+        INSERT INTO pgq.turns (name)
+        SELECT pgq._batch_counting_mark(pg_trigger_depth() + 1)
+        FROM completed AS c WHERE c.batch_id IS NOT NULL LIMIT 1
     )
-    SELECT coalesce(array_agg(c.id), '{}'), array_agg(c.id) FILTER (WHERE c.waited),
-           array_agg(c.batch_id) FILTER (WHERE c.batch_id IS NOT NULL), array_agg(c.id) FILTER (WHERE c.notify_finished)
-    INTO done_ids, waited, members, notified FROM completed AS c;
-    IF done_ids <> '{}' AND (waited IS NOT NULL OR members IS NOT NULL OR notified IS NOT NULL
-                             OR pgq._older_snapshot()) THEN
-        PERFORM pgq._completions_ended(done_ids, waited, members, notified);
+    SELECT coalesce(array_agg(c.id), '{}'), array_agg(c.batch_id) FILTER (WHERE c.batch_id IS NOT NULL)
+    INTO done_ids, members FROM completed AS c;
+    IF members IS NOT NULL THEN
+        DELETE FROM pgq.turns AS t WHERE t.name = pgq._batch_counting_mark(pg_trigger_depth() + 1);
+        PERFORM pgq._batch_member_ended(m.batch, 'done', m.n::integer)
+        FROM (SELECT b.batch, count(*) AS n FROM unnest(members) AS b(batch) GROUP BY b.batch ORDER BY b.batch) AS m;
     END IF;
     -- The common case ends here: every pair was still ours and is done now.
     IF cardinality(done_ids) = cardinality(complete_many.ids) THEN
@@ -10074,7 +9975,7 @@ ALTER TABLE pgq.queues ADD CONSTRAINT queues_retention_cancelled_check CHECK (((
 ALTER TABLE pgq.queues ADD CONSTRAINT queues_retention_check CHECK (((retention >= '00:00:00'::interval) AND (retention <= '3650 days'::interval) AND pgq._is_span(retention)));
 ALTER TABLE pgq.queues ADD CONSTRAINT queues_retention_failed_check CHECK (((retention_failed >= '00:00:00'::interval) AND (retention_failed <= '3650 days'::interval) AND pgq._is_span(retention_failed)));
 ALTER TABLE pgq.schedules ADD CONSTRAINT schedules_every_check CHECK (((every >= '00:00:01'::interval) AND (every <= '3650 days'::interval) AND pgq._is_span(every)));
-CREATE TRIGGER jobs_ended AFTER UPDATE OF state ON pgq.jobs FOR EACH ROW WHEN ((new.state = ANY (ARRAY['done'::pgq.job_state, 'failed'::pgq.job_state, 'cancelled'::pgq.job_state])) AND old.state IS DISTINCT FROM new.state AND (new.last_event <> 'completed'::text OR new.ends_recorded_by IS NULL OR new.ends_recorded_by <> pg_current_xact_id())) EXECUTE FUNCTION pgq._job_ended();
+CREATE TRIGGER jobs_ended AFTER UPDATE OF state ON pgq.jobs FOR EACH ROW WHEN ((new.state = ANY (ARRAY['done'::pgq.job_state, 'failed'::pgq.job_state, 'cancelled'::pgq.job_state])) AND old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION pgq._job_ended();
 
 -- Grants on the schema and its tables (the functions': sql/functions/grants.sql) --------------
 

@@ -131,6 +131,5 @@ MIGRATION_SHA256 = {
     "0021_graph_isolation.sql": "463f1b39236094d81bb602b7f2aa5a13764886596c8f2a1b6e4d95ad9fe43bf5",
     "0022_durable.sql": "c3129647f52b5ac6ff11a43563a35427d3c62d53a5f32cb9160b8940f3213a14",
     "0023_retention_by_state.sql": "8ee759cc379ca13edff365f61f700292effbd3af1e99bece099059a4018bc183",
-    "0024_completions_end_themselves.sql": "a69cf2598742f239998e195f60e66b59cc0c9cb492c76c2c2d4e6aaed57daa71",
     "0025_tags_unique_for.sql": "b0037e2a2ac2f046b97b3c20b7633f623519fd2821d5cf22d733d3bdd7553c0d",
 }

@@ -12,8 +12,7 @@
 -- * pgq.batch_open writes the batch row and 16 count shards (pgq.batch_counts). A member's enqueue
 --   holds the batch row FOR SHARE (so pgq.batch_close, which updates it, waits for the enqueues in
 --   flight and no member joins a sealed batch) and adds to one shard; a member's end (the trigger
---   jobs_ended: pgq._job_ended; a completion's: pgq._completions_ended) adds to one shard and never
---   locks the batch row before the tail
+--   jobs_ended: pgq._job_ended) adds to one shard and never locks the batch row before the tail
 --   (the shards have no foreign key to the batch: a shard's second update in one transaction would
 --   check it, FOR KEY SHARE on the batch row, a cost per member end and a wait behind a
 --   batch_close). The shard is one the transaction holds already, else the first one from the
@@ -124,12 +123,9 @@ BEGIN
 END
 $$;
 
--- The name of the row of pgq.turns by which the previous release's pgq.complete_many (migration
--- 0022's source) tells the trigger of its UPDATE (at trigger depth `depth`, in this transaction)
--- that it counts the batch members it completes itself, once per batch: pgq._job_ended leaves
--- them to it. Only a call of that release still in flight when this source was installed writes
--- one (this release's completions record their own ends, sql/functions/ended.sql); the next
--- release drops it.
+-- The name of the row of pgq.turns by which pgq.complete_many tells the trigger of its UPDATE (at
+-- trigger depth `depth`, in this transaction) that it counts the batch members it completes itself,
+-- once per batch (pgq._job_ended leaves them to it).
 CREATE OR REPLACE FUNCTION pgq._batch_counting_mark(depth integer) RETURNS text
     LANGUAGE sql VOLATILE
     AS $$ SELECT 'count ' || pg_current_xact_id() || ' ' || $1 $$;
@@ -222,7 +218,7 @@ END
 $$;
 
 -- Called by pgq._job_ended when a member of `batch` ends `state` (by -1 from pgq.retry, which
--- takes an end back; by n from pgq._completions_ended, which counts a completion's members once per
+-- takes an end back; by n from pgq.complete_many, which counts its completed members once per
 -- batch, not one shard update per job; `recovering`: the end is a claim's or a sweep's recovery of
 -- an expired lease): counts it in one shard (pgq._take_batch_shard, pgq._count_in_shard), whose
 -- update also reads the batch's state as the shard holds it (sealed, tail: written by the seal

@@ -120,15 +120,9 @@ CREATE OR REPLACE FUNCTION pgq.complete(id bigint, attempt integer, result jsonb
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pgq, pg_temp
-    -- The probe of job_dependencies below reads its primary key whatever the statistics (the plan
-    -- is cached per session: a sequential scan chosen while the table was small would read every
-    -- link on every completion once it is large).
-    SET enable_seqscan = off
     AS $$
 DECLARE
-    waited    boolean;  -- whether jobs wait for it
-    member_of bigint;   -- the batch of the job, when it is a member
-    notified  boolean;  -- whether it was enqueued with notify_finished
+    changed integer;
 BEGIN
     IF complete.id IS NULL OR complete.attempt IS NULL THEN  -- a plain expression: no query on the hot path
         PERFORM pgq._check_fence(complete.id, complete.attempt);
@@ -138,31 +132,20 @@ BEGIN
             format('is %s bytes; the limit is 1048576 (1 MiB)', pgq._jsonb_size(complete.result)),
             'Store large results in a table of your own.');
     END IF;
-    -- The end is recorded here, not by the trigger (sql/functions/ended.sql): its counter and the
-    -- probe for jobs that wait for it in the statement, the rest (if any) by
-    -- pgq._completions_ended. ends_recorded_by tells the trigger so.
     WITH completed AS (
         UPDATE pgq.jobs AS j
         SET state = 'done', result = complete.result, lease_until = NULL, finished_at = pgq._now(),
-            last_event = 'completed', session_role = session_user, ends_recorded_by = pg_current_xact_id()
+            last_event = 'completed', session_role = session_user
         WHERE j.id = complete.id AND j.attempt = complete.attempt AND j.state = 'running'
           AND pgq._owns(j.session_role)
-        RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.batch_id, j.notify_finished,
-                  EXISTS (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = j.id) AS waited
+        RETURNING j.id, j.queue, j.attempt, j.claimed_by
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
         FROM completed AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
-    ), deltas AS (
-        INSERT INTO pgq.finished_deltas (queue, state) SELECT c.queue, 'done' FROM completed AS c
     )
-    SELECT c.waited, c.batch_id, c.notify_finished INTO waited, member_of, notified FROM completed AS c;
-    IF FOUND THEN
-        IF waited OR member_of IS NOT NULL OR notified OR pgq._older_snapshot() THEN
-            PERFORM pgq._completions_ended(ARRAY[complete.id], CASE WHEN waited THEN ARRAY[complete.id] END,
-                                           CASE WHEN member_of IS NOT NULL THEN ARRAY[member_of] END,
-                                           CASE WHEN notified THEN ARRAY[complete.id] END);
-        END IF;
+    SELECT count(*) INTO changed FROM completed;
+    IF changed > 0 THEN
         RETURN true;
     END IF;
     -- Idempotent: the same attempt already completed it (a retry after an ambiguous commit), by
@@ -187,18 +170,10 @@ CREATE OR REPLACE FUNCTION pgq.complete_many(ids bigint[], attempts integer[])
     -- The custom plan of the completing statement cost a re-plan per call (1.6 ms of a 4-job
     -- call here, 0.7 ms with the generic plan, which reads every pair by primary key).
     SET plan_cache_mode = force_generic_plan
-    -- The completing statement locks its jobs in the order its plan meets them: only an index scan
-    -- of jobs_pkey by the ids (= ANY, which a btree reads in key order) is id order, whatever the
-    -- statistics (on a small table a sequential scan met them in the table's order, and two calls
-    -- deadlocked).
-    SET enable_seqscan = off
-    SET enable_bitmapscan = off
     AS $$
 DECLARE
     done_ids bigint[];
-    waited   bigint[];  -- the completed jobs that jobs wait for
     members  bigint[];  -- the batch of each completed job that is a batch's member
-    notified bigint[];  -- the completed jobs enqueued with notify_finished
 BEGIN
     IF complete_many.ids IS NULL THEN
         PERFORM pgq._bad_argument('ids', 'must not be NULL');
@@ -213,36 +188,43 @@ BEGIN
         PERFORM pgq._bad_argument('ids', 'must not contain NULL (nor may attempts)');
     END IF;
 
-    -- The ends are recorded here, not by the trigger (sql/functions/ended.sql): their counters and
-    -- the probes for jobs that wait for them in the statement, the rest (if any) by
-    -- pgq._completions_ended, a statement each for the whole batch. The
-    -- jobs are read by primary key in id order and each is locked as the scan meets it (the SET
-    -- clauses above; tests/sql/test_sql_plans.py holds it to that), so concurrent batches lock in one
-    -- order and never deadlock; the pairs are a filter on the rows read. ends_recorded_by tells
-    -- the trigger that the ends are recorded here.
-    WITH completed AS (
+    -- Batch members' ends are counted below, one shard update per batch, not one per job by the
+    -- trigger: the statement that completes them leaves its mark for the trigger in pgq.turns
+    -- (pgq._batch_counting_mark: this transaction's, and its own trigger depth's, so the ends its
+    -- triggers cascade to are counted as usual), taken away right after. A row of pgq's own table:
+    -- no caller can write one (a session setting, which it was, any caller could).
+    WITH wanted AS (
+        SELECT w.id, w.attempt FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)
+    ), owned AS (
+        -- Lock in id order, so concurrent batches never deadlock.
+        SELECT j.id
+        FROM pgq.jobs AS j JOIN wanted AS w ON w.id = j.id AND w.attempt = j.attempt
+        WHERE j.state = 'running' AND pgq._owns(j.session_role)
+        ORDER BY j.id
+        FOR NO KEY UPDATE OF j
+    ), completed AS (
         UPDATE pgq.jobs AS j
         SET state = 'done', lease_until = NULL, finished_at = pgq._now(), last_event = 'completed',
-            session_role = session_user, ends_recorded_by = pg_current_xact_id()
-        WHERE j.id = ANY (complete_many.ids) AND j.state = 'running' AND pgq._owns(j.session_role)
-          AND ((j.id, j.attempt) IN (SELECT w.id, w.attempt
-                                     FROM unnest(complete_many.ids, complete_many.attempts) AS w(id, attempt)))
-              IS TRUE
-        RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.batch_id, j.notify_finished,
-                  EXISTS (SELECT FROM pgq.job_dependencies AS d WHERE d.depends_on = j.id) AS waited
+            session_role = session_user
+        FROM owned AS o, wanted AS w
+        WHERE j.id = o.id AND w.id = j.id AND j.attempt = w.attempt AND j.state = 'running'
+          AND pgq._owns(j.session_role)
+        RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.batch_id
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
         FROM completed AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
-    ), deltas AS (
-        INSERT INTO pgq.finished_deltas (queue, state) SELECT c.queue, 'done' FROM completed AS c
+    ), mark AS (
+        INSERT INTO pgq.turns (name)
+        SELECT pgq._batch_counting_mark(pg_trigger_depth() + 1)
+        FROM completed AS c WHERE c.batch_id IS NOT NULL LIMIT 1
     )
-    SELECT coalesce(array_agg(c.id), '{}'), array_agg(c.id) FILTER (WHERE c.waited),
-           array_agg(c.batch_id) FILTER (WHERE c.batch_id IS NOT NULL), array_agg(c.id) FILTER (WHERE c.notify_finished)
-    INTO done_ids, waited, members, notified FROM completed AS c;
-    IF done_ids <> '{}' AND (waited IS NOT NULL OR members IS NOT NULL OR notified IS NOT NULL
-                             OR pgq._older_snapshot()) THEN
-        PERFORM pgq._completions_ended(done_ids, waited, members, notified);
+    SELECT coalesce(array_agg(c.id), '{}'), array_agg(c.batch_id) FILTER (WHERE c.batch_id IS NOT NULL)
+    INTO done_ids, members FROM completed AS c;
+    IF members IS NOT NULL THEN
+        DELETE FROM pgq.turns AS t WHERE t.name = pgq._batch_counting_mark(pg_trigger_depth() + 1);
+        PERFORM pgq._batch_member_ended(m.batch, 'done', m.n::integer)
+        FROM (SELECT b.batch, count(*) AS n FROM unnest(members) AS b(batch) GROUP BY b.batch ORDER BY b.batch) AS m;
     END IF;
     -- The common case ends here: every pair was still ours and is done now.
     IF cardinality(done_ids) = cardinality(complete_many.ids) THEN
