@@ -146,7 +146,11 @@ def test_each_completion_is_sent_once_whichever_part_sends_it(
     messages = [r.getMessage() for r in caplog.records]
     assert sum(m.endswith(": completed") for m in messages) == jobs
     assert not [m for m in messages if "rejected" in m or "no longer ours" in m]
-    assert function_calls(conn, name, "complete_and_claim") > 0
+    # Which part sent which completion depends on timing (a loaded machine's completer may send
+    # them all): the claimer's carry is driven step by step below
+    # (test_the_claimer_carries_the_queued_completions_and_reports_a_refused_one). Here: every job's
+    # completion went out through one of the two, once (completed_once_each above).
+    assert function_calls(conn, name, "complete_and_claim") + function_calls(conn, name, "complete_many") > 0
 
 
 # The parts, driven one step at a time ------------------------------------------------------------
