@@ -20,6 +20,7 @@ means the job was cancelled (``ctx.cancelled``, not counted as a lost lease).
 from __future__ import annotations
 
 import enum
+import logging
 import math
 import threading
 import time
@@ -76,13 +77,15 @@ class Held:
         return jlog
 
 
-def discarded(held: Held, operation: str) -> None:
-    """Log that ``operation`` (the call recording the handler's outcome) is not sent: the job is
-    no longer ours. Expected, and said quietly, when it was cancelled."""
+def discarded(held: Held, operation: str, raised: BaseException | None = None) -> None:
+    """Log that ``operation`` (the call recording the handler's outcome; ``raised``: the handler's
+    exception, for a failure) is not sent: the job is no longer ours. Expected, and said quietly,
+    when it was cancelled."""
     if held.ctx.cancelled:
-        held.log.debug("cancelled (pgq.cancel): %s not sent", operation)
+        held.log.debug("cancelled (pgq.cancel): %s not sent", operation, exc_info=raised)
     else:
-        held.log.warning("no longer ours: %s not sent, the handler's outcome is discarded", operation)
+        held.log.about_outcome(logging.WARNING, raised,
+                               "no longer ours: %s not sent, the handler's outcome is discarded", operation)
 
 
 @dataclass(slots=True)

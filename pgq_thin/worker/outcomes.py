@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import threading
 import traceback
@@ -90,11 +91,13 @@ _DONE_MESSAGE: dict[str, Callable[[Any], str]] = {"complete": lambda _: "complet
 class Outcome:
     """One owner call: ``operation`` is the name of the Client / AsyncClient method (and of the pgq
     function), ``arguments`` what it takes after (id, attempt). ``batched``: a completion without
-    result, which joins the next pgq.complete_many instead."""
+    result, which joins the next pgq.complete_many instead. ``raised``: the handler's exception,
+    for a failure it raised; logged once, with the server's answer (JobLog.about_outcome)."""
 
     operation: Operation
     arguments: dict[str, Any] = field(default_factory=dict)
     batched: bool = False
+    raised: BaseException | None = field(default=None, compare=False, repr=False)
 
     def send(self, client: Any, job: Job) -> Any:
         """Make the call (a Client answers; an AsyncClient returns the awaitable)."""
@@ -103,10 +106,11 @@ class Outcome:
     def answered(self, jlog: JobLog, answer: Any) -> None:
         """Log what the server answered."""
         if answer is None or answer is False:
-            jlog.warning("%s rejected: the job is no longer ours (its lease expired, or it was cancelled)",
-                         self.operation)
+            jlog.about_outcome(logging.WARNING, self.raised,
+                               "%s rejected: the job is no longer ours (its lease expired, or it was cancelled)",
+                               self.operation)
         else:
-            jlog.info(_DONE_MESSAGE[self.operation](answer))
+            jlog.about_outcome(logging.INFO, self.raised, _DONE_MESSAGE[self.operation](answer))
 
 
 #: The outcome of a handler run that the job's cancel ended (pgq.cancel: an async handler's task
@@ -182,8 +186,8 @@ def of_exception(exc: BaseException, jlog: JobLog) -> Outcome:
     if isinstance(exc, OutcomeUnknown):
         jlog.warning("the handler cannot tell whether the job's effect happened: %s", exc.note)
         return Outcome("mark_unknown", {"note": sendable(str(exc.note))})
-    jlog.warning("the handler raised %r", exc, exc_info=True)
-    return Outcome("fail", {"error": sendable(handler_traceback(exc))})
+    # Logged once, when the server has answered the fail (Outcome.answered and the other ends).
+    return Outcome("fail", {"error": sendable(handler_traceback(exc))}, raised=exc)
 
 
 #: Where the frames of the worker runtime come from: pgq_thin/worker/ and, on the asyncio
@@ -226,15 +230,16 @@ def no_handler(job: Job, worker_name: str, kinds: list[str], jlog: JobLog) -> Ou
     return Outcome("fail", {"error": error, "retryable": False})
 
 
-def refused_instead(operation: str, exc: BaseException, jlog: JobLog) -> Outcome | None:
+def refused_instead(operation: str, exc: BaseException, jlog: JobLog,
+                    raised: BaseException | None = None) -> Outcome | None:
     """What to send when the outcome call ``operation`` failed for good with ``exc``: None when
     we are exiting (a transient error: the lease recovers the job) or it was a fail already; for
     a call the server refused (a snooze delay out of range, a result that is not JSON), a fail of
     the attempt, not retryable, so that someone looks at it."""
     if transient(exc):
-        jlog.warning("%s abandoned at exit; the lease will recover the job", operation)
+        jlog.about_outcome(logging.WARNING, raised, "%s abandoned at exit; the lease will recover the job", operation)
         return None
-    jlog.error("%s refused: %s", operation, exc)
+    jlog.about_outcome(logging.ERROR, raised, "%s refused: %s", operation, exc)
     if operation == "fail":
         return None
     return Outcome("fail", {"error": sendable(f"pgq_thin worker: {operation} of this attempt was refused: "

@@ -102,6 +102,15 @@ class JobLog(logging.LoggerAdapter):  # type: ignore[type-arg]
                            **kwargs.get("extra", {})}
         return f"job {job.id} ({job.kind}, attempt {job.attempt}): {msg}", kwargs
 
+    def about_outcome(self, level: int, raised: BaseException | None, msg: str, *args: Any) -> None:
+        """Log what became of a handler's outcome. When the handler raised ``raised``, this is the
+        one line its failure gets: at least a WARNING, naming the exception, with its traceback,
+        and what the server made of the failure (retried, failed for good, rejected)."""
+        if raised is None:
+            self.log(level, msg, *args)
+        else:
+            self.log(max(level, logging.WARNING), "the handler raised %r; " + msg, raised, *args, exc_info=raised)
+
 
 def default_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"

@@ -266,6 +266,35 @@ def test_a_result_that_is_not_json_fails_the_job_without_retry(dsn: str, conn: p
     assert "not JSON serializable" in row["last_error"]
 
 
+def test_a_failed_attempt_is_logged_once_with_its_traceback_and_what_became_of_it(
+        dsn: str, conn: psycopg.Connection, caplog: pytest.LogCaptureFixture) -> None:
+    # One line per failed attempt, written when the server has answered the fail: the exception,
+    # its traceback, and whether the job will be retried (not a WARNING, then an INFO).
+    caplog.set_level(logging.DEBUG, logger="pgq_thin.worker")
+    worker = fast_worker()
+
+    @worker.handler("flaky")
+    def flaky(job: Job, ctx: JobContext) -> None:
+        raise ValueError(f"broken on attempt {job.attempt}")
+
+    conn.execute("SELECT pgq.configure_queue('default', backoff_base => '10 ms', backoff_cap => '10 ms')")
+    job_id = enqueue(conn, "flaky", max_attempts=2)
+    with running(worker, dsn):
+        wait_for(finished(conn, job_id), "the job to fail twice")
+    assert job(conn, job_id)["state"] == "failed"
+    about = [r for r in caplog.records if r.getMessage().startswith(f"job {job_id} ")]
+    failures = [r for r in about if "broken on attempt" in r.getMessage() or r.exc_info]
+    assert [(r.levelno, r.getMessage().split(": ", 1)[1]) for r in failures] == [
+        (logging.WARNING, "the handler raised ValueError('broken on attempt 1'); "
+                          "failed; it will be retried after its backoff"),
+        (logging.WARNING, "the handler raised ValueError('broken on attempt 2'); "
+                          "failed for good: no attempts left, or not retryable"),
+    ]
+    assert all(r.exc_info and "raise ValueError" in caplog.handler.format(r) for r in failures)
+    assert not [r for r in about if r not in failures and "failed" in r.getMessage()], \
+        [r.getMessage() for r in about]
+
+
 def test_retry_and_snooze_refuse_a_delay_that_is_not_positive() -> None:
     with pytest.raises(ValueError):
         Retry(0)

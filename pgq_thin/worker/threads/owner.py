@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -40,16 +41,17 @@ class OwnerCalls:
         server.) The job is forgotten afterwards."""
         try:
             if not self.granted(held):
-                discarded(held, outcome.operation)
+                discarded(held, outcome.operation, outcome.raised)
                 return
             try:
                 answer = self.until_answered(outcome.operation, held.log,
                                                    lambda: outcome.send(self.bounded, held.job))
             except Exception as exc:  # noqa: BLE001
-                self.refused(outcome.operation, held, exc)
+                self.refused(outcome.operation, held, exc, outcome.raised)
                 return
             if (answer is None or answer is False) and self.held.cancel_noticed(held):
-                held.log.info("%s refused: the job was cancelled (pgq.cancel) while it ran", outcome.operation)
+                held.log.about_outcome(logging.INFO, outcome.raised,
+                                       "%s refused: the job was cancelled (pgq.cancel) while it ran", outcome.operation)
             else:
                 outcome.answered(held.log, answer)
         finally:
@@ -71,12 +73,13 @@ class OwnerCalls:
                 self.drop_broken_connections()
                 nap(delay, self.flags)
 
-    def refused(self, operation: str, held: Held, exc: Exception) -> None:
+    def refused(self, operation: str, held: Held, exc: Exception,
+                      raised: BaseException | None = None) -> None:
         """The outcome call failed for good: we are exiting, or it was refused. Then fail the
         attempt, not retryable, so that someone looks at it (refused_instead). If nothing
         answers, the lease recovers the job."""
         jlog, job = held.log, held.job
-        instead = refused_instead(operation, exc, jlog)
+        instead = refused_instead(operation, exc, jlog, raised)
         if instead is None:
             return
         try:
