@@ -47,6 +47,7 @@ SOURCE_FILES = (
     "schedules.sql",     # periodic jobs
     "admin.sql",         # cancel, retry, resolve, prune
     "edits.sql",         # a queued job edited: update_job
+    "registry.sql",      # the live workers: worker_heartbeat, workers, queue_kinds
     "observe.sql",       # stats, metrics, jobs and their history
     "health.sql",        # pgq.health
     "steps.sql",         # durable execution: steps, the durable sleep

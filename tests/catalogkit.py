@@ -132,4 +132,5 @@ MIGRATION_SHA256 = {
     "0022_durable.sql": "c3129647f52b5ac6ff11a43563a35427d3c62d53a5f32cb9160b8940f3213a14",
     "0023_retention_by_state.sql": "8ee759cc379ca13edff365f61f700292effbd3af1e99bece099059a4018bc183",
     "0025_tags_unique_for.sql": "b0037e2a2ac2f046b97b3c20b7633f623519fd2821d5cf22d733d3bdd7553c0d",
+    "0026_worker_registry.sql": "f847d5e53959bff878820baed3c44a2a604259cdb22dc594916f575e70e2eb01",
 }

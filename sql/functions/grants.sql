@@ -51,7 +51,9 @@ GRANT EXECUTE ON FUNCTION
     pgq.job_outcomes(bigint, integer, bigint[]),
     pgq.sweep(integer),
     pgq.settle_dependencies(integer),
-    pgq.rate_limit_wait(text[])
+    pgq.rate_limit_wait(text[]),
+    pgq.worker_heartbeat(text, text[], text[], integer, text, integer, interval, boolean),
+    pgq.queue_kinds(text[])
     TO pgq_worker;
 
 GRANT EXECUTE ON FUNCTION
@@ -89,8 +91,12 @@ GRANT EXECUTE ON FUNCTION
     pgq.queue_settings(text),
     pgq.queue_limits(text),
     pgq.rate_limit_wait(text[]),
+    pgq.queue_kinds(text[]),
     pgq.version()
     TO pgq_monitor;
+
+-- The live workers: every login's to pgq_monitor and pgq_admin, a worker its own login's.
+GRANT EXECUTE ON FUNCTION pgq.workers() TO pgq_worker, pgq_monitor, pgq_admin;
 
 GRANT EXECUTE ON FUNCTION pgq.version() TO pgq_producer, pgq_worker;
 -- A pure function: every pgq role may compute a schedule's next firing.

@@ -62,6 +62,70 @@ BEGIN
 END
 $$;
 
+-- pgq.health's checks of the registry of live workers (registry.sql), at once, without waiting for
+-- jobs to age: the workers that stopped heartbeating while they held running jobs (their leases will
+-- run out; a hung worker's never will, were it to renew), and the kinds of a queue's pending jobs
+-- that none of the queue's live workers handles. Workers that do not heartbeat are not counted.
+CREATE OR REPLACE FUNCTION pgq._health_workers()
+    RETURNS TABLE (severity text, "check" text, detail text, hint text)
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    r record;
+    found_any boolean := false;
+BEGIN
+    -- One pass over the running jobs (jobs_lease_idx), each looked up in the registry by its login
+    -- and worker name.
+    FOR r IN
+        SELECT w.worker, w.login, w.host, w.pid, w.alive_until, count(*) AS n,
+               (array_agg(j.id ORDER BY j.id))[1:5] AS ids
+        FROM pgq.jobs AS j
+        JOIN pgq.worker_registry AS w ON w.login = j.session_role AND w.worker = j.claimed_by
+        WHERE j.lease_until IS NOT NULL AND j.state = 'running' AND w.alive_until <= pgq._now()
+        GROUP BY w.login, w.worker, w.host, w.pid, w.alive_until
+        ORDER BY w.login, w.worker
+        LIMIT 20
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT 'warning', 'silent_workers',
+            format('worker %s (login %s%s) stopped heartbeating %s ago and holds %s running job(s): %s%s',
+                   r.worker, r.login,
+                   CASE WHEN r.host IS NOT NULL THEN format(', %s pid %s', r.host, r.pid) ELSE '' END,
+                   date_trunc('second', pgq._now() - r.alive_until), r.n, array_to_string(r.ids, ', '),
+                   CASE WHEN r.n > 5 THEN ', ...' ELSE '' END),
+            'Its jobs come back when their leases expire (the sweep); a worker that is hung, not dead, '
+            'should be stopped.';
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'silent_workers', 'no worker holding running jobs has stopped heartbeating',
+            NULL::text;
+    END IF;
+
+    found_any := false;
+    FOR r IN
+        SELECT q.name, k.kind, q.live
+        FROM (SELECT x.name, (SELECT count(*) FROM pgq.worker_registry AS w
+                              WHERE w.alive_until > pgq._now() AND (w.queues IS NULL OR x.name = ANY (w.queues))) AS live
+              FROM pgq.queues AS x WHERE NOT x.paused ORDER BY x.name LIMIT 1000) AS q
+        CROSS JOIN LATERAL pgq._pending_kinds(q.name, 100) AS k(kind)
+        WHERE q.live > 0 AND NOT pgq._kind_handled(q.name, k.kind)
+        ORDER BY q.name, k.kind
+        LIMIT 50
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT 'warning', 'unhandled_kinds',
+            format('queue %s: pending jobs of kind %s, which none of its %s live worker(s) handles',
+                   r.name, r.kind, r.live),
+            'Start a worker with a handler for this kind, or cancel these jobs (workers that do not '
+            'heartbeat through pgq.worker_heartbeat are not counted).';
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'ok', 'unhandled_kinds', 'the live workers of each queue handle every kind pending there',
+            NULL::text;
+    END IF;
+END
+$$;
+
 -- pgq.health's checks of this database's sessions (pg_stat_activity, as the schema's owner; a
 -- statement's text only to a caller who may read it there itself: pgq._may_see_query).
 CREATE OR REPLACE FUNCTION pgq._health_sessions(max_snapshot_age interval)
@@ -320,6 +384,7 @@ BEGIN
     END IF;
 
     RETURN QUERY SELECT * FROM pgq._health_kinds(health.max_ready_age);
+    RETURN QUERY SELECT * FROM pgq._health_workers();
 
     -- 3. Jobs parked as outcome_unknown wait for a person.
     -- Per queue, through jobs_list_idx: a count over all jobs would read the finished history.

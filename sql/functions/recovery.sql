@@ -116,6 +116,10 @@ BEGIN
         PERFORM pgq._prune_key_rates(sweep.max_jobs);
     END IF;
     PERFORM pgq._prune_key_locks(sweep.max_jobs);
+    -- The registry of workers: the entries an hour past their heartbeat (registry.sql).
+    IF EXISTS (SELECT FROM pgq.worker_registry AS w WHERE w.alive_until < pgq._now() - interval '1 hour') THEN
+        PERFORM pgq._prune_workers(sweep.max_jobs);
+    END IF;
     -- Retention: up to ten per job of max_jobs (at most 100,000) finished jobs past their state's
     -- retention (pgq._sweep_retention).
     PERFORM pgq._sweep_retention(least(10 * sweep.max_jobs, 100000));
