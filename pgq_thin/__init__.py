@@ -26,6 +26,7 @@ from pgq_thin.models import (
     JobRecord,
     JobResult,
     QueueGrant,
+    QueueKind,
     QueueMetrics,
     QueueSettings,
     QueueStats,
@@ -36,6 +37,7 @@ from pgq_thin.models import (
     StepRecord,
     TenantSettings,
     UnreadableJson,
+    WorkerEntry,
 )
 from pgq_thin.tasks import Task
 from pgq_thin.worker import AsyncWorker, JobContext, OutcomeUnknown, Parked, Retry, SignalTimeout, Snooze, Worker
@@ -58,6 +60,8 @@ __all__ = [
     "JobEvent",
     "JobRecord",
     "QueueGrant",
+    "QueueKind",
+    "WorkerEntry",
     "TenantSettings",
     "BadArgument",
     "BadArgumentType",

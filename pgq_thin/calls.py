@@ -36,6 +36,7 @@ from pgq_thin.models import (
     JobResult,
     Privileges,
     QueueGrant,
+    QueueKind,
     QueueLimits,
     QueueMetrics,
     QueueSettings,
@@ -48,6 +49,7 @@ from pgq_thin.models import (
     StepRecord,
     TenantSettings,
     UnreadableJson,
+    WorkerEntry,
     record,
 )
 
@@ -97,12 +99,12 @@ _PYTHON_NAMES = {"id": "job_id", "ids": "job_ids"}
 _WANT: dict[str, type] = {
     **dict.fromkeys(("queue", "kind", "worker", "unique_key", "tenant", "error", "note", "state", "name", "cron",
                      "timezone", "role", "privilege", "concurrency_key", "key", "dependency_mode",
-                     "callback_queue", "callback_kind", "run_when", "on_conflict", "after_name"), str),
+                     "callback_queue", "callback_kind", "run_when", "on_conflict", "after_name", "host"), str),
     **dict.fromkeys(("priority", "max_attempts", "batch", "id", "attempt", "max_jobs", "max_running", "weight",
                      "limit_rows", "before_id", "key_max_running", "rate_limit", "key_rate_limit", "batch_id",
-                     "after_id"), int),
-    **dict.fromkeys(("retryable", "notify", "audit", "fair", "skip_if_running", "enabled", "notify_finished"),
-                    bool),
+                     "after_id", "running", "pid"), int),
+    **dict.fromkeys(("retryable", "notify", "audit", "fair", "skip_if_running", "enabled", "notify_finished",
+                     "stopping"), bool),
     **dict.fromkeys(("finished_before", "created_before", "start_by", "before"), datetime),
 }
 
@@ -522,6 +524,16 @@ def batch_status(batch_id: int) -> Call[BatchStatus]:
     return Call(queries.BATCH_STATUS, {"batch_id": batch_id}, _found(BatchStatus, "batch", batch_id), rows=dict_row)
 
 
+def batch_jobs(batch_id: int, state: str | None = None, limit_rows: int = 50,
+               before_id: int | None = None) -> Call[list[JobRecord]]:
+    """pgq.batch_jobs: a batch's members newest first, of one ``state`` when given (to its opener,
+    pgq_monitor and pgq_admin; JobNotFound otherwise); pass a page's last id as ``before_id`` for
+    the next."""
+    return Call(queries.BATCH_JOBS, {"batch_id": batch_id, "state": state, "limit_rows": limit_rows,
+                                     "before_id": before_id},
+                lambda rows: [record(JobRecord, r) for r in rows], rows=dict_row)
+
+
 def cancel_batch(batch_id: int) -> Call[int]:
     """pgq.cancel_batch: seal the batch and cancel it: its members that have not started (returns
     how many it cancelled now; the sweep cancels the rest) and its callback."""
@@ -684,6 +696,29 @@ def queue_status(queues: Sequence[str]) -> Call[list[QueueStatus]]:
     """pgq.queue_status: whether each queue exists and is paused, in the order given."""
     return Call(queries.QUEUE_STATUS, {"queues": _names("queues", queues)},
                 lambda rows: [QueueStatus(*r) for r in rows])
+
+
+def worker_heartbeat(worker: str, queues: Sequence[str] | None = None, kinds: Sequence[str] | None = None,
+                     running: int = 0, host: str | None = None, pid: int | None = None,
+                     alive_for: Interval = timedelta(minutes=1), stopping: bool = False) -> Call[datetime | None]:
+    """pgq.worker_heartbeat: announce or refresh ``worker`` (of this login) in the registry of live
+    workers, alive for ``alive_for``; until when (None with ``stopping=True``, which removes it)."""
+    return Call(queries.WORKER_HEARTBEAT, {
+        "worker": worker, "queues": _names("queues", queues), "kinds": _names("kinds", kinds), "running": running,
+        "host": host, "pid": pid, "alive_for": _interval("alive_for", alive_for), "stopping": stopping,
+    }, _value)
+
+
+def workers() -> Call[list[WorkerEntry]]:
+    """pgq.workers: the live workers of the registry (every login's for pgq_monitor and pgq_admin,
+    this login's otherwise)."""
+    return Call(queries.WORKERS, {}, lambda rows: [WorkerEntry(*r) for r in rows])
+
+
+def queue_kinds(queues: Sequence[str] | None = None) -> Call[list[QueueKind]]:
+    """pgq.queue_kinds: the kinds of each queue's pending jobs (None: every queue this login may
+    claim from and read), and whether a live worker of the registry claims each."""
+    return Call(queries.QUEUE_KINDS, {"queues": _names("queues", queues)}, lambda rows: [QueueKind(*r) for r in rows])
 
 
 def rate_limit_wait(queues: Sequence[str] | None = None) -> Call[dict[str, timedelta]]:
@@ -1179,6 +1214,9 @@ class PgqCalls:
     health = Method(health)
     list_jobs = Method(list_jobs)
     queue_status = Method(queue_status)
+    worker_heartbeat = Method(worker_heartbeat)
+    workers = Method(workers)
+    queue_kinds = Method(queue_kinds)
     rate_limit_wait = Method(rate_limit_wait)
     queue_limits = Method(queue_limits)
     get_job = Method(get_job)
@@ -1189,6 +1227,7 @@ class PgqCalls:
     batch_open = Method(batch_open)
     batch_close = Method(batch_close)
     batch_status = Method(batch_status)
+    batch_jobs = Method(batch_jobs)
     cancel_batch = Method(cancel_batch)
     job_result = Method(job_result)
     dependency_results = Method(dependency_results)

@@ -645,11 +645,20 @@ def _error_line(text: str | None, width: int = 60) -> str | None:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
+    if args.batch is not None:
+        others = [f"--{name}" for name in ("queue", "kind", "tag") if getattr(args, name)]
+        if others:
+            args.parser.error(f"--batch lists a batch's members (of one --state at most): {', '.join(others)} "
+                              "does not go with it")
     with _client(args) as client:
-        rows = client.list_jobs(args.queue, args.state, args.kind, limit_rows=args.limit, before_id=args.before,
-                                tags=args.tag)
+        if args.batch is not None:
+            rows = client.batch_jobs(args.batch, args.state, limit_rows=args.limit, before_id=args.before)
+        else:
+            rows = client.list_jobs(args.queue, args.state, args.kind, limit_rows=args.limit, before_id=args.before,
+                                    tags=args.tag)
     if not rows:
-        say("no jobs" + (f" before id {args.before}" if args.before else "") + " match")
+        say("no jobs" + (f" of batch {args.batch}" if args.batch is not None else "")
+            + (f" before id {args.before}" if args.before else "") + " match")
         return 0
     say(_table(["id", "queue", "kind", "state", "attempt", "run at", "created", "finished", "last error"],
                  [[j.id, j.queue, j.kind, j.state, f"{j.attempt}/{j.max_attempts}", _when_short(j.run_at),
@@ -822,6 +831,20 @@ def cmd_grants(args: argparse.Namespace) -> int:
         return 0
     say(_table(["queue", "privilege", "role", "granted at", "by"],
                  [[g.queue, g.privilege, g.role, _when_short(g.granted_at), g.granted_by] for g in rows]))
+    return 0
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        rows = client.workers()
+    if not rows:
+        say("no live worker in the registry (workers of pgq-thin heartbeat into it; others call "
+            "pgq.worker_heartbeat)")
+        return 0
+    say(_table(["worker", "login", "host", "pid", "queues", "kinds", "running", "started", "last seen"],
+               [[w.worker, w.login, w.host, w.pid, ", ".join(w.queues) if w.queues else "(all)",
+                 ", ".join(w.kinds) if w.kinds else "(any)", w.running, _when_short(w.started_at),
+                 _when_short(w.last_seen)] for w in rows]))
     return 0
 
 
@@ -1202,6 +1225,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only jobs holding this tag (repeat: jobs holding all of them)")
     p.add_argument("--limit", type=int, default=50, help="at most this many (default 50, at most 1000)")
     p.add_argument("--before", type=job_id, metavar="ID", help="only jobs older than this id (the next page)")
+    p.add_argument("--batch", type=batch_id, metavar="ID",
+                   help="the members of this batch (pgq.batch_jobs; with --state: of that state only)")
+    p.set_defaults(parser=p)
 
     p = command("job", cmd_job, "one job: its state, payload, result, last error, dependencies and dependants, "
                 "workflow (parent, children, awaited jobs, the signal it waits for), batch, steps and attempt history")
@@ -1217,6 +1243,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("grants", cmd_grants, "the per-queue grants (pgq.queue_grants)")
     p.add_argument("--queue", help="only this queue's grants")
+
+    command("workers", cmd_workers, "the live workers: what each claims and runs (pgq.workers)")
 
     p = command("pause", cmd_pause, "stop workers claiming from a queue")
     p.add_argument("queue")

@@ -441,6 +441,33 @@ class QueueStatus:
 
 
 @dataclass(frozen=True)
+class WorkerEntry:
+    """One row of pgq.workers(): a live worker of the registry (pgq.worker_heartbeat), what it
+    claims (queues, kinds; None: all, any), how many jobs it runs, where, and since when."""
+
+    worker: str
+    login: str
+    host: str | None
+    pid: int | None
+    queues: list[str] | None
+    kinds: list[str] | None
+    running: int
+    started_at: datetime
+    last_seen: datetime
+    alive_until: datetime
+
+
+@dataclass(frozen=True)
+class QueueKind:
+    """One row of pgq.queue_kinds(): a kind of a queue's pending jobs, and whether a live worker of
+    the registry claims it."""
+
+    queue: str
+    kind: str
+    handled: bool
+
+
+@dataclass(frozen=True)
 class QueueGrant:
     """One row of pgq.queue_grants(): members of ``role`` may use ``privilege`` on ``queue``."""
 

@@ -51,6 +51,8 @@ BATCH_OPEN = (
 #: Seal a batch: true when sealed by this call, false when it already was.
 BATCH_CLOSE = "SELECT pgq.batch_close(id => %(batch_id)s::bigint)"
 BATCH_STATUS = "SELECT * FROM pgq.batch_status(id => %(batch_id)s::bigint)"
+BATCH_JOBS = ("SELECT * FROM pgq.batch_jobs(id => %(batch_id)s::bigint, state => %(state)s::text,"
+              " limit_rows => %(limit_rows)s::integer, before_id => %(before_id)s::bigint)")
 #: Cancel a batch: its members that have not started (up to 1000 now; the sweep the rest) and its callback.
 CANCEL_BATCH = "SELECT pgq.cancel_batch(id => %(batch_id)s::bigint)"
 #: A job's state and, once it has ended, its result, last error and end (to its producer too).
@@ -77,6 +79,13 @@ CLAIM = (
 
 #: Whether each of a worker's queues exists and is paused.
 QUEUE_STATUS = "SELECT queue, known, paused FROM pgq.queue_status(queues => %(queues)s::text[])"
+WORKER_HEARTBEAT = ("SELECT pgq.worker_heartbeat(worker => %(worker)s::text, queues => %(queues)s::text[],"
+                    " kinds => %(kinds)s::text[], running => %(running)s::integer, host => %(host)s::text,"
+                    " pid => %(pid)s::integer, alive_for => %(alive_for)s::interval,"
+                    " stopping => %(stopping)s::boolean)")
+WORKERS = ("SELECT worker, login, host, pid, queues, kinds, running, started_at, last_seen, alive_until"
+           " FROM pgq.workers()")
+QUEUE_KINDS = "SELECT queue, kind, handled FROM pgq.queue_kinds(queues => %(queues)s::text[])"
 RATE_LIMIT_WAIT = "SELECT queue, wait FROM pgq.rate_limit_wait(queues => %(queues)s::text[])"
 
 #: Extend the lease of our attempt; NULL when the job is no longer ours.

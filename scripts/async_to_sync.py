@@ -37,13 +37,14 @@ PARTS: dict[str, tuple[str, ...]] = {
     "executor": ("AsyncExecutor",),
     "slots": ("AsyncSlots",),
     "claimer": ("AsyncClaimer",),
+    "heartbeat": ("AsyncHeartbeat",),
     "engine": ("AsyncRun",),
 }
 
 RENAMES = {
     "AsyncOwnerCalls": "OwnerCalls", "AsyncCompleter": "Completer", "AsyncRenewer": "Renewer",
     "AsyncListener": "Listener", "AsyncExecutor": "Executor", "AsyncSlots": "Slots", "AsyncClaimer": "Claimer",
-    "AsyncRun": "Run",
+    "AsyncRun": "Run", "AsyncHeartbeat": "Heartbeat",
     "AsyncClient": "Client", "AsyncConnection": "Connection", "AsyncConnectionPool": "ConnectionPool",
     "AsyncIterator": "Iterator", "asynccontextmanager": "contextmanager", "aclosing": "closing",
     "__aenter__": "__enter__", "__aexit__": "__exit__",

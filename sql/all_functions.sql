@@ -7802,6 +7802,68 @@ COMMENT ON FUNCTION pgq.list_jobs(text, text, text, integer, bigint, text[]) IS
     'Jobs newest first (by id), filtered by queue, state, kind and tags (holding all of them); at '
     'most limit_rows, all older than before_id when given (keyset paging).';
 
+-- A batch's members, newest first (by id), keyset-paged like pgq.list_jobs (pass a page's last id
+-- as before_id), optionally of one state: for the login that opened the batch and for members of
+-- pgq_monitor and pgq_admin (P0002 for anyone else, as for an unknown id). A page reads the batch's
+-- members through batch_members' primary key (batch_id, job_id), backwards from before_id, and each
+-- member's row by its id; state is a filter within those (a rare state among many members reads
+-- past the others, as list_jobs' kind does).
+CREATE OR REPLACE FUNCTION pgq.batch_jobs(id bigint, state text DEFAULT NULL, limit_rows integer DEFAULT 50,
+                                          before_id bigint DEFAULT NULL)
+    RETURNS SETOF pgq.jobs
+    LANGUAGE plpgsql STABLE
+    SECURITY DEFINER
+    SET search_path = pgq, pg_temp
+    SET jit = off
+    -- The primary key's order, whatever the statistics say (a young batch looks small).
+    SET enable_seqscan = off
+    SET enable_sort = off
+    SET enable_hashjoin = off
+    AS $$
+DECLARE
+    member bigint;
+    job    pgq.jobs;
+    shown  integer := 0;
+BEGIN
+    IF batch_jobs.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    IF batch_jobs.state IS NOT NULL AND NOT batch_jobs.state = ANY (enum_range(NULL::pgq.job_state)::text[]) THEN
+        PERFORM pgq._bad_argument('state', format('must be one of %s, got %s',
+            array_to_string(enum_range(NULL::pgq.job_state), ', '), left(quote_literal(batch_jobs.state), 40)));
+    END IF;
+    IF batch_jobs.limit_rows IS NULL THEN
+        PERFORM pgq._bad_argument('limit_rows', 'must not be NULL');
+    ELSIF batch_jobs.limit_rows NOT BETWEEN 1 AND 1000 THEN
+        PERFORM pgq._bad_argument('limit_rows', format('must be between 1 and 1000, got %s', batch_jobs.limit_rows));
+    END IF;
+    IF NOT EXISTS (SELECT FROM pgq.batches AS b
+                   WHERE b.id = batch_jobs.id
+                     AND (b.opened_by = session_user OR pg_has_role(session_user, 'pgq_monitor', 'MEMBER')
+                          OR pg_has_role(session_user, 'pgq_admin', 'MEMBER'))) THEN
+        RAISE EXCEPTION 'pgq: no batch with id %', batch_jobs.id
+            USING ERRCODE = 'no_data_found',
+                  HINT = 'A batch''s members are listed for the login that opened it, pgq_monitor and pgq_admin.';
+    END IF;
+    -- Member by member (a join could be planned as a walk of every job by id, probing each for
+    -- membership), each job read by its primary key.
+    FOR member IN
+        SELECT m.job_id FROM pgq.batch_members AS m
+        WHERE m.batch_id = batch_jobs.id AND m.job_id < coalesce(batch_jobs.before_id, 9223372036854775807)
+        ORDER BY m.job_id DESC
+    LOOP
+        SELECT j.* INTO job FROM pgq.jobs AS j WHERE j.id = member;
+        CONTINUE WHEN NOT FOUND OR (batch_jobs.state IS NOT NULL AND job.state <> batch_jobs.state::pgq.job_state);
+        RETURN NEXT job;
+        shown := shown + 1;
+        EXIT WHEN shown >= batch_jobs.limit_rows;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION pgq.batch_jobs(bigint, text, integer, bigint) IS
+    'A batch''s members newest first (by id), of one state when given; at most limit_rows, all older '
+    'than before_id when given. For the login that opened it, pgq_monitor and pgq_admin.';
+
 -- For a worker at start: whether each of its queues exists and is paused (a worker may not read
 -- pgq.stats).
 CREATE OR REPLACE FUNCTION pgq.queue_status(queues text[])
@@ -9283,6 +9345,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.batch_open(text, text, jsonb, text, text[]),
     pgq.batch_close(bigint),
     pgq.batch_status(bigint),
+    pgq.batch_jobs(bigint, text, integer, bigint),
     pgq.cancel_batch(bigint),
     pgq.signal(text, text, jsonb),
     pgq.cancel_workflow(bigint)
@@ -9350,6 +9413,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.job_history(bigint),
     pgq.job_links(bigint, integer),
     pgq.batch_status(bigint),
+    pgq.batch_jobs(bigint, text, integer, bigint),
     pgq.list_jobs(text, text, text, integer, bigint, text[]),
     pgq.queue_status(text[]),
     pgq.schedules(),

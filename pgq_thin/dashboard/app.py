@@ -151,6 +151,10 @@ def _error_body(exc: Exception) -> dict[str, Any]:
     return {"error": str(exc), "sqlstate": None, "hint": None}
 
 
+#: A batch page's members at a time (pgq.batch_jobs' limit_rows).
+MEMBERS_SHOWN = 50
+
+
 def _job_id(text: str, what: str = "job") -> int:
     """A job's (or a batch's) id from the path: 400 unless it is a bigint, 1 or more."""
     try:
@@ -336,10 +340,32 @@ class Dashboard:
                 "history": await client.job_history(job_id), "resolve_states": RESOLVE_STATES}
 
     async def batch(self, request: Request, client: AsyncClient) -> dict[str, Any]:
-        return {"batch": await client.batch_status(_job_id(request.path_params["id"], "batch"))}
+        """The batch's counts and callback, and its members newest first (pgq.batch_jobs; ?state=
+        picks one state, e.g. the failed ones; ?before= the next page), MEMBERS_SHOWN at a time."""
+        batch_id = _job_id(request.path_params["id"], "batch")
+        params = request.query_params
+        state = params.get("state") or None
+        before = _optional_int(params, "before")
+        status = await client.batch_status(batch_id)
+        try:
+            members = await client.batch_jobs(batch_id, state, MEMBERS_SHOWN, before)
+        except PgqError as exc:
+            if exc.sqlstate != "42883":  # a schema older than 0026: no member list
+                raise
+            members = None
+        return {"batch": status, "members": members, "member_state": state, "members_shown": MEMBERS_SHOWN}
 
     async def schedules(self, request: Request, client: AsyncClient) -> dict[str, Any]:
         return {"schedules": await client.schedules()}
+
+    async def workers(self, request: Request, client: AsyncClient) -> dict[str, Any]:
+        """The live workers of the registry (pgq.workers); None when the schema has none (before 0026)."""
+        try:
+            return {"workers": await client.workers()}
+        except PgqError as exc:
+            if exc.sqlstate != "42883":
+                raise
+            return {"workers": None}
 
     async def health(self, request: Request, client: AsyncClient) -> dict[str, Any]:
         findings = await client.health()
@@ -466,6 +492,9 @@ class Dashboard:
 
     async def api_schedules(self, request: Request, client: AsyncClient) -> Any:
         return {"schedules": await client.schedules()}
+
+    async def api_workers(self, request: Request, client: AsyncClient) -> Any:
+        return {"workers": await client.workers()}
 
     def job_action(self, action: str) -> Endpoint:
         """POST /api/jobs/{id}/retry|cancel|resolve: one call of the pgq function, then the job."""
@@ -688,6 +717,7 @@ def create_app(connect: Callable[[], AsyncClient], *, token: str | None = None,
         Route("/jobs/{id}", d.page("job.html", d.job)),
         Route("/batches/{id}", d.page("batch.html", d.batch)),
         Route("/schedules", d.page("schedules.html", d.schedules)),
+        Route("/workers", d.page("workers.html", d.workers)),
         Route("/health", d.page("health.html", d.health)),
         Route("/login", d.login_form, methods=["GET"]),
         Route("/login", d.login, methods=["POST"]),
@@ -702,6 +732,7 @@ def create_app(connect: Callable[[], AsyncClient], *, token: str | None = None,
         Route("/api/batches/{id}", d.api(d.api_batch)),
         Route("/api/health", d.api(d.api_health)),
         Route("/api/schedules", d.api(d.api_schedules)),
+        Route("/api/workers", d.api(d.api_workers)),
         Route("/api/jobs/{id}/retry", d.job_action("retry"), methods=["POST"]),
         Route("/api/jobs/{id}/cancel", d.job_action("cancel"), methods=["POST"]),
         Route("/api/jobs/{id}/resolve", d.job_action("resolve"), methods=["POST"]),

@@ -125,7 +125,8 @@ def _fresh_copy(worker: Any) -> Any:
     handlers: dict[str, Callable[..., Any]] = worker.handlers
     copy = type(worker)(queues=worker.queues, concurrency=worker.concurrency, name=worker.name,
                         lease=worker.lease, poll_interval=worker.poll_interval, listen=worker.listen,
-                        sweep_interval=worker.sweep_interval, shutdown_timeout=worker.shutdown_timeout,
+                        sweep_interval=worker.sweep_interval, heartbeat_interval=worker.heartbeat_interval,
+                        shutdown_timeout=worker.shutdown_timeout,
                         prefetch=worker.prefetch,
                         **({"pooled": True} if getattr(worker, "pooled", False) else {}))
     for kind, function in handlers.items():

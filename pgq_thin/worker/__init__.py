@@ -36,6 +36,9 @@ scripts/async_to_sync.py, and only how a part waits has two versions (``waits``,
   the claimer. Polling is the fallback (and the only mechanism with listen=False). It LISTENs
   pgq_cancel too: pgq.cancel of a running job names its attempt, the renewer renews that job at
   once, and a refusal sets ``ctx.cancelled`` (an async handler's task is cancelled).
+- ``heartbeat``: the worker in the registry of live workers (pgq.worker_heartbeat) at start,
+  every heartbeat_interval and at a graceful stop; at start, a warning for each kind of its queues'
+  pending jobs that no live worker handles (pgq.queue_kinds).
 - ``middleware``: the chain of ``worker.middleware(fn)`` around each handler, composed once per
   run (none registered: the handler itself), and the on_start / on_stop hooks' rules.
 - ``context``: the JobContext a handler gets (lease_lost, cancelled, deadline, progress,

@@ -90,6 +90,7 @@ class WorkerBase:
         listen: bool = True,
         pooled: bool = False,
         sweep_interval: Interval = 30.0,
+        heartbeat_interval: Interval = 10.0,
         shutdown_timeout: Interval = 30.0,
         prefetch: int | str = "auto",
         metrics_port: int | None = None,
@@ -103,6 +104,7 @@ class WorkerBase:
         if lease is not None:
             lease = check_seconds("lease", lease, 0, MAX_SECONDS)  # its range: the server's
         sweep_interval = check_interval("sweep_interval", sweep_interval, -math.inf, DAY * 365)  # <= 0: never
+        heartbeat_interval = check_interval("heartbeat_interval", heartbeat_interval, -math.inf, DAY)  # <= 0: never
         shutdown_timeout = check_interval("shutdown_timeout", shutdown_timeout, 0, DAY, low_included=True)
         self.queues = check_queues(queues)
         self.concurrency = check_concurrency(concurrency)
@@ -116,6 +118,7 @@ class WorkerBase:
         if pooled:
             self._set_pooled()
         self.sweep_interval = sweep_interval
+        self.heartbeat_interval = heartbeat_interval
         self.shutdown_timeout = shutdown_timeout
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host

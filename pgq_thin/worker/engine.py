@@ -21,6 +21,7 @@ from pgq_thin.worker.bridge import TaskBridge
 from pgq_thin.worker.claimer import AsyncClaimer, ClaimNudge, PollTimer
 from pgq_thin.worker.completer import AsyncCompleter
 from pgq_thin.worker.executor import AsyncExecutor
+from pgq_thin.worker.heartbeat import AsyncHeartbeat
 from pgq_thin.worker.held import HeldJobs, Verdict
 from pgq_thin.worker.listener import AsyncListener
 from pgq_thin.worker.middleware import chained, chained_async, threads_per_job
@@ -47,7 +48,7 @@ class AsyncRun:
         worker, flags = self.worker, self.worker._flags
         pool = AsyncConnectionPool(
             self.dsn, min_size=1,
-            max_size=worker.concurrency + 3,  # the slots, the claimer, the completer, the renewer
+            max_size=worker.concurrency + 4,  # the slots, the claimer, the completer, the renewer, the heartbeat
             kwargs=worker.connection_settings(),
             # Each of our parts can always have a connection (max_size), so a call that waits this
             # long means the server is unreachable: it raises ConnectionLost and we back off.
@@ -83,6 +84,8 @@ class AsyncRun:
                                  watch)
         slots = AsyncSlots(worker.concurrency, executor, owner, policy, flags, freed=completer.freed)
         renewer = AsyncRenewer(client, held, clock, flags, worker.lease)
+        heartbeat = AsyncHeartbeat(client, worker.name, worker.queues, worker.kinds, held, flags,
+                                   worker.heartbeat_interval)
         claimer = AsyncClaimer(client, worker.name, worker.queues, worker.lease, timer, nudge, policy, slots, held,
                                owner, completer, clock, flags, worker._listening, kinds=worker.kinds,
                                metrics=metrics)
@@ -90,7 +93,8 @@ class AsyncRun:
                                  ignores=timer.pace.ignores, cancelled=renewer.cancel_noticed)
         if flags.stopping.is_set():
             nudge.wake()
-        background = [renewer, completer, *([listener] if worker.listen else [])]
+        background = [renewer, completer, heartbeat, *([listener] if worker.listen else [])]
+        await heartbeat.announce()
         slots.start()
         for part in background:
             part.start()
@@ -104,6 +108,9 @@ class AsyncRun:
             slots.stop()
             renewer.stop()
             completer.stop()
+            heartbeat.stop()
+            if not flags.hard_stop.is_set():
+                await heartbeat.farewell()
             if not flags.hard_stop.is_set():
                 for part in background:
                     await part.join(timeout=5.0)

@@ -23,7 +23,11 @@ class Worker(WorkerBase):
     server connection of its own), no server-side prepared statements, no session state, and
     polling every POOLED_POLL_INTERVAL (0.25 s) unless ``poll_interval`` says otherwise.
     ``sweep_interval`` is how often (jittered; <= 0 turns it off) pgq.sweep recovers expired
-    leases. ``shutdown_timeout`` is how long a graceful stop waits for running jobs.
+    leases. ``heartbeat_interval`` is how often (<= 0: never) the worker refreshes its entry in
+    the registry of live workers (pgq.worker_heartbeat; pgq.workers() lists it while its last
+    heartbeat is under three intervals old); at start it also warns about the kinds of its queues'
+    pending jobs that no running worker handles. ``shutdown_timeout`` is how long a graceful stop
+    waits for running jobs.
 
     ``prefetch`` lets the worker hold claimed jobs that wait for a slot, so that a claim can take
     a bigger batch: fewer, larger claims for many short jobs. A prefetched job is ours while it

@@ -16,6 +16,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.batch_open(text, text, jsonb, text, text[]),
     pgq.batch_close(bigint),
     pgq.batch_status(bigint),
+    pgq.batch_jobs(bigint, text, integer, bigint),
     pgq.cancel_batch(bigint),
     pgq.signal(text, text, jsonb),
     pgq.cancel_workflow(bigint)
@@ -83,6 +84,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.job_history(bigint),
     pgq.job_links(bigint, integer),
     pgq.batch_status(bigint),
+    pgq.batch_jobs(bigint, text, integer, bigint),
     pgq.list_jobs(text, text, text, integer, bigint, text[]),
     pgq.queue_status(text[]),
     pgq.schedules(),

@@ -52,6 +52,7 @@ API: dict[str, tuple[str, set[str]]] = {
     "batch_open": ("SELECT pgq.batch_open('q', 'k')", PRODUCER),
     "batch_close": ("SELECT pgq.batch_close(1)", PRODUCER),
     "batch_status": ("SELECT * FROM pgq.batch_status(1)", PRODUCER | MONITOR),
+    "batch_jobs": ("SELECT * FROM pgq.batch_jobs(1)", PRODUCER | MONITOR),
     "cancel_batch": ("SELECT pgq.cancel_batch(1)", PRODUCER),
     "job_result": ("SELECT * FROM pgq.job_result(1)", {"pgq_producer", "pgq_worker", "pgq_monitor", "pgq_admin"}),
     "job_links": ("SELECT * FROM pgq.job_links(1)", MONITOR),

@@ -280,3 +280,16 @@ def test_the_job_page_and_api_show_the_producers_meta_escaped(pgq_client: Client
         assert http.get(f"/api/jobs/{job_id}").json()["job"]["meta"] == {"source": SCRIPT}
         page = http.get(f"/jobs/{job_id}").text
         assert '<pre id="meta">' in page and SCRIPT not in page and "&lt;script&gt;window" in page
+
+
+def test_the_workers_page_and_api_list_the_live_workers_escaped(pgq_client: Client, roles: dict[str, str]) -> None:
+    pgq_client.worker_heartbeat("w-1", ["mail"], ["send"], running=2, host=SCRIPT, pid=42)
+    with dashboard(roles["pgq_monitor"]) as http:
+        [entry] = http.get("/api/workers").json()["workers"]
+        assert (entry["worker"], entry["queues"], entry["kinds"], entry["running"], entry["host"]) == (
+            "w-1", ["mail"], ["send"], 2, SCRIPT)
+        page = http.get("/workers").text
+        assert "<td>w-1</td>" in page and "<td>send</td>" in page and SCRIPT not in page
+        assert "&lt;script&gt;" in page
+        pgq_client.worker_heartbeat("w-1", stopping=True)
+        assert "No live worker in the registry" in http.get("/workers").text

@@ -188,6 +188,28 @@ def test_an_all_done_batch_with_a_failure_shows_its_cancelled_callback(pgq_clien
         assert f'<a href="/jobs/{callback}">job {callback}</a>' in page
 
 
+def test_the_batch_page_lists_its_members_and_finds_the_failed_one(pgq_client: Client) -> None:
+    # Issue 42: a batch of many members, one failed: the members heading links to each state's
+    # members; the failed ones are that one member.
+    dsn = pgq_client.dsn
+    batch = open_batch(dsn, "after", "report", "all_ended")
+    members = enqueue_linked(dsn, "work", "member", batch=batch, count=60)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE pgq.jobs SET state = 'failed', finished_at = now(), last_error = 'boom <b>' WHERE id = %s",
+                     (members[7],))
+    with dashboard(dsn) as http:
+        page = http.get(f"/batches/{batch}").text
+        assert f'<a href="/jobs/{members[-1]}">{members[-1]}</a>' in page  # the newest first
+        assert f'<a href="/jobs/{members[0]}">' not in page  # beyond the first 50
+        assert f"before={members[-50]}" in page  # the next page's link
+        failed = http.get(f"/batches/{batch}?state=failed").text
+        assert f'<a href="/jobs/{members[7]}">{members[7]}</a>' in failed
+        assert failed.count('<a href="/jobs/') == 1 and "boom &lt;b&gt;" in failed
+        assert '<a href="?state=failed#members">failed</a>' in page
+        older = http.get(f"/batches/{batch}?before={members[-50]}").text
+        assert f'<a href="/jobs/{members[0]}">{members[0]}</a>' in older
+
+
 def test_a_cancelled_batch(pgq_client: Client) -> None:
     dsn = pgq_client.dsn
     batch = open_batch(dsn)

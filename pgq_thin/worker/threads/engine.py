@@ -21,6 +21,7 @@ from pgq_thin.worker.support import log
 from pgq_thin.worker.threads.claimer import Claimer
 from pgq_thin.worker.threads.completer import Completer
 from pgq_thin.worker.threads.executor import Executor
+from pgq_thin.worker.threads.heartbeat import Heartbeat
 from pgq_thin.worker.threads.listener import Listener
 from pgq_thin.worker.threads.owner import OwnerCalls
 from pgq_thin.worker.threads.renewer import Renewer, read_clock
@@ -43,7 +44,7 @@ class Run:
         worker, flags = self.worker, self.worker._flags
         pool = ConnectionPool(
             self.dsn, min_size=1,
-            max_size=worker.concurrency + 3,  # the slots, the claimer, the completer, the renewer
+            max_size=worker.concurrency + 4,  # the slots, the claimer, the completer, the renewer, the heartbeat
             kwargs=worker.connection_settings(),
             # Each of our parts can always have a connection (max_size), so a call that waits this
             # long means the server is unreachable: it raises ConnectionLost and we back off.
@@ -73,6 +74,8 @@ class Run:
                                  watch)
         slots = Slots(worker.concurrency, executor, owner, policy, flags, freed=completer.freed)
         renewer = Renewer(client, held, clock, flags, worker.lease)
+        heartbeat = Heartbeat(client, worker.name, worker.queues, worker.kinds, held, flags,
+                                   worker.heartbeat_interval)
         claimer = Claimer(client, worker.name, worker.queues, worker.lease, timer, nudge, policy, slots, held,
                                owner, completer, clock, flags, worker._listening, kinds=worker.kinds,
                                metrics=metrics)
@@ -80,7 +83,8 @@ class Run:
                                  ignores=timer.pace.ignores, cancelled=renewer.cancel_noticed)
         if flags.stopping.is_set():
             nudge.wake()
-        background = [renewer, completer, *([listener] if worker.listen else [])]
+        background = [renewer, completer, heartbeat, *([listener] if worker.listen else [])]
+        heartbeat.announce()
         slots.start()
         for part in background:
             part.start()
@@ -94,6 +98,9 @@ class Run:
             slots.stop()
             renewer.stop()
             completer.stop()
+            heartbeat.stop()
+            if not flags.hard_stop.is_set():
+                heartbeat.farewell()
             if not flags.hard_stop.is_set():
                 for part in background:
                     part.join(timeout=5.0)
