@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.conninfo import make_conninfo
@@ -293,3 +294,30 @@ def test_the_workers_page_and_api_list_the_live_workers_escaped(pgq_client: Clie
         assert "&lt;script&gt;" in page
         pgq_client.worker_heartbeat("w-1", stopping=True)
         assert "No live worker in the registry" in http.get("/workers").text
+
+
+def test_the_job_page_reads_right_for_a_job_that_failed_then_succeeded(pgq_client: Client) -> None:
+    # Issue 42, the history items: a done job shows an earlier attempt's error as such, not in red
+    # as its last error; a traceback repeated by the next attempt is shown once; empty Progress and
+    # Meta boxes are left out; the worker's own check of a cancel is not shown as a rejected write.
+    traceback = 'Traceback (most recent call last):\n  File "app.py", line 3, in send\nOSError: SMTP down'
+    job_id = pgq_client.enqueue("mail", "send", {"to": "ada@example.com"}, max_attempts=3)
+    with psycopg.connect(pgq_client.dsn, autocommit=True) as conn:
+        for _ in range(2):
+            [job] = pgq_client.claim("test-worker", ["mail"])
+            assert pgq_client.fail(job.id, job.attempt, traceback) == "pending"
+            conn.execute("UPDATE pgq.jobs SET run_at = now() WHERE id = %s", (job_id,))
+        [job] = pgq_client.claim("test-worker", ["mail"])
+        assert pgq_client.complete(job.id, job.attempt)
+        cancelled = pgq_client.enqueue("mail", "send", {})
+        [running] = pgq_client.claim("test-worker", ["mail"])
+        assert pgq_client.cancel(cancelled) and pgq_client.renew(running.id, running.attempt) is None
+    with dashboard(pgq_client.dsn) as http:
+        page = http.get(f"/jobs/{job_id}").text
+        assert "An earlier attempt's error" in page and '<pre id="last-error" class="earlier">' in page
+        assert 'class="error">Traceback' not in page.split("<h2>History")[0]
+        history = page.split("<h2>History")[1]
+        assert history.count("OSError: SMTP down") == 1 and "the same traceback as attempt 1" in history
+        assert '<pre id="progress">' not in page and '<pre id="meta">' not in page
+        other = http.get(f"/jobs/{cancelled}").text.split("<h2>History")[1]
+        assert "cancel noticed" in other and "rejected" not in other
