@@ -3348,6 +3348,28 @@ COMMENT ON FUNCTION pgq.batch_close(bigint) IS
     'an empty batch''s callback is enqueued at once. P0002: unknown, or another login''s; 55P03 after '
     'waiting 5 s for enqueues into it or ends of its members in open transactions.';
 
+-- The batch `id` as the caller may see it: the login that opened it, monitors and admins; 22004
+-- when id is NULL, P0002 for anyone else, as for an unknown id (pgq.batch_status, pgq.batch_jobs).
+CREATE OR REPLACE FUNCTION pgq._visible_batch(id bigint) RETURNS pgq.batches
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    b pgq.batches;
+BEGIN
+    IF _visible_batch.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _visible_batch.id;
+    IF NOT FOUND OR NOT (b.opened_by = session_user OR pg_has_role(session_user, 'pgq_monitor', 'MEMBER')
+                         OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')) THEN
+        RAISE EXCEPTION 'pgq: no batch with id %', _visible_batch.id
+            USING ERRCODE = 'no_data_found',
+                  HINT = 'A batch is seen by the login that opened it, by monitors and by admins.';
+    END IF;
+    RETURN b;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.batch_status(id bigint)
     RETURNS TABLE (batch_id bigint, state text, opened_by text, callback_queue text, callback_kind text,
                    run_when text, members bigint, unfinished bigint, done bigint, failed bigint,
@@ -3362,16 +3384,7 @@ DECLARE
     b    pgq.batches;
     sums record;
 BEGIN
-    IF batch_status.id IS NULL THEN
-        PERFORM pgq._bad_argument('id', 'must not be NULL');
-    END IF;
-    SELECT * INTO b FROM pgq.batches AS x WHERE x.id = batch_status.id;
-    IF NOT FOUND OR NOT (b.opened_by = session_user OR pg_has_role(session_user, 'pgq_monitor', 'MEMBER')
-                         OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')) THEN
-        RAISE EXCEPTION 'pgq: no batch with id %', batch_status.id
-            USING ERRCODE = 'no_data_found',
-                  HINT = 'A batch is seen by the login that opened it, by monitors and by admins.';
-    END IF;
+    b := pgq._visible_batch(batch_status.id);
     sums := pgq._batch_sums(b.id);
     RETURN QUERY SELECT b.id,
         CASE WHEN b.cancelled_at IS NOT NULL THEN 'cancelled' WHEN b.callback_job_id IS NOT NULL THEN 'finished'
@@ -5674,6 +5687,24 @@ $$;
 -- The claim's arguments, checked: 22004 / 22023 naming the one that is wrong (a malformed queue or
 -- kind name can never match: said instead of claiming nothing forever). pgq.claim calls it only
 -- when its one-expression test of them all fails, so a good claim pays for no call.
+-- Validates a list of queues (pgq.claim's, pgq.worker_heartbeat's, pgq.queue_kinds'): NULL (all
+-- queues) or a non-empty array of names without NULLs; 22023 naming the argument (queues[n] for a
+-- bad name).
+CREATE OR REPLACE FUNCTION pgq._check_queues(queues text[]) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_queues.queues IS NULL THEN
+        RETURN;
+    ELSIF cardinality(_check_queues.queues) = 0 OR array_position(_check_queues.queues, NULL) IS NOT NULL THEN
+        PERFORM pgq._bad_argument('queues', 'must be NULL (all queues) or a non-empty array without NULLs');
+    ELSIF NOT pgq._are_names(_check_queues.queues) THEN  -- only a bad name pays for the check that names it
+        PERFORM pgq._check_name(format('queues[%s]', q.n), q.name)
+        FROM unnest(_check_queues.queues) WITH ORDINALITY AS q(name, n);
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq._check_claim(worker text, queues text[], batch integer, lease interval,
                                             kinds text[])
     RETURNS void
@@ -5693,14 +5724,7 @@ BEGIN
     IF _check_claim.lease IS NOT NULL THEN
         PERFORM pgq._check_interval('lease', _check_claim.lease, interval '1 day');
     END IF;
-    IF _check_claim.queues IS NOT NULL THEN
-        IF cardinality(_check_claim.queues) = 0 OR array_position(_check_claim.queues, NULL) IS NOT NULL THEN
-            PERFORM pgq._bad_argument('queues', 'must be NULL (all queues) or a non-empty array without NULLs');
-        ELSIF NOT pgq._are_names(_check_claim.queues) THEN  -- only a bad name pays for the check that names it
-            PERFORM pgq._check_name(format('queues[%s]', q.n), q.name)
-            FROM unnest(_check_claim.queues) WITH ORDINALITY AS q(name, n);
-        END IF;
-    END IF;
+    PERFORM pgq._check_queues(_check_claim.queues);
     IF _check_claim.kinds IS NOT NULL THEN
         IF cardinality(_check_claim.kinds) NOT BETWEEN 1 AND 1000 OR array_position(_check_claim.kinds, NULL) IS NOT NULL THEN
             PERFORM pgq._bad_argument('kinds', 'must be NULL (any kind) or an array of 1 to 1000 kinds without NULLs');
@@ -8289,9 +8313,7 @@ CREATE OR REPLACE FUNCTION pgq.queue_kinds(queues text[] DEFAULT NULL)
     SET enable_seqscan = off
     AS $$
 BEGIN
-    IF queue_kinds.queues IS NOT NULL THEN
-        PERFORM pgq._check_claim('-', queue_kinds.queues, 1, NULL, NULL);
-    END IF;
+    PERFORM pgq._check_queues(queue_kinds.queues);
     RETURN QUERY
     SELECT q.name, k.kind, pgq._kind_handled(q.name, k.kind)
     FROM (SELECT x.name, x.restricted FROM pgq.queues AS x
@@ -8729,9 +8751,6 @@ DECLARE
     job    pgq.jobs;
     shown  integer := 0;
 BEGIN
-    IF batch_jobs.id IS NULL THEN
-        PERFORM pgq._bad_argument('id', 'must not be NULL');
-    END IF;
     IF batch_jobs.state IS NOT NULL AND NOT batch_jobs.state = ANY (enum_range(NULL::pgq.job_state)::text[]) THEN
         PERFORM pgq._bad_argument('state', format('must be one of %s, got %s',
             array_to_string(enum_range(NULL::pgq.job_state), ', '), left(quote_literal(batch_jobs.state), 40)));
@@ -8741,14 +8760,7 @@ BEGIN
     ELSIF batch_jobs.limit_rows NOT BETWEEN 1 AND 1000 THEN
         PERFORM pgq._bad_argument('limit_rows', format('must be between 1 and 1000, got %s', batch_jobs.limit_rows));
     END IF;
-    IF NOT EXISTS (SELECT FROM pgq.batches AS b
-                   WHERE b.id = batch_jobs.id
-                     AND (b.opened_by = session_user OR pg_has_role(session_user, 'pgq_monitor', 'MEMBER')
-                          OR pg_has_role(session_user, 'pgq_admin', 'MEMBER'))) THEN
-        RAISE EXCEPTION 'pgq: no batch with id %', batch_jobs.id
-            USING ERRCODE = 'no_data_found',
-                  HINT = 'A batch''s members are listed for the login that opened it, pgq_monitor and pgq_admin.';
-    END IF;
+    PERFORM pgq._visible_batch(batch_jobs.id);  -- 22004 for a NULL id, P0002 for a batch not the caller's
     -- Member by member (a join could be planned as a walk of every job by id, probing each for
     -- membership), each job read by its primary key.
     FOR member IN

@@ -11,27 +11,19 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 from pgq_thin.async_client import AsyncClient
 from pgq_thin.errors import PermissionDenied, PgqError
+from pgq_thin.worker.claimer import UNDEFINED_FUNCTION
 from pgq_thin.worker.held import HeldJobs
 from pgq_thin.worker.support import Flags, log
 from pgq_thin.worker.waits import Part
 
-__all__ = ["AsyncHeartbeat", "unhandled"]
+__all__ = ["AsyncHeartbeat"]
 
 #: A heartbeat, and the farewell, wait at most this long for a lock and for the server.
 HEARTBEAT_TIMEOUT = 5.0
-
-#: SQLSTATE undefined_function: a database whose schema is older than migration 0026.
-UNDEFINED_FUNCTION = "42883"
-
-
-def unhandled(kinds: Sequence[tuple[str, str, bool]], mine: Collection[str]) -> list[tuple[str, str]]:
-    """The (queue, kind) of pgq.queue_kinds' rows that neither this worker (``mine``, its kinds)
-    nor any live worker handles."""
-    return [(queue, kind) for queue, kind, handled in kinds if kind not in mine and not handled]
 
 
 class AsyncHeartbeat(Part):
@@ -78,7 +70,7 @@ class AsyncHeartbeat(Part):
 
     async def announce(self) -> None:
         """The first heartbeat, then the report of its queues' pending kinds that no live worker
-        handles (this one included)."""
+        handles (this one is in the registry by then: pgq.queue_kinds counts its kinds too)."""
         if self.every <= 0:
             return
         await self.beat()
@@ -89,11 +81,12 @@ class AsyncHeartbeat(Part):
         except PgqError as exc:
             log.debug("could not read the queues' pending kinds (%s)", exc, extra={"worker": self.name})
             return
-        for queue, kind in unhandled([(r.queue, r.kind, r.handled) for r in rows], self.kinds):
-            log.warning("queue %s has pending jobs of kind %r, which no running worker handles (this one "
-                        "handles %s): they wait until a worker with a handler for it starts", queue, kind,
-                        ", ".join(repr(k) for k in self.kinds) or "no kind",
-                        extra={"worker": self.name, "queue": queue, "kind": kind})
+        for r in rows:
+            if not r.handled:
+                log.warning("queue %s has pending jobs of kind %r, which no running worker handles (this one "
+                            "handles %s): they wait until a worker with a handler for it starts", r.queue, r.kind,
+                            ", ".join(repr(k) for k in self.kinds), extra={"worker": self.name, "queue": r.queue,
+                                                                        "kind": r.kind})
 
     async def run(self) -> None:
         while self.every > 0 and not self.flags.done.is_set():

@@ -628,6 +628,28 @@ COMMENT ON FUNCTION pgq.batch_close(bigint) IS
     'an empty batch''s callback is enqueued at once. P0002: unknown, or another login''s; 55P03 after '
     'waiting 5 s for enqueues into it or ends of its members in open transactions.';
 
+-- The batch `id` as the caller may see it: the login that opened it, monitors and admins; 22004
+-- when id is NULL, P0002 for anyone else, as for an unknown id (pgq.batch_status, pgq.batch_jobs).
+CREATE OR REPLACE FUNCTION pgq._visible_batch(id bigint) RETURNS pgq.batches
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    b pgq.batches;
+BEGIN
+    IF _visible_batch.id IS NULL THEN
+        PERFORM pgq._bad_argument('id', 'must not be NULL');
+    END IF;
+    SELECT * INTO b FROM pgq.batches AS x WHERE x.id = _visible_batch.id;
+    IF NOT FOUND OR NOT (b.opened_by = session_user OR pg_has_role(session_user, 'pgq_monitor', 'MEMBER')
+                         OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')) THEN
+        RAISE EXCEPTION 'pgq: no batch with id %', _visible_batch.id
+            USING ERRCODE = 'no_data_found',
+                  HINT = 'A batch is seen by the login that opened it, by monitors and by admins.';
+    END IF;
+    RETURN b;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.batch_status(id bigint)
     RETURNS TABLE (batch_id bigint, state text, opened_by text, callback_queue text, callback_kind text,
                    run_when text, members bigint, unfinished bigint, done bigint, failed bigint,
@@ -642,16 +664,7 @@ DECLARE
     b    pgq.batches;
     sums record;
 BEGIN
-    IF batch_status.id IS NULL THEN
-        PERFORM pgq._bad_argument('id', 'must not be NULL');
-    END IF;
-    SELECT * INTO b FROM pgq.batches AS x WHERE x.id = batch_status.id;
-    IF NOT FOUND OR NOT (b.opened_by = session_user OR pg_has_role(session_user, 'pgq_monitor', 'MEMBER')
-                         OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')) THEN
-        RAISE EXCEPTION 'pgq: no batch with id %', batch_status.id
-            USING ERRCODE = 'no_data_found',
-                  HINT = 'A batch is seen by the login that opened it, by monitors and by admins.';
-    END IF;
+    b := pgq._visible_batch(batch_status.id);
     sums := pgq._batch_sums(b.id);
     RETURN QUERY SELECT b.id,
         CASE WHEN b.cancelled_at IS NOT NULL THEN 'cancelled' WHEN b.callback_job_id IS NOT NULL THEN 'finished'

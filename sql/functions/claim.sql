@@ -208,6 +208,24 @@ $$;
 -- The claim's arguments, checked: 22004 / 22023 naming the one that is wrong (a malformed queue or
 -- kind name can never match: said instead of claiming nothing forever). pgq.claim calls it only
 -- when its one-expression test of them all fails, so a good claim pays for no call.
+-- Validates a list of queues (pgq.claim's, pgq.worker_heartbeat's, pgq.queue_kinds'): NULL (all
+-- queues) or a non-empty array of names without NULLs; 22023 naming the argument (queues[n] for a
+-- bad name).
+CREATE OR REPLACE FUNCTION pgq._check_queues(queues text[]) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF _check_queues.queues IS NULL THEN
+        RETURN;
+    ELSIF cardinality(_check_queues.queues) = 0 OR array_position(_check_queues.queues, NULL) IS NOT NULL THEN
+        PERFORM pgq._bad_argument('queues', 'must be NULL (all queues) or a non-empty array without NULLs');
+    ELSIF NOT pgq._are_names(_check_queues.queues) THEN  -- only a bad name pays for the check that names it
+        PERFORM pgq._check_name(format('queues[%s]', q.n), q.name)
+        FROM unnest(_check_queues.queues) WITH ORDINALITY AS q(name, n);
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq._check_claim(worker text, queues text[], batch integer, lease interval,
                                             kinds text[])
     RETURNS void
@@ -227,14 +245,7 @@ BEGIN
     IF _check_claim.lease IS NOT NULL THEN
         PERFORM pgq._check_interval('lease', _check_claim.lease, interval '1 day');
     END IF;
-    IF _check_claim.queues IS NOT NULL THEN
-        IF cardinality(_check_claim.queues) = 0 OR array_position(_check_claim.queues, NULL) IS NOT NULL THEN
-            PERFORM pgq._bad_argument('queues', 'must be NULL (all queues) or a non-empty array without NULLs');
-        ELSIF NOT pgq._are_names(_check_claim.queues) THEN  -- only a bad name pays for the check that names it
-            PERFORM pgq._check_name(format('queues[%s]', q.n), q.name)
-            FROM unnest(_check_claim.queues) WITH ORDINALITY AS q(name, n);
-        END IF;
-    END IF;
+    PERFORM pgq._check_queues(_check_claim.queues);
     IF _check_claim.kinds IS NOT NULL THEN
         IF cardinality(_check_claim.kinds) NOT BETWEEN 1 AND 1000 OR array_position(_check_claim.kinds, NULL) IS NOT NULL THEN
             PERFORM pgq._bad_argument('kinds', 'must be NULL (any kind) or an array of 1 to 1000 kinds without NULLs');

@@ -402,9 +402,6 @@ DECLARE
     job    pgq.jobs;
     shown  integer := 0;
 BEGIN
-    IF batch_jobs.id IS NULL THEN
-        PERFORM pgq._bad_argument('id', 'must not be NULL');
-    END IF;
     IF batch_jobs.state IS NOT NULL AND NOT batch_jobs.state = ANY (enum_range(NULL::pgq.job_state)::text[]) THEN
         PERFORM pgq._bad_argument('state', format('must be one of %s, got %s',
             array_to_string(enum_range(NULL::pgq.job_state), ', '), left(quote_literal(batch_jobs.state), 40)));
@@ -414,14 +411,7 @@ BEGIN
     ELSIF batch_jobs.limit_rows NOT BETWEEN 1 AND 1000 THEN
         PERFORM pgq._bad_argument('limit_rows', format('must be between 1 and 1000, got %s', batch_jobs.limit_rows));
     END IF;
-    IF NOT EXISTS (SELECT FROM pgq.batches AS b
-                   WHERE b.id = batch_jobs.id
-                     AND (b.opened_by = session_user OR pg_has_role(session_user, 'pgq_monitor', 'MEMBER')
-                          OR pg_has_role(session_user, 'pgq_admin', 'MEMBER'))) THEN
-        RAISE EXCEPTION 'pgq: no batch with id %', batch_jobs.id
-            USING ERRCODE = 'no_data_found',
-                  HINT = 'A batch''s members are listed for the login that opened it, pgq_monitor and pgq_admin.';
-    END IF;
+    PERFORM pgq._visible_batch(batch_jobs.id);  -- 22004 for a NULL id, P0002 for a batch not the caller's
     -- Member by member (a join could be planned as a walk of every job by id, probing each for
     -- membership), each job read by its primary key.
     FOR member IN

@@ -170,9 +170,7 @@ CREATE OR REPLACE FUNCTION pgq.queue_kinds(queues text[] DEFAULT NULL)
     SET enable_seqscan = off
     AS $$
 BEGIN
-    IF queue_kinds.queues IS NOT NULL THEN
-        PERFORM pgq._check_claim('-', queue_kinds.queues, 1, NULL, NULL);
-    END IF;
+    PERFORM pgq._check_queues(queue_kinds.queues);
     RETURN QUERY
     SELECT q.name, k.kind, pgq._kind_handled(q.name, k.kind)
     FROM (SELECT x.name, x.restricted FROM pgq.queues AS x

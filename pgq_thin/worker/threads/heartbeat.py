@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 from pgq_thin.client import Client
 from pgq_thin.errors import PermissionDenied, PgqError
-from pgq_thin.worker.heartbeat import HEARTBEAT_TIMEOUT, UNDEFINED_FUNCTION, unhandled
+from pgq_thin.worker.claimer import UNDEFINED_FUNCTION
+from pgq_thin.worker.heartbeat import HEARTBEAT_TIMEOUT
 from pgq_thin.worker.held import HeldJobs
 from pgq_thin.worker.support import Flags, log
 from pgq_thin.worker.threads.waits import Part
@@ -63,7 +64,7 @@ class Heartbeat(Part):
 
     def announce(self) -> None:
         """The first heartbeat, then the report of its queues' pending kinds that no live worker
-        handles (this one included)."""
+        handles (this one is in the registry by then: pgq.queue_kinds counts its kinds too)."""
         if self.every <= 0:
             return
         self.beat()
@@ -74,11 +75,12 @@ class Heartbeat(Part):
         except PgqError as exc:
             log.debug("could not read the queues' pending kinds (%s)", exc, extra={"worker": self.name})
             return
-        for queue, kind in unhandled([(r.queue, r.kind, r.handled) for r in rows], self.kinds):
-            log.warning("queue %s has pending jobs of kind %r, which no running worker handles (this one "
-                        "handles %s): they wait until a worker with a handler for it starts", queue, kind,
-                        ", ".join(repr(k) for k in self.kinds) or "no kind",
-                        extra={"worker": self.name, "queue": queue, "kind": kind})
+        for r in rows:
+            if not r.handled:
+                log.warning("queue %s has pending jobs of kind %r, which no running worker handles (this one "
+                            "handles %s): they wait until a worker with a handler for it starts", r.queue, r.kind,
+                            ", ".join(repr(k) for k in self.kinds), extra={"worker": self.name, "queue": r.queue,
+                                                                        "kind": r.kind})
 
     def run(self) -> None:
         while self.every > 0 and not self.flags.done.is_set():
