@@ -97,6 +97,24 @@ def test_a_cancellation_counts_the_links_it_deletes(conn: psycopg.Connection) ->
     assert [state(conn, w) for w in wide] == ["cancelled"] * 3 and links(conn) == 0
 
 
+def test_a_release_after_a_cancellation_counts_one_more_of_the_step(conn: psycopg.Connection) -> None:
+    """An all_ended dependant counts a cancelled dependency as ended: its release costs one of the
+    step like any release, so after a cancellation that used the whole step it waits for the sweep
+    (the model test once expected it released at once)."""
+    others = [int(r[0]) for r in conn.execute("SELECT pgq.enqueue_many('others', 'k', array_fill('{}'::jsonb, "
+                                              "ARRAY[999]))")]
+    head = enqueue(conn, queue="head")
+    wide = enqueue(conn, [head, *others], queue="wide")  # cancelled with head: 1000 links, the whole step
+    ended = enqueue(conn, [head], queue="ended", dependency_mode="all_ended")
+    fail(conn, head)
+    assert [state(conn, wide), state(conn, ended)] == ["cancelled", "waiting"]
+    assert backlog(conn)[1] == 1
+    settle(conn)
+    assert [state(conn, wide), state(conn, ended)] == ["cancelled", "pending"]
+    assert job(conn, ended)["last_event"] == "dependencies_done"
+    assert (links(conn), backlog(conn)) == (0, (0, 0))
+
+
 def test_the_ends_of_one_transaction_share_one_step(conn: psycopg.Connection) -> None:
     heads = [enqueue(conn, queue="heads") for _ in range(3)]
     for h in heads:

@@ -148,6 +148,8 @@ class Model:
         used, cancelled = 0, []
         for j in candidates:
             if item.state == "done" or j.mode == "all_ended":
+                if used and used + 1 > budget:  # a release counts one, after a cancellation's links too
+                    break
                 used += 1
                 j.waiting_for.discard(item.job)
                 if item.state != "done":
