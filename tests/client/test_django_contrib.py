@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +77,13 @@ def test_enqueue_commits_with_the_atomic_block_and_vanishes_with_its_rollback(
     assert conn.execute("SELECT id, priority, max_attempts FROM pgq.jobs").fetchone() == (job_id, 3, 2)
     assert one(conn, "SELECT (SELECT xmin::text FROM orders) = (SELECT xmin::text FROM pgq.jobs)")
 
-    # Outside an atomic block, Django's autocommit commits it at once.
-    other = enqueue("emails", "later", None)
-    assert one(conn, "SELECT kind FROM pgq.jobs WHERE id = %s", (other,)) == "later"
+    # Outside an atomic block, Django's autocommit commits it at once. Django's cursors bind
+    # client-side: lists, intervals and JSON go through them as through a Client's.
+    other = enqueue("emails", "later", None, depends_on=[job_id], tags=["vip", "eu"], max_run_time="5m",
+                    meta={"from": "django"}, unique_key="later-1", using="default")
+    assert conn.execute("SELECT kind, state::text, depends_on, tags, max_run_time, meta->>'from', unique_key"
+                        " FROM pgq.jobs WHERE id = %s", (other,)).fetchone() == \
+        ("later", "waiting", [job_id], ["eu", "vip"], timedelta(minutes=5), "django", "later-1")
 
 
 def test_enqueue_takes_client_enqueues_parameters_and_refuses_what_it_refuses(
