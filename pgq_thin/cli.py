@@ -1314,8 +1314,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, dsn: str | None = None) -> int:
+    """Run the command ``argv`` (default: the process's arguments) and return its exit status.
+    ``dsn``: the database of a command given no --dsn, before $PGQ_DSN and $DATABASE_URL (manage.py's
+    pgq_... commands pass Django's database, pgq_thin.contrib.django)."""
     args = build_parser().parse_args(argv)
+    if dsn is not None and getattr(args, "dsn", "") is None:
+        args.dsn = dsn
     try:
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # here, where a closed pipe is caught, rather than at the interpreter's exit

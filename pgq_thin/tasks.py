@@ -288,8 +288,9 @@ class Task(Generic[R]):
                               f"psycopg Connection or AsyncConnection, got {type(target).__name__}", "22023")
 
 
-def _send(conn: psycopg.Connection[Any], call: calls.Call[int]) -> int:
-    """One call on the caller's connection, in its transaction (as Client.enqueue with ``conn=``)."""
+def _send(conn: psycopg.Connection[Any], call: calls.Call[R]) -> R:
+    """One call on the caller's connection, in its transaction (as Client.enqueue with ``conn=``;
+    pgq_thin.contrib.django sends its calls on Django's connection this way)."""
     with translated():
         cur = conn.cursor()
         if call.rows is not None:

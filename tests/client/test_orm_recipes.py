@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import djangokit
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
@@ -150,26 +151,14 @@ def test_an_orm_connection_itself_is_refused_with_where_its_driver_connection_is
 
 @pytest.fixture
 def django_db(dsn: str) -> Iterator[None]:
-    """Django configured in this process for the test's database (once per process; a later
-    test points the default connection at its own database)."""
-    import django
-    from django.conf import settings
-    from django.db import connections
-
-    params = conninfo_to_dict(dsn)
-    database = {"ENGINE": "django.db.backends.postgresql", "NAME": params["dbname"],
-                "USER": params.get("user", ""), "PASSWORD": params.get("password", ""),
-                "HOST": params.get("host", ""), "PORT": params.get("port", "")}
-    if not settings.configured:
-        settings.configure(DATABASES={"default": database}, INSTALLED_APPS=[], USE_TZ=True)
-        django.setup()
-    else:
-        connections.close_all()
-        connections["default"].settings_dict.update(database)
+    """Django configured in this process for the test's database (tests/djangokit.py: once per
+    process, shared with tests/client/test_django_contrib.py; a later test points the default
+    connection at its own database)."""
+    djangokit.use(dsn)
     try:
         yield
     finally:
-        connections.close_all()
+        djangokit.close()
 
 
 def test_django_a_rolled_back_atomic_block_enqueues_nothing_and_a_committed_one_one_job(

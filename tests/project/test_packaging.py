@@ -43,6 +43,9 @@ def test_the_wheel_holds_the_library_and_no_development_tool(wheel: Path) -> Non
     assert modules == library
     assert not [m for m in modules if re.search(r"(^|/)(tools|pgq_tools|bench|demo|soak|lab|fleet)(/|[._])", m)]
     assert not (ROOT / "pgq_thin" / "tools").exists()
+    # The Django app's admin page is a template, not a module: shipped all the same.
+    with zipfile.ZipFile(wheel) as archive:
+        assert "pgq_thin/contrib/django/templates/pgq/changelist.html" in archive.namelist()
 
 
 def _requirements(metadata: list[str]) -> list[tuple[str, str]]:
@@ -71,5 +74,5 @@ def test_testing_postgresql_comes_with_the_testing_and_test_extras_only(wheel_me
 def test_no_extra_names_the_tools_or_what_only_they_need(wheel_metadata: list[str]) -> None:
     extras = {line.removeprefix("Provides-Extra:").strip() for line in wheel_metadata
               if line.startswith("Provides-Extra:")}
-    assert extras == {"testing", "metrics", "otel", "dashboard", "docs", "test"}
+    assert extras == {"testing", "metrics", "otel", "dashboard", "django", "docs", "test"}
     assert not [name for name, _ in _requirements(wheel_metadata) if name in ("matplotlib", "pgq-tools")]

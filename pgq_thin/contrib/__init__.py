@@ -1,0 +1,1 @@
+"""Integrations of pgq_thin with frameworks (pgq_thin.contrib.django)."""
