@@ -304,3 +304,49 @@ def test_beyond_loopback_without_a_token_it_warns(pgq_dsn: str) -> None:
     with running_dashboard(pgq_dsn, None, output=printed):  # loopback: no warning
         pass
     assert "pgq dashboard on http://127.0.0.1:" in printed[0] and "warning" not in printed[0]
+
+
+def test_the_lists_and_a_live_jobs_page_refresh_by_themselves(pgq_client: Client, page: Page) -> None:
+    """Issue 42: the jobs list, the queues overview, the workers page and a job's page follow the
+    database without a reload (a marker set in the page survives: it was never reloaded); what the
+    user typed in the filter stays; a finished job's page stops refreshing."""
+    first = pgq_client.enqueue("mail", "send", {"n": 1})
+    with logins(pgq_client.dsn) as dsns, running_dashboard(dsns["pgq_admin"]) as url:
+        page.goto(f"{url}/jobs")
+        expect(page.locator(f'#jobs tr[data-job="{first}"]')).to_have_count(1)
+        page.evaluate("window.__not_reloaded = true")
+        page.fill("input[name=kind]", "typed, not sent")  # the cursor stays in the field
+        later = pgq_client.enqueue("mail", "send", {"n": 2})
+        expect(page.locator(f'#jobs tr[data-job="{later}"]')).to_have_count(1)
+        expect(page.locator("input[name=kind]")).to_have_value("typed, not sent")
+        expect(page.locator("input[name=kind]")).to_be_focused()
+        assert page.evaluate("window.__not_reloaded") is True
+
+        page.goto(f"{url}/")
+        page.evaluate("window.__not_reloaded = true")
+        expect(page.locator('tr[data-queue="billing"]')).to_have_count(0)
+        pgq_client.enqueue("billing", "charge", {})
+        pgq_client.pause("mail")
+        expect(page.locator('tr[data-queue="billing"]')).to_have_count(1)  # a new queue's row
+        expect(page.locator('tr[data-queue="mail"]')).to_contain_text("paused")
+        assert page.evaluate("window.__not_reloaded") is True
+        pgq_client.resume("mail")
+
+        page.goto(f"{url}/workers")
+        page.evaluate("window.__not_reloaded = true")
+        with psycopg.connect(pgq_client.dsn, autocommit=True) as conn:
+            conn.execute("SELECT pgq.worker_heartbeat('live-worker-1', queues => ARRAY['mail'], running => 2)")
+        expect(page.locator("#workers")).to_contain_text("live-worker-1")
+        assert page.evaluate("window.__not_reloaded") is True
+
+        page.goto(f"{url}/jobs/{first}")
+        page.evaluate("window.__not_reloaded = true")
+        expect(page.locator("#job-state")).to_have_text("pending")
+        [job] = pgq_client.claim("test-worker", ["mail"])
+        assert job.id == first
+        expect(page.locator("#job-state")).to_have_text("running")
+        expect(page.locator("#history tbody tr")).to_have_count(1)  # claimed
+        assert pgq_client.complete(job.id, job.attempt)
+        expect(page.locator("#job-state")).to_have_text("done")
+        expect(page.locator("[data-live]")).to_have_count(0)  # finished: nothing refreshes any more
+        assert page.evaluate("window.__not_reloaded") is True

@@ -1,7 +1,9 @@
-// pgq dashboard: the action buttons (POST to the JSON API, then reload) and the throughput chart
-// (polls /api/queues). No framework, no build step. Text from the server is set with textContent,
-// never as HTML.
+// pgq dashboard: the action buttons (POST to the JSON API, then reload), the throughput chart
+// (polls /api/queues) and the live parts of a page (refetched in place). No framework, no build
+// step. Text from the server is set with textContent, never as HTML.
 "use strict";
+
+let acting = false;  // an action is in flight: the page reloads after it, nothing is refreshed meanwhile
 
 function flash(text, bad) {
   const box = document.getElementById("flash");
@@ -13,6 +15,7 @@ function flash(text, bad) {
 async function act(button) {
   if (button.dataset.confirm && !window.confirm(button.dataset.confirm)) return;
   button.disabled = true;
+  acting = true;
   try {
     const response = await fetch(button.dataset.url, {
       method: "POST",
@@ -26,6 +29,7 @@ async function act(button) {
       flash(answer.error + (answer.sqlstate ? " [SQLSTATE " + answer.sqlstate + "]" : "") +
             (answer.hint ? "\nhint: " + answer.hint : ""), true);
       button.disabled = false;
+      acting = false;
       return;
     }
     // What the action answered ("retried 120 failed job(s) of queue mail"), shown after the reload.
@@ -34,7 +38,47 @@ async function act(button) {
   } catch (error) {
     flash("the dashboard did not answer: " + error, true);
     button.disabled = false;
+    acting = false;
   }
+}
+
+function bind(root) {
+  for (const button of root.querySelectorAll("button.action")) {
+    button.addEventListener("click", () => act(button));
+  }
+}
+
+// The live parts of a page (elements with data-live and an id: the jobs list, the queues table,
+// the workers, a job that may still change) are refetched every REFRESH_MS: the page's own URL is
+// asked again and each live part replaced by its new version, in place (no reload: the filter
+// form, what is typed in it and the scroll position stay). A part holding the focus is left for
+// the next round; nothing is asked while the tab is hidden or an action is in flight. A part
+// whose new version has no data-live (a job that finished) is replaced once more and then left:
+// when no live part remains, the refreshing stops. A 404 (the job was deleted) stops it too.
+const REFRESH_MS = 4000;
+
+async function refresh() {
+  let again = true;
+  if (!document.hidden && !acting) {
+    try {
+      const response = await fetch(window.location.href, {credentials: "same-origin", headers: {"Accept": "text/html"}});
+      if (response.status === 404) again = false;
+      if (response.ok && !acting) {
+        const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
+        for (const old of document.querySelectorAll("[data-live][id]")) {
+          const now = fresh.getElementById(old.id);
+          const focused = document.activeElement;
+          if (!now || (focused !== document.body && old.contains(focused))) continue;
+          const adopted = document.adoptNode(now);
+          old.replaceWith(adopted);
+          bind(adopted);
+        }
+      }
+    } catch (error) {
+      // The dashboard did not answer (restarting, the network): try again next round.
+    }
+  }
+  if (again && document.querySelector("[data-live][id]")) window.setTimeout(refresh, REFRESH_MS);
 }
 
 const FINISHED = ["done", "failed", "cancelled"];
@@ -107,9 +151,8 @@ document.addEventListener("DOMContentLoaded", () => {
     sessionStorage.removeItem("pgq-flash");
     flash(said, false);
   }
-  for (const button of document.querySelectorAll("button.action")) {
-    button.addEventListener("click", () => act(button));
-  }
+  bind(document);
+  if (document.querySelector("[data-live][id]")) window.setTimeout(refresh, REFRESH_MS);
   const chart = document.getElementById("throughput");
   if (chart) poll(chart);
 });
