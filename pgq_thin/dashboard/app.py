@@ -263,7 +263,11 @@ class Dashboard:
     async def overview(self, request: Request, client: AsyncClient) -> dict[str, Any]:
         findings = await client.health()
         settings = {q.name: _settings_text(q) for q in await client.queue_settings()}
-        return {"queues": await client.stats(), "settings": settings,
+        queues = await client.stats()
+        # The throughput chart's first point: pgq.stats' finished counters (every job that ended
+        # done, failed or cancelled; a prune does not lower them). pgq keeps no history of them.
+        finished = sum(q.done + q.failed + q.cancelled for q in queues)
+        return {"queues": queues, "settings": settings, "finished": finished,
                 "findings": [f for f in findings if f.severity != "ok"], "worst": _worst(findings)}
 
     async def jobs(self, request: Request, client: AsyncClient) -> dict[str, Any]:

@@ -321,3 +321,20 @@ def test_the_job_page_reads_right_for_a_job_that_failed_then_succeeded(pgq_clien
         assert '<pre id="progress">' not in page and '<pre id="meta">' not in page
         other = http.get(f"/jobs/{cancelled}").text.split("<h2>History")[1]
         assert "cancel noticed" in other and "rejected" not in other
+
+
+def test_the_throughput_chart_is_seeded_from_the_databases_finished_counters(pgq_client: Client) -> None:
+    """Issue 42: the overview carries the finished counters (pgq.stats' done + failed + cancelled,
+    all queues) as the chart's first point, so a rate shows from the first poll on; a prune does not
+    lower them (they are counters, not the rows stored)."""
+    failed_job(pgq_client)
+    pgq_client.enqueue_many("mail", "send", [{"n": n} for n in range(3)])
+    for job in pgq_client.claim("test-worker", ["mail"], batch=2):
+        assert pgq_client.complete(job.id, job.attempt)
+    cancelled = pgq_client.enqueue("billing", "charge", {})
+    assert pgq_client.cancel(cancelled)
+    assert pgq_client.prune(older_than=0) == 4
+    with dashboard(pgq_client.dsn) as http:
+        page = http.get("/").text
+    assert '<div id="throughput" class="chart" data-finished="4">' in page
+    assert '<span id="finished">4</span> finished' in page

@@ -350,3 +350,27 @@ def test_the_lists_and_a_live_jobs_page_refresh_by_themselves(pgq_client: Client
         expect(page.locator("#job-state")).to_have_text("done")
         expect(page.locator("[data-live]")).to_have_count(0)  # finished: nothing refreshes any more
         assert page.evaluate("window.__not_reloaded") is True
+
+
+def test_the_throughput_chart_starts_from_the_databases_counters(pgq_client: Client, page: Page) -> None:
+    """Issue 42: the chart's first point is the database's finished counters (on the page as it is
+    served), and a reload keeps the tab's samples: it does not start from nothing again."""
+    failed_job(pgq_client)
+    failed_job(pgq_client, queue="billing")
+    points = page.locator("#throughput polyline")
+    with logins(pgq_client.dsn) as dsns, running_dashboard(dsns["pgq_monitor"]) as url:
+        page.goto(f"{url}/")
+        expect(page.locator("#finished")).to_have_text("2")
+        assert page.locator("#throughput").get_attribute("data-finished") == "2"
+        expect(points).to_have_attribute("points", re.compile(r"^\S+( \S+){2,}$"))  # the seed, then the polls'
+        stored = page.evaluate("JSON.parse(sessionStorage.getItem('pgq-throughput'))")
+        assert [s[1] for s in stored] == [2] * len(stored)
+        pgq_client.enqueue("mail", "send", {})
+        [job] = pgq_client.claim("test-worker", ["mail"])
+        assert pgq_client.complete(job.id, job.attempt)
+        page.reload()
+        expect(page.locator("#finished")).to_have_text("3")
+        # At once (before its first poll, 2 s on): the samples of before the reload, and the new seed.
+        seeded = page.evaluate("JSON.parse(sessionStorage.getItem('pgq-throughput'))")
+        assert len(seeded) >= len(stored) + 1 and seeded[-1][1] >= 3 and seeded[0][1] == 2
+        expect(page.locator("#peak")).not_to_have_text("0.0")  # the finished job, as a rate

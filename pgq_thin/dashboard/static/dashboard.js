@@ -83,15 +83,49 @@ async function refresh() {
 
 const FINISHED = ["done", "failed", "cancelled"];
 const WINDOW_SECONDS = 300;
-const samples = [];  // [seconds, finished jobs over all queues]
+const STORED = "pgq-throughput";  // this tab's samples, kept across reloads and visits of other pages
+const samples = [];  // [seconds since the epoch, finished jobs over all queues (the database's counters)]
+
+// The chart starts from the database's finished counters, not from an empty tab: the page carries
+// them (data-finished, from pgq.stats when the page was made) as a sample, after the samples this
+// tab took in the last WINDOW_SECONDS on earlier visits. pgq keeps no history of the counters, so
+// a tab that never showed the overview has one point at first, and a rate from the next poll on.
+function seed(chart) {
+  const now = Date.now() / 1000;
+  let kept = [];
+  try {
+    kept = JSON.parse(sessionStorage.getItem(STORED) || "[]");
+  } catch (error) {
+    kept = [];
+  }
+  if (Array.isArray(kept)) {
+    for (const s of kept) {
+      if (Array.isArray(s) && s.length === 2 && Number.isFinite(s[0]) && Number.isFinite(s[1]) &&
+          s[0] < now && now - s[0] <= WINDOW_SECONDS) samples.push([s[0], s[1]]);
+    }
+  }
+  const finished = Number(chart.dataset.finished);
+  if (chart.dataset.finished !== undefined && Number.isFinite(finished)) record(chart, now, finished);
+}
+
+function record(chart, at, finished) {
+  samples.push([at, finished]);
+  while (samples.length > 2 && samples[samples.length - 1][0] - samples[0][0] > WINDOW_SECONDS) samples.shift();
+  try {
+    sessionStorage.setItem(STORED, JSON.stringify(samples));
+  } catch (error) {
+    // Storage full or refused: the chart still works for this page.
+  }
+  drawChart(chart);
+}
 
 function drawChart(chart) {
-  // Jobs per second between consecutive polls, from zero at the first poll; the time since the
-  // first poll (at most the last 5 minutes) spans the chart's width, the peak its height.
+  // Jobs per second between consecutive samples, from zero at the first; the time since the first
+  // sample (at most the last 5 minutes) spans the chart's width, the peak its height.
   const rates = [[samples[0][0], 0]];
   for (let i = 1; i < samples.length; i++) {
-    const dt = samples[i][0] - samples[i - 1][0];
-    // Pruning removes finished jobs: a fall in the count is not negative throughput.
+    const dt = Math.max(0.001, samples[i][0] - samples[i - 1][0]);
+    // The counters only grow; a fall (samples of another database in this tab) is not negative throughput.
     rates.push([samples[i][0], Math.max(0, samples[i][1] - samples[i - 1][1]) / dt]);
   }
   const now = samples[samples.length - 1][0];
@@ -135,9 +169,7 @@ async function poll(chart) {
     if (response.ok) {
       const queues = (await response.json()).queues;
       const finished = queues.reduce((sum, q) => sum + FINISHED.reduce((s, c) => s + q[c], 0), 0);
-      samples.push([performance.now() / 1000, finished]);
-      while (samples.length > 2 && samples[samples.length - 1][0] - samples[0][0] > WINDOW_SECONDS) samples.shift();
-      drawChart(chart);
+      record(chart, Date.now() / 1000, finished);
       updateCounts(queues);
     }
   } finally {
@@ -154,5 +186,9 @@ document.addEventListener("DOMContentLoaded", () => {
   bind(document);
   if (document.querySelector("[data-live][id]")) window.setTimeout(refresh, REFRESH_MS);
   const chart = document.getElementById("throughput");
-  if (chart) poll(chart);
+  if (chart) {
+    seed(chart);
+    if (samples.length) window.setTimeout(() => poll(chart), 2000);
+    else poll(chart);
+  }
 });
