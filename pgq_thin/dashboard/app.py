@@ -5,7 +5,7 @@ one call of a pgq function with the request's values as bound parameters (no SQL
 request, and none is written here). Besides pgq's functions it asks two questions through the
 client: ``privileges()``, which of pgq's admin functions the login may call, once per page, to
 grey the buttons of a pgq_monitor login and say it is read-only; and ``clock()``, the database's
-clock, which dates a "retry all shown" / "cancel all shown" confirmation. An action asks nothing
+clock, which dates a "retry all shown" / "cancel all shown" / "delete all shown" confirmation. An action asks nothing
 first: it is the call, and the database is the authority: a login that may not make it gets
 PostgreSQL's refusal (42501), answered 403 with its message, and nothing changes. ``GET /metrics``
 is the Prometheus text of pgq_thin.metrics, from the client's ``metrics()``, ``health()`` and
@@ -101,10 +101,14 @@ WORKFLOW_COLUMNS = ("dependency_mode", "batch_id", "workflow_id", "parent_id", "
 STEPS_SHOWN = 100
 #: What a page shows when it could not ask what the login may do: nothing may be done.
 UNKNOWN_PERMISSIONS: dict[str, Any] = {"role": "?", "can": {}, "read_only": True, "missing": []}
-#: "retry all shown" and "cancel all shown" (docs/dashboard.md): the list's states each acts on,
-#: the most jobs one click acts on, and the jobs per call of pgq.retry_jobs / pgq.cancel_jobs.
+#: "retry all shown", "cancel all shown" and "delete all shown" (docs/dashboard.md): the list's
+#: states each acts on (never a running job deleted), its verb and what it did, and the most jobs
+#: one click acts on (in calls of BULK_CALL jobs of pgq.retry_jobs / cancel_jobs / delete_jobs).
 BULK_STATES = {"retry_jobs": ("failed", "cancelled"),
-               "cancel_jobs": ("waiting", "pending", "running", "outcome_unknown")}
+               "cancel_jobs": ("waiting", "pending", "running", "outcome_unknown"),
+               "delete_jobs": ("pending", "waiting", "done", "failed", "cancelled")}
+BULK_VERBS = {"retry_jobs": ("retry", "retried"), "cancel_jobs": ("cancel", "cancelled"),
+              "delete_jobs": ("delete", "deleted")}
 BULK_MAX = 10000
 
 
@@ -286,34 +290,42 @@ class Dashboard:
         stats = await client.stats()
         return {"jobs": jobs, "queue": queue or "", "state": state or "", "kind": kind or "", "more": more,
                 "first": first, "queues": [q.queue for q in stats], "states": JOB_STATES,
-                "bulk": await self.bulk_button(client, stats, queue, state, kind) if jobs else None}
+                "bulk": await self.bulk_buttons(client, stats, queue, state, kind) if jobs else []}
 
-    # "retry all shown", "cancel all shown" (docs/dashboard.md) --------------------------------------
+    # "retry all shown", "cancel all shown", "delete all shown" (docs/dashboard.md) -------------------
     # "All shown" is every job the list's filter matches (one queue, one state, maybe a kind), on
     # every page, as of the moment the page was made: the confirmation states how many, dated by the
     # database clock, and the click acts on at most that many (at most BULK_MAX), oldest first, and
-    # only on jobs that finished (retry) or were created (cancel) before that moment.
+    # only on jobs that finished (retry; delete of a finished state) or were created (cancel; delete
+    # of pending or waiting jobs) before that moment.
 
-    async def bulk_button(self, client: AsyncClient, stats: Sequence[Any], queue: str | None, state: str | None,
-                          kind: str | None) -> dict[str, Any] | None:
-        """The list's "retry all shown" / "cancel all shown" button (its URL, body and confirmation),
-        or None when the filter is not one queue and one state it applies to, or matches nothing."""
-        action = next((a for a, states in BULK_STATES.items() if state in states), None)
-        if action is None or queue is None or state is None:
-            return None
+    async def bulk_buttons(self, client: AsyncClient, stats: Sequence[Any], queue: str | None, state: str | None,
+                           kind: str | None) -> list[dict[str, Any]]:
+        """The list's "retry all shown" / "cancel all shown" / "delete all shown" buttons that apply
+        to its state (their URL, body and confirmation): none when the filter is not one queue and
+        one state, or matches nothing."""
+        actions = [a for a, states in BULK_STATES.items() if state in states]
+        if not actions or queue is None or state is None:
+            return []
         count, exact = await self.matching(client, stats, queue, state, kind)
         if count == 0:
-            return None
+            return []
         as_of = await client.clock()
-        verb = "retry" if action == "retry_jobs" else "cancel"
         acted = min(count, BULK_MAX)
         jobs = f"{state} job{'s' if count != 1 else ''} of queue {queue}" + (f" of kind {kind}" if kind else "")
         shown = f"{count}" if exact else f"more than {BULK_MAX}"
-        confirm = (f"{verb.capitalize()} all {count} {jobs}?" if count <= BULK_MAX else
-                   f"{verb.capitalize()} the {acted} oldest of the {shown} {jobs}? (at most {BULK_MAX} a click)")
-        body = {"queue": queue, "state": state, "kind": kind, "before": as_of.isoformat(), "max_jobs": acted}
-        return {"action": action, "url": f"/api/jobs/{verb}-all", "label": f"{verb} all shown ({shown})",
-                "confirm": confirm, "body": json.dumps(body), "count": count}
+        body = json.dumps({"queue": queue, "state": state, "kind": kind, "before": as_of.isoformat(),
+                           "max_jobs": acted})
+        buttons = []
+        for action in actions:
+            verb = BULK_VERBS[action][0]
+            confirm = (f"{verb.capitalize()} all {count} {jobs}?" if count <= BULK_MAX else
+                       f"{verb.capitalize()} the {acted} oldest of the {shown} {jobs}? (at most {BULK_MAX} a click)")
+            if action == "delete_jobs":
+                confirm += " They are gone for good, with their history."
+            buttons.append({"action": action, "url": f"/api/jobs/{verb}-all", "label": f"{verb} all shown ({shown})",
+                            "confirm": confirm, "body": body, "count": count})
+        return buttons
 
     async def matching(self, client: AsyncClient, stats: Sequence[Any], queue: str, state: str,
                        kind: str | None) -> tuple[int, bool]:
@@ -519,9 +531,9 @@ class Dashboard:
         return self.api(build, action)
 
     def bulk_action(self, action: str) -> Endpoint:
-        """POST /api/jobs/retry-all | cancel-all: pgq.retry_jobs | pgq.cancel_jobs with the body's
-        filter, in calls of at most BULK_CALL, until one acts on none or ``max_jobs`` are acted on
-        (pgq_thin.calls.bulk_plan)."""
+        """POST /api/jobs/retry-all | cancel-all | delete-all: pgq.retry_jobs | cancel_jobs |
+        delete_jobs with the body's filter, in calls of at most BULK_CALL, until one acts on none or
+        ``max_jobs`` are acted on (pgq_thin.calls.bulk_plan)."""
 
         async def build(request: Request, client: AsyncClient) -> Any:
             queue, state, kind, before, max_jobs = _bulk_filter(await request.body())
@@ -533,8 +545,9 @@ class Dashboard:
                     before = await client.clock() - ago
                 except OverflowError:
                     raise BadRequest(f'"before": {format_duration(ago)} ago is before the year 1') from None
-            act = client.retry_jobs if action == "retry_jobs" else client.cancel_jobs
-            done = "retried" if action == "retry_jobs" else "cancelled"
+            act = {"retry_jobs": client.retry_jobs, "cancel_jobs": client.cancel_jobs,
+                   "delete_jobs": client.delete_jobs}[action]
+            done = BULK_VERBS[action][1]
             plan, total = bulk_plan(max_jobs, BULK_CALL), 0
             try:
                 rows = next(plan)
@@ -630,7 +643,7 @@ _BULK_BODY = ('{"queue": "...", "state": "...", "kind": "..." | null, "before": 
 
 
 def _bulk_filter(body: bytes) -> tuple[str, str, str | None, datetime | timedelta | None, int]:
-    """retry-all's and cancel-all's body: the filter, the time the jobs are from before (a time, or
+    """retry-all's, cancel-all's and delete-all's body: the filter, the time the jobs are from before (a time, or
     a duration as the CLI's --before takes it: that long before the database's clock now), and the
     most to act on; BadRequest (400) naming what is wrong (the values themselves pgq checks)."""
     try:
@@ -732,6 +745,7 @@ def create_app(connect: Callable[[], AsyncClient], *, token: str | None = None,
         Route("/api/jobs", d.api(d.api_jobs)),
         Route("/api/jobs/retry-all", d.bulk_action("retry_jobs"), methods=["POST"]),
         Route("/api/jobs/cancel-all", d.bulk_action("cancel_jobs"), methods=["POST"]),
+        Route("/api/jobs/delete-all", d.bulk_action("delete_jobs"), methods=["POST"]),
         Route("/api/jobs/{id}", d.api(d.api_job)),
         Route("/api/batches/{id}", d.api(d.api_batch)),
         Route("/api/health", d.api(d.api_health)),

@@ -276,8 +276,9 @@ def test_retry_all_shown_asks_with_the_count_and_retries_them(
         with logins(pgq_client.dsn) as dsns, running_dashboard(dsns["pgq_admin"]) as url:
             page.goto(f"{url}/jobs?queue=mail&state=failed")
             expect(page.locator("#jobs tbody tr")).to_have_count(3)
-            button = page.locator("#bulk button")
+            button = page.locator("#bulk button", has_text="retry all shown")
             expect(button).to_have_text("retry all shown (3)")
+            expect(page.locator("#bulk button", has_text="delete all shown")).to_have_text("delete all shown (3)")
             screenshot(page, tmp_path, "retry-all-shown.png")
             button.click()
             expect(button).to_be_enabled()  # dismissed: the button is back, nothing sent

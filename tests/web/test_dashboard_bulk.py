@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 
 from pgq_thin import AsyncClient, Client
 from pgq_thin.dashboard.app import BULK_MAX, create_app
-from pgq_thin.errors import BadArgument
+from pgq_thin.errors import BadArgument, JobNotFound
 
 from dashboardkit import dashboard, failed_job, logins
 
@@ -43,19 +43,33 @@ def assert_error(response: Any, status: int, sqlstate: str | None, *words: str) 
     assert "Traceback" not in response.text
 
 
-def bulk_button(http: TestClient, query: str) -> dict[str, Any] | None:
-    """The list page's bulk button: its label, URL, confirmation, body (parsed) and whether it is
-    disabled; None when the page has none."""
+def bulk_buttons(http: TestClient, query: str) -> dict[str, dict[str, Any]]:
+    """The list page's bulk buttons by verb (retry, cancel, delete): each one's label, URL,
+    confirmation, body (parsed) and whether it is disabled."""
     page = http.get(f"/jobs?{query}")
     assert page.status_code == 200, page.text
-    found = re.search(r'<p class="actions" id="bulk"><button class="action" ([^>]*)>([^<]*)</button>', page.text)
+    found = re.search(r'<p class="actions" id="bulk">(.*?)\n<small>', page.text, re.S)
     if found is None:
         assert 'id="bulk"' not in page.text
-        return None
-    attributes = {k: html.unescape(v) for k, v in re.findall(r'([\w-]+)="([^"]*)"', found.group(1))}
-    return {"label": found.group(2), "url": attributes["data-url"], "confirm": attributes["data-confirm"],
-            "body": json.loads(attributes["data-body"]), "disabled": "disabled" in found.group(1),
+        return {}
+    buttons = {}
+    for attrs, label in re.findall(r'<button class="action" ([^>]*)>([^<]*)</button>', found.group(1)):
+        attributes = {k: html.unescape(v) for k, v in re.findall(r'([\w-]+)="([^"]*)"', attrs)}
+        buttons[label.split()[0]] = {
+            "label": label, "url": attributes["data-url"], "confirm": attributes["data-confirm"],
+            "body": json.loads(attributes["data-body"]), "disabled": "disabled" in attrs,
             "title": attributes.get("title")}
+    assert buttons, found.group(1)
+    return buttons
+
+
+def bulk_button(http: TestClient, query: str, verb: str | None = None) -> dict[str, Any] | None:
+    """The list page's "retry all shown" or "cancel all shown" button (or the ``verb`` one); None
+    when the page has none."""
+    buttons = bulk_buttons(http, query)
+    if verb is not None:
+        return buttons.get(verb)
+    return buttons.get("retry") or buttons.get("cancel")
 
 
 def press(http: TestClient, button: dict[str, Any]) -> Any:
@@ -209,4 +223,84 @@ def test_a_schema_without_the_functions_shows_no_button(pgq_client: Client, role
         assert "Read-only" not in http.get("/").text
         body = {"queue": "mail", "state": "failed", "max_jobs": 1}
         assert_error(http.post("/api/jobs/retry-all", json=body), 501, "42883", "pgq.retry_jobs", "pgq-thin migrate")
+    assert pgq_client.get_job(job_id).state == "failed"
+
+
+# "delete all shown" (issue 41): pgq.delete_jobs behind the same kind of button ------------------------
+
+
+def test_delete_all_shown_states_the_count_and_deletes_the_jobs_that_were_shown(
+        pgq_client: Client, roles: dict[str, str]) -> None:
+    shown = [failed_job(pgq_client) for _ in range(3)]
+    other_queue = failed_job(pgq_client, queue="billing")
+    with dashboard(roles["pgq_admin"]) as http:
+        buttons = bulk_buttons(http, "queue=mail&state=failed")
+        assert list(buttons) == ["retry", "delete"]  # both apply to failed jobs
+        button = buttons["delete"]
+        assert not button["disabled"] and button["label"] == "delete all shown (3)"
+        assert button["confirm"] == ("Delete all 3 failed jobs of queue mail? "
+                                     "They are gone for good, with their history.")
+        assert button["url"] == "/api/jobs/delete-all"
+        assert {k: button["body"][k] for k in ("queue", "state", "kind", "max_jobs")} == {
+            "queue": "mail", "state": "failed", "kind": None, "max_jobs": 3}
+        late = failed_job(pgq_client)  # failed after the page was made: not one of those shown
+        answer = press(http, button)
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"ok": True, "count": 3, "detail": "deleted 3 failed job(s) of queue mail"}
+        assert bulk_button(http, "queue=mail&state=failed", "delete")["label"] == "delete all shown (1)"  # type: ignore[index]
+    for job_id in shown:
+        with pytest.raises(JobNotFound):
+            pgq_client.get_job(job_id)
+    assert pgq_client.get_job(late).state == "failed" and pgq_client.get_job(other_queue).state == "failed"
+
+
+def test_delete_all_shown_is_offered_for_finished_and_queued_states_never_for_running(
+        pgq_client: Client, roles: dict[str, str]) -> None:
+    pending = pgq_client.enqueue_many("mail", "a", [{}] * 3)
+    kept = pgq_client.enqueue("mail", "b", {})
+    running = pgq_client.enqueue("busy", "a", {})
+    [job] = pgq_client.claim("w", ["busy"])
+    assert job.id == running
+    done = pgq_client.enqueue("mail", "c", {})
+    [job] = pgq_client.claim("w", ["mail"], kinds=["c"])
+    assert job.id == done and pgq_client.complete(job.id, job.attempt)
+    with dashboard(roles["pgq_admin"]) as http:
+        assert list(bulk_buttons(http, "queue=busy&state=running")) == ["cancel"]
+        assert list(bulk_buttons(http, "queue=mail&state=done")) == ["delete"]
+        assert list(bulk_buttons(http, "queue=mail&state=pending")) == ["cancel", "delete"]
+        of_kind = bulk_button(http, "queue=mail&state=pending&kind=a", "delete")
+        assert of_kind is not None and of_kind["label"] == "delete all shown (3)"
+        assert of_kind["confirm"].startswith("Delete all 3 pending jobs of queue mail of kind a?")
+        answer = press(http, of_kind)
+        assert answer.json() == {"ok": True, "count": 3, "detail": "deleted 3 pending job(s) of queue mail of kind a"}
+        # A running job is never deleted: pgq refuses the state, naming it, and nothing changes.
+        body = {"queue": "busy", "state": "running", "kind": None, "before": None, "max_jobs": 5}
+        assert_error(http.post("/api/jobs/delete-all", json=body), 400, "22023", '"state"')
+    for job_id in pending:
+        with pytest.raises(JobNotFound):
+            pgq_client.get_job(job_id)
+    assert (pgq_client.get_job(kept).state, pgq_client.get_job(running).state) == ("pending", "running")
+    assert pgq_client.get_job(done).state == "done"
+
+
+def test_a_monitor_sees_delete_disabled_and_is_refused(pgq_client: Client, roles: dict[str, str]) -> None:
+    job_id = failed_job(pgq_client)
+    with dashboard(roles["pgq_monitor"]) as http:
+        button = bulk_button(http, "queue=mail&state=failed", "delete")
+        assert button is not None and button["disabled"]
+        assert button["title"].startswith("read-only: role dash_monitor_") and "pgq.delete_jobs" in button["title"]
+        refused = press(http, button)
+        assert_error(refused, 403, "42501", "permission denied for function delete_jobs")
+        assert "read-only" in refused.json()["hint"] and "pgq.delete_jobs" in refused.json()["hint"]
+    assert pgq_client.get_job(job_id).state == "failed"
+
+
+def test_a_schema_without_delete_jobs_shows_the_other_buttons_only(pgq_client: Client, roles: dict[str, str]) -> None:
+    job_id = failed_job(pgq_client)
+    with psycopg.connect(pgq_client.dsn, autocommit=True) as conn:
+        conn.execute("DROP FUNCTION pgq.delete_jobs(text, text, text, timestamptz, integer, text[])")
+    with dashboard(roles["pgq_admin"]) as http:
+        assert list(bulk_buttons(http, "queue=mail&state=failed")) == ["retry"]
+        body = {"queue": "mail", "state": "failed", "max_jobs": 1}
+        assert_error(http.post("/api/jobs/delete-all", json=body), 501, "42883", "pgq.delete_jobs", "pgq-thin migrate")
     assert pgq_client.get_job(job_id).state == "failed"
