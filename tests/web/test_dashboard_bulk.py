@@ -304,3 +304,34 @@ def test_a_schema_without_delete_jobs_shows_the_other_buttons_only(pgq_client: C
         body = {"queue": "mail", "state": "failed", "max_jobs": 1}
         assert_error(http.post("/api/jobs/delete-all", json=body), 501, "42883", "pgq.delete_jobs", "pgq-thin migrate")
     assert pgq_client.get_job(job_id).state == "failed"
+
+
+def test_the_buttons_act_on_the_jobs_holding_the_lists_tags_only(pgq_client: Client, roles: dict[str, str]) -> None:
+    """Issue 41: with the list's tags filter, the buttons count (through pgq.list_jobs: pgq.stats
+    has no tags) and act on the jobs holding all of them, and say so."""
+    tagged = [pgq_client.enqueue("mail", "send", {}, tags=["eu", "vip"]) for _ in range(2)]
+    eu_only = pgq_client.enqueue("mail", "send", {}, tags=["eu"])
+    untagged = pgq_client.enqueue("mail", "send", {})
+    with dashboard(roles["pgq_admin"]) as http:
+        cancel = bulk_button(http, "queue=mail&state=pending&tags=vip,eu")
+        assert cancel is not None and cancel["label"] == "cancel all shown (2)"
+        assert cancel["confirm"] == "Cancel all 2 pending jobs of queue mail tagged vip, eu?"
+        assert cancel["body"]["tags"] == ["vip", "eu"] and cancel["body"]["max_jobs"] == 2
+        answer = press(http, cancel)
+        assert answer.json() == {"ok": True, "count": 2,
+                                 "detail": "cancelled 2 pending job(s) of queue mail tagged vip, eu"}
+        assert [pgq_client.get_job(i).state for i in (*tagged, eu_only, untagged)] == [
+            "cancelled", "cancelled", "pending", "pending"]
+        assert pgq_client.cancel(eu_only)
+        delete = bulk_button(http, "queue=mail&state=cancelled&tags=vip", "delete")
+        assert delete is not None and delete["label"] == "delete all shown (2)"
+        assert press(http, delete).json()["count"] == 2
+        assert bulk_button(http, "queue=mail&state=cancelled&tags=vip", "delete") is None
+        assert bulk_button(http, "queue=mail&state=cancelled&tags=eu", "delete")["label"] == (  # type: ignore[index]
+            "delete all shown (1)")
+        bad = {"queue": "mail", "state": "cancelled", "tags": "eu", "max_jobs": 1}
+        assert_error(http.post("/api/jobs/delete-all", json=bad), 400, None, '"tags"')
+    for job_id in tagged:
+        with pytest.raises(JobNotFound):
+            pgq_client.get_job(job_id)
+    assert (pgq_client.get_job(eu_only).state, pgq_client.get_job(untagged).state) == ("cancelled", "pending")
