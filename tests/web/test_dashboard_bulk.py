@@ -77,26 +77,36 @@ def press(http: TestClient, button: dict[str, Any]) -> Any:
     return http.post(button["url"], content=json.dumps(button["body"]), headers={"Content-Type": "application/json"})
 
 
-def test_retry_all_shown_states_the_count_and_retries_the_jobs_that_were_shown(
-        pgq_client: Client, roles: dict[str, str]) -> None:
+@pytest.mark.parametrize(("verb", "warning", "done"), [
+    ("retry", "", "retried"),
+    ("delete", " They are gone for good, with their history.", "deleted"),  # issue 41
+])
+def test_retry_or_delete_all_shown_states_the_count_and_acts_on_the_jobs_that_were_shown(
+        pgq_client: Client, roles: dict[str, str], verb: str, warning: str, done: str) -> None:
     shown = [failed_job(pgq_client) for _ in range(3)]
     other_queue = failed_job(pgq_client, queue="billing")
     with dashboard(roles["pgq_admin"]) as http:
-        button = bulk_button(http, "queue=mail&state=failed")
-        assert button is not None and not button["disabled"]
-        assert button["label"] == "retry all shown (3)"
-        assert button["confirm"] == "Retry all 3 failed jobs of queue mail?"
-        assert button["url"] == "/api/jobs/retry-all"
-        assert {k: button["body"][k] for k in ("queue", "state", "kind", "max_jobs")} == {
-            "queue": "mail", "state": "failed", "kind": None, "max_jobs": 3}
+        buttons = bulk_buttons(http, "queue=mail&state=failed")
+        assert list(buttons) == ["retry", "delete"]  # both apply to failed jobs
+        button = buttons[verb]
+        assert not button["disabled"] and button["label"] == f"{verb} all shown (3)"
+        assert button["confirm"] == f"{verb.capitalize()} all 3 failed jobs of queue mail?{warning}"
+        assert button["url"] == f"/api/jobs/{verb}-all"
+        assert {k: button["body"][k] for k in ("queue", "state", "kind", "tags", "max_jobs")} == {
+            "queue": "mail", "state": "failed", "kind": None, "tags": None, "max_jobs": 3}
         late = failed_job(pgq_client)  # failed after the page was made: not one of those shown
         answer = press(http, button)
         assert answer.status_code == 200, answer.text
-        assert answer.json() == {"ok": True, "count": 3, "detail": "retried 3 failed job(s) of queue mail"}
-        assert bulk_button(http, "queue=mail&state=failed")["label"] == "retry all shown (1)"  # type: ignore[index]
-    assert [pgq_client.get_job(i).state for i in shown] == ["pending"] * 3
+        assert answer.json() == {"ok": True, "count": 3, "detail": f"{done} 3 failed job(s) of queue mail"}
+        assert bulk_button(http, "queue=mail&state=failed", verb)["label"] == f"{verb} all shown (1)"  # type: ignore[index]
     assert pgq_client.get_job(late).state == "failed" and pgq_client.get_job(other_queue).state == "failed"
-    assert [e.event for e in pgq_client.job_history(shown[0])][-1] == "retried"
+    if verb == "retry":
+        assert [pgq_client.get_job(i).state for i in shown] == ["pending"] * 3
+        assert [e.event for e in pgq_client.job_history(shown[0])][-1] == "retried"
+    else:
+        for job_id in shown:
+            with pytest.raises(JobNotFound):
+                pgq_client.get_job(job_id)
 
 
 def test_cancel_all_shown_counts_a_kinds_jobs_through_pages_and_acts_on_at_most_that_many(
@@ -155,12 +165,14 @@ def test_more_than_a_click_takes_is_said_in_the_confirmation(pgq_client: Client,
 def test_a_monitor_sees_the_button_disabled_and_is_refused(pgq_client: Client, roles: dict[str, str]) -> None:
     job_id = failed_job(pgq_client)
     with dashboard(roles["pgq_monitor"]) as http:
-        button = bulk_button(http, "queue=mail&state=failed")
-        assert button is not None and button["disabled"]
-        assert button["title"].startswith("read-only: role dash_monitor_") and "pgq.retry_jobs" in button["title"]
-        refused = press(http, button)
-        assert_error(refused, 403, "42501", "permission denied for function retry_jobs")
-        assert "pgq.retry_jobs" in refused.json()["hint"] and "pgq_admin" in refused.json()["hint"]
+        buttons = bulk_buttons(http, "queue=mail&state=failed")
+        assert list(buttons) == ["retry", "delete"]
+        for function, button in zip(("retry_jobs", "delete_jobs"), buttons.values()):
+            assert button["disabled"]
+            assert button["title"].startswith("read-only: role dash_monitor_") and f"pgq.{function}" in button["title"]
+            refused = press(http, button)
+            assert_error(refused, 403, "42501", f"permission denied for function {function}")
+            assert f"pgq.{function}" in refused.json()["hint"] and "pgq_admin" in refused.json()["hint"]
         cancel = {"url": "/api/jobs/cancel-all", "body": {"queue": "mail", "state": "pending", "max_jobs": 1}}
         refused = press(http, cancel)
         assert_error(refused, 403, "42501", "permission denied for function cancel_jobs")
@@ -229,31 +241,6 @@ def test_a_schema_without_the_functions_shows_no_button(pgq_client: Client, role
 # "delete all shown" (issue 41): pgq.delete_jobs behind the same kind of button ------------------------
 
 
-def test_delete_all_shown_states_the_count_and_deletes_the_jobs_that_were_shown(
-        pgq_client: Client, roles: dict[str, str]) -> None:
-    shown = [failed_job(pgq_client) for _ in range(3)]
-    other_queue = failed_job(pgq_client, queue="billing")
-    with dashboard(roles["pgq_admin"]) as http:
-        buttons = bulk_buttons(http, "queue=mail&state=failed")
-        assert list(buttons) == ["retry", "delete"]  # both apply to failed jobs
-        button = buttons["delete"]
-        assert not button["disabled"] and button["label"] == "delete all shown (3)"
-        assert button["confirm"] == ("Delete all 3 failed jobs of queue mail? "
-                                     "They are gone for good, with their history.")
-        assert button["url"] == "/api/jobs/delete-all"
-        assert {k: button["body"][k] for k in ("queue", "state", "kind", "max_jobs")} == {
-            "queue": "mail", "state": "failed", "kind": None, "max_jobs": 3}
-        late = failed_job(pgq_client)  # failed after the page was made: not one of those shown
-        answer = press(http, button)
-        assert answer.status_code == 200, answer.text
-        assert answer.json() == {"ok": True, "count": 3, "detail": "deleted 3 failed job(s) of queue mail"}
-        assert bulk_button(http, "queue=mail&state=failed", "delete")["label"] == "delete all shown (1)"  # type: ignore[index]
-    for job_id in shown:
-        with pytest.raises(JobNotFound):
-            pgq_client.get_job(job_id)
-    assert pgq_client.get_job(late).state == "failed" and pgq_client.get_job(other_queue).state == "failed"
-
-
 def test_delete_all_shown_is_offered_for_finished_and_queued_states_never_for_running(
         pgq_client: Client, roles: dict[str, str]) -> None:
     pending = pgq_client.enqueue_many("mail", "a", [{}] * 3)
@@ -281,18 +268,6 @@ def test_delete_all_shown_is_offered_for_finished_and_queued_states_never_for_ru
             pgq_client.get_job(job_id)
     assert (pgq_client.get_job(kept).state, pgq_client.get_job(running).state) == ("pending", "running")
     assert pgq_client.get_job(done).state == "done"
-
-
-def test_a_monitor_sees_delete_disabled_and_is_refused(pgq_client: Client, roles: dict[str, str]) -> None:
-    job_id = failed_job(pgq_client)
-    with dashboard(roles["pgq_monitor"]) as http:
-        button = bulk_button(http, "queue=mail&state=failed", "delete")
-        assert button is not None and button["disabled"]
-        assert button["title"].startswith("read-only: role dash_monitor_") and "pgq.delete_jobs" in button["title"]
-        refused = press(http, button)
-        assert_error(refused, 403, "42501", "permission denied for function delete_jobs")
-        assert "read-only" in refused.json()["hint"] and "pgq.delete_jobs" in refused.json()["hint"]
-    assert pgq_client.get_job(job_id).state == "failed"
 
 
 def test_a_schema_without_delete_jobs_shows_the_other_buttons_only(pgq_client: Client, roles: dict[str, str]) -> None:
