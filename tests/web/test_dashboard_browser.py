@@ -117,7 +117,7 @@ def test_an_admin_logs_in_reads_the_pages_and_retries_a_failed_job(
         page.click("nav >> text=Jobs")
         page.select_option("select[name=state]", "failed")
         page.click("button:has-text('filter')")
-        expect(page).to_have_url(f"{url}/jobs?queue=&state=failed&kind=")
+        expect(page).to_have_url(f"{url}/jobs?queue=&state=failed&kind=&tags=")
         rows = page.locator("#jobs tbody tr")
         expect(rows).to_have_count(1)
         expect(rows.locator("td.error")).to_contain_text("<script>window.__pwned")

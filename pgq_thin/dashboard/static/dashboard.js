@@ -51,8 +51,8 @@ function bind(root) {
 // The live parts of a page (elements with data-live and an id: the jobs list, the queues table,
 // the workers, a job that may still change) are refetched every REFRESH_MS: the page's own URL is
 // asked again and each live part replaced by its new version, in place (no reload: the filter
-// form, what is typed in it and the scroll position stay). A part holding the focus is left for
-// the next round; nothing is asked while the tab is hidden or an action is in flight. A part
+// form, what is typed in it and the scroll position stay). A part with a field being typed in is
+// left for the next round; nothing is asked while the tab is hidden or an action is in flight. A part
 // whose new version has no data-live (a job that finished) is replaced once more and then left:
 // when no live part remains, the refreshing stops. A 404 (the job was deleted) stops it too.
 const REFRESH_MS = 4000;
@@ -67,8 +67,8 @@ async function refresh() {
         const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
         for (const old of document.querySelectorAll("[data-live][id]")) {
           const now = fresh.getElementById(old.id);
-          const focused = document.activeElement;
-          if (!now || (focused !== document.body && old.contains(focused))) continue;
+          const focused = document.activeElement;  // someone typing in a field of this part: not now
+          if (!now || (focused && focused.matches("input, select, textarea") && old.contains(focused))) continue;
           const adopted = document.adoptNode(now);
           old.replaceWith(adopted);
           bind(adopted);
