@@ -1077,7 +1077,7 @@ def version() -> Call[str]:
 
 def privileges() -> Call[Privileges]:
     """Which of pgq's admin functions (retry, cancel, resolve, pause, resume, retry_jobs,
-    cancel_jobs) the current login may call, by the catalog (has_function_privilege): to show what
+    cancel_jobs, delete_jobs) the current login may call, by the catalog (has_function_privilege): to show what
     it may do. Not a check before a call: the database refuses a call the login may not make
     (PermissionDenied, 42501)."""
 

@@ -379,7 +379,7 @@ class TenantSettings:
 class Privileges:
     """Which of pgq's admin functions the current login may call (Client.privileges): ``role`` is
     current_user; ``functions`` maps each (by its client method's name: retry, cancel, resolve,
-    pause, resume, retry_jobs, cancel_jobs) to True or False, or to None when the schema has no
+    pause, resume, retry_jobs, cancel_jobs, delete_jobs) to True or False, or to None when the schema has no
     such function (it predates the migration that adds it). A question for showing what a login may
     do (the dashboard greys its buttons): the database itself refuses a call it may not make (42501)."""
 

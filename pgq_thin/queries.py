@@ -313,6 +313,7 @@ ACTION_FUNCTIONS = {
     "resume": "pgq.resume(text)",
     "retry_jobs": "pgq.retry_jobs(text,text,text,timestamptz,integer,text[])",
     "cancel_jobs": "pgq.cancel_jobs(text,text,text,timestamptz,integer,text[])",
+    "delete_jobs": "pgq.delete_jobs(text,text,text,timestamptz,integer,text[])",
 }
 #: current_user and, per function (a column named after it), whether the login may call it: NULL
 #: when the function does not exist (a schema older than the migration that adds it).

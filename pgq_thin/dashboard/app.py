@@ -5,7 +5,7 @@ one call of a pgq function with the request's values as bound parameters (no SQL
 request, and none is written here). Besides pgq's functions it asks two questions through the
 client: ``privileges()``, which of pgq's admin functions the login may call, once per page, to
 grey the buttons of a pgq_monitor login and say it is read-only; and ``clock()``, the database's
-clock, which dates a "retry all shown" / "cancel all shown" confirmation. An action asks nothing
+clock, which dates a "retry all shown" / "cancel all shown" / "delete all shown" confirmation. An action asks nothing
 first: it is the call, and the database is the authority: a login that may not make it gets
 PostgreSQL's refusal (42501), answered 403 with its message, and nothing changes. ``GET /metrics``
 is the Prometheus text of pgq_thin.metrics, from the client's ``metrics()``, ``health()`` and
@@ -101,10 +101,14 @@ WORKFLOW_COLUMNS = ("dependency_mode", "batch_id", "workflow_id", "parent_id", "
 STEPS_SHOWN = 100
 #: What a page shows when it could not ask what the login may do: nothing may be done.
 UNKNOWN_PERMISSIONS: dict[str, Any] = {"role": "?", "can": {}, "read_only": True, "missing": []}
-#: "retry all shown" and "cancel all shown" (docs/dashboard.md): the list's states each acts on,
-#: the most jobs one click acts on, and the jobs per call of pgq.retry_jobs / pgq.cancel_jobs.
+#: "retry all shown", "cancel all shown" and "delete all shown" (docs/dashboard.md): the list's
+#: states each acts on (never a running job deleted), its verb and what it did, and the most jobs
+#: one click acts on (in calls of BULK_CALL jobs of pgq.retry_jobs / cancel_jobs / delete_jobs).
 BULK_STATES = {"retry_jobs": ("failed", "cancelled"),
-               "cancel_jobs": ("waiting", "pending", "running", "outcome_unknown")}
+               "cancel_jobs": ("waiting", "pending", "running", "outcome_unknown"),
+               "delete_jobs": ("pending", "waiting", "done", "failed", "cancelled")}
+BULK_VERBS = {"retry_jobs": ("retry", "retried"), "cancel_jobs": ("cancel", "cancelled"),
+              "delete_jobs": ("delete", "deleted")}
 BULK_MAX = 10000
 
 
@@ -179,6 +183,14 @@ def _optional_int(params: Any, name: str) -> int | None:
 def _optional_text(params: Any, name: str) -> str | None:
     text = params.get(name)
     return None if text in (None, "") else str(text)
+
+
+def _tags(params: Any) -> list[str] | None:
+    """The list's ``tags`` filter: tags separated by commas (blanks around them dropped); None when
+    there are none. pgq checks the tags themselves (22023, naming ``tags``)."""
+    text = params.get("tags")
+    tags = [t.strip() for t in str(text or "").split(",") if t.strip()]
+    return tags or None
 
 
 def _settings_text(q: QueueSettings) -> str:
@@ -263,16 +275,22 @@ class Dashboard:
     async def overview(self, request: Request, client: AsyncClient) -> dict[str, Any]:
         findings = await client.health()
         settings = {q.name: _settings_text(q) for q in await client.queue_settings()}
-        return {"queues": await client.stats(), "settings": settings,
+        queues = await client.stats()
+        # The throughput chart's first point: pgq.stats' finished counters (every job that ended
+        # done, failed or cancelled; a prune does not lower them). pgq keeps no history of them.
+        finished = sum(q.done + q.failed + q.cancelled for q in queues)
+        return {"queues": queues, "settings": settings, "finished": finished,
                 "findings": [f for f in findings if f.severity != "ok"], "worst": _worst(findings)}
 
     async def jobs(self, request: Request, client: AsyncClient) -> dict[str, Any]:
         params = request.query_params
         queue, state, kind = (_optional_text(params, n) for n in ("queue", "state", "kind"))
+        tags = _tags(params)
         limit = _optional_int(params, "limit") or PAGE_SIZE
         before_id = _optional_int(params, "before_id")
-        jobs = await client.list_jobs(queue, state, kind, limit, before_id)
-        filters = {k: v for k, v in (("queue", queue), ("state", state), ("kind", kind)) if v}
+        jobs = await client.list_jobs(queue, state, kind, limit, before_id, tags)
+        filters = {k: v for k, v in (("queue", queue), ("state", state), ("kind", kind),
+                                     ("tags", ",".join(tags or []))) if v}
         if limit != PAGE_SIZE:
             filters["limit"] = str(limit)
         more = None
@@ -280,52 +298,62 @@ class Dashboard:
             more = "/jobs?" + urlencode({**filters, "before_id": jobs[-1].id})
         first = "/jobs?" + urlencode(filters) if before_id is not None else None
         stats = await client.stats()
-        return {"jobs": jobs, "queue": queue or "", "state": state or "", "kind": kind or "", "more": more,
-                "first": first, "queues": [q.queue for q in stats], "states": JOB_STATES,
-                "bulk": await self.bulk_button(client, stats, queue, state, kind) if jobs else None}
+        return {"jobs": jobs, "queue": queue or "", "state": state or "", "kind": kind or "",
+                "tags": ", ".join(tags or []), "more": more, "first": first, "queues": [q.queue for q in stats],
+                "states": JOB_STATES, "bulk": await self.bulk_buttons(client, stats, queue, state, kind, tags)
+                if jobs else []}
 
-    # "retry all shown", "cancel all shown" (docs/dashboard.md) --------------------------------------
-    # "All shown" is every job the list's filter matches (one queue, one state, maybe a kind), on
+    # "retry all shown", "cancel all shown", "delete all shown" (docs/dashboard.md) -------------------
+    # "All shown" is every job the list's filter matches (one queue, one state, maybe a kind and tags), on
     # every page, as of the moment the page was made: the confirmation states how many, dated by the
     # database clock, and the click acts on at most that many (at most BULK_MAX), oldest first, and
-    # only on jobs that finished (retry) or were created (cancel) before that moment.
+    # only on jobs that finished (retry; delete of a finished state) or were created (cancel; delete
+    # of pending or waiting jobs) before that moment.
 
-    async def bulk_button(self, client: AsyncClient, stats: Sequence[Any], queue: str | None, state: str | None,
-                          kind: str | None) -> dict[str, Any] | None:
-        """The list's "retry all shown" / "cancel all shown" button (its URL, body and confirmation),
-        or None when the filter is not one queue and one state it applies to, or matches nothing."""
-        action = next((a for a, states in BULK_STATES.items() if state in states), None)
-        if action is None or queue is None or state is None:
-            return None
-        count, exact = await self.matching(client, stats, queue, state, kind)
+    async def bulk_buttons(self, client: AsyncClient, stats: Sequence[Any], queue: str | None, state: str | None,
+                           kind: str | None, tags: list[str] | None) -> list[dict[str, Any]]:
+        """The list's "retry all shown" / "cancel all shown" / "delete all shown" buttons that apply
+        to its state (their URL, body and confirmation): none when the filter is not one queue and
+        one state, or matches nothing."""
+        actions = [a for a, states in BULK_STATES.items() if state in states]
+        if not actions or queue is None or state is None:
+            return []
+        count, exact = await self.matching(client, stats, queue, state, kind, tags)
         if count == 0:
-            return None
+            return []
         as_of = await client.clock()
-        verb = "retry" if action == "retry_jobs" else "cancel"
         acted = min(count, BULK_MAX)
-        jobs = f"{state} job{'s' if count != 1 else ''} of queue {queue}" + (f" of kind {kind}" if kind else "")
+        jobs = f"{state} job{'s' if count != 1 else ''} of queue {queue}" + _of(kind, tags)
         shown = f"{count}" if exact else f"more than {BULK_MAX}"
-        confirm = (f"{verb.capitalize()} all {count} {jobs}?" if count <= BULK_MAX else
-                   f"{verb.capitalize()} the {acted} oldest of the {shown} {jobs}? (at most {BULK_MAX} a click)")
-        body = {"queue": queue, "state": state, "kind": kind, "before": as_of.isoformat(), "max_jobs": acted}
-        return {"action": action, "url": f"/api/jobs/{verb}-all", "label": f"{verb} all shown ({shown})",
-                "confirm": confirm, "body": json.dumps(body), "count": count}
+        body = json.dumps({"queue": queue, "state": state, "kind": kind, "tags": tags, "before": as_of.isoformat(),
+                           "max_jobs": acted})
+        buttons = []
+        for action in actions:
+            verb = BULK_VERBS[action][0]
+            confirm = (f"{verb.capitalize()} all {count} {jobs}?" if count <= BULK_MAX else
+                       f"{verb.capitalize()} the {acted} oldest of the {shown} {jobs}? (at most {BULK_MAX} a click)")
+            if action == "delete_jobs":
+                confirm += " They are gone for good, with their history."
+            buttons.append({"action": action, "url": f"/api/jobs/{verb}-all", "label": f"{verb} all shown ({shown})",
+                            "confirm": confirm, "body": body, "count": count})
+        return buttons
 
     async def matching(self, client: AsyncClient, stats: Sequence[Any], queue: str, state: str,
-                       kind: str | None) -> tuple[int, bool]:
-        """How many jobs of ``queue`` are in ``state`` (of ``kind``), and whether that is exact: from
-        pgq.stats without a kind for a live state; otherwise counted through pgq.list_jobs, BULK_CALL a page, up to
-        BULK_MAX and a page more (not exact past BULK_MAX: "more than BULK_MAX")."""
+                       kind: str | None, tags: list[str] | None = None) -> tuple[int, bool]:
+        """How many jobs of ``queue`` are in ``state`` (of ``kind``, holding ``tags``), and whether
+        that is exact: from pgq.stats without a kind or tags for a live state; otherwise counted through
+        pgq.list_jobs, BULK_CALL a page, up to BULK_MAX and a page more (not exact past BULK_MAX:
+        "more than BULK_MAX")."""
         # Finished states are counted by pages too: pgq.stats' done, failed and cancelled are the
         # finished counters (every job that ever finished so), not the jobs still stored.
-        if kind is None and state not in ("done", "failed", "cancelled"):
+        if kind is None and tags is None and state not in ("done", "failed", "cancelled"):
             row = next((s for s in stats if s.queue == queue), None)
             if row is None:
                 return 0, True
             return int(row.pending + row.scheduled if state == "pending" else getattr(row, state)), True
         count, before_id = 0, None
         while count <= BULK_MAX:
-            page = await client.list_jobs(queue, state, kind, BULK_CALL, before_id)
+            page = await client.list_jobs(queue, state, kind, BULK_CALL, before_id, tags)
             count += len(page)
             if len(page) < BULK_CALL:
                 return count, True
@@ -472,7 +500,8 @@ class Dashboard:
         params = request.query_params
         limit = _optional_int(params, "limit") or PAGE_SIZE
         jobs = await client.list_jobs(_optional_text(params, "queue"), _optional_text(params, "state"),
-                                      _optional_text(params, "kind"), limit, _optional_int(params, "before_id"))
+                                      _optional_text(params, "kind"), limit, _optional_int(params, "before_id"),
+                                      _tags(params))
         return {"jobs": jobs, "next_before_id": jobs[-1].id if len(jobs) == limit else None}
 
     async def api_job(self, request: Request, client: AsyncClient) -> Any:
@@ -515,12 +544,12 @@ class Dashboard:
         return self.api(build, action)
 
     def bulk_action(self, action: str) -> Endpoint:
-        """POST /api/jobs/retry-all | cancel-all: pgq.retry_jobs | pgq.cancel_jobs with the body's
-        filter, in calls of at most BULK_CALL, until one acts on none or ``max_jobs`` are acted on
-        (pgq_thin.calls.bulk_plan)."""
+        """POST /api/jobs/retry-all | cancel-all | delete-all: pgq.retry_jobs | cancel_jobs |
+        delete_jobs with the body's filter, in calls of at most BULK_CALL, until one acts on none or
+        ``max_jobs`` are acted on (pgq_thin.calls.bulk_plan)."""
 
         async def build(request: Request, client: AsyncClient) -> Any:
-            queue, state, kind, before, max_jobs = _bulk_filter(await request.body())
+            queue, state, kind, tags, before, max_jobs = _bulk_filter(await request.body())
             if before is None:  # the jobs there when the request came: a job that fails again is not retried twice
                 before = await client.clock()
             elif isinstance(before, timedelta):  # that long ago by the database's clock
@@ -529,13 +558,14 @@ class Dashboard:
                     before = await client.clock() - ago
                 except OverflowError:
                     raise BadRequest(f'"before": {format_duration(ago)} ago is before the year 1') from None
-            act = client.retry_jobs if action == "retry_jobs" else client.cancel_jobs
-            done = "retried" if action == "retry_jobs" else "cancelled"
+            act = {"retry_jobs": client.retry_jobs, "cancel_jobs": client.cancel_jobs,
+                   "delete_jobs": client.delete_jobs}[action]
+            done = BULK_VERBS[action][1]
             plan, total = bulk_plan(max_jobs, BULK_CALL), 0
             try:
                 rows = next(plan)
                 while True:
-                    acted = await act(queue, state, kind, before, rows)
+                    acted = await act(queue, state, kind, before, rows, tags)
                     total += acted
                     rows = plan.send(acted)
             except StopIteration:
@@ -545,7 +575,7 @@ class Dashboard:
                     raise
                 raise type(exc)(f"{exc.message} (after {total} job(s) were {done})", exc.sqlstate, exc.hint) from exc
             return {"ok": True, "count": total,
-                    "detail": f"{done} {total} {state} job(s) of queue {queue}" + (f" of kind {kind}" if kind else "")}
+                    "detail": f"{done} {total} {state} job(s) of queue {queue}" + _of(kind, tags)}
 
         return self.api(build, action)
 
@@ -621,12 +651,18 @@ def _resolve_state(body: bytes) -> str:
     return str(data["state"])
 
 
-_BULK_BODY = ('{"queue": "...", "state": "...", "kind": "..." | null, "before": "an ISO 8601 time with its offset" '
-              f'| "a duration such as 1h (that long ago)" | null, "max_jobs": 1 to {BULK_MAX}}}')
+_BULK_BODY = ('{"queue": "...", "state": "...", "kind": "..." | null, "tags": ["...", ...] | null, '
+              '"before": "an ISO 8601 time with its offset" | "a duration such as 1h (that long ago)" | null, '
+              f'"max_jobs": 1 to {BULK_MAX}}}')
 
 
-def _bulk_filter(body: bytes) -> tuple[str, str, str | None, datetime | timedelta | None, int]:
-    """retry-all's and cancel-all's body: the filter, the time the jobs are from before (a time, or
+def _of(kind: str | None, tags: list[str] | None) -> str:
+    """What a bulk button's words add for a kind and tags: " of kind K tagged a, b"."""
+    return (f" of kind {kind}" if kind else "") + (f" tagged {', '.join(tags)}" if tags else "")
+
+
+def _bulk_filter(body: bytes) -> tuple[str, str, str | None, list[str] | None, datetime | timedelta | None, int]:
+    """retry-all's, cancel-all's and delete-all's body: the filter, the time the jobs are from before (a time, or
     a duration as the CLI's --before takes it: that long before the database's clock now), and the
     most to act on; BadRequest (400) naming what is wrong (the values themselves pgq checks)."""
     try:
@@ -640,6 +676,9 @@ def _bulk_filter(body: bytes) -> tuple[str, str, str | None, datetime | timedelt
             raise BadRequest(f'"{name}" must be a string: {_BULK_BODY}')
     if data.get("kind") is not None and not isinstance(data["kind"], str):
         raise BadRequest(f'"kind" must be a string or null: {_BULK_BODY}')
+    tags = data.get("tags")
+    if tags is not None and not (isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
+        raise BadRequest(f'"tags" must be a list of strings or null: {_BULK_BODY}')
     before = data.get("before")
     if before is not None:
         try:
@@ -651,7 +690,7 @@ def _bulk_filter(body: bytes) -> tuple[str, str, str | None, datetime | timedelt
     if type(max_jobs) is not int or not 1 <= max_jobs <= BULK_MAX:
         raise BadRequest(f'"max_jobs" (the most jobs to act on) must be a number from 1 to {BULK_MAX}, '
                          f'got {max_jobs!r:.40}')
-    return data["queue"], data["state"], data.get("kind"), before, max_jobs
+    return data["queue"], data["state"], data.get("kind"), tags, before, max_jobs
 
 
 def _before(value: Any) -> datetime | timedelta:
@@ -728,6 +767,7 @@ def create_app(connect: Callable[[], AsyncClient], *, token: str | None = None,
         Route("/api/jobs", d.api(d.api_jobs)),
         Route("/api/jobs/retry-all", d.bulk_action("retry_jobs"), methods=["POST"]),
         Route("/api/jobs/cancel-all", d.bulk_action("cancel_jobs"), methods=["POST"]),
+        Route("/api/jobs/delete-all", d.bulk_action("delete_jobs"), methods=["POST"]),
         Route("/api/jobs/{id}", d.api(d.api_job)),
         Route("/api/batches/{id}", d.api(d.api_batch)),
         Route("/api/health", d.api(d.api_health)),

@@ -5,6 +5,8 @@ input gets 400/404/409 with pgq's message and SQLSTATE, never a traceback; outpu
 
 from __future__ import annotations
 
+import html
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -321,3 +323,50 @@ def test_the_job_page_reads_right_for_a_job_that_failed_then_succeeded(pgq_clien
         assert '<pre id="progress">' not in page and '<pre id="meta">' not in page
         other = http.get(f"/jobs/{cancelled}").text.split("<h2>History")[1]
         assert "cancel noticed" in other and "rejected" not in other
+
+
+def test_the_throughput_chart_is_seeded_from_the_databases_finished_counters(pgq_client: Client) -> None:
+    """Issue 42: the overview carries the finished counters (pgq.stats' done + failed + cancelled,
+    all queues) as the chart's first point, so a rate shows from the first poll on; a prune does not
+    lower them (they are counters, not the rows stored)."""
+    failed_job(pgq_client)
+    pgq_client.enqueue_many("mail", "send", [{"n": n} for n in range(3)])
+    for job in pgq_client.claim("test-worker", ["mail"], batch=2):
+        assert pgq_client.complete(job.id, job.attempt)
+    cancelled = pgq_client.enqueue("billing", "charge", {})
+    assert pgq_client.cancel(cancelled)
+    assert pgq_client.prune(older_than=0) == 4
+    with dashboard(pgq_client.dsn) as http:
+        page = http.get("/").text
+    assert '<div id="throughput" class="chart" data-finished="4">' in page
+    assert '<span id="finished">4</span> finished' in page
+
+
+def test_the_job_list_filters_by_tags(pgq_client: Client) -> None:
+    """Issue 41: the list's tags filter (comma-separated; the jobs holding all of them), through
+    pgq.list_jobs' tags, on the page (its form keeps it, its paging links carry it) and in /api/jobs;
+    a bad tag is pgq's 22023 naming "tags"."""
+    both = pgq_client.enqueue("mail", "send", {}, tags=["vip", "eu"])
+    eu = pgq_client.enqueue("mail", "send", {}, tags=["eu"])
+    untagged = pgq_client.enqueue("mail", "send", {})
+
+    def rows(text: str) -> list[int]:
+        return [int(i) for i in re.findall(r'<tr data-job="(\d+)">', text)]
+
+    with dashboard(pgq_client.dsn) as http:
+        assert rows(http.get("/jobs").text) == [untagged, eu, both]
+        assert rows(http.get("/jobs?tags=eu").text) == [eu, both]
+        page = http.get("/jobs?queue=mail&tags=+vip+,eu,").text
+        assert rows(page) == [both]
+        assert '<input name="tags" value="vip, eu"' in page
+        assert '<td class="tags">eu, vip</td>' in page
+        first = http.get("/jobs?tags=eu&limit=1").text
+        assert rows(first) == [eu]
+        older = re.search(r'<a href="([^"]+)" id="older">', first)
+        assert older is not None and "tags=eu" in older.group(1)
+        assert rows(http.get(html.unescape(older.group(1))).text) == [both]
+        assert [j["id"] for j in http.get("/api/jobs?tags=eu,vip").json()["jobs"]] == [both]
+        assert '<dd id="tags">eu, vip</dd>' in http.get(f"/jobs/{both}").text
+        assert_error(http.get(f"/api/jobs?tags={'x' * 65}"), 400, "22023", "tags")
+        bad = http.get(f"/jobs?tags={'x' * 65}")
+        assert bad.status_code == 400 and "tags" in bad.text and "Traceback" not in bad.text

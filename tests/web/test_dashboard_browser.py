@@ -117,7 +117,7 @@ def test_an_admin_logs_in_reads_the_pages_and_retries_a_failed_job(
         page.click("nav >> text=Jobs")
         page.select_option("select[name=state]", "failed")
         page.click("button:has-text('filter')")
-        expect(page).to_have_url(f"{url}/jobs?queue=&state=failed&kind=")
+        expect(page).to_have_url(f"{url}/jobs?queue=&state=failed&kind=&tags=")
         rows = page.locator("#jobs tbody tr")
         expect(rows).to_have_count(1)
         expect(rows.locator("td.error")).to_contain_text("<script>window.__pwned")
@@ -276,8 +276,9 @@ def test_retry_all_shown_asks_with_the_count_and_retries_them(
         with logins(pgq_client.dsn) as dsns, running_dashboard(dsns["pgq_admin"]) as url:
             page.goto(f"{url}/jobs?queue=mail&state=failed")
             expect(page.locator("#jobs tbody tr")).to_have_count(3)
-            button = page.locator("#bulk button")
+            button = page.locator("#bulk button", has_text="retry all shown")
             expect(button).to_have_text("retry all shown (3)")
+            expect(page.locator("#bulk button", has_text="delete all shown")).to_have_text("delete all shown (3)")
             screenshot(page, tmp_path, "retry-all-shown.png")
             button.click()
             expect(button).to_be_enabled()  # dismissed: the button is back, nothing sent
@@ -304,3 +305,73 @@ def test_beyond_loopback_without_a_token_it_warns(pgq_dsn: str) -> None:
     with running_dashboard(pgq_dsn, None, output=printed):  # loopback: no warning
         pass
     assert "pgq dashboard on http://127.0.0.1:" in printed[0] and "warning" not in printed[0]
+
+
+def test_the_lists_and_a_live_jobs_page_refresh_by_themselves(pgq_client: Client, page: Page) -> None:
+    """Issue 42: the jobs list, the queues overview, the workers page and a job's page follow the
+    database without a reload (a marker set in the page survives: it was never reloaded); what the
+    user typed in the filter stays; a finished job's page stops refreshing."""
+    first = pgq_client.enqueue("mail", "send", {"n": 1})
+    with logins(pgq_client.dsn) as dsns, running_dashboard(dsns["pgq_admin"]) as url:
+        page.goto(f"{url}/jobs")
+        expect(page.locator(f'#jobs tr[data-job="{first}"]')).to_have_count(1)
+        page.evaluate("window.__not_reloaded = true")
+        page.fill("input[name=kind]", "typed, not sent")  # the cursor stays in the field
+        later = pgq_client.enqueue("mail", "send", {"n": 2})
+        expect(page.locator(f'#jobs tr[data-job="{later}"]')).to_have_count(1)
+        expect(page.locator("input[name=kind]")).to_have_value("typed, not sent")
+        expect(page.locator("input[name=kind]")).to_be_focused()
+        assert page.evaluate("window.__not_reloaded") is True
+
+        page.goto(f"{url}/")
+        page.evaluate("window.__not_reloaded = true")
+        expect(page.locator('tr[data-queue="billing"]')).to_have_count(0)
+        pgq_client.enqueue("billing", "charge", {})
+        pgq_client.pause("mail")
+        expect(page.locator('tr[data-queue="billing"]')).to_have_count(1)  # a new queue's row
+        expect(page.locator('tr[data-queue="mail"]')).to_contain_text("paused")
+        assert page.evaluate("window.__not_reloaded") is True
+        pgq_client.resume("mail")
+
+        page.goto(f"{url}/workers")
+        page.evaluate("window.__not_reloaded = true")
+        with psycopg.connect(pgq_client.dsn, autocommit=True) as conn:
+            conn.execute("SELECT pgq.worker_heartbeat('live-worker-1', queues => ARRAY['mail'], running => 2)")
+        expect(page.locator("#workers")).to_contain_text("live-worker-1")
+        assert page.evaluate("window.__not_reloaded") is True
+
+        page.goto(f"{url}/jobs/{first}")
+        page.evaluate("window.__not_reloaded = true")
+        expect(page.locator("#job-state")).to_have_text("pending")
+        [job] = pgq_client.claim("test-worker", ["mail"])
+        assert job.id == first
+        expect(page.locator("#job-state")).to_have_text("running")
+        expect(page.locator("#history tbody tr")).to_have_count(1)  # claimed
+        assert pgq_client.complete(job.id, job.attempt)
+        expect(page.locator("#job-state")).to_have_text("done")
+        expect(page.locator("[data-live]")).to_have_count(0)  # finished: nothing refreshes any more
+        assert page.evaluate("window.__not_reloaded") is True
+
+
+def test_the_throughput_chart_starts_from_the_databases_counters(pgq_client: Client, page: Page) -> None:
+    """Issue 42: the chart's first point is the database's finished counters (on the page as it is
+    served), and a reload keeps the tab's samples: it does not start from nothing again."""
+    failed_job(pgq_client)
+    failed_job(pgq_client, queue="billing")
+    points = page.locator("#throughput polyline")
+    with logins(pgq_client.dsn) as dsns, running_dashboard(dsns["pgq_monitor"]) as url:
+        page.goto(f"{url}/")
+        expect(page.locator("#finished")).to_have_text("2")
+        assert page.locator("#throughput").get_attribute("data-finished") == "2"
+        expect(points).to_have_attribute("points", re.compile(r"^\S+( \S+){2,}$"))  # the seed, then the polls'
+        stored = page.evaluate("JSON.parse(sessionStorage.getItem('pgq-throughput'))")
+        assert [s[1] for s in stored] == [2] * len(stored)
+        pgq_client.enqueue("mail", "send", {})
+        [job] = pgq_client.claim("test-worker", ["mail"])
+        assert pgq_client.complete(job.id, job.attempt)
+        page.reload()
+        expect(page.locator("#finished")).to_have_text("3")
+        # At once (before its first poll, 2 s on): the samples of before the reload, and the new seed.
+        seeded = page.evaluate("JSON.parse(sessionStorage.getItem('pgq-throughput'))")
+        assert len(seeded) >= len(stored) + 1 and seeded[-1][1] >= 3 and seeded[0][1] == 2
+        expect(page.locator("#peak")).not_to_have_text("0.0")  # the finished job, as a rate

@@ -105,7 +105,7 @@ def test_an_action_the_login_may_not_make_gets_the_databases_refusal_without_ask
 
 def test_privileges_names_the_login_what_it_may_call_and_none_for_what_the_schema_lacks(
         pgq_client: Client, roles: dict[str, str]) -> None:
-    functions = {"retry", "cancel", "resolve", "pause", "resume", "retry_jobs", "cancel_jobs"}
+    functions = {"retry", "cancel", "resolve", "pause", "resume", "retry_jobs", "cancel_jobs", "delete_jobs"}
     with Client(roles["pgq_monitor"]) as monitor, Client(roles["pgq_admin"]) as admin:
         seen = monitor.privileges(), admin.privileges()
     for privileges, dsn in zip(seen, (roles["pgq_monitor"], roles["pgq_admin"])):
