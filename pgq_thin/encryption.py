@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg.types.json import Jsonb
 
 from pgq_thin.errors import BadArgumentType, BadKey, Undecryptable, UnknownKey
-from pgq_thin.models import JobResult, UnreadableJson
+from pgq_thin.models import UnreadableJson
 
 if TYPE_CHECKING:
     from pgq_thin.calls import Call
@@ -178,10 +178,13 @@ def key_ring(keys: Mapping[str, bytes] | None, encrypt_with: str | None) -> KeyR
     return KeyRing(keys, encrypt_with)
 
 
-def _job_result(ring: KeyRing, result: JobResult) -> JobResult:
-    if not is_envelope(result.result):
-        return result
-    return dataclasses.replace(result, result=ring.decrypt(result.result))
+def _opened(ring: KeyRing, row: Any) -> Any:
+    """A row with a ``result`` (JobResult, DependencyResult, JobOutcome), its envelope decrypted."""
+    return dataclasses.replace(row, result=ring.decrypt(row.result)) if is_envelope(row.result) else row
+
+
+def _all_opened(ring: KeyRing, rows: list[Any]) -> list[Any]:
+    return [_opened(ring, row) for row in rows]
 
 
 #: The calls whose arguments of these names a client with keys encrypts (a list: each element).
@@ -197,7 +200,9 @@ SEALED: dict[str, tuple[str, ...]] = {
 
 #: The calls whose answer a client with keys decrypts: how.
 OPENED: dict[str, Callable[[KeyRing, Any], Any]] = {
-    "job_result": _job_result,
+    "job_result": _opened,
+    "dependency_results": _all_opened,
+    "job_outcomes": _all_opened,
 }
 
 

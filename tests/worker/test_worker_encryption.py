@@ -135,6 +135,33 @@ def test_a_handler_transactions_result_is_stored_encrypted(dsn: str, conn: psyco
         assert client.job_result(job_id).result == {"in_tx": 1}
 
 
+def test_a_dependants_handler_reads_its_dependencies_results_decrypted(
+        dsn: str, conn: psycopg.Connection, runtime: str) -> None:
+    with Client(dsn, keys={"k1": K1}, encrypt_with="k1") as client:
+        first = client.enqueue("default", "make", {"v": 7})
+        then = client.enqueue("default", "use", {}, depends_on=[first])
+    worker = keyed_worker(runtime, {"k1": K1}, "k1")
+    seen: list[Any] = []
+
+    @worker.handler("make")
+    def make(job: Job, ctx: JobContext) -> dict[str, Any]:
+        return {"made": job.payload["v"]}
+
+    if runtime == "threads":
+        @worker.handler("use")
+        def use(job: Job, ctx: JobContext) -> None:
+            seen.extend(d.result for d in ctx.dependency_results())
+    else:
+        @worker.handler("use")
+        async def ause(job: Job, ctx: JobContext) -> None:
+            seen.extend([d.result async for d in ctx.dependency_results()])
+
+    with running(worker, dsn):
+        wait_for(lambda: job(conn, then)["state"] in ("done", "failed", "cancelled"), "the dependant ended")
+    assert job(conn, first)["result"]["kid"] == "k1" and job(conn, then)["state"] == "done"
+    assert seen == [{"made": 7}]
+
+
 @pytest.mark.parametrize(("keys", "encrypt_with", "named"), [
     ({"k1": b"x" * 16}, "k1", "keys['k1']"),
     ({"k1": K1}, "k9", '"encrypt_with"'),
