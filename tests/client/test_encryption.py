@@ -60,6 +60,17 @@ def test_what_the_client_enqueues_is_stored_as_an_envelope_and_its_result_read_b
         assert client.wait(job_id, timeout=5).result == {"charged": 12.5}
 
 
+def test_a_schedules_payload_and_a_batchs_callback_payload_are_stored_encrypted(
+        dsn: str, conn: psycopg.Connection, client_kind: str) -> None:
+    ring = KeyRing({"k1": K1}, "k1")
+    with clients(client_kind, dsn, keys={"k1": K1}, encrypt_with="k1") as client:
+        client.schedule("nightly", "q", "k", every=3600, payload=SECRET)
+        batch = client.batch_open("q", "done", {"report": "secret"})
+    scheduled = one(conn, "SELECT payload FROM pgq.schedules WHERE name = 'nightly'")
+    callback = one(conn, "SELECT callback_payload FROM pgq.batches WHERE id = %s", (batch,))
+    assert ring.decrypt(scheduled) == SECRET and ring.decrypt(callback) == {"report": "secret"}
+
+
 def test_a_client_without_keys_reads_the_envelope_as_it_is(dsn: str, conn: psycopg.Connection) -> None:
     with Client(dsn, keys={"k1": K1}, encrypt_with="k1") as keyed, Client(dsn) as plain:
         job_id = keyed.enqueue("q", "k", SECRET)

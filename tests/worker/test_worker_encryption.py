@@ -162,6 +162,34 @@ def test_a_dependants_handler_reads_its_dependencies_results_decrypted(
     assert seen == [{"made": 7}]
 
 
+def test_a_child_a_durable_handler_spawns_is_enqueued_encrypted(
+        dsn: str, conn: psycopg.Connection, runtime: str) -> None:
+    with Client(dsn, keys={"k1": K1}, encrypt_with="k1") as client:
+        parent = client.enqueue("default", "parent", {"v": 3})
+    worker = keyed_worker(runtime, {"k1": K1}, "k1")
+    children: list[int] = []
+    seen: list[Any] = []
+
+    if runtime == "threads":
+        @worker.handler("parent")
+        def spawn(job: Job, ctx: JobContext) -> None:
+            children.append(ctx.spawn("child", "default", "child", {"from": job.payload["v"]}))
+    else:
+        @worker.handler("parent")
+        async def aspawn(job: Job, ctx: JobContext) -> None:
+            children.append(await ctx.spawn("child", "default", "child", {"from": job.payload["v"]}))
+
+    @worker.handler("child")
+    def child(job: Job, ctx: JobContext) -> None:
+        seen.append(job.payload)
+
+    with running(worker, dsn):
+        wait_for(lambda: seen, "the child ran")
+        wait_for(finished(conn, parent), "the parent ended")
+    assert seen == [{"from": 3}]
+    assert job(conn, children[0])["payload"]["kid"] == "k1"
+
+
 @pytest.mark.parametrize(("keys", "encrypt_with", "named"), [
     ({"k1": b"x" * 16}, "k1", "keys['k1']"),
     ({"k1": K1}, "k9", '"encrypt_with"'),
