@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing, asynccontextmanager
 from typing import Any, TypeVar
 
@@ -24,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from pgq_thin import queries
 from pgq_thin.calls import READING, Call, Interval, PgqCalls
 from pgq_thin.client import DRIVER_CONNECTION, WAIT_POLL_INTERVAL, Bounds, Waiting, resolve_dsn
+from pgq_thin.encryption import KeyRing, key_ring
 from pgq_thin.errors import InvalidArgument, translated
 from pgq_thin.migrate import awarn_if_schema_is_old
 from pgq_thin.models import JobResult
@@ -40,6 +41,11 @@ class AsyncBoundedCalls(PgqCalls):
         self.client = client
         self.bounds = bounds
 
+    @property
+    def keyring(self) -> KeyRing | None:
+        """The client's key ring (pgq_thin.encryption): its calls encrypt and decrypt as its own."""
+        return self.client.keyring
+
     async def _send(self, call: Call[T]) -> T:
         return await self.client._send(call, self.bounds)
 
@@ -51,10 +57,12 @@ class AsyncClient(PgqCalls):
     ``await client.open()`` / ``async with``)."""
 
     def __init__(self, dsn: str | None = None, *, pool: AsyncConnectionPool | None = None,
-                 min_size: int = 1, max_size: int = 8, prepare: bool = True, pooled: bool = False) -> None:
+                 min_size: int = 1, max_size: int = 8, prepare: bool = True, pooled: bool = False,
+                 keys: Mapping[str, bytes] | None = None, encrypt_with: str | None = None) -> None:
         """The arguments of Client (``pooled=True``: behind a transaction-pooling proxy, no
-        server-side prepared statements). A ``pool`` passed in (autocommit connections) is the
-        caller's to open and close."""
+        server-side prepared statements; ``keys`` and ``encrypt_with``: encrypted payloads and
+        results). A ``pool`` passed in (autocommit connections) is the caller's to open and close."""
+        self.keyring = key_ring(keys, encrypt_with)
         self.pooled = pooled
         self._prepare = prepare and not pooled
         self._schema_seen: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
@@ -87,7 +95,7 @@ class AsyncClient(PgqCalls):
                    poll_interval: Interval = WAIT_POLL_INTERVAL) -> JobResult:
         """Wait for the job to end and return its pgq.job_result: Client.wait, awaited (WaitTimeout
         when it has not ended within ``timeout``)."""
-        waiting = Waiting(job_id, timeout, poll_interval)
+        waiting = Waiting(job_id, timeout, poll_interval, self.keyring)
         await self.open()
         async with self._finished_listener(waiting) as conn:
             while True:

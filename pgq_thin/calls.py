@@ -20,7 +20,7 @@ from psycopg.adapt import AdaptersMap, Buffer
 from psycopg.rows import RowFactory, dict_row
 from psycopg.types.json import Jsonb, JsonbBinaryLoader, JsonbLoader
 
-from pgq_thin import queries, tracecontext
+from pgq_thin import encryption, queries, tracecontext
 from pgq_thin.durations import Interval, to_timedelta
 from pgq_thin.errors import BadArgument, BadArgumentType, JobNotFound
 from pgq_thin.models import (
@@ -1146,7 +1146,9 @@ class Method(Generic[P, T]):
         return self._twin
 
     def __call__(self, client: Any, *args: P.args, **kwargs: P.kwargs) -> Any:
-        return client._send(self.build(*args, **kwargs))
+        call = self.build(*args, **kwargs)
+        ring = getattr(client, "keyring", None)
+        return client._send(call if ring is None else encryption.sealed(ring, self.__name__, call))
 
     @overload
     def __get__(self, client: None, owner: type[Any]) -> Method[P, T]: ...
@@ -1161,9 +1163,15 @@ class Method(Generic[P, T]):
         if client is None:
             return self.for_client(owner)
         build, send = self.build, client._send
+        ring = getattr(client, "keyring", None)  # a client with keys= (pgq_thin.encryption)
+        if ring is not None and (self.__name__ in encryption.SEALED or self.__name__ in encryption.OPENED):
+            name = self.__name__
 
-        def method(*args: P.args, **kwargs: P.kwargs) -> Any:
-            return send(build(*args, **kwargs))
+            def method(*args: P.args, **kwargs: P.kwargs) -> Any:
+                return send(encryption.sealed(ring, name, build(*args, **kwargs)))
+        else:
+            def method(*args: P.args, **kwargs: P.kwargs) -> Any:
+                return send(build(*args, **kwargs))
 
         method.__name__ = method.__qualname__ = self.__name__
         method.__doc__ = self.__doc__

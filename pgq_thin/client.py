@@ -15,7 +15,7 @@ import os
 import re
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -23,8 +23,9 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from pgq_thin import calls, queries
+from pgq_thin import calls, encryption, queries
 from pgq_thin.calls import READING, Call, Interval, PgqCalls, bulk_plan
+from pgq_thin.encryption import KeyRing, key_ring
 from pgq_thin.errors import BadArgument, InvalidArgument, PgqError, WaitTimeout, translated
 from pgq_thin.migrate import warn_if_schema_is_old
 from pgq_thin.models import JobResult
@@ -51,9 +52,12 @@ class Waiting:
     """One wait for a job's end, as both clients do it: the read of pgq.job_result, the payload of
     the job's notification, and the time left. Its arguments are checked when it is made."""
 
-    def __init__(self, job_id: int, timeout: Interval | None, poll_interval: Interval) -> None:
+    def __init__(self, job_id: int, timeout: Interval | None, poll_interval: Interval,
+                 keyring: KeyRing | None = None) -> None:
         self.job_id = job_id
         self.read = calls.job_result(job_id)  # checks job_id
+        if keyring is not None:  # the result decrypted, as job_result's
+            self.read = encryption.sealed(keyring, "job_result", self.read)
         self.payload = str(job_id)
         self.timeout = None if timeout is None else calls.seconds("timeout", timeout)
         self.poll = calls.seconds("poll_interval", poll_interval, positive=True)
@@ -177,6 +181,11 @@ class BoundedCalls(PgqCalls):
         self.client = client
         self.bounds = bounds
 
+    @property
+    def keyring(self) -> KeyRing | None:
+        """The client's key ring (pgq_thin.encryption): its calls encrypt and decrypt as its own."""
+        return self.client.keyring
+
     def _send(self, call: Call[T]) -> T:
         return self.client._send(call, self.bounds)
 
@@ -194,6 +203,8 @@ class Client(PgqCalls):
         max_size: int = 8,
         prepare: bool = True,
         pooled: bool = False,
+        keys: Mapping[str, bytes] | None = None,
+        encrypt_with: str | None = None,
     ) -> None:
         """Connect to ``dsn`` (or $PGQ_DSN / $DATABASE_URL), or use an existing ``pool`` whose
         connections are in autocommit mode. ``prepare=False`` turns server-side prepared
@@ -204,7 +215,14 @@ class Client(PgqCalls):
         different server connections): no server-side prepared statements (psycopg's
         prepare_threshold=None as well), and no session state (the client sets none anyway: every
         call is one autocommit statement). Without it, such a proxy fails with a prepared-statement
-        error, raised as a PgqError that names this switch."""
+        error, raised as a PgqError that names this switch.
+
+        ``keys`` (key id -> 32 bytes) and ``encrypt_with`` (the id of the one that encrypts): the
+        payloads this client enqueues (enqueue, enqueue_many, update_job, schedule, batch_open's
+        callback_payload, spawn) and the results it completes with are stored encrypted, and the
+        results it reads (job_result, wait) decrypted with any key of the ring (docs/encryption.md;
+        the extra ``pgq-thin[encryption]``). BadKey, naming the argument, for a key it refuses."""
+        self.keyring = key_ring(keys, encrypt_with)
         self.pooled = pooled
         self._prepare = prepare and not pooled
         self._schema_seen: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
@@ -248,7 +266,7 @@ class Client(PgqCalls):
         and kwargs (a pool's ``configure`` callback is not run on it). Behind a transaction-pooling
         proxy (``pooled=True``) there is no LISTEN: it reads every ``poll_interval`` over the pool.
         The job must be one this login enqueued, or of a queue it may read (JobNotFound otherwise)."""
-        waiting = Waiting(job_id, timeout, poll_interval)
+        waiting = Waiting(job_id, timeout, poll_interval, self.keyring)
         with self._finished_listener(waiting) as conn:
             while True:
                 seen = self._send(waiting.on(conn))

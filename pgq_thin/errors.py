@@ -4,7 +4,8 @@ Losing ownership of a job is not an error: owner operations answer False / None.
 bad input (InvalidArgument), unknown ids (JobNotFound), admin calls on a job in the wrong state
 (WrongState; LeaseLost, a handler's transaction whose completion was refused), missing privileges
 (PermissionDenied), an unreachable server (ConnectionLost), and
-a job that did not finish within Client.wait's timeout (WaitTimeout).
+a job that did not finish within Client.wait's timeout (WaitTimeout), and encrypted payloads a key
+ring cannot open (Undecryptable; UnknownKey, its key is not in the ring) or a key it refuses (BadKey).
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import psycopg
 __all__ = [
     "BadArgument",
     "BadArgumentType",
+    "BadKey",
     "ConnectionLost",
     "InvalidArgument",
     "JobNotFound",
     "LeaseLost",
     "PermissionDenied",
     "PgqError",
+    "Undecryptable",
+    "UnknownKey",
     "WaitTimeout",
     "WrongState",
     "translate",
@@ -61,6 +65,32 @@ class BadArgument(InvalidArgument):
 class BadArgumentType(BadArgument, TypeError):
     """An argument of the wrong type (a str where a list of names goes, a float for an integer):
     a BadArgument, and a TypeError too."""
+
+
+class BadKey(BadArgument, ValueError):
+    """A key ring refused ``keys`` or ``encrypt_with`` (a key not 32 bytes, an id not in the ring,
+    one given without the other): a BadArgument naming the argument, and a ValueError too. Nothing
+    was sent."""
+
+
+class Undecryptable(PgqError):
+    """An encrypted payload or result (the envelope of docs/encryption.md) that the key ring cannot
+    open: altered (its tag does not authenticate), malformed, or of another envelope version."""
+
+
+class UnknownKey(Undecryptable):
+    """The envelope's key (``kid``) is not in the key ring: never given, or dropped (erasure). The
+    message names the kid and the ring's ids, never a key."""
+
+    def __init__(self, kid: object, kids: list[str]) -> None:
+        super().__init__(f"the envelope was encrypted with key {kid!r}, which is not in the key ring (it has: "
+                         f"{', '.join(map(repr, kids)) or 'none'})", None,
+                         "give that key in keys=, or the value is erased for good if the key was deleted")
+        self.kid = kid
+        self.kids = kids
+
+    def __reduce__(self) -> tuple[type[UnknownKey], tuple[object, list[str]]]:
+        return type(self), (self.kid, self.kids)
 
 
 class JobNotFound(PgqError):

@@ -30,7 +30,8 @@ class AsyncWorker(WorkerBase):
     settings are Worker's, and so are the semantics (batched completions, lease renewal, LISTEN
     with polling as the fallback, prefetch, graceful shutdown, reconnecting). An ``async def``
     handler runs in its task; a plain one in a thread (a pool of ``concurrency`` threads, as
-    asyncio.to_thread would), so that it never blocks the loop. ``ctx.client`` is an AsyncClient.
+    asyncio.to_thread would), so that it never blocks the loop. ``ctx.client`` is an AsyncClient
+    (with the worker's key ring, when ``keys`` and ``encrypt_with`` are given: docs/encryption.md).
 
         worker = AsyncWorker(queues=["default"], concurrency=20)
 

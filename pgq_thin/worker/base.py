@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, overload
 
@@ -14,6 +14,7 @@ import psycopg.conninfo
 from pgq_thin.calls import READING
 from pgq_thin.client import resolve_dsn
 from pgq_thin.durations import Interval, to_timedelta
+from pgq_thin.encryption import key_ring
 from pgq_thin.errors import PgqError
 from pgq_thin.models import QueueStatus
 from pgq_thin.tasks import Task, default_kind
@@ -98,7 +99,11 @@ class WorkerBase:
         metrics_token: str | None = None,
         tracing: bool = True,
         tracer_provider: Any = None,
+        keys: Mapping[str, bytes] | None = None,
+        encrypt_with: str | None = None,
     ) -> None:
+        #: The key ring of ``keys`` and ``encrypt_with`` (None: no encryption): docs/encryption.md.
+        self.keyring = key_ring(keys, encrypt_with)
         if poll_interval is not None:
             poll_interval = check_interval("poll_interval", poll_interval, 0, DAY)
         if lease is not None:

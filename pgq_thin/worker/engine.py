@@ -55,6 +55,7 @@ class AsyncRun:
             timeout=2.0, name=f"pgq-worker {worker.name}", open=False)
         await pool.open()
         client = AsyncClient(pool=pool, pooled=worker.pooled)
+        client.keyring = worker.keyring  # the worker's keys, checked when it was made
         clock = DatabaseClock()
         try:
             await read_clock(clock, client)

@@ -16,12 +16,13 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from pgq_thin.durations import Interval, to_timedelta
+from pgq_thin.errors import Undecryptable, UnknownKey
 from pgq_thin.models import Job, UnreadableJson
 from pgq_thin.worker.durable import Parked
 from pgq_thin.worker.support import JobLog, sane_seconds, seconds, transient
 
 __all__ = ["CANCELLED", "PARKED", "Outcome", "OutcomeUnknown", "Retry", "Snooze", "cancelled_before_start",
-           "no_handler", "of_exception", "of_result", "parked", "unreadable"]
+           "no_handler", "of_exception", "of_result", "parked", "undecryptable", "unreadable"]
 
 
 def _delay(what: str, delay: Interval) -> float | timedelta:
@@ -220,6 +221,19 @@ def unreadable(job: Job, jlog: JobLog) -> Outcome | None:
     jlog.error("its %s is nested too deeply for Python's json to read: the job fails for good", " and ".join(what))
     return Outcome("fail", {"error": f"pgq_thin worker: the job's {' and '.join(what)} is nested too deeply for "
                                      "Python's json to read (its recursion limit)", "retryable": False})
+
+
+def undecryptable(job: Job, exc: Undecryptable, jlog: JobLog) -> Outcome:
+    """A job whose encrypted payload the worker's key ring cannot open (its key is not in the ring,
+    or the envelope was altered): it fails at once, not retryable (another attempt of a worker with
+    the same ring could not read it either), with an error naming the key id, never a key."""
+    if isinstance(exc, UnknownKey):
+        error = (f"pgq_thin worker: the job's payload is encrypted with key {exc.kid!r}, which is not in this "
+                 f"worker's key ring (it has: {', '.join(map(repr, exc.kids))})")
+    else:
+        error = f"pgq_thin worker: the job's payload cannot be decrypted: {exc.message}"
+    jlog.error("%s: the job fails for good", error.removeprefix("pgq_thin worker: "))
+    return Outcome("fail", {"error": error, "retryable": False})
 
 
 def no_handler(job: Job, worker_name: str, kinds: list[str], jlog: JobLog) -> Outcome:

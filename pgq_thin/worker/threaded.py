@@ -49,6 +49,13 @@ class Worker(WorkerBase):
     ``metrics_token`` a scrape needs ``Authorization: Bearer TOKEN``.
     ``tracing`` (on by default) opens one OpenTelemetry span per job attempt when opentelemetry-api
     is installed, from ``tracer_provider`` (None: the global one). See docs/metrics.md.
+
+    ``keys`` (key id -> 32 bytes) and ``encrypt_with`` (the id of the key that encrypts): each
+    claimed job's encrypted payload is decrypted for its handler with whichever key of the ring
+    its envelope names, and the result is stored encrypted under ``encrypt_with`` (as are the
+    payloads of the children a durable handler spawns). A job whose envelope names a key not in
+    the ring, or was altered, fails for good (not retryable) with an error naming the key id.
+    See docs/encryption.md (the extra ``pgq-thin[encryption]``).
     """
 
     _run: Run | None = None  # while run() runs

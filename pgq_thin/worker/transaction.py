@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from pgq_thin import calls
+from pgq_thin import calls, encryption
 from pgq_thin.async_client import AsyncClient
 from pgq_thin.client import Client
 from pgq_thin.errors import LeaseLost, PgqError, translated
@@ -63,7 +63,9 @@ class HandlerTransaction:
 
     def _completion(self) -> calls.Call[bool]:
         job = self._context.job
-        return calls.complete(job.id, job.attempt, self.result)
+        call = calls.complete(job.id, job.attempt, self.result)
+        ring = getattr(self._context.client, "keyring", None)  # a worker with keys: the result encrypted
+        return call if ring is None else encryption.sealed(ring, "complete", call)
 
     def _enter(self, manager: Any) -> Any:
         if self._entered is not None:

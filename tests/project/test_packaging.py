@@ -74,5 +74,5 @@ def test_testing_postgresql_comes_with_the_testing_and_test_extras_only(wheel_me
 def test_no_extra_names_the_tools_or_what_only_they_need(wheel_metadata: list[str]) -> None:
     extras = {line.removeprefix("Provides-Extra:").strip() for line in wheel_metadata
               if line.startswith("Provides-Extra:")}
-    assert extras == {"testing", "metrics", "otel", "dashboard", "django", "docs", "test"}
+    assert extras == {"testing", "metrics", "otel", "encryption", "dashboard", "django", "docs", "test"}
     assert not [name for name, _ in _requirements(wheel_metadata) if name in ("matplotlib", "pgq-tools")]

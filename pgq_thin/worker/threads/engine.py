@@ -51,6 +51,7 @@ class Run:
             timeout=2.0, name=f"pgq-worker {worker.name}", open=False)
         pool.open()
         client = Client(pool=pool, pooled=worker.pooled)
+        client.keyring = worker.keyring  # the worker's keys, checked when it was made
         clock = DatabaseClock()
         try:
             read_clock(clock, client)

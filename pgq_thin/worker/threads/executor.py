@@ -5,9 +5,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 
+from pgq_thin.encryption import is_envelope
+from pgq_thin.errors import Undecryptable
 from pgq_thin.models import UnreadableJson
 from pgq_thin.worker import outcomes
 from pgq_thin.worker.context import Handler, JobContext
@@ -32,6 +35,7 @@ class Executor:
         self.completer = completer
         self.flags = flags
         self.watch = watch  # metrics and spans; None: neither is on
+        self.keyring = owner.client.keyring  # a worker with keys: payloads decrypted here
 
     def run(self, held: Held) -> None:
         """Run the handler; record its outcome with exactly one owner call. (A run that a stop at
@@ -66,11 +70,16 @@ class Executor:
         function = self.handlers.get(job.kind)
         if function is None:
             return outcomes.no_handler(job, self.owner.worker_name, sorted(self.handlers), held.log)
+        ctx = held.ctx
+        if self.keyring is not None and is_envelope(job.payload):
+            try:
+                job = ctx.job = dataclasses.replace(job, payload=self.keyring.decrypt(job.payload))
+            except Undecryptable as exc:
+                return outcomes.undecryptable(job, exc, held.log)
         if isinstance(job.payload, UnreadableJson) or isinstance(job.progress, UnreadableJson):
             refused = outcomes.unreadable(job, held.log)  # (not called per job: the common case is neither)
             if refused is not None:
                 return refused
-        ctx = held.ctx
         if ctx._cancelled:  # (the attribute, not the property: no call per job)
             return outcomes.cancelled_before_start(held.log)
         try:
