@@ -24,7 +24,7 @@ import psycopg
 from pgq_thin import __version__, queries
 from pgq_thin.client import Client, bulk_calls, resolve_dsn
 from pgq_thin.durations import format_duration, parse_duration
-from pgq_thin.encryption import is_envelope
+from pgq_thin.encryption import envelope_label
 from pgq_thin.errors import BadArgument, JobNotFound, PermissionDenied, PgqError, WaitTimeout, translate
 from pgq_thin.models import JobRecord, JobResult, StepRecord, UnreadableJson, error_summary
 from pgq_thin.worker import AsyncWorker, Worker
@@ -672,10 +672,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def _json(value: Any) -> str:
     if value is None or isinstance(value, UnreadableJson):
         return "-" if value is None else str(value)
-    if is_envelope(value):  # an encrypted payload or result (docs/encryption.md): its key id, never more
-        kid = value.get("kid")
-        return f"[encrypted, key {kid if isinstance(kid, str) else json.dumps(kid)}]"
-    return json.dumps(value, ensure_ascii=False)
+    return envelope_label(value) or json.dumps(value, ensure_ascii=False)  # an envelope: its key id, never more
 
 
 #: Linked jobs (dependencies, dependants, parent, children, awaited) pgq-thin job shows of each relation.

@@ -58,6 +58,15 @@ def is_envelope(value: Any) -> bool:
     return type(value) is dict and "pgq_enc" in value
 
 
+def envelope_label(value: Any) -> str | None:
+    """How the CLI and the dashboard show an envelope: "[encrypted, key k2]" (its key id, never
+    more); None for a value that is not one."""
+    if not is_envelope(value):
+        return None
+    kid = value.get("kid")
+    return f"[encrypted, key {kid if isinstance(kid, str) else json.dumps(kid)}]"
+
+
 def _aesgcm() -> Any:
     try:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM

@@ -61,6 +61,7 @@ from pgq_thin.dashboard.guard import (
     wants_html,
 )
 from pgq_thin.durations import Interval, format_duration, parse_duration
+from pgq_thin.encryption import envelope_label
 from pgq_thin.errors import (
     ConnectionLost,
     InvalidArgument,
@@ -216,7 +217,8 @@ def _when(value: datetime | None) -> str:
 
 
 def _pretty(value: Any) -> str:
-    return json.dumps(_plain(value), indent=2, sort_keys=True, ensure_ascii=False)
+    """A value as indented JSON; an encrypted payload or result as "[encrypted, key k2]"."""
+    return envelope_label(value) or json.dumps(_plain(value), indent=2, sort_keys=True, ensure_ascii=False)
 
 
 def _templates() -> jinja2.Environment:

@@ -155,6 +155,21 @@ def test_a_script_in_a_payload_or_error_is_text(pgq_client: Client) -> None:
         assert http.get(f"/api/jobs/{job_id}").json()["job"]["last_error"] == f"boom {SCRIPT}"
 
 
+def test_an_encrypted_payload_and_result_show_as_encrypted_and_never_a_key(pgq_client: Client) -> None:
+    key = bytes(range(32))
+    with Client(pgq_client.dsn, keys={"k2": key}, encrypt_with="k2") as sealed:
+        job_id = sealed.enqueue("sealed", "send", {"card": "4111 1111"})
+        [claimed] = sealed.claim("w", ["sealed"])
+        assert sealed.complete(job_id, claimed.attempt, result={"receipt": "r-1"}) is True
+    with dashboard(pgq_client.dsn) as http:
+        page = http.get(f"/jobs/{job_id}").text
+        assert re.search(r'<pre id="payload">\[encrypted, key k2\]</pre>', page), page
+        assert re.search(r'<pre id="result">\[encrypted, key k2\]</pre>', page), page
+        assert "4111" not in page and "r-1" not in page and key.hex() not in page
+        stored = http.get(f"/api/jobs/{job_id}").json()["job"]["payload"]
+        assert stored["pgq_enc"] == 1 and stored["kid"] == "k2"  # the API gives the envelope as stored
+
+
 def test_jobs_page_by_page(pgq_client: Client) -> None:
     ids = pgq_client.enqueue_many("mail", "send", [{"n": n} for n in range(5)])
     pgq_client.enqueue("other", "send", {})
