@@ -111,6 +111,7 @@ CREATE TABLE pgq.queues (
     rate_tat             timestamp with time zone,
     retention_failed     interval,
     retention_cancelled  interval,
+    paused_kinds         text[],
     CONSTRAINT queues_pkey PRIMARY KEY (name),
     CONSTRAINT queues_key_max_running_check CHECK ((key_max_running BETWEEN 0 AND 100000)),
     CONSTRAINT queues_max_attempts_check CHECK ((max_attempts BETWEEN 1 AND 10000)),
@@ -158,6 +159,8 @@ COMMENT ON COLUMN pgq.queues.retention_failed IS
 COMMENT ON COLUMN pgq.queues.retention_cancelled IS
     'How long cancelled jobs are kept after they finished (pgq.sweep and pgq.prune delete them '
     'after it); NULL: the queue''s retention.';
+COMMENT ON COLUMN pgq.queues.paused_kinds IS
+    'The kinds claims skip (pgq.pause(queue, kind => ...)), in name order; NULL: none.';
 
 CREATE TABLE pgq.tenants (
     queue   text NOT NULL,
@@ -1197,7 +1200,7 @@ $$;
 -- tests/sql/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '26'::text $$;
+    AS $$ SELECT '27'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -1489,7 +1492,13 @@ COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, inter
     'failed and cancelled jobs for another time than retention (never set: the queue''s retention).';
 
 -- Pausing or resuming a queue that does not exist is refused (22023): a typo creates nothing.
-CREATE OR REPLACE FUNCTION pgq.pause(queue text)
+-- With `kind`, only that kind of the queue: pause adds it to the queue's paused_kinds (at most
+-- 1000), resume takes it out (a kind that is not paused: nothing changes, the settings are
+-- returned); claims that start after the call commits skip that kind of that queue (pgq.claim says
+-- how, without reading its jobs). A kind that is not a name: 22023 naming `kind`, nothing written.
+-- The queue's pause (kind NULL) and its paused kinds are apart: resuming the queue leaves its
+-- paused kinds paused.
+CREATE OR REPLACE FUNCTION pgq.pause(queue text, kind text DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -1499,16 +1508,30 @@ CREATE OR REPLACE FUNCTION pgq.pause(queue text)
 DECLARE
     q pgq.queues := pgq._existing_queue('queue', pause.queue);
 BEGIN
-    PERFORM pgq._lock_queue(pause.queue);
-    UPDATE pgq.queues AS s SET paused = true WHERE s.name = pause.queue RETURNING * INTO q;
+    IF pause.kind IS NULL THEN
+        PERFORM pgq._lock_queue(pause.queue);
+        UPDATE pgq.queues AS s SET paused = true WHERE s.name = pause.queue RETURNING * INTO q;
+        RETURN q;
+    END IF;
+    PERFORM pgq._check_name('kind', pause.kind);
+    q := pgq._lock_queue(pause.queue);
+    IF pause.kind = ANY (q.paused_kinds) THEN
+        RETURN q;
+    ELSIF cardinality(q.paused_kinds) >= 1000 THEN
+        PERFORM pgq._bad_argument('kind', format('cannot be paused: queue %s has 1000 paused kinds', pause.queue),
+            'Resume some of them first (pgq.resume(queue, kind => ...)), or pause the whole queue.');
+    END IF;
+    UPDATE pgq.queues AS s
+    SET paused_kinds = ARRAY(SELECT k.kind FROM unnest(s.paused_kinds || pause.kind) AS k(kind) ORDER BY k.kind)
+    WHERE s.name = pause.queue RETURNING * INTO q;
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.pause(text) IS
-    'Stops claims from the queue (running jobs go on); enqueue still works. Returns its settings; '
-    '22023 when there is no such queue.';
+COMMENT ON FUNCTION pgq.pause(text, text) IS
+    'Stops claims from the queue (running jobs go on), or with kind only of that kind of it; enqueue '
+    'still works. Returns its settings; 22023 when there is no such queue or kind is not a name.';
 
-CREATE OR REPLACE FUNCTION pgq.resume(queue text)
+CREATE OR REPLACE FUNCTION pgq.resume(queue text, kind text DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -1518,15 +1541,29 @@ CREATE OR REPLACE FUNCTION pgq.resume(queue text)
 DECLARE
     q pgq.queues := pgq._existing_queue('queue', resume.queue);
 BEGIN
-    PERFORM pgq._lock_queue(resume.queue);
-    UPDATE pgq.queues AS s SET paused = false WHERE s.name = resume.queue RETURNING * INTO q;
+    IF resume.kind IS NULL THEN
+        PERFORM pgq._lock_queue(resume.queue);
+        UPDATE pgq.queues AS s SET paused = false WHERE s.name = resume.queue RETURNING * INTO q;
+    ELSE
+        PERFORM pgq._check_name('kind', resume.kind);
+        q := pgq._lock_queue(resume.queue);
+        IF NOT coalesce(resume.kind = ANY (q.paused_kinds), false) THEN
+            RETURN q;  -- not paused: nothing to do
+        END IF;
+        UPDATE pgq.queues AS s
+        SET paused_kinds = nullif(array_remove(s.paused_kinds, resume.kind), '{}')
+        WHERE s.name = resume.queue RETURNING * INTO q;
+    END IF;
     IF q.notify THEN
         PERFORM pg_notify('pgq', resume.queue);
     END IF;
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.resume(text) IS 'Lets workers claim from the queue again. Returns its settings; 22023 when there is no such queue.';
+COMMENT ON FUNCTION pgq.resume(text, text) IS
+    'Lets workers claim from the queue again, or with kind claim that kind of it again (a kind that is '
+    'not paused: nothing changes). Returns its settings; 22023 when there is no such queue or kind is '
+    'not a name.';
 
 -- Removes a queue that has nothing left in it: its settings row and its tenants. Refused with 55000
 -- while the queue has jobs (of any state: cancel or finish the unfinished ones, pgq.prune the
@@ -5504,6 +5541,13 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- side; a rate-limited queue's tokens come from the slices of its rate the claim locks after its
 -- picks, as few as hold what they need (pgq._take_tokens), so its claimers spend side by side too.
 -- Queues with none of them pay nothing for them.
+-- A queue with paused kinds (pgq.pause(queue, kind => ...): queues.paused_kinds) is claimed per kind
+-- through jobs_kind_ready_idx, as if the worker had named its kinds less the paused ones (those it
+-- named, or else the queue's first 1000 pending kinds in name order, found by a skip scan:
+-- pgq._claim_kinds), so a run of paused jobs at the head of the queue is never read, only skipped
+-- (pgq._kinds_pick; a fair or key-limited queue's pick gets those kinds). A queue without paused
+-- kinds, or whose paused kinds the worker does not claim, is claimed as before and pays one
+-- column's test.
 -- A claim never waits for another session's lock: a capped queue's row (a fair queue's tenant
 -- row, a key's rows, a rate's slice) that another transaction holds is skipped for this call
 -- (SKIP LOCKED), so an idle transaction that claimed from a limited queue holds up no other
@@ -5518,7 +5562,8 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- called only when one is wrong), which queues and their rooms (pgq._claimable_queues: one
 -- pgq.claim_room per queue, the row every step passes on), the capped queues' locks and free slots
 -- (pgq._claim_rooms), the due schedules (pgq._fire_schedules), the fair and key-limited picks
--- (pgq._fair_pick, pgq._keyed_pick), the rate limits' tokens for the picks (pgq._take_tokens),
+-- (pgq._fair_pick, pgq._keyed_pick), the queues with paused kinds, per kind (pgq._kinds_pick),
+-- the rate limits' tokens for the picks (pgq._take_tokens),
 -- then the pick and the lease (pgq._lease_jobs), and the tokens spent (pgq._spend_tokens). The
 -- helpers run inside the claim (as its owner, with its settings: no SET clause of their own) and
 -- no role may call them.
@@ -5549,6 +5594,11 @@ DECLARE
     due      boolean;    -- whether one of them has a schedule due
     fenced   boolean;    -- whether the failover fence was moved on this server's timeline
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
+    split    boolean;    -- whether one of them has paused kinds that this claim could take
+    plain    pgq.claim_room[];  -- then: the rooms claimed as before (those without such kinds)
+    split_ids bigint[] := '{}';  -- and the per-kind picks of the others
+    room_kinds text[];
+    one      pgq.claim_room;
 BEGIN
     IF NOT coalesce(length(claim.worker) BETWEEN 1 AND 256 AND claim.batch BETWEEN 1 AND 1000
                     AND (claim.queues IS NULL OR pgq._are_names(claim.queues))
@@ -5562,8 +5612,8 @@ BEGIN
     -- The first read also says whether the failover fence was moved on this server's timeline:
     -- when not, it is now (pgq._check_timeline), before any attempt number is handed out.
     FOR pass IN 1..2 LOOP
-        SELECT e.* INTO rooms, capped, fair, keyed, rated, expired, due, fenced
-        FROM pgq._claimable_queues(claim.queues, claim.batch) AS e;
+        SELECT e.* INTO rooms, capped, fair, keyed, rated, expired, due, fenced, split
+        FROM pgq._claimable_queues(claim.queues, claim.batch, claim.kinds) AS e;
         IF NOT fenced THEN
             PERFORM pgq._check_timeline();
         END IF;
@@ -5590,9 +5640,25 @@ BEGIN
         PERFORM pgq._fire_schedules(10, due_queues);
     END IF;
 
+    -- The queues with paused kinds: a plain one's jobs picked here per kind (its room leaves
+    -- `rooms`); a fair or key-limited one's pick below gets its kinds.
+    IF split THEN
+        plain := '{}';
+        FOREACH one IN ARRAY rooms LOOP
+            room_kinds := pgq._claim_kinds(one.queue, claim.kinds);
+            IF one.fair OR one.keyed OR room_kinds IS NOT DISTINCT FROM claim.kinds THEN
+                plain := plain || one;
+            ELSE
+                split_ids := split_ids || ARRAY(SELECT p.id FROM pgq._kinds_pick(one.queue, one.room, room_kinds) AS p(id));
+            END IF;
+        END LOOP;
+        rooms := plain;
+    END IF;
+
     IF fair THEN
         fair_ids := ARRAY(SELECT f.id FROM unnest(rooms) AS r
-                          CROSS JOIN LATERAL pgq._fair_pick(r.queue, r.room, claim.kinds) AS f(id)
+                          CROSS JOIN LATERAL pgq._fair_pick(r.queue, r.room, CASE WHEN split THEN pgq._claim_kinds(r.queue, claim.kinds)
+                                                                                  ELSE claim.kinds END) AS f(id)
                           WHERE r.fair AND NOT r.keyed);
     END IF;
     IF keyed THEN
@@ -5600,7 +5666,10 @@ BEGIN
             rate_now := pgq._rate_clock();
         END IF;
         keyed_ids := ARRAY(SELECT f.id FROM unnest(rooms) AS r
-                           CROSS JOIN LATERAL pgq._keyed_pick(r.queue, r.room, claim.kinds, r.fair, rate_now) AS f(id)
+                           CROSS JOIN LATERAL pgq._keyed_pick(r.queue, r.room,
+                                                              CASE WHEN split THEN pgq._claim_kinds(r.queue, claim.kinds)
+                                                                   ELSE claim.kinds END,
+                                                              r.fair, rate_now) AS f(id)
                            WHERE r.keyed);
     END IF;
 
@@ -5611,7 +5680,7 @@ BEGIN
         SELECT t.ids, t.slices, t.at INTO keyed_ids, slices, spend_at FROM pgq._take_tokens(keyed_ids, rooms) AS t;
     END IF;
 
-    RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch, claim.lease,
+    RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids || split_ids, claim.batch, claim.lease,
                                                claim.kinds);
 
     -- The rate limits' tokens, spent for the jobs this claim handed out: its picks (locked by it,
@@ -5747,10 +5816,12 @@ $$;
 -- jobs are never read), and those with a due schedule (queues_schedule_due_idx). rooms is NULL
 -- when no queue is eligible. And whether the failover fence row (pgq.fence, one row) names this
 -- server's timeline (false on a standby, whose WAL position cannot be read: pgq._check_timeline
--- then says so). One SELECT, so the planner inlines it into pgq.claim: no call.
-CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer)
+-- then says so). And whether one of them has paused kinds that a claim of `kinds` (NULL: any)
+-- could take (split: pgq.claim then reads their kinds). One SELECT, so the planner inlines it into
+-- pgq.claim: no call.
+CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer, kinds text[])
     RETURNS TABLE (rooms pgq.claim_room[], capped boolean, fair boolean, keyed boolean, rated boolean,
-                   expired boolean, due boolean, fenced boolean)
+                   expired boolean, due boolean, fenced boolean, split boolean)
     LANGUAGE sql STABLE
     AS $$
     SELECT array_agg(ROW(q.name, $2, q.fair, q.key_limited OR q.rate_limited, q.rate_limit > 0)::pgq.claim_room
@@ -5761,7 +5832,8 @@ CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer)
            coalesce(bool_or(q.rate_limited), false),
            EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
            coalesce(bool_or(q.next_schedule_at <= pgq._now()), false),
-           coalesce((SELECT f.timeline = pgq._timeline() FROM pgq.fence AS f WHERE NOT pg_is_in_recovery()), false)
+           coalesce((SELECT f.timeline = pgq._timeline() FROM pgq.fence AS f WHERE NOT pg_is_in_recovery()), false),
+           coalesce(bool_or(q.paused_kinds IS NOT NULL AND ($3 IS NULL OR $3 && q.paused_kinds)), false)
     FROM pgq.queues AS q
     WHERE NOT q.paused
       AND q.name = ANY (coalesce($1, ARRAY(
@@ -5843,6 +5915,49 @@ BEGIN
         WHERE e.room > 0
         ORDER BY e.queue);
 END
+$$;
+
+-- The kinds a claim of `kinds` (NULL: any) takes from `queue`: `kinds` itself when the queue has no
+-- paused kind among them; else those less the paused ones, or without `kinds` the queue's first
+-- 1000 pending kinds (pgq._pending_kinds: one index probe each) less the paused ones, in name order
+-- (an empty array: none). Bounded whatever the data: a queue with more pending kinds than that has
+-- the rest claimed once the first ones run dry. PL/pgSQL: pgq._pending_kinds comes later in the
+-- source.
+CREATE OR REPLACE FUNCTION pgq._claim_kinds(queue text, kinds text[]) RETURNS text[]
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    paused text[] := (SELECT q.paused_kinds FROM pgq.queues AS q WHERE q.name = _claim_kinds.queue);
+BEGIN
+    IF paused IS NULL OR NOT coalesce(_claim_kinds.kinds && paused, true) THEN
+        RETURN _claim_kinds.kinds;
+    ELSIF _claim_kinds.kinds IS NOT NULL THEN
+        RETURN ARRAY(SELECT DISTINCT k.kind FROM unnest(_claim_kinds.kinds) AS k(kind)
+                     WHERE k.kind <> ALL (paused) ORDER BY k.kind);
+    END IF;
+    RETURN ARRAY(SELECT k.kind FROM pgq._pending_kinds(_claim_kinds.queue, 1000) AS k(kind)
+                 WHERE k.kind <> ALL (paused) ORDER BY k.kind);
+END
+$$;
+
+-- A plain queue's jobs of `kinds` (pgq._claim_kinds) for a claim: per kind, its first `room`
+-- claimable jobs in index order (jobs_kind_ready_idx), locked FOR NO KEY UPDATE SKIP LOCKED, as
+-- pgq._lease_jobs picks a worker's kinds; pgq._lease_jobs takes the best of them with the rest.
+CREATE OR REPLACE FUNCTION pgq._kinds_pick(queue text, room integer, kinds text[]) RETURNS SETOF bigint
+    LANGUAGE sql
+    AS $$
+    SELECT c.id
+    FROM unnest(_kinds_pick.kinds) AS k(kind)
+    CROSS JOIN LATERAL (
+        SELECT j.id
+        FROM pgq.jobs AS j
+        WHERE j.queue = _kinds_pick.queue AND j.kind = k.kind
+          AND j.state = 'pending' AND j.attempt < j.max_attempts
+          AND j.run_at <= pgq._now()
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT _kinds_pick.room
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
 $$;
 
 -- Whether a job has expired: its start_by has passed before its first claim, or its expires_at has
@@ -10313,8 +10428,8 @@ GRANT EXECUTE ON FUNCTION
     pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval),
     pgq.set_tenant_weight(text, text, integer),
     pgq.set_key_limit(text, text, integer),
-    pgq.pause(text),
-    pgq.resume(text),
+    pgq.pause(text, text),
+    pgq.resume(text, text),
     pgq.drop_queue(text),
     pgq.schedule(text, text, text, text, interval, jsonb, text, integer, integer, text, boolean, boolean),
     pgq.unschedule(text),

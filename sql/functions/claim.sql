@@ -25,6 +25,13 @@
 -- side; a rate-limited queue's tokens come from the slices of its rate the claim locks after its
 -- picks, as few as hold what they need (pgq._take_tokens), so its claimers spend side by side too.
 -- Queues with none of them pay nothing for them.
+-- A queue with paused kinds (pgq.pause(queue, kind => ...): queues.paused_kinds) is claimed per kind
+-- through jobs_kind_ready_idx, as if the worker had named its kinds less the paused ones (those it
+-- named, or else the queue's first 1000 pending kinds in name order, found by a skip scan:
+-- pgq._claim_kinds), so a run of paused jobs at the head of the queue is never read, only skipped
+-- (pgq._kinds_pick; a fair or key-limited queue's pick gets those kinds). A queue without paused
+-- kinds, or whose paused kinds the worker does not claim, is claimed as before and pays one
+-- column's test.
 -- A claim never waits for another session's lock: a capped queue's row (a fair queue's tenant
 -- row, a key's rows, a rate's slice) that another transaction holds is skipped for this call
 -- (SKIP LOCKED), so an idle transaction that claimed from a limited queue holds up no other
@@ -39,7 +46,8 @@
 -- called only when one is wrong), which queues and their rooms (pgq._claimable_queues: one
 -- pgq.claim_room per queue, the row every step passes on), the capped queues' locks and free slots
 -- (pgq._claim_rooms), the due schedules (pgq._fire_schedules), the fair and key-limited picks
--- (pgq._fair_pick, pgq._keyed_pick), the rate limits' tokens for the picks (pgq._take_tokens),
+-- (pgq._fair_pick, pgq._keyed_pick), the queues with paused kinds, per kind (pgq._kinds_pick),
+-- the rate limits' tokens for the picks (pgq._take_tokens),
 -- then the pick and the lease (pgq._lease_jobs), and the tokens spent (pgq._spend_tokens). The
 -- helpers run inside the claim (as its owner, with its settings: no SET clause of their own) and
 -- no role may call them.
@@ -70,6 +78,11 @@ DECLARE
     due      boolean;    -- whether one of them has a schedule due
     fenced   boolean;    -- whether the failover fence was moved on this server's timeline
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
+    split    boolean;    -- whether one of them has paused kinds that this claim could take
+    plain    pgq.claim_room[];  -- then: the rooms claimed as before (those without such kinds)
+    split_ids bigint[] := '{}';  -- and the per-kind picks of the others
+    room_kinds text[];
+    one      pgq.claim_room;
 BEGIN
     IF NOT coalesce(length(claim.worker) BETWEEN 1 AND 256 AND claim.batch BETWEEN 1 AND 1000
                     AND (claim.queues IS NULL OR pgq._are_names(claim.queues))
@@ -83,8 +96,8 @@ BEGIN
     -- The first read also says whether the failover fence was moved on this server's timeline:
     -- when not, it is now (pgq._check_timeline), before any attempt number is handed out.
     FOR pass IN 1..2 LOOP
-        SELECT e.* INTO rooms, capped, fair, keyed, rated, expired, due, fenced
-        FROM pgq._claimable_queues(claim.queues, claim.batch) AS e;
+        SELECT e.* INTO rooms, capped, fair, keyed, rated, expired, due, fenced, split
+        FROM pgq._claimable_queues(claim.queues, claim.batch, claim.kinds) AS e;
         IF NOT fenced THEN
             PERFORM pgq._check_timeline();
         END IF;
@@ -111,9 +124,25 @@ BEGIN
         PERFORM pgq._fire_schedules(10, due_queues);
     END IF;
 
+    -- The queues with paused kinds: a plain one's jobs picked here per kind (its room leaves
+    -- `rooms`); a fair or key-limited one's pick below gets its kinds.
+    IF split THEN
+        plain := '{}';
+        FOREACH one IN ARRAY rooms LOOP
+            room_kinds := pgq._claim_kinds(one.queue, claim.kinds);
+            IF one.fair OR one.keyed OR room_kinds IS NOT DISTINCT FROM claim.kinds THEN
+                plain := plain || one;
+            ELSE
+                split_ids := split_ids || ARRAY(SELECT p.id FROM pgq._kinds_pick(one.queue, one.room, room_kinds) AS p(id));
+            END IF;
+        END LOOP;
+        rooms := plain;
+    END IF;
+
     IF fair THEN
         fair_ids := ARRAY(SELECT f.id FROM unnest(rooms) AS r
-                          CROSS JOIN LATERAL pgq._fair_pick(r.queue, r.room, claim.kinds) AS f(id)
+                          CROSS JOIN LATERAL pgq._fair_pick(r.queue, r.room, CASE WHEN split THEN pgq._claim_kinds(r.queue, claim.kinds)
+                                                                                  ELSE claim.kinds END) AS f(id)
                           WHERE r.fair AND NOT r.keyed);
     END IF;
     IF keyed THEN
@@ -121,7 +150,10 @@ BEGIN
             rate_now := pgq._rate_clock();
         END IF;
         keyed_ids := ARRAY(SELECT f.id FROM unnest(rooms) AS r
-                           CROSS JOIN LATERAL pgq._keyed_pick(r.queue, r.room, claim.kinds, r.fair, rate_now) AS f(id)
+                           CROSS JOIN LATERAL pgq._keyed_pick(r.queue, r.room,
+                                                              CASE WHEN split THEN pgq._claim_kinds(r.queue, claim.kinds)
+                                                                   ELSE claim.kinds END,
+                                                              r.fair, rate_now) AS f(id)
                            WHERE r.keyed);
     END IF;
 
@@ -132,7 +164,7 @@ BEGIN
         SELECT t.ids, t.slices, t.at INTO keyed_ids, slices, spend_at FROM pgq._take_tokens(keyed_ids, rooms) AS t;
     END IF;
 
-    RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch, claim.lease,
+    RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids || split_ids, claim.batch, claim.lease,
                                                claim.kinds);
 
     -- The rate limits' tokens, spent for the jobs this claim handed out: its picks (locked by it,
@@ -268,10 +300,12 @@ $$;
 -- jobs are never read), and those with a due schedule (queues_schedule_due_idx). rooms is NULL
 -- when no queue is eligible. And whether the failover fence row (pgq.fence, one row) names this
 -- server's timeline (false on a standby, whose WAL position cannot be read: pgq._check_timeline
--- then says so). One SELECT, so the planner inlines it into pgq.claim: no call.
-CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer)
+-- then says so). And whether one of them has paused kinds that a claim of `kinds` (NULL: any)
+-- could take (split: pgq.claim then reads their kinds). One SELECT, so the planner inlines it into
+-- pgq.claim: no call.
+CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer, kinds text[])
     RETURNS TABLE (rooms pgq.claim_room[], capped boolean, fair boolean, keyed boolean, rated boolean,
-                   expired boolean, due boolean, fenced boolean)
+                   expired boolean, due boolean, fenced boolean, split boolean)
     LANGUAGE sql STABLE
     AS $$
     SELECT array_agg(ROW(q.name, $2, q.fair, q.key_limited OR q.rate_limited, q.rate_limit > 0)::pgq.claim_room
@@ -282,7 +316,8 @@ CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer)
            coalesce(bool_or(q.rate_limited), false),
            EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
            coalesce(bool_or(q.next_schedule_at <= pgq._now()), false),
-           coalesce((SELECT f.timeline = pgq._timeline() FROM pgq.fence AS f WHERE NOT pg_is_in_recovery()), false)
+           coalesce((SELECT f.timeline = pgq._timeline() FROM pgq.fence AS f WHERE NOT pg_is_in_recovery()), false),
+           coalesce(bool_or(q.paused_kinds IS NOT NULL AND ($3 IS NULL OR $3 && q.paused_kinds)), false)
     FROM pgq.queues AS q
     WHERE NOT q.paused
       AND q.name = ANY (coalesce($1, ARRAY(
@@ -364,6 +399,49 @@ BEGIN
         WHERE e.room > 0
         ORDER BY e.queue);
 END
+$$;
+
+-- The kinds a claim of `kinds` (NULL: any) takes from `queue`: `kinds` itself when the queue has no
+-- paused kind among them; else those less the paused ones, or without `kinds` the queue's first
+-- 1000 pending kinds (pgq._pending_kinds: one index probe each) less the paused ones, in name order
+-- (an empty array: none). Bounded whatever the data: a queue with more pending kinds than that has
+-- the rest claimed once the first ones run dry. PL/pgSQL: pgq._pending_kinds comes later in the
+-- source.
+CREATE OR REPLACE FUNCTION pgq._claim_kinds(queue text, kinds text[]) RETURNS text[]
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    paused text[] := (SELECT q.paused_kinds FROM pgq.queues AS q WHERE q.name = _claim_kinds.queue);
+BEGIN
+    IF paused IS NULL OR NOT coalesce(_claim_kinds.kinds && paused, true) THEN
+        RETURN _claim_kinds.kinds;
+    ELSIF _claim_kinds.kinds IS NOT NULL THEN
+        RETURN ARRAY(SELECT DISTINCT k.kind FROM unnest(_claim_kinds.kinds) AS k(kind)
+                     WHERE k.kind <> ALL (paused) ORDER BY k.kind);
+    END IF;
+    RETURN ARRAY(SELECT k.kind FROM pgq._pending_kinds(_claim_kinds.queue, 1000) AS k(kind)
+                 WHERE k.kind <> ALL (paused) ORDER BY k.kind);
+END
+$$;
+
+-- A plain queue's jobs of `kinds` (pgq._claim_kinds) for a claim: per kind, its first `room`
+-- claimable jobs in index order (jobs_kind_ready_idx), locked FOR NO KEY UPDATE SKIP LOCKED, as
+-- pgq._lease_jobs picks a worker's kinds; pgq._lease_jobs takes the best of them with the rest.
+CREATE OR REPLACE FUNCTION pgq._kinds_pick(queue text, room integer, kinds text[]) RETURNS SETOF bigint
+    LANGUAGE sql
+    AS $$
+    SELECT c.id
+    FROM unnest(_kinds_pick.kinds) AS k(kind)
+    CROSS JOIN LATERAL (
+        SELECT j.id
+        FROM pgq.jobs AS j
+        WHERE j.queue = _kinds_pick.queue AND j.kind = k.kind
+          AND j.state = 'pending' AND j.attempt < j.max_attempts
+          AND j.run_at <= pgq._now()
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT _kinds_pick.room
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
 $$;
 
 -- Whether a job has expired: its start_by has passed before its first claim, or its expires_at has
