@@ -5546,8 +5546,8 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- named, or else the queue's first 1000 pending kinds in name order, found by a skip scan:
 -- pgq._claim_kinds), so a run of paused jobs at the head of the queue is never read, only skipped
 -- (pgq._kinds_pick; a fair or key-limited queue's pick gets those kinds). A queue without paused
--- kinds, or whose paused kinds the worker does not claim, is claimed as before and pays one
--- column's test.
+-- kinds, or whose paused kinds the worker does not claim, is claimed as before: whether any queue
+-- of the claim has paused kinds is read with whether one has a schedule due (one aggregate).
 -- A claim never waits for another session's lock: a capped queue's row (a fair queue's tenant
 -- row, a key's rows, a rate's slice) that another transaction holds is skipped for this call
 -- (SKIP LOCKED), so an idle transaction that claimed from a limited queue holds up no other
@@ -5562,8 +5562,8 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- called only when one is wrong), which queues and their rooms (pgq._claimable_queues: one
 -- pgq.claim_room per queue, the row every step passes on), the capped queues' locks and free slots
 -- (pgq._claim_rooms), the due schedules (pgq._fire_schedules), the fair and key-limited picks
--- (pgq._fair_pick, pgq._keyed_pick), the queues with paused kinds, per kind (pgq._kinds_pick),
--- the rate limits' tokens for the picks (pgq._take_tokens),
+-- (pgq._fair_pick, pgq._keyed_pick), the rate limits' tokens for the picks (pgq._take_tokens),
+-- the plain queues with paused kinds, per kind (pgq._kinds_rooms, pgq._kinds_pick),
 -- then the pick and the lease (pgq._lease_jobs), and the tokens spent (pgq._spend_tokens). The
 -- helpers run inside the claim (as its owner, with its settings: no SET clause of their own) and
 -- no role may call them.
@@ -5591,14 +5591,9 @@ DECLARE
     slices   pgq.rate_slices[];  -- then: the rate-limited queues' slices it holds
     spend_at timestamptz;  -- then: the rate clock the tokens are spent at
     expired  boolean;    -- whether any lease has expired
-    due      boolean;    -- whether one of them has a schedule due
+    due      boolean;    -- whether one of them has a schedule due or paused kinds (the rare steps)
     fenced   boolean;    -- whether the failover fence was moved on this server's timeline
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
-    split    boolean;    -- whether one of them has paused kinds that this claim could take
-    plain    pgq.claim_room[];  -- then: the rooms claimed as before (those without such kinds)
-    split_ids bigint[] := '{}';  -- and the per-kind picks of the others
-    room_kinds text[];
-    one      pgq.claim_room;
 BEGIN
     IF NOT coalesce(length(claim.worker) BETWEEN 1 AND 256 AND claim.batch BETWEEN 1 AND 1000
                     AND (claim.queues IS NULL OR pgq._are_names(claim.queues))
@@ -5612,8 +5607,8 @@ BEGIN
     -- The first read also says whether the failover fence was moved on this server's timeline:
     -- when not, it is now (pgq._check_timeline), before any attempt number is handed out.
     FOR pass IN 1..2 LOOP
-        SELECT e.* INTO rooms, capped, fair, keyed, rated, expired, due, fenced, split
-        FROM pgq._claimable_queues(claim.queues, claim.batch, claim.kinds) AS e;
+        SELECT e.* INTO rooms, capped, fair, keyed, rated, expired, due, fenced
+        FROM pgq._claimable_queues(claim.queues, claim.batch) AS e;
         IF NOT fenced THEN
             PERFORM pgq._check_timeline();
         END IF;
@@ -5640,24 +5635,10 @@ BEGIN
         PERFORM pgq._fire_schedules(10, due_queues);
     END IF;
 
-    -- The queues with paused kinds: a plain one's jobs picked here per kind (its room leaves
-    -- `rooms`); a fair or key-limited one's pick below gets its kinds.
-    IF split THEN
-        plain := '{}';
-        FOREACH one IN ARRAY rooms LOOP
-            room_kinds := pgq._claim_kinds(one.queue, claim.kinds);
-            IF one.fair OR one.keyed OR room_kinds IS NOT DISTINCT FROM claim.kinds THEN
-                plain := plain || one;
-            ELSE
-                split_ids := split_ids || ARRAY(SELECT p.id FROM pgq._kinds_pick(one.queue, one.room, room_kinds) AS p(id));
-            END IF;
-        END LOOP;
-        rooms := plain;
-    END IF;
-
+    -- (A fair or key-limited queue with paused kinds: its pick gets the kinds it may claim.)
     IF fair THEN
         fair_ids := ARRAY(SELECT f.id FROM unnest(rooms) AS r
-                          CROSS JOIN LATERAL pgq._fair_pick(r.queue, r.room, CASE WHEN split THEN pgq._claim_kinds(r.queue, claim.kinds)
+                          CROSS JOIN LATERAL pgq._fair_pick(r.queue, r.room, CASE WHEN due THEN pgq._claim_kinds(r.queue, claim.kinds)
                                                                                   ELSE claim.kinds END) AS f(id)
                           WHERE r.fair AND NOT r.keyed);
     END IF;
@@ -5667,7 +5648,7 @@ BEGIN
         END IF;
         keyed_ids := ARRAY(SELECT f.id FROM unnest(rooms) AS r
                            CROSS JOIN LATERAL pgq._keyed_pick(r.queue, r.room,
-                                                              CASE WHEN split THEN pgq._claim_kinds(r.queue, claim.kinds)
+                                                              CASE WHEN due THEN pgq._claim_kinds(r.queue, claim.kinds)
                                                                    ELSE claim.kinds END,
                                                               r.fair, rate_now) AS f(id)
                            WHERE r.keyed);
@@ -5680,7 +5661,13 @@ BEGIN
         SELECT t.ids, t.slices, t.at INTO keyed_ids, slices, spend_at FROM pgq._take_tokens(keyed_ids, rooms) AS t;
     END IF;
 
-    RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids || split_ids, claim.batch, claim.lease,
+    -- The plain queues with paused kinds: their jobs picked per kind (pgq._kinds_rooms), handed on
+    -- with the fair picks; their rooms leave `rooms`, which _lease_jobs reads in index order.
+    IF due THEN
+        SELECT s.plain, fair_ids || s.ids INTO rooms, fair_ids FROM pgq._kinds_rooms(rooms, claim.kinds) AS s;
+    END IF;
+
+    RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch, claim.lease,
                                                claim.kinds);
 
     -- The rate limits' tokens, spent for the jobs this claim handed out: its picks (locked by it,
@@ -5816,12 +5803,12 @@ $$;
 -- jobs are never read), and those with a due schedule (queues_schedule_due_idx). rooms is NULL
 -- when no queue is eligible. And whether the failover fence row (pgq.fence, one row) names this
 -- server's timeline (false on a standby, whose WAL position cannot be read: pgq._check_timeline
--- then says so). And whether one of them has paused kinds that a claim of `kinds` (NULL: any)
--- could take (split: pgq.claim then reads their kinds). One SELECT, so the planner inlines it into
--- pgq.claim: no call.
-CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer, kinds text[])
+-- then says so). `due` says too whether one of them has paused kinds (pgq.claim then reads their
+-- kinds: pgq._kinds_rooms): the two rare steps share one aggregate, since each aggregate costs
+-- every claim its set-up. One SELECT, so the planner inlines it into pgq.claim: no call.
+CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer)
     RETURNS TABLE (rooms pgq.claim_room[], capped boolean, fair boolean, keyed boolean, rated boolean,
-                   expired boolean, due boolean, fenced boolean, split boolean)
+                   expired boolean, due boolean, fenced boolean)
     LANGUAGE sql STABLE
     AS $$
     SELECT array_agg(ROW(q.name, $2, q.fair, q.key_limited OR q.rate_limited, q.rate_limit > 0)::pgq.claim_room
@@ -5831,9 +5818,8 @@ CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer, k
            coalesce(bool_or(q.key_limited OR q.rate_limited), false),
            coalesce(bool_or(q.rate_limited), false),
            EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
-           coalesce(bool_or(q.next_schedule_at <= pgq._now()), false),
-           coalesce((SELECT f.timeline = pgq._timeline() FROM pgq.fence AS f WHERE NOT pg_is_in_recovery()), false),
-           coalesce(bool_or(q.paused_kinds IS NOT NULL AND ($3 IS NULL OR $3 && q.paused_kinds)), false)
+           coalesce(bool_or(q.next_schedule_at <= pgq._now() OR q.paused_kinds IS NOT NULL), false),
+           coalesce((SELECT f.timeline = pgq._timeline() FROM pgq.fence AS f WHERE NOT pg_is_in_recovery()), false)
     FROM pgq.queues AS q
     WHERE NOT q.paused
       AND q.name = ANY (coalesce($1, ARRAY(
@@ -5958,6 +5944,30 @@ CREATE OR REPLACE FUNCTION pgq._kinds_pick(queue text, room integer, kinds text[
         LIMIT _kinds_pick.room
         FOR NO KEY UPDATE SKIP LOCKED
     ) AS c
+$$;
+
+-- For a claim of `kinds` one of whose queues may have paused kinds (pgq._claimable_queues' due): the rooms
+-- without those of plain queues that have paused kinds this claim could take (`plain`), and those
+-- queues' jobs picked per kind (`ids`: pgq._kinds_pick, of pgq._claim_kinds' kinds).
+CREATE OR REPLACE FUNCTION pgq._kinds_rooms(rooms pgq.claim_room[], kinds text[],
+                                            OUT plain pgq.claim_room[], OUT ids bigint[])
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r          pgq.claim_room;
+    room_kinds text[];
+BEGIN
+    plain := '{}';
+    ids := '{}';
+    FOREACH r IN ARRAY _kinds_rooms.rooms LOOP
+        room_kinds := pgq._claim_kinds(r.queue, _kinds_rooms.kinds);
+        IF r.fair OR r.keyed OR room_kinds IS NOT DISTINCT FROM _kinds_rooms.kinds THEN
+            plain := plain || r;
+        ELSE
+            ids := ids || ARRAY(SELECT p.id FROM pgq._kinds_pick(r.queue, r.room, room_kinds) AS p(id));
+        END IF;
+    END LOOP;
+END
 $$;
 
 -- Whether a job has expired: its start_by has passed before its first claim, or its expires_at has

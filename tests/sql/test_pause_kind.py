@@ -100,10 +100,11 @@ def test_the_claim_of_a_queue_with_a_paused_kind_reads_no_paused_job(conn: psyco
         assert any(s.index == "jobs_kind_ready_idx" for p in plans for s in p.job_scans)
 
 
-def test_a_fair_and_a_key_limited_queue_skip_a_paused_kind_too(conn: psycopg.Connection) -> None:
+def test_a_fair_a_key_limited_and_a_capped_queue_skip_a_paused_kind_too(conn: psycopg.Connection) -> None:
     conn.execute("SELECT pgq.configure_queue('f', fair => true)")
     conn.execute("SELECT pgq.configure_queue('k', key_max_running => 1)")
-    for queue in ("f", "k"):
+    conn.execute("SELECT pgq.configure_queue('c', max_running => 1)")
+    for queue in ("f", "k", "c"):
         conn.execute("SELECT pgq.enqueue(%s, 'slow', priority => 9, tenant => 't', concurrency_key => 'a')", (queue,))
         fast = int(one(conn, "SELECT pgq.enqueue(%s, 'fast', tenant => 't', concurrency_key => 'b')", (queue,)))
         conn.execute("SELECT pgq.pause(%s, kind => 'slow')", (queue,))
