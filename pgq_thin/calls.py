@@ -892,14 +892,16 @@ def prune(older_than: Interval | None = None, max_jobs: int = 10000) -> Call[int
     return Call(queries.PRUNE, {"older_than": _interval("older_than", older_than), "max_jobs": max_jobs}, _count)
 
 
-def pause(queue: str) -> Call[QueueSettings]:
-    """pgq.pause: workers stop claiming from the queue."""
-    return Call(queries.PAUSE, {"queue": queue}, _settings, rows=dict_row)
+def pause(queue: str, kind: str | None = None) -> Call[QueueSettings]:
+    """pgq.pause: workers stop claiming from the queue; with ``kind``, only jobs of that kind of it
+    (the settings' ``paused_kinds``)."""
+    return Call(queries.PAUSE, {"queue": queue, "kind": kind}, _settings, rows=dict_row)
 
 
-def resume(queue: str) -> Call[QueueSettings]:
-    """pgq.resume: workers claim from the queue again."""
-    return Call(queries.RESUME, {"queue": queue}, _settings, rows=dict_row)
+def resume(queue: str, kind: str | None = None) -> Call[QueueSettings]:
+    """pgq.resume: workers claim from the queue again; with ``kind``, that paused kind of it (a kind
+    that is not paused: nothing changes)."""
+    return Call(queries.RESUME, {"queue": queue, "kind": kind}, _settings, rows=dict_row)
 
 
 def drop_queue(queue: str) -> Call[bool]:

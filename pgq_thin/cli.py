@@ -26,7 +26,7 @@ from pgq_thin.client import Client, bulk_calls, resolve_dsn
 from pgq_thin.durations import format_duration, parse_duration
 from pgq_thin.encryption import envelope_label
 from pgq_thin.errors import BadArgument, JobNotFound, PermissionDenied, PgqError, WaitTimeout, translate
-from pgq_thin.models import JobRecord, JobResult, StepRecord, UnreadableJson, error_summary
+from pgq_thin.models import JobRecord, JobResult, QueueSettings, StepRecord, UnreadableJson, error_summary
 from pgq_thin.worker import AsyncWorker, Worker
 
 # What the command prints ---------------------------------------------------------------------------
@@ -849,17 +849,23 @@ def cmd_workers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _paused_kinds(settings: QueueSettings) -> str:
+    return ", ".join(settings.paused_kinds) if settings.paused_kinds else "(none)"
+
+
 def cmd_pause(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        client.pause(args.queue)
-    say(f"queue {args.queue}: paused")
+        settings = client.pause(args.queue, kind=args.kind)
+    say(f"queue {args.queue}: paused" if args.kind is None
+        else f"queue {args.queue}: kind {args.kind} paused (paused kinds: {_paused_kinds(settings)})")
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        client.resume(args.queue)
-    say(f"queue {args.queue}: resumed")
+        settings = client.resume(args.queue, kind=args.kind)
+    say(f"queue {args.queue}: resumed" if args.kind is None
+        else f"queue {args.queue}: kind {args.kind} resumed (paused kinds: {_paused_kinds(settings)})")
     return 0
 
 
@@ -1247,11 +1253,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("workers", cmd_workers, "the live workers: what each claims and runs (pgq.workers)")
 
-    p = command("pause", cmd_pause, "stop workers claiming from a queue")
+    p = command("pause", cmd_pause, "stop workers claiming from a queue (or, with --kind, one kind of it)")
     p.add_argument("queue")
+    p.add_argument("--kind", help="pause only this kind of the queue")
 
-    p = command("resume", cmd_resume, "let workers claim from a queue again")
+    p = command("resume", cmd_resume, "let workers claim from a queue (or, with --kind, one kind of it) again")
     p.add_argument("queue")
+    p.add_argument("--kind", help="resume only this paused kind of the queue")
 
     p = command("doctor", cmd_doctor, "check pgq's health (pgq.health): the findings that are not ok, then one "
                 "summary line; exits 2 on anything critical")

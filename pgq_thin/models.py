@@ -140,6 +140,8 @@ class QueueSettings:
     retention_failed: timedelta | None = None
     #: How long cancelled jobs are kept (None: ``retention``).
     retention_cancelled: timedelta | None = None
+    #: The kinds claims skip (pgq.pause(queue, kind => ...)), in name order; None: none.
+    paused_kinds: list[str] | None = None
 
 
 @dataclass(frozen=True)

@@ -219,9 +219,9 @@ DELETE_JOBS = (
 )
 RESOLVE = "SELECT pgq.resolve(id => %(id)s::bigint, state => %(state)s::text)"
 PRUNE = "SELECT pgq.prune(older_than => %(older_than)s::interval, max_jobs => %(max_jobs)s::integer)"
-PAUSE = "SELECT * FROM pgq.pause(queue => %(queue)s::text)"
+PAUSE = "SELECT * FROM pgq.pause(queue => %(queue)s::text, kind => %(kind)s::text)"
 DROP_QUEUE = "SELECT pgq.drop_queue(queue => %(queue)s::text)"
-RESUME = "SELECT * FROM pgq.resume(queue => %(queue)s::text)"
+RESUME = "SELECT * FROM pgq.resume(queue => %(queue)s::text, kind => %(kind)s::text)"
 CONFIGURE_QUEUE = (
     "SELECT * FROM pgq.configure_queue(queue => %(queue)s::text, lease => %(lease)s::interval,"
     " max_attempts => %(max_attempts)s::integer, backoff_base => %(backoff_base)s::interval,"
@@ -309,8 +309,8 @@ ACTION_FUNCTIONS = {
     "retry": "pgq.retry(bigint)",
     "cancel": "pgq.cancel(bigint)",
     "resolve": "pgq.resolve(bigint,text)",
-    "pause": "pgq.pause(text)",
-    "resume": "pgq.resume(text)",
+    "pause": "pgq.pause(text,text)",
+    "resume": "pgq.resume(text,text)",
     "retry_jobs": "pgq.retry_jobs(text,text,text,timestamptz,integer,text[])",
     "cancel_jobs": "pgq.cancel_jobs(text,text,text,timestamptz,integer,text[])",
     "delete_jobs": "pgq.delete_jobs(text,text,text,timestamptz,integer,text[])",

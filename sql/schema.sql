@@ -111,6 +111,7 @@ CREATE TABLE pgq.queues (
     rate_tat             timestamp with time zone,
     retention_failed     interval,
     retention_cancelled  interval,
+    paused_kinds         text[],
     CONSTRAINT queues_pkey PRIMARY KEY (name),
     CONSTRAINT queues_key_max_running_check CHECK ((key_max_running BETWEEN 0 AND 100000)),
     CONSTRAINT queues_max_attempts_check CHECK ((max_attempts BETWEEN 1 AND 10000)),
@@ -158,6 +159,8 @@ COMMENT ON COLUMN pgq.queues.retention_failed IS
 COMMENT ON COLUMN pgq.queues.retention_cancelled IS
     'How long cancelled jobs are kept after they finished (pgq.sweep and pgq.prune delete them '
     'after it); NULL: the queue''s retention.';
+COMMENT ON COLUMN pgq.queues.paused_kinds IS
+    'The kinds claims skip (pgq.pause(queue, kind => ...)), in name order; NULL: none.';
 
 CREATE TABLE pgq.tenants (
     queue   text NOT NULL,
@@ -1197,7 +1200,7 @@ $$;
 -- tests/sql/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '26'::text $$;
+    AS $$ SELECT '27'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -1489,7 +1492,13 @@ COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, inter
     'failed and cancelled jobs for another time than retention (never set: the queue''s retention).';
 
 -- Pausing or resuming a queue that does not exist is refused (22023): a typo creates nothing.
-CREATE OR REPLACE FUNCTION pgq.pause(queue text)
+-- With `kind`, only that kind of the queue: pause adds it to the queue's paused_kinds (at most
+-- 1000), resume takes it out (a kind that is not paused: nothing changes, the settings are
+-- returned); claims that start after the call commits skip that kind of that queue (pgq.claim says
+-- how, without reading its jobs). A kind that is not a name: 22023 naming `kind`, nothing written.
+-- The queue's pause (kind NULL) and its paused kinds are apart: resuming the queue leaves its
+-- paused kinds paused.
+CREATE OR REPLACE FUNCTION pgq.pause(queue text, kind text DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -1499,16 +1508,30 @@ CREATE OR REPLACE FUNCTION pgq.pause(queue text)
 DECLARE
     q pgq.queues := pgq._existing_queue('queue', pause.queue);
 BEGIN
-    PERFORM pgq._lock_queue(pause.queue);
-    UPDATE pgq.queues AS s SET paused = true WHERE s.name = pause.queue RETURNING * INTO q;
+    IF pause.kind IS NULL THEN
+        PERFORM pgq._lock_queue(pause.queue);
+        UPDATE pgq.queues AS s SET paused = true WHERE s.name = pause.queue RETURNING * INTO q;
+        RETURN q;
+    END IF;
+    PERFORM pgq._check_name('kind', pause.kind);
+    q := pgq._lock_queue(pause.queue);
+    IF pause.kind = ANY (q.paused_kinds) THEN
+        RETURN q;
+    ELSIF cardinality(q.paused_kinds) >= 1000 THEN
+        PERFORM pgq._bad_argument('kind', format('cannot be paused: queue %s has 1000 paused kinds', pause.queue),
+            'Resume some of them first (pgq.resume(queue, kind => ...)), or pause the whole queue.');
+    END IF;
+    UPDATE pgq.queues AS s
+    SET paused_kinds = ARRAY(SELECT k.kind FROM unnest(s.paused_kinds || pause.kind) AS k(kind) ORDER BY k.kind)
+    WHERE s.name = pause.queue RETURNING * INTO q;
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.pause(text) IS
-    'Stops claims from the queue (running jobs go on); enqueue still works. Returns its settings; '
-    '22023 when there is no such queue.';
+COMMENT ON FUNCTION pgq.pause(text, text) IS
+    'Stops claims from the queue (running jobs go on), or with kind only of that kind of it; enqueue '
+    'still works. Returns its settings; 22023 when there is no such queue or kind is not a name.';
 
-CREATE OR REPLACE FUNCTION pgq.resume(queue text)
+CREATE OR REPLACE FUNCTION pgq.resume(queue text, kind text DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -1518,15 +1541,29 @@ CREATE OR REPLACE FUNCTION pgq.resume(queue text)
 DECLARE
     q pgq.queues := pgq._existing_queue('queue', resume.queue);
 BEGIN
-    PERFORM pgq._lock_queue(resume.queue);
-    UPDATE pgq.queues AS s SET paused = false WHERE s.name = resume.queue RETURNING * INTO q;
+    IF resume.kind IS NULL THEN
+        PERFORM pgq._lock_queue(resume.queue);
+        UPDATE pgq.queues AS s SET paused = false WHERE s.name = resume.queue RETURNING * INTO q;
+    ELSE
+        PERFORM pgq._check_name('kind', resume.kind);
+        q := pgq._lock_queue(resume.queue);
+        IF NOT coalesce(resume.kind = ANY (q.paused_kinds), false) THEN
+            RETURN q;  -- not paused: nothing to do
+        END IF;
+        UPDATE pgq.queues AS s
+        SET paused_kinds = nullif(array_remove(s.paused_kinds, resume.kind), '{}')
+        WHERE s.name = resume.queue RETURNING * INTO q;
+    END IF;
     IF q.notify THEN
         PERFORM pg_notify('pgq', resume.queue);
     END IF;
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.resume(text) IS 'Lets workers claim from the queue again. Returns its settings; 22023 when there is no such queue.';
+COMMENT ON FUNCTION pgq.resume(text, text) IS
+    'Lets workers claim from the queue again, or with kind claim that kind of it again (a kind that is '
+    'not paused: nothing changes). Returns its settings; 22023 when there is no such queue or kind is '
+    'not a name.';
 
 -- Removes a queue that has nothing left in it: its settings row and its tenants. Refused with 55000
 -- while the queue has jobs (of any state: cancel or finish the unfinished ones, pgq.prune the
@@ -5504,6 +5541,13 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- side; a rate-limited queue's tokens come from the slices of its rate the claim locks after its
 -- picks, as few as hold what they need (pgq._take_tokens), so its claimers spend side by side too.
 -- Queues with none of them pay nothing for them.
+-- A queue with paused kinds (pgq.pause(queue, kind => ...): queues.paused_kinds) is claimed per kind
+-- through jobs_kind_ready_idx, as if the worker had named its kinds less the paused ones (those it
+-- named, or else the queue's first 1000 pending kinds in name order, found by a skip scan:
+-- pgq._claim_kinds), so a run of paused jobs at the head of the queue is never read, only skipped
+-- (pgq._kinds_pick; a fair or key-limited queue's pick gets those kinds). A queue without paused
+-- kinds, or whose paused kinds the worker does not claim, is claimed as before: whether any queue
+-- of the claim has paused kinds is read with whether one has a schedule due (one aggregate).
 -- A claim never waits for another session's lock: a capped queue's row (a fair queue's tenant
 -- row, a key's rows, a rate's slice) that another transaction holds is skipped for this call
 -- (SKIP LOCKED), so an idle transaction that claimed from a limited queue holds up no other
@@ -5519,6 +5563,7 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- pgq.claim_room per queue, the row every step passes on), the capped queues' locks and free slots
 -- (pgq._claim_rooms), the due schedules (pgq._fire_schedules), the fair and key-limited picks
 -- (pgq._fair_pick, pgq._keyed_pick), the rate limits' tokens for the picks (pgq._take_tokens),
+-- the plain queues with paused kinds, per kind (pgq._kinds_rooms, pgq._kinds_pick),
 -- then the pick and the lease (pgq._lease_jobs), and the tokens spent (pgq._spend_tokens). The
 -- helpers run inside the claim (as its owner, with its settings: no SET clause of their own) and
 -- no role may call them.
@@ -5546,7 +5591,7 @@ DECLARE
     slices   pgq.rate_slices[];  -- then: the rate-limited queues' slices it holds
     spend_at timestamptz;  -- then: the rate clock the tokens are spent at
     expired  boolean;    -- whether any lease has expired
-    due      boolean;    -- whether one of them has a schedule due
+    due      boolean;    -- whether one of them has a schedule due or paused kinds (the rare steps)
     fenced   boolean;    -- whether the failover fence was moved on this server's timeline
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
 BEGIN
@@ -5590,9 +5635,11 @@ BEGIN
         PERFORM pgq._fire_schedules(10, due_queues);
     END IF;
 
+    -- (A fair or key-limited queue with paused kinds: its pick gets the kinds it may claim.)
     IF fair THEN
         fair_ids := ARRAY(SELECT f.id FROM unnest(rooms) AS r
-                          CROSS JOIN LATERAL pgq._fair_pick(r.queue, r.room, claim.kinds) AS f(id)
+                          CROSS JOIN LATERAL pgq._fair_pick(r.queue, r.room, CASE WHEN due THEN pgq._claim_kinds(r.queue, claim.kinds)
+                                                                                  ELSE claim.kinds END) AS f(id)
                           WHERE r.fair AND NOT r.keyed);
     END IF;
     IF keyed THEN
@@ -5600,7 +5647,10 @@ BEGIN
             rate_now := pgq._rate_clock();
         END IF;
         keyed_ids := ARRAY(SELECT f.id FROM unnest(rooms) AS r
-                           CROSS JOIN LATERAL pgq._keyed_pick(r.queue, r.room, claim.kinds, r.fair, rate_now) AS f(id)
+                           CROSS JOIN LATERAL pgq._keyed_pick(r.queue, r.room,
+                                                              CASE WHEN due THEN pgq._claim_kinds(r.queue, claim.kinds)
+                                                                   ELSE claim.kinds END,
+                                                              r.fair, rate_now) AS f(id)
                            WHERE r.keyed);
     END IF;
 
@@ -5609,6 +5659,12 @@ BEGIN
     -- slices', the keys', the picks'); picks beyond the tokens are left out.
     IF rated AND keyed_ids <> '{}' THEN
         SELECT t.ids, t.slices, t.at INTO keyed_ids, slices, spend_at FROM pgq._take_tokens(keyed_ids, rooms) AS t;
+    END IF;
+
+    -- The plain queues with paused kinds: their jobs picked per kind (pgq._kinds_rooms), handed on
+    -- with the fair picks; their rooms leave `rooms`, which _lease_jobs reads in index order.
+    IF due THEN
+        SELECT s.plain, fair_ids || s.ids INTO rooms, fair_ids FROM pgq._kinds_rooms(rooms, claim.kinds) AS s;
     END IF;
 
     RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch, claim.lease,
@@ -5747,7 +5803,9 @@ $$;
 -- jobs are never read), and those with a due schedule (queues_schedule_due_idx). rooms is NULL
 -- when no queue is eligible. And whether the failover fence row (pgq.fence, one row) names this
 -- server's timeline (false on a standby, whose WAL position cannot be read: pgq._check_timeline
--- then says so). One SELECT, so the planner inlines it into pgq.claim: no call.
+-- then says so). `due` says too whether one of them has paused kinds (pgq.claim then reads their
+-- kinds: pgq._kinds_rooms): the two rare steps share one aggregate, since each aggregate costs
+-- every claim its set-up. One SELECT, so the planner inlines it into pgq.claim: no call.
 CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer)
     RETURNS TABLE (rooms pgq.claim_room[], capped boolean, fair boolean, keyed boolean, rated boolean,
                    expired boolean, due boolean, fenced boolean)
@@ -5760,7 +5818,7 @@ CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer)
            coalesce(bool_or(q.key_limited OR q.rate_limited), false),
            coalesce(bool_or(q.rate_limited), false),
            EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
-           coalesce(bool_or(q.next_schedule_at <= pgq._now()), false),
+           coalesce(bool_or(q.next_schedule_at <= pgq._now() OR q.paused_kinds IS NOT NULL), false),
            coalesce((SELECT f.timeline = pgq._timeline() FROM pgq.fence AS f WHERE NOT pg_is_in_recovery()), false)
     FROM pgq.queues AS q
     WHERE NOT q.paused
@@ -5842,6 +5900,73 @@ BEGIN
               WHERE NOT q.paused AND (q.max_running = 0 OR q.name = ANY (locked))) AS e
         WHERE e.room > 0
         ORDER BY e.queue);
+END
+$$;
+
+-- The kinds a claim of `kinds` (NULL: any) takes from `queue`: `kinds` itself when the queue has no
+-- paused kind among them; else those less the paused ones, or without `kinds` the queue's first
+-- 1000 pending kinds (pgq._pending_kinds: one index probe each) less the paused ones, in name order
+-- (an empty array: none). Bounded whatever the data: a queue with more pending kinds than that has
+-- the rest claimed once the first ones run dry. PL/pgSQL: pgq._pending_kinds comes later in the
+-- source.
+CREATE OR REPLACE FUNCTION pgq._claim_kinds(queue text, kinds text[]) RETURNS text[]
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    paused text[] := (SELECT q.paused_kinds FROM pgq.queues AS q WHERE q.name = _claim_kinds.queue);
+BEGIN
+    IF paused IS NULL OR NOT coalesce(_claim_kinds.kinds && paused, true) THEN
+        RETURN _claim_kinds.kinds;
+    ELSIF _claim_kinds.kinds IS NOT NULL THEN
+        RETURN ARRAY(SELECT DISTINCT k.kind FROM unnest(_claim_kinds.kinds) AS k(kind)
+                     WHERE k.kind <> ALL (paused) ORDER BY k.kind);
+    END IF;
+    RETURN ARRAY(SELECT k.kind FROM pgq._pending_kinds(_claim_kinds.queue, 1000) AS k(kind)
+                 WHERE k.kind <> ALL (paused) ORDER BY k.kind);
+END
+$$;
+
+-- A plain queue's jobs of `kinds` (pgq._claim_kinds) for a claim: per kind, its first `room`
+-- claimable jobs in index order (jobs_kind_ready_idx), locked FOR NO KEY UPDATE SKIP LOCKED, as
+-- pgq._lease_jobs picks a worker's kinds; pgq._lease_jobs takes the best of them with the rest.
+CREATE OR REPLACE FUNCTION pgq._kinds_pick(queue text, room integer, kinds text[]) RETURNS SETOF bigint
+    LANGUAGE sql
+    AS $$
+    SELECT c.id
+    FROM unnest(_kinds_pick.kinds) AS k(kind)
+    CROSS JOIN LATERAL (
+        SELECT j.id
+        FROM pgq.jobs AS j
+        WHERE j.queue = _kinds_pick.queue AND j.kind = k.kind
+          AND j.state = 'pending' AND j.attempt < j.max_attempts
+          AND j.run_at <= pgq._now()
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT _kinds_pick.room
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
+$$;
+
+-- For a claim of `kinds` one of whose queues may have paused kinds (pgq._claimable_queues' due): the rooms
+-- without those of plain queues that have paused kinds this claim could take (`plain`), and those
+-- queues' jobs picked per kind (`ids`: pgq._kinds_pick, of pgq._claim_kinds' kinds).
+CREATE OR REPLACE FUNCTION pgq._kinds_rooms(rooms pgq.claim_room[], kinds text[],
+                                            OUT plain pgq.claim_room[], OUT ids bigint[])
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r          pgq.claim_room;
+    room_kinds text[];
+BEGIN
+    plain := '{}';
+    ids := '{}';
+    FOREACH r IN ARRAY _kinds_rooms.rooms LOOP
+        room_kinds := pgq._claim_kinds(r.queue, _kinds_rooms.kinds);
+        IF r.fair OR r.keyed OR room_kinds IS NOT DISTINCT FROM _kinds_rooms.kinds THEN
+            plain := plain || r;
+        ELSE
+            ids := ids || ARRAY(SELECT p.id FROM pgq._kinds_pick(r.queue, r.room, room_kinds) AS p(id));
+        END IF;
+    END LOOP;
 END
 $$;
 
@@ -10313,8 +10438,8 @@ GRANT EXECUTE ON FUNCTION
     pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval),
     pgq.set_tenant_weight(text, text, integer),
     pgq.set_key_limit(text, text, integer),
-    pgq.pause(text),
-    pgq.resume(text),
+    pgq.pause(text, text),
+    pgq.resume(text, text),
     pgq.drop_queue(text),
     pgq.schedule(text, text, text, text, interval, jsonb, text, integer, integer, text, boolean, boolean),
     pgq.unschedule(text),

@@ -284,7 +284,13 @@ COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, inter
     'failed and cancelled jobs for another time than retention (never set: the queue''s retention).';
 
 -- Pausing or resuming a queue that does not exist is refused (22023): a typo creates nothing.
-CREATE OR REPLACE FUNCTION pgq.pause(queue text)
+-- With `kind`, only that kind of the queue: pause adds it to the queue's paused_kinds (at most
+-- 1000), resume takes it out (a kind that is not paused: nothing changes, the settings are
+-- returned); claims that start after the call commits skip that kind of that queue (pgq.claim says
+-- how, without reading its jobs). A kind that is not a name: 22023 naming `kind`, nothing written.
+-- The queue's pause (kind NULL) and its paused kinds are apart: resuming the queue leaves its
+-- paused kinds paused.
+CREATE OR REPLACE FUNCTION pgq.pause(queue text, kind text DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -294,16 +300,30 @@ CREATE OR REPLACE FUNCTION pgq.pause(queue text)
 DECLARE
     q pgq.queues := pgq._existing_queue('queue', pause.queue);
 BEGIN
-    PERFORM pgq._lock_queue(pause.queue);
-    UPDATE pgq.queues AS s SET paused = true WHERE s.name = pause.queue RETURNING * INTO q;
+    IF pause.kind IS NULL THEN
+        PERFORM pgq._lock_queue(pause.queue);
+        UPDATE pgq.queues AS s SET paused = true WHERE s.name = pause.queue RETURNING * INTO q;
+        RETURN q;
+    END IF;
+    PERFORM pgq._check_name('kind', pause.kind);
+    q := pgq._lock_queue(pause.queue);
+    IF pause.kind = ANY (q.paused_kinds) THEN
+        RETURN q;
+    ELSIF cardinality(q.paused_kinds) >= 1000 THEN
+        PERFORM pgq._bad_argument('kind', format('cannot be paused: queue %s has 1000 paused kinds', pause.queue),
+            'Resume some of them first (pgq.resume(queue, kind => ...)), or pause the whole queue.');
+    END IF;
+    UPDATE pgq.queues AS s
+    SET paused_kinds = ARRAY(SELECT k.kind FROM unnest(s.paused_kinds || pause.kind) AS k(kind) ORDER BY k.kind)
+    WHERE s.name = pause.queue RETURNING * INTO q;
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.pause(text) IS
-    'Stops claims from the queue (running jobs go on); enqueue still works. Returns its settings; '
-    '22023 when there is no such queue.';
+COMMENT ON FUNCTION pgq.pause(text, text) IS
+    'Stops claims from the queue (running jobs go on), or with kind only of that kind of it; enqueue '
+    'still works. Returns its settings; 22023 when there is no such queue or kind is not a name.';
 
-CREATE OR REPLACE FUNCTION pgq.resume(queue text)
+CREATE OR REPLACE FUNCTION pgq.resume(queue text, kind text DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -313,15 +333,29 @@ CREATE OR REPLACE FUNCTION pgq.resume(queue text)
 DECLARE
     q pgq.queues := pgq._existing_queue('queue', resume.queue);
 BEGIN
-    PERFORM pgq._lock_queue(resume.queue);
-    UPDATE pgq.queues AS s SET paused = false WHERE s.name = resume.queue RETURNING * INTO q;
+    IF resume.kind IS NULL THEN
+        PERFORM pgq._lock_queue(resume.queue);
+        UPDATE pgq.queues AS s SET paused = false WHERE s.name = resume.queue RETURNING * INTO q;
+    ELSE
+        PERFORM pgq._check_name('kind', resume.kind);
+        q := pgq._lock_queue(resume.queue);
+        IF NOT coalesce(resume.kind = ANY (q.paused_kinds), false) THEN
+            RETURN q;  -- not paused: nothing to do
+        END IF;
+        UPDATE pgq.queues AS s
+        SET paused_kinds = nullif(array_remove(s.paused_kinds, resume.kind), '{}')
+        WHERE s.name = resume.queue RETURNING * INTO q;
+    END IF;
     IF q.notify THEN
         PERFORM pg_notify('pgq', resume.queue);
     END IF;
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.resume(text) IS 'Lets workers claim from the queue again. Returns its settings; 22023 when there is no such queue.';
+COMMENT ON FUNCTION pgq.resume(text, text) IS
+    'Lets workers claim from the queue again, or with kind claim that kind of it again (a kind that is '
+    'not paused: nothing changes). Returns its settings; 22023 when there is no such queue or kind is '
+    'not a name.';
 
 -- Removes a queue that has nothing left in it: its settings row and its tenants. Refused with 55000
 -- while the queue has jobs (of any state: cancel or finish the unfinished ones, pgq.prune the

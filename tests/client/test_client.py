@@ -126,6 +126,10 @@ def test_admin_calls(client: Client, conn: psycopg.Connection) -> None:
     assert isinstance(paused, QueueSettings) and paused.paused
     assert client.claim("w1", ["q"]) == []
     assert client.resume("q").paused is False
+    assert client.pause("q", kind="slow").paused_kinds == ["slow"]
+    assert client.resume("q", kind="slow").paused_kinds is None
+    with pytest.raises(InvalidArgument, match='"kind"'):
+        client.pause("q", kind="not a name")
     settings = client.configure_queue("q", lease=timedelta(seconds=90), max_attempts=3, audit=False)
     assert (settings.lease, settings.max_attempts, settings.audit) == (timedelta(seconds=90), 3, False)
     settings = client.configure_queue("q", retention_failed=timedelta(days=30), retention_cancelled=0)

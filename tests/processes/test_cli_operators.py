@@ -227,6 +227,19 @@ def test_pause_of_a_queue_that_does_not_exist_is_refused_and_creates_nothing(
     assert pgq("resume", "emials", dsn=dsn).returncode == 1
 
 
+def test_pause_and_resume_of_one_kind(dsn: str, conn: psycopg.Connection) -> None:
+    fast = one(conn, "SELECT pgq.enqueue('q', 'fast')")
+    one(conn, "SELECT pgq.enqueue('q', 'slow', priority => 5)")
+    paused = pgq("pause", "q", "--kind", "slow", dsn=dsn)
+    assert paused.returncode == 0 and paused.stdout == "queue q: kind slow paused (paused kinds: slow)\n"
+    assert [c["id"] for c in claim(conn, "w", ["q"], batch=5)] == [fast]
+    bad = pgq("pause", "q", "--kind", "a b", dsn=dsn)
+    assert bad.returncode == 1 and 'argument "kind" is not a valid name' in bad.stderr
+    resumed = pgq("resume", "q", "--kind", "slow", dsn=dsn)
+    assert resumed.returncode == 0 and resumed.stdout == "queue q: kind slow resumed (paused kinds: (none))\n"
+    assert [c["kind"] for c in claim(conn, "w", ["q"], batch=5)] == ["slow"]
+
+
 def test_a_schedule_with_an_unknown_time_zone_gets_a_hint_for_the_command_line(dsn: str) -> None:
     result = pgq("schedule", "add", "nightly", "q", "k", "--cron", "0 3 * * *", "--timezone", "Mars/Olympus",
                  dsn=dsn)

@@ -198,6 +198,8 @@ CASES: list[tuple[str, str, Any, str, str]] = [
     ("pause bad name", "SELECT pgq.pause('a;b')", None, "22023", "queue"),
     ("resume NULL", "SELECT pgq.resume(NULL)", None, "22004", "queue"),
     ("resume bad name", "SELECT pgq.resume('-x')", None, "22023", "queue"),
+    ("pause bad kind", "SELECT pgq.pause('q', kind => 'a;b')", None, "22023", "kind"),
+    ("resume bad kind", "SELECT pgq.resume('q', kind => '')", None, "22023", "kind"),
     ("configure_queue NULL", "SELECT pgq.configure_queue(NULL)", None, "22004", "queue"),
     ("configure_queue bad name", "SELECT pgq.configure_queue('a''b')", None, "22023", "queue"),
     ("configure_queue lease zero", "SELECT pgq.configure_queue('new', lease => '0')", None, "22023", "lease"),

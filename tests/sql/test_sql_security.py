@@ -65,8 +65,8 @@ API: dict[str, tuple[str, set[str]]] = {
     "prune": ("SELECT pgq.prune()", ADMIN),
     "configure_queue": ("SELECT pgq.configure_queue('q', lease => '1 minute', rate_limit => 5, "
                         "rate_period => '1 minute', key_rate_limit => 1)", ADMIN),
-    "pause": ("SELECT pgq.pause('q')", ADMIN),
-    "resume": ("SELECT pgq.resume('q')", ADMIN),
+    "pause": ("SELECT pgq.pause('q'), pgq.pause('q', kind => 'k')", ADMIN),
+    "resume": ("SELECT pgq.resume('q', kind => 'k')", ADMIN),
     "drop_queue": ("SELECT pgq.drop_queue('q')", ADMIN),
     "stats": ("SELECT * FROM pgq.stats()", MONITOR),
     "health": ("SELECT * FROM pgq.health()", MONITOR),
