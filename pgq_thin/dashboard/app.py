@@ -195,8 +195,9 @@ def _tags(params: Any) -> list[str] | None:
 
 
 def _settings_text(q: QueueSettings) -> str:
-    """A queue's settings in a few words for the overview: fair, caps, lease, limits, grants."""
-    parts = ["fair" if q.fair else "fifo"]
+    """A queue's settings in a few words for the overview: paused kinds, fair, caps, lease, limits, grants."""
+    parts = ["kinds paused: " + ", ".join(q.paused_kinds)] if q.paused_kinds else []
+    parts.append("fair" if q.fair else "fifo")
     if q.max_running:
         parts.append(f"max {q.max_running} running")
     parts.append(f"lease {_ago(q.lease)}")

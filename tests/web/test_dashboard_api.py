@@ -70,20 +70,23 @@ def test_monitor_login_reads_everything_and_may_act_on_nothing(pgq_client: Clien
 
 
 def test_the_overview_shows_each_queues_settings_to_a_monitor(pgq_client: Client, roles: dict[str, str]) -> None:
-    """Fair mode, the max_running cap, lease, max_run_time and per-queue grants, read through
+    """Paused kinds, fair mode, the max_running cap, lease, max_run_time and per-queue grants, read through
     pgq.queue_settings (a pgq_monitor function), on the overview and in /api/queues."""
     failed_job(pgq_client, queue="mail")
     failed_job(pgq_client, queue="batch")
     pgq_client.configure_queue("batch", fair=True, max_running=3, lease=45, max_run_time=600)
     pgq_client.grant_queue("batch", "pgq_admin", "claim")
+    pgq_client.pause("batch", kind="resize")
+    pgq_client.pause("batch", kind="crop")
     with dashboard(roles["pgq_monitor"]) as http:
         page = http.get("/").text
         settings = http.get("/api/queues").json()["settings"]
-    assert "fair · max 3 running · lease 45s · max run 10m · 25 attempts · grants: claim" in page
+    assert "kinds paused: crop, resize · fair · max 3 running · lease 45s · max run 10m · 25 attempts · grants: claim" \
+        in page
     assert "fifo · lease 30s · 25 attempts" in page
     by_name = {q["name"]: q for q in settings}
-    assert (by_name["batch"]["fair"], by_name["batch"]["max_running"], by_name["batch"]["restricted"]) == (
-        True, 3, ["claim"])
+    assert (by_name["batch"]["fair"], by_name["batch"]["max_running"], by_name["batch"]["restricted"],
+            by_name["batch"]["paused_kinds"]) == (True, 3, ["claim"], ["crop", "resize"])
     assert (by_name["mail"]["fair"], by_name["mail"]["restricted"]) == (False, None)
 
 
