@@ -133,4 +133,5 @@ MIGRATION_SHA256 = {
     "0023_retention_by_state.sql": "8ee759cc379ca13edff365f61f700292effbd3af1e99bece099059a4018bc183",
     "0025_tags_unique_for.sql": "b0037e2a2ac2f046b97b3c20b7633f623519fd2821d5cf22d733d3bdd7553c0d",
     "0026_worker_registry.sql": "f847d5e53959bff878820baed3c44a2a604259cdb22dc594916f575e70e2eb01",
+    "0028_keep_done.sql": "8d342f85ab20bab33b97c6f4213b528ae20204df1d86f8a0b752b184edcf2157",
 }
