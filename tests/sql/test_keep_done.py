@@ -12,7 +12,7 @@ import threading
 import psycopg
 import pytest
 
-from sqlfixtures import dsn, module_dsn, running_job  # noqa: F401 - fixtures
+from sqlfixtures import dsn, module_dsn, running_job, wait_until_blocked  # noqa: F401  (one database per module)
 from sqlhelpers import claim, one
 
 
@@ -105,8 +105,8 @@ def test_the_dependant_itself_is_deleted_when_it_completes(conn: psycopg.Connect
     assert one(conn, "SELECT count(*) FROM pgq.job_dependants WHERE job_id = %s", (child,)) == 0
 
 
-def test_a_dependency_enqueued_while_its_job_completes_is_never_cancelled(dsn: str,
-                                                                         conn: psycopg.Connection) -> None:
+def test_a_dependency_enqueued_while_its_job_completes_is_never_cancelled(
+        dsn: str, conn: psycopg.Connection) -> None:  # noqa: F811
     """The enqueue reads the ephemeral job running and commits after the completion: the job is kept
     (the enqueue holds it FOR KEY SHARE) and the dependant is released by the next settle."""
     conn.execute("SELECT pgq.configure_queue('q', keep_done => false)")
@@ -118,6 +118,33 @@ def test_a_dependency_enqueued_while_its_job_completes_is_never_cancelled(dsn: s
     assert exists(conn, dep_id)
     conn.execute("SELECT pgq.settle_dependencies()")
     assert one(conn, "SELECT state::text FROM pgq.jobs WHERE id = %s", (child,)) == "pending"
+
+
+def test_an_enqueue_that_meets_a_completion_deleting_its_dependency_is_refused_after_it(
+        dsn: str, conn: psycopg.Connection) -> None:  # noqa: F811
+    """The completion has deleted the job and not committed: the enqueue waits for it (its lock
+    conflicts with the delete only), then is refused as for a pruned job: 22023, nothing written."""
+    conn.execute("SELECT pgq.configure_queue('q', keep_done => false)")
+    dep_id, attempt = running_job(conn)
+    errors: list[BaseException] = []
+    with psycopg.connect(dsn) as worker, psycopg.connect(dsn, autocommit=True) as producer:
+        assert one(worker, "SELECT pgq.complete(%s, %s)", (dep_id, attempt)) is True
+        pid = one(producer, "SELECT pg_backend_pid()")
+
+        def enqueue() -> None:
+            try:
+                producer.execute("SELECT pgq.enqueue('other', 'k', depends_on => ARRAY[%s]::bigint[])", (dep_id,))
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                errors.append(exc)
+
+        t = threading.Thread(target=enqueue)
+        t.start()
+        wait_until_blocked(conn, pid)
+        worker.commit()
+        t.join(timeout=30)
+    assert len(errors) == 1 and isinstance(errors[0], psycopg.errors.InvalidParameterValue), errors
+    assert "depends_on" in str(errors[0])
+    assert one(conn, "SELECT count(*) FROM pgq.jobs") == 0
 
 
 def test_a_dependency_on_a_deleted_job_is_refused_as_on_a_pruned_one(conn: psycopg.Connection) -> None:
@@ -156,7 +183,8 @@ def test_keep_done_takes_a_boolean_only(conn: psycopg.Connection) -> None:
 
 
 @pytest.mark.slow
-def test_many_workers_completing_in_an_ephemeral_queue_each_job_once(dsn: str, conn: psycopg.Connection) -> None:
+def test_many_workers_completing_in_an_ephemeral_queue_each_job_once(
+        dsn: str, conn: psycopg.Connection) -> None:  # noqa: F811
     """6 workers loop on complete_and_claim (batch 5) and complete over 600 jobs while a sampler
     watches: every job is completed exactly once, none is left, the done counter is 600."""
     conn.execute("SELECT pgq.configure_queue('q', keep_done => false)")
