@@ -140,6 +140,8 @@ class QueueSettings:
     retention_failed: timedelta | None = None
     #: How long cancelled jobs are kept (None: ``retention``).
     retention_cancelled: timedelta | None = None
+    #: False: a job is deleted as it completes (pgq.configure_queue's keep_done).
+    keep_done: bool = True
 
 
 @dataclass(frozen=True)
