@@ -5222,7 +5222,6 @@ CREATE OR REPLACE FUNCTION pgq.complete(id bigint, attempt integer, result jsonb
     SET search_path = pgq, pg_temp
     AS $$
 DECLARE
-    changed   integer;
     ephemeral boolean;  -- its queue deletes done jobs (keep_done false)
 BEGIN
     IF complete.id IS NULL OR complete.attempt IS NULL THEN  -- a plain expression: no query on the hot path
@@ -5237,19 +5236,20 @@ BEGIN
         UPDATE pgq.jobs AS j
         SET state = 'done', result = complete.result, lease_until = NULL, finished_at = pgq._now(),
             last_event = 'completed', session_role = session_user
+        FROM pgq.queues AS q  -- its queue's audit and keep_done (one probe, which the events' join was)
         WHERE j.id = complete.id AND j.attempt = complete.attempt AND j.state = 'running'
           AND pgq._owns(j.session_role)
-        RETURNING j.id, j.queue, j.attempt, j.claimed_by
-    ), settings AS (  -- the queue's, read once (as the event's join read it): audit, keep_done
-        SELECT c.id, c.attempt, c.claimed_by, q.audit, q.keep_done
-        FROM completed AS c LEFT JOIN pgq.queues AS q ON q.name = c.queue
+          AND q.name = j.queue
+        RETURNING j.id, j.attempt, j.claimed_by, q.audit, q.keep_done
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
-        SELECT s.id, s.attempt, s.claimed_by, 'completed', 'running', 'done'
-        FROM settings AS s WHERE s.audit
+        SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
+        FROM completed AS c WHERE c.audit
     )
-    SELECT count(*), bool_or(NOT s.keep_done) INTO changed, ephemeral FROM settings AS s;
-    IF changed > 0 THEN
+    -- (One row at most, by primary key: no aggregate, whose set-up cost a queue that keeps its done
+    -- jobs would pay on every call.)
+    SELECT NOT c.keep_done INTO ephemeral FROM completed AS c;
+    IF FOUND THEN
         IF ephemeral THEN
             PERFORM pgq._drop_completed(ARRAY[complete.id]);
         END IF;
@@ -5316,24 +5316,22 @@ BEGIN
         UPDATE pgq.jobs AS j
         SET state = 'done', lease_until = NULL, finished_at = pgq._now(), last_event = 'completed',
             session_role = session_user
-        FROM owned AS o, wanted AS w
+        FROM owned AS o, wanted AS w, pgq.queues AS q  -- (q: audit and keep_done, the probe the events' join was)
         WHERE j.id = o.id AND w.id = j.id AND j.attempt = w.attempt AND j.state = 'running'
           AND pgq._owns(j.session_role)
-        RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.batch_id
-    ), settings AS (  -- the queue's, read once per job (as the events' join read it): audit, keep_done
-        SELECT c.id, c.attempt, c.claimed_by, q.audit, q.keep_done
-        FROM completed AS c LEFT JOIN pgq.queues AS q ON q.name = c.queue
+          AND q.name = j.queue
+        RETURNING j.id, j.attempt, j.claimed_by, j.batch_id, q.audit, q.keep_done
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
-        SELECT s.id, s.attempt, s.claimed_by, 'completed', 'running', 'done'
-        FROM settings AS s WHERE s.audit
+        SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
+        FROM completed AS c WHERE c.audit
     ), mark AS (
         INSERT INTO pgq.turns (name)
         SELECT pgq._batch_counting_mark(pg_trigger_depth() + 1)
         FROM completed AS c WHERE c.batch_id IS NOT NULL LIMIT 1
     )
     SELECT coalesce(array_agg(c.id), '{}'), array_agg(c.batch_id) FILTER (WHERE c.batch_id IS NOT NULL),
-           (SELECT array_agg(s.id) FROM settings AS s WHERE NOT s.keep_done)
+           array_agg(c.id) FILTER (WHERE NOT c.keep_done)
     INTO done_ids, members, ephemeral FROM completed AS c;
     IF members IS NOT NULL THEN
         DELETE FROM pgq.turns AS t WHERE t.name = pgq._batch_counting_mark(pg_trigger_depth() + 1);
