@@ -142,6 +142,8 @@ class QueueSettings:
     retention_cancelled: timedelta | None = None
     #: The kinds claims skip (pgq.pause(queue, kind => ...)), in name order; None: none.
     paused_kinds: list[str] | None = None
+    #: False: a job is deleted as it completes (pgq.configure_queue's keep_done).
+    keep_done: bool = True
 
 
 @dataclass(frozen=True)

@@ -293,7 +293,7 @@ $$;
 -- tests/sql/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '27'::text $$;
+    AS $$ SELECT '28'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -507,7 +507,8 @@ CREATE OR REPLACE FUNCTION pgq.configure_queue(queue text, lease interval DEFAUL
                                     rate_period interval DEFAULT NULL,
                                     key_rate_limit integer DEFAULT NULL,
                                     retention_failed interval DEFAULT NULL,
-                                    retention_cancelled interval DEFAULT NULL)
+                                    retention_cancelled interval DEFAULT NULL,
+                                    keep_done boolean DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -561,6 +562,7 @@ BEGIN
         retention_cancelled = coalesce(configure_queue.retention_cancelled, s.retention_cancelled),
         notify = coalesce(configure_queue.notify, s.notify),
         audit = coalesce(configure_queue.audit, s.audit),
+        keep_done = coalesce(configure_queue.keep_done, s.keep_done),
         fair = coalesce(configure_queue.fair, s.fair),
         max_running = coalesce(configure_queue.max_running, s.max_running),
         max_run_time = CASE WHEN configure_queue.max_run_time IS NULL THEN s.max_run_time
@@ -579,10 +581,11 @@ BEGIN
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval) IS
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean) IS
     'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit) '
     'and returns them; creates the queue if new. retention_failed and retention_cancelled keep '
-    'failed and cancelled jobs for another time than retention (never set: the queue''s retention).';
+    'failed and cancelled jobs for another time than retention (never set: the queue''s retention); '
+    'keep_done false deletes a job as it completes (default true: kept for retention).';
 
 -- Pausing or resuming a queue that does not exist is refused (22023): a typo creates nothing.
 -- With `kind`, only that kind of the queue: pause adds it to the queue's paused_kinds (at most
@@ -1762,9 +1765,11 @@ CREATE OR REPLACE FUNCTION pgq._read_dependencies(depends_on bigint[], mode text
     SET enable_bitmapscan = off
     SET enable_hashjoin = off
     SET enable_mergejoin = off
+    SET lock_timeout = '5s'
     AS $$
 DECLARE
     missing bigint;
+    held    bigint[];  -- those not ended of queues that delete done jobs (keep_done false)
 BEGIN
     IF array_ndims(_read_dependencies.depends_on) > 1 THEN
         PERFORM pgq._bad_argument('depends_on', 'must be a one-dimensional array of job ids');
@@ -1780,7 +1785,7 @@ BEGIN
         RETURN;
     END IF;
     WITH seen AS (
-        SELECT j.id, j.state FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue
+        SELECT j.id, j.state, q.keep_done FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue
         WHERE j.id = ANY (ids) AND (q.restricted IS NULL OR pgq._may(q.name, q.restricted, 'read'))
     )
     SELECT (SELECT min(i.id) FROM unnest(ids) AS i(id) WHERE i.id NOT IN (SELECT s.id FROM seen AS s)),
@@ -1788,12 +1793,24 @@ BEGIN
            (SELECT s.id FROM seen AS s WHERE s.state IN ('failed', 'cancelled') AND mode = 'all_done'
             ORDER BY s.id LIMIT 1),
            (SELECT s.state FROM seen AS s WHERE s.state IN ('failed', 'cancelled') AND mode = 'all_done'
-            ORDER BY s.id LIMIT 1)
-    INTO missing, open_ids, ended_id, ended_state;
+            ORDER BY s.id LIMIT 1),
+           ARRAY(SELECT s.id FROM seen AS s WHERE NOT s.keep_done AND s.state NOT IN ('done', 'failed', 'cancelled')
+                 ORDER BY s.id)
+    INTO missing, open_ids, ended_id, ended_state, held;
+    -- A job of a keep_done false queue is deleted as it completes, unless jobs depend on it: one
+    -- this enqueue reads not ended is held FOR KEY SHARE to its commit, so that a completion that
+    -- cannot see the new links yet keeps it (pgq._drop_completed skips it) and the check finds it
+    -- done. The lock conflicts with nothing but a delete (and FOR UPDATE): owners, claims and admin
+    -- calls write the row as before. It waits only for a completion that is deleting it, at most
+    -- lock_timeout (5 s); a job deleted meanwhile is missing, as one deleted before the read.
+    IF missing IS NULL AND cardinality(held) > 0 THEN
+        SELECT min(h.id) INTO missing FROM unnest(held) AS h(id)
+        WHERE h.id NOT IN (SELECT j.id FROM pgq.jobs AS j WHERE j.id = ANY (held) ORDER BY j.id FOR KEY SHARE OF j);
+    END IF;
     IF missing IS NOT NULL THEN
         PERFORM pgq._bad_argument('depends_on', format('names no job with id %s', missing),
             'A job that never existed, or a finished one that pgq.prune has deleted (after its queue''s '
-            'retention), cannot be depended on.');
+            'retention) or its queue deleted as it completed (keep_done false), cannot be depended on.');
     END IF;
 END
 $$;
@@ -5291,6 +5308,38 @@ COMMENT ON FUNCTION pgq.renew(bigint, integer, interval) IS
     'Extends the lease of the caller''s attempt from the database clock, never past its deadline; '
     'NULL when not yours or at the deadline.';
 
+-- Ephemeral queues (pgq.configure_queue's keep_done false): deletes the jobs `ids` that the
+-- caller (pgq.complete, pgq.complete_many; so pgq.complete_and_claim) has just completed in such a
+-- queue, in the completing transaction and after their end's effects (the trigger jobs_ended ran in
+-- the completing statement: the end is counted in the finished counters, its dependants moved on,
+-- a batch's count taken), with their events and steps (pgq._delete_jobs, as pgq.prune deletes
+-- them). Kept, for the queue's retention, is a done job someone reads after its end: one enqueued
+-- with notify_finished (pgq.job_result), a batch member (the batch's status), a job of a durable
+-- workflow (its parent's pgq.job_outcomes), one with a unique_key (enqueue's unique_for), one that
+-- jobs were enqueued to depend on (their pgq.dependency_results; pgq.job_dependants keeps every
+-- such link), and one that an enqueue in flight holds FOR KEY SHARE (it names it in depends_on and
+-- reads it not ended: pgq._read_dependencies; its check finds it done and releases the new job).
+-- That one is skipped (SKIP LOCKED), never waited for. Returns how many it deleted.
+-- The caller completed `ids` in this transaction and holds their rows: no test of their state,
+-- which would let the planner read jobs_retention_idx's done jobs (and the dead entries of those
+-- deleted before) instead of the primary key. (PL/pgSQL: pgq._delete_jobs comes later, in admin.sql.)
+CREATE OR REPLACE FUNCTION pgq._drop_completed(ids bigint[]) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET plan_cache_mode = force_generic_plan  -- (planned once per session: by primary key)
+    AS $$
+BEGIN
+    RETURN pgq._delete_jobs(ARRAY(
+        SELECT j.id FROM pgq.jobs AS j
+        WHERE j.id = ANY (_drop_completed.ids)
+          AND NOT j.notify_finished AND j.batch_id IS NULL AND j.workflow_id IS NULL
+          AND j.parent_id IS NULL AND j.unique_key IS NULL
+          AND NOT EXISTS (SELECT FROM pgq.job_dependants AS d WHERE d.depends_on = j.id)
+        ORDER BY j.id
+        FOR UPDATE OF j SKIP LOCKED));
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.complete(id bigint, attempt integer, result jsonb DEFAULT NULL)
     RETURNS boolean
     LANGUAGE plpgsql
@@ -5298,7 +5347,7 @@ CREATE OR REPLACE FUNCTION pgq.complete(id bigint, attempt integer, result jsonb
     SET search_path = pgq, pg_temp
     AS $$
 DECLARE
-    changed integer;
+    ephemeral boolean;  -- its queue deletes done jobs (keep_done false)
 BEGIN
     IF complete.id IS NULL OR complete.attempt IS NULL THEN  -- a plain expression: no query on the hot path
         PERFORM pgq._check_fence(complete.id, complete.attempt);
@@ -5312,20 +5361,28 @@ BEGIN
         UPDATE pgq.jobs AS j
         SET state = 'done', result = complete.result, lease_until = NULL, finished_at = pgq._now(),
             last_event = 'completed', session_role = session_user
+        FROM pgq.queues AS q  -- its queue's audit and keep_done (one probe, which the events' join was)
         WHERE j.id = complete.id AND j.attempt = complete.attempt AND j.state = 'running'
           AND pgq._owns(j.session_role)
-        RETURNING j.id, j.queue, j.attempt, j.claimed_by
+          AND q.name = j.queue
+        RETURNING j.id, j.attempt, j.claimed_by, q.audit, q.keep_done
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
-        FROM completed AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
+        FROM completed AS c WHERE c.audit
     )
-    SELECT count(*) INTO changed FROM completed;
-    IF changed > 0 THEN
+    -- (One row at most, by primary key: no aggregate, whose set-up cost a queue that keeps its done
+    -- jobs would pay on every call.)
+    SELECT NOT c.keep_done INTO ephemeral FROM completed AS c;
+    IF FOUND THEN
+        IF ephemeral THEN
+            PERFORM pgq._drop_completed(ARRAY[complete.id]);
+        END IF;
         RETURN true;
     END IF;
     -- Idempotent: the same attempt already completed it (a retry after an ambiguous commit), by
-    -- this login.
+    -- this login. (A job of a keep_done false queue that was deleted as it completed is not found:
+    -- the retry is answered false, as for a job that never was.)
     IF EXISTS (SELECT FROM pgq.jobs AS j
                WHERE j.id = complete.id AND j.attempt = complete.attempt AND j.state = 'done'
                  AND j.last_event = 'completed' AND pgq._same_login(j.session_role)) THEN
@@ -5336,7 +5393,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pgq.complete(bigint, integer, jsonb) IS
-    'Marks the caller''s attempt done; false when not yours. Repeating it returns true again.';
+    'Marks the caller''s attempt done; false when not yours. Repeating it returns true again (false '
+    'once a keep_done false queue has deleted it).';
 
 CREATE OR REPLACE FUNCTION pgq.complete_many(ids bigint[], attempts integer[])
     RETURNS SETOF bigint
@@ -5348,8 +5406,9 @@ CREATE OR REPLACE FUNCTION pgq.complete_many(ids bigint[], attempts integer[])
     SET plan_cache_mode = force_generic_plan
     AS $$
 DECLARE
-    done_ids bigint[];
-    members  bigint[];  -- the batch of each completed job that is a batch's member
+    done_ids  bigint[];
+    members   bigint[];  -- the batch of each completed job that is a batch's member
+    ephemeral bigint[];  -- the completed jobs of queues that delete done jobs (keep_done false)
 BEGIN
     IF complete_many.ids IS NULL THEN
         PERFORM pgq._bad_argument('ids', 'must not be NULL');
@@ -5382,25 +5441,30 @@ BEGIN
         UPDATE pgq.jobs AS j
         SET state = 'done', lease_until = NULL, finished_at = pgq._now(), last_event = 'completed',
             session_role = session_user
-        FROM owned AS o, wanted AS w
+        FROM owned AS o, wanted AS w, pgq.queues AS q  -- (q: audit and keep_done, the probe the events' join was)
         WHERE j.id = o.id AND w.id = j.id AND j.attempt = w.attempt AND j.state = 'running'
           AND pgq._owns(j.session_role)
-        RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.batch_id
+          AND q.name = j.queue
+        RETURNING j.id, j.attempt, j.claimed_by, j.batch_id, q.audit, q.keep_done
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
-        FROM completed AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
+        FROM completed AS c WHERE c.audit
     ), mark AS (
         INSERT INTO pgq.turns (name)
         SELECT pgq._batch_counting_mark(pg_trigger_depth() + 1)
         FROM completed AS c WHERE c.batch_id IS NOT NULL LIMIT 1
     )
-    SELECT coalesce(array_agg(c.id), '{}'), array_agg(c.batch_id) FILTER (WHERE c.batch_id IS NOT NULL)
-    INTO done_ids, members FROM completed AS c;
+    SELECT coalesce(array_agg(c.id), '{}'), array_agg(c.batch_id) FILTER (WHERE c.batch_id IS NOT NULL),
+           array_agg(c.id) FILTER (WHERE NOT c.keep_done)
+    INTO done_ids, members, ephemeral FROM completed AS c;
     IF members IS NOT NULL THEN
         DELETE FROM pgq.turns AS t WHERE t.name = pgq._batch_counting_mark(pg_trigger_depth() + 1);
         PERFORM pgq._batch_member_ended(m.batch, 'done', m.n::integer)
         FROM (SELECT b.batch, count(*) AS n FROM unnest(members) AS b(batch) GROUP BY b.batch ORDER BY b.batch) AS m;
+    END IF;
+    IF ephemeral IS NOT NULL THEN
+        PERFORM pgq._drop_completed(ephemeral);
     END IF;
     -- The common case ends here: every pair was still ours and is done now.
     IF cardinality(done_ids) = cardinality(complete_many.ids) THEN
@@ -5438,7 +5502,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pgq.complete_many(bigint[], integer[]) IS
-    'Completes each (id, attempt) pair the caller still owns; returns the ids completed.';
+    'Completes each (id, attempt) pair the caller still owns; returns the ids completed (a repeat '
+    'leaves out those a keep_done false queue has deleted).';
 
 CREATE OR REPLACE FUNCTION pgq.fail(id bigint, attempt integer, error text, retry_in interval DEFAULT NULL,
                          retryable boolean DEFAULT true)
@@ -7078,9 +7143,17 @@ COMMENT ON FUNCTION pgq.resolve(bigint, text) IS
 -- their steps, their own dependency links (pgq.job_links of them) and their batch membership. The
 -- links to them of other jobs stay (they are those jobs' record). Returns how many it deleted.
 -- (pgq.prune, pgq.delete_jobs.)
+-- (PL/pgSQL with the generic plan, so that its statement is planned once per session: a SQL
+-- function's body, and a custom plan, are planned at every call (1.4 M instructions, measured),
+-- which an ephemeral queue's completions, one call each, would pay. The generic plan reads every
+-- table by the ids, through their indexes.)
 CREATE OR REPLACE FUNCTION pgq._delete_jobs(ids bigint[]) RETURNS integer
-    LANGUAGE sql
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan
     AS $$
+DECLARE
+    n integer;
+BEGIN
     WITH gone AS (
         DELETE FROM pgq.jobs AS j WHERE j.id = ANY (_delete_jobs.ids) RETURNING j.id, j.depends_on, j.batch_id
     ), events AS (
@@ -7096,7 +7169,9 @@ CREATE OR REPLACE FUNCTION pgq._delete_jobs(ids bigint[]) RETURNS integer
     ), steps AS (
         DELETE FROM pgq.steps AS s USING gone AS g WHERE s.job_id = g.id
     )
-    SELECT count(*)::integer FROM gone
+    SELECT count(*)::integer INTO n FROM gone;
+    RETURN n;
+END
 $$;
 
 -- Retention (pgq.prune, pgq.sweep): deletes up to max_jobs finished jobs (pgq._delete_jobs: with
@@ -9528,7 +9603,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.delete_jobs(text, text, text, timestamptz, integer, text[]),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
-    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval),
+    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean),
     pgq.set_tenant_weight(text, text, integer),
     pgq.set_key_limit(text, text, integer),
     pgq.pause(text, text),

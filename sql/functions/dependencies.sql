@@ -700,9 +700,11 @@ CREATE OR REPLACE FUNCTION pgq._read_dependencies(depends_on bigint[], mode text
     SET enable_bitmapscan = off
     SET enable_hashjoin = off
     SET enable_mergejoin = off
+    SET lock_timeout = '5s'
     AS $$
 DECLARE
     missing bigint;
+    held    bigint[];  -- those not ended of queues that delete done jobs (keep_done false)
 BEGIN
     IF array_ndims(_read_dependencies.depends_on) > 1 THEN
         PERFORM pgq._bad_argument('depends_on', 'must be a one-dimensional array of job ids');
@@ -718,7 +720,7 @@ BEGIN
         RETURN;
     END IF;
     WITH seen AS (
-        SELECT j.id, j.state FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue
+        SELECT j.id, j.state, q.keep_done FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue
         WHERE j.id = ANY (ids) AND (q.restricted IS NULL OR pgq._may(q.name, q.restricted, 'read'))
     )
     SELECT (SELECT min(i.id) FROM unnest(ids) AS i(id) WHERE i.id NOT IN (SELECT s.id FROM seen AS s)),
@@ -726,12 +728,24 @@ BEGIN
            (SELECT s.id FROM seen AS s WHERE s.state IN ('failed', 'cancelled') AND mode = 'all_done'
             ORDER BY s.id LIMIT 1),
            (SELECT s.state FROM seen AS s WHERE s.state IN ('failed', 'cancelled') AND mode = 'all_done'
-            ORDER BY s.id LIMIT 1)
-    INTO missing, open_ids, ended_id, ended_state;
+            ORDER BY s.id LIMIT 1),
+           ARRAY(SELECT s.id FROM seen AS s WHERE NOT s.keep_done AND s.state NOT IN ('done', 'failed', 'cancelled')
+                 ORDER BY s.id)
+    INTO missing, open_ids, ended_id, ended_state, held;
+    -- A job of a keep_done false queue is deleted as it completes, unless jobs depend on it: one
+    -- this enqueue reads not ended is held FOR KEY SHARE to its commit, so that a completion that
+    -- cannot see the new links yet keeps it (pgq._drop_completed skips it) and the check finds it
+    -- done. The lock conflicts with nothing but a delete (and FOR UPDATE): owners, claims and admin
+    -- calls write the row as before. It waits only for a completion that is deleting it, at most
+    -- lock_timeout (5 s); a job deleted meanwhile is missing, as one deleted before the read.
+    IF missing IS NULL AND cardinality(held) > 0 THEN
+        SELECT min(h.id) INTO missing FROM unnest(held) AS h(id)
+        WHERE h.id NOT IN (SELECT j.id FROM pgq.jobs AS j WHERE j.id = ANY (held) ORDER BY j.id FOR KEY SHARE OF j);
+    END IF;
     IF missing IS NOT NULL THEN
         PERFORM pgq._bad_argument('depends_on', format('names no job with id %s', missing),
             'A job that never existed, or a finished one that pgq.prune has deleted (after its queue''s '
-            'retention), cannot be depended on.');
+            'retention) or its queue deleted as it completed (keep_done false), cannot be depended on.');
     END IF;
 END
 $$;

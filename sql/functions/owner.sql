@@ -115,6 +115,38 @@ COMMENT ON FUNCTION pgq.renew(bigint, integer, interval) IS
     'Extends the lease of the caller''s attempt from the database clock, never past its deadline; '
     'NULL when not yours or at the deadline.';
 
+-- Ephemeral queues (pgq.configure_queue's keep_done false): deletes the jobs `ids` that the
+-- caller (pgq.complete, pgq.complete_many; so pgq.complete_and_claim) has just completed in such a
+-- queue, in the completing transaction and after their end's effects (the trigger jobs_ended ran in
+-- the completing statement: the end is counted in the finished counters, its dependants moved on,
+-- a batch's count taken), with their events and steps (pgq._delete_jobs, as pgq.prune deletes
+-- them). Kept, for the queue's retention, is a done job someone reads after its end: one enqueued
+-- with notify_finished (pgq.job_result), a batch member (the batch's status), a job of a durable
+-- workflow (its parent's pgq.job_outcomes), one with a unique_key (enqueue's unique_for), one that
+-- jobs were enqueued to depend on (their pgq.dependency_results; pgq.job_dependants keeps every
+-- such link), and one that an enqueue in flight holds FOR KEY SHARE (it names it in depends_on and
+-- reads it not ended: pgq._read_dependencies; its check finds it done and releases the new job).
+-- That one is skipped (SKIP LOCKED), never waited for. Returns how many it deleted.
+-- The caller completed `ids` in this transaction and holds their rows: no test of their state,
+-- which would let the planner read jobs_retention_idx's done jobs (and the dead entries of those
+-- deleted before) instead of the primary key. (PL/pgSQL: pgq._delete_jobs comes later, in admin.sql.)
+CREATE OR REPLACE FUNCTION pgq._drop_completed(ids bigint[]) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET plan_cache_mode = force_generic_plan  -- (planned once per session: by primary key)
+    AS $$
+BEGIN
+    RETURN pgq._delete_jobs(ARRAY(
+        SELECT j.id FROM pgq.jobs AS j
+        WHERE j.id = ANY (_drop_completed.ids)
+          AND NOT j.notify_finished AND j.batch_id IS NULL AND j.workflow_id IS NULL
+          AND j.parent_id IS NULL AND j.unique_key IS NULL
+          AND NOT EXISTS (SELECT FROM pgq.job_dependants AS d WHERE d.depends_on = j.id)
+        ORDER BY j.id
+        FOR UPDATE OF j SKIP LOCKED));
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.complete(id bigint, attempt integer, result jsonb DEFAULT NULL)
     RETURNS boolean
     LANGUAGE plpgsql
@@ -122,7 +154,7 @@ CREATE OR REPLACE FUNCTION pgq.complete(id bigint, attempt integer, result jsonb
     SET search_path = pgq, pg_temp
     AS $$
 DECLARE
-    changed integer;
+    ephemeral boolean;  -- its queue deletes done jobs (keep_done false)
 BEGIN
     IF complete.id IS NULL OR complete.attempt IS NULL THEN  -- a plain expression: no query on the hot path
         PERFORM pgq._check_fence(complete.id, complete.attempt);
@@ -136,20 +168,28 @@ BEGIN
         UPDATE pgq.jobs AS j
         SET state = 'done', result = complete.result, lease_until = NULL, finished_at = pgq._now(),
             last_event = 'completed', session_role = session_user
+        FROM pgq.queues AS q  -- its queue's audit and keep_done (one probe, which the events' join was)
         WHERE j.id = complete.id AND j.attempt = complete.attempt AND j.state = 'running'
           AND pgq._owns(j.session_role)
-        RETURNING j.id, j.queue, j.attempt, j.claimed_by
+          AND q.name = j.queue
+        RETURNING j.id, j.attempt, j.claimed_by, q.audit, q.keep_done
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
-        FROM completed AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
+        FROM completed AS c WHERE c.audit
     )
-    SELECT count(*) INTO changed FROM completed;
-    IF changed > 0 THEN
+    -- (One row at most, by primary key: no aggregate, whose set-up cost a queue that keeps its done
+    -- jobs would pay on every call.)
+    SELECT NOT c.keep_done INTO ephemeral FROM completed AS c;
+    IF FOUND THEN
+        IF ephemeral THEN
+            PERFORM pgq._drop_completed(ARRAY[complete.id]);
+        END IF;
         RETURN true;
     END IF;
     -- Idempotent: the same attempt already completed it (a retry after an ambiguous commit), by
-    -- this login.
+    -- this login. (A job of a keep_done false queue that was deleted as it completed is not found:
+    -- the retry is answered false, as for a job that never was.)
     IF EXISTS (SELECT FROM pgq.jobs AS j
                WHERE j.id = complete.id AND j.attempt = complete.attempt AND j.state = 'done'
                  AND j.last_event = 'completed' AND pgq._same_login(j.session_role)) THEN
@@ -160,7 +200,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pgq.complete(bigint, integer, jsonb) IS
-    'Marks the caller''s attempt done; false when not yours. Repeating it returns true again.';
+    'Marks the caller''s attempt done; false when not yours. Repeating it returns true again (false '
+    'once a keep_done false queue has deleted it).';
 
 CREATE OR REPLACE FUNCTION pgq.complete_many(ids bigint[], attempts integer[])
     RETURNS SETOF bigint
@@ -172,8 +213,9 @@ CREATE OR REPLACE FUNCTION pgq.complete_many(ids bigint[], attempts integer[])
     SET plan_cache_mode = force_generic_plan
     AS $$
 DECLARE
-    done_ids bigint[];
-    members  bigint[];  -- the batch of each completed job that is a batch's member
+    done_ids  bigint[];
+    members   bigint[];  -- the batch of each completed job that is a batch's member
+    ephemeral bigint[];  -- the completed jobs of queues that delete done jobs (keep_done false)
 BEGIN
     IF complete_many.ids IS NULL THEN
         PERFORM pgq._bad_argument('ids', 'must not be NULL');
@@ -206,25 +248,30 @@ BEGIN
         UPDATE pgq.jobs AS j
         SET state = 'done', lease_until = NULL, finished_at = pgq._now(), last_event = 'completed',
             session_role = session_user
-        FROM owned AS o, wanted AS w
+        FROM owned AS o, wanted AS w, pgq.queues AS q  -- (q: audit and keep_done, the probe the events' join was)
         WHERE j.id = o.id AND w.id = j.id AND j.attempt = w.attempt AND j.state = 'running'
           AND pgq._owns(j.session_role)
-        RETURNING j.id, j.queue, j.attempt, j.claimed_by, j.batch_id
+          AND q.name = j.queue
+        RETURNING j.id, j.attempt, j.claimed_by, j.batch_id, q.audit, q.keep_done
     ), events AS (
         INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
         SELECT c.id, c.attempt, c.claimed_by, 'completed', 'running', 'done'
-        FROM completed AS c JOIN pgq.queues AS q ON q.name = c.queue AND q.audit
+        FROM completed AS c WHERE c.audit
     ), mark AS (
         INSERT INTO pgq.turns (name)
         SELECT pgq._batch_counting_mark(pg_trigger_depth() + 1)
         FROM completed AS c WHERE c.batch_id IS NOT NULL LIMIT 1
     )
-    SELECT coalesce(array_agg(c.id), '{}'), array_agg(c.batch_id) FILTER (WHERE c.batch_id IS NOT NULL)
-    INTO done_ids, members FROM completed AS c;
+    SELECT coalesce(array_agg(c.id), '{}'), array_agg(c.batch_id) FILTER (WHERE c.batch_id IS NOT NULL),
+           array_agg(c.id) FILTER (WHERE NOT c.keep_done)
+    INTO done_ids, members, ephemeral FROM completed AS c;
     IF members IS NOT NULL THEN
         DELETE FROM pgq.turns AS t WHERE t.name = pgq._batch_counting_mark(pg_trigger_depth() + 1);
         PERFORM pgq._batch_member_ended(m.batch, 'done', m.n::integer)
         FROM (SELECT b.batch, count(*) AS n FROM unnest(members) AS b(batch) GROUP BY b.batch ORDER BY b.batch) AS m;
+    END IF;
+    IF ephemeral IS NOT NULL THEN
+        PERFORM pgq._drop_completed(ephemeral);
     END IF;
     -- The common case ends here: every pair was still ours and is done now.
     IF cardinality(done_ids) = cardinality(complete_many.ids) THEN
@@ -262,7 +309,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pgq.complete_many(bigint[], integer[]) IS
-    'Completes each (id, attempt) pair the caller still owns; returns the ids completed.';
+    'Completes each (id, attempt) pair the caller still owns; returns the ids completed (a repeat '
+    'leaves out those a keep_done false queue has deleted).';
 
 CREATE OR REPLACE FUNCTION pgq.fail(id bigint, attempt integer, error text, retry_in interval DEFAULT NULL,
                          retryable boolean DEFAULT true)

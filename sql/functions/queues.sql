@@ -206,7 +206,8 @@ CREATE OR REPLACE FUNCTION pgq.configure_queue(queue text, lease interval DEFAUL
                                     rate_period interval DEFAULT NULL,
                                     key_rate_limit integer DEFAULT NULL,
                                     retention_failed interval DEFAULT NULL,
-                                    retention_cancelled interval DEFAULT NULL)
+                                    retention_cancelled interval DEFAULT NULL,
+                                    keep_done boolean DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -260,6 +261,7 @@ BEGIN
         retention_cancelled = coalesce(configure_queue.retention_cancelled, s.retention_cancelled),
         notify = coalesce(configure_queue.notify, s.notify),
         audit = coalesce(configure_queue.audit, s.audit),
+        keep_done = coalesce(configure_queue.keep_done, s.keep_done),
         fair = coalesce(configure_queue.fair, s.fair),
         max_running = coalesce(configure_queue.max_running, s.max_running),
         max_run_time = CASE WHEN configure_queue.max_run_time IS NULL THEN s.max_run_time
@@ -278,10 +280,11 @@ BEGIN
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval) IS
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean) IS
     'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit) '
     'and returns them; creates the queue if new. retention_failed and retention_cancelled keep '
-    'failed and cancelled jobs for another time than retention (never set: the queue''s retention).';
+    'failed and cancelled jobs for another time than retention (never set: the queue''s retention); '
+    'keep_done false deletes a job as it completes (default true: kept for retention).';
 
 -- Pausing or resuming a queue that does not exist is refused (22023): a typo creates nothing.
 -- With `kind`, only that kind of the queue: pause adds it to the queue's paused_kinds (at most
