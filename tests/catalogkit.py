@@ -134,4 +134,5 @@ MIGRATION_SHA256 = {
     "0025_tags_unique_for.sql": "b0037e2a2ac2f046b97b3c20b7633f623519fd2821d5cf22d733d3bdd7553c0d",
     "0026_worker_registry.sql": "f847d5e53959bff878820baed3c44a2a604259cdb22dc594916f575e70e2eb01",
     "0027_pause_kind.sql": "f27aba9bd728828994da299e1a2de409ced6aeb76c5655cd577725d243254039",
+    "0029_max_wait.sql": "422fd15906676444a4a0a10ad95f5059c6734edc18cc1d9644b1975943b7dd11",
 }
