@@ -928,12 +928,14 @@ def configure_queue(
     key_rate_limit: int | None = None,
     retention_failed: Interval | None = None,
     retention_cancelled: Interval | None = None,
+    max_wait: Interval | None = None,
 ) -> Call[QueueSettings]:
     """pgq.configure_queue: change the given settings (None leaves one unchanged;
     ``max_run_time=0`` removes the limit; ``key_max_running=0`` the per-key limit; ``rate_limit``
     jobs per ``rate_period`` at most, and ``key_rate_limit`` per key, 0: no limit; ``retention``
     keeps finished jobs, ``retention_failed`` and ``retention_cancelled`` failed and cancelled ones
-    for another time: never set, the queue's ``retention``)."""
+    for another time: never set, the queue's ``retention``; ``max_wait``: a due job that waited
+    longer is claimed before any job of higher priority, 0 restores strict priority)."""
     return Call(queries.CONFIGURE_QUEUE, {
         "queue": queue, "lease": _interval("lease", lease), "max_attempts": max_attempts,
         "backoff_base": _interval("backoff_base", backoff_base), "backoff_cap": _interval("backoff_cap", backoff_cap),
@@ -943,6 +945,7 @@ def configure_queue(
         "rate_period": _interval("rate_period", rate_period), "key_rate_limit": key_rate_limit,
         "retention_failed": _interval("retention_failed", retention_failed),
         "retention_cancelled": _interval("retention_cancelled", retention_cancelled),
+        "max_wait": _interval("max_wait", max_wait),
     }, _settings, rows=dict_row)
 
 

@@ -142,6 +142,9 @@ class QueueSettings:
     retention_cancelled: timedelta | None = None
     #: The kinds claims skip (pgq.pause(queue, kind => ...)), in name order; None: none.
     paused_kinds: list[str] | None = None
+    #: A due job that has waited longer than this is claimed before any job of higher priority
+    #: (oldest first); None: strict priority.
+    max_wait: timedelta | None = None
 
 
 @dataclass(frozen=True)

@@ -230,7 +230,8 @@ CONFIGURE_QUEUE = (
     " max_running => %(max_running)s::integer, max_run_time => %(max_run_time)s::interval,"
     " key_max_running => %(key_max_running)s::integer, rate_limit => %(rate_limit)s::integer,"
     " rate_period => %(rate_period)s::interval, key_rate_limit => %(key_rate_limit)s::integer,"
-    " retention_failed => %(retention_failed)s::interval, retention_cancelled => %(retention_cancelled)s::interval)"
+    " retention_failed => %(retention_failed)s::interval, retention_cancelled => %(retention_cancelled)s::interval,"
+    " max_wait => %(max_wait)s::interval)"
 )
 SET_TENANT_WEIGHT = (
     "SELECT * FROM pgq.set_tenant_weight(queue => %(queue)s::text, tenant => %(tenant)s::text,"
