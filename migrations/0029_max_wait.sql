@@ -13,4 +13,4 @@ SET LOCAL lock_timeout = '5s';
 ALTER TABLE pgq.queues ADD COLUMN max_wait interval;
 COMMENT ON COLUMN pgq.queues.max_wait IS
     'A due job that has waited longer than this is claimed before any job of higher priority '
-    '(oldest first); NULL: strict priority.';
+    '(the lowest priority, then the oldest, first); NULL: strict priority.';

@@ -143,7 +143,7 @@ class QueueSettings:
     #: The kinds claims skip (pgq.pause(queue, kind => ...)), in name order; None: none.
     paused_kinds: list[str] | None = None
     #: A due job that has waited longer than this is claimed before any job of higher priority
-    #: (oldest first); None: strict priority.
+    #: (the lowest priority, then the oldest, first); None: strict priority.
     max_wait: timedelta | None = None
 
 

@@ -33,7 +33,7 @@
 -- kinds, or whose paused kinds the worker does not claim, is claimed as before: whether any queue
 -- of the claim has paused kinds is read with whether one has a schedule due (one aggregate).
 -- A plain or capped queue with max_wait (pgq.configure_queue) serves its aged jobs first: those due
--- for longer than max_wait, oldest first, ahead of any job of higher priority (pgq._aged_pick, by a
+-- for longer than max_wait, lowest priority then oldest first, ahead of any job of higher priority (pgq._aged_pick, by a
 -- skip scan over the priority levels of jobs_ready_idx, no index of its own), then the usual pick
 -- fills its room (pgq._aged_rooms). A queue without it pays nothing: whether one of the claim has it
 -- is read with the due schedules and the paused kinds (the same aggregate).
@@ -465,14 +465,16 @@ END
 $$;
 
 -- A queue's aged jobs (pending, due since `since` or earlier: they waited longer than its
--- max_wait), of `kinds` (NULL: any), at most `room`, oldest first (run_at, id), locked FOR NO KEY
--- UPDATE SKIP LOCKED. Found without an index of their own: the first entry of each priority level
--- of jobs_ready_idx (per kind: jobs_kind_ready_idx) is the level's oldest job, so a skip scan over
--- the levels (one index probe per level present; priorities are -1000..1000: at most 2001 per
--- kind) says which levels hold aged jobs; the oldest `room` of those levels (by their first job:
--- no other level can hold one of the `room` oldest) give up to `room` candidates each, read in
--- index order, and the oldest `room` candidates are locked. Bounded whatever the data: at most
--- 2001 probes per kind and room * room index entries.
+-- max_wait), of `kinds` (NULL: any), at most `room`, lowest priority first, then oldest first
+-- (priority, run_at, id), locked FOR NO KEY UPDATE SKIP LOCKED. Lowest priority first: an aged job
+-- is served before any job of higher priority, aged or not (oldest first across levels would let
+-- a backlog of aged higher-priority jobs, older than it, hold it back without bound once the
+-- claimers fall behind). Found without an index of their own: the first entry of each priority
+-- level of jobs_ready_idx (per kind: jobs_kind_ready_idx) is the level's oldest job, so a skip scan
+-- over the levels (one index probe per level present; priorities are -1000..1000: at most 2001 per
+-- kind) says which levels hold aged jobs; the lowest `room` of those give up to `room` candidates
+-- each, read in index order, and the first `room` candidates are locked. Bounded whatever the
+-- data: at most 2001 probes per kind and room * room index entries.
 CREATE OR REPLACE FUNCTION pgq._aged_pick(queue text, room integer, since timestamptz, kinds text[])
     RETURNS SETOF bigint
     LANGUAGE plpgsql
@@ -497,13 +499,13 @@ BEGIN
             )
             SELECT c.id
             FROM (SELECT l.priority FROM levels AS l WHERE l.run_at <= _aged_pick.since
-                  ORDER BY l.run_at, l.id LIMIT _aged_pick.room) AS l
+                  ORDER BY l.priority LIMIT _aged_pick.room) AS l
             CROSS JOIN LATERAL (
-                SELECT j.id, j.run_at FROM pgq.jobs AS j
+                SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j
                 WHERE j.queue = _aged_pick.queue AND j.priority = l.priority
                   AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.run_at <= _aged_pick.since
                 ORDER BY j.priority DESC, j.run_at, j.id LIMIT _aged_pick.room) AS c
-            ORDER BY c.run_at, c.id LIMIT _aged_pick.room);
+            ORDER BY c.priority, c.run_at, c.id LIMIT _aged_pick.room);
     ELSE
         cands := ARRAY(
             WITH RECURSIVE levels(kind, priority, run_at, id) AS (
@@ -525,13 +527,13 @@ BEGIN
             )
             SELECT c.id
             FROM (SELECT l.kind, l.priority FROM levels AS l WHERE l.run_at <= _aged_pick.since
-                  ORDER BY l.run_at, l.id LIMIT _aged_pick.room) AS l
+                  ORDER BY l.priority, l.run_at, l.id LIMIT _aged_pick.room) AS l
             CROSS JOIN LATERAL (
-                SELECT j.id, j.run_at FROM pgq.jobs AS j
+                SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j
                 WHERE j.queue = _aged_pick.queue AND j.kind = l.kind AND j.priority = l.priority
                   AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.run_at <= _aged_pick.since
                 ORDER BY j.priority DESC, j.run_at, j.id LIMIT _aged_pick.room) AS c
-            ORDER BY c.run_at, c.id LIMIT _aged_pick.room);
+            ORDER BY c.priority, c.run_at, c.id LIMIT _aged_pick.room);
     END IF;
     IF cands = '{}' THEN
         RETURN;
@@ -540,7 +542,7 @@ BEGIN
     RETURN QUERY
     SELECT j.id FROM pgq.jobs AS j
     WHERE j.id = ANY (cands) AND j.state = 'pending' AND j.attempt < j.max_attempts
-    ORDER BY j.run_at, j.id
+    ORDER BY j.priority, j.run_at, j.id
     FOR NO KEY UPDATE SKIP LOCKED;
 END
 $$;
@@ -606,7 +608,7 @@ CREATE OR REPLACE FUNCTION pgq._expired(attempt integer, start_by timestamptz, e
 -- order, with the room each has, and whether it is fair or takes the per-key step), its first claimable jobs
 -- in index order, per kind when the worker named its kinds; with the fair and key-limited queues'
 -- picks (`picked`, locked by pgq._fair_pick and pgq._keyed_pick) and the queues with max_wait's
--- (pgq._aged_rooms; those of them in `aged` first, oldest first), the best `batch` of those across
+-- (pgq._aged_rooms; those of them in `aged` first, lowest priority then oldest first), the best `batch` of those across
 -- queues become running under a lease, attempt + 1, claimed_by `worker`, bound to the login; a
 -- claimed event each (queues with audit). Returns them in the total order.
 CREATE OR REPLACE FUNCTION pgq._lease_jobs(worker text, rooms pgq.claim_room[], picked bigint[], batch integer,
@@ -655,8 +657,9 @@ BEGIN
             UNION ALL
             -- The fair and the key-limited queues' picks (pgq._fair_pick, pgq._keyed_pick), and the
             -- queues with max_wait's (pgq._aged_rooms): their aged jobs (`aged`) rank above every
-            -- priority (at most 1000), oldest first.
-            SELECT j.id, CASE WHEN j.id = ANY (_lease_jobs.aged) THEN 1001 ELSE j.priority END, j.run_at
+            -- priority (at most 1000), the lowest priority first (3001 - priority: 2001..4001), then
+            -- the oldest.
+            SELECT j.id, CASE WHEN j.id = ANY (_lease_jobs.aged) THEN 3001 - j.priority ELSE j.priority END, j.run_at
             FROM pgq.jobs AS j WHERE j.id = ANY (_lease_jobs.picked)
         ) AS c
         ORDER BY c.priority DESC, c.run_at, c.id

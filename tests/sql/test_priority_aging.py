@@ -1,7 +1,8 @@
 """Issue 41, priority aging with a bound: pgq.configure_queue(..., max_wait => ...).
 
 In a queue with max_wait, a due job that has waited longer than max_wait (run_at <= now - max_wait)
-is claimed before any job of higher priority, the aged ones oldest first, up to the batch; the usual
+is claimed before any job of higher priority, the aged ones lowest priority first, then oldest first,
+up to the batch; the usual
 pick fills the rest. Not before it has waited that long. A queue without it keeps strict priority,
 and its claim has no extra step. The aged jobs are found by a skip scan over the priority levels of
 jobs_ready_idx (one probe per level), not by reading the queue. Bad input: 22023 naming max_wait,
@@ -52,7 +53,8 @@ def test_an_old_low_priority_job_is_claimed_before_a_newer_high_priority_one_onc
     assert claim(conn, batch=10, kinds=kinds) == high[1:]
 
 
-def test_aged_jobs_go_oldest_first_across_levels_and_the_usual_pick_fills_the_batch(conn: psycopg.Connection) -> None:
+def test_aged_jobs_go_lowest_priority_then_oldest_first_and_the_usual_pick_fills_the_batch(
+        conn: psycopg.Connection) -> None:
     move_clock(conn, 0)
     conn.execute("SELECT pgq.configure_queue('q', max_wait => '10 seconds')")
     a = enqueue(conn, "q", -5)[0]
@@ -64,24 +66,25 @@ def test_aged_jobs_go_oldest_first_across_levels_and_the_usual_pick_fills_the_ba
     d = enqueue(conn, "q", 0)[0]
     move_clock(conn, 100)
     high = enqueue(conn, "q", 50, 3)
-    # all four aged, oldest first; then the batch's rest by priority
-    assert claim(conn, batch=2) == [b, a]  # the two oldest (returned in the total order)
-    got = [r[0] for r in conn.execute(
-        "SELECT id FROM pgq.claim('w', queues => '{q}', batch => 3)")]
-    assert set(got) == {c, d, high[0]}
+    # all four aged: the lowest priority first, then the oldest (b, older than c and d, is of a higher
+    # priority than they: it goes after them); then the batch's rest by priority
+    assert claim(conn, batch=2) == [a, c]
+    assert claim(conn, batch=3) == [high[0], b, d]  # returned in the total order
     assert claim(conn, batch=10) == high[1:]
 
 
-def test_batch_one_takes_aged_jobs_in_age_order(conn: psycopg.Connection) -> None:
+def test_batch_one_takes_aged_jobs_by_priority_then_age_before_the_higher_priority_flood(
+        conn: psycopg.Connection) -> None:
     move_clock(conn, 0)
     conn.execute("SELECT pgq.configure_queue('q', max_wait => '10 seconds')")
-    order = []
-    for i, p in enumerate([-1, 7, -3, 2, 0]):
+    jobs = []
+    for i, p in enumerate([-1, 7, -3, 2, 0, -3, 7]):
         move_clock(conn, i)
-        order += enqueue(conn, "q", p)
+        jobs += [(p, i, enqueue(conn, "q", p)[0])]
     move_clock(conn, 100)
-    enqueue(conn, "q", 100, 5)
-    assert [claim(conn)[0] for _ in order] == order
+    flood = enqueue(conn, "q", 100, 5)
+    assert [claim(conn)[0] for _ in jobs] == [i for _, _, i in sorted(jobs)]
+    assert claim(conn, batch=10) == flood
 
 
 def test_a_queue_without_max_wait_keeps_strict_priority(conn: psycopg.Connection) -> None:
