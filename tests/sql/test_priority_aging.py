@@ -29,7 +29,8 @@ def move_clock(conn: psycopg.Connection, seconds: int) -> None:
 
 def enqueue(conn: psycopg.Connection, queue: str, priority: int, n: int = 1, kind: str = "k") -> list[int]:
     return [r[0] for r in conn.execute(
-        "SELECT pgq.enqueue(%s, %s, priority => %s, run_at => pgq._now()) FROM generate_series(1, %s)", (queue, kind, priority, n))]
+        "SELECT pgq.enqueue(%s, %s, priority => %s, run_at => pgq._now()) FROM generate_series(1, %s)",
+        (queue, kind, priority, n))]
 
 
 def claim(conn: psycopg.Connection, queue: str = "q", batch: int = 1, kinds: list[str] | None = None) -> list[int]:
