@@ -33,9 +33,9 @@
 -- kinds, or whose paused kinds the worker does not claim, is claimed as before: whether any queue
 -- of the claim has paused kinds is read with whether one has a schedule due (one aggregate).
 -- A plain or capped queue with max_wait (pgq.configure_queue) serves its aged jobs first: those due
--- for longer than max_wait, lowest priority then oldest first, ahead of any job of higher priority (pgq._aged_pick, by a
--- skip scan over the priority levels of jobs_ready_idx, no index of its own), then the usual pick
--- fills its room (pgq._aged_rooms). A queue without it pays nothing: whether one of the claim has it
+-- for longer than max_wait, lowest priority then oldest first, ahead of any job of higher priority
+-- (pgq._aged_pick, by a skip scan over the priority levels of jobs_ready_idx, no index of its own),
+-- then the usual pick fills its room (pgq._aged_rooms); they are handed out (and returned) first. A queue without it pays nothing: whether one of the claim has it
 -- is read with the due schedules and the paused kinds (the same aggregate).
 -- A claim never waits for another session's lock: a capped queue's row (a fair queue's tenant
 -- row, a key's rows, a rate's slice) that another transaction holds is skipped for this call
@@ -72,7 +72,8 @@ CREATE OR REPLACE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, ba
 DECLARE
     rooms    pgq.claim_room[];  -- the eligible queues, in name order, with how many jobs each may start
     fair_ids bigint[] := '{}';
-    aged_ids bigint[] := '{}';  -- the jobs that waited longer than their queue's max_wait, served first
+    aged_ids bigint[];   -- then: the jobs that waited longer than their queue's max_wait, served first
+    leased   integer;    -- then: how many of them were handed out
     keyed_ids bigint[] := '{}';
     capped   boolean;    -- whether any of them has max_running, key limits or rate limits
     fair     boolean;    -- whether any of them is fair
@@ -154,15 +155,30 @@ BEGIN
 
     -- The plain queues with paused kinds: their jobs picked per kind (pgq._kinds_rooms), handed on
     -- with the fair picks; their rooms leave `rooms`, which _lease_jobs reads in index order.
-    -- The plain and capped queues with max_wait first: their aged jobs and the rest of their pick
-    -- (pgq._aged_rooms), handed on with the fair picks, the aged ones marked to be served first.
+    -- The plain and capped queues with max_wait first: their aged jobs (`aged_ids`) and the rest of
+    -- their pick (pgq._aged_rooms), the rest handed on with the fair picks.
     IF due THEN
         SELECT s.plain, fair_ids || s.ids, s.aged INTO rooms, fair_ids, aged_ids FROM pgq._aged_rooms(rooms, claim.kinds) AS s;
         SELECT s.plain, fair_ids || s.ids INTO rooms, fair_ids FROM pgq._kinds_rooms(rooms, claim.kinds) AS s;
     END IF;
 
-    RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch, claim.lease,
-                                               claim.kinds, aged_ids);
+    -- The aged jobs are handed out first, the lowest priority then the oldest first, up to the
+    -- batch (and returned first); the rest of the batch as always. A claim without aged jobs pays
+    -- for none of it (aged_ids is NULL or empty).
+    IF aged_ids <> '{}' THEN
+        aged_ids := ARRAY(SELECT j.id FROM pgq.jobs AS j WHERE j.id = ANY (aged_ids)
+                          ORDER BY j.priority, j.run_at, j.id LIMIT claim.batch);
+        fair_ids := ARRAY(SELECT f.id FROM unnest(fair_ids) AS f(id) WHERE f.id <> ALL (aged_ids));
+        RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, '{}', aged_ids, claim.batch, claim.lease, NULL);
+        GET DIAGNOSTICS leased = ROW_COUNT;
+        IF leased < claim.batch THEN
+            RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch - leased,
+                                                       claim.lease, claim.kinds);
+        END IF;
+    ELSE
+        RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch, claim.lease,
+                                                   claim.kinds);
+    END IF;
 
     -- The rate limits' tokens, spent for the jobs this claim handed out: its picks (locked by it,
     -- pending until its UPDATE) that are running now.
@@ -173,7 +189,7 @@ END
 $$;
 COMMENT ON FUNCTION pgq.claim(text, text[], integer, interval, text[]) IS
     'Claims up to batch due jobs (of kinds, when given) for worker, in order priority DESC, run_at, '
-    'id. The returned '
+    'id (jobs of a queue with max_wait that waited longer than it first). The returned '
     'attempt is the fencing token for renew, complete, fail, release, snooze and mark_unknown.';
 
 -- Completes the caller's finished attempts and claims the next jobs, in one call and one
@@ -608,11 +624,11 @@ CREATE OR REPLACE FUNCTION pgq._expired(attempt integer, start_by timestamptz, e
 -- order, with the room each has, and whether it is fair or takes the per-key step), its first claimable jobs
 -- in index order, per kind when the worker named its kinds; with the fair and key-limited queues'
 -- picks (`picked`, locked by pgq._fair_pick and pgq._keyed_pick) and the queues with max_wait's
--- (pgq._aged_rooms; those of them in `aged` first, lowest priority then oldest first), the best `batch` of those across
+-- (pgq._aged_rooms), the best `batch` of those across
 -- queues become running under a lease, attempt + 1, claimed_by `worker`, bound to the login; a
 -- claimed event each (queues with audit). Returns them in the total order.
 CREATE OR REPLACE FUNCTION pgq._lease_jobs(worker text, rooms pgq.claim_room[], picked bigint[], batch integer,
-                                           lease interval, kinds text[], aged bigint[])
+                                           lease interval, kinds text[])
     RETURNS SETOF pgq.claimed_job
     LANGUAGE plpgsql
     AS $$
@@ -656,11 +672,8 @@ BEGIN
             WHERE NOT e.fair AND NOT e.keyed
             UNION ALL
             -- The fair and the key-limited queues' picks (pgq._fair_pick, pgq._keyed_pick), and the
-            -- queues with max_wait's (pgq._aged_rooms): their aged jobs (`aged`) rank above every
-            -- priority (at most 1000), the lowest priority first (3001 - priority: 2001..4001), then
-            -- the oldest.
-            SELECT j.id, CASE WHEN j.id = ANY (_lease_jobs.aged) THEN 3001 - j.priority ELSE j.priority END, j.run_at
-            FROM pgq.jobs AS j WHERE j.id = ANY (_lease_jobs.picked)
+            -- rest of the picks of the queues with max_wait (pgq._aged_rooms).
+            SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j WHERE j.id = ANY (_lease_jobs.picked)
         ) AS c
         ORDER BY c.priority DESC, c.run_at, c.id
         LIMIT _lease_jobs.batch

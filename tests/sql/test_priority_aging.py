@@ -70,7 +70,7 @@ def test_aged_jobs_go_lowest_priority_then_oldest_first_and_the_usual_pick_fills
     # all four aged: the lowest priority first, then the oldest (b, older than c and d, is of a higher
     # priority than they: it goes after them); then the batch's rest by priority
     assert claim(conn, batch=2) == [a, c]
-    assert claim(conn, batch=3) == [high[0], b, d]  # returned in the total order
+    assert claim(conn, batch=3) == [b, d, high[0]]  # the aged ones returned first (in the total order)
     assert claim(conn, batch=10) == high[1:]
 
 
