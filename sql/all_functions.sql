@@ -4787,29 +4787,24 @@ BEGIN
     -- The plain queues with paused kinds: their jobs picked per kind (pgq._kinds_rooms), handed on
     -- with the fair picks; their rooms leave `rooms`, which _lease_jobs reads in index order.
     -- The plain and capped queues with max_wait first: their aged jobs (`aged_ids`) and the rest of
-    -- their pick (pgq._aged_rooms), the rest handed on with the fair picks.
+    -- their pick (pgq._aged_rooms), the rest handed on with the fair picks. The aged jobs are
+    -- handed out first, the lowest priority then the oldest first, up to the batch (and returned
+    -- first); the rest of the batch as always below. A claim without them pays for none of it.
     IF due THEN
         SELECT s.plain, fair_ids || s.ids, s.aged INTO rooms, fair_ids, aged_ids FROM pgq._aged_rooms(rooms, claim.kinds) AS s;
         SELECT s.plain, fair_ids || s.ids INTO rooms, fair_ids FROM pgq._kinds_rooms(rooms, claim.kinds) AS s;
+        IF aged_ids <> '{}' THEN
+            aged_ids := ARRAY(SELECT j.id FROM pgq.jobs AS j WHERE j.id = ANY (aged_ids)
+                              ORDER BY j.priority, j.run_at, j.id LIMIT claim.batch);
+            fair_ids := ARRAY(SELECT f.id FROM unnest(fair_ids) AS f(id) WHERE f.id <> ALL (aged_ids));
+            RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, '{}', aged_ids, claim.batch, claim.lease, NULL);
+            GET DIAGNOSTICS leased = ROW_COUNT;
+            claim.batch := claim.batch - leased;  -- (0: the pick below takes nothing)
+        END IF;
     END IF;
 
-    -- The aged jobs are handed out first, the lowest priority then the oldest first, up to the
-    -- batch (and returned first); the rest of the batch as always. A claim without aged jobs pays
-    -- for none of it (aged_ids is NULL or empty).
-    IF aged_ids <> '{}' THEN
-        aged_ids := ARRAY(SELECT j.id FROM pgq.jobs AS j WHERE j.id = ANY (aged_ids)
-                          ORDER BY j.priority, j.run_at, j.id LIMIT claim.batch);
-        fair_ids := ARRAY(SELECT f.id FROM unnest(fair_ids) AS f(id) WHERE f.id <> ALL (aged_ids));
-        RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, '{}', aged_ids, claim.batch, claim.lease, NULL);
-        GET DIAGNOSTICS leased = ROW_COUNT;
-        IF leased < claim.batch THEN
-            RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch - leased,
-                                                       claim.lease, claim.kinds);
-        END IF;
-    ELSE
-        RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch, claim.lease,
-                                                   claim.kinds);
-    END IF;
+    RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch, claim.lease,
+                                               claim.kinds);
 
     -- The rate limits' tokens, spent for the jobs this claim handed out: its picks (locked by it,
     -- pending until its UPDATE) that are running now.
