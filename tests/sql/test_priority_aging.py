@@ -12,6 +12,8 @@ The clock is the test clock (pgq._now() reads pgq_test.clock): no sleeps.
 
 from __future__ import annotations
 
+import threading
+
 import psycopg
 import pytest
 
@@ -161,3 +163,39 @@ def test_the_aged_step_probes_the_index_per_level_and_a_queue_without_max_wait_h
     assert not [p.query for p in plans if "FROM pgq._aged_rooms(" in p.query or "WITH RECURSIVE levels" in p.query
                 or "FROM pgq._kinds_rooms(" in p.query]
     assert "jobs_ready_idx" in plan_of(plans, "WITH picked AS").text
+
+
+def test_concurrent_claimers_of_a_capped_aging_queue_keep_the_cap_and_serve_the_aged_first(
+        conn: psycopg.Connection, connect) -> None:  # type: ignore[no-untyped-def]
+    move_clock(conn, 0)
+    conn.execute("SELECT pgq.configure_queue('q', max_wait => '10 seconds', max_running => 4)")
+    old = set(enqueue(conn, "q", 0, 20))
+    move_clock(conn, 100)
+    new = set(enqueue(conn, "q", 9, 20))
+    claimers = [connect() for _ in range(6)]
+    seen: list[int] = []
+    for r in range(40):
+        barrier = threading.Barrier(len(claimers))
+        got: list[list[tuple[int, int]]] = [[] for _ in claimers]
+
+        def run(i: int, c: psycopg.Connection, barrier: threading.Barrier = barrier,
+                got: list[list[tuple[int, int]]] = got) -> None:
+            barrier.wait()
+            got[i] = [(row[0], row[1]) for row in c.execute(
+                "SELECT id, attempt FROM pgq.claim(%s, queues => '{q}', batch => 3)", (f"w{i}",))]
+
+        threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(claimers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        ids = [i for g in got for i, _ in g]
+        assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE state = 'running'") <= 4, (r, got)
+        seen += ids
+        conn.execute("SELECT pgq.complete_many(%s::bigint[], %s::integer[])",
+                     ([i for g in got for i, _ in g], [a for g in got for _, a in g]))
+        if len(seen) >= 40:
+            break
+    # Claimers of a capped queue take turns (its row, locked SKIP LOCKED): each round, one of them.
+    assert len(seen) == len(set(seen)) == 40 and set(seen) == old | new
+    assert set(seen[:20]) == old, seen  # every aged job before any of the priority-9 flood
