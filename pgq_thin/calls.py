@@ -929,13 +929,15 @@ def configure_queue(
     retention_failed: Interval | None = None,
     retention_cancelled: Interval | None = None,
     keep_done: bool | None = None,
+    max_wait: Interval | None = None,
 ) -> Call[QueueSettings]:
     """pgq.configure_queue: change the given settings (None leaves one unchanged;
     ``max_run_time=0`` removes the limit; ``key_max_running=0`` the per-key limit; ``rate_limit``
     jobs per ``rate_period`` at most, and ``key_rate_limit`` per key, 0: no limit; ``retention``
     keeps finished jobs, ``retention_failed`` and ``retention_cancelled`` failed and cancelled ones
     for another time: never set, the queue's ``retention``; ``keep_done=False`` deletes a job as it
-    completes, unless something reads it after its end: docs/sql-api.md)."""
+    completes, unless something reads it after its end: docs/sql-api.md; ``max_wait``: a due job that
+    waited longer is claimed before any job of higher priority, 0 restores strict priority)."""
     return Call(queries.CONFIGURE_QUEUE, {
         "queue": queue, "lease": _interval("lease", lease), "max_attempts": max_attempts,
         "backoff_base": _interval("backoff_base", backoff_base), "backoff_cap": _interval("backoff_cap", backoff_cap),
@@ -946,6 +948,7 @@ def configure_queue(
         "retention_failed": _interval("retention_failed", retention_failed),
         "retention_cancelled": _interval("retention_cancelled", retention_cancelled),
         "keep_done": keep_done,
+        "max_wait": _interval("max_wait", max_wait),
     }, _settings, rows=dict_row)
 
 

@@ -144,6 +144,9 @@ class QueueSettings:
     paused_kinds: list[str] | None = None
     #: False: a job is deleted as it completes (pgq.configure_queue's keep_done).
     keep_done: bool = True
+    #: A due job that has waited longer than this is claimed before any job of higher priority
+    #: (the lowest priority, then the oldest, first); None: strict priority.
+    max_wait: timedelta | None = None
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,7 @@ CREATE TABLE pgq.queues (
     retention_cancelled  interval,
     paused_kinds         text[],
     keep_done            boolean DEFAULT true NOT NULL,
+    max_wait             interval,
     CONSTRAINT queues_pkey PRIMARY KEY (name),
     CONSTRAINT queues_key_max_running_check CHECK ((key_max_running BETWEEN 0 AND 100000)),
     CONSTRAINT queues_max_attempts_check CHECK ((max_attempts BETWEEN 1 AND 10000)),
@@ -166,6 +167,9 @@ COMMENT ON COLUMN pgq.queues.keep_done IS
     'false: a job of the queue is deleted as it completes (pgq.complete, complete_many, '
     'complete_and_claim), unless something reads it after its end (notify_finished, a batch, a '
     'workflow, a unique_key, dependants); true (the default): kept for the queue''s retention.';
+COMMENT ON COLUMN pgq.queues.max_wait IS
+    'A due job that has waited longer than this is claimed before any job of higher priority '
+    '(the lowest priority, then the oldest, first); NULL: strict priority.';
 
 CREATE TABLE pgq.tenants (
     queue   text NOT NULL,
@@ -1205,7 +1209,7 @@ $$;
 -- tests/sql/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '28'::text $$;
+    AS $$ SELECT '29'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -1336,7 +1340,7 @@ CREATE OR REPLACE FUNCTION pgq._check_queue_settings(q pgq.queues, lease interva
                                                      max_run_time interval, key_max_running integer,
                                                      rate_limit integer, rate_period interval,
                                                      key_rate_limit integer, retention_failed interval,
-                                                     retention_cancelled interval)
+                                                     retention_cancelled interval, max_wait interval)
     RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     AS $$
@@ -1385,6 +1389,11 @@ BEGIN
         PERFORM pgq._bad_argument('key_rate_limit',
             format('must be between 0 (no limit) and 1000000, got %s', _check_queue_settings.key_rate_limit));
     END IF;
+    PERFORM pgq._check_span('max_wait', _check_queue_settings.max_wait);
+    IF _check_queue_settings.max_wait < interval '0' OR _check_queue_settings.max_wait > interval '365 days' THEN
+        PERFORM pgq._bad_argument('max_wait',
+            format('must be between 0 (strict priority) and 365 days, got %s', _check_queue_settings.max_wait));
+    END IF;
 END
 $$;
 
@@ -1420,7 +1429,8 @@ CREATE OR REPLACE FUNCTION pgq.configure_queue(queue text, lease interval DEFAUL
                                     key_rate_limit integer DEFAULT NULL,
                                     retention_failed interval DEFAULT NULL,
                                     retention_cancelled interval DEFAULT NULL,
-                                    keep_done boolean DEFAULT NULL)
+                                    keep_done boolean DEFAULT NULL,
+                                    max_wait interval DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -1441,7 +1451,19 @@ BEGIN
                                       configure_queue.max_run_time, configure_queue.key_max_running,
                                       configure_queue.rate_limit, configure_queue.rate_period,
                                       configure_queue.key_rate_limit, configure_queue.retention_failed,
-                                      configure_queue.retention_cancelled);
+                                      configure_queue.retention_cancelled, configure_queue.max_wait);
+    -- Aging serves a plain or capped queue's own pick: a fair, key-limited or rate-limited queue
+    -- picks by its tenants, keys or tokens, and refuses it (as it would be ignored).
+    IF coalesce(nullif(configure_queue.max_wait, interval '0'), CASE WHEN configure_queue.max_wait IS NULL THEN q.max_wait END)
+           IS NOT NULL
+       AND (coalesce(configure_queue.fair, q.fair) OR coalesce(configure_queue.key_max_running, q.key_max_running) > 0
+            OR coalesce(configure_queue.rate_limit, q.rate_limit) > 0
+            OR coalesce(configure_queue.key_rate_limit, q.key_rate_limit) > 0
+            OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = configure_queue.queue)) THEN
+        PERFORM pgq._bad_argument('max_wait', 'applies to a plain or capped queue, not to a fair, key-limited or '
+                                              'rate-limited one',
+            'Set max_wait => ''0'' (strict priority) with fair, key limits or rate limits.');
+    END IF;
     IF configure_queue.fair AND NOT q.fair THEN
         PERFORM pgq._make_fair(configure_queue.queue);
     END IF;
@@ -1486,15 +1508,19 @@ BEGIN
         rate_limit = new_rate,
         rate_period = new_period,
         key_rate_limit = new_key_rate,
-        rate_limited = new_rate > 0 OR new_key_rate > 0
+        rate_limited = new_rate > 0 OR new_key_rate > 0,
+        max_wait = CASE WHEN configure_queue.max_wait IS NULL THEN s.max_wait
+                        WHEN configure_queue.max_wait = interval '0' THEN NULL
+                        ELSE configure_queue.max_wait END
     WHERE s.name = configure_queue.queue
     RETURNING * INTO q;
     q.rate_tat := pgq._bucket_full_at(q.name);
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean) IS
-    'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit) '
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean, interval) IS
+    'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit, '
+    'max_wait ''0'' restores strict priority) '
     'and returns them; creates the queue if new. retention_failed and retention_cancelled keep '
     'failed and cancelled jobs for another time than retention (never set: the queue''s retention); '
     'keep_done false deletes a job as it completes (default true: kept for retention).';
@@ -5570,6 +5596,11 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- (pgq._kinds_pick; a fair or key-limited queue's pick gets those kinds). A queue without paused
 -- kinds, or whose paused kinds the worker does not claim, is claimed as before: whether any queue
 -- of the claim has paused kinds is read with whether one has a schedule due (one aggregate).
+-- A plain or capped queue with max_wait (pgq.configure_queue) serves its aged jobs first: those due
+-- for longer than max_wait, lowest priority then oldest first, ahead of any job of higher priority
+-- (pgq._aged_pick, by a skip scan over the priority levels of jobs_ready_idx, no index of its own),
+-- then the usual pick fills its room (pgq._aged_rooms); they are handed out (and returned) first. A queue without it pays nothing: whether one of the claim has it
+-- is read with the due schedules and the paused kinds (the same aggregate).
 -- A claim never waits for another session's lock: a capped queue's row (a fair queue's tenant
 -- row, a key's rows, a rate's slice) that another transaction holds is skipped for this call
 -- (SKIP LOCKED), so an idle transaction that claimed from a limited queue holds up no other
@@ -5585,7 +5616,8 @@ COMMENT ON FUNCTION pgq.enqueue_many(text, text, jsonb[], timestamptz, integer, 
 -- pgq.claim_room per queue, the row every step passes on), the capped queues' locks and free slots
 -- (pgq._claim_rooms), the due schedules (pgq._fire_schedules), the fair and key-limited picks
 -- (pgq._fair_pick, pgq._keyed_pick), the rate limits' tokens for the picks (pgq._take_tokens),
--- the plain queues with paused kinds, per kind (pgq._kinds_rooms, pgq._kinds_pick),
+-- the plain and capped queues with max_wait (pgq._aged_rooms, pgq._aged_pick), the plain queues
+-- with paused kinds, per kind (pgq._kinds_rooms, pgq._kinds_pick),
 -- then the pick and the lease (pgq._lease_jobs), and the tokens spent (pgq._spend_tokens). The
 -- helpers run inside the claim (as its owner, with its settings: no SET clause of their own) and
 -- no role may call them.
@@ -5604,6 +5636,8 @@ CREATE OR REPLACE FUNCTION pgq.claim(worker text, queues text[] DEFAULT NULL, ba
 DECLARE
     rooms    pgq.claim_room[];  -- the eligible queues, in name order, with how many jobs each may start
     fair_ids bigint[] := '{}';
+    aged_ids bigint[];   -- then: the jobs that waited longer than their queue's max_wait, served first
+    leased   integer;    -- then: how many of them were handed out
     keyed_ids bigint[] := '{}';
     capped   boolean;    -- whether any of them has max_running, key limits or rate limits
     fair     boolean;    -- whether any of them is fair
@@ -5685,8 +5719,21 @@ BEGIN
 
     -- The plain queues with paused kinds: their jobs picked per kind (pgq._kinds_rooms), handed on
     -- with the fair picks; their rooms leave `rooms`, which _lease_jobs reads in index order.
+    -- The plain and capped queues with max_wait first: their aged jobs (`aged_ids`) and the rest of
+    -- their pick (pgq._aged_rooms), the rest handed on with the fair picks. The aged jobs are
+    -- handed out first, the lowest priority then the oldest first, up to the batch (and returned
+    -- first); the rest of the batch as always below. A claim without them pays for none of it.
     IF due THEN
+        SELECT s.plain, fair_ids || s.ids, s.aged INTO rooms, fair_ids, aged_ids FROM pgq._aged_rooms(rooms, claim.kinds) AS s;
         SELECT s.plain, fair_ids || s.ids INTO rooms, fair_ids FROM pgq._kinds_rooms(rooms, claim.kinds) AS s;
+        IF aged_ids <> '{}' THEN
+            aged_ids := ARRAY(SELECT j.id FROM pgq.jobs AS j WHERE j.id = ANY (aged_ids)
+                              ORDER BY j.priority, j.run_at, j.id LIMIT claim.batch);
+            fair_ids := ARRAY(SELECT f.id FROM unnest(fair_ids) AS f(id) WHERE f.id <> ALL (aged_ids));
+            RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, '{}', aged_ids, claim.batch, claim.lease, NULL);
+            GET DIAGNOSTICS leased = ROW_COUNT;
+            claim.batch := claim.batch - leased;  -- (0: the pick below takes nothing)
+        END IF;
     END IF;
 
     RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch, claim.lease,
@@ -5701,7 +5748,7 @@ END
 $$;
 COMMENT ON FUNCTION pgq.claim(text, text[], integer, interval, text[]) IS
     'Claims up to batch due jobs (of kinds, when given) for worker, in order priority DESC, run_at, '
-    'id. The returned '
+    'id (jobs of a queue with max_wait that waited longer than it first). The returned '
     'attempt is the fencing token for renew, complete, fail, release, snooze and mark_unknown.';
 
 -- Completes the caller's finished attempts and claims the next jobs, in one call and one
@@ -5826,7 +5873,7 @@ $$;
 -- when no queue is eligible. And whether the failover fence row (pgq.fence, one row) names this
 -- server's timeline (false on a standby, whose WAL position cannot be read: pgq._check_timeline
 -- then says so). `due` says too whether one of them has paused kinds (pgq.claim then reads their
--- kinds: pgq._kinds_rooms): the two rare steps share one aggregate, since each aggregate costs
+-- kinds: pgq._kinds_rooms) or max_wait (pgq._aged_rooms): the rare steps share one aggregate, since each aggregate costs
 -- every claim its set-up. One SELECT, so the planner inlines it into pgq.claim: no call.
 CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer)
     RETURNS TABLE (rooms pgq.claim_room[], capped boolean, fair boolean, keyed boolean, rated boolean,
@@ -5840,7 +5887,7 @@ CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer)
            coalesce(bool_or(q.key_limited OR q.rate_limited), false),
            coalesce(bool_or(q.rate_limited), false),
            EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
-           coalesce(bool_or(q.next_schedule_at <= pgq._now() OR q.paused_kinds IS NOT NULL), false),
+           coalesce(bool_or(q.next_schedule_at <= pgq._now() OR q.paused_kinds IS NOT NULL OR q.max_wait IS NOT NULL), false),
            coalesce((SELECT f.timeline = pgq._timeline() FROM pgq.fence AS f WHERE NOT pg_is_in_recovery()), false)
     FROM pgq.queues AS q
     WHERE NOT q.paused
@@ -5992,6 +6039,139 @@ BEGIN
 END
 $$;
 
+-- A queue's aged jobs (pending, due since `since` or earlier: they waited longer than its
+-- max_wait), of `kinds` (NULL: any), at most `room`, lowest priority first, then oldest first
+-- (priority, run_at, id), locked FOR NO KEY UPDATE SKIP LOCKED. Lowest priority first: an aged job
+-- is served before any job of higher priority, aged or not (oldest first across levels would let
+-- a backlog of aged higher-priority jobs, older than it, hold it back without bound once the
+-- claimers fall behind). Found without an index of their own: the first entry of each priority
+-- level of jobs_ready_idx (per kind: jobs_kind_ready_idx) is the level's oldest job, so a skip scan
+-- over the levels (one index probe per level present; priorities are -1000..1000: at most 2001 per
+-- kind) says which levels hold aged jobs; the lowest `room` of those give up to `room` candidates
+-- each, read in index order, and the first `room` candidates are locked. Bounded whatever the
+-- data: at most 2001 probes per kind and room * room index entries.
+CREATE OR REPLACE FUNCTION pgq._aged_pick(queue text, room integer, since timestamptz, kinds text[])
+    RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    cands bigint[];
+BEGIN
+    IF _aged_pick.kinds IS NULL THEN
+        cands := ARRAY(
+            WITH RECURSIVE levels(priority, run_at, id) AS (
+                (SELECT j.priority, j.run_at, j.id FROM pgq.jobs AS j
+                 WHERE j.queue = _aged_pick.queue AND j.state = 'pending' AND j.attempt < j.max_attempts
+                 ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1)
+                UNION ALL
+                SELECT n.priority, n.run_at, n.id
+                FROM levels AS l
+                CROSS JOIN LATERAL (
+                    SELECT j.priority, j.run_at, j.id FROM pgq.jobs AS j
+                    WHERE j.queue = _aged_pick.queue AND j.priority < l.priority
+                      AND j.state = 'pending' AND j.attempt < j.max_attempts
+                    ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1) AS n
+            )
+            SELECT c.id
+            FROM (SELECT l.priority FROM levels AS l WHERE l.run_at <= _aged_pick.since
+                  ORDER BY l.priority LIMIT _aged_pick.room) AS l
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j
+                WHERE j.queue = _aged_pick.queue AND j.priority = l.priority
+                  AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.run_at <= _aged_pick.since
+                ORDER BY j.priority DESC, j.run_at, j.id LIMIT _aged_pick.room) AS c
+            ORDER BY c.priority, c.run_at, c.id LIMIT _aged_pick.room);
+    ELSE
+        cands := ARRAY(
+            WITH RECURSIVE levels(kind, priority, run_at, id) AS (
+                SELECT k.kind, f.priority, f.run_at, f.id
+                FROM (SELECT DISTINCT w.kind FROM unnest(_aged_pick.kinds) AS w(kind)) AS k
+                CROSS JOIN LATERAL (
+                    SELECT j.priority, j.run_at, j.id FROM pgq.jobs AS j
+                    WHERE j.queue = _aged_pick.queue AND j.kind = k.kind
+                      AND j.state = 'pending' AND j.attempt < j.max_attempts
+                    ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1) AS f
+                UNION ALL
+                SELECT l.kind, n.priority, n.run_at, n.id
+                FROM levels AS l
+                CROSS JOIN LATERAL (
+                    SELECT j.priority, j.run_at, j.id FROM pgq.jobs AS j
+                    WHERE j.queue = _aged_pick.queue AND j.kind = l.kind AND j.priority < l.priority
+                      AND j.state = 'pending' AND j.attempt < j.max_attempts
+                    ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1) AS n
+            )
+            SELECT c.id
+            FROM (SELECT l.kind, l.priority FROM levels AS l WHERE l.run_at <= _aged_pick.since
+                  ORDER BY l.priority, l.run_at, l.id LIMIT _aged_pick.room) AS l
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j
+                WHERE j.queue = _aged_pick.queue AND j.kind = l.kind AND j.priority = l.priority
+                  AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.run_at <= _aged_pick.since
+                ORDER BY j.priority DESC, j.run_at, j.id LIMIT _aged_pick.room) AS c
+            ORDER BY c.priority, c.run_at, c.id LIMIT _aged_pick.room);
+    END IF;
+    IF cands = '{}' THEN
+        RETURN;
+    END IF;
+    -- Locked last, by primary key: a candidate another claim took meanwhile is re-checked and left.
+    RETURN QUERY
+    SELECT j.id FROM pgq.jobs AS j
+    WHERE j.id = ANY (cands) AND j.state = 'pending' AND j.attempt < j.max_attempts
+    ORDER BY j.priority, j.run_at, j.id
+    FOR NO KEY UPDATE SKIP LOCKED;
+END
+$$;
+
+-- For a claim of `kinds` one of whose queues may have max_wait set (pgq._claimable_queues' due): the
+-- rooms without those of plain and capped queues with max_wait (`plain`), and those queues' picks
+-- (`ids`): per queue first its aged jobs (pgq._aged_pick: `aged`, also in `ids`), then the best of
+-- the rest (of the kinds pgq._claim_kinds says: paused ones left out) up to its room, in index order.
+-- A fair, key-limited or rate-limited queue keeps its own pick (configure_queue refuses max_wait
+-- on it; pgq.set_key_limit on a queue with max_wait makes its claims keyed: aging stops there).
+CREATE OR REPLACE FUNCTION pgq._aged_rooms(rooms pgq.claim_room[], kinds text[],
+                                           OUT plain pgq.claim_room[], OUT ids bigint[], OUT aged bigint[])
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r          pgq.claim_room;
+    wait       interval;
+    room_kinds text[];
+    these      bigint[];
+BEGIN
+    plain := '{}';
+    ids := '{}';
+    aged := '{}';
+    FOREACH r IN ARRAY _aged_rooms.rooms LOOP
+        wait := (SELECT q.max_wait FROM pgq.queues AS q WHERE q.name = r.queue);
+        IF wait IS NULL OR r.fair OR r.keyed THEN
+            plain := plain || r;
+            CONTINUE;
+        END IF;
+        room_kinds := pgq._claim_kinds(r.queue, _aged_rooms.kinds);
+        these := ARRAY(SELECT a.id FROM pgq._aged_pick(r.queue, r.room, pgq._now() - wait, room_kinds) AS a(id));
+        aged := aged || these;
+        ids := ids || these;
+        IF cardinality(these) < r.room THEN
+            ids := ids || ARRAY(
+                SELECT c.id FROM pgq.jobs AS c
+                WHERE c.id = ANY (ARRAY(
+                    SELECT j.id FROM pgq.jobs AS j
+                    WHERE j.queue = r.queue AND room_kinds IS NULL
+                      AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.run_at <= pgq._now()
+                      AND j.id <> ALL (these)
+                    ORDER BY j.priority DESC, j.run_at, j.id
+                    LIMIT r.room - cardinality(these)
+                    FOR NO KEY UPDATE SKIP LOCKED))
+                   OR c.id = ANY (ARRAY(
+                    SELECT p.id FROM pgq._kinds_pick(r.queue, r.room, room_kinds) AS p(id)
+                    WHERE room_kinds IS NOT NULL AND p.id <> ALL (these)))
+                ORDER BY c.priority DESC, c.run_at, c.id
+                LIMIT r.room - cardinality(these));
+        END IF;
+    END LOOP;
+END
+$$;
+
 -- Whether a job has expired: its start_by has passed before its first claim, or its expires_at has
 -- passed (enqueue's start_by and max_lifetime). One expression, inlined where it is used.
 CREATE OR REPLACE FUNCTION pgq._expired(attempt integer, start_by timestamptz, expires_at timestamptz)
@@ -6002,7 +6182,8 @@ CREATE OR REPLACE FUNCTION pgq._expired(attempt integer, start_by timestamptz, e
 -- The pick and the lease, in one statement: for each eligible queue (its room in `rooms`, in name
 -- order, with the room each has, and whether it is fair or takes the per-key step), its first claimable jobs
 -- in index order, per kind when the worker named its kinds; with the fair and key-limited queues'
--- picks (`picked`, locked by pgq._fair_pick and pgq._keyed_pick), the best `batch` of those across
+-- picks (`picked`, locked by pgq._fair_pick and pgq._keyed_pick) and the queues with max_wait's
+-- (pgq._aged_rooms), the best `batch` of those across
 -- queues become running under a lease, attempt + 1, claimed_by `worker`, bound to the login; a
 -- claimed event each (queues with audit). Returns them in the total order.
 CREATE OR REPLACE FUNCTION pgq._lease_jobs(worker text, rooms pgq.claim_room[], picked bigint[], batch integer,
@@ -6049,7 +6230,8 @@ BEGIN
             ) AS c
             WHERE NOT e.fair AND NOT e.keyed
             UNION ALL
-            -- The fair and the key-limited queues' picks (pgq._fair_pick, pgq._keyed_pick).
+            -- The fair and the key-limited queues' picks (pgq._fair_pick, pgq._keyed_pick), and the
+            -- rest of the picks of the queues with max_wait (pgq._aged_rooms).
             SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j WHERE j.id = ANY (_lease_jobs.picked)
         ) AS c
         ORDER BY c.priority DESC, c.run_at, c.id
@@ -10515,7 +10697,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.delete_jobs(text, text, text, timestamptz, integer, text[]),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
-    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean),
+    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean, interval),
     pgq.set_tenant_weight(text, text, integer),
     pgq.set_key_limit(text, text, integer),
     pgq.pause(text, text),

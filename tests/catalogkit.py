@@ -135,4 +135,5 @@ MIGRATION_SHA256 = {
     "0026_worker_registry.sql": "f847d5e53959bff878820baed3c44a2a604259cdb22dc594916f575e70e2eb01",
     "0027_pause_kind.sql": "f27aba9bd728828994da299e1a2de409ced6aeb76c5655cd577725d243254039",
     "0028_keep_done.sql": "8d342f85ab20bab33b97c6f4213b528ae20204df1d86f8a0b752b184edcf2157",
+    "0029_max_wait.sql": "a4b1b5386d46d1e58e78bcba97cba13629e657bb87a25433bcc89563452e4948",
 }

@@ -123,7 +123,7 @@ CREATE OR REPLACE FUNCTION pgq._check_queue_settings(q pgq.queues, lease interva
                                                      max_run_time interval, key_max_running integer,
                                                      rate_limit integer, rate_period interval,
                                                      key_rate_limit integer, retention_failed interval,
-                                                     retention_cancelled interval)
+                                                     retention_cancelled interval, max_wait interval)
     RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     AS $$
@@ -172,6 +172,11 @@ BEGIN
         PERFORM pgq._bad_argument('key_rate_limit',
             format('must be between 0 (no limit) and 1000000, got %s', _check_queue_settings.key_rate_limit));
     END IF;
+    PERFORM pgq._check_span('max_wait', _check_queue_settings.max_wait);
+    IF _check_queue_settings.max_wait < interval '0' OR _check_queue_settings.max_wait > interval '365 days' THEN
+        PERFORM pgq._bad_argument('max_wait',
+            format('must be between 0 (strict priority) and 365 days, got %s', _check_queue_settings.max_wait));
+    END IF;
 END
 $$;
 
@@ -207,7 +212,8 @@ CREATE OR REPLACE FUNCTION pgq.configure_queue(queue text, lease interval DEFAUL
                                     key_rate_limit integer DEFAULT NULL,
                                     retention_failed interval DEFAULT NULL,
                                     retention_cancelled interval DEFAULT NULL,
-                                    keep_done boolean DEFAULT NULL)
+                                    keep_done boolean DEFAULT NULL,
+                                    max_wait interval DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -228,7 +234,19 @@ BEGIN
                                       configure_queue.max_run_time, configure_queue.key_max_running,
                                       configure_queue.rate_limit, configure_queue.rate_period,
                                       configure_queue.key_rate_limit, configure_queue.retention_failed,
-                                      configure_queue.retention_cancelled);
+                                      configure_queue.retention_cancelled, configure_queue.max_wait);
+    -- Aging serves a plain or capped queue's own pick: a fair, key-limited or rate-limited queue
+    -- picks by its tenants, keys or tokens, and refuses it (as it would be ignored).
+    IF coalesce(nullif(configure_queue.max_wait, interval '0'), CASE WHEN configure_queue.max_wait IS NULL THEN q.max_wait END)
+           IS NOT NULL
+       AND (coalesce(configure_queue.fair, q.fair) OR coalesce(configure_queue.key_max_running, q.key_max_running) > 0
+            OR coalesce(configure_queue.rate_limit, q.rate_limit) > 0
+            OR coalesce(configure_queue.key_rate_limit, q.key_rate_limit) > 0
+            OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = configure_queue.queue)) THEN
+        PERFORM pgq._bad_argument('max_wait', 'applies to a plain or capped queue, not to a fair, key-limited or '
+                                              'rate-limited one',
+            'Set max_wait => ''0'' (strict priority) with fair, key limits or rate limits.');
+    END IF;
     IF configure_queue.fair AND NOT q.fair THEN
         PERFORM pgq._make_fair(configure_queue.queue);
     END IF;
@@ -273,15 +291,19 @@ BEGIN
         rate_limit = new_rate,
         rate_period = new_period,
         key_rate_limit = new_key_rate,
-        rate_limited = new_rate > 0 OR new_key_rate > 0
+        rate_limited = new_rate > 0 OR new_key_rate > 0,
+        max_wait = CASE WHEN configure_queue.max_wait IS NULL THEN s.max_wait
+                        WHEN configure_queue.max_wait = interval '0' THEN NULL
+                        ELSE configure_queue.max_wait END
     WHERE s.name = configure_queue.queue
     RETURNING * INTO q;
     q.rate_tat := pgq._bucket_full_at(q.name);
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean) IS
-    'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit) '
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean, interval) IS
+    'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit, '
+    'max_wait ''0'' restores strict priority) '
     'and returns them; creates the queue if new. retention_failed and retention_cancelled keep '
     'failed and cancelled jobs for another time than retention (never set: the queue''s retention); '
     'keep_done false deletes a job as it completes (default true: kept for retention).';

@@ -21,6 +21,7 @@ from pgq_tools.lab import (
     exp11_key_limits,
     exp13_batches,
     exp14_durable_kill,
+    exp15_priority_aging,
     run_experiment,
     run_lab,
 )
@@ -53,7 +54,7 @@ def test_run_lab_writes_the_evidence_package_with_a_pass_row_per_experiment(
 
     acceptance = (out / "acceptance.md").read_text()
     rows = [line for line in acceptance.splitlines() if re.match(r"^\| \d+ \|", line)]
-    assert len(rows) == len(EXPERIMENTS) == 14
+    assert len(rows) == len(EXPERIMENTS) == 15
     assert all(line.rstrip().endswith("| PASS |") for line in rows), rows
     assert "not observed" not in acceptance and "not executed" not in acceptance.lower()
     assert re.search(r"PostgreSQL \d+", acceptance) and "duration" in acceptance
@@ -175,6 +176,16 @@ def test_experiment_14s_observation_reports_the_kills_and_the_runs_it_saw() -> N
     assert "killed 2 times" in worse and "step-3 committed 2x (attempts [7, 6])" in worse
     assert "ended failed at attempt 20 with 0 step results" in worse
     assert "2 lease_expired events; the last worker exited NULL" in worse
+
+
+def test_experiment_15s_observation_reports_the_waits_it_saw() -> None:
+    facts = {"rounds": 40, "full": {"aging": 40, "strict": 40}, "claimed": 480, "distinct": 480,
+             "aging": [timedelta(seconds=60)] * 9, "strict": [None] * 9}
+    text = exp15_priority_aging.observation(facts)
+    assert "9 of 9 priority-0 jobs were claimed, the longest after 60s" in text and "in `strict` 0 of 9 were" in text
+    worse = exp15_priority_aging.observation({**facts, "aging": [timedelta(seconds=80), None], "claimed": 481})
+    assert "1 of 2 priority-0 jobs were claimed, the longest after 80s (waits ['80s', 'never'])" in worse
+    assert "481 claims of 480 distinct jobs" in worse
 
 
 def test_experiment_5s_observation_reports_the_probes_measured_wait() -> None:

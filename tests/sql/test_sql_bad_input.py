@@ -212,6 +212,12 @@ CASES: list[tuple[str, str, Any, str, str]] = [
     ("configure_queue cap below base", "SELECT pgq.configure_queue('q', backoff_base => '1 hour', backoff_cap => '1 minute')", None, "22023", "backoff_cap"),
     ("configure_queue retention negative", "SELECT pgq.configure_queue('q', retention => '-1 day')", None, "22023", "retention"),
     ("configure_queue retention huge", "SELECT pgq.configure_queue('new', retention => '3651 days')", None, "22023", "retention"),
+    # priority aging (issue 41)
+    ("configure_queue max_wait negative", "SELECT pgq.configure_queue('new', max_wait => '-1 second')", None, "22023",
+     "max_wait"),
+    ("configure_queue max_wait huge", "SELECT pgq.configure_queue('q', max_wait => '366 days')", None, "22023", "max_wait"),
+    ("configure_queue max_wait fair", "SELECT pgq.configure_queue('new', fair => true, max_wait => '1 minute')", None,
+     "22023", "max_wait"),
     # workflows (issue 26)
     ("enqueue dependency_mode NULL", "SELECT pgq.enqueue('q', 'k', dependency_mode => NULL)", None, "22004",
      "dependency_mode"),

@@ -74,6 +74,7 @@ def test_the_overview_shows_each_queues_settings_to_a_monitor(pgq_client: Client
     pgq.queue_settings (a pgq_monitor function), on the overview and in /api/queues."""
     failed_job(pgq_client, queue="mail")
     failed_job(pgq_client, queue="batch")
+    pgq_client.configure_queue("mail", max_wait="5m")
     pgq_client.configure_queue("batch", fair=True, max_running=3, lease=45, max_run_time=600)
     pgq_client.grant_queue("batch", "pgq_admin", "claim")
     pgq_client.pause("batch", kind="resize")
@@ -83,11 +84,11 @@ def test_the_overview_shows_each_queues_settings_to_a_monitor(pgq_client: Client
         settings = http.get("/api/queues").json()["settings"]
     assert "kinds paused: crop, resize · fair · max 3 running · lease 45s · max run 10m · 25 attempts · grants: claim" \
         in page
-    assert "fifo · lease 30s · 25 attempts" in page
+    assert "fifo · lease 30s · aging after 5m · 25 attempts" in page
     by_name = {q["name"]: q for q in settings}
     assert (by_name["batch"]["fair"], by_name["batch"]["max_running"], by_name["batch"]["restricted"],
             by_name["batch"]["paused_kinds"]) == (True, 3, ["claim"], ["crop", "resize"])
-    assert (by_name["mail"]["fair"], by_name["mail"]["restricted"]) == (False, None)
+    assert (by_name["mail"]["fair"], by_name["mail"]["restricted"], by_name["mail"]["max_wait"]) == (False, None, 300)
 
 
 def test_admin_login_acts_through_the_pgq_functions(pgq_client: Client, roles: dict[str, str]) -> None:

@@ -36,6 +36,7 @@ from pgq_tools.lab import (
     exp12_dependencies,
     exp13_batches,
     exp14_durable_kill,
+    exp15_priority_aging,
 )
 from pgq_tools.lab.harness import Check, Harness, Step, Verdict, utcnow
 from pgq_tools.lab.statements import TEMPLATES
@@ -61,6 +62,7 @@ EXPERIMENTS: list[ModuleType] = [
     exp12_dependencies,
     exp13_batches,
     exp14_durable_kill,
+    exp15_priority_aging,
 ]
 
 
