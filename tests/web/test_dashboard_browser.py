@@ -242,9 +242,11 @@ def test_a_job_links_to_its_dependencies_its_batch_and_the_batchs_callback(
         expect(page.locator("#callback-job")).to_have_text("not enqueued yet")
         screenshot(page, tmp_path, "batch-sealed.png")
 
+        page.evaluate("window.__not_reloaded = true")
         finish(pgq_client, "work", ["done"])  # the last member (merge, released, waits in flow): the callback
-        page.reload()
-        expect(page.locator("#batch-state")).to_have_text("finished")
+        expect(page.locator("#batch-state")).to_have_text("finished")  # the page follows, no reload
+        expect(page.locator("[data-live]")).to_have_count(0)  # finished: nothing refreshes any more
+        assert page.evaluate("window.__not_reloaded") is True
         expect(counts.locator('td[data-col="unfinished"]')).to_have_text("0")
         expect(counts.locator('td[data-col="done"]')).to_have_text("2")
         page.click("#callback-job a")
