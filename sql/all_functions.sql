@@ -7543,7 +7543,10 @@ COMMENT ON FUNCTION pgq.prune(interval, integer) IS
 -- Partitions are created and dropped by owner code only (the sweep, SECURITY DEFINER); no role
 -- has a privilege on the tables, as on pgq.jobs (docs/security.md).
 
--- The archived row of job `id` (as a pgq.jobs row), or NULLs. One index probe per partition.
+-- The archived row of job `id` (as a pgq.jobs row), or NULLs: what a read of one job (get_job,
+-- job_result, job_history, job_links; _admin_job) looks at when pgq.jobs has no such row, in the
+-- caller's snapshot (STABLE: a move that commits meanwhile is seen entirely or not at all). One
+-- index probe per day partition.
 CREATE OR REPLACE FUNCTION pgq._archived_job(id bigint) RETURNS pgq.jobs
     LANGUAGE plpgsql STABLE
     AS $$
@@ -7551,22 +7554,6 @@ DECLARE
     job pgq.jobs;
 BEGIN
     SELECT a.* INTO job FROM pgq.archive AS a WHERE a.id = _archived_job.id LIMIT 1;
-    RETURN job;
-END
-$$;
-
--- Job `id` wherever it is: pgq.jobs, else the archive; NULLs when in neither. In the caller's
--- snapshot (STABLE), so a move that commits meanwhile is seen entirely or not at all.
-CREATE OR REPLACE FUNCTION pgq._find_job(id bigint) RETURNS pgq.jobs
-    LANGUAGE plpgsql STABLE
-    AS $$
-DECLARE
-    job pgq.jobs;
-BEGIN
-    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = _find_job.id;
-    IF NOT FOUND THEN
-        job := pgq._archived_job(_find_job.id);
-    END IF;
     RETURN job;
 END
 $$;
@@ -8291,7 +8278,10 @@ BEGIN
     IF get_job.id IS NULL THEN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
-    job := pgq._find_job(get_job.id);  -- pgq.jobs, else the archive
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = get_job.id;
+    IF NOT FOUND THEN
+        job := pgq._archived_job(get_job.id);  -- archived (archive.sql), or NULLs
+    END IF;
     -- A job of a queue the login may not read is answered as if there were none.
     IF job.id IS NULL OR NOT pgq._may_read(job.queue) THEN
         RAISE EXCEPTION 'pgq: no job with id %', get_job.id
@@ -8342,7 +8332,10 @@ BEGIN
     IF job_result.id IS NULL THEN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
-    job := pgq._find_job(job_result.id);  -- pgq.jobs, else the archive
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = job_result.id;
+    IF NOT FOUND THEN
+        job := pgq._archived_job(job_result.id);  -- archived (archive.sql), or NULLs
+    END IF;
     IF job.id IS NOT NULL THEN
         restricted := (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = job.queue);
     END IF;
@@ -8384,7 +8377,10 @@ BEGIN
         PERFORM pgq._bad_argument('limit_rows',
             format('must be between 1 and 1000, got %s', coalesce(job_links.limit_rows::text, 'NULL')));
     END IF;
-    job := pgq._find_job(job_links.id);  -- pgq.jobs, else the archive
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = job_links.id;
+    IF NOT FOUND THEN
+        job := pgq._archived_job(job_links.id);  -- archived (archive.sql), or NULLs
+    END IF;
     IF job.id IS NULL OR NOT pgq._may_read(job.queue) THEN
         RAISE EXCEPTION 'pgq: no job with id %', job_links.id
             USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
@@ -8440,7 +8436,8 @@ BEGIN
     IF job_history.id IS NULL THEN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
-    IF NOT pgq._may_read((pgq._find_job(job_history.id)).queue) THEN
+    IF NOT pgq._may_read(coalesce((SELECT j.queue FROM pgq.jobs AS j WHERE j.id = job_history.id),
+                                  (pgq._archived_job(job_history.id)).queue)) THEN
         RETURN;  -- a job of a queue the login may not read has no history it can see
     END IF;
     RETURN QUERY SELECT * FROM pgq.job_events AS e WHERE e.job_id = job_history.id ORDER BY e.id;

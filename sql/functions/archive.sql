@@ -21,7 +21,10 @@
 -- Partitions are created and dropped by owner code only (the sweep, SECURITY DEFINER); no role
 -- has a privilege on the tables, as on pgq.jobs (docs/security.md).
 
--- The archived row of job `id` (as a pgq.jobs row), or NULLs. One index probe per partition.
+-- The archived row of job `id` (as a pgq.jobs row), or NULLs: what a read of one job (get_job,
+-- job_result, job_history, job_links; _admin_job) looks at when pgq.jobs has no such row, in the
+-- caller's snapshot (STABLE: a move that commits meanwhile is seen entirely or not at all). One
+-- index probe per day partition.
 CREATE OR REPLACE FUNCTION pgq._archived_job(id bigint) RETURNS pgq.jobs
     LANGUAGE plpgsql STABLE
     AS $$
@@ -29,22 +32,6 @@ DECLARE
     job pgq.jobs;
 BEGIN
     SELECT a.* INTO job FROM pgq.archive AS a WHERE a.id = _archived_job.id LIMIT 1;
-    RETURN job;
-END
-$$;
-
--- Job `id` wherever it is: pgq.jobs, else the archive; NULLs when in neither. In the caller's
--- snapshot (STABLE), so a move that commits meanwhile is seen entirely or not at all.
-CREATE OR REPLACE FUNCTION pgq._find_job(id bigint) RETURNS pgq.jobs
-    LANGUAGE plpgsql STABLE
-    AS $$
-DECLARE
-    job pgq.jobs;
-BEGIN
-    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = _find_job.id;
-    IF NOT FOUND THEN
-        job := pgq._archived_job(_find_job.id);
-    END IF;
     RETURN job;
 END
 $$;

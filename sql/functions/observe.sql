@@ -130,7 +130,10 @@ BEGIN
     IF get_job.id IS NULL THEN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
-    job := pgq._find_job(get_job.id);  -- pgq.jobs, else the archive
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = get_job.id;
+    IF NOT FOUND THEN
+        job := pgq._archived_job(get_job.id);  -- archived (archive.sql), or NULLs
+    END IF;
     -- A job of a queue the login may not read is answered as if there were none.
     IF job.id IS NULL OR NOT pgq._may_read(job.queue) THEN
         RAISE EXCEPTION 'pgq: no job with id %', get_job.id
@@ -181,7 +184,10 @@ BEGIN
     IF job_result.id IS NULL THEN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
-    job := pgq._find_job(job_result.id);  -- pgq.jobs, else the archive
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = job_result.id;
+    IF NOT FOUND THEN
+        job := pgq._archived_job(job_result.id);  -- archived (archive.sql), or NULLs
+    END IF;
     IF job.id IS NOT NULL THEN
         restricted := (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = job.queue);
     END IF;
@@ -223,7 +229,10 @@ BEGIN
         PERFORM pgq._bad_argument('limit_rows',
             format('must be between 1 and 1000, got %s', coalesce(job_links.limit_rows::text, 'NULL')));
     END IF;
-    job := pgq._find_job(job_links.id);  -- pgq.jobs, else the archive
+    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = job_links.id;
+    IF NOT FOUND THEN
+        job := pgq._archived_job(job_links.id);  -- archived (archive.sql), or NULLs
+    END IF;
     IF job.id IS NULL OR NOT pgq._may_read(job.queue) THEN
         RAISE EXCEPTION 'pgq: no job with id %', job_links.id
             USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
@@ -279,7 +288,8 @@ BEGIN
     IF job_history.id IS NULL THEN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
-    IF NOT pgq._may_read((pgq._find_job(job_history.id)).queue) THEN
+    IF NOT pgq._may_read(coalesce((SELECT j.queue FROM pgq.jobs AS j WHERE j.id = job_history.id),
+                                  (pgq._archived_job(job_history.id)).queue)) THEN
         RETURN;  -- a job of a queue the login may not read has no history it can see
     END IF;
     RETURN QUERY SELECT * FROM pgq.job_events AS e WHERE e.job_id = job_history.id ORDER BY e.id;

@@ -7,20 +7,25 @@ takes an archived failed job back. A job something reads in pgq.jobs stays there
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import psycopg
 import pytest
 
+from pgq_thin import migrate
+from pgq_tools.bench import _migrate_to  # a database at the base commit's schema and functions
+
 from sqlfixtures import dsn, module_dsn, running_job, sqlstate_of, wait_until_blocked  # noqa: F401
-from sqlhelpers import one
+from sqlhelpers import fresh_database, one
 
 
 @pytest.fixture(autouse=True)
-def empty_archive(dsn: str) -> None:
+def empty_archive(dsn: str) -> None:  # noqa: F811
     """The dsn fixture empties pgq.jobs and restarts its ids: the archive goes with it, partitions too."""
     with psycopg.connect(dsn, autocommit=True) as c:
-        for (name,) in c.execute("SELECT c.relname::text FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid "
-                                 "WHERE i.inhparent IN ('pgq.archive'::regclass, 'pgq.archive_events'::regclass)"):
+        for (name,) in c.execute("SELECT c.relname::text FROM pg_inherits AS i JOIN pg_class AS c "
+                                 "ON c.oid = i.inhrelid WHERE i.inhparent IN "
+                                 "('pgq.archive'::regclass, 'pgq.archive_events'::regclass)"):
             c.execute(f'DROP TABLE pgq."{name}"')
         c.execute("TRUNCATE pgq.archive_cursors")
 
@@ -127,7 +132,7 @@ def test_a_job_something_reads_in_pgq_jobs_stays_and_is_read_once(conn: psycopg.
     assert one(conn, "SELECT id FROM pgq.archive_cursors WHERE queue = 'q' AND state = 'done'") == plain
 
 
-def test_a_job_an_enqueue_in_flight_holds_is_skipped_not_waited_for(conn: psycopg.Connection, dsn: str) -> None:
+def test_a_job_an_enqueue_in_flight_holds_is_skipped_not_waited_for(conn: psycopg.Connection, dsn: str) -> None:  # noqa: F811
     conn.execute("SELECT pgq.configure_queue('q', archive => true)")
     job_id = finish(conn)
     age(conn, job_id)
@@ -193,7 +198,7 @@ def test_an_archived_failed_job_can_be_retried_and_comes_back_with_its_history(c
     assert where(conn, done) == "archive"
 
 
-def test_a_retry_racing_the_sweep_moving_the_job_gets_it_back(conn: psycopg.Connection, dsn: str) -> None:
+def test_a_retry_racing_the_sweep_moving_the_job_gets_it_back(conn: psycopg.Connection, dsn: str) -> None:  # noqa: F811
     conn.execute("SELECT pgq.configure_queue('q', archive => true)")
     failed = finish(conn, how="fail")
     age(conn, failed)
@@ -210,7 +215,7 @@ def test_a_retry_racing_the_sweep_moving_the_job_gets_it_back(conn: psycopg.Conn
     assert one(conn, "SELECT state FROM pgq.get_job(%s)", (failed,)) == "pending"
 
 
-def test_a_reader_during_the_move_sees_the_job_in_one_place(conn: psycopg.Connection, dsn: str) -> None:
+def test_a_reader_during_the_move_sees_the_job_in_one_place(conn: psycopg.Connection, dsn: str) -> None:  # noqa: F811
     conn.execute("SELECT pgq.configure_queue('q', archive => true)")
     job_id = finish(conn)
     age(conn, job_id)
@@ -245,3 +250,45 @@ def test_bad_archive_input_is_refused(conn: psycopg.Connection) -> None:
     assert sqlstate_of(conn, "SELECT pgq.configure_queue('q', archive => 'maybe')") == "22P02"
     assert sqlstate_of(conn, "SELECT pgq.get_job(NULL)") == "22004"
     assert sqlstate_of(conn, "SELECT pgq.job_history(NULL)") == "22004"
+
+
+@pytest.fixture
+def at_0029(databases) -> Iterator[str]:
+    """A database at the schema and functions of the base commit (migration 0029)."""
+    for dsn_0029 in fresh_database(databases, "template1"):
+        _migrate_to(dsn_0029, "git:2f25220")
+        yield dsn_0029
+
+
+def reads(c: psycopg.Connection, ids: list[int]) -> dict[int, tuple]:
+    return {i: (c.execute("SELECT * FROM pgq.get_job(%s)", (i,)).fetchone(),
+                c.execute("SELECT * FROM pgq.job_history(%s)", (i,)).fetchall(),
+                c.execute("SELECT * FROM pgq.job_result(%s)", (i,)).fetchone(),
+                c.execute("SELECT * FROM pgq.job_links(%s)", (i,)).fetchall()) for i in ids}
+
+
+def test_an_upgrade_from_0029_keeps_every_job_readable_and_archiving_them_changes_no_read(at_0029: str) -> None:
+    with psycopg.connect(at_0029, autocommit=True) as su:
+        assert one(su, "SELECT pgq.version()") == "29"
+        su.execute("SELECT pgq.configure_queue('q', audit => true, max_attempts => 1)")
+        su.execute("SELECT pgq.enqueue_many('q', 'k', array_fill('{}'::jsonb, ARRAY[8]))")
+        rows = su.execute("SELECT id, attempt FROM pgq.claim('w', ARRAY['q'], 6)").fetchall()
+        su.execute("SELECT pgq.complete(%s, %s, '{\"ok\": 1}')", rows[0])
+        su.execute("SELECT pgq.complete(%s, %s)", rows[1])
+        su.execute("SELECT pgq.fail(%s, %s, 'boom')", rows[2])
+        su.execute("SELECT pgq.cancel(%s)", (rows[3][0],))
+        su.execute("SELECT pgq.mark_unknown(%s, %s, 'maybe')", rows[4])
+        ids = [r[0] for r in su.execute("SELECT id FROM pgq.jobs ORDER BY id")]
+        states = dict(su.execute("SELECT id, state::text FROM pgq.jobs").fetchall())
+        su.execute("UPDATE pgq.jobs SET finished_at = finished_at - interval '2 minutes'")
+        before = reads(su, ids)
+    migrate(at_0029)
+    with psycopg.connect(at_0029, autocommit=True) as su:
+        assert one(su, "SELECT pgq.version()") == "31"
+        assert reads(su, ids) == before
+        su.execute("SELECT pgq.configure_queue('q', archive => true)")
+        su.execute("SELECT pgq.sweep()")
+        archived = {r[0] for r in su.execute("SELECT id FROM pgq.archive")}
+        assert archived == {i for i, s in states.items() if s in ("done", "failed", "cancelled")}
+        assert reads(su, ids) == before
+        assert sorted(r[0] for r in su.execute("SELECT id FROM pgq.list_jobs('q', limit_rows => 100)")) == ids
