@@ -29,16 +29,72 @@ COMMENT ON COLUMN pgq.queues.archive IS
     'true: the sweep moves the queue''s finished jobs into pgq.archive (partitioned by day, '
     'dropped whole past retention); false (the default): they stay in pgq.jobs until retention.';
 
-CREATE TABLE pgq.archive (LIKE pgq.jobs) PARTITION BY RANGE (finished_at);
-ALTER TABLE pgq.archive ALTER COLUMN finished_at SET NOT NULL;
+-- (The columns written out, not LIKE pgq.jobs: LIKE would copy the names of pgq.jobs' NOT NULL
+-- constraints on PostgreSQL 18, which a fresh install from sql/schema.sql names after pgq.archive.)
+CREATE TABLE pgq.archive (
+    id                 bigint NOT NULL,
+    queue              text NOT NULL,
+    kind               text NOT NULL,
+    payload            jsonb NOT NULL,
+    priority           integer NOT NULL,
+    state              pgq.job_state NOT NULL,
+    run_at             timestamp with time zone NOT NULL,
+    created_at         timestamp with time zone NOT NULL,
+    attempt            integer NOT NULL,
+    max_attempts       integer NOT NULL,
+    lease_until        timestamp with time zone,
+    claimed_by         text,
+    claimed_at         timestamp with time zone,
+    last_error         text,
+    result             jsonb,
+    finished_at        timestamp with time zone NOT NULL,
+    unique_key         text,
+    tenant             text,
+    last_event         text NOT NULL,
+    max_run_time       interval,
+    deadline           timestamp with time zone,
+    progress           jsonb,
+    schedule           text,
+    attempt_skip       integer NOT NULL,
+    attempt_offset     integer NOT NULL,
+    session_role       text,
+    meta               jsonb,
+    concurrency_key    text,
+    depends_on         bigint[],
+    dependencies_left  integer,
+    has_dependants     boolean NOT NULL,
+    dependency_mode    text,
+    batch_id           bigint,
+    notify_finished    boolean NOT NULL,
+    enqueued_by        text,
+    workflow_id        bigint,
+    parent_id          bigint,
+    start_by           timestamp with time zone,
+    expires_at         timestamp with time zone,
+    wait_signal        text,
+    wake_at            timestamp with time zone,
+    tags               text[]
+) PARTITION BY RANGE (finished_at);
 CREATE INDEX archive_id_idx ON pgq.archive (id);
 CREATE INDEX archive_list_idx ON pgq.archive (queue, state, id);
 COMMENT ON TABLE pgq.archive IS
     'Finished jobs of queues with archive on, moved out of pgq.jobs by the sweep; one partition '
     'per day of finished_at (UTC), dropped whole past the archiving queues'' longest retention.';
 
-CREATE TABLE pgq.archive_events (LIKE pgq.job_events, finished_at timestamptz NOT NULL)
-    PARTITION BY RANGE (finished_at);
+CREATE TABLE pgq.archive_events (
+    id            bigint NOT NULL,
+    job_id        bigint NOT NULL,
+    attempt       integer NOT NULL,
+    worker        text,
+    event         text NOT NULL,
+    from_state    pgq.job_state,
+    to_state      pgq.job_state,
+    at            timestamp with time zone NOT NULL,
+    note          text,
+    session_role  text,
+    times         integer NOT NULL,
+    finished_at   timestamp with time zone NOT NULL
+) PARTITION BY RANGE (finished_at);
 CREATE INDEX archive_events_job_idx ON pgq.archive_events (job_id, id);
 COMMENT ON TABLE pgq.archive_events IS
     'The events of the jobs in pgq.archive, partitioned by their job''s finished_at (the same days).';

@@ -791,6 +791,74 @@ COMMENT ON COLUMN pgq.worker_registry.kinds IS 'The kinds it claims; NULL: any.'
 COMMENT ON COLUMN pgq.worker_registry.alive_until IS
     'The last heartbeat''s time plus its alive_for: a worker not heard of since is not alive.';
 
+CREATE TABLE pgq.archive (
+    id                 bigint NOT NULL,
+    queue              text NOT NULL,
+    kind               text NOT NULL,
+    payload            jsonb NOT NULL,
+    priority           integer NOT NULL,
+    state              pgq.job_state NOT NULL,
+    run_at             timestamp with time zone NOT NULL,
+    created_at         timestamp with time zone NOT NULL,
+    attempt            integer NOT NULL,
+    max_attempts       integer NOT NULL,
+    lease_until        timestamp with time zone,
+    claimed_by         text,
+    claimed_at         timestamp with time zone,
+    last_error         text,
+    result             jsonb,
+    finished_at        timestamp with time zone NOT NULL,
+    unique_key         text,
+    tenant             text,
+    last_event         text NOT NULL,
+    max_run_time       interval,
+    deadline           timestamp with time zone,
+    progress           jsonb,
+    schedule           text,
+    attempt_skip       integer NOT NULL,
+    attempt_offset     integer NOT NULL,
+    session_role       text,
+    meta               jsonb,
+    concurrency_key    text,
+    depends_on         bigint[],
+    dependencies_left  integer,
+    has_dependants     boolean NOT NULL,
+    dependency_mode    text,
+    batch_id           bigint,
+    notify_finished    boolean NOT NULL,
+    enqueued_by        text,
+    workflow_id        bigint,
+    parent_id          bigint,
+    start_by           timestamp with time zone,
+    expires_at         timestamp with time zone,
+    wait_signal        text,
+    wake_at            timestamp with time zone,
+    tags               text[]
+)
+PARTITION BY RANGE (finished_at);
+COMMENT ON TABLE pgq.archive IS
+    'Finished jobs of queues with archive on, moved out of pgq.jobs by the sweep; one partition '
+    'per day of finished_at (UTC), dropped whole past the archiving queues'' longest retention.';
+
+CREATE TABLE pgq.archive_events (
+    id            bigint NOT NULL,
+    job_id        bigint NOT NULL,
+    attempt       integer NOT NULL,
+    worker        text,
+    event         text NOT NULL,
+    from_state    pgq.job_state,
+    to_state      pgq.job_state,
+    at            timestamp with time zone NOT NULL,
+    note          text,
+    session_role  text,
+    times         integer NOT NULL,
+    finished_at   timestamp with time zone NOT NULL
+)
+PARTITION BY RANGE (finished_at);
+COMMENT ON TABLE pgq.archive_events IS
+    'The events of the jobs in pgq.archive, partitioned by their job''s finished_at (the same '
+    'days).';
+
 CREATE TABLE pgq.archive_cursors (
     queue        text NOT NULL,
     state        pgq.job_state NOT NULL,
@@ -937,6 +1005,9 @@ CREATE INDEX worker_registry_alive_idx ON pgq.worker_registry USING btree (alive
 COMMENT ON INDEX pgq.worker_registry_alive_idx IS
     'The entries by alive_until: the live ones (pgq.workers, pgq.health) and the stale ones the '
     'sweep deletes.';
+CREATE INDEX archive_id_idx ON pgq.archive USING btree (id);
+CREATE INDEX archive_list_idx ON pgq.archive USING btree (queue, state, id);
+CREATE INDEX archive_events_job_idx ON pgq.archive_events USING btree (job_id, id);
 
 -- sql/functions/checks.sql ----------------------------------------------------------------------------
 
