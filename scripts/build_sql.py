@@ -193,7 +193,8 @@ def _tables(conn: psycopg.Connection[Any], later: set[tuple[str, int]]) -> tuple
     tables = _rows(conn, """
         SELECT c.oid, c.relname, c.reloptions, c.relpersistence, c.relreplident, obj_description(c.oid, 'pg_class'),
                pg_get_partkeydef(c.oid)
-        FROM pg_class AS c WHERE c.relnamespace = 'pgq'::regnamespace AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+        FROM pg_class AS c
+        WHERE c.relnamespace = 'pgq'::regnamespace AND c.relkind IN ('r', 'p') AND NOT c.relispartition
         ORDER BY c.oid""")
     for oid, name, options, persistence, replident, comment, partition_key in tables:
         table = f"pgq.{name}"
