@@ -104,7 +104,7 @@ _WANT: dict[str, type] = {
                      "limit_rows", "before_id", "key_max_running", "rate_limit", "key_rate_limit", "batch_id",
                      "after_id", "running", "pid"), int),
     **dict.fromkeys(("retryable", "notify", "audit", "fair", "skip_if_running", "enabled", "notify_finished",
-                     "stopping", "keep_done"), bool),
+                     "stopping", "keep_done", "archive"), bool),
     **dict.fromkeys(("finished_before", "created_before", "start_by", "before"), datetime),
 }
 
@@ -930,6 +930,7 @@ def configure_queue(
     retention_cancelled: Interval | None = None,
     keep_done: bool | None = None,
     max_wait: Interval | None = None,
+    archive: bool | None = None,
 ) -> Call[QueueSettings]:
     """pgq.configure_queue: change the given settings (None leaves one unchanged;
     ``max_run_time=0`` removes the limit; ``key_max_running=0`` the per-key limit; ``rate_limit``
@@ -937,7 +938,9 @@ def configure_queue(
     keeps finished jobs, ``retention_failed`` and ``retention_cancelled`` failed and cancelled ones
     for another time: never set, the queue's ``retention``; ``keep_done=False`` deletes a job as it
     completes, unless something reads it after its end: docs/sql-api.md; ``max_wait``: a due job that
-    waited longer is claimed before any job of higher priority, 0 restores strict priority)."""
+    waited longer is claimed before any job of higher priority, 0 restores strict priority;
+    ``archive=True``: the sweep moves finished jobs into pgq.archive, partitioned by day, whose
+    days retention drops whole: docs/operations.md)."""
     return Call(queries.CONFIGURE_QUEUE, {
         "queue": queue, "lease": _interval("lease", lease), "max_attempts": max_attempts,
         "backoff_base": _interval("backoff_base", backoff_base), "backoff_cap": _interval("backoff_cap", backoff_cap),
@@ -949,6 +952,7 @@ def configure_queue(
         "retention_cancelled": _interval("retention_cancelled", retention_cancelled),
         "keep_done": keep_done,
         "max_wait": _interval("max_wait", max_wait),
+        "archive": archive,
     }, _settings, rows=dict_row)
 
 

@@ -147,6 +147,8 @@ class QueueSettings:
     #: A due job that has waited longer than this is claimed before any job of higher priority
     #: (the lowest priority, then the oldest, first); None: strict priority.
     max_wait: timedelta | None = None
+    #: True: the sweep moves the queue's finished jobs into pgq.archive (pgq.configure_queue's archive).
+    archive: bool = False
 
 
 @dataclass(frozen=True)

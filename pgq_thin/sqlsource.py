@@ -46,6 +46,7 @@ SOURCE_FILES = (
     "cron.sql",          # cron expressions: pgq.cron_next
     "schedules.sql",     # periodic jobs
     "admin.sql",         # cancel, retry, resolve, prune
+    "archive.sql",       # finished jobs of queues with archive on: moved, partitioned by day, dropped
     "edits.sql",         # a queued job edited: update_job
     "registry.sql",      # the live workers: worker_heartbeat, workers, queue_kinds
     "observe.sql",       # stats, metrics, jobs and their history

@@ -191,9 +191,12 @@ def _tables(conn: psycopg.Connection[Any], later: set[tuple[str, int]]) -> tuple
     foreign: list[str] = []
     after: list[str] = []
     tables = _rows(conn, """
-        SELECT c.oid, c.relname, c.reloptions, c.relpersistence, c.relreplident, obj_description(c.oid, 'pg_class')
-        FROM pg_class AS c WHERE c.relnamespace = 'pgq'::regnamespace AND c.relkind = 'r' ORDER BY c.oid""")
-    for oid, name, options, persistence, replident, comment in tables:
+        SELECT c.oid, c.relname, c.reloptions, c.relpersistence, c.relreplident, obj_description(c.oid, 'pg_class'),
+               pg_get_partkeydef(c.oid)
+        FROM pg_class AS c
+        WHERE c.relnamespace = 'pgq'::regnamespace AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+        ORDER BY c.oid""")
+    for oid, name, options, persistence, replident, comment, partition_key in tables:
         table = f"pgq.{name}"
         columns = _rows(conn, """
             SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attidentity, a.attgenerated,
@@ -227,8 +230,9 @@ def _tables(conn: psycopg.Connection[Any], later: set[tuple[str, int]]) -> tuple
             else:
                 lines.append(f"    CONSTRAINT {con_name} {definition}")
         with_ = f"\nWITH ({', '.join(options)})" if options else ""
+        partitioned = f"\nPARTITION BY {partition_key}" if partition_key else ""
         unlogged = "UNLOGGED " if persistence == "u" else ""
-        out.append(f"CREATE {unlogged}TABLE {table} (\n" + ",\n".join(lines) + f"\n){with_};")
+        out.append(f"CREATE {unlogged}TABLE {table} (\n" + ",\n".join(lines) + f"\n){partitioned}{with_};")
         if replident == "f":
             out.append(f"ALTER TABLE {table} REPLICA IDENTITY FULL;")
         out += _comment(conn, f"TABLE {table}", comment)
@@ -257,11 +261,12 @@ def _indexes(conn: psycopg.Connection[Any], later: set[tuple[str, int]]) -> tupl
     for oid, name, definition, comment in _rows(conn, """
             SELECT c.oid, c.relname, pg_get_indexdef(c.oid), obj_description(c.oid, 'pg_class')
             FROM pg_class AS c JOIN pg_index AS i ON i.indexrelid = c.oid
-            WHERE c.relnamespace = 'pgq'::regnamespace AND c.relkind = 'i'
+            WHERE c.relnamespace = 'pgq'::regnamespace AND c.relkind IN ('i', 'I') AND NOT c.relispartition
               AND NOT EXISTS (SELECT FROM pg_constraint AS k WHERE k.conindid = c.oid AND k.contype IN ('p', 'u', 'x'))
             ORDER BY i.indrelid, c.oid"""):
         target = after if ("pg_class", oid) in later else now
-        target += [definition + ";"] + _comment(conn, f"INDEX pgq.{name}", comment)
+        # (an index of a partitioned table: on the table and the partitions it will have)
+        target += [definition.replace(" ON ONLY ", " ON ", 1) + ";"] + _comment(conn, f"INDEX pgq.{name}", comment)
     return now, after
 
 
@@ -279,7 +284,8 @@ def _triggers(conn: psycopg.Connection[Any]) -> list[str]:
 def _grants(conn: psycopg.Connection[Any]) -> list[str]:
     out = _acl_statements(conn, "SCHEMA", "pgq", "nspacl", "pg_namespace", "o.nspname = 'pgq'")
     for name, kind in _rows(conn, "SELECT relname, relkind FROM pg_class WHERE relnamespace = 'pgq'::regnamespace "
-                                  "AND relkind IN ('r', 'S', 'v', 'm') ORDER BY relkind DESC, relname"):
+                                  "AND relkind IN ('r', 'p', 'S', 'v', 'm') AND NOT relispartition "
+                                  "ORDER BY relkind DESC, relname"):
         what = "SEQUENCE" if kind == "S" else "TABLE"
         out += _acl_statements(conn, what, f"pgq.{name}", "relacl", "pg_class",
                                f"o.relnamespace = 'pgq'::regnamespace AND o.relname = '{name}'")

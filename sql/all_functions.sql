@@ -293,7 +293,7 @@ $$;
 -- tests/sql/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '29'::text $$;
+    AS $$ SELECT '31'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -514,7 +514,8 @@ CREATE OR REPLACE FUNCTION pgq.configure_queue(queue text, lease interval DEFAUL
                                     retention_failed interval DEFAULT NULL,
                                     retention_cancelled interval DEFAULT NULL,
                                     keep_done boolean DEFAULT NULL,
-                                    max_wait interval DEFAULT NULL)
+                                    max_wait interval DEFAULT NULL,
+                                    archive boolean DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -581,6 +582,7 @@ BEGIN
         notify = coalesce(configure_queue.notify, s.notify),
         audit = coalesce(configure_queue.audit, s.audit),
         keep_done = coalesce(configure_queue.keep_done, s.keep_done),
+        archive = coalesce(configure_queue.archive, s.archive),
         fair = coalesce(configure_queue.fair, s.fair),
         max_running = coalesce(configure_queue.max_running, s.max_running),
         max_run_time = CASE WHEN configure_queue.max_run_time IS NULL THEN s.max_run_time
@@ -602,12 +604,13 @@ BEGIN
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean, interval) IS
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean, interval, boolean) IS
     'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit, '
     'max_wait ''0'' restores strict priority) '
     'and returns them; creates the queue if new. retention_failed and retention_cancelled keep '
     'failed and cancelled jobs for another time than retention (never set: the queue''s retention); '
-    'keep_done false deletes a job as it completes (default true: kept for retention).';
+    'keep_done false deletes a job as it completes (default true: kept for retention); archive true '
+    'moves finished jobs, in the sweep, into pgq.archive, whose day partitions retention drops.';
 
 -- Pausing or resuming a queue that does not exist is refused (22023): a typo creates nothing.
 -- With `kind`, only that kind of the queue: pause adds it to the queue's paused_kinds (at most
@@ -718,6 +721,7 @@ BEGIN
                   HINT = 'pgq.schedules() lists them; pgq.unschedule(name) removes one.';
     END IF;
     DELETE FROM pgq.tenants AS t WHERE t.queue = drop_queue.queue;
+    DELETE FROM pgq.archive_cursors AS c WHERE c.queue = drop_queue.queue;
     DELETE FROM pgq.queues AS s WHERE s.name = drop_queue.queue;
     RETURN true;
 END
@@ -6096,6 +6100,9 @@ BEGIN
     -- Retention: up to ten per job of max_jobs (at most 100,000) finished jobs past their state's
     -- retention (pgq._sweep_retention).
     PERFORM pgq._sweep_retention(least(10 * sweep.max_jobs, 100000));
+    -- The archive (archive.sql): queues with archive on have up to ten per job of max_jobs
+    -- finished jobs moved there; its day partitions past retention are dropped.
+    PERFORM pgq._sweep_archive(least(10 * sweep.max_jobs, 100000));
     RETURN total;
 END
 $$;
@@ -6869,8 +6876,12 @@ COMMENT ON FUNCTION pgq.schedules() IS
 -- row; one that claimed a job holds the job's row) is waited for at most that long, then the call
 -- fails with 55P03, with a hint when it was a queue row (pgq._lock_queue).
 
--- The job row for an admin call, locked; raises P0002 for an unknown id.
-CREATE OR REPLACE FUNCTION pgq._admin_job(id bigint) RETURNS pgq.jobs
+-- The job row for an admin call, locked; raises P0002 for an unknown id. A job in the archive
+-- (archive.sql) is finished: its row is returned, unlocked (cancel answers false, resolve
+-- refuses); with `restore` (pgq.retry) an archived failed or cancelled job is first moved back
+-- into pgq.jobs (pgq._unarchive) and returned locked. A job that a sweep is moving meanwhile is
+-- waited for (its row lock), then found in the archive.
+CREATE OR REPLACE FUNCTION pgq._admin_job(id bigint, restore boolean DEFAULT false) RETURNS pgq.jobs
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -6880,7 +6891,15 @@ BEGIN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
     SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = _admin_job.id FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
+    IF FOUND THEN
+        RETURN job;
+    END IF;
+    IF _admin_job.restore AND pgq._unarchive(_admin_job.id) THEN
+        SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = _admin_job.id FOR NO KEY UPDATE;
+    ELSE
+        job := pgq._archived_job(_admin_job.id);
+    END IF;
+    IF job.id IS NULL THEN
         RAISE EXCEPTION 'pgq: no job with id %', _admin_job.id
             USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
     END IF;
@@ -6972,7 +6991,8 @@ END
 $$;
 
 -- Runs a failed or cancelled job again, now. The attempt number is kept (it never decreases);
--- max_attempts is raised so that at least one more attempt is allowed.
+-- max_attempts is raised so that at least one more attempt is allowed. An archived failed or
+-- cancelled job (a queue with archive on) comes back into pgq.jobs first, with its history.
 CREATE OR REPLACE FUNCTION pgq.retry(id bigint)
     RETURNS boolean
     LANGUAGE plpgsql
@@ -6981,7 +7001,7 @@ CREATE OR REPLACE FUNCTION pgq.retry(id bigint)
     SET lock_timeout = '5s'
     AS $$
 DECLARE
-    job pgq.jobs := pgq._admin_job(retry.id);
+    job pgq.jobs := pgq._admin_job(retry.id, true);
 BEGIN
     IF job.state NOT IN ('failed', 'cancelled') THEN
         RAISE EXCEPTION 'pgq: job % is %, only failed or cancelled jobs can be retried', retry.id, job.state
@@ -7498,6 +7518,314 @@ $$;
 COMMENT ON FUNCTION pgq.prune(interval, integer) IS
     'Deletes up to max_jobs finished jobs (and their events) older than older_than or the queue''s retention.';
 
+-- sql/functions/archive.sql ---------------------------------------------------------------------------
+
+-- sql/functions/archive.sql: history that is dropped, not deleted (queues with archive on).
+--
+-- A queue configured with archive => true keeps its finished jobs in pgq.archive instead of
+-- pgq.jobs: the sweep moves them there in bounded steps (nothing at completion: a completion of
+-- such a queue costs what it costs in any other), into one partition per day of finished_at (UTC,
+-- pgq.archive_YYYYMMDD, with the jobs' events in pgq.archive_events_YYYYMMDD), and retention
+-- drops a day's partitions whole once every job in them is past its retention: no DELETE of
+-- single rows, no dead tuples in pgq.jobs from retention, no vacuum of the history. The reads
+-- (pgq.get_job, job_result, job_history, job_links, list_jobs) look in pgq.jobs, then in the archive,
+-- in one snapshot (they are STABLE: a job is in one of them, whenever the move commits). A job's
+-- id is unique across both: the move and pgq.retry's way back each delete the row they insert
+-- elsewhere, in one statement's transaction.
+--
+-- Kept in pgq.jobs (passed over by the move, retired there by retention as before) is a finished
+-- job something reads there: one jobs depend on (pgq.job_dependants; and one that an enqueue in
+-- flight holds FOR KEY SHARE: skipped, never waited for), a batch member, a job of a workflow or
+-- spawned by one (parent_id), one with a unique_key (enqueue's unique_for reads the done holder)
+-- and one with recorded steps (pgq.job_steps). That is the rule of pgq._drop_completed, except
+-- for notify_finished: pgq.job_result reads the archive too.
+--
+-- Partitions are created and dropped by owner code only (the sweep, SECURITY DEFINER); no role
+-- has a privilege on the tables, as on pgq.jobs (docs/security.md).
+
+-- The archived row of job `id` (as a pgq.jobs row), or NULLs: what a read of one job (get_job,
+-- job_result, job_history, job_links; _admin_job) looks at when pgq.jobs has no such row, in the
+-- caller's snapshot (STABLE: a move that commits meanwhile is seen entirely or not at all). One
+-- index probe per day partition.
+CREATE OR REPLACE FUNCTION pgq._archived_job(id bigint) RETURNS pgq.jobs
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    job pgq.jobs;
+BEGIN
+    SELECT a.* INTO job FROM pgq.archive AS a WHERE a.id = _archived_job.id LIMIT 1;
+    RETURN job;
+END
+$$;
+
+-- The day partitions of `day` (UTC) for the archive and its events, created when missing. A
+-- concurrent sweep that created them first is fine (its partition is used).
+CREATE OR REPLACE FUNCTION pgq._archive_partition(day date) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    lo timestamptz := _archive_partition.day::timestamp AT TIME ZONE 'UTC';
+    hi timestamptz := (_archive_partition.day + 1)::timestamp AT TIME ZONE 'UTC';
+    suffix text := to_char(_archive_partition.day, 'YYYYMMDD');
+BEGIN
+    IF to_regclass('pgq.archive_' || suffix) IS NULL THEN
+        BEGIN
+            EXECUTE format('CREATE TABLE pgq.%I PARTITION OF pgq.archive FOR VALUES FROM (%L) TO (%L)',
+                           'archive_' || suffix, lo, hi);
+        EXCEPTION WHEN duplicate_table THEN
+            NULL;
+        END;
+    END IF;
+    IF to_regclass('pgq.archive_events_' || suffix) IS NULL THEN
+        BEGIN
+            EXECUTE format('CREATE TABLE pgq.%I PARTITION OF pgq.archive_events FOR VALUES FROM (%L) TO (%L)',
+                           'archive_events_' || suffix, lo, hi);
+        EXCEPTION WHEN duplicate_table THEN
+            NULL;
+        END;
+    END IF;
+END
+$$;
+
+-- Moves the finished jobs `ids` (candidates: each is locked here, FOR UPDATE SKIP LOCKED, and
+-- re-checked on its newest row version) with their events into the archive, creating the day
+-- partitions they need; the rest of what is theirs (steps, their own links) goes as
+-- pgq._delete_jobs deletes it. Returns how many it moved.
+CREATE OR REPLACE FUNCTION pgq._archive_jobs(ids bigint[]) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan
+    AS $$
+DECLARE
+    locked bigint[];
+    day date;
+BEGIN
+    locked := ARRAY(
+        SELECT j.id FROM pgq.jobs AS j
+        WHERE j.id = ANY (_archive_jobs.ids) AND j.state IN ('done', 'failed', 'cancelled')
+          AND j.finished_at IS NOT NULL
+          AND j.batch_id IS NULL AND j.workflow_id IS NULL AND j.parent_id IS NULL AND j.unique_key IS NULL
+          AND NOT EXISTS (SELECT FROM pgq.job_dependants AS d WHERE d.depends_on = j.id)
+          AND NOT EXISTS (SELECT FROM pgq.steps AS s WHERE s.job_id = j.id)
+        ORDER BY j.id
+        FOR UPDATE OF j SKIP LOCKED);
+    IF cardinality(locked) = 0 THEN
+        RETURN 0;
+    END IF;
+    FOR day IN SELECT DISTINCT (j.finished_at AT TIME ZONE 'UTC')::date FROM pgq.jobs AS j WHERE j.id = ANY (locked) LOOP
+        PERFORM pgq._archive_partition(day);
+    END LOOP;
+    INSERT INTO pgq.archive_events
+    SELECT e.*, j.finished_at FROM pgq.jobs AS j JOIN pgq.job_events AS e ON e.job_id = j.id
+    WHERE j.id = ANY (locked);
+    INSERT INTO pgq.archive SELECT j.* FROM pgq.jobs AS j WHERE j.id = ANY (locked);
+    RETURN pgq._delete_jobs(locked);
+END
+$$;
+
+-- The sweep's move: per queue with archive on and finished state (name order), the next jobs
+-- after that queue and state's cursor (pgq.archive_cursors), oldest first, through
+-- jobs_retention_idx, up to max_jobs read in all; each is moved (pgq._archive_jobs) or, when
+-- something reads it in pgq.jobs, passed over, and the cursor moves past it, so a kept job is read
+-- once. Only jobs that finished a minute ago or more: a completion whose transaction commits
+-- after the cursor passed its finished_at (a transaction open for longer than that) is not
+-- archived; it stays in pgq.jobs and its retention deletes it there. Returns how many it moved.
+CREATE OR REPLACE FUNCTION pgq._archive_finished(max_jobs integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    SET jit = off
+    AS $$
+DECLARE
+    settled timestamptz := pgq._now() - interval '1 minute';
+    seen integer := 0;
+    moved integer := 0;
+    r record;
+    n integer;
+    last_at timestamptz;
+    last_id bigint;
+    ids bigint[];
+BEGIN
+    FOR r IN
+        SELECT q.name AS queue, s.state, coalesce(c.finished_at, '-infinity') AS after_at, coalesce(c.id, 0) AS after_id
+        FROM pgq.queues AS q
+        CROSS JOIN unnest('{done,failed,cancelled}'::pgq.job_state[]) AS s(state)
+        LEFT JOIN pgq.archive_cursors AS c ON c.queue = q.name AND c.state = s.state
+        WHERE q.archive
+        ORDER BY q.name, s.state
+    LOOP
+        EXIT WHEN seen >= _archive_finished.max_jobs;
+        SELECT count(*), array_agg(x.id ORDER BY x.finished_at, x.id),
+               (array_agg(x.finished_at ORDER BY x.finished_at DESC, x.id DESC))[1],
+               (array_agg(x.id ORDER BY x.finished_at DESC, x.id DESC))[1]
+        INTO n, ids, last_at, last_id
+        FROM (SELECT j.id, j.finished_at
+              FROM pgq.jobs AS j
+              WHERE j.queue = r.queue AND j.state = r.state AND j.state IN ('done', 'failed', 'cancelled')
+                AND j.finished_at >= r.after_at AND j.finished_at < settled
+                AND (j.finished_at, j.id) > (r.after_at, r.after_id)
+              ORDER BY j.finished_at, j.id
+              LIMIT _archive_finished.max_jobs - seen) AS x;
+        CONTINUE WHEN n = 0;
+        seen := seen + n;
+        INSERT INTO pgq.archive_cursors AS k (queue, state, finished_at, id)
+        VALUES (r.queue, r.state, last_at, last_id)
+        ON CONFLICT (queue, state) DO UPDATE SET finished_at = excluded.finished_at, id = excluded.id;
+        moved := moved + pgq._archive_jobs(ids);
+    END LOOP;
+    RETURN moved;
+END
+$$;
+
+-- The archive's horizon: a day's partitions go once their day ended before now minus the longest
+-- retention (of any finished state) of the queues with archive on (of all queues when none has
+-- it on; 7 days, the default retention, when there is no queue).
+CREATE OR REPLACE FUNCTION pgq._archive_horizon() RETURNS timestamptz
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT pgq._now() - coalesce(
+        (SELECT max(greatest(q.retention, q.retention_failed, q.retention_cancelled)) FROM pgq.queues AS q WHERE q.archive),
+        (SELECT max(greatest(q.retention, q.retention_failed, q.retention_cancelled)) FROM pgq.queues AS q),
+        interval '7 days')
+$$;
+
+-- Retention of the archive: DROP TABLE of up to max_partitions day partitions (oldest first, with
+-- their events' partitions) whose day ended before pgq._archive_horizon(). Returns how many days
+-- it dropped.
+CREATE OR REPLACE FUNCTION pgq._drop_archive(max_partitions integer) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    horizon timestamptz := pgq._archive_horizon();
+    part record;
+    dropped integer := 0;
+BEGIN
+    FOR part IN
+        SELECT c.relname, to_date(right(c.relname, 8), 'YYYYMMDD') AS day
+        FROM pg_catalog.pg_inherits AS i JOIN pg_catalog.pg_class AS c ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'pgq.archive'::regclass AND c.relname ~ '^archive_[0-9]{8}$'
+        ORDER BY c.relname
+    LOOP
+        EXIT WHEN dropped >= _drop_archive.max_partitions
+               OR ((part.day + 1)::timestamp AT TIME ZONE 'UTC') > horizon;
+        EXECUTE format('DROP TABLE pgq.%I', part.relname);
+        EXECUTE format('DROP TABLE IF EXISTS pgq.%I', 'archive_events_' || right(part.relname, 8));
+        dropped := dropped + 1;
+    END LOOP;
+    RETURN dropped;
+END
+$$;
+
+-- Mixed retentions: a day's partition stays until the longest retention of the archiving queues
+-- has passed; the jobs in it of a queue and state whose own retention is shorter are deleted from
+-- the archive once past it (never from pgq.jobs), up to max_jobs, through archive_list_idx in the
+-- partitions old enough (the rest are pruned). A queue and state with the longest retention has
+-- nothing to do here: its jobs go with their partitions. Returns how many jobs it deleted.
+CREATE OR REPLACE FUNCTION pgq._expire_archived(max_jobs integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan = off
+    AS $$
+DECLARE
+    longest timestamptz := pgq._archive_horizon();
+    deleted integer := 0;
+    r record;
+    ids bigint[];
+BEGIN
+    FOR r IN
+        SELECT q.name AS queue, s.state,
+               pgq._now() - CASE s.state WHEN 'failed' THEN coalesce(q.retention_failed, q.retention)
+                                         WHEN 'cancelled' THEN coalesce(q.retention_cancelled, q.retention)
+                                         ELSE q.retention END AS horizon
+        FROM pgq.queues AS q CROSS JOIN unnest('{done,failed,cancelled}'::pgq.job_state[]) AS s(state)
+        WHERE q.archive
+        ORDER BY q.name, s.state
+    LOOP
+        EXIT WHEN deleted >= _expire_archived.max_jobs;
+        CONTINUE WHEN r.horizon <= longest;
+        ids := ARRAY(SELECT a.id FROM pgq.archive AS a
+                     WHERE a.queue = r.queue AND a.state = r.state AND a.finished_at < r.horizon
+                     LIMIT _expire_archived.max_jobs - deleted);
+        CONTINUE WHEN cardinality(ids) = 0;
+        DELETE FROM pgq.archive_events AS e WHERE e.job_id = ANY (ids) AND e.finished_at < r.horizon;
+        DELETE FROM pgq.archive AS a WHERE a.id = ANY (ids) AND a.finished_at < r.horizon;
+        deleted := deleted + cardinality(ids);
+    END LOOP;
+    RETURN deleted;
+END
+$$;
+
+-- pgq.sweep's archive step: the day partitions of today and tomorrow (UTC) made ahead; the move
+-- of up to max_jobs finished jobs of queues with archive on; up to two days dropped; up to
+-- max_jobs archived jobs past a shorter retention deleted. Each part in a subtransaction that waits
+-- at most 100 ms for a lock (a reader of the archive in a long transaction holds off a DROP; a
+-- job another transaction holds is skipped): one that gives up is undone and done by the next
+-- sweep. Nothing to do (no queue has archive on, the archive has no partition): two probes.
+-- Returns how many jobs it moved.
+CREATE OR REPLACE FUNCTION pgq._sweep_archive(max_jobs integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET lock_timeout = '100ms'
+    AS $$
+DECLARE
+    moved integer := 0;
+    today date := (pgq._now() AT TIME ZONE 'UTC')::date;
+BEGIN
+    IF current_setting('transaction_read_only')::boolean THEN
+        RETURN 0;
+    END IF;
+    IF EXISTS (SELECT FROM pgq.queues AS q WHERE q.archive) THEN
+        BEGIN
+            PERFORM pgq._archive_partition(today);
+            PERFORM pgq._archive_partition(today + 1);
+            moved := pgq._archive_finished(_sweep_archive.max_jobs);
+        EXCEPTION WHEN lock_not_available THEN
+            moved := 0;
+        END;
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_inherits AS i WHERE i.inhparent = 'pgq.archive'::regclass) THEN
+        BEGIN
+            PERFORM pgq._drop_archive(2);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+        BEGIN
+            PERFORM pgq._expire_archived(_sweep_archive.max_jobs);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END IF;
+    RETURN moved;
+END
+$$;
+
+-- pgq.retry's way back for an archived failed or cancelled job: its row and events moved from
+-- the archive into pgq.jobs and pgq.job_events (ids kept), in this transaction; the caller then
+-- locks and retries it as any failed job. A done job stays archived (it cannot be retried).
+-- Returns whether it moved one. A concurrent retry of the same job waits for this one's DELETE
+-- and then finds nothing to move (and the job pending).
+CREATE OR REPLACE FUNCTION pgq._unarchive(id bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    n integer;
+BEGIN
+    WITH back AS (
+        DELETE FROM pgq.archive AS a
+        WHERE a.id = _unarchive.id AND a.state IN ('failed', 'cancelled')
+        RETURNING a.*
+    ), events AS (
+        DELETE FROM pgq.archive_events AS e
+        USING back AS b
+        WHERE e.job_id = b.id AND e.finished_at = b.finished_at
+        RETURNING e.id, e.job_id, e.attempt, e.worker, e.event, e.from_state, e.to_state, e.at, e.note,
+                  e.session_role, e.times
+    ), restored AS (
+        INSERT INTO pgq.job_events OVERRIDING SYSTEM VALUE SELECT * FROM events
+    ), jobs AS (
+        INSERT INTO pgq.jobs OVERRIDING SYSTEM VALUE SELECT b.* FROM back AS b RETURNING 1
+    )
+    SELECT count(*)::integer INTO n FROM jobs;
+    RETURN n > 0;
+END
+$$;
+
 -- sql/functions/edits.sql -----------------------------------------------------------------------------
 
 -- sql/functions/edits.sql: a queued job edited (pgq.update_job).
@@ -7936,7 +8264,8 @@ COMMENT ON FUNCTION pgq.metrics() IS
     'as done, failed and cancelled (counters, from the finished rows stored at migration 0010 on: '
     'pgq.prune does not lower them), and the jobs waiting for their dependencies.';
 
--- One job, as stored: what an operator needs before cancel, retry or resolve. P0002 when unknown.
+-- One job, as stored (in pgq.jobs or, archived, in pgq.archive): what an operator needs before
+-- cancel, retry or resolve. P0002 when unknown.
 CREATE OR REPLACE FUNCTION pgq.get_job(id bigint)
     RETURNS pgq.jobs
     LANGUAGE plpgsql STABLE
@@ -7950,8 +8279,11 @@ BEGIN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
     SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = get_job.id;
+    IF NOT FOUND THEN
+        job := pgq._archived_job(get_job.id);  -- archived (archive.sql), or NULLs
+    END IF;
     -- A job of a queue the login may not read is answered as if there were none.
-    IF NOT FOUND OR NOT pgq._may_read(job.queue) THEN
+    IF job.id IS NULL OR NOT pgq._may_read(job.queue) THEN
         RAISE EXCEPTION 'pgq: no job with id %', get_job.id
             USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
     END IF;
@@ -8001,10 +8333,13 @@ BEGIN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
     SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = job_result.id;
-    IF FOUND THEN
+    IF NOT FOUND THEN
+        job := pgq._archived_job(job_result.id);  -- archived (archive.sql), or NULLs
+    END IF;
+    IF job.id IS NOT NULL THEN
         restricted := (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = job.queue);
     END IF;
-    IF NOT FOUND OR NOT pgq._reads_result(session_user, job.queue, restricted, job.enqueued_by) THEN
+    IF job.id IS NULL OR NOT pgq._reads_result(session_user, job.queue, restricted, job.enqueued_by) THEN
         RAISE EXCEPTION 'pgq: no job with id %', job_result.id
             USING ERRCODE = 'no_data_found',
                   HINT = 'A job''s result is read by the login that enqueued it, by admins and by readers of its queue.';
@@ -8043,7 +8378,10 @@ BEGIN
             format('must be between 1 and 1000, got %s', coalesce(job_links.limit_rows::text, 'NULL')));
     END IF;
     SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = job_links.id;
-    IF NOT FOUND OR NOT pgq._may_read(job.queue) THEN
+    IF NOT FOUND THEN
+        job := pgq._archived_job(job_links.id);  -- archived (archive.sql), or NULLs
+    END IF;
+    IF job.id IS NULL OR NOT pgq._may_read(job.queue) THEN
         RAISE EXCEPTION 'pgq: no job with id %', job_links.id
             USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
     END IF;
@@ -8085,7 +8423,9 @@ COMMENT ON FUNCTION pgq.job_links(bigint, integer) IS
     'A job''s dependencies, dependants, parent, children and the jobs it awaits (relation, job_id, queue, '
     'kind, state), at most limit_rows of each.';
 
--- A job's attempt history, oldest first (empty when its queue has audit off, or it was pruned).
+-- A job's attempt history, oldest first (empty when its queue has audit off, or it was pruned):
+-- pgq.job_events, or for an archived job pgq.archive_events (one snapshot: a job's events are in
+-- one of them).
 CREATE OR REPLACE FUNCTION pgq.job_history(id bigint)
     RETURNS SETOF pgq.job_events
     LANGUAGE plpgsql STABLE
@@ -8096,10 +8436,17 @@ BEGIN
     IF job_history.id IS NULL THEN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
-    IF NOT pgq._may_read((SELECT j.queue FROM pgq.jobs AS j WHERE j.id = job_history.id)) THEN
+    IF NOT pgq._may_read(coalesce((SELECT j.queue FROM pgq.jobs AS j WHERE j.id = job_history.id),
+                                  (pgq._archived_job(job_history.id)).queue)) THEN
         RETURN;  -- a job of a queue the login may not read has no history it can see
     END IF;
     RETURN QUERY SELECT * FROM pgq.job_events AS e WHERE e.job_id = job_history.id ORDER BY e.id;
+    IF NOT FOUND THEN
+        RETURN QUERY
+        SELECT e.id, e.job_id, e.attempt, e.worker, e.event, e.from_state, e.to_state, e.at, e.note,
+               e.session_role, e.times
+        FROM pgq.archive_events AS e WHERE e.job_id = job_history.id ORDER BY e.id;
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION pgq.job_history(bigint) IS
@@ -8112,7 +8459,10 @@ COMMENT ON FUNCTION pgq.job_history(bigint) IS
 -- (a rare kind among many jobs of its queue and state reads past the others). An unknown queue or state
 -- is refused (22023), like a malformed kind. A tags filter (the jobs holding all of its tags) reads
 -- the tagged jobs instead, through jobs_tags_idx (GIN: a bitmap scan of the jobs holding them, in
--- every queue and state, then the newest limit_rows of those that match the rest).
+-- every queue and state, then the newest limit_rows of those that match the rest). Archived jobs
+-- (queues with archive on: archive.sql) are listed with the others of their state, at most
+-- limit_rows per (queue, state) and day partition through archive_list_idx (queue, state, id); a
+-- tags filter does not read the archive (it has no index on tags).
 CREATE OR REPLACE FUNCTION pgq.list_jobs(queue text DEFAULT NULL, state text DEFAULT NULL, kind text DEFAULT NULL,
                               limit_rows integer DEFAULT 50, before_id bigint DEFAULT NULL,
                               tags text[] DEFAULT NULL)
@@ -8181,6 +8531,20 @@ BEGIN
             LIMIT list_jobs.limit_rows
         ) AS c
         WHERE (list_jobs.queue IS NULL OR q.name = list_jobs.queue) AND s.state <> 'running'
+          AND q.name <> ALL (hidden)
+        UNION ALL
+        SELECT a.*
+        FROM pgq.queues AS q
+        CROSS JOIN unnest(states) AS s(state)
+        CROSS JOIN LATERAL (
+            SELECT x.*
+            FROM pgq.archive AS x
+            WHERE x.queue = q.name AND x.state = s.state AND x.id < below
+              AND (list_jobs.kind IS NULL OR x.kind = list_jobs.kind)
+            ORDER BY x.id DESC
+            LIMIT list_jobs.limit_rows
+        ) AS a
+        WHERE (list_jobs.queue IS NULL OR q.name = list_jobs.queue) AND s.state IN ('done', 'failed', 'cancelled')
           AND q.name <> ALL (hidden)
         UNION ALL
         SELECT j.*
@@ -9781,7 +10145,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.delete_jobs(text, text, text, timestamptz, integer, text[]),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
-    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean, interval),
+    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean, interval, boolean),
     pgq.set_tenant_weight(text, text, integer),
     pgq.set_key_limit(text, text, integer),
     pgq.pause(text, text),

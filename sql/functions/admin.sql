@@ -5,8 +5,12 @@
 -- row; one that claimed a job holds the job's row) is waited for at most that long, then the call
 -- fails with 55P03, with a hint when it was a queue row (pgq._lock_queue).
 
--- The job row for an admin call, locked; raises P0002 for an unknown id.
-CREATE OR REPLACE FUNCTION pgq._admin_job(id bigint) RETURNS pgq.jobs
+-- The job row for an admin call, locked; raises P0002 for an unknown id. A job in the archive
+-- (archive.sql) is finished: its row is returned, unlocked (cancel answers false, resolve
+-- refuses); with `restore` (pgq.retry) an archived failed or cancelled job is first moved back
+-- into pgq.jobs (pgq._unarchive) and returned locked. A job that a sweep is moving meanwhile is
+-- waited for (its row lock), then found in the archive.
+CREATE OR REPLACE FUNCTION pgq._admin_job(id bigint, restore boolean DEFAULT false) RETURNS pgq.jobs
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -16,7 +20,15 @@ BEGIN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
     SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = _admin_job.id FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
+    IF FOUND THEN
+        RETURN job;
+    END IF;
+    IF _admin_job.restore AND pgq._unarchive(_admin_job.id) THEN
+        SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = _admin_job.id FOR NO KEY UPDATE;
+    ELSE
+        job := pgq._archived_job(_admin_job.id);
+    END IF;
+    IF job.id IS NULL THEN
         RAISE EXCEPTION 'pgq: no job with id %', _admin_job.id
             USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
     END IF;
@@ -108,7 +120,8 @@ END
 $$;
 
 -- Runs a failed or cancelled job again, now. The attempt number is kept (it never decreases);
--- max_attempts is raised so that at least one more attempt is allowed.
+-- max_attempts is raised so that at least one more attempt is allowed. An archived failed or
+-- cancelled job (a queue with archive on) comes back into pgq.jobs first, with its history.
 CREATE OR REPLACE FUNCTION pgq.retry(id bigint)
     RETURNS boolean
     LANGUAGE plpgsql
@@ -117,7 +130,7 @@ CREATE OR REPLACE FUNCTION pgq.retry(id bigint)
     SET lock_timeout = '5s'
     AS $$
 DECLARE
-    job pgq.jobs := pgq._admin_job(retry.id);
+    job pgq.jobs := pgq._admin_job(retry.id, true);
 BEGIN
     IF job.state NOT IN ('failed', 'cancelled') THEN
         RAISE EXCEPTION 'pgq: job % is %, only failed or cancelled jobs can be retried', retry.id, job.state

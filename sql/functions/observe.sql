@@ -116,7 +116,8 @@ COMMENT ON FUNCTION pgq.metrics() IS
     'as done, failed and cancelled (counters, from the finished rows stored at migration 0010 on: '
     'pgq.prune does not lower them), and the jobs waiting for their dependencies.';
 
--- One job, as stored: what an operator needs before cancel, retry or resolve. P0002 when unknown.
+-- One job, as stored (in pgq.jobs or, archived, in pgq.archive): what an operator needs before
+-- cancel, retry or resolve. P0002 when unknown.
 CREATE OR REPLACE FUNCTION pgq.get_job(id bigint)
     RETURNS pgq.jobs
     LANGUAGE plpgsql STABLE
@@ -130,8 +131,11 @@ BEGIN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
     SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = get_job.id;
+    IF NOT FOUND THEN
+        job := pgq._archived_job(get_job.id);  -- archived (archive.sql), or NULLs
+    END IF;
     -- A job of a queue the login may not read is answered as if there were none.
-    IF NOT FOUND OR NOT pgq._may_read(job.queue) THEN
+    IF job.id IS NULL OR NOT pgq._may_read(job.queue) THEN
         RAISE EXCEPTION 'pgq: no job with id %', get_job.id
             USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
     END IF;
@@ -181,10 +185,13 @@ BEGIN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
     SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = job_result.id;
-    IF FOUND THEN
+    IF NOT FOUND THEN
+        job := pgq._archived_job(job_result.id);  -- archived (archive.sql), or NULLs
+    END IF;
+    IF job.id IS NOT NULL THEN
         restricted := (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = job.queue);
     END IF;
-    IF NOT FOUND OR NOT pgq._reads_result(session_user, job.queue, restricted, job.enqueued_by) THEN
+    IF job.id IS NULL OR NOT pgq._reads_result(session_user, job.queue, restricted, job.enqueued_by) THEN
         RAISE EXCEPTION 'pgq: no job with id %', job_result.id
             USING ERRCODE = 'no_data_found',
                   HINT = 'A job''s result is read by the login that enqueued it, by admins and by readers of its queue.';
@@ -223,7 +230,10 @@ BEGIN
             format('must be between 1 and 1000, got %s', coalesce(job_links.limit_rows::text, 'NULL')));
     END IF;
     SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = job_links.id;
-    IF NOT FOUND OR NOT pgq._may_read(job.queue) THEN
+    IF NOT FOUND THEN
+        job := pgq._archived_job(job_links.id);  -- archived (archive.sql), or NULLs
+    END IF;
+    IF job.id IS NULL OR NOT pgq._may_read(job.queue) THEN
         RAISE EXCEPTION 'pgq: no job with id %', job_links.id
             USING ERRCODE = 'no_data_found', HINT = 'It may have been pruned.';
     END IF;
@@ -265,7 +275,9 @@ COMMENT ON FUNCTION pgq.job_links(bigint, integer) IS
     'A job''s dependencies, dependants, parent, children and the jobs it awaits (relation, job_id, queue, '
     'kind, state), at most limit_rows of each.';
 
--- A job's attempt history, oldest first (empty when its queue has audit off, or it was pruned).
+-- A job's attempt history, oldest first (empty when its queue has audit off, or it was pruned):
+-- pgq.job_events, or for an archived job pgq.archive_events (one snapshot: a job's events are in
+-- one of them).
 CREATE OR REPLACE FUNCTION pgq.job_history(id bigint)
     RETURNS SETOF pgq.job_events
     LANGUAGE plpgsql STABLE
@@ -276,10 +288,17 @@ BEGIN
     IF job_history.id IS NULL THEN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
-    IF NOT pgq._may_read((SELECT j.queue FROM pgq.jobs AS j WHERE j.id = job_history.id)) THEN
+    IF NOT pgq._may_read(coalesce((SELECT j.queue FROM pgq.jobs AS j WHERE j.id = job_history.id),
+                                  (pgq._archived_job(job_history.id)).queue)) THEN
         RETURN;  -- a job of a queue the login may not read has no history it can see
     END IF;
     RETURN QUERY SELECT * FROM pgq.job_events AS e WHERE e.job_id = job_history.id ORDER BY e.id;
+    IF NOT FOUND THEN
+        RETURN QUERY
+        SELECT e.id, e.job_id, e.attempt, e.worker, e.event, e.from_state, e.to_state, e.at, e.note,
+               e.session_role, e.times
+        FROM pgq.archive_events AS e WHERE e.job_id = job_history.id ORDER BY e.id;
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION pgq.job_history(bigint) IS
@@ -292,7 +311,10 @@ COMMENT ON FUNCTION pgq.job_history(bigint) IS
 -- (a rare kind among many jobs of its queue and state reads past the others). An unknown queue or state
 -- is refused (22023), like a malformed kind. A tags filter (the jobs holding all of its tags) reads
 -- the tagged jobs instead, through jobs_tags_idx (GIN: a bitmap scan of the jobs holding them, in
--- every queue and state, then the newest limit_rows of those that match the rest).
+-- every queue and state, then the newest limit_rows of those that match the rest). Archived jobs
+-- (queues with archive on: archive.sql) are listed with the others of their state, at most
+-- limit_rows per (queue, state) and day partition through archive_list_idx (queue, state, id); a
+-- tags filter does not read the archive (it has no index on tags).
 CREATE OR REPLACE FUNCTION pgq.list_jobs(queue text DEFAULT NULL, state text DEFAULT NULL, kind text DEFAULT NULL,
                               limit_rows integer DEFAULT 50, before_id bigint DEFAULT NULL,
                               tags text[] DEFAULT NULL)
@@ -361,6 +383,20 @@ BEGIN
             LIMIT list_jobs.limit_rows
         ) AS c
         WHERE (list_jobs.queue IS NULL OR q.name = list_jobs.queue) AND s.state <> 'running'
+          AND q.name <> ALL (hidden)
+        UNION ALL
+        SELECT a.*
+        FROM pgq.queues AS q
+        CROSS JOIN unnest(states) AS s(state)
+        CROSS JOIN LATERAL (
+            SELECT x.*
+            FROM pgq.archive AS x
+            WHERE x.queue = q.name AND x.state = s.state AND x.id < below
+              AND (list_jobs.kind IS NULL OR x.kind = list_jobs.kind)
+            ORDER BY x.id DESC
+            LIMIT list_jobs.limit_rows
+        ) AS a
+        WHERE (list_jobs.queue IS NULL OR q.name = list_jobs.queue) AND s.state IN ('done', 'failed', 'cancelled')
           AND q.name <> ALL (hidden)
         UNION ALL
         SELECT j.*

@@ -213,7 +213,8 @@ CREATE OR REPLACE FUNCTION pgq.configure_queue(queue text, lease interval DEFAUL
                                     retention_failed interval DEFAULT NULL,
                                     retention_cancelled interval DEFAULT NULL,
                                     keep_done boolean DEFAULT NULL,
-                                    max_wait interval DEFAULT NULL)
+                                    max_wait interval DEFAULT NULL,
+                                    archive boolean DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -280,6 +281,7 @@ BEGIN
         notify = coalesce(configure_queue.notify, s.notify),
         audit = coalesce(configure_queue.audit, s.audit),
         keep_done = coalesce(configure_queue.keep_done, s.keep_done),
+        archive = coalesce(configure_queue.archive, s.archive),
         fair = coalesce(configure_queue.fair, s.fair),
         max_running = coalesce(configure_queue.max_running, s.max_running),
         max_run_time = CASE WHEN configure_queue.max_run_time IS NULL THEN s.max_run_time
@@ -301,12 +303,13 @@ BEGIN
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean, interval) IS
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean, interval, boolean) IS
     'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit, '
     'max_wait ''0'' restores strict priority) '
     'and returns them; creates the queue if new. retention_failed and retention_cancelled keep '
     'failed and cancelled jobs for another time than retention (never set: the queue''s retention); '
-    'keep_done false deletes a job as it completes (default true: kept for retention).';
+    'keep_done false deletes a job as it completes (default true: kept for retention); archive true '
+    'moves finished jobs, in the sweep, into pgq.archive, whose day partitions retention drops.';
 
 -- Pausing or resuming a queue that does not exist is refused (22023): a typo creates nothing.
 -- With `kind`, only that kind of the queue: pause adds it to the queue's paused_kinds (at most
@@ -417,6 +420,7 @@ BEGIN
                   HINT = 'pgq.schedules() lists them; pgq.unschedule(name) removes one.';
     END IF;
     DELETE FROM pgq.tenants AS t WHERE t.queue = drop_queue.queue;
+    DELETE FROM pgq.archive_cursors AS c WHERE c.queue = drop_queue.queue;
     DELETE FROM pgq.queues AS s WHERE s.name = drop_queue.queue;
     RETURN true;
 END

@@ -123,6 +123,9 @@ BEGIN
     -- Retention: up to ten per job of max_jobs (at most 100,000) finished jobs past their state's
     -- retention (pgq._sweep_retention).
     PERFORM pgq._sweep_retention(least(10 * sweep.max_jobs, 100000));
+    -- The archive (archive.sql): queues with archive on have up to ten per job of max_jobs
+    -- finished jobs moved there; its day partitions past retention are dropped.
+    PERFORM pgq._sweep_archive(least(10 * sweep.max_jobs, 100000));
     RETURN total;
 END
 $$;

@@ -109,7 +109,7 @@ TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "t
           "unique_successors": "unique_key", "replace_slots": "unique_key", "overlap_checks": "login",
           "cascade_backlog": "login", "cascade_budgets": "budget", "dependency_checks": "job_id",
           "dependency_backlog": "job_id", "steps": "name", "signals": "name", "signal_checks": "name",
-          "signal_grants": "queue"}
+          "signal_grants": "queue", "archive": "queue", "archive_events": "note", "archive_cursors": "queue"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:

@@ -1,0 +1,297 @@
+"""History that is dropped, not deleted (issue 40): pgq.configure_queue(..., archive => true) has the
+sweep move the queue's finished jobs (a minute after their end) from pgq.jobs into pgq.archive,
+partitioned by day of finished_at, with their events; retention drops a day's partitions whole. The
+reads (get_job, job_result, job_history, job_links, list_jobs) find a job wherever it is; pgq.retry
+takes an archived failed job back. A job something reads in pgq.jobs stays there."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from pgq_thin import migrate
+from pgq_tools.bench import _migrate_to  # a database at the base commit's schema and functions
+
+from sqlfixtures import dsn, module_dsn, running_job, sqlstate_of, wait_until_blocked  # noqa: F401
+from sqlhelpers import fresh_database, one
+
+
+@pytest.fixture(autouse=True)
+def empty_archive(dsn: str) -> None:  # noqa: F811
+    """The dsn fixture empties pgq.jobs and restarts its ids: the archive goes with it, partitions too."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for (name,) in c.execute("SELECT c.relname::text FROM pg_inherits AS i JOIN pg_class AS c "
+                                 "ON c.oid = i.inhrelid WHERE i.inhparent IN "
+                                 "('pgq.archive'::regclass, 'pgq.archive_events'::regclass)"):
+            c.execute(f'DROP TABLE pgq."{name}"')
+        c.execute("TRUNCATE pgq.archive_cursors")
+
+
+def finish(conn: psycopg.Connection, queue: str = "q", how: str = "complete", **kwargs) -> int:
+    job_id, attempt = running_job(conn, queue, **kwargs)
+    if how == "complete":
+        conn.execute("SELECT pgq.complete(%s, %s, '{\"r\": 1}')", (job_id, attempt))
+    elif how == "fail":
+        conn.execute("SELECT pgq.fail(%s, %s, 'boom', retryable => false)", (job_id, attempt))
+    else:
+        conn.execute("SELECT pgq.cancel(%s)", (job_id,))
+    return job_id
+
+
+def age(conn: psycopg.Connection, job_id: int, by: str = "2 minutes") -> None:
+    """The move takes jobs that finished a minute ago or more."""
+    conn.execute("UPDATE pgq.jobs SET finished_at = finished_at - %s::interval WHERE id = %s", (by, job_id))
+
+
+def where(conn: psycopg.Connection, job_id: int) -> str | None:
+    return one(conn, "SELECT CASE WHEN EXISTS (SELECT FROM pgq.jobs WHERE id = %(id)s) THEN 'jobs' "
+                     "WHEN EXISTS (SELECT FROM pgq.archive WHERE id = %(id)s) THEN 'archive' END", {"id": job_id})
+
+
+def partitions(conn: psycopg.Connection, parent: str = "pgq.archive") -> list[str]:
+    return [r[0] for r in conn.execute("SELECT c.relname::text FROM pg_inherits AS i JOIN pg_class AS c "
+                                       "ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass ORDER BY 1",
+                                       (parent,))]
+
+
+def test_archive_defaults_to_false_and_null_leaves_it_as_it_is(conn: psycopg.Connection) -> None:
+    assert one(conn, "SELECT archive FROM pgq.configure_queue('q')") is False
+    assert one(conn, "SELECT archive FROM pgq.configure_queue('q', archive => true)") is True
+    assert one(conn, "SELECT archive FROM pgq.configure_queue('q', max_attempts => 3)") is True
+    assert one(conn, "SELECT archive FROM pgq.configure_queue('q', archive => false)") is False
+
+
+def test_the_archive_has_the_columns_of_pgq_jobs_in_their_order(conn: psycopg.Connection) -> None:
+    def columns(table: str) -> list[tuple]:
+        return conn.execute("SELECT attname, atttypid::regtype::text FROM pg_attribute WHERE attrelid = %s::regclass "
+                            "AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (table,)).fetchall()
+    assert columns("pgq.archive") == columns("pgq.jobs")
+    assert columns("pgq.archive_events") == columns("pgq.job_events") + [("finished_at", "timestamp with time zone")]
+
+
+def test_the_sweep_moves_finished_jobs_with_their_events_and_every_read_finds_them(
+        conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('q', archive => true, audit => true)")
+    done, failed, cancelled = finish(conn), finish(conn, how="fail"), finish(conn, how="cancel")
+    fresh = finish(conn)  # finished less than a minute ago: not yet
+    history = {i: conn.execute("SELECT * FROM pgq.job_history(%s)", (i,)).fetchall() for i in (done, failed, cancelled)}
+    for i in (done, failed, cancelled):
+        age(conn, i)
+    before = {i: conn.execute("SELECT * FROM pgq.get_job(%s)", (i,)).fetchone() for i in (done, failed, cancelled)}
+    stats = conn.execute("SELECT done, failed, cancelled FROM pgq.stats() WHERE queue = 'q'").fetchone()
+    conn.execute("SELECT pgq.sweep()")
+    assert [where(conn, i) for i in (done, failed, cancelled, fresh)] == ["archive", "archive", "archive", "jobs"]
+    assert one(conn, "SELECT count(*) FROM pgq.job_events WHERE job_id = ANY (%s)", ([done, failed, cancelled],)) == 0
+    for i in (done, failed, cancelled):
+        assert conn.execute("SELECT * FROM pgq.get_job(%s)", (i,)).fetchone() == before[i]
+        assert conn.execute("SELECT * FROM pgq.job_history(%s)", (i,)).fetchall() == history[i]
+        assert history[i]
+    assert conn.execute("SELECT state, result, last_error FROM pgq.job_result(%s)", (done,)).fetchone() == \
+        ("done", {"r": 1}, None)
+    assert one(conn, "SELECT state FROM pgq.job_result(%s)", (failed,)) == "failed"
+    assert one(conn, "SELECT count(*) FROM pgq.job_links(%s)", (done,)) == 0
+    assert conn.execute("SELECT done, failed, cancelled FROM pgq.stats() WHERE queue = 'q'").fetchone() == stats
+    # list_jobs: archived and hot jobs of a state together, newest first, keyset-paged across both.
+    assert [r[0] for r in conn.execute("SELECT id FROM pgq.list_jobs('q', 'done')")] == [fresh, done]
+    assert [r[0] for r in conn.execute("SELECT id FROM pgq.list_jobs('q', 'done', limit_rows => 1)")] == [fresh]
+    assert [r[0] for r in conn.execute("SELECT id FROM pgq.list_jobs('q', 'done', before_id => %s)", (fresh,))] \
+        == [done]
+    assert [r[0] for r in conn.execute("SELECT id FROM pgq.list_jobs('q')")] == [fresh, cancelled, failed, done]
+    assert [r[0] for r in conn.execute("SELECT id FROM pgq.list_jobs(kind => 'k', state => 'failed')")] == [failed]
+    # The day partition of their finish, and tomorrow's, made ahead.
+    assert len(partitions(conn)) == 2 and len(partitions(conn, "pgq.archive_events")) == 2
+
+
+def test_a_queue_without_archive_keeps_its_finished_jobs_in_pgq_jobs(conn: psycopg.Connection) -> None:
+    job_id = finish(conn)
+    age(conn, job_id)
+    conn.execute("SELECT pgq.sweep()")
+    assert where(conn, job_id) == "jobs"
+    assert partitions(conn) == []
+
+
+def test_a_job_something_reads_in_pgq_jobs_stays_and_is_read_once(conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('q', archive => true)")
+    held = finish(conn, unique_key="u")
+    depended = finish(conn)
+    conn.execute("SELECT pgq.enqueue('other', 'k', depends_on => ARRAY[%s]::bigint[])", (depended,))
+    batch = one(conn, "SELECT pgq.batch_open('cb', 'k')")
+    member = one(conn, "SELECT pgq.enqueue('q', 'k', batch => %s)", (batch,))
+    claimed = conn.execute("SELECT id, attempt FROM pgq.claim('w', ARRAY['q'])").fetchone()
+    assert claimed[0] == member
+    conn.execute("SELECT pgq.complete(%s, %s)", claimed)
+    plain = finish(conn)
+    for i in (held, depended, member, plain):
+        age(conn, i)
+    conn.execute("SELECT pgq.sweep()")
+    assert [where(conn, i) for i in (held, depended, member, plain)] == ["jobs", "jobs", "jobs", "archive"]
+    # The cursor has passed them: the next sweep does not read them again.
+    assert one(conn, "SELECT id FROM pgq.archive_cursors WHERE queue = 'q' AND state = 'done'") == plain
+
+
+def test_a_job_an_enqueue_in_flight_holds_is_skipped_not_waited_for(conn: psycopg.Connection, dsn: str) -> None:  # noqa: F811
+    conn.execute("SELECT pgq.configure_queue('q', archive => true)")
+    job_id = finish(conn)
+    age(conn, job_id)
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT FROM pgq.jobs WHERE id = %s FOR KEY SHARE", (job_id,))
+        conn.execute("SELECT pgq.sweep()")
+        assert where(conn, job_id) == "jobs"
+        holder.rollback()
+
+
+def test_retention_drops_whole_days_and_leaves_no_dead_tuple_in_pgq_jobs(conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('q', archive => true, retention => '10 days')")
+    old = finish(conn)
+    age(conn, old, "5 days")
+    recent = finish(conn)
+    age(conn, recent)
+    conn.execute("SELECT pgq.sweep()")
+    assert where(conn, old) == "archive" and where(conn, recent) == "archive"
+    days = partitions(conn)
+    assert len(days) == 3  # five days ago, today, tomorrow
+    conn.execute("SELECT pgq.configure_queue('q', retention => '2 days')")
+    conn.execute("VACUUM pgq.jobs")
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    dead = conn.execute("SELECT n_dead_tup, n_tup_del FROM pg_stat_user_tables "
+                        "WHERE relid = 'pgq.jobs'::regclass").fetchone()
+    conn.execute("SELECT pgq.sweep()")  # the old day is past 2 days: dropped
+    assert partitions(conn) == days[1:]
+    assert partitions(conn, "pgq.archive_events") == ["archive_events_" + d[len("archive_"):] for d in days[1:]]
+    assert sqlstate_of(conn, "SELECT pgq.get_job(%s)", (old,)) == "P0002"
+    assert where(conn, recent) == "archive"
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    assert conn.execute("SELECT n_dead_tup, n_tup_del FROM pg_stat_user_tables "
+                        "WHERE relid = 'pgq.jobs'::regclass").fetchone() == dead
+
+
+def test_mixed_retentions_keep_the_day_for_the_longest_and_delete_the_shorter_ones_rows_from_the_archive(
+        conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('short', archive => true, retention => '1 day')")
+    conn.execute("SELECT pgq.configure_queue('long', archive => true, retention => '10 days')")
+    a = finish(conn, "short")
+    b = finish(conn, "long")
+    age(conn, a, "3 days")
+    age(conn, b, "3 days")
+    conn.execute("SELECT pgq.sweep()")  # moves both into the day of three days ago
+    conn.execute("SELECT pgq.sweep()")  # the short queue's job is past its day of retention
+    assert where(conn, a) is None and where(conn, b) == "archive"
+    assert len(partitions(conn)) == 3
+
+
+def test_an_archived_failed_job_can_be_retried_and_comes_back_with_its_history(conn: psycopg.Connection) -> None:
+    conn.execute("SELECT pgq.configure_queue('q', archive => true, audit => true)")
+    failed, done = finish(conn, how="fail"), finish(conn)
+    age(conn, failed)
+    age(conn, done)
+    history = conn.execute("SELECT * FROM pgq.job_history(%s)", (failed,)).fetchall()
+    conn.execute("SELECT pgq.sweep()")
+    assert where(conn, failed) == "archive"
+    assert one(conn, "SELECT pgq.retry(%s)", (failed,)) is True
+    assert where(conn, failed) == "jobs"
+    assert one(conn, "SELECT state FROM pgq.get_job(%s)", (failed,)) == "pending"
+    assert conn.execute("SELECT * FROM pgq.job_history(%s)", (failed,)).fetchall()[:len(history)] == history
+    # A done job cannot be retried, archived or not; cancel of an archived job: it had finished.
+    assert sqlstate_of(conn, "SELECT pgq.retry(%s)", (done,)) == "55000"
+    assert one(conn, "SELECT pgq.cancel(%s)", (done,)) is False
+    assert where(conn, done) == "archive"
+
+
+def test_a_retry_racing_the_sweep_moving_the_job_gets_it_back(conn: psycopg.Connection, dsn: str) -> None:  # noqa: F811
+    conn.execute("SELECT pgq.configure_queue('q', archive => true)")
+    failed = finish(conn, how="fail")
+    age(conn, failed)
+    with psycopg.connect(dsn) as sweeper, psycopg.connect(dsn, autocommit=True) as admin:
+        sweeper.execute("SELECT pgq.sweep()")  # moved, not committed: it holds the job's row
+        result: list[object] = []
+        t = threading.Thread(target=lambda: result.append(one(admin, "SELECT pgq.retry(%s)", (failed,))))
+        t.start()
+        wait_until_blocked(conn, admin.info.backend_pid)
+        sweeper.commit()
+        t.join(10)
+    assert result == [True]
+    assert where(conn, failed) == "jobs"
+    assert one(conn, "SELECT state FROM pgq.get_job(%s)", (failed,)) == "pending"
+
+
+def test_a_reader_during_the_move_sees_the_job_in_one_place(conn: psycopg.Connection, dsn: str) -> None:  # noqa: F811
+    conn.execute("SELECT pgq.configure_queue('q', archive => true)")
+    job_id = finish(conn)
+    age(conn, job_id)
+    with psycopg.connect(dsn) as sweeper, psycopg.connect(dsn) as reader:
+        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        assert one(reader, "SELECT state FROM pgq.get_job(%s)", (job_id,)) == "done"
+        sweeper.execute("SELECT pgq.sweep()")
+        sweeper.commit()
+        assert where(conn, job_id) == "archive"
+        assert one(reader, "SELECT state FROM pgq.get_job(%s)", (job_id,)) == "done"  # its snapshot: pgq.jobs
+        reader.rollback()
+        assert one(reader, "SELECT state FROM pgq.get_job(%s)", (job_id,)) == "done"  # now: the archive
+
+
+def test_no_role_reads_the_archive_directly(conn: psycopg.Connection, connect) -> None:
+    conn.execute("SELECT pgq.configure_queue('q', archive => true)")
+    job_id = finish(conn)
+    age(conn, job_id)
+    conn.execute("SELECT pgq.sweep()")
+    c = connect(role="pgq_admin")
+    for table in ("archive", "archive_events", "archive_cursors", *partitions(conn)):
+        assert sqlstate_of(c, f"SELECT * FROM pgq.{table}") == "42501"
+    assert one(c, "SELECT state FROM pgq.get_job(%s)", (job_id,)) == "done"
+
+
+@pytest.mark.parametrize("value", ["NULL", "true", "false"])
+def test_configure_queue_archive_takes_null_true_false(conn: psycopg.Connection, value: str) -> None:
+    assert sqlstate_of(conn, f"SELECT pgq.configure_queue('q', archive => {value})") is None
+
+
+def test_bad_archive_input_is_refused(conn: psycopg.Connection) -> None:
+    assert sqlstate_of(conn, "SELECT pgq.configure_queue('q', archive => 'maybe')") == "22P02"
+    assert sqlstate_of(conn, "SELECT pgq.get_job(NULL)") == "22004"
+    assert sqlstate_of(conn, "SELECT pgq.job_history(NULL)") == "22004"
+
+
+@pytest.fixture
+def at_0029(databases) -> Iterator[str]:
+    """A database at the schema and functions of the base commit (migration 0029)."""
+    for dsn_0029 in fresh_database(databases, "template1"):
+        _migrate_to(dsn_0029, "git:2f25220")
+        yield dsn_0029
+
+
+def reads(c: psycopg.Connection, ids: list[int]) -> dict[int, tuple]:
+    return {i: (c.execute("SELECT * FROM pgq.get_job(%s)", (i,)).fetchone(),
+                c.execute("SELECT * FROM pgq.job_history(%s)", (i,)).fetchall(),
+                c.execute("SELECT * FROM pgq.job_result(%s)", (i,)).fetchone(),
+                c.execute("SELECT * FROM pgq.job_links(%s)", (i,)).fetchall()) for i in ids}
+
+
+def test_an_upgrade_from_0029_keeps_every_job_readable_and_archiving_them_changes_no_read(at_0029: str) -> None:
+    with psycopg.connect(at_0029, autocommit=True) as su:
+        assert one(su, "SELECT pgq.version()") == "29"
+        su.execute("SELECT pgq.configure_queue('q', audit => true, max_attempts => 1)")
+        su.execute("SELECT pgq.enqueue_many('q', 'k', array_fill('{}'::jsonb, ARRAY[8]))")
+        rows = su.execute("SELECT id, attempt FROM pgq.claim('w', ARRAY['q'], 6)").fetchall()
+        su.execute("SELECT pgq.complete(%s, %s, '{\"ok\": 1}')", rows[0])
+        su.execute("SELECT pgq.complete(%s, %s)", rows[1])
+        su.execute("SELECT pgq.fail(%s, %s, 'boom')", rows[2])
+        su.execute("SELECT pgq.cancel(%s)", (rows[3][0],))
+        su.execute("SELECT pgq.mark_unknown(%s, %s, 'maybe')", rows[4])
+        ids = [r[0] for r in su.execute("SELECT id FROM pgq.jobs ORDER BY id")]
+        states = dict(su.execute("SELECT id, state::text FROM pgq.jobs").fetchall())
+        su.execute("UPDATE pgq.jobs SET finished_at = finished_at - interval '2 minutes'")
+        before = reads(su, ids)
+    migrate(at_0029)
+    with psycopg.connect(at_0029, autocommit=True) as su:
+        assert one(su, "SELECT pgq.version()") == "31"
+        assert reads(su, ids) == before
+        su.execute("SELECT pgq.configure_queue('q', archive => true)")
+        su.execute("SELECT pgq.sweep()")
+        archived = {r[0] for r in su.execute("SELECT id FROM pgq.archive")}
+        assert archived == {i for i, s in states.items() if s in ("done", "failed", "cancelled")}
+        assert reads(su, ids) == before
+        assert sorted(r[0] for r in su.execute("SELECT id FROM pgq.list_jobs('q', limit_rows => 100)")) == ids
