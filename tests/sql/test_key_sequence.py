@@ -185,8 +185,8 @@ def test_many_claimers_never_run_two_of_a_key_and_keep_each_keys_order_across_re
     conn.execute("SELECT pgq.configure_queue('s', key_sequence => 'halt', audit => false)")
     per_key = 25
     keys = ["a", "b", "c", "d", "e"]
-    expected = {k: [] for k in keys}  # type: dict[str, list[int]]
-    for i in range(per_key):
+    expected: dict[str, list[int]] = {k: [] for k in keys}
+    for _ in range(per_key):
         for k in keys:
             expected[k].extend(enqueue(conn, k))
     unkeyed = enqueue(conn, None, 20)
