@@ -1428,8 +1428,9 @@ $$;
 -- pgq.configure_queue's key_sequence, checked against the queue's settings `q` and the call's
 -- other arguments (NULL: unchanged): 'halt', 'continue' or 'off' (ends it), else 22023 naming
 -- key_sequence. A sequence runs one job of a key at a time, so it refuses (22023 naming
--- key_sequence) what says otherwise or picks another way: key_max_running above 1, per-key
--- overrides (pgq.key_limits: pgq.set_key_limit refuses them in a sequence queue), fair mode.
+-- key_sequence, or the other argument when the call changes only that in a sequence queue) what
+-- says otherwise or picks another way: key_max_running above 1, per-key overrides
+-- (pgq.key_limits: pgq.set_key_limit refuses them in a sequence queue), fair mode.
 -- (max_wait refuses a sequence queue itself.) Nothing is written before it has passed.
 CREATE OR REPLACE FUNCTION pgq._check_key_sequence(q pgq.queues, key_sequence text, fair boolean,
                                                    key_max_running integer)
@@ -1448,6 +1449,14 @@ BEGIN
     END IF;
     IF seq IS NULL THEN
         RETURN;
+    ELSIF _check_key_sequence.key_sequence IS NULL AND _check_key_sequence.key_max_running > 1 THEN
+        PERFORM pgq._bad_argument('key_max_running', format('must be 0 or 1 in a sequence queue (key_sequence %s), '
+                                                            'got %s', q.key_sequence, _check_key_sequence.key_max_running),
+            'A sequence runs one job of a key at a time.');
+    ELSIF _check_key_sequence.key_sequence IS NULL AND _check_key_sequence.fair THEN
+        PERFORM pgq._bad_argument('fair', format('cannot be turned on in a sequence queue (key_sequence %s)',
+                                                 q.key_sequence),
+            'pgq.configure_queue(queue, key_sequence => ''off'') ends the sequences first.');
     ELSIF coalesce(_check_key_sequence.key_max_running, q.key_max_running) > 1 THEN
         PERFORM pgq._bad_argument('key_sequence', 'runs one job of a key at a time: key_max_running must be 0 or 1',
             'Set key_max_running => 0 with key_sequence.');
@@ -4370,9 +4379,8 @@ BEGIN
                     picked := picked || ARRAY(
                         SELECT h.id FROM pgq._sequence_heads(_keyed_pick.queue, turn, sequence = 'halt',
                                                              _keyed_pick.kinds) AS h
-                        JOIN pgq.jobs AS j ON j.id = h.id
                         WHERE (avail ->> h.key)::integer > 0
-                        ORDER BY j.priority DESC, j.run_at, j.id
+                        ORDER BY h.priority DESC, h.run_at, h.id
                         LIMIT _keyed_pick.room - cardinality(picked));
                     CONTINUE;
                 END IF;
@@ -4405,20 +4413,21 @@ BEGIN
 END
 $$;
 
--- A sequence queue's (queues.key_sequence) claimable heads among `keys`: per key, its head (its
+-- A sequence queue's (queues.key_sequence) claimable heads among `keys`, with their priority and
+-- run_at (the pick's order, read in the same probe): per key, its head (its
 -- oldest job by id that is waiting, pending, running or outcome_unknown, or with `halt` failed: one
 -- probe of jobs_key_sequence_idx) when that job is pending, due, has an attempt left and is of
 -- `kinds` (NULL: any); a key whose head is anything else (running, retrying later, waiting, halted)
 -- has none. In the order of `keys`. With 'continue' the probe steps over the key's failed jobs
 -- still kept (retention_failed bounds them).
 CREATE OR REPLACE FUNCTION pgq._sequence_heads(queue text, keys text[], halt boolean, kinds text[])
-    RETURNS TABLE (key text, id bigint)
+    RETURNS TABLE (key text, id bigint, priority integer, run_at timestamptz)
     LANGUAGE sql STABLE
     AS $$
-    SELECT k.key, h.id
+    SELECT k.key, h.id, h.priority, h.run_at
     FROM unnest($2) WITH ORDINALITY AS k(key, ord)
     CROSS JOIN LATERAL (
-        SELECT j.id, j.state, j.attempt, j.max_attempts, j.run_at, j.kind
+        SELECT j.id, j.state, j.attempt, j.max_attempts, j.run_at, j.kind, j.priority
         FROM pgq.jobs AS j
         WHERE j.queue = $1 AND j.concurrency_key = k.key AND j.concurrency_key IS NOT NULL
           AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown', 'failed')

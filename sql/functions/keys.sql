@@ -219,9 +219,8 @@ BEGIN
                     picked := picked || ARRAY(
                         SELECT h.id FROM pgq._sequence_heads(_keyed_pick.queue, turn, sequence = 'halt',
                                                              _keyed_pick.kinds) AS h
-                        JOIN pgq.jobs AS j ON j.id = h.id
                         WHERE (avail ->> h.key)::integer > 0
-                        ORDER BY j.priority DESC, j.run_at, j.id
+                        ORDER BY h.priority DESC, h.run_at, h.id
                         LIMIT _keyed_pick.room - cardinality(picked));
                     CONTINUE;
                 END IF;
@@ -254,20 +253,21 @@ BEGIN
 END
 $$;
 
--- A sequence queue's (queues.key_sequence) claimable heads among `keys`: per key, its head (its
+-- A sequence queue's (queues.key_sequence) claimable heads among `keys`, with their priority and
+-- run_at (the pick's order, read in the same probe): per key, its head (its
 -- oldest job by id that is waiting, pending, running or outcome_unknown, or with `halt` failed: one
 -- probe of jobs_key_sequence_idx) when that job is pending, due, has an attempt left and is of
 -- `kinds` (NULL: any); a key whose head is anything else (running, retrying later, waiting, halted)
 -- has none. In the order of `keys`. With 'continue' the probe steps over the key's failed jobs
 -- still kept (retention_failed bounds them).
 CREATE OR REPLACE FUNCTION pgq._sequence_heads(queue text, keys text[], halt boolean, kinds text[])
-    RETURNS TABLE (key text, id bigint)
+    RETURNS TABLE (key text, id bigint, priority integer, run_at timestamptz)
     LANGUAGE sql STABLE
     AS $$
-    SELECT k.key, h.id
+    SELECT k.key, h.id, h.priority, h.run_at
     FROM unnest($2) WITH ORDINALITY AS k(key, ord)
     CROSS JOIN LATERAL (
-        SELECT j.id, j.state, j.attempt, j.max_attempts, j.run_at, j.kind
+        SELECT j.id, j.state, j.attempt, j.max_attempts, j.run_at, j.kind, j.priority
         FROM pgq.jobs AS j
         WHERE j.queue = $1 AND j.concurrency_key = k.key AND j.concurrency_key IS NOT NULL
           AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown', 'failed')

@@ -201,8 +201,9 @@ $$;
 -- pgq.configure_queue's key_sequence, checked against the queue's settings `q` and the call's
 -- other arguments (NULL: unchanged): 'halt', 'continue' or 'off' (ends it), else 22023 naming
 -- key_sequence. A sequence runs one job of a key at a time, so it refuses (22023 naming
--- key_sequence) what says otherwise or picks another way: key_max_running above 1, per-key
--- overrides (pgq.key_limits: pgq.set_key_limit refuses them in a sequence queue), fair mode.
+-- key_sequence, or the other argument when the call changes only that in a sequence queue) what
+-- says otherwise or picks another way: key_max_running above 1, per-key overrides
+-- (pgq.key_limits: pgq.set_key_limit refuses them in a sequence queue), fair mode.
 -- (max_wait refuses a sequence queue itself.) Nothing is written before it has passed.
 CREATE OR REPLACE FUNCTION pgq._check_key_sequence(q pgq.queues, key_sequence text, fair boolean,
                                                    key_max_running integer)
@@ -221,6 +222,14 @@ BEGIN
     END IF;
     IF seq IS NULL THEN
         RETURN;
+    ELSIF _check_key_sequence.key_sequence IS NULL AND _check_key_sequence.key_max_running > 1 THEN
+        PERFORM pgq._bad_argument('key_max_running', format('must be 0 or 1 in a sequence queue (key_sequence %s), '
+                                                            'got %s', q.key_sequence, _check_key_sequence.key_max_running),
+            'A sequence runs one job of a key at a time.');
+    ELSIF _check_key_sequence.key_sequence IS NULL AND _check_key_sequence.fair THEN
+        PERFORM pgq._bad_argument('fair', format('cannot be turned on in a sequence queue (key_sequence %s)',
+                                                 q.key_sequence),
+            'pgq.configure_queue(queue, key_sequence => ''off'') ends the sequences first.');
     ELSIF coalesce(_check_key_sequence.key_max_running, q.key_max_running) > 1 THEN
         PERFORM pgq._bad_argument('key_sequence', 'runs one job of a key at a time: key_max_running must be 0 or 1',
             'Set key_max_running => 0 with key_sequence.');

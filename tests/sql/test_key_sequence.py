@@ -18,6 +18,7 @@ from collections import defaultdict
 import psycopg
 import pytest
 
+from plankit import capture
 from sqlfixtures import sqlstate_of
 from sqlhelpers import one, wait_for
 
@@ -174,6 +175,12 @@ def test_a_sequence_queue_refuses_per_key_limits_and_a_queue_with_them_refuses_a
     conn.execute("SELECT pgq.configure_queue('s', key_sequence => 'halt')")
     assert sqlstate_of(conn, "SELECT pgq.set_key_limit('s', 'a', 2)") == "22023"
     assert sqlstate_of(conn, "SELECT pgq.configure_queue('s', max_wait => '1 minute')") == "22023"
+    for sql, argument in [("SELECT pgq.configure_queue('s', key_max_running => 2)", "key_max_running"),
+                          ("SELECT pgq.configure_queue('s', fair => true)", "fair")]:
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute(sql)
+        assert err.value.sqlstate == "22023" and f'"{argument}"' in str(err.value), str(err.value)
+    assert conn.execute("SELECT key_max_running, fair FROM pgq.queues WHERE name = 's'").fetchone() == (0, False)
     conn.execute("SELECT pgq.configure_queue('k')")
     conn.execute("SELECT pgq.set_key_limit('k', 'a', 2)")
     assert sqlstate_of(conn, "SELECT pgq.configure_queue('k', key_sequence => 'continue')") == "22023"
@@ -272,3 +279,22 @@ def test_claimers_at_once_behind_a_barrier_take_one_job_of_a_key(dsn: str, conn:
         t.join(timeout=60)
     assert not errors, errors
     assert got == [a[0]]
+
+
+def test_a_claim_reads_each_keys_head_by_one_probe_however_long_the_keys_backlog(conn: psycopg.Connection) -> None:
+    """A hot key's 300 waiting jobs fill the head of the queue: the claim still finds the other
+    keys' heads (walked, one probe of jobs_key_sequence_idx each), reads no more than a bounded
+    number of rows, and the sequence's statements scan no table."""
+    conn.execute("SELECT pgq.configure_queue('s', key_sequence => 'continue')")
+    conn.execute("SELECT pgq.enqueue_many('s', 'k', array_fill('{}'::jsonb, ARRAY[300]), concurrency_key => 'hot')")
+    others = [enqueue(conn, f"k{i}")[0] for i in range(5)]
+    conn.execute("ANALYZE pgq.jobs")
+    claim(conn, batch=1)  # the hot key's head
+    conn.execute("LOAD 'auto_explain'")
+    rows, plans = capture(conn, "SELECT id FROM pgq.claim('w', ARRAY['s'], batch => 5)")
+    assert sorted(r[0] for r in rows) == others
+    sequence_plans = [p for p in plans if "_sequence_heads(" in p.query]
+    assert sequence_plans and not [p.query for p in sequence_plans if "Seq Scan on pgq.jobs" in p.text]
+    heads = [s for p in plans for s in p.job_scans if s.index == "jobs_key_sequence_idx"]
+    assert heads, [p.query[:80] for p in plans]
+    assert sum(s.rows for p in plans for s in p.job_scans) < 400, [str(s) for p in plans for s in p.job_scans]
