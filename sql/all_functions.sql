@@ -3487,28 +3487,35 @@ BEGIN
 END
 $$;
 
--- A sequence queue's (queues.key_sequence) claimable heads among `keys`, with their priority and
--- run_at (the pick's order, read in the same probe): per key, its head (its
--- oldest job by id that is waiting, pending, running or outcome_unknown, or with `halt` failed: one
--- probe of jobs_key_sequence_idx) when that job is pending, due, has an attempt left and is of
--- `kinds` (NULL: any); a key whose head is anything else (running, retrying later, waiting, halted)
--- has none. In the order of `keys`. With 'continue' the probe steps over the key's failed jobs
--- still kept (retention_failed bounds them).
+-- The head of `key` in a sequence queue (queues.key_sequence): its oldest job by id that is
+-- waiting, pending, running or outcome_unknown, or with `halt` failed; one probe of
+-- jobs_key_sequence_idx (with 'continue' it steps over the key's failed jobs still kept, which
+-- retention_failed bounds). The one place that says which jobs hold a key (inlined where used).
+CREATE OR REPLACE FUNCTION pgq._sequence_head(queue text, key text, halt boolean)
+    RETURNS TABLE (id bigint, state pgq.job_state, attempt integer, max_attempts integer, run_at timestamptz,
+                   kind text, priority integer)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT j.id, j.state, j.attempt, j.max_attempts, j.run_at, j.kind, j.priority
+    FROM pgq.jobs AS j
+    WHERE j.queue = $1 AND j.concurrency_key = $2 AND j.concurrency_key IS NOT NULL
+      AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown', 'failed')
+      AND ($3 OR j.state <> 'failed')
+    ORDER BY j.id
+    LIMIT 1
+$$;
+
+-- A sequence queue's claimable heads among `keys` (pgq._sequence_head), with their priority and
+-- run_at (the pick's order, read in the same probe): a key's head when it is pending, due, has an
+-- attempt left and is of `kinds` (NULL: any); a key whose head is anything else (running,
+-- retrying later, waiting, halted) has none. In the order of `keys`.
 CREATE OR REPLACE FUNCTION pgq._sequence_heads(queue text, keys text[], halt boolean, kinds text[])
     RETURNS TABLE (key text, id bigint, priority integer, run_at timestamptz)
     LANGUAGE sql STABLE
     AS $$
     SELECT k.key, h.id, h.priority, h.run_at
     FROM unnest($2) WITH ORDINALITY AS k(key, ord)
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.state, j.attempt, j.max_attempts, j.run_at, j.kind, j.priority
-        FROM pgq.jobs AS j
-        WHERE j.queue = $1 AND j.concurrency_key = k.key AND j.concurrency_key IS NOT NULL
-          AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown', 'failed')
-          AND ($3 OR j.state <> 'failed')
-        ORDER BY j.id
-        LIMIT 1
-    ) AS h
+    CROSS JOIN LATERAL pgq._sequence_head($1, k.key, $3) AS h
     WHERE h.state = 'pending' AND h.attempt < h.max_attempts AND h.run_at <= pgq._now()
       AND ($4 IS NULL OR h.kind = ANY ($4))
     ORDER BY k.ord
@@ -8743,7 +8750,7 @@ $$;
 -- planner read all of pgq.jobs for the due jobs. Session checks read pg_stat_activity: the schema owner needs the pg_monitor role
 -- (or to be a superuser) to see other roles' sessions.
 -- pgq.health's check of the sequence queues with key_sequence 'halt': their halted keys, each a key
--- whose head (its oldest job that is live or failed: pgq._sequence_heads' probe) failed for good,
+-- whose head (its oldest job that is live or failed: pgq._sequence_head) failed for good,
 -- so that its later jobs wait for an operator. Per such queue, its failed keyed jobs through
 -- jobs_retention_idx, at most 1000 of them looked at, each probed once; the first 10 halted keys
 -- are named.
@@ -8760,10 +8767,7 @@ CREATE OR REPLACE FUNCTION pgq._health_sequences()
             ORDER BY j.finished_at LIMIT 1000
         ) AS f
         WHERE q.key_sequence = 'halt'
-          AND NOT EXISTS (SELECT FROM pgq.jobs AS o
-                          WHERE o.queue = q.name AND o.concurrency_key = f.key AND o.concurrency_key IS NOT NULL
-                            AND o.state IN ('waiting', 'pending', 'running', 'outcome_unknown', 'failed')
-                            AND o.id < f.id)
+          AND f.id = (SELECT h.id FROM pgq._sequence_head(q.name, f.key, true) AS h)
     ), listed AS (
         SELECT h.queue, h.key, h.id FROM halted AS h ORDER BY h.queue, h.key LIMIT 10
     )

@@ -331,7 +331,7 @@ $$;
 -- planner read all of pgq.jobs for the due jobs. Session checks read pg_stat_activity: the schema owner needs the pg_monitor role
 -- (or to be a superuser) to see other roles' sessions.
 -- pgq.health's check of the sequence queues with key_sequence 'halt': their halted keys, each a key
--- whose head (its oldest job that is live or failed: pgq._sequence_heads' probe) failed for good,
+-- whose head (its oldest job that is live or failed: pgq._sequence_head) failed for good,
 -- so that its later jobs wait for an operator. Per such queue, its failed keyed jobs through
 -- jobs_retention_idx, at most 1000 of them looked at, each probed once; the first 10 halted keys
 -- are named.
@@ -348,10 +348,7 @@ CREATE OR REPLACE FUNCTION pgq._health_sequences()
             ORDER BY j.finished_at LIMIT 1000
         ) AS f
         WHERE q.key_sequence = 'halt'
-          AND NOT EXISTS (SELECT FROM pgq.jobs AS o
-                          WHERE o.queue = q.name AND o.concurrency_key = f.key AND o.concurrency_key IS NOT NULL
-                            AND o.state IN ('waiting', 'pending', 'running', 'outcome_unknown', 'failed')
-                            AND o.id < f.id)
+          AND f.id = (SELECT h.id FROM pgq._sequence_head(q.name, f.key, true) AS h)
     ), listed AS (
         SELECT h.queue, h.key, h.id FROM halted AS h ORDER BY h.queue, h.key LIMIT 10
     )
