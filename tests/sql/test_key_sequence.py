@@ -298,3 +298,25 @@ def test_a_claim_reads_each_keys_head_by_one_probe_however_long_the_keys_backlog
     heads = [s for p in plans for s in p.job_scans if s.index == "jobs_key_sequence_idx"]
     assert heads, [p.query[:80] for p in plans]
     assert sum(s.rows for p in plans for s in p.job_scans) < 400, [str(s) for p in plans for s in p.job_scans]
+
+
+def test_enqueues_of_a_key_committing_out_of_id_order_still_run_one_at_a_time(
+        conn: psycopg.Connection, connect) -> None:  # type: ignore[no-untyped-def]
+    """Two producers enqueue into one key at once and the later id commits first: the claim sees
+    only it and runs it; the earlier one, once visible, waits for it (the key holds one running job)
+    and runs next. Neither enqueue waited for the other."""
+    conn.execute("SELECT pgq.configure_queue('s', key_sequence => 'halt')")
+    enqueue(conn, "a")  # the key's row exists: the first claim of it holds it
+    [first] = claim(conn)
+    complete(conn, first)
+    early, late = connect(autocommit=False), connect(autocommit=False)
+    early_id = one(early, "SELECT pgq.enqueue('s', 'k', concurrency_key => 'a')")
+    late_id = one(late, "SELECT pgq.enqueue('s', 'k', concurrency_key => 'a')")
+    assert early_id < late_id
+    late.commit()
+    got = claim(conn)
+    assert ids(got) == [late_id]
+    early.commit()
+    assert claim(conn) == [], "the earlier job waits while the later one runs"
+    complete(conn, got[0])
+    assert ids(claim(conn)) == [early_id]
