@@ -99,7 +99,8 @@ _PYTHON_NAMES = {"id": "job_id", "ids": "job_ids"}
 _WANT: dict[str, type] = {
     **dict.fromkeys(("queue", "kind", "worker", "unique_key", "tenant", "error", "note", "state", "name", "cron",
                      "timezone", "role", "privilege", "concurrency_key", "key", "dependency_mode",
-                     "callback_queue", "callback_kind", "run_when", "on_conflict", "after_name", "host"), str),
+                     "callback_queue", "callback_kind", "run_when", "on_conflict", "after_name", "host",
+                     "key_sequence"), str),
     **dict.fromkeys(("priority", "max_attempts", "batch", "id", "attempt", "max_jobs", "max_running", "weight",
                      "limit_rows", "before_id", "key_max_running", "rate_limit", "key_rate_limit", "batch_id",
                      "after_id", "running", "pid"), int),
@@ -930,6 +931,7 @@ def configure_queue(
     retention_cancelled: Interval | None = None,
     keep_done: bool | None = None,
     max_wait: Interval | None = None,
+    key_sequence: str | None = None,
     archive: bool | None = None,
 ) -> Call[QueueSettings]:
     """pgq.configure_queue: change the given settings (None leaves one unchanged;
@@ -939,8 +941,9 @@ def configure_queue(
     for another time: never set, the queue's ``retention``; ``keep_done=False`` deletes a job as it
     completes, unless something reads it after its end: docs/sql-api.md; ``max_wait``: a due job that
     waited longer is claimed before any job of higher priority, 0 restores strict priority;
-    ``archive=True``: the sweep moves finished jobs into pgq.archive, partitioned by day, whose
-    days retention drops whole: docs/operations.md)."""
+    ``key_sequence`` ``'halt'`` or ``'continue'``: the jobs of one concurrency_key run one at a time in
+    the order they were enqueued, ``'off'`` ends it; ``archive=True``: the sweep moves finished
+    jobs into pgq.archive, partitioned by day, whose days retention drops whole: docs/operations.md)."""
     return Call(queries.CONFIGURE_QUEUE, {
         "queue": queue, "lease": _interval("lease", lease), "max_attempts": max_attempts,
         "backoff_base": _interval("backoff_base", backoff_base), "backoff_cap": _interval("backoff_cap", backoff_cap),
@@ -952,6 +955,7 @@ def configure_queue(
         "retention_cancelled": _interval("retention_cancelled", retention_cancelled),
         "keep_done": keep_done,
         "max_wait": _interval("max_wait", max_wait),
+        "key_sequence": key_sequence,
         "archive": archive,
     }, _settings, rows=dict_row)
 

@@ -147,6 +147,9 @@ class QueueSettings:
     #: A due job that has waited longer than this is claimed before any job of higher priority
     #: (the lowest priority, then the oldest, first); None: strict priority.
     max_wait: timedelta | None = None
+    #: 'halt' or 'continue': the jobs of one concurrency_key run one at a time in the order they were
+    #: enqueued ('halt': a job that failed for good holds its key's later jobs); None: off.
+    key_sequence: str | None = None
     #: True: the sweep moves the queue's finished jobs into pgq.archive (pgq.configure_queue's archive).
     archive: bool = False
 

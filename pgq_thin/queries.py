@@ -231,7 +231,8 @@ CONFIGURE_QUEUE = (
     " key_max_running => %(key_max_running)s::integer, rate_limit => %(rate_limit)s::integer,"
     " rate_period => %(rate_period)s::interval, key_rate_limit => %(key_rate_limit)s::integer,"
     " retention_failed => %(retention_failed)s::interval, retention_cancelled => %(retention_cancelled)s::interval,"
-    " keep_done => %(keep_done)s::boolean, max_wait => %(max_wait)s::interval, archive => %(archive)s::boolean)"
+    " keep_done => %(keep_done)s::boolean, max_wait => %(max_wait)s::interval,"
+    " key_sequence => %(key_sequence)s::text, archive => %(archive)s::boolean)"
 )
 SET_TENANT_WEIGHT = (
     "SELECT * FROM pgq.set_tenant_weight(queue => %(queue)s::text, tenant => %(tenant)s::text,"

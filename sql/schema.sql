@@ -114,9 +114,11 @@ CREATE TABLE pgq.queues (
     paused_kinds         text[],
     keep_done            boolean DEFAULT true NOT NULL,
     max_wait             interval,
+    key_sequence         text,
     archive              boolean DEFAULT false NOT NULL,
     CONSTRAINT queues_pkey PRIMARY KEY (name),
     CONSTRAINT queues_key_max_running_check CHECK ((key_max_running BETWEEN 0 AND 100000)),
+    CONSTRAINT queues_key_sequence_check CHECK ((key_sequence = ANY (ARRAY['halt'::text, 'continue'::text]))),
     CONSTRAINT queues_max_attempts_check CHECK ((max_attempts BETWEEN 1 AND 10000)),
     CONSTRAINT queues_max_running_check CHECK ((max_running BETWEEN 0 AND 100000))
 );
@@ -171,6 +173,10 @@ COMMENT ON COLUMN pgq.queues.keep_done IS
 COMMENT ON COLUMN pgq.queues.max_wait IS
     'A due job that has waited longer than this is claimed before any job of higher priority '
     '(the lowest priority, then the oldest, first); NULL: strict priority.';
+COMMENT ON COLUMN pgq.queues.key_sequence IS
+    'halt or continue: the jobs of one concurrency_key run one at a time in id order (halt: a '
+    'job that failed for good holds the key''s later jobs until it is retried or deleted); NULL: '
+    'off.';
 COMMENT ON COLUMN pgq.queues.archive IS
     'true: the sweep moves the queue''s finished jobs into pgq.archive (partitioned by day, '
     'dropped whole past retention); false (the default): they stay in pgq.jobs until retention.';
@@ -965,6 +971,10 @@ CREATE INDEX jobs_unique_done_idx ON pgq.jobs USING btree (queue, unique_key, fi
 COMMENT ON INDEX pgq.jobs_unique_done_idx IS
     'The done jobs with a unique_key, by queue, key and end: enqueue''s unique_for reads the '
     'newest of a key here (one probe).';
+CREATE INDEX jobs_key_sequence_idx ON pgq.jobs USING btree (queue, concurrency_key, id) WHERE ((concurrency_key IS NOT NULL) AND (state = ANY (ARRAY['waiting'::pgq.job_state, 'pending'::pgq.job_state, 'running'::pgq.job_state, 'outcome_unknown'::pgq.job_state, 'failed'::pgq.job_state])));
+COMMENT ON INDEX pgq.jobs_key_sequence_idx IS
+    'Each key''s live and failed jobs in id order: the head of a key in a queue with '
+    'key_sequence.';
 CREATE INDEX schedules_due_idx ON pgq.schedules USING btree (next_run_at) WHERE enabled;
 COMMENT ON INDEX pgq.schedules_due_idx IS 'The sweep''s probe and the firing read the enabled schedules by next_run_at.';
 CREATE INDEX schedules_queue_idx ON pgq.schedules USING btree (queue, next_run_at) WHERE enabled;
@@ -1501,6 +1511,51 @@ BEGIN
 END
 $$;
 
+-- pgq.configure_queue's key_sequence, checked against the queue's settings `q` and the call's
+-- other arguments (NULL: unchanged): 'halt', 'continue' or 'off' (ends it), else 22023 naming
+-- key_sequence. A sequence runs one job of a key at a time, so it refuses (22023 naming
+-- key_sequence, or the other argument when the call changes only that in a sequence queue) what
+-- says otherwise or picks another way: key_max_running above 1, per-key overrides
+-- (pgq.key_limits: pgq.set_key_limit refuses them in a sequence queue), fair mode.
+-- (max_wait refuses a sequence queue itself.) Nothing is written before it has passed.
+CREATE OR REPLACE FUNCTION pgq._check_key_sequence(q pgq.queues, key_sequence text, fair boolean,
+                                                   key_max_running integer)
+    RETURNS void
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    seq text := CASE WHEN _check_key_sequence.key_sequence IS NULL THEN q.key_sequence
+                     ELSE nullif(_check_key_sequence.key_sequence, 'off') END;
+BEGIN
+    IF _check_key_sequence.key_sequence NOT IN ('halt', 'continue', 'off') THEN
+        PERFORM pgq._bad_argument('key_sequence',
+            format('must be ''halt'', ''continue'', ''off'' or NULL (unchanged), got %s',
+                   quote_literal(left(_check_key_sequence.key_sequence, 64))),
+            '''halt'': a job that fails for good holds its key''s later jobs; ''continue'': they go on.');
+    END IF;
+    IF seq IS NULL THEN
+        RETURN;
+    ELSIF _check_key_sequence.key_sequence IS NULL AND _check_key_sequence.key_max_running > 1 THEN
+        PERFORM pgq._bad_argument('key_max_running', format('must be 0 or 1 in a sequence queue (key_sequence %s), '
+                                                            'got %s', q.key_sequence, _check_key_sequence.key_max_running),
+            'A sequence runs one job of a key at a time.');
+    ELSIF _check_key_sequence.key_sequence IS NULL AND _check_key_sequence.fair THEN
+        PERFORM pgq._bad_argument('fair', format('cannot be turned on in a sequence queue (key_sequence %s)',
+                                                 q.key_sequence),
+            'pgq.configure_queue(queue, key_sequence => ''off'') ends the sequences first.');
+    ELSIF coalesce(_check_key_sequence.key_max_running, q.key_max_running) > 1 THEN
+        PERFORM pgq._bad_argument('key_sequence', 'runs one job of a key at a time: key_max_running must be 0 or 1',
+            'Set key_max_running => 0 with key_sequence.');
+    ELSIF coalesce(_check_key_sequence.fair, q.fair) THEN
+        PERFORM pgq._bad_argument('key_sequence', 'does not apply to a fair queue',
+            'Set fair => false with key_sequence, or use another queue.');
+    ELSIF EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = q.name) THEN
+        PERFORM pgq._bad_argument('key_sequence', 'runs one job of a key at a time: the queue has per-key limits',
+            'Remove them first: pgq.set_key_limit(queue, key, NULL) for each key that has one.');
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.configure_queue(queue text, lease interval DEFAULT NULL,
                                     max_attempts integer DEFAULT NULL,
                                     backoff_base interval DEFAULT NULL,
@@ -1517,6 +1572,7 @@ CREATE OR REPLACE FUNCTION pgq.configure_queue(queue text, lease interval DEFAUL
                                     retention_cancelled interval DEFAULT NULL,
                                     keep_done boolean DEFAULT NULL,
                                     max_wait interval DEFAULT NULL,
+                                    key_sequence text DEFAULT NULL,
                                     archive boolean DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
@@ -1539,6 +1595,8 @@ BEGIN
                                       configure_queue.rate_limit, configure_queue.rate_period,
                                       configure_queue.key_rate_limit, configure_queue.retention_failed,
                                       configure_queue.retention_cancelled, configure_queue.max_wait);
+    PERFORM pgq._check_key_sequence(q, configure_queue.key_sequence, configure_queue.fair,
+                                    configure_queue.key_max_running);
     -- Aging serves a plain or capped queue's own pick: a fair, key-limited or rate-limited queue
     -- picks by its tenants, keys or tokens, and refuses it (as it would be ignored).
     IF coalesce(nullif(configure_queue.max_wait, interval '0'), CASE WHEN configure_queue.max_wait IS NULL THEN q.max_wait END)
@@ -1546,9 +1604,11 @@ BEGIN
        AND (coalesce(configure_queue.fair, q.fair) OR coalesce(configure_queue.key_max_running, q.key_max_running) > 0
             OR coalesce(configure_queue.rate_limit, q.rate_limit) > 0
             OR coalesce(configure_queue.key_rate_limit, q.key_rate_limit) > 0
-            OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = configure_queue.queue)) THEN
-        PERFORM pgq._bad_argument('max_wait', 'applies to a plain or capped queue, not to a fair, key-limited or '
-                                              'rate-limited one',
+            OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = configure_queue.queue)
+            OR coalesce(nullif(configure_queue.key_sequence, 'off'), CASE WHEN configure_queue.key_sequence IS NULL
+                                                                          THEN q.key_sequence END) IS NOT NULL) THEN
+        PERFORM pgq._bad_argument('max_wait', 'applies to a plain or capped queue, not to a fair, key-limited, '
+                                              'rate-limited or sequence one',
             'Set max_wait => ''0'' (strict priority) with fair, key limits or rate limits.');
     END IF;
     IF configure_queue.fair AND NOT q.fair THEN
@@ -1591,8 +1651,12 @@ BEGIN
                             WHEN configure_queue.max_run_time = interval '0' THEN NULL
                             ELSE configure_queue.max_run_time END,
         key_max_running = coalesce(configure_queue.key_max_running, s.key_max_running),
+        key_sequence = CASE WHEN configure_queue.key_sequence IS NULL THEN s.key_sequence
+                            ELSE nullif(configure_queue.key_sequence, 'off') END,
         key_limited = coalesce(configure_queue.key_max_running, s.key_max_running) > 0
-                      OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = configure_queue.queue),
+                      OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = configure_queue.queue)
+                      OR CASE WHEN configure_queue.key_sequence IS NULL THEN s.key_sequence IS NOT NULL
+                              ELSE configure_queue.key_sequence <> 'off' END,
         rate_limit = new_rate,
         rate_period = new_period,
         key_rate_limit = new_key_rate,
@@ -1606,13 +1670,15 @@ BEGIN
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean, interval, boolean) IS
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean, interval, text, boolean) IS
     'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit, '
-    'max_wait ''0'' restores strict priority) '
+    'max_wait ''0'' restores strict priority, key_sequence ''off'' ends sequences) '
     'and returns them; creates the queue if new. retention_failed and retention_cancelled keep '
     'failed and cancelled jobs for another time than retention (never set: the queue''s retention); '
-    'keep_done false deletes a job as it completes (default true: kept for retention); archive true '
-    'moves finished jobs, in the sweep, into pgq.archive, whose day partitions retention drops.';
+    'keep_done false deletes a job as it completes (default true: kept for retention); key_sequence '
+    '''halt'' or ''continue'' runs the jobs of one concurrency_key one at a time in the order they were '
+    'enqueued; archive true moves finished jobs, in the sweep, into pgq.archive, whose day '
+    'partitions retention drops.';
 
 -- Pausing or resuming a queue that does not exist is refused (22023): a typo creates nothing.
 -- With `kind`, only that kind of the queue: pause adds it to the queue's paused_kinds (at most
@@ -4246,10 +4312,14 @@ DECLARE
     walked   text[];           -- the other keys the second step met
     turn     text[];           -- the keys of one turn of that step
     n        integer;
+    sequence text;             -- queues.key_sequence: 'halt', 'continue' or NULL (off)
 BEGIN
-    SELECT q.key_max_running, q.key_limited, q.key_rate_limit, q.rate_period
-    INTO default_limit, key_limited, key_rate, period
+    SELECT q.key_max_running, q.key_limited, q.key_rate_limit, q.rate_period, q.key_sequence
+    INTO default_limit, key_limited, key_rate, period, sequence
     FROM pgq.queues AS q WHERE q.name = _keyed_pick.queue;
+    IF sequence IS NOT NULL THEN
+        default_limit := 1;  -- (configure_queue and set_key_limit refuse any other limit for it)
+    END IF;
     IF NOT key_limited AND key_rate = 0 THEN
         -- A rate-limited queue without a per-key step: its first jobs (its fair pick), locked.
         IF _keyed_pick.fair THEN
@@ -4327,6 +4397,16 @@ BEGIN
                 AND (_keyed_pick.kinds IS NULL OR j.kind = ANY (_keyed_pick.kinds))
               ORDER BY j.priority DESC, j.run_at, j.id
               LIMIT head) AS x;
+        -- (A sequence queue: of a key's candidates only its head, the key's oldest live job, may
+        -- run; the others are left out, and their keys, unless their heads are among the
+        -- candidates, are walked in step 2 like the keys not met.)
+        IF sequence IS NOT NULL AND ids IS NOT NULL THEN
+            SELECT array_agg(c.id ORDER BY c.ord), array_agg(c.key ORDER BY c.ord) INTO ids, keys
+            FROM unnest(ids, keys) WITH ORDINALITY AS c(id, key, ord)
+            WHERE c.key IS NULL
+               OR c.id IN (SELECT h.id FROM pgq._sequence_heads(_keyed_pick.queue, ARRAY[c.key], sequence = 'halt',
+                                                                 _keyed_pick.kinds) AS h);
+        END IF;
         -- ... of whose candidates the first `room` that the keys allow are taken: each key's first
         -- ones, as many as it has places and tokens (by the hint for a key not taken yet, then
         -- as counted once it is held). The keys of those candidates are taken, a round at a time
@@ -4364,11 +4444,19 @@ BEGIN
         -- 2. Other keys' first jobs, when the head was all read and is held by keys left out.
         IF cardinality(picked) < _keyed_pick.room AND seen = head THEN
             full_keys := full_keys || ARRAY(SELECT DISTINCT k.key FROM unnest(keys) AS k(key) WHERE k.key IS NOT NULL);
-            walked := ARRAY(SELECT w.key FROM pgq._walk_keys(_keyed_pick.queue, coalesce(newest, ''), NULL, full_keys, head)
+            walked := ARRAY(SELECT w.key FROM pgq._walk_keys(_keyed_pick.queue, coalesce(newest, ''), NULL, full_keys,
+                                                             CASE WHEN sequence IS NULL THEN head ELSE 4 * head END)
                             AS w(key));
             IF newest IS NOT NULL AND cardinality(walked) < head THEN  -- round again, from the first key
                 walked := walked || ARRAY(SELECT w.key FROM pgq._walk_keys(_keyed_pick.queue, '', newest, full_keys,
                                                                            head - cardinality(walked)) AS w(key));
+            END IF;
+            IF sequence IS NOT NULL THEN
+                -- A sequence queue: only the keys whose head may run now (not running, not
+                -- retrying later, not halted), at most `head` of them, before any is taken.
+                walked := ARRAY(SELECT h.key FROM pgq._sequence_heads(_keyed_pick.queue, walked, sequence = 'halt',
+                                                                      _keyed_pick.kinds) AS h
+                                LIMIT head);
             END IF;
             -- In turns of as many keys as jobs are still wanted, each turn's keys taken, then
             -- their first jobs (as many as each key allows), the best in the total order first.
@@ -4377,6 +4465,15 @@ BEGIN
                 taken := taken + cardinality(turn);
                 avail := pgq._take_keys(_keyed_pick.queue, turn, _keyed_pick.room, default_limit, key_rate, period,
                                         _keyed_pick.at);
+                IF sequence IS NOT NULL THEN  -- each taken key's head, read again once the key is held
+                    picked := picked || ARRAY(
+                        SELECT h.id FROM pgq._sequence_heads(_keyed_pick.queue, turn, sequence = 'halt',
+                                                             _keyed_pick.kinds) AS h
+                        WHERE (avail ->> h.key)::integer > 0
+                        ORDER BY h.priority DESC, h.run_at, h.id
+                        LIMIT _keyed_pick.room - cardinality(picked));
+                    CONTINUE;
+                END IF;
                 picked := picked || ARRAY(
                     SELECT h.id
                     FROM unnest(turn) AS w(key)
@@ -4404,6 +4501,40 @@ BEGIN
     ORDER BY j.id
     FOR NO KEY UPDATE SKIP LOCKED;
 END
+$$;
+
+-- The head of `key` in a sequence queue (queues.key_sequence): its oldest job by id that is
+-- waiting, pending, running or outcome_unknown, or with `halt` failed; one probe of
+-- jobs_key_sequence_idx (with 'continue' it steps over the key's failed jobs still kept, which
+-- retention_failed bounds). The one place that says which jobs hold a key (inlined where used).
+CREATE OR REPLACE FUNCTION pgq._sequence_head(queue text, key text, halt boolean)
+    RETURNS TABLE (id bigint, state pgq.job_state, attempt integer, max_attempts integer, run_at timestamptz,
+                   kind text, priority integer)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT j.id, j.state, j.attempt, j.max_attempts, j.run_at, j.kind, j.priority
+    FROM pgq.jobs AS j
+    WHERE j.queue = $1 AND j.concurrency_key = $2 AND j.concurrency_key IS NOT NULL
+      AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown', 'failed')
+      AND ($3 OR j.state <> 'failed')
+    ORDER BY j.id
+    LIMIT 1
+$$;
+
+-- A sequence queue's claimable heads among `keys` (pgq._sequence_head), with their priority and
+-- run_at (the pick's order, read in the same probe): a key's head when it is pending, due, has an
+-- attempt left and is of `kinds` (NULL: any); a key whose head is anything else (running,
+-- retrying later, waiting, halted) has none. In the order of `keys`.
+CREATE OR REPLACE FUNCTION pgq._sequence_heads(queue text, keys text[], halt boolean, kinds text[])
+    RETURNS TABLE (key text, id bigint, priority integer, run_at timestamptz)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT k.key, h.id, h.priority, h.run_at
+    FROM unnest($2) WITH ORDINALITY AS k(key, ord)
+    CROSS JOIN LATERAL pgq._sequence_head($1, k.key, $3) AS h
+    WHERE h.state = 'pending' AND h.attempt < h.max_attempts AND h.run_at <= pgq._now()
+      AND ($4 IS NULL OR h.kind = ANY ($4))
+    ORDER BY k.ord
 $$;
 
 -- The keys of `keys` (of `queue`) that this transaction now holds, for a claim of their jobs: each
@@ -4614,6 +4745,11 @@ BEGIN
     IF q.name IS NULL THEN
         PERFORM pgq._existing_queue('queue', set_key_limit.queue);  -- dropped meanwhile: 22023
     END IF;
+    IF q.key_sequence IS NOT NULL THEN
+        PERFORM pgq._bad_argument('queue', format('is a sequence queue (key_sequence %s): its keys run one job '
+                                                  'at a time, and take no limit of their own', q.key_sequence),
+            'pgq.configure_queue(queue, key_sequence => ''off'') ends the sequences first.');
+    END IF;
     IF set_key_limit.max_running IS NULL THEN
         DELETE FROM pgq.key_limits AS l WHERE l.queue = set_key_limit.queue AND l.key = set_key_limit.key;
     ELSE
@@ -4624,6 +4760,7 @@ BEGIN
     UPDATE pgq.queues AS s
     SET key_limited = s.key_max_running > 0
                       OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = set_key_limit.queue)
+                      OR s.key_sequence IS NOT NULL
     WHERE s.name = set_key_limit.queue;
     PERFORM pgq._keep_key(set_key_limit.queue, set_key_limit.key);  -- its claims hold it from the first
     RETURN coalesce(set_key_limit.max_running, q.key_max_running);
@@ -9988,6 +10125,40 @@ $$;
 -- tighten them. Sequential scans are off: with statistics taken before a history arrived the
 -- planner read all of pgq.jobs for the due jobs. Session checks read pg_stat_activity: the schema owner needs the pg_monitor role
 -- (or to be a superuser) to see other roles' sessions.
+-- pgq.health's check of the sequence queues with key_sequence 'halt': their halted keys, each a key
+-- whose head (its oldest job that is live or failed: pgq._sequence_head) failed for good,
+-- so that its later jobs wait for an operator. Per such queue, its failed keyed jobs through
+-- jobs_retention_idx, at most 1000 of them looked at, each probed once; the first 10 halted keys
+-- are named.
+CREATE OR REPLACE FUNCTION pgq._health_sequences()
+    RETURNS TABLE (severity text, "check" text, detail text, hint text)
+    LANGUAGE sql STABLE
+    AS $$
+    WITH halted AS (
+        SELECT q.name AS queue, f.key, f.id
+        FROM pgq.queues AS q
+        CROSS JOIN LATERAL (
+            SELECT j.concurrency_key AS key, j.id FROM pgq.jobs AS j
+            WHERE j.queue = q.name AND j.state = 'failed' AND j.concurrency_key IS NOT NULL
+            ORDER BY j.finished_at LIMIT 1000
+        ) AS f
+        WHERE q.key_sequence = 'halt'
+          AND f.id = (SELECT h.id FROM pgq._sequence_head(q.name, f.key, true) AS h)
+    ), listed AS (
+        SELECT h.queue, h.key, h.id FROM halted AS h ORDER BY h.queue, h.key LIMIT 10
+    )
+    SELECT 'warning', 'halted_keys',
+           format('%s halted key(s) in sequence queues: %s', (SELECT count(*) FROM halted),
+                  (SELECT string_agg(format('queue %s key %s (job %s failed)', l.queue, quote_literal(l.key), l.id),
+                                     ', ' ORDER BY l.queue, l.key) FROM listed AS l)),
+           'Their later jobs wait: pgq.retry(id) runs the failed job again (pgq.retry_jobs(queue, ''failed'') '
+           'all of them), pgq.delete_jobs(queue, ''failed'', ...) removes it and lets the key go on.'
+    WHERE EXISTS (SELECT FROM halted)
+    UNION ALL
+    SELECT 'ok', 'halted_keys', 'no sequence queue has a halted key', NULL::text
+    WHERE NOT EXISTS (SELECT FROM halted)
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.health(max_snapshot_age interval DEFAULT '5 minutes',
                            max_ready_age interval DEFAULT '5 minutes')
     RETURNS TABLE (severity text, "check" text, detail text, hint text)
@@ -10043,6 +10214,7 @@ BEGIN
 
     RETURN QUERY SELECT * FROM pgq._health_kinds(health.max_ready_age);
     RETURN QUERY SELECT * FROM pgq._health_workers();
+    RETURN QUERY SELECT * FROM pgq._health_sequences();
 
     -- 3. Jobs parked as outcome_unknown wait for a person.
     -- Per queue, through jobs_list_idx: a count over all jobs would read the finished history.
@@ -10085,7 +10257,8 @@ END
 $$;
 COMMENT ON FUNCTION pgq.health(interval, interval) IS
     'One row per finding (severity ok / warning / critical, check, detail, hint): expired leases, '
-    'waiting jobs, kinds no worker claims, outcome_unknown jobs, blocked sessions, old snapshots, held keys, '
+    'waiting jobs, kinds no worker claims, halted keys of sequence queues, outcome_unknown jobs, blocked '
+    'sessions, old snapshots, held keys, '
     'what else holds back vacuum (replication slots, standbys'' feedback, prepared transactions), dead '
     'tuples, index sizes.';
 
@@ -11147,7 +11320,7 @@ GRANT EXECUTE ON FUNCTION
     pgq.delete_jobs(text, text, text, timestamptz, integer, text[]),
     pgq.resolve(bigint, text),
     pgq.prune(interval, integer),
-    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean, interval, boolean),
+    pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean, interval, text, boolean),
     pgq.set_tenant_weight(text, text, integer),
     pgq.set_key_limit(text, text, integer),
     pgq.pause(text, text),

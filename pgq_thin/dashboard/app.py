@@ -196,7 +196,7 @@ def _tags(params: Any) -> list[str] | None:
 
 def _settings_text(q: QueueSettings) -> str:
     """A queue's settings in a few words for the overview: paused kinds, fair, caps, lease, limits,
-    priority aging (max_wait), grants."""
+    priority aging (max_wait), sequences (key_sequence), grants."""
     parts = ["kinds paused: " + ", ".join(q.paused_kinds)] if q.paused_kinds else []
     parts.append("fair" if q.fair else "fifo")
     if q.max_running:
@@ -206,6 +206,8 @@ def _settings_text(q: QueueSettings) -> str:
         parts.append(f"max run {_ago(q.max_run_time)}")
     if q.max_wait is not None:
         parts.append(f"aging after {_ago(q.max_wait)}")
+    if q.key_sequence is not None:
+        parts.append(f"sequence: {q.key_sequence}")
     parts.append(f"{q.max_attempts} attempts")
     if q.restricted:
         parts.append("grants: " + ", ".join(q.restricted))

@@ -330,6 +330,40 @@ $$;
 -- tighten them. Sequential scans are off: with statistics taken before a history arrived the
 -- planner read all of pgq.jobs for the due jobs. Session checks read pg_stat_activity: the schema owner needs the pg_monitor role
 -- (or to be a superuser) to see other roles' sessions.
+-- pgq.health's check of the sequence queues with key_sequence 'halt': their halted keys, each a key
+-- whose head (its oldest job that is live or failed: pgq._sequence_head) failed for good,
+-- so that its later jobs wait for an operator. Per such queue, its failed keyed jobs through
+-- jobs_retention_idx, at most 1000 of them looked at, each probed once; the first 10 halted keys
+-- are named.
+CREATE OR REPLACE FUNCTION pgq._health_sequences()
+    RETURNS TABLE (severity text, "check" text, detail text, hint text)
+    LANGUAGE sql STABLE
+    AS $$
+    WITH halted AS (
+        SELECT q.name AS queue, f.key, f.id
+        FROM pgq.queues AS q
+        CROSS JOIN LATERAL (
+            SELECT j.concurrency_key AS key, j.id FROM pgq.jobs AS j
+            WHERE j.queue = q.name AND j.state = 'failed' AND j.concurrency_key IS NOT NULL
+            ORDER BY j.finished_at LIMIT 1000
+        ) AS f
+        WHERE q.key_sequence = 'halt'
+          AND f.id = (SELECT h.id FROM pgq._sequence_head(q.name, f.key, true) AS h)
+    ), listed AS (
+        SELECT h.queue, h.key, h.id FROM halted AS h ORDER BY h.queue, h.key LIMIT 10
+    )
+    SELECT 'warning', 'halted_keys',
+           format('%s halted key(s) in sequence queues: %s', (SELECT count(*) FROM halted),
+                  (SELECT string_agg(format('queue %s key %s (job %s failed)', l.queue, quote_literal(l.key), l.id),
+                                     ', ' ORDER BY l.queue, l.key) FROM listed AS l)),
+           'Their later jobs wait: pgq.retry(id) runs the failed job again (pgq.retry_jobs(queue, ''failed'') '
+           'all of them), pgq.delete_jobs(queue, ''failed'', ...) removes it and lets the key go on.'
+    WHERE EXISTS (SELECT FROM halted)
+    UNION ALL
+    SELECT 'ok', 'halted_keys', 'no sequence queue has a halted key', NULL::text
+    WHERE NOT EXISTS (SELECT FROM halted)
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.health(max_snapshot_age interval DEFAULT '5 minutes',
                            max_ready_age interval DEFAULT '5 minutes')
     RETURNS TABLE (severity text, "check" text, detail text, hint text)
@@ -385,6 +419,7 @@ BEGIN
 
     RETURN QUERY SELECT * FROM pgq._health_kinds(health.max_ready_age);
     RETURN QUERY SELECT * FROM pgq._health_workers();
+    RETURN QUERY SELECT * FROM pgq._health_sequences();
 
     -- 3. Jobs parked as outcome_unknown wait for a person.
     -- Per queue, through jobs_list_idx: a count over all jobs would read the finished history.
@@ -427,6 +462,7 @@ END
 $$;
 COMMENT ON FUNCTION pgq.health(interval, interval) IS
     'One row per finding (severity ok / warning / critical, check, detail, hint): expired leases, '
-    'waiting jobs, kinds no worker claims, outcome_unknown jobs, blocked sessions, old snapshots, held keys, '
+    'waiting jobs, kinds no worker claims, halted keys of sequence queues, outcome_unknown jobs, blocked '
+    'sessions, old snapshots, held keys, '
     'what else holds back vacuum (replication slots, standbys'' feedback, prepared transactions), dead '
     'tuples, index sizes.';

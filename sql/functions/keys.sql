@@ -62,10 +62,14 @@ DECLARE
     walked   text[];           -- the other keys the second step met
     turn     text[];           -- the keys of one turn of that step
     n        integer;
+    sequence text;             -- queues.key_sequence: 'halt', 'continue' or NULL (off)
 BEGIN
-    SELECT q.key_max_running, q.key_limited, q.key_rate_limit, q.rate_period
-    INTO default_limit, key_limited, key_rate, period
+    SELECT q.key_max_running, q.key_limited, q.key_rate_limit, q.rate_period, q.key_sequence
+    INTO default_limit, key_limited, key_rate, period, sequence
     FROM pgq.queues AS q WHERE q.name = _keyed_pick.queue;
+    IF sequence IS NOT NULL THEN
+        default_limit := 1;  -- (configure_queue and set_key_limit refuse any other limit for it)
+    END IF;
     IF NOT key_limited AND key_rate = 0 THEN
         -- A rate-limited queue without a per-key step: its first jobs (its fair pick), locked.
         IF _keyed_pick.fair THEN
@@ -143,6 +147,16 @@ BEGIN
                 AND (_keyed_pick.kinds IS NULL OR j.kind = ANY (_keyed_pick.kinds))
               ORDER BY j.priority DESC, j.run_at, j.id
               LIMIT head) AS x;
+        -- (A sequence queue: of a key's candidates only its head, the key's oldest live job, may
+        -- run; the others are left out, and their keys, unless their heads are among the
+        -- candidates, are walked in step 2 like the keys not met.)
+        IF sequence IS NOT NULL AND ids IS NOT NULL THEN
+            SELECT array_agg(c.id ORDER BY c.ord), array_agg(c.key ORDER BY c.ord) INTO ids, keys
+            FROM unnest(ids, keys) WITH ORDINALITY AS c(id, key, ord)
+            WHERE c.key IS NULL
+               OR c.id IN (SELECT h.id FROM pgq._sequence_heads(_keyed_pick.queue, ARRAY[c.key], sequence = 'halt',
+                                                                 _keyed_pick.kinds) AS h);
+        END IF;
         -- ... of whose candidates the first `room` that the keys allow are taken: each key's first
         -- ones, as many as it has places and tokens (by the hint for a key not taken yet, then
         -- as counted once it is held). The keys of those candidates are taken, a round at a time
@@ -180,11 +194,19 @@ BEGIN
         -- 2. Other keys' first jobs, when the head was all read and is held by keys left out.
         IF cardinality(picked) < _keyed_pick.room AND seen = head THEN
             full_keys := full_keys || ARRAY(SELECT DISTINCT k.key FROM unnest(keys) AS k(key) WHERE k.key IS NOT NULL);
-            walked := ARRAY(SELECT w.key FROM pgq._walk_keys(_keyed_pick.queue, coalesce(newest, ''), NULL, full_keys, head)
+            walked := ARRAY(SELECT w.key FROM pgq._walk_keys(_keyed_pick.queue, coalesce(newest, ''), NULL, full_keys,
+                                                             CASE WHEN sequence IS NULL THEN head ELSE 4 * head END)
                             AS w(key));
             IF newest IS NOT NULL AND cardinality(walked) < head THEN  -- round again, from the first key
                 walked := walked || ARRAY(SELECT w.key FROM pgq._walk_keys(_keyed_pick.queue, '', newest, full_keys,
                                                                            head - cardinality(walked)) AS w(key));
+            END IF;
+            IF sequence IS NOT NULL THEN
+                -- A sequence queue: only the keys whose head may run now (not running, not
+                -- retrying later, not halted), at most `head` of them, before any is taken.
+                walked := ARRAY(SELECT h.key FROM pgq._sequence_heads(_keyed_pick.queue, walked, sequence = 'halt',
+                                                                      _keyed_pick.kinds) AS h
+                                LIMIT head);
             END IF;
             -- In turns of as many keys as jobs are still wanted, each turn's keys taken, then
             -- their first jobs (as many as each key allows), the best in the total order first.
@@ -193,6 +215,15 @@ BEGIN
                 taken := taken + cardinality(turn);
                 avail := pgq._take_keys(_keyed_pick.queue, turn, _keyed_pick.room, default_limit, key_rate, period,
                                         _keyed_pick.at);
+                IF sequence IS NOT NULL THEN  -- each taken key's head, read again once the key is held
+                    picked := picked || ARRAY(
+                        SELECT h.id FROM pgq._sequence_heads(_keyed_pick.queue, turn, sequence = 'halt',
+                                                             _keyed_pick.kinds) AS h
+                        WHERE (avail ->> h.key)::integer > 0
+                        ORDER BY h.priority DESC, h.run_at, h.id
+                        LIMIT _keyed_pick.room - cardinality(picked));
+                    CONTINUE;
+                END IF;
                 picked := picked || ARRAY(
                     SELECT h.id
                     FROM unnest(turn) AS w(key)
@@ -220,6 +251,40 @@ BEGIN
     ORDER BY j.id
     FOR NO KEY UPDATE SKIP LOCKED;
 END
+$$;
+
+-- The head of `key` in a sequence queue (queues.key_sequence): its oldest job by id that is
+-- waiting, pending, running or outcome_unknown, or with `halt` failed; one probe of
+-- jobs_key_sequence_idx (with 'continue' it steps over the key's failed jobs still kept, which
+-- retention_failed bounds). The one place that says which jobs hold a key (inlined where used).
+CREATE OR REPLACE FUNCTION pgq._sequence_head(queue text, key text, halt boolean)
+    RETURNS TABLE (id bigint, state pgq.job_state, attempt integer, max_attempts integer, run_at timestamptz,
+                   kind text, priority integer)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT j.id, j.state, j.attempt, j.max_attempts, j.run_at, j.kind, j.priority
+    FROM pgq.jobs AS j
+    WHERE j.queue = $1 AND j.concurrency_key = $2 AND j.concurrency_key IS NOT NULL
+      AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown', 'failed')
+      AND ($3 OR j.state <> 'failed')
+    ORDER BY j.id
+    LIMIT 1
+$$;
+
+-- A sequence queue's claimable heads among `keys` (pgq._sequence_head), with their priority and
+-- run_at (the pick's order, read in the same probe): a key's head when it is pending, due, has an
+-- attempt left and is of `kinds` (NULL: any); a key whose head is anything else (running,
+-- retrying later, waiting, halted) has none. In the order of `keys`.
+CREATE OR REPLACE FUNCTION pgq._sequence_heads(queue text, keys text[], halt boolean, kinds text[])
+    RETURNS TABLE (key text, id bigint, priority integer, run_at timestamptz)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT k.key, h.id, h.priority, h.run_at
+    FROM unnest($2) WITH ORDINALITY AS k(key, ord)
+    CROSS JOIN LATERAL pgq._sequence_head($1, k.key, $3) AS h
+    WHERE h.state = 'pending' AND h.attempt < h.max_attempts AND h.run_at <= pgq._now()
+      AND ($4 IS NULL OR h.kind = ANY ($4))
+    ORDER BY k.ord
 $$;
 
 -- The keys of `keys` (of `queue`) that this transaction now holds, for a claim of their jobs: each
@@ -430,6 +495,11 @@ BEGIN
     IF q.name IS NULL THEN
         PERFORM pgq._existing_queue('queue', set_key_limit.queue);  -- dropped meanwhile: 22023
     END IF;
+    IF q.key_sequence IS NOT NULL THEN
+        PERFORM pgq._bad_argument('queue', format('is a sequence queue (key_sequence %s): its keys run one job '
+                                                  'at a time, and take no limit of their own', q.key_sequence),
+            'pgq.configure_queue(queue, key_sequence => ''off'') ends the sequences first.');
+    END IF;
     IF set_key_limit.max_running IS NULL THEN
         DELETE FROM pgq.key_limits AS l WHERE l.queue = set_key_limit.queue AND l.key = set_key_limit.key;
     ELSE
@@ -440,6 +510,7 @@ BEGIN
     UPDATE pgq.queues AS s
     SET key_limited = s.key_max_running > 0
                       OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = set_key_limit.queue)
+                      OR s.key_sequence IS NOT NULL
     WHERE s.name = set_key_limit.queue;
     PERFORM pgq._keep_key(set_key_limit.queue, set_key_limit.key);  -- its claims hold it from the first
     RETURN coalesce(set_key_limit.max_running, q.key_max_running);

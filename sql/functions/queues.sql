@@ -198,6 +198,51 @@ BEGIN
 END
 $$;
 
+-- pgq.configure_queue's key_sequence, checked against the queue's settings `q` and the call's
+-- other arguments (NULL: unchanged): 'halt', 'continue' or 'off' (ends it), else 22023 naming
+-- key_sequence. A sequence runs one job of a key at a time, so it refuses (22023 naming
+-- key_sequence, or the other argument when the call changes only that in a sequence queue) what
+-- says otherwise or picks another way: key_max_running above 1, per-key overrides
+-- (pgq.key_limits: pgq.set_key_limit refuses them in a sequence queue), fair mode.
+-- (max_wait refuses a sequence queue itself.) Nothing is written before it has passed.
+CREATE OR REPLACE FUNCTION pgq._check_key_sequence(q pgq.queues, key_sequence text, fair boolean,
+                                                   key_max_running integer)
+    RETURNS void
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    seq text := CASE WHEN _check_key_sequence.key_sequence IS NULL THEN q.key_sequence
+                     ELSE nullif(_check_key_sequence.key_sequence, 'off') END;
+BEGIN
+    IF _check_key_sequence.key_sequence NOT IN ('halt', 'continue', 'off') THEN
+        PERFORM pgq._bad_argument('key_sequence',
+            format('must be ''halt'', ''continue'', ''off'' or NULL (unchanged), got %s',
+                   quote_literal(left(_check_key_sequence.key_sequence, 64))),
+            '''halt'': a job that fails for good holds its key''s later jobs; ''continue'': they go on.');
+    END IF;
+    IF seq IS NULL THEN
+        RETURN;
+    ELSIF _check_key_sequence.key_sequence IS NULL AND _check_key_sequence.key_max_running > 1 THEN
+        PERFORM pgq._bad_argument('key_max_running', format('must be 0 or 1 in a sequence queue (key_sequence %s), '
+                                                            'got %s', q.key_sequence, _check_key_sequence.key_max_running),
+            'A sequence runs one job of a key at a time.');
+    ELSIF _check_key_sequence.key_sequence IS NULL AND _check_key_sequence.fair THEN
+        PERFORM pgq._bad_argument('fair', format('cannot be turned on in a sequence queue (key_sequence %s)',
+                                                 q.key_sequence),
+            'pgq.configure_queue(queue, key_sequence => ''off'') ends the sequences first.');
+    ELSIF coalesce(_check_key_sequence.key_max_running, q.key_max_running) > 1 THEN
+        PERFORM pgq._bad_argument('key_sequence', 'runs one job of a key at a time: key_max_running must be 0 or 1',
+            'Set key_max_running => 0 with key_sequence.');
+    ELSIF coalesce(_check_key_sequence.fair, q.fair) THEN
+        PERFORM pgq._bad_argument('key_sequence', 'does not apply to a fair queue',
+            'Set fair => false with key_sequence, or use another queue.');
+    ELSIF EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = q.name) THEN
+        PERFORM pgq._bad_argument('key_sequence', 'runs one job of a key at a time: the queue has per-key limits',
+            'Remove them first: pgq.set_key_limit(queue, key, NULL) for each key that has one.');
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgq.configure_queue(queue text, lease interval DEFAULT NULL,
                                     max_attempts integer DEFAULT NULL,
                                     backoff_base interval DEFAULT NULL,
@@ -214,6 +259,7 @@ CREATE OR REPLACE FUNCTION pgq.configure_queue(queue text, lease interval DEFAUL
                                     retention_cancelled interval DEFAULT NULL,
                                     keep_done boolean DEFAULT NULL,
                                     max_wait interval DEFAULT NULL,
+                                    key_sequence text DEFAULT NULL,
                                     archive boolean DEFAULT NULL)
     RETURNS pgq.queues
     LANGUAGE plpgsql
@@ -236,6 +282,8 @@ BEGIN
                                       configure_queue.rate_limit, configure_queue.rate_period,
                                       configure_queue.key_rate_limit, configure_queue.retention_failed,
                                       configure_queue.retention_cancelled, configure_queue.max_wait);
+    PERFORM pgq._check_key_sequence(q, configure_queue.key_sequence, configure_queue.fair,
+                                    configure_queue.key_max_running);
     -- Aging serves a plain or capped queue's own pick: a fair, key-limited or rate-limited queue
     -- picks by its tenants, keys or tokens, and refuses it (as it would be ignored).
     IF coalesce(nullif(configure_queue.max_wait, interval '0'), CASE WHEN configure_queue.max_wait IS NULL THEN q.max_wait END)
@@ -243,9 +291,11 @@ BEGIN
        AND (coalesce(configure_queue.fair, q.fair) OR coalesce(configure_queue.key_max_running, q.key_max_running) > 0
             OR coalesce(configure_queue.rate_limit, q.rate_limit) > 0
             OR coalesce(configure_queue.key_rate_limit, q.key_rate_limit) > 0
-            OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = configure_queue.queue)) THEN
-        PERFORM pgq._bad_argument('max_wait', 'applies to a plain or capped queue, not to a fair, key-limited or '
-                                              'rate-limited one',
+            OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = configure_queue.queue)
+            OR coalesce(nullif(configure_queue.key_sequence, 'off'), CASE WHEN configure_queue.key_sequence IS NULL
+                                                                          THEN q.key_sequence END) IS NOT NULL) THEN
+        PERFORM pgq._bad_argument('max_wait', 'applies to a plain or capped queue, not to a fair, key-limited, '
+                                              'rate-limited or sequence one',
             'Set max_wait => ''0'' (strict priority) with fair, key limits or rate limits.');
     END IF;
     IF configure_queue.fair AND NOT q.fair THEN
@@ -288,8 +338,12 @@ BEGIN
                             WHEN configure_queue.max_run_time = interval '0' THEN NULL
                             ELSE configure_queue.max_run_time END,
         key_max_running = coalesce(configure_queue.key_max_running, s.key_max_running),
+        key_sequence = CASE WHEN configure_queue.key_sequence IS NULL THEN s.key_sequence
+                            ELSE nullif(configure_queue.key_sequence, 'off') END,
         key_limited = coalesce(configure_queue.key_max_running, s.key_max_running) > 0
-                      OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = configure_queue.queue),
+                      OR EXISTS (SELECT FROM pgq.key_limits AS l WHERE l.queue = configure_queue.queue)
+                      OR CASE WHEN configure_queue.key_sequence IS NULL THEN s.key_sequence IS NOT NULL
+                              ELSE configure_queue.key_sequence <> 'off' END,
         rate_limit = new_rate,
         rate_period = new_period,
         key_rate_limit = new_key_rate,
@@ -303,13 +357,15 @@ BEGIN
     RETURN q;
 END
 $$;
-COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean, interval, boolean) IS
+COMMENT ON FUNCTION pgq.configure_queue(text, interval, integer, interval, interval, interval, boolean, boolean, boolean, integer, interval, integer, integer, interval, integer, interval, interval, boolean, interval, text, boolean) IS
     'Changes a queue''s settings (NULL leaves one unchanged; max_run_time ''0'' removes the limit, '
-    'max_wait ''0'' restores strict priority) '
+    'max_wait ''0'' restores strict priority, key_sequence ''off'' ends sequences) '
     'and returns them; creates the queue if new. retention_failed and retention_cancelled keep '
     'failed and cancelled jobs for another time than retention (never set: the queue''s retention); '
-    'keep_done false deletes a job as it completes (default true: kept for retention); archive true '
-    'moves finished jobs, in the sweep, into pgq.archive, whose day partitions retention drops.';
+    'keep_done false deletes a job as it completes (default true: kept for retention); key_sequence '
+    '''halt'' or ''continue'' runs the jobs of one concurrency_key one at a time in the order they were '
+    'enqueued; archive true moves finished jobs, in the sweep, into pgq.archive, whose day '
+    'partitions retention drops.';
 
 -- Pausing or resuming a queue that does not exist is refused (22023): a typo creates nothing.
 -- With `kind`, only that kind of the queue: pause adds it to the queue's paused_kinds (at most

@@ -218,6 +218,15 @@ CASES: list[tuple[str, str, Any, str, str]] = [
     ("configure_queue max_wait huge", "SELECT pgq.configure_queue('q', max_wait => '366 days')", None, "22023", "max_wait"),
     ("configure_queue max_wait fair", "SELECT pgq.configure_queue('new', fair => true, max_wait => '1 minute')", None,
      "22023", "max_wait"),
+    # sequences (issue 41)
+    ("configure_queue key_sequence unknown", "SELECT pgq.configure_queue('new', key_sequence => 'stop')", None, "22023",
+     "key_sequence"),
+    ("configure_queue key_sequence fair", "SELECT pgq.configure_queue('q', fair => true, key_sequence => 'halt')", None,
+     "22023", "key_sequence"),
+    ("configure_queue key_sequence key_max_running 2",
+     "SELECT pgq.configure_queue('q', key_max_running => 2, key_sequence => 'continue')", None, "22023", "key_sequence"),
+    ("configure_queue key_sequence max_wait", "SELECT pgq.configure_queue('new', key_sequence => 'halt', max_wait => '1 minute')",
+     None, "22023", "max_wait"),
     # workflows (issue 26)
     ("enqueue dependency_mode NULL", "SELECT pgq.enqueue('q', 'k', dependency_mode => NULL)", None, "22004",
      "dependency_mode"),

@@ -64,7 +64,7 @@ API: dict[str, tuple[str, set[str]]] = {
     "resolve": ("SELECT pgq.resolve(1, 'done')", ADMIN),
     "prune": ("SELECT pgq.prune()", ADMIN),
     "configure_queue": ("SELECT pgq.configure_queue('q', lease => '1 minute', rate_limit => 5, "
-                        "rate_period => '1 minute', key_rate_limit => 1)", ADMIN),
+                        "rate_period => '1 minute', key_rate_limit => 1, key_sequence => 'off')", ADMIN),
     "pause": ("SELECT pgq.pause('q'), pgq.pause('q', kind => 'k')", ADMIN),
     "resume": ("SELECT pgq.resume('q', kind => 'k')", ADMIN),
     "drop_queue": ("SELECT pgq.drop_queue('q')", ADMIN),

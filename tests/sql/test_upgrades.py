@@ -332,3 +332,29 @@ def test_0020_waits_for_a_keyed_claim_in_flight_whose_running_job_then_still_hol
         assert su.execute("SELECT * FROM pgq.claim('new', ARRAY['keyed'])").fetchall() == []  # a's one place
         assert one(su, "SELECT pgq.complete(%s, %s)", claimed[0]) is True
         assert _claim(su, "keyed")[0] == second
+
+
+def test_0030_keeps_a_0029_queues_keyed_jobs_which_then_join_a_sequence_in_order(upgraded):
+    """A database at 0029 (the function source of 2f25220) holding a key's running and pending
+    jobs and a job without a key: 0030 keeps every one of them, and a key_sequence given after the
+    upgrade takes them in id order, the running one holding its key (never stranded, never two)."""
+    dsn = upgraded
+    _migrate_to(dsn, "git:2f25220")
+    with psycopg.connect(dsn, autocommit=True) as su:
+        assert one(su, "SELECT pgq.version()") == "29"
+        su.execute("SELECT pgq.configure_queue('hooks', key_max_running => 1)")
+        keyed = [one(su, "SELECT pgq.enqueue('hooks', 'k', '{}', concurrency_key => 'c1')") for _ in range(3)]
+        loose = one(su, "SELECT pgq.enqueue('hooks', 'k', '{}')")
+        running = _claim(su, "hooks")
+        assert running[0] == keyed[0]
+        before = su.execute("SELECT id, state, attempt FROM pgq.jobs ORDER BY id").fetchall()
+        migrate(dsn)
+        assert one(su, "SELECT pgq.version()") == "30"
+        assert su.execute("SELECT id, state, attempt FROM pgq.jobs ORDER BY id").fetchall() == before
+        su.execute("SELECT pgq.configure_queue('hooks', key_max_running => 0, key_sequence => 'halt')")
+        assert [r[0] for r in su.execute("SELECT id FROM pgq.claim('new', ARRAY['hooks'], 10)")] == [loose]
+        assert one(su, "SELECT pgq.complete(%s, %s)", running) is True
+        for job_id in keyed[1:]:
+            got = su.execute("SELECT id, attempt FROM pgq.claim('new', ARRAY['hooks'], 10)").fetchall()
+            assert [g[0] for g in got] == [job_id]
+            assert one(su, "SELECT pgq.complete(%s, %s)", got[0]) is True

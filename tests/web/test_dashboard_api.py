@@ -75,6 +75,7 @@ def test_the_overview_shows_each_queues_settings_to_a_monitor(pgq_client: Client
     failed_job(pgq_client, queue="mail")
     failed_job(pgq_client, queue="batch")
     pgq_client.configure_queue("mail", max_wait="5m")
+    pgq_client.configure_queue("seq", key_sequence="halt")
     pgq_client.configure_queue("batch", fair=True, max_running=3, lease=45, max_run_time=600)
     pgq_client.grant_queue("batch", "pgq_admin", "claim")
     pgq_client.pause("batch", kind="resize")
@@ -85,10 +86,12 @@ def test_the_overview_shows_each_queues_settings_to_a_monitor(pgq_client: Client
     assert "kinds paused: crop, resize · fair · max 3 running · lease 45s · max run 10m · 25 attempts · grants: claim" \
         in page
     assert "fifo · lease 30s · aging after 5m · 25 attempts" in page
+    assert "fifo · lease 30s · sequence: halt · 25 attempts" in page
     by_name = {q["name"]: q for q in settings}
     assert (by_name["batch"]["fair"], by_name["batch"]["max_running"], by_name["batch"]["restricted"],
             by_name["batch"]["paused_kinds"]) == (True, 3, ["claim"], ["crop", "resize"])
     assert (by_name["mail"]["fair"], by_name["mail"]["restricted"], by_name["mail"]["max_wait"]) == (False, None, 300)
+    assert (by_name["seq"]["key_sequence"], by_name["mail"]["key_sequence"]) == ("halt", None)
 
 
 def test_admin_login_acts_through_the_pgq_functions(pgq_client: Client, roles: dict[str, str]) -> None:
