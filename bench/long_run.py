@@ -23,7 +23,8 @@ migrated by this checkout:
   connection of the Worker's pool that is not the one the job's completion uses, and commits it;
 - the sampler (this process): every ``--sample-every`` seconds (30) the sizes of pgq.jobs (heap,
   each index), pgq.job_events, their live and dead tuples and autovacuum counts, the queue's jobs by
-  state, how many jobs have been pruned so far (enqueued minus the queue's rows), and the claim
+  state, how many jobs have been pruned so far (enqueued minus the queue's rows), the scans and
+  index entries read of each index of pgq.jobs (pg_stat_user_indexes), and the claim
   latency of the jobs started in the window since the last sample: the handler's clock_timestamp()
   minus the job's created_at (the enqueue transaction's now(): the latency includes the enqueue's
   own COMMIT), both by the database clock, as p50 / p95 / p99 / max;
@@ -54,7 +55,7 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +192,9 @@ SELECT clock_timestamp(),
           FROM pg_stat_user_tables WHERE relid = 'pgq.job_events'::regclass),
        (SELECT coalesce(json_object_agg(state, n), '{}') FROM
           (SELECT state::text, count(*) AS n FROM pgq.jobs WHERE queue = %(queue)s GROUP BY 1) AS s),
-       (SELECT max(age(backend_xmin)) FROM pg_stat_activity)
+       (SELECT max(age(backend_xmin)) FROM pg_stat_activity),
+       (SELECT json_object_agg(indexrelname, json_build_array(idx_scan, idx_tup_read))
+          FROM pg_stat_user_indexes WHERE relid = 'pgq.jobs'::regclass)
 """
 
 WINDOW_SQL = """
@@ -219,12 +222,12 @@ def _sample(conn: psycopg.Connection[Any], t: float, phase: str, since: datetime
     enqueued = producer.enqueued  # read before the rows are counted: pruned is then never too high
     row = conn.execute(SAMPLE_SQL, {"queue": QUEUE}).fetchone()
     assert row is not None
-    at, heap, total, indexes, events, per_index, jobs_stat, events_stat, states, xmin_age = row
+    at, heap, total, indexes, events, per_index, jobs_stat, events_stat, states, xmin_age, reads = row
     rows = sum(states.values())
     sample = {"t": round(t, 1), "at": at.isoformat(), "phase": phase, "enqueued": enqueued,
               "pruned": enqueued - rows, "states": states,
               "jobs_heap_bytes": heap, "jobs_total_bytes": total, "jobs_indexes_bytes": indexes,
-              "jobs_index_bytes": per_index, "events_total_bytes": events, "jobs": jobs_stat,
+              "jobs_index_bytes": per_index, "jobs_index_reads": reads, "events_total_bytes": events, "jobs": jobs_stat,
               "job_events": events_stat, "oldest_xmin_age": xmin_age, "loadavg": _loadavg(),
               "latency": _latency(conn, since, at)}
     return sample, at
@@ -375,7 +378,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if snap_start_at is not None:
                     bounds["during"] = (snap_start_at, snap_end_at or load_end_at)
                 if snap_end_at is not None:
-                    bounds["after"] = (snap_end_at, load_end_at)
+                    # The first minute after: the backlog the snapshot left; then the load as before it.
+                    settled_at = min(load_end_at, snap_end_at + timedelta(seconds=60))
+                    bounds["after_1min"] = (snap_end_at, settled_at)
+                    bounds["settled"] = (settled_at, load_end_at)
                 phases = _phase_latency(conn, bounds)
                 totals = _final(conn, producer)
         finally:
@@ -408,12 +414,13 @@ def _lat(lat: dict[str, Any]) -> str:
 
 
 def _shown(samples: list[dict[str, Any]], every: float) -> list[dict[str, Any]]:
-    """The samples a table shows: the first, one every ``every`` seconds, the last of each phase."""
+    """The samples a table shows: one every ``every`` seconds, the first and the last of each phase."""
     shown: list[dict[str, Any]] = []
     next_t = 0.0
     for i, s in enumerate(samples):
         due = s["t"] >= next_t - 1
-        if due or i + 1 == len(samples) or samples[i + 1]["phase"] != s["phase"]:
+        first = i == 0 or samples[i - 1]["phase"] != s["phase"]
+        if due or first or i + 1 == len(samples) or samples[i + 1]["phase"] != s["phase"]:
             shown.append(s)
         if due:
             next_t = (s["t"] // every + 1) * every
@@ -463,17 +470,21 @@ def section(res: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for phase, lat in res["phases"].items():
-        label = {"before": "before the snapshot", "during": "while it is held", "after": "after it ends"}[phase]
+        label = {"before": "before the snapshot", "during": "while it is held",
+                 "after": "after it ends (the backlog it left included)",
+                 "after_1min": "the first minute after it ends (the backlog it left)",
+                 "settled": "from a minute after it ends to the end of the load"}[phase]
         if lat.get("runs"):
-            out.append(f"| {label} | {lat['runs']:,} | {lat['p50_ms']:.1f} | {lat['p95_ms']:.1f} | {lat['p99_ms']:.1f} "
-                       f"| {lat['max_ms']:,.1f} |")
-    out += ["", "**Over time** (a row every 2.5 minutes and at the end of each phase; sizes at that moment, latency "
-            "of the jobs started in the 30 s before it; *dead* is pg_stat_user_tables' n_dead_tup, *autovac.* its "
-            "autovacuum_count):", "",
+            out.append(f"| {label} | {lat['runs']:,} | {lat['p50_ms']:,.1f} | {lat['p95_ms']:,.1f} | "
+                       f"{lat['p99_ms']:,.1f} | {lat['max_ms']:,.1f} |")
+    out += ["", "**Over time** (a row every 2.5 minutes and at the start and the end of each phase; sizes at that "
+            "moment, latency of the jobs started in the 30 s before it; *dead* is pg_stat_user_tables' n_dead_tup, "
+            "*autovac.* its autovacuum_count):", "",
             "| t (min) | phase | enqueued | pruned | stored: pending / running / done / failed | pgq.jobs live / dead "
             "(autovac.) | heap MiB | indexes MiB | job_events MiB (dead) | oldest xmin age | latency p50 / p95 / p99 / "
-            "max ms | load |",
-            "|---:|---|---:|---:|---|---|---:|---:|---|---:|---|---|"]
+            "max ms | jobs started/s | load |",
+            "|---:|---|---:|---:|---|---|---:|---:|---|---:|---|---:|---|"]
+    window = {id(s): s["t"] - (samples[i - 1]["t"] if i else 0.0) for i, s in enumerate(samples)}
     for s in _shown(samples, 150):
         st = s["states"]
         stored = " / ".join(f"{st.get(k, 0):,}" for k in ("pending", "running", "done", "failed"))
@@ -482,7 +493,8 @@ def section(res: dict[str, Any]) -> str:
                    f"{s['jobs']['live']:,} / {s['jobs']['dead']:,} ({s['jobs']['autovacuums']}) | "
                    f"{_mib(s['jobs_heap_bytes'])} | {_mib(s['jobs_indexes_bytes'])} | "
                    f"{_mib(s['events_total_bytes'])} ({ev_stat.get('dead', 0):,}) | {s['oldest_xmin_age'] or 0:,} | "
-                   f"{_lat(s['latency'])} | {s['loadavg'].split()[0]} |")
+                   f"{_lat(s['latency'])} | {s['latency']['runs'] / max(window[id(s)], 1.0):,.0f} | "
+                   f"{s['loadavg'].split()[0]} |")
     # Each index of pgq.jobs at the start, the middle and the end.
     picks = [samples[0], samples[len(samples) // 2], samples[-1]]
     names = sorted(picks[-1]["jobs_index_bytes"])
@@ -492,8 +504,39 @@ def section(res: dict[str, Any]) -> str:
     for name in names:
         sizes = [f"{s['jobs_index_bytes'].get(name, 0) // 1024:,}" for s in picks]
         out.append(f"| `{name}` | " + " | ".join(sizes) + " |")
+    out += _reads_table(samples)
     out += ["", "Every sample (every 30 s) is in bench/results/long_run.json (git-ignored)."]
     return "\n".join(out) + "\n"
+
+
+def _reads_table(samples: list[dict[str, Any]]) -> list[str]:
+    """Index entries read per index scan of pgq.jobs in each phase (pg_stat_user_indexes'
+    idx_tup_read / idx_scan from the last sample before the phase to its last), for the indexes scanned."""
+    if not all(s.get("jobs_index_reads") for s in samples):
+        return []  # a JSON from before the sampler read them
+    phases: dict[str, list[dict[str, Any]]] = {}
+    for s in samples:
+        if s["phase"] != "drained":
+            phases.setdefault(s["phase"], []).append(s)
+    deltas: dict[str, dict[str, tuple[int, int]]] = {}
+    previous: dict[str, Any] | None = None
+    for phase, group in phases.items():
+        first, last = previous or group[0], group[-1]
+        deltas[phase] = {name: (scans - first["jobs_index_reads"].get(name, [0, 0])[0],
+                                read - first["jobs_index_reads"].get(name, [0, 0])[1])
+                         for name, (scans, read) in last["jobs_index_reads"].items()}
+        previous = last
+    names = sorted({n for d in deltas.values() for n, (scans, _) in d.items() if scans})
+    out = ["", "**Index entries read per scan of pgq.jobs' indexes** (pg_stat_user_indexes: idx_tup_read / idx_scan "
+           "over each phase, from its last sample before to its last; the phase's scans beside it):", "",
+           "| index | " + " | ".join(deltas) + " |", "|---|" + "---:|" * len(deltas)]
+    for name in names:
+        cells = []
+        for d in deltas.values():
+            scans, read = d.get(name, (0, 0))
+            cells.append(f"{read / scans:,.1f} ({scans:,} scans)" if scans else "–")
+        out.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return out
 
 
 def update_readme(path: str, text: str) -> None:
