@@ -1,0 +1,110 @@
+"""Issue 40's held-snapshot target: the Worker's drain of 200,000 jobs while a REPEATABLE READ
+snapshot is held through it is at least 0.8x the same drain without. For bench/README.md ("Drain
+of 200,000 jobs while a REPEATABLE READ snapshot is held").
+
+    .venv/bin/python bench/held_snapshot.py [--jobs 200000] [--rounds 2] [--systems "pgq worker,pgq b10"]
+                                            [--workers 4,16]
+
+One throwaway PostgreSQL (fsync on), pgq installed by this checkout, pgq_tools.bench's own loader,
+consumers and clock (_timed_drain: from starting the consumers to an outside observer first counting
+all N jobs done): ``pgq worker`` = the Worker with its defaults and concurrency W; ``pgq b10`` = W
+threads of the SQL API, pgq.claim(batch => 10) + one pgq.complete_many. Each drain runs twice, once
+as it is ("none") and once while another connection holds a REPEATABLE READ transaction that read
+pgq.jobs (a count of the loaded jobs) after the load and before the consumers start, and ends
+after the observer saw all N done ("held"). Every round runs each (system, W) pair in both
+variants, the order of the two alternating between rounds. Prints JSON: jobs/s per drain,
+medians, held/none ratio of medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from typing import Any
+
+import psycopg
+
+from pgq_thin.testing.server import SERVER_SETTINGS, ThrowawayPostgres
+from pgq_tools import bench
+
+
+def one_drain(dsn: str, system: str, workers: int, n: int, held: bool) -> float:
+    """Load n jobs, drain them with ``system`` (a REPEATABLE READ snapshot held through it when
+    ``held``), check the done count; jobs per second."""
+    with bench._connect(dsn) as conn:
+        bench._reset(conn)
+        bench._set_mode(conn, True)
+        bench._load_pgq(conn, n)
+        conn.execute("CHECKPOINT")
+    holder = None
+    if held:
+        holder = psycopg.connect(dsn)
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        seen = holder.execute("SELECT count(*) FROM pgq.jobs WHERE state = 'pending'").fetchone()
+        assert seen == (n,), seen
+    try:
+        elapsed = bench._timed_drain(dsn, system, workers, n)
+        if holder is not None:  # still the snapshot of before the drain
+            assert holder.execute("SELECT count(*) FROM pgq.jobs WHERE state = 'pending'").fetchone() == (n,)
+    finally:
+        if holder is not None:
+            holder.rollback()
+            holder.close()
+    with bench._connect(dsn) as conn:
+        done = bench._done_count(conn, system)
+    if done != n:
+        raise RuntimeError(f"{system}: {done} jobs done, expected {n}")
+    return n / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workers", default="4,16")
+    parser.add_argument("--systems", default="pgq worker,pgq b10")
+    args = parser.parse_args()
+    workers = [int(w) for w in args.workers.split(",")]
+    systems = args.systems.split(",")
+    wall = time.perf_counter()
+    server = ThrowawayPostgres(postgres_args=f"{SERVER_SETTINGS} -c fsync=on")
+    server.start()
+    try:
+        dsn = server.url()
+        bench._prepare_database(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            settings = {k: conn.execute(f"SHOW {k}").fetchone()[0]  # type: ignore[index]
+                        for k in ("server_version", "fsync", "synchronous_commit", "shared_buffers")}
+        result: dict[str, Any] = {"jobs": args.jobs, "rounds": args.rounds, "settings": settings,
+                                  "cpus": os.cpu_count(), "loadavg_before": os.getloadavg(), "drains": []}
+        rates: dict[str, dict[str, list[float]]] = {}
+        for r in range(args.rounds):
+            for system in systems:
+                for w in workers:
+                    key = f"{system} W{w}"
+                    for held in ((False, True) if r % 2 == 0 else (True, False)):
+                        started = time.perf_counter()
+                        rate = one_drain(dsn, system, w, args.jobs, held)
+                        variant = "held" if held else "none"
+                        rates.setdefault(key, {"none": [], "held": []})[variant].append(round(rate, 1))
+                        drain = {"round": r, "drain": key, "variant": variant, "jobs_per_s": round(rate, 1),
+                                 "s_with_load": round(time.perf_counter() - started, 1), "loadavg": os.getloadavg()}
+                        result["drains"].append(drain)
+                        print(json.dumps(drain), flush=True)
+        result["summary"] = {
+            k: {"none": v["none"], "held": v["held"], "median_none": statistics.median(v["none"]),
+                "median_held": statistics.median(v["held"]),
+                "held_over_none": round(statistics.median(v["held"]) / statistics.median(v["none"]), 2)}
+            for k, v in rates.items()}
+        result["loadavg_after"] = os.getloadavg()
+        result["wall_s"] = round(time.perf_counter() - wall, 1)
+        print(json.dumps(result, indent=1))
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
