@@ -7,9 +7,9 @@ One throwaway PostgreSQL (fsync on), two databases migrated by this checkout:
 
 - A: a live backlog of ``--backlog`` pending jobs in queue q0 (plus 200 jobs claimed and completed
   through the API, so that A has finished jobs to read too);
-- B: the same, and ``--history`` finished jobs, inserted before the backlog (``--layout gaps``,
-  the default: the backlog lands in the room the history's pages have left, one or two jobs a
-  page) or after it (``--layout own``: the backlog in pages of its own), over queues
+- B: the same, and ``--history`` finished jobs, inserted and vacuumed before the backlog
+  (``--layout gaps``, the default: the backlog lands in the room the history's pages have left,
+  one or two jobs a page) or after it (``--layout own``: the backlog in pages of its own), over queues
   q0..q3: 80% done, 15% failed, 5% cancelled, finished_at spread over the last 6 days (inside the
   default retention of 7 days), created_at up to a minute before, results and errors of a
   realistic size; pgq.finished_counts raised by the same numbers (what the trigger would have
@@ -100,6 +100,9 @@ def fill(dsn: str, history: int, backlog: int, layout: str) -> dict[str, Any]:
             conn.execute(COUNTERS, {"upto": upto})
         filled = time.perf_counter() - started
         if layout == "gaps":
+            # The free space map learns of the room the history's pages have left (fillfactor 90 and
+            # each page's tail) from a vacuum: an autovacuum may run during the fill or not, this one does.
+            conn.execute("VACUUM pgq.jobs")
             enqueue_backlog(conn, backlog)
     with Client(dsn, max_size=1) as client:
         for job in client.claim("setup", ["q0"], batch=200):
