@@ -6,7 +6,9 @@ job in one statement (keys round-robin) into ``bench_keyed``.
 
 Variants: ``worker``, ``async-worker`` (plain); keyed: ``worker`` on a queue configured with
 ``pgq.configure_queue(queue, key_max_running => 1)`` and the jobs enqueued with their
-``concurrency_key``, or ``worker-no-limit``: the same jobs on a queue without the limit.
+``concurrency_key``, or ``worker-no-limit``: the same jobs on a queue without the limit;
+``worker-keep-done-off``: the plain drain on a queue configured ``keep_done => false`` (each
+completion deletes its job, as graphile-worker's does; run.py's system ``pgq-keep-done-off``).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from pgq_thin.worker import AsyncWorker, Worker
 from pgq_tools import bench
 
 
-def load(dsn: str, jobs: int, keyed: bool, key_limit: int) -> tuple[str, str]:
+def load(dsn: str, jobs: int, keyed: bool, key_limit: int, variant: str) -> tuple[str, str]:
     """Queue the jobs; the queue's name and the jobs' kind."""
     with bench._connect(dsn) as conn:
         if not keyed:
+            keep_done = not variant.endswith("keep-done-off")  # off: each completion deletes its job
+            conn.execute("SELECT pgq.configure_queue(%s, keep_done => %s)", (bench.QUEUE, keep_done))
             bench._load_pgq(conn, jobs)
             return bench.QUEUE, "noop"
         conn.execute("SELECT pgq.configure_queue(%s, key_max_running => %s)", (bench.KEYED_QUEUE, key_limit))
@@ -38,7 +42,7 @@ def main() -> None:
     if args.mode == "migrate":
         migrate(args.dsn)
         return
-    queue, kind = load(args.dsn, args.jobs, args.keyed, 0 if args.variant.endswith("no-limit") else 1)
+    queue, kind = load(args.dsn, args.jobs, args.keyed, 0 if args.variant.endswith("no-limit") else 1, args.variant)
     recorder = peer.Recorder()
     peer.ready_then_go()
     if args.variant == "async-worker":

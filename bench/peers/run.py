@@ -76,6 +76,9 @@ class System:
 SYSTEMS = {
     "raw": System("raw", "", "SELECT count(*) FROM bench_raw.jobs WHERE status = 'done'", ()),
     "pgq": System("pgq", "pgq_peer.py", "SELECT count(*) FROM pgq.jobs WHERE state = 'done'", ()),
+    # The same adapter on a queue configured keep_done => false: a completion deletes its job, as
+    # graphile-worker's does, so done = N - the jobs left.
+    "pgq-keep-done-off": System("pgq", "pgq_peer.py", "SELECT %(n)s - count(*) FROM pgq.jobs", ()),
     # Finished jobs are deleted: done = N - the jobs left.
     "graphile-worker": System("node", "graphile_worker.mjs",
                               "SELECT %(n)s - count(*) FROM graphile_worker._private_jobs", ("graphile-worker",)),
@@ -103,6 +106,7 @@ PLAIN = (
     Row("raw b10", "raw", "raw b10"),
     Row("pgq worker", "pgq", "worker"),
     Row("pgq async worker", "pgq", "async-worker"),
+    Row("pgq worker, keep_done off", "pgq-keep-done-off", "worker-keep-done-off"),
     Row("graphile-worker", "graphile-worker", "default"),
     Row("graphile-worker local queue", "graphile-worker", "local-queue"),
     Row("pg-boss batched", "pg-boss", "default"),
@@ -507,7 +511,7 @@ def markdown(res: dict[str, Any]) -> str:
                   "|---|---:|---:|---:|---:|---:|"]
         for w in cfg["workers"]:
             ran = [e for e in entries if e["workers"] == w and "rate" in e]
-            peers = [e["rate"]["median"] for e in ran if e["row"].system not in ("pgq", "raw")]
+            peers = [e["rate"]["median"] for e in ran if SYSTEMS[e["row"].system].runtime not in ("pgq", "raw")]
             best = max(peers, default=None)
             raw10 = next((e["rate"]["median"] for e in ran if e["row"].label == "raw b10"), None)
             for e in (e for e in entries if e["workers"] == w):
