@@ -29,9 +29,11 @@ CREATE OR REPLACE FUNCTION pgq._finished_totals()
 $$;
 
 -- One row per queue, at a cost that does not grow with the history (what the dashboard's overview
--- and pgq-thin stats read every few seconds): the pending jobs through jobs_list_idx (queue, state),
--- outcome_unknown and waiting the same way, the running ones through jobs_lease_idx (as many as
--- the workers run), and the finished ones from the finished counters (pgq.finished_counts plus the
+-- and pgq-thin stats read every few seconds): the pending jobs through jobs_ready_idx (its predicate,
+-- as pgq.metrics: the index holds run_at, so no heap page is read for a job on an all-visible page;
+-- through jobs_list_idx each pending job's page was read, one per job when the backlog is spread
+-- over the history's pages: bench/README.md), outcome_unknown and waiting through jobs_list_idx,
+-- the running ones through jobs_lease_idx (as many as the workers run), and the finished ones from the finished counters (pgq.finished_counts plus the
 -- deltas not folded yet: done, failed and cancelled count the jobs that finished since the
 -- counters began, migration 0010, as pgq.metrics' *_total; retention and pgq.prune do not lower
 -- them). No finished row of pgq.jobs is read. It writes nothing (it does not fold: STABLE, it
@@ -57,7 +59,7 @@ CREATE OR REPLACE FUNCTION pgq.stats()
                count(*) FILTER (WHERE j.run_at > pgq._now()) AS later,
                min(j.run_at) FILTER (WHERE j.run_at <= pgq._now()) AS oldest
         FROM pgq.jobs AS j
-        WHERE j.queue = q.name AND j.state = 'pending') AS p
+        WHERE j.queue = q.name AND j.state = 'pending' AND j.attempt < j.max_attempts) AS p
     CROSS JOIN LATERAL (
         SELECT count(*) AS n FROM pgq.jobs AS j WHERE j.queue = q.name AND j.state = 'outcome_unknown') AS u
     CROSS JOIN LATERAL (
