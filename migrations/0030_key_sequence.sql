@@ -25,8 +25,13 @@ COMMENT ON COLUMN pgq.queues.key_sequence IS
     'halt or continue: the jobs of one concurrency_key run one at a time in id order (halt: a job '
     'that failed for good holds the key''s later jobs until it is retried or deleted); NULL: off.';
 
+-- `id > 0` (true of every job) is in the predicate so that only a query that states it, the
+-- head's (pgq._sequence_head), can use the index: without it PostgreSQL 18 chose it for a keyed
+-- queue's per-key pick (pending jobs of a key by priority), read all of a key's jobs and sorted
+-- them, where jobs_key_ready_idx reads the first ones in order.
 CREATE INDEX IF NOT EXISTS jobs_key_sequence_idx ON pgq.jobs (queue, concurrency_key, id)
     WHERE concurrency_key IS NOT NULL
-      AND state IN ('waiting', 'pending', 'running', 'outcome_unknown', 'failed');
+      AND state IN ('waiting', 'pending', 'running', 'outcome_unknown', 'failed')
+      AND id > 0;
 COMMENT ON INDEX pgq.jobs_key_sequence_idx IS
     'Each key''s live and failed jobs in id order: the head of a key in a queue with key_sequence.';

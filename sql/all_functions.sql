@@ -3504,6 +3504,7 @@ CREATE OR REPLACE FUNCTION pgq._sequence_head(queue text, key text, halt boolean
     FROM pgq.jobs AS j
     WHERE j.queue = $1 AND j.concurrency_key = $2 AND j.concurrency_key IS NOT NULL
       AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown', 'failed')
+      AND j.id > 0  -- (jobs_key_sequence_idx's predicate: no other query states it, so none uses it)
       AND ($3 OR j.state <> 'failed')
     ORDER BY j.id
     LIMIT 1

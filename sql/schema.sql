@@ -971,7 +971,7 @@ CREATE INDEX jobs_unique_done_idx ON pgq.jobs USING btree (queue, unique_key, fi
 COMMENT ON INDEX pgq.jobs_unique_done_idx IS
     'The done jobs with a unique_key, by queue, key and end: enqueue''s unique_for reads the '
     'newest of a key here (one probe).';
-CREATE INDEX jobs_key_sequence_idx ON pgq.jobs USING btree (queue, concurrency_key, id) WHERE ((concurrency_key IS NOT NULL) AND (state = ANY (ARRAY['waiting'::pgq.job_state, 'pending'::pgq.job_state, 'running'::pgq.job_state, 'outcome_unknown'::pgq.job_state, 'failed'::pgq.job_state])));
+CREATE INDEX jobs_key_sequence_idx ON pgq.jobs USING btree (queue, concurrency_key, id) WHERE ((concurrency_key IS NOT NULL) AND (state = ANY (ARRAY['waiting'::pgq.job_state, 'pending'::pgq.job_state, 'running'::pgq.job_state, 'outcome_unknown'::pgq.job_state, 'failed'::pgq.job_state])) AND (id > 0));
 COMMENT ON INDEX pgq.jobs_key_sequence_idx IS
     'Each key''s live and failed jobs in id order: the head of a key in a queue with '
     'key_sequence.';
@@ -4516,6 +4516,7 @@ CREATE OR REPLACE FUNCTION pgq._sequence_head(queue text, key text, halt boolean
     FROM pgq.jobs AS j
     WHERE j.queue = $1 AND j.concurrency_key = $2 AND j.concurrency_key IS NOT NULL
       AND j.state IN ('waiting', 'pending', 'running', 'outcome_unknown', 'failed')
+      AND j.id > 0  -- (jobs_key_sequence_idx's predicate: no other query states it, so none uses it)
       AND ($3 OR j.state <> 'failed')
     ORDER BY j.id
     LIMIT 1

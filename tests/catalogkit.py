@@ -136,6 +136,6 @@ MIGRATION_SHA256 = {
     "0027_pause_kind.sql": "f27aba9bd728828994da299e1a2de409ced6aeb76c5655cd577725d243254039",
     "0028_keep_done.sql": "8d342f85ab20bab33b97c6f4213b528ae20204df1d86f8a0b752b184edcf2157",
     "0029_max_wait.sql": "a4b1b5386d46d1e58e78bcba97cba13629e657bb87a25433bcc89563452e4948",
-    "0030_key_sequence.sql": "190aaf4f30fce0ae7eede25cde3dacc60c665c2b6af233be73c43c4f268def6d",
+    "0030_key_sequence.sql": "c11367dd30c07603eac198ef09f7149d58385298bc945313d08454ca0eae6cf1",
     "0031_archive.sql": "82d5c66861f0466cd7a250584a12ee2ed506601f8d26d115618b377094d71ad4",
 }
