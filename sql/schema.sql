@@ -9594,8 +9594,40 @@ $$;
 COMMENT ON FUNCTION pgq.job_history(bigint) IS
     'The events of one job (claims, transitions, rejected stale writes), oldest first.';
 
+-- The page of pgq.list_jobs without a filter, for a login that may read every queue: the newest
+-- limit_rows jobs with an id below `below`, of every queue and state, in pgq.jobs and in the
+-- archive. A backward walk of jobs_pkey and of each archive day partition's archive_id_idx, merged
+-- by id (Merge Append): it reads limit_rows rows, and one more per stream it stops early, however
+-- many queues, states and finished jobs there are. The planner settings hold that plan whatever the
+-- statistics say: a generic plan counts on a LIMIT it does not know to take a tenth of the rows,
+-- for which a sort of a sequential scan can look cheaper than the walk. The rows and their order
+-- are those of list_jobs' read per (queue, state), but for the archived jobs of a dropped queue
+-- (pgq.drop_queue leaves the archive as it is): listed here, as pgq.get_job reads them (filtering
+-- them out would read past all of them).
+CREATE OR REPLACE FUNCTION pgq._list_newest(below bigint, limit_rows integer)
+    RETURNS SETOF pgq.jobs
+    LANGUAGE plpgsql STABLE
+    SET plan_cache_mode = force_generic_plan
+    SET enable_seqscan = off
+    SET enable_bitmapscan = off
+    SET enable_sort = off
+    AS $$
+BEGIN
+    RETURN QUERY
+    SELECT p.*
+    FROM (SELECT j.* FROM pgq.jobs AS j UNION ALL SELECT x.* FROM pgq.archive AS x) AS p
+    WHERE p.id < _list_newest.below  -- here, not in the branches: so they are merged, not sorted
+    ORDER BY p.id DESC
+    LIMIT _list_newest.limit_rows;
+END
+$$;
+
 -- Operators find jobs here: newest first (by id), keyset-paged (pass the last id of a page as
--- before_id for the next), filtered by queue, state and kind. A page reads at most limit_rows rows
+-- before_id for the next), filtered by queue, state and kind. Without any filter, for a login that
+-- may read every queue, a page reads about limit_rows rows through jobs_pkey and archive_id_idx
+-- (pgq._list_newest), however many queues and states hold jobs. With a filter, or for a login some
+-- queue's grants hide from (a walk by id that skipped a hidden queue's newest million jobs would
+-- read them all), a page reads at most limit_rows rows
 -- per (queue, state) through jobs_list_idx (keyed by -id), and the running jobs through
 -- jobs_lease_idx, however much finished history the table holds; kind is a filter within those
 -- (a rare kind among many jobs of its queue and state reads past the others). An unknown queue or state
@@ -9655,6 +9687,11 @@ BEGIN
           AND j.queue <> ALL (hidden)
         ORDER BY j.id DESC
         LIMIT list_jobs.limit_rows;
+        RETURN;
+    END IF;
+    IF list_jobs.queue IS NULL AND list_jobs.state IS NULL AND list_jobs.kind IS NULL
+       AND cardinality(hidden) = 0 THEN
+        RETURN QUERY SELECT * FROM pgq._list_newest(below, list_jobs.limit_rows);
         RETURN;
     END IF;
 

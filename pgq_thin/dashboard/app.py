@@ -196,7 +196,7 @@ def _tags(params: Any) -> list[str] | None:
 
 def _settings_text(q: QueueSettings) -> str:
     """A queue's settings in a few words for the overview: paused kinds, fair, caps, lease, limits,
-    priority aging (max_wait), sequences (key_sequence), grants."""
+    priority aging (max_wait), sequences (key_sequence), archive, grants."""
     parts = ["kinds paused: " + ", ".join(q.paused_kinds)] if q.paused_kinds else []
     parts.append("fair" if q.fair else "fifo")
     if q.max_running:
@@ -208,6 +208,8 @@ def _settings_text(q: QueueSettings) -> str:
         parts.append(f"aging after {_ago(q.max_wait)}")
     if q.key_sequence is not None:
         parts.append(f"sequence: {q.key_sequence}")
+    if q.archive:
+        parts.append("archive")  # finished jobs moved into pgq.archive by the sweep
     parts.append(f"{q.max_attempts} attempts")
     if q.restricted:
         parts.append("grants: " + ", ".join(q.restricted))

@@ -295,3 +295,49 @@ def test_an_upgrade_from_0029_keeps_every_job_readable_and_archiving_them_change
         assert archived == {i for i, s in states.items() if s in ("done", "failed", "cancelled")}
         assert reads(su, ids) == before
         assert sorted(r[0] for r in su.execute("SELECT id FROM pgq.list_jobs('q', limit_rows => 100)")) == ids
+
+
+def test_an_unfiltered_list_jobs_pages_as_the_union_of_the_queues_pages(conn: psycopg.Connection) -> None:
+    """list_jobs() without a filter walks pgq.jobs and the archive by id (issue 40): its pages, keyset-paged
+    with before_id across both, hold the same rows in the same order as the queues' own listings
+    (the per-(queue, state) path) put together, whatever the page size."""
+    conn.execute("INSERT INTO pgq.queues (name) SELECT 'q' || n FROM generate_series(0, 4) AS n")
+    for name in ("q1", "q3"):
+        conn.execute("SELECT pgq.configure_queue(%s, archive => true)", (name,))
+    # 7 states in turn over 5 queues (coprime: every pair), finished over 3 days.
+    conn.execute("""
+        INSERT INTO pgq.jobs (queue, kind, state, attempt, max_attempts, run_at, created_at, finished_at,
+                              last_event, lease_until, depends_on, dependencies_left)
+        SELECT 'q' || g % 5, 'k' || g % 3, s.state, 1, 25, now() - interval '1 hour', now() - interval '1 hour',
+               CASE WHEN s.state IN ('done', 'failed', 'cancelled') THEN now() - interval '1 day' * (g % 3) END,
+               'enqueued', CASE WHEN s.state = 'running' THEN now() + interval '1 hour' END,
+               CASE WHEN s.state = 'waiting' THEN '{1}'::bigint[] END, CASE WHEN s.state = 'waiting' THEN 1 END
+        FROM generate_series(1, 700) AS g,
+             LATERAL (SELECT (enum_range(NULL::pgq.job_state))[1 + g % 7] AS state) AS s""")
+    # Three quarters of the archiving queues' finished jobs in the archive, the rest still in pgq.jobs.
+    assert one(conn, "SELECT pgq._archive_jobs(array_agg(id)) FROM pgq.jobs WHERE queue IN ('q1', 'q3')"
+                     " AND state IN ('done', 'failed', 'cancelled') AND id % 4 <> 0") > 50
+    assert len(partitions(conn)) == 3
+    cols = "id, queue, kind, state, finished_at, lease_until"
+    expected = sorted((r for q in ("q0", "q1", "q2", "q3", "q4") for r in conn.execute(
+        f"SELECT {cols} FROM pgq.list_jobs(%s, limit_rows => 1000)", (q,))), key=lambda r: -r[0])
+    assert len(expected) == 700
+    assert {r[3] for r in expected} == set(one(conn, "SELECT enum_range(NULL::pgq.job_state)::text[]"))
+    for size in (1, 7, 50, 1000):
+        got: list[tuple] = []
+        before = None
+        while True:
+            page = conn.execute(f"SELECT {cols} FROM pgq.list_jobs(limit_rows => %s, before_id => %s)",
+                                (size, before)).fetchall()
+            assert len(page) <= size
+            if not page:
+                break
+            got += page
+            before = page[-1][0]
+        assert got == expected, size
+    # Whole rows, the first page: as the queues' own listings give them.
+    whole = conn.execute("SELECT * FROM pgq.list_jobs(limit_rows => 40)").fetchall()
+    assert [r[0] for r in whole] == [r[0] for r in expected[:40]]
+    for row in whole:
+        assert row in conn.execute("SELECT * FROM pgq.list_jobs(%s, %s, limit_rows => 1000)",
+                                   (row[1], row[5])).fetchall()

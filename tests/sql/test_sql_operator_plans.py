@@ -84,6 +84,11 @@ def test_a_page_of_list_jobs_reads_a_page_of_rows_through_an_index(session, filt
         {"queue": None, "state": None, "kind": None, **filters, "limit": LIMIT}).fetchall()
     assert rows == expected and (rows or filters == {"state": "running"})
     assert_no_seq_scan_on_jobs(plans)
+    if not filters:  # a walk of jobs_pkey backwards (issue 40): a page of rows, whatever the queues
+        page = plan_of(plans, "_list_newest.below")
+        assert [s.index for s in page.job_scans] == ["jobs_pkey"], page.text
+        assert page.job_scans[0].rows <= LIMIT and "Sort  (" not in page.text, page.text
+        return
     page = plan_of(plans, "FROM pgq.queues AS q")
     scans = page.job_scans
     assert scans and {s.index for s in scans} <= {"jobs_list_idx", "jobs_lease_idx"}, page.text

@@ -70,12 +70,13 @@ def test_monitor_login_reads_everything_and_may_act_on_nothing(pgq_client: Clien
 
 
 def test_the_overview_shows_each_queues_settings_to_a_monitor(pgq_client: Client, roles: dict[str, str]) -> None:
-    """Paused kinds, fair mode, the max_running cap, lease, max_run_time and per-queue grants, read through
+    """Paused kinds, fair mode, the max_running cap, lease, max_run_time, archive and per-queue grants, read through
     pgq.queue_settings (a pgq_monitor function), on the overview and in /api/queues."""
     failed_job(pgq_client, queue="mail")
     failed_job(pgq_client, queue="batch")
     pgq_client.configure_queue("mail", max_wait="5m")
     pgq_client.configure_queue("seq", key_sequence="halt")
+    pgq_client.configure_queue("kept", archive=True)
     pgq_client.configure_queue("batch", fair=True, max_running=3, lease=45, max_run_time=600)
     pgq_client.grant_queue("batch", "pgq_admin", "claim")
     pgq_client.pause("batch", kind="resize")
@@ -87,11 +88,14 @@ def test_the_overview_shows_each_queues_settings_to_a_monitor(pgq_client: Client
         in page
     assert "fifo · lease 30s · aging after 5m · 25 attempts" in page
     assert "fifo · lease 30s · sequence: halt · 25 attempts" in page
+    assert "fifo · lease 30s · archive · 25 attempts" in page  # finished jobs moved to pgq.archive
+    assert page.count(" archive ") == 1
     by_name = {q["name"]: q for q in settings}
     assert (by_name["batch"]["fair"], by_name["batch"]["max_running"], by_name["batch"]["restricted"],
             by_name["batch"]["paused_kinds"]) == (True, 3, ["claim"], ["crop", "resize"])
     assert (by_name["mail"]["fair"], by_name["mail"]["restricted"], by_name["mail"]["max_wait"]) == (False, None, 300)
     assert (by_name["seq"]["key_sequence"], by_name["mail"]["key_sequence"]) == ("halt", None)
+    assert (by_name["kept"]["archive"], by_name["mail"]["archive"]) == (True, False)
 
 
 def test_admin_login_acts_through_the_pgq_functions(pgq_client: Client, roles: dict[str, str]) -> None:
