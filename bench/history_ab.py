@@ -2,6 +2,7 @@
 jobs as with none (within 1.2x). For bench/README.md ("History of 10,000,000 finished jobs, A/B").
 
     .venv/bin/python bench/history_ab.py [--history 10000000] [--backlog 20000] [--rounds 8]
+                                         [--settings "-c wal_compression=lz4"]
 
 One throwaway PostgreSQL (fsync on), two databases migrated by this checkout:
 
@@ -212,9 +213,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=30, help="calls per read per round (some reads differ)")
     parser.add_argument("--layout", choices=("gaps", "own"), default="gaps",
                         help="B's backlog enqueued after the history (gaps, default) or before it (own)")
+    parser.add_argument("--settings", default="",
+                        help="more server settings, as postgres takes them (e.g. \"-c wal_compression=lz4\")")
     args = parser.parse_args()
     wall = time.perf_counter()
-    server = ThrowawayPostgres(postgres_args=f"{SERVER_SETTINGS} -c fsync=on -c max_wal_size=8GB")
+    server = ThrowawayPostgres(postgres_args=f"{SERVER_SETTINGS} -c fsync=on -c max_wal_size=8GB {args.settings}")
     server.start()
     try:
         admin = server.url()
@@ -225,7 +228,8 @@ def main() -> None:
             version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
         dsns = {"A": make_conninfo(admin, dbname="hist_a"), "B": make_conninfo(admin, dbname="hist_b")}
         result: dict[str, Any] = {"history": args.history, "backlog": args.backlog, "rounds": args.rounds,
-                                  "fsync": fsync, "server_version": version, "cpus": os.cpu_count()}
+                                  "fsync": fsync, "server_version": version, "cpus": os.cpu_count(),
+                                  "settings": args.settings}
         result["layout"] = args.layout
         result["fill"] = {"A": fill(dsns["A"], 0, args.backlog, args.layout),
                           "B": fill(dsns["B"], args.history, args.backlog, args.layout)}
