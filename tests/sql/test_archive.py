@@ -308,6 +308,22 @@ def test_a_handler_awaits_and_reads_the_outcome_of_an_archived_job(conn: psycopg
                        (job_id, attempt, failed + 1000)) == "22023"
 
 
+def test_the_bulk_calls_act_on_pgq_jobs_only_and_retry_takes_an_archived_job_back(conn: psycopg.Connection) -> None:
+    """As documented (docs/sql-api.md, archived history): retry_jobs, delete_jobs and prune leave
+    archived jobs alone; pgq.retry(id) is how an operator retries one, and the day's drop removes them."""
+    conn.execute("SELECT pgq.configure_queue('q', archive => true)")
+    archived, hot = finish(conn, how="fail"), finish(conn, how="fail")
+    age(conn, archived)
+    conn.execute("SELECT pgq.sweep()")
+    assert [where(conn, i) for i in (archived, hot)] == ["archive", "jobs"]
+    assert one(conn, "SELECT pgq.delete_jobs('q', 'failed', before => now() + interval '1 day')") == 1
+    assert one(conn, "SELECT pgq.retry_jobs('q', 'failed')") == 0
+    assert one(conn, "SELECT pgq.prune(interval '0')") == 0
+    assert where(conn, archived) == "archive" and where(conn, hot) is None
+    assert one(conn, "SELECT pgq.retry(%s)", (archived,)) is True
+    assert where(conn, archived) == "jobs"
+
+
 @pytest.mark.parametrize("value", ["NULL", "true", "false"])
 def test_configure_queue_archive_takes_null_true_false(conn: psycopg.Connection, value: str) -> None:
     assert sqlstate_of(conn, f"SELECT pgq.configure_queue('q', archive => {value})") is None
