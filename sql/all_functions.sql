@@ -7656,8 +7656,10 @@ COMMENT ON FUNCTION pgq.prune(interval, integer) IS
 -- pgq.archive_YYYYMMDD, with the jobs' events in pgq.archive_events_YYYYMMDD), and retention
 -- drops a day's partitions whole once every job in them is past its retention: no DELETE of
 -- single rows, no dead tuples in pgq.jobs from retention, no vacuum of the history. The reads
--- (pgq.get_job, job_result, job_history, job_links, list_jobs) look in pgq.jobs, then in the archive,
--- in one snapshot (they are STABLE: a job is in one of them, whenever the move commits). A job's
+-- (pgq.get_job, job_result, job_history, job_links and the jobs it links to, job_steps, list_jobs,
+-- a handler's await_jobs and job_outcomes) look in pgq.jobs, then in the archive, in one snapshot
+-- (a job is in one of them, whenever the move commits); the bulk writes (retry_jobs, cancel_jobs,
+-- delete_jobs, prune) act on pgq.jobs only. A job's
 -- id is unique across both: the move and pgq.retry's way back each delete the row they insert
 -- elsewhere, in one statement's transaction.
 --
@@ -7672,9 +7674,9 @@ COMMENT ON FUNCTION pgq.prune(interval, integer) IS
 -- has a privilege on the tables, as on pgq.jobs (docs/security.md).
 
 -- The archived row of job `id` (as a pgq.jobs row), or NULLs: what a read of one job (get_job,
--- job_result, job_history, job_links; _admin_job) looks at when pgq.jobs has no such row, in the
--- caller's snapshot (STABLE: a move that commits meanwhile is seen entirely or not at all). One
--- index probe per day partition.
+-- job_result, job_history, job_links, job_steps; _admin_job) looks at when pgq.jobs has no such
+-- row, in the caller's snapshot (STABLE: a move that commits meanwhile is seen entirely or not at
+-- all). One index probe per day partition.
 CREATE OR REPLACE FUNCTION pgq._archived_job(id bigint) RETURNS pgq.jobs
     LANGUAGE plpgsql STABLE
     AS $$
@@ -8487,8 +8489,10 @@ COMMENT ON FUNCTION pgq.job_result(bigint) IS
 -- depends_on names it, id order: pgq.job_dependants), then, for durable execution, the job that
 -- spawned it (parent), the jobs it spawned (child: its spawns' steps, by name) and, while
 -- pgq.await_jobs parks it, the jobs it still awaits (awaiting, id order), at most limit_rows of
--- each, with their queue, kind and state (NULL for a job pruned since). Jobs of queues the login
--- may not read are left out; the job itself must be readable (P0002 otherwise, as for an unknown id).
+-- each, with their queue, kind and state (NULL for a job pruned since), each read in pgq.jobs or,
+-- archived, in pgq.archive (one probe by id there only for a link pgq.jobs lacks). Jobs of queues
+-- the login may not read, archived ones too, are left out; the job itself must be readable (P0002
+-- otherwise, as for an unknown id).
 CREATE OR REPLACE FUNCTION pgq.job_links(id bigint, limit_rows integer DEFAULT 100)
     RETURNS TABLE (relation text, job_id bigint, queue text, kind text, state text)
     LANGUAGE plpgsql STABLE
@@ -8518,24 +8522,37 @@ BEGIN
     RETURN QUERY
     SELECT 'dependency'::text, d.id, j.queue, j.kind, j.state::text
     FROM (SELECT x.id FROM unnest(job.depends_on) AS x(id) ORDER BY x.id LIMIT job_links.limit_rows) AS d
-    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = d.id) AS j ON true
+    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = d.id
+                       UNION ALL
+                       SELECT x.queue, x.kind, x.state FROM pgq.archive AS x WHERE x.id = d.id
+                       LIMIT 1) AS j ON true
     WHERE j.queue IS NULL OR pgq._may_read(j.queue)
     ORDER BY d.id;
     RETURN QUERY
     SELECT 'dependant'::text, e.job_id, j.queue, j.kind, j.state::text
     FROM (SELECT x.job_id FROM pgq.job_dependants AS x WHERE x.depends_on = job_links.id
           ORDER BY x.depends_on, x.job_id LIMIT job_links.limit_rows) AS e
-    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = e.job_id) AS j ON true
+    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = e.job_id
+                       UNION ALL
+                       SELECT x.queue, x.kind, x.state FROM pgq.archive AS x WHERE x.id = e.job_id
+                       LIMIT 1) AS j ON true
     WHERE j.queue IS NULL OR pgq._may_read(j.queue)
     ORDER BY e.job_id;
     RETURN QUERY
     SELECT 'parent'::text, p.id, p.queue, p.kind, p.state::text
-    FROM pgq.jobs AS p WHERE p.id = job.parent_id AND pgq._may_read(p.queue);
+    FROM (SELECT y.id, y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = job.parent_id
+          UNION ALL
+          SELECT x.id, x.queue, x.kind, x.state FROM pgq.archive AS x WHERE x.id = job.parent_id
+          LIMIT 1) AS p
+    WHERE pgq._may_read(p.queue);
     RETURN QUERY
     SELECT 'child'::text, c.child_id, j.queue, j.kind, j.state::text
     FROM (SELECT s.name, s.child_id FROM pgq.steps AS s WHERE s.job_id = job_links.id AND s.child_id IS NOT NULL
           ORDER BY s.job_id, s.name LIMIT job_links.limit_rows) AS c
-    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = c.child_id) AS j ON true
+    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = c.child_id
+                       UNION ALL
+                       SELECT x.queue, x.kind, x.state FROM pgq.archive AS x WHERE x.id = c.child_id
+                       LIMIT 1) AS j ON true
     WHERE j.queue IS NULL OR pgq._may_read(j.queue)
     ORDER BY c.name;
     IF job.state = 'waiting' AND job.last_event = 'awaiting_jobs' THEN
@@ -8543,7 +8560,10 @@ BEGIN
         SELECT 'awaiting'::text, a.depends_on, j.queue, j.kind, j.state::text
         FROM (SELECT d.depends_on FROM pgq.job_dependencies AS d WHERE d.job_id = job_links.id
               ORDER BY d.depends_on LIMIT job_links.limit_rows) AS a
-        LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = a.depends_on) AS j ON true
+        LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = a.depends_on
+                           UNION ALL
+                           SELECT x.queue, x.kind, x.state FROM pgq.archive AS x WHERE x.id = a.depends_on
+                           LIMIT 1) AS j ON true
         WHERE j.queue IS NULL OR pgq._may_read(j.queue)
         ORDER BY a.depends_on;
     END IF;
@@ -9480,7 +9500,8 @@ COMMENT ON FUNCTION pgq.record_step(bigint, integer, text, jsonb) IS
 
 -- A job's recorded steps: name, the attempt that recorded it, result and when, in name order after
 -- after_name, at most limit_rows (1 to 10000), for whoever may read the job's result
--- (pgq._reads_result, pgq.job_result's rule); P0002 for anyone else, as for an unknown id.
+-- (pgq._reads_result, pgq.job_result's rule); P0002 for anyone else, as for an unknown id. An
+-- archived job (archive.sql) has none: a job with steps stays in pgq.jobs.
 CREATE OR REPLACE FUNCTION pgq.job_steps(id bigint, limit_rows integer DEFAULT 1000, after_name text DEFAULT NULL)
     RETURNS TABLE (name text, attempt integer, result jsonb, recorded_at timestamptz)
     LANGUAGE plpgsql STABLE
@@ -9499,7 +9520,10 @@ BEGIN
             'Page with after_name => the last name of the previous page.');
     END IF;
     SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = job_steps.id;
-    IF NOT FOUND OR NOT pgq._reads_result(session_user, job.queue,
+    IF NOT FOUND THEN
+        job := pgq._archived_job(job_steps.id);  -- archived (archive.sql), or NULLs
+    END IF;
+    IF job.id IS NULL OR NOT pgq._reads_result(session_user, job.queue,
                                           (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = job.queue),
                                           job.enqueued_by) THEN
         RAISE EXCEPTION 'pgq: no job with id %', job_steps.id
@@ -9996,7 +10020,8 @@ COMMENT ON FUNCTION pgq.spawn(bigint, integer, text, text, text, jsonb) IS
 
 -- The handler of the caller's running attempt waits for the jobs `ids` (1 to 10000, each a job the
 -- caller may read: a member of the job's workflow, or of a queue whose read grants admit the login;
--- 22023 naming the first other id, as for an unknown one): 'ended' when every one has ended (done,
+-- 22023 naming the first other id, as for an unknown one; in pgq.jobs or, archived, in pgq.archive,
+-- probed by id for the ids pgq.jobs lacks): 'ended' when every one has ended (done,
 -- failed or cancelled), else 'waiting': the job is parked (the attempt ends without using one up:
 -- state waiting, no lease, max_attempts + 1) until they have, and its handler returns without
 -- completing; it runs again from the top, and its next call answers 'ended'. pgq.job_outcomes
@@ -10030,11 +10055,20 @@ BEGIN
         RETURN NULL;
     END IF;
     root := coalesce(job.workflow_id, job.id);
-    WITH seen AS (
-        SELECT j.id, j.state FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue
-        WHERE j.id = ANY (wanted)
-          AND (j.workflow_id = root OR j.id = root OR q.restricted IS NULL
-               OR pgq._may(q.name, q.restricted, 'read'))
+    WITH hot AS (
+        SELECT j.id, j.state, j.queue, j.workflow_id FROM pgq.jobs AS j WHERE j.id = ANY (wanted)
+    ), anywhere AS (
+        SELECT h.id, h.state, h.queue, h.workflow_id FROM hot AS h
+        UNION ALL  -- an id pgq.jobs lacks: archived (ended), one probe by id
+        SELECT x.id, x.state, x.queue, x.workflow_id
+        FROM unnest(wanted) AS w(id)
+        CROSS JOIN LATERAL (SELECT a.id, a.state, a.queue, a.workflow_id FROM pgq.archive AS a
+                            WHERE a.id = w.id LIMIT 1) AS x
+        WHERE w.id NOT IN (SELECT h.id FROM hot AS h)
+    ), seen AS (
+        SELECT j.id, j.state FROM anywhere AS j JOIN pgq.queues AS q ON q.name = j.queue
+        WHERE j.workflow_id = root OR j.id = root OR q.restricted IS NULL
+           OR pgq._may(q.name, q.restricted, 'read')
     )
     SELECT (SELECT min(i.id) FROM unnest(wanted) AS i(id) WHERE i.id NOT IN (SELECT s.id FROM seen AS s)),
            ARRAY(SELECT s.id FROM seen AS s WHERE s.state NOT IN ('done', 'failed', 'cancelled') ORDER BY s.id)
@@ -10072,8 +10106,8 @@ COMMENT ON FUNCTION pgq.await_jobs(bigint, integer, bigint[]) IS
 
 -- The states, results, last errors and end times of the jobs `ids` (1 to 1000), in id order, for the
 -- owner of the caller's running attempt (a handler after pgq.await_jobs): a member of the job's
--- workflow is answered, and so is a job whose result the login may read (pgq.job_result's rule);
--- any other id, and one pruned since, has NULL columns. No row when the attempt is not the caller's
+-- workflow is answered, and so is a job whose result the login may read (pgq.job_result's rule),
+-- in pgq.jobs or, archived, in pgq.archive; any other id, and one pruned since, has NULL columns. No row when the attempt is not the caller's
 -- (and a rejected event).
 CREATE OR REPLACE FUNCTION pgq.job_outcomes(id bigint, attempt integer, ids bigint[])
     RETURNS TABLE (job_id bigint, state text, result jsonb, last_error text, finished_at timestamptz)
@@ -10102,9 +10136,12 @@ BEGIN
            CASE WHEN y.state IN ('done', 'failed', 'cancelled') THEN y.last_error END, y.finished_at
     FROM unnest(wanted) AS w(id)
     LEFT JOIN LATERAL (
-        SELECT x.state, x.result, x.last_error, x.finished_at FROM pgq.jobs AS x
-        WHERE x.id = w.id
-          AND (x.workflow_id = root OR x.id = root
+        SELECT x.state, x.result, x.last_error, x.finished_at
+        FROM (SELECT j.* FROM pgq.jobs AS j WHERE j.id = w.id
+              UNION ALL
+              SELECT a.* FROM pgq.archive AS a WHERE a.id = w.id  -- archived: one probe by id
+              LIMIT 1) AS x
+        WHERE (x.workflow_id = root OR x.id = root
                OR pgq._reads_result(session_user, x.queue,
                                     (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = x.queue),
                                     x.enqueued_by))

@@ -6,8 +6,10 @@
 -- pgq.archive_YYYYMMDD, with the jobs' events in pgq.archive_events_YYYYMMDD), and retention
 -- drops a day's partitions whole once every job in them is past its retention: no DELETE of
 -- single rows, no dead tuples in pgq.jobs from retention, no vacuum of the history. The reads
--- (pgq.get_job, job_result, job_history, job_links, list_jobs) look in pgq.jobs, then in the archive,
--- in one snapshot (they are STABLE: a job is in one of them, whenever the move commits). A job's
+-- (pgq.get_job, job_result, job_history, job_links and the jobs it links to, job_steps, list_jobs,
+-- a handler's await_jobs and job_outcomes) look in pgq.jobs, then in the archive, in one snapshot
+-- (a job is in one of them, whenever the move commits); the bulk writes (retry_jobs, cancel_jobs,
+-- delete_jobs, prune) act on pgq.jobs only. A job's
 -- id is unique across both: the move and pgq.retry's way back each delete the row they insert
 -- elsewhere, in one statement's transaction.
 --
@@ -22,9 +24,9 @@
 -- has a privilege on the tables, as on pgq.jobs (docs/security.md).
 
 -- The archived row of job `id` (as a pgq.jobs row), or NULLs: what a read of one job (get_job,
--- job_result, job_history, job_links; _admin_job) looks at when pgq.jobs has no such row, in the
--- caller's snapshot (STABLE: a move that commits meanwhile is seen entirely or not at all). One
--- index probe per day partition.
+-- job_result, job_history, job_links, job_steps; _admin_job) looks at when pgq.jobs has no such
+-- row, in the caller's snapshot (STABLE: a move that commits meanwhile is seen entirely or not at
+-- all). One index probe per day partition.
 CREATE OR REPLACE FUNCTION pgq._archived_job(id bigint) RETURNS pgq.jobs
     LANGUAGE plpgsql STABLE
     AS $$

@@ -186,7 +186,8 @@ COMMENT ON FUNCTION pgq.record_step(bigint, integer, text, jsonb) IS
 
 -- A job's recorded steps: name, the attempt that recorded it, result and when, in name order after
 -- after_name, at most limit_rows (1 to 10000), for whoever may read the job's result
--- (pgq._reads_result, pgq.job_result's rule); P0002 for anyone else, as for an unknown id.
+-- (pgq._reads_result, pgq.job_result's rule); P0002 for anyone else, as for an unknown id. An
+-- archived job (archive.sql) has none: a job with steps stays in pgq.jobs.
 CREATE OR REPLACE FUNCTION pgq.job_steps(id bigint, limit_rows integer DEFAULT 1000, after_name text DEFAULT NULL)
     RETURNS TABLE (name text, attempt integer, result jsonb, recorded_at timestamptz)
     LANGUAGE plpgsql STABLE
@@ -205,7 +206,10 @@ BEGIN
             'Page with after_name => the last name of the previous page.');
     END IF;
     SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = job_steps.id;
-    IF NOT FOUND OR NOT pgq._reads_result(session_user, job.queue,
+    IF NOT FOUND THEN
+        job := pgq._archived_job(job_steps.id);  -- archived (archive.sql), or NULLs
+    END IF;
+    IF job.id IS NULL OR NOT pgq._reads_result(session_user, job.queue,
                                           (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = job.queue),
                                           job.enqueued_by) THEN
         RAISE EXCEPTION 'pgq: no job with id %', job_steps.id

@@ -103,7 +103,8 @@ COMMENT ON FUNCTION pgq.spawn(bigint, integer, text, text, text, jsonb) IS
 
 -- The handler of the caller's running attempt waits for the jobs `ids` (1 to 10000, each a job the
 -- caller may read: a member of the job's workflow, or of a queue whose read grants admit the login;
--- 22023 naming the first other id, as for an unknown one): 'ended' when every one has ended (done,
+-- 22023 naming the first other id, as for an unknown one; in pgq.jobs or, archived, in pgq.archive,
+-- probed by id for the ids pgq.jobs lacks): 'ended' when every one has ended (done,
 -- failed or cancelled), else 'waiting': the job is parked (the attempt ends without using one up:
 -- state waiting, no lease, max_attempts + 1) until they have, and its handler returns without
 -- completing; it runs again from the top, and its next call answers 'ended'. pgq.job_outcomes
@@ -137,11 +138,20 @@ BEGIN
         RETURN NULL;
     END IF;
     root := coalesce(job.workflow_id, job.id);
-    WITH seen AS (
-        SELECT j.id, j.state FROM pgq.jobs AS j JOIN pgq.queues AS q ON q.name = j.queue
-        WHERE j.id = ANY (wanted)
-          AND (j.workflow_id = root OR j.id = root OR q.restricted IS NULL
-               OR pgq._may(q.name, q.restricted, 'read'))
+    WITH hot AS (
+        SELECT j.id, j.state, j.queue, j.workflow_id FROM pgq.jobs AS j WHERE j.id = ANY (wanted)
+    ), anywhere AS (
+        SELECT h.id, h.state, h.queue, h.workflow_id FROM hot AS h
+        UNION ALL  -- an id pgq.jobs lacks: archived (ended), one probe by id
+        SELECT x.id, x.state, x.queue, x.workflow_id
+        FROM unnest(wanted) AS w(id)
+        CROSS JOIN LATERAL (SELECT a.id, a.state, a.queue, a.workflow_id FROM pgq.archive AS a
+                            WHERE a.id = w.id LIMIT 1) AS x
+        WHERE w.id NOT IN (SELECT h.id FROM hot AS h)
+    ), seen AS (
+        SELECT j.id, j.state FROM anywhere AS j JOIN pgq.queues AS q ON q.name = j.queue
+        WHERE j.workflow_id = root OR j.id = root OR q.restricted IS NULL
+           OR pgq._may(q.name, q.restricted, 'read')
     )
     SELECT (SELECT min(i.id) FROM unnest(wanted) AS i(id) WHERE i.id NOT IN (SELECT s.id FROM seen AS s)),
            ARRAY(SELECT s.id FROM seen AS s WHERE s.state NOT IN ('done', 'failed', 'cancelled') ORDER BY s.id)
@@ -179,8 +189,8 @@ COMMENT ON FUNCTION pgq.await_jobs(bigint, integer, bigint[]) IS
 
 -- The states, results, last errors and end times of the jobs `ids` (1 to 1000), in id order, for the
 -- owner of the caller's running attempt (a handler after pgq.await_jobs): a member of the job's
--- workflow is answered, and so is a job whose result the login may read (pgq.job_result's rule);
--- any other id, and one pruned since, has NULL columns. No row when the attempt is not the caller's
+-- workflow is answered, and so is a job whose result the login may read (pgq.job_result's rule),
+-- in pgq.jobs or, archived, in pgq.archive; any other id, and one pruned since, has NULL columns. No row when the attempt is not the caller's
 -- (and a rejected event).
 CREATE OR REPLACE FUNCTION pgq.job_outcomes(id bigint, attempt integer, ids bigint[])
     RETURNS TABLE (job_id bigint, state text, result jsonb, last_error text, finished_at timestamptz)
@@ -209,9 +219,12 @@ BEGIN
            CASE WHEN y.state IN ('done', 'failed', 'cancelled') THEN y.last_error END, y.finished_at
     FROM unnest(wanted) AS w(id)
     LEFT JOIN LATERAL (
-        SELECT x.state, x.result, x.last_error, x.finished_at FROM pgq.jobs AS x
-        WHERE x.id = w.id
-          AND (x.workflow_id = root OR x.id = root
+        SELECT x.state, x.result, x.last_error, x.finished_at
+        FROM (SELECT j.* FROM pgq.jobs AS j WHERE j.id = w.id
+              UNION ALL
+              SELECT a.* FROM pgq.archive AS a WHERE a.id = w.id  -- archived: one probe by id
+              LIMIT 1) AS x
+        WHERE (x.workflow_id = root OR x.id = root
                OR pgq._reads_result(session_user, x.queue,
                                     (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = x.queue),
                                     x.enqueued_by))

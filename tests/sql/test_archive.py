@@ -15,6 +15,7 @@ import pytest
 from pgq_thin import migrate
 from pgq_tools.bench import _migrate_to  # a database at the base commit's schema and functions
 
+from loginkit import READERS, WATCH, Login
 from sqlfixtures import dsn, module_dsn, running_job, sqlstate_of, wait_until_blocked  # noqa: F401
 from sqlhelpers import fresh_database, one
 
@@ -242,6 +243,85 @@ def test_no_role_reads_the_archive_directly(conn: psycopg.Connection, connect) -
     for table in ("archive", "archive_events", "archive_cursors", *partitions(conn)):
         assert sqlstate_of(c, f"SELECT * FROM pgq.{table}") == "42501"
     assert one(c, "SELECT state FROM pgq.get_job(%s)", (job_id,)) == "done"
+
+
+def test_job_links_shows_archived_linked_jobs_and_hides_those_of_queues_the_login_may_not_read(
+        conn: psycopg.Connection, login: Login) -> None:
+    """A job's links name jobs that may be archived too (a dependency is archived once its last
+    dependant is): job_links gives their queue, kind and state from the archive, and leaves out one
+    of a queue the login may not read, as it does for a job in pgq.jobs."""
+    for name in ("q", "r", "secret"):  # the sweep's order: q's job first, its links go with it
+        conn.execute("SELECT pgq.configure_queue(%s, archive => true)", (name,))
+    readable, hidden = finish(conn, "r"), finish(conn, "secret")
+    job_id = one(conn, "SELECT pgq.enqueue('q', 'k', depends_on => ARRAY[%s, %s]::bigint[])", (readable, hidden))
+    attempt = one(conn, "SELECT attempt FROM pgq.claim('w', ARRAY['q'])")
+    conn.execute("SELECT pgq.complete(%s, %s)", (job_id, attempt))
+    conn.execute("SELECT pgq.grant_queue('secret', %s, 'read')", (READERS,))
+    for i in (readable, hidden, job_id):
+        age(conn, i)
+    conn.execute("SELECT pgq.sweep()")
+    assert [where(conn, i) for i in (job_id, readable, hidden)] == ["archive"] * 3
+    links = "SELECT relation, job_id, queue, kind, state FROM pgq.job_links(%s)"
+    assert conn.execute(links, (job_id,)).fetchall() == [("dependency", readable, "r", "k", "done"),
+                                                         ("dependency", hidden, "secret", "k", "done")]
+    watch = login(WATCH)  # a monitor outside the secret queue's read grant
+    assert watch.execute(links, (job_id,)).fetchall() == [("dependency", readable, "r", "k", "done")]
+    conn.execute(f"GRANT {READERS} TO {WATCH}")
+    try:
+        assert len(watch.execute(links, (job_id,)).fetchall()) == 2
+    finally:
+        conn.execute(f"REVOKE {READERS} FROM {WATCH}")
+
+
+def test_job_steps_of_an_archived_job_is_empty_not_unknown(conn: psycopg.Connection, login: Login) -> None:
+    """An archived job has no recorded steps (a job with steps stays in pgq.jobs): job_steps answers
+    none, as for any readable job without steps, and P0002 to a login that may not read it."""
+    conn.execute("SELECT pgq.configure_queue('secret', archive => true)")
+    job_id = finish(conn, "secret")
+    age(conn, job_id)
+    conn.execute("SELECT pgq.sweep()")
+    assert where(conn, job_id) == "archive"
+    assert conn.execute("SELECT * FROM pgq.job_steps(%s)", (job_id,)).fetchall() == []
+    conn.execute("SELECT pgq.grant_queue('secret', %s, 'read')", (READERS,))
+    assert sqlstate_of(login(WATCH), "SELECT * FROM pgq.job_steps(%s)", (job_id,)) == "P0002"
+    assert sqlstate_of(conn, "SELECT * FROM pgq.job_steps(%s)", (job_id + 1000,)) == "P0002"
+
+
+def test_a_handler_awaits_and_reads_the_outcome_of_an_archived_job(conn: psycopg.Connection) -> None:
+    """pgq.await_jobs and pgq.job_outcomes take any job the caller may read: an archived one has
+    ended (its outcome read from the archive), not "no job with id"."""
+    conn.execute("SELECT pgq.configure_queue('q', archive => true)")
+    done, failed = finish(conn), finish(conn, how="fail")
+    for i in (done, failed):
+        age(conn, i)
+    conn.execute("SELECT pgq.sweep()")
+    assert [where(conn, i) for i in (done, failed)] == ["archive", "archive"]
+    job_id, attempt = running_job(conn, "w")
+    assert one(conn, "SELECT pgq.await_jobs(%s, %s, ARRAY[%s, %s]::bigint[])", (job_id, attempt, done, failed)) \
+        == "ended"
+    outcomes = conn.execute("SELECT job_id, state, result, last_error, finished_at IS NOT NULL "
+                            "FROM pgq.job_outcomes(%s, %s, ARRAY[%s, %s, %s]::bigint[])",
+                            (job_id, attempt, done, failed, failed + 1000)).fetchall()
+    assert outcomes == [(done, "done", {"r": 1}, None, True), (failed, "failed", None, "boom", True),
+                        (failed + 1000, None, None, None, False)]
+    assert sqlstate_of(conn, "SELECT pgq.await_jobs(%s, %s, ARRAY[%s]::bigint[])",
+                       (job_id, attempt, failed + 1000)) == "22023"
+
+
+def test_the_bulk_calls_act_on_pgq_jobs_only_and_retry_takes_an_archived_job_back(conn: psycopg.Connection) -> None:
+    """As documented (docs/sql-api.md, archived history): retry_jobs, delete_jobs and prune leave
+    archived jobs alone; pgq.retry(id) is how an operator retries one, and the day's drop removes them."""
+    conn.execute("SELECT pgq.configure_queue('q', archive => true)")
+    archived, hot = finish(conn, how="fail"), finish(conn, how="fail")
+    age(conn, archived)
+    conn.execute("SELECT pgq.sweep()")
+    assert [where(conn, i) for i in (archived, hot)] == ["archive", "jobs"]
+    assert one(conn, "SELECT pgq.delete_jobs('q', 'failed', before => now() + interval '1 day')") == 1
+    assert one(conn, "SELECT pgq.retry_jobs('q', 'failed')") == 0
+    assert one(conn, "SELECT pgq.prune(interval '0')") == 0
+    assert where(conn, archived) == "archive" and where(conn, hot) is None
+    assert one(conn, "SELECT pgq.retry(%s)", (archived,)) is True
+    assert where(conn, archived) == "jobs"
 
 
 @pytest.mark.parametrize("value", ["NULL", "true", "false"])

@@ -396,3 +396,36 @@ def test_the_job_list_filters_by_tags(pgq_client: Client) -> None:
         assert_error(http.get(f"/api/jobs?tags={'x' * 65}"), 400, "22023", "tags")
         bad = http.get(f"/jobs?tags={'x' * 65}")
         assert bad.status_code == 400 and "tags" in bad.text and "Traceback" not in bad.text
+
+
+def test_an_archived_jobs_page_shows_it_its_history_and_its_archived_dependency(
+        pgq_client: Client, roles: dict[str, str]) -> None:
+    """Issue 40: a job the sweep moved into pgq.archive reads as it did in pgq.jobs: its page and
+    /api/jobs/{id} show the job, its history, its dependency (archived too) with queue, kind and
+    state, not as pruned, and its steps as none recorded."""
+    with psycopg.connect(pgq_client.dsn, autocommit=True) as conn:
+        for queue in ("mail", "post"):  # the sweep's order: mail's job first, its link goes with it
+            pgq_client.configure_queue(queue, archive=True, audit=True)
+        dependency = pgq_client.enqueue("post", "print")
+        [job] = pgq_client.claim("test-worker", ["post"])
+        assert pgq_client.complete(job.id, job.attempt)
+        job_id = pgq_client.enqueue("mail", "send", depends_on=[dependency])
+        [job] = pgq_client.claim("test-worker", ["mail"])
+        assert pgq_client.complete(job.id, job.attempt, {"sent": True})
+        conn.execute("UPDATE pgq.jobs SET finished_at = finished_at - interval '2 minutes'")
+        conn.execute("SELECT pgq.sweep()")
+        assert conn.execute("SELECT count(*) FROM pgq.archive WHERE id IN (%s, %s)",
+                            (job_id, dependency)).fetchone() == (2,)
+    with dashboard(roles["pgq_monitor"]) as http:
+        body = http.get(f"/api/jobs/{job_id}").json()
+        assert (body["job"]["state"], body["job"]["result"]) == ("done", {"sent": True})
+        assert [e["event"] for e in body["history"]][-1] == "completed"
+        assert body["links"]["dependencies"] == [{"job_id": dependency, "queue": "post", "kind": "print",
+                                                  "state": "done"}]
+        assert body["steps"] == {"rows": [], "more": False}
+        response = http.get(f"/jobs/{job_id}")
+        assert response.status_code == 200
+        page = response.text
+        assert f'<tr data-job="{dependency}">' in page and "pruned" not in page
+        assert '<p class="empty" id="steps">None recorded.</p>' in page
+        assert "<h2>History" in page and "completed" in page.split("<h2>History")[1]
