@@ -7688,6 +7688,19 @@ BEGIN
 END
 $$;
 
+-- Job `id` wherever it is: its row in pgq.jobs, else its archived row (no row when neither has it,
+-- pruned). For a join that reads jobs by id (job_links' links, await_jobs, job_outcomes): an SQL
+-- function the planner inlines, so each id is one probe of jobs_pkey, and of the archive's day
+-- partitions only when pgq.jobs lacks it (the Append stops at the first row).
+CREATE OR REPLACE FUNCTION pgq._job_anywhere(id bigint) RETURNS SETOF pgq.jobs
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT j.* FROM pgq.jobs AS j WHERE j.id = $1
+    UNION ALL
+    SELECT a.* FROM pgq.archive AS a WHERE a.id = $1
+    LIMIT 1
+$$;
+
 -- The day partitions of `day` (UTC) for the archive and its events, created when missing. A
 -- concurrent sweep that created them first is fine (its partition is used).
 CREATE OR REPLACE FUNCTION pgq._archive_partition(day date) RETURNS void
@@ -8490,7 +8503,7 @@ COMMENT ON FUNCTION pgq.job_result(bigint) IS
 -- spawned it (parent), the jobs it spawned (child: its spawns' steps, by name) and, while
 -- pgq.await_jobs parks it, the jobs it still awaits (awaiting, id order), at most limit_rows of
 -- each, with their queue, kind and state (NULL for a job pruned since), each read in pgq.jobs or,
--- archived, in pgq.archive (one probe by id there only for a link pgq.jobs lacks). Jobs of queues
+-- archived, in pgq.archive (pgq._job_anywhere). Jobs of queues
 -- the login may not read, archived ones too, are left out; the job itself must be readable (P0002
 -- otherwise, as for an unknown id).
 CREATE OR REPLACE FUNCTION pgq.job_links(id bigint, limit_rows integer DEFAULT 100)
@@ -8522,37 +8535,24 @@ BEGIN
     RETURN QUERY
     SELECT 'dependency'::text, d.id, j.queue, j.kind, j.state::text
     FROM (SELECT x.id FROM unnest(job.depends_on) AS x(id) ORDER BY x.id LIMIT job_links.limit_rows) AS d
-    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = d.id
-                       UNION ALL
-                       SELECT x.queue, x.kind, x.state FROM pgq.archive AS x WHERE x.id = d.id
-                       LIMIT 1) AS j ON true
+    LEFT JOIN LATERAL pgq._job_anywhere(d.id) AS j ON true
     WHERE j.queue IS NULL OR pgq._may_read(j.queue)
     ORDER BY d.id;
     RETURN QUERY
     SELECT 'dependant'::text, e.job_id, j.queue, j.kind, j.state::text
     FROM (SELECT x.job_id FROM pgq.job_dependants AS x WHERE x.depends_on = job_links.id
           ORDER BY x.depends_on, x.job_id LIMIT job_links.limit_rows) AS e
-    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = e.job_id
-                       UNION ALL
-                       SELECT x.queue, x.kind, x.state FROM pgq.archive AS x WHERE x.id = e.job_id
-                       LIMIT 1) AS j ON true
+    LEFT JOIN LATERAL pgq._job_anywhere(e.job_id) AS j ON true
     WHERE j.queue IS NULL OR pgq._may_read(j.queue)
     ORDER BY e.job_id;
     RETURN QUERY
     SELECT 'parent'::text, p.id, p.queue, p.kind, p.state::text
-    FROM (SELECT y.id, y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = job.parent_id
-          UNION ALL
-          SELECT x.id, x.queue, x.kind, x.state FROM pgq.archive AS x WHERE x.id = job.parent_id
-          LIMIT 1) AS p
-    WHERE pgq._may_read(p.queue);
+    FROM pgq._job_anywhere(job.parent_id) AS p WHERE pgq._may_read(p.queue);
     RETURN QUERY
     SELECT 'child'::text, c.child_id, j.queue, j.kind, j.state::text
     FROM (SELECT s.name, s.child_id FROM pgq.steps AS s WHERE s.job_id = job_links.id AND s.child_id IS NOT NULL
           ORDER BY s.job_id, s.name LIMIT job_links.limit_rows) AS c
-    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = c.child_id
-                       UNION ALL
-                       SELECT x.queue, x.kind, x.state FROM pgq.archive AS x WHERE x.id = c.child_id
-                       LIMIT 1) AS j ON true
+    LEFT JOIN LATERAL pgq._job_anywhere(c.child_id) AS j ON true
     WHERE j.queue IS NULL OR pgq._may_read(j.queue)
     ORDER BY c.name;
     IF job.state = 'waiting' AND job.last_event = 'awaiting_jobs' THEN
@@ -8560,10 +8560,7 @@ BEGIN
         SELECT 'awaiting'::text, a.depends_on, j.queue, j.kind, j.state::text
         FROM (SELECT d.depends_on FROM pgq.job_dependencies AS d WHERE d.job_id = job_links.id
               ORDER BY d.depends_on LIMIT job_links.limit_rows) AS a
-        LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = a.depends_on
-                           UNION ALL
-                           SELECT x.queue, x.kind, x.state FROM pgq.archive AS x WHERE x.id = a.depends_on
-                           LIMIT 1) AS j ON true
+        LEFT JOIN LATERAL pgq._job_anywhere(a.depends_on) AS j ON true
         WHERE j.queue IS NULL OR pgq._may_read(j.queue)
         ORDER BY a.depends_on;
     END IF;
@@ -10020,8 +10017,8 @@ COMMENT ON FUNCTION pgq.spawn(bigint, integer, text, text, text, jsonb) IS
 
 -- The handler of the caller's running attempt waits for the jobs `ids` (1 to 10000, each a job the
 -- caller may read: a member of the job's workflow, or of a queue whose read grants admit the login;
--- 22023 naming the first other id, as for an unknown one; in pgq.jobs or, archived, in pgq.archive,
--- probed by id for the ids pgq.jobs lacks): 'ended' when every one has ended (done,
+-- 22023 naming the first other id, as for an unknown one; in pgq.jobs or, archived, in pgq.archive:
+-- pgq._job_anywhere): 'ended' when every one has ended (done,
 -- failed or cancelled), else 'waiting': the job is parked (the attempt ends without using one up:
 -- state waiting, no lease, max_attempts + 1) until they have, and its handler returns without
 -- completing; it runs again from the top, and its next call answers 'ended'. pgq.job_outcomes
@@ -10055,18 +10052,11 @@ BEGIN
         RETURN NULL;
     END IF;
     root := coalesce(job.workflow_id, job.id);
-    WITH hot AS (
-        SELECT j.id, j.state, j.queue, j.workflow_id FROM pgq.jobs AS j WHERE j.id = ANY (wanted)
-    ), anywhere AS (
-        SELECT h.id, h.state, h.queue, h.workflow_id FROM hot AS h
-        UNION ALL  -- an id pgq.jobs lacks: archived (ended), one probe by id
-        SELECT x.id, x.state, x.queue, x.workflow_id
+    WITH seen AS (
+        SELECT j.id, j.state
         FROM unnest(wanted) AS w(id)
-        CROSS JOIN LATERAL (SELECT a.id, a.state, a.queue, a.workflow_id FROM pgq.archive AS a
-                            WHERE a.id = w.id LIMIT 1) AS x
-        WHERE w.id NOT IN (SELECT h.id FROM hot AS h)
-    ), seen AS (
-        SELECT j.id, j.state FROM anywhere AS j JOIN pgq.queues AS q ON q.name = j.queue
+        CROSS JOIN LATERAL pgq._job_anywhere(w.id) AS j
+        JOIN pgq.queues AS q ON q.name = j.queue
         WHERE j.workflow_id = root OR j.id = root OR q.restricted IS NULL
            OR pgq._may(q.name, q.restricted, 'read')
     )
@@ -10137,10 +10127,7 @@ BEGIN
     FROM unnest(wanted) AS w(id)
     LEFT JOIN LATERAL (
         SELECT x.state, x.result, x.last_error, x.finished_at
-        FROM (SELECT j.* FROM pgq.jobs AS j WHERE j.id = w.id
-              UNION ALL
-              SELECT a.* FROM pgq.archive AS a WHERE a.id = w.id  -- archived: one probe by id
-              LIMIT 1) AS x
+        FROM pgq._job_anywhere(w.id) AS x  -- in pgq.jobs or archived
         WHERE (x.workflow_id = root OR x.id = root
                OR pgq._reads_result(session_user, x.queue,
                                     (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = x.queue),

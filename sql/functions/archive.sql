@@ -38,6 +38,19 @@ BEGIN
 END
 $$;
 
+-- Job `id` wherever it is: its row in pgq.jobs, else its archived row (no row when neither has it,
+-- pruned). For a join that reads jobs by id (job_links' links, await_jobs, job_outcomes): an SQL
+-- function the planner inlines, so each id is one probe of jobs_pkey, and of the archive's day
+-- partitions only when pgq.jobs lacks it (the Append stops at the first row).
+CREATE OR REPLACE FUNCTION pgq._job_anywhere(id bigint) RETURNS SETOF pgq.jobs
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT j.* FROM pgq.jobs AS j WHERE j.id = $1
+    UNION ALL
+    SELECT a.* FROM pgq.archive AS a WHERE a.id = $1
+    LIMIT 1
+$$;
+
 -- The day partitions of `day` (UTC) for the archive and its events, created when missing. A
 -- concurrent sweep that created them first is fine (its partition is used).
 CREATE OR REPLACE FUNCTION pgq._archive_partition(day date) RETURNS void

@@ -212,7 +212,7 @@ COMMENT ON FUNCTION pgq.job_result(bigint) IS
 -- spawned it (parent), the jobs it spawned (child: its spawns' steps, by name) and, while
 -- pgq.await_jobs parks it, the jobs it still awaits (awaiting, id order), at most limit_rows of
 -- each, with their queue, kind and state (NULL for a job pruned since), each read in pgq.jobs or,
--- archived, in pgq.archive (one probe by id there only for a link pgq.jobs lacks). Jobs of queues
+-- archived, in pgq.archive (pgq._job_anywhere). Jobs of queues
 -- the login may not read, archived ones too, are left out; the job itself must be readable (P0002
 -- otherwise, as for an unknown id).
 CREATE OR REPLACE FUNCTION pgq.job_links(id bigint, limit_rows integer DEFAULT 100)
@@ -244,37 +244,24 @@ BEGIN
     RETURN QUERY
     SELECT 'dependency'::text, d.id, j.queue, j.kind, j.state::text
     FROM (SELECT x.id FROM unnest(job.depends_on) AS x(id) ORDER BY x.id LIMIT job_links.limit_rows) AS d
-    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = d.id
-                       UNION ALL
-                       SELECT x.queue, x.kind, x.state FROM pgq.archive AS x WHERE x.id = d.id
-                       LIMIT 1) AS j ON true
+    LEFT JOIN LATERAL pgq._job_anywhere(d.id) AS j ON true
     WHERE j.queue IS NULL OR pgq._may_read(j.queue)
     ORDER BY d.id;
     RETURN QUERY
     SELECT 'dependant'::text, e.job_id, j.queue, j.kind, j.state::text
     FROM (SELECT x.job_id FROM pgq.job_dependants AS x WHERE x.depends_on = job_links.id
           ORDER BY x.depends_on, x.job_id LIMIT job_links.limit_rows) AS e
-    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = e.job_id
-                       UNION ALL
-                       SELECT x.queue, x.kind, x.state FROM pgq.archive AS x WHERE x.id = e.job_id
-                       LIMIT 1) AS j ON true
+    LEFT JOIN LATERAL pgq._job_anywhere(e.job_id) AS j ON true
     WHERE j.queue IS NULL OR pgq._may_read(j.queue)
     ORDER BY e.job_id;
     RETURN QUERY
     SELECT 'parent'::text, p.id, p.queue, p.kind, p.state::text
-    FROM (SELECT y.id, y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = job.parent_id
-          UNION ALL
-          SELECT x.id, x.queue, x.kind, x.state FROM pgq.archive AS x WHERE x.id = job.parent_id
-          LIMIT 1) AS p
-    WHERE pgq._may_read(p.queue);
+    FROM pgq._job_anywhere(job.parent_id) AS p WHERE pgq._may_read(p.queue);
     RETURN QUERY
     SELECT 'child'::text, c.child_id, j.queue, j.kind, j.state::text
     FROM (SELECT s.name, s.child_id FROM pgq.steps AS s WHERE s.job_id = job_links.id AND s.child_id IS NOT NULL
           ORDER BY s.job_id, s.name LIMIT job_links.limit_rows) AS c
-    LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = c.child_id
-                       UNION ALL
-                       SELECT x.queue, x.kind, x.state FROM pgq.archive AS x WHERE x.id = c.child_id
-                       LIMIT 1) AS j ON true
+    LEFT JOIN LATERAL pgq._job_anywhere(c.child_id) AS j ON true
     WHERE j.queue IS NULL OR pgq._may_read(j.queue)
     ORDER BY c.name;
     IF job.state = 'waiting' AND job.last_event = 'awaiting_jobs' THEN
@@ -282,10 +269,7 @@ BEGIN
         SELECT 'awaiting'::text, a.depends_on, j.queue, j.kind, j.state::text
         FROM (SELECT d.depends_on FROM pgq.job_dependencies AS d WHERE d.job_id = job_links.id
               ORDER BY d.depends_on LIMIT job_links.limit_rows) AS a
-        LEFT JOIN LATERAL (SELECT y.queue, y.kind, y.state FROM pgq.jobs AS y WHERE y.id = a.depends_on
-                           UNION ALL
-                           SELECT x.queue, x.kind, x.state FROM pgq.archive AS x WHERE x.id = a.depends_on
-                           LIMIT 1) AS j ON true
+        LEFT JOIN LATERAL pgq._job_anywhere(a.depends_on) AS j ON true
         WHERE j.queue IS NULL OR pgq._may_read(j.queue)
         ORDER BY a.depends_on;
     END IF;

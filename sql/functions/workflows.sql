@@ -103,8 +103,8 @@ COMMENT ON FUNCTION pgq.spawn(bigint, integer, text, text, text, jsonb) IS
 
 -- The handler of the caller's running attempt waits for the jobs `ids` (1 to 10000, each a job the
 -- caller may read: a member of the job's workflow, or of a queue whose read grants admit the login;
--- 22023 naming the first other id, as for an unknown one; in pgq.jobs or, archived, in pgq.archive,
--- probed by id for the ids pgq.jobs lacks): 'ended' when every one has ended (done,
+-- 22023 naming the first other id, as for an unknown one; in pgq.jobs or, archived, in pgq.archive:
+-- pgq._job_anywhere): 'ended' when every one has ended (done,
 -- failed or cancelled), else 'waiting': the job is parked (the attempt ends without using one up:
 -- state waiting, no lease, max_attempts + 1) until they have, and its handler returns without
 -- completing; it runs again from the top, and its next call answers 'ended'. pgq.job_outcomes
@@ -138,18 +138,11 @@ BEGIN
         RETURN NULL;
     END IF;
     root := coalesce(job.workflow_id, job.id);
-    WITH hot AS (
-        SELECT j.id, j.state, j.queue, j.workflow_id FROM pgq.jobs AS j WHERE j.id = ANY (wanted)
-    ), anywhere AS (
-        SELECT h.id, h.state, h.queue, h.workflow_id FROM hot AS h
-        UNION ALL  -- an id pgq.jobs lacks: archived (ended), one probe by id
-        SELECT x.id, x.state, x.queue, x.workflow_id
+    WITH seen AS (
+        SELECT j.id, j.state
         FROM unnest(wanted) AS w(id)
-        CROSS JOIN LATERAL (SELECT a.id, a.state, a.queue, a.workflow_id FROM pgq.archive AS a
-                            WHERE a.id = w.id LIMIT 1) AS x
-        WHERE w.id NOT IN (SELECT h.id FROM hot AS h)
-    ), seen AS (
-        SELECT j.id, j.state FROM anywhere AS j JOIN pgq.queues AS q ON q.name = j.queue
+        CROSS JOIN LATERAL pgq._job_anywhere(w.id) AS j
+        JOIN pgq.queues AS q ON q.name = j.queue
         WHERE j.workflow_id = root OR j.id = root OR q.restricted IS NULL
            OR pgq._may(q.name, q.restricted, 'read')
     )
@@ -220,10 +213,7 @@ BEGIN
     FROM unnest(wanted) AS w(id)
     LEFT JOIN LATERAL (
         SELECT x.state, x.result, x.last_error, x.finished_at
-        FROM (SELECT j.* FROM pgq.jobs AS j WHERE j.id = w.id
-              UNION ALL
-              SELECT a.* FROM pgq.archive AS a WHERE a.id = w.id  -- archived: one probe by id
-              LIMIT 1) AS x
+        FROM pgq._job_anywhere(w.id) AS x  -- in pgq.jobs or archived
         WHERE (x.workflow_id = root OR x.id = root
                OR pgq._reads_result(session_user, x.queue,
                                     (SELECT q.restricted FROM pgq.queues AS q WHERE q.name = x.queue),
