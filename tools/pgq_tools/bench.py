@@ -764,8 +764,11 @@ def _limited_load(conn: psycopg.Connection, n: int, keys: int) -> None:
 def _limited_drain(dsn: str, workers: int, n: int, batch: int = 10) -> dict[str, Any]:
     """Drain the limited queue's n jobs with ``workers`` threads (claim batch, complete_many); an
     empty claim while jobs remain (every key full, or no token) waits 1 ms and claims again. A
-    sampler counts the most running jobs of one key every 2 ms. Jobs per second by the wall clock."""
+    sampler counts the most running jobs of one key every 2 ms, from before the first claim (a small
+    drain could otherwise end while the sampler still connects, and it would see none). Jobs per
+    second by the wall clock."""
     stop = threading.Event()
+    sampling = threading.Event()
     most = {"per_key": 0, "samples": 0, "empty_claims": 0, "done": 0}
     lock = threading.Lock()
 
@@ -777,6 +780,7 @@ def _limited_drain(dsn: str, workers: int, n: int, batch: int = 10) -> dict[str,
                                    (LIMITED_QUEUE,), prepare=True).fetchone()
                 most["per_key"] = max(most["per_key"], int(row[0]))  # type: ignore[index]
                 most["samples"] += 1
+                sampling.set()
                 stop.wait(0.002)
 
     def work(i: int) -> None:
@@ -800,6 +804,8 @@ def _limited_drain(dsn: str, workers: int, n: int, batch: int = 10) -> dict[str,
 
     watcher = threading.Thread(target=sampler, daemon=True)
     watcher.start()
+    if not sampling.wait(timeout=30):
+        raise RuntimeError("limited drain: the sampler took no sample in 30 s")
     started = time.perf_counter()
     try:
         _run_threads(workers, work)
