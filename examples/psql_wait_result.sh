@@ -76,8 +76,11 @@ if [[ -n $DSN ]]; then args+=(-d "$DSN"); fi
 if [[ -n $JOB ]]; then args+=(-v id="$JOB"); fi
 coproc PSQL { exec psql "${args[@]}" 2>&1; }
 exec {TO_PSQL}>&"${PSQL[1]}" {FROM_PSQL}<&"${PSQL[0]}"
-# At exit psql is told to quit; it may be gone already (after an error): no SIGPIPE for that.
-trap 'trap "" PIPE; echo "\\q" >&"$TO_PSQL" 2>/dev/null; exec {TO_PSQL}>&-' EXIT
+# psql stops at its first error (ON_ERROR_STOP) and may be gone before the rest of what was sent
+# is written: a write to it then fails (EPIPE) instead of killing the script with SIGPIPE, and the
+# read that follows reports psql's message. At exit psql is told to quit.
+trap '' PIPE
+trap 'echo "\\q" >&"$TO_PSQL" 2>/dev/null; exec {TO_PSQL}>&-' EXIT
 
 # Sends the SQL on stdin followed by a marker, and collects psql's output up to the marker into
 # the array OUT. A notification for our job seen on the way sets NOTIFIED. psql stops at the first
@@ -86,7 +89,7 @@ NOTIFIED=false
 send() {
     local line
     OUT=()
-    { cat; printf '\\echo __pgq_end__\n'; } >&"$TO_PSQL"
+    { cat; printf '\\echo __pgq_end__\n'; } >&"$TO_PSQL" 2>/dev/null
     while IFS= read -r line <&"$FROM_PSQL"; do
         case $line in
             __pgq_end__) return 0 ;;
