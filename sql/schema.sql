@@ -8671,7 +8671,8 @@ COMMENT ON FUNCTION pgq.prune(interval, integer) IS
 -- (pgq.get_job, job_result, job_history, job_links and the jobs it links to, job_steps, list_jobs,
 -- a handler's await_jobs and job_outcomes) look in pgq.jobs, then in the archive, in one snapshot
 -- (a job is in one of them, whenever the move commits); the bulk writes (retry_jobs, cancel_jobs,
--- delete_jobs, prune) act on pgq.jobs only. A job's
+-- delete_jobs, prune) act on pgq.jobs only; update_job and cancel_workflow answer an archived job
+-- as one that finished in pgq.jobs (false, 0). A job's
 -- id is unique across both: the move and pgq.retry's way back each delete the row they insert
 -- elsewhere, in one statement's transaction.
 --
@@ -9028,7 +9029,7 @@ $$;
 
 -- Gives a job that has not started (above) the payload, priority, run_at and meta the call names
 -- (NULL: the job's own stays) and returns true; false, changing nothing, when the job has started
--- (a claim holds it, or it is running or outcome_unknown) or has ended. For admins and the login
+-- (a claim holds it, or it is running or outcome_unknown) or has ended (archived jobs too). For admins and the login
 -- that enqueued it (in a queue whose enqueue grants still admit that login: 42501 otherwise);
 -- anyone else gets P0002, as for an unknown id. meta is replaced whole. A run_at not before the
 -- job's start_by is refused (22023): the job could only expire. Its kind, tenant, keys,
@@ -9050,7 +9051,8 @@ DECLARE
 BEGIN
     PERFORM pgq._check_update_job(update_job.id, update_job.payload, update_job.priority, update_job.run_at,
                                   update_job.meta);
-    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = update_job.id;  -- read, not locked (enqueued_by never changes)
+    -- Read, not locked (enqueued_by never changes); an archived job (archive.sql) has ended.
+    SELECT * INTO job FROM pgq._job_anywhere(update_job.id);
     IF NOT FOUND OR NOT pgq._enqueued_it(job.enqueued_by) THEN
         RAISE EXCEPTION 'pgq: no job with id %', update_job.id
             USING ERRCODE = 'no_data_found',
@@ -11175,8 +11177,9 @@ BEGIN
     IF cancel_workflow.id IS NULL THEN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
-    SELECT r.* INTO root FROM pgq.jobs AS j JOIN pgq.jobs AS r ON r.id = coalesce(j.workflow_id, j.id)
-    WHERE j.id = cancel_workflow.id;
+    -- The root, wherever it is: an archived job (archive.sql) is one that ended outside any workflow.
+    SELECT r.* INTO root FROM pgq._job_anywhere(cancel_workflow.id) AS j
+    CROSS JOIN LATERAL pgq._job_anywhere(coalesce(j.workflow_id, j.id)) AS r;
     IF root.id IS NULL
        OR NOT (root.enqueued_by = session_user OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')) THEN
         RAISE EXCEPTION 'pgq: no job with id %', cancel_workflow.id

@@ -9,7 +9,8 @@
 -- (pgq.get_job, job_result, job_history, job_links and the jobs it links to, job_steps, list_jobs,
 -- a handler's await_jobs and job_outcomes) look in pgq.jobs, then in the archive, in one snapshot
 -- (a job is in one of them, whenever the move commits); the bulk writes (retry_jobs, cancel_jobs,
--- delete_jobs, prune) act on pgq.jobs only. A job's
+-- delete_jobs, prune) act on pgq.jobs only; update_job and cancel_workflow answer an archived job
+-- as one that finished in pgq.jobs (false, 0). A job's
 -- id is unique across both: the move and pgq.retry's way back each delete the row they insert
 -- elsewhere, in one statement's transaction.
 --

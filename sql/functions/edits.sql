@@ -43,7 +43,7 @@ $$;
 
 -- Gives a job that has not started (above) the payload, priority, run_at and meta the call names
 -- (NULL: the job's own stays) and returns true; false, changing nothing, when the job has started
--- (a claim holds it, or it is running or outcome_unknown) or has ended. For admins and the login
+-- (a claim holds it, or it is running or outcome_unknown) or has ended (archived jobs too). For admins and the login
 -- that enqueued it (in a queue whose enqueue grants still admit that login: 42501 otherwise);
 -- anyone else gets P0002, as for an unknown id. meta is replaced whole. A run_at not before the
 -- job's start_by is refused (22023): the job could only expire. Its kind, tenant, keys,
@@ -65,7 +65,8 @@ DECLARE
 BEGIN
     PERFORM pgq._check_update_job(update_job.id, update_job.payload, update_job.priority, update_job.run_at,
                                   update_job.meta);
-    SELECT * INTO job FROM pgq.jobs AS j WHERE j.id = update_job.id;  -- read, not locked (enqueued_by never changes)
+    -- Read, not locked (enqueued_by never changes); an archived job (archive.sql) has ended.
+    SELECT * INTO job FROM pgq._job_anywhere(update_job.id);
     IF NOT FOUND OR NOT pgq._enqueued_it(job.enqueued_by) THEN
         RAISE EXCEPTION 'pgq: no job with id %', update_job.id
             USING ERRCODE = 'no_data_found',

@@ -249,8 +249,9 @@ BEGIN
     IF cancel_workflow.id IS NULL THEN
         PERFORM pgq._bad_argument('id', 'must not be NULL');
     END IF;
-    SELECT r.* INTO root FROM pgq.jobs AS j JOIN pgq.jobs AS r ON r.id = coalesce(j.workflow_id, j.id)
-    WHERE j.id = cancel_workflow.id;
+    -- The root, wherever it is: an archived job (archive.sql) is one that ended outside any workflow.
+    SELECT r.* INTO root FROM pgq._job_anywhere(cancel_workflow.id) AS j
+    CROSS JOIN LATERAL pgq._job_anywhere(coalesce(j.workflow_id, j.id)) AS r;
     IF root.id IS NULL
        OR NOT (root.enqueued_by = session_user OR pg_has_role(session_user, 'pgq_admin', 'MEMBER')) THEN
         RAISE EXCEPTION 'pgq: no job with id %', cancel_workflow.id

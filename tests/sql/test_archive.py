@@ -15,7 +15,7 @@ import pytest
 from pgq_thin import migrate
 from pgq_tools.bench import _migrate_to  # a database at the base commit's schema and functions
 
-from loginkit import READERS, WATCH, Login
+from loginkit import PROD, PROD2, READERS, WATCH, Login
 from sqlfixtures import dsn, module_dsn, running_job, sqlstate_of, wait_until_blocked  # noqa: F401
 from sqlhelpers import fresh_database, one
 
@@ -322,6 +322,31 @@ def test_the_bulk_calls_act_on_pgq_jobs_only_and_retry_takes_an_archived_job_bac
     assert where(conn, archived) == "archive" and where(conn, hot) is None
     assert one(conn, "SELECT pgq.retry(%s)", (archived,)) is True
     assert where(conn, archived) == "jobs"
+
+
+def test_update_job_and_cancel_workflow_answer_an_archived_job_as_a_finished_one(
+        conn: psycopg.Connection, login: Login) -> None:
+    """An archived job has ended: update_job answers false and cancel_workflow 0, as for a job that
+    finished in pgq.jobs, not "no job with id"; to a login that may not touch it, P0002 either way."""
+    conn.execute("SELECT pgq.configure_queue('q', archive => true)")
+    producer = login(PROD)
+    job_id = one(producer, "SELECT pgq.enqueue('q', 'k')")
+    (c,) = conn.execute("SELECT id, attempt FROM pgq.claim('w', ARRAY['q'])").fetchall()
+    assert c[0] == job_id
+    conn.execute("SELECT pgq.complete(%s, %s)", c)
+    finished_here = one(producer, "SELECT pgq.update_job(%s, '{\"x\": 1}')", (job_id,))
+    assert (finished_here, one(producer, "SELECT pgq.cancel_workflow(%s)", (job_id,))) == (False, 0)
+    age(conn, job_id)
+    conn.execute("SELECT pgq.sweep()")
+    assert where(conn, job_id) == "archive"
+    assert one(producer, "SELECT pgq.update_job(%s, '{\"x\": 1}')", (job_id,)) is False
+    assert one(producer, "SELECT pgq.cancel_workflow(%s)", (job_id,)) == 0
+    assert one(conn, "SELECT pgq.cancel_workflow(%s)", (job_id,)) == 0  # an admin
+    stranger = login(PROD2)
+    assert sqlstate_of(stranger, "SELECT pgq.update_job(%s, '{}')", (job_id,)) == "P0002"
+    assert sqlstate_of(stranger, "SELECT pgq.cancel_workflow(%s)", (job_id,)) == "P0002"
+    assert sqlstate_of(producer, "SELECT pgq.update_job(%s, '{}')", (job_id + 1000,)) == "P0002"
+    assert one(conn, "SELECT payload FROM pgq.get_job(%s)", (job_id,)) == {}
 
 
 @pytest.mark.parametrize("value", ["NULL", "true", "false"])
