@@ -1017,6 +1017,9 @@ COMMENT ON INDEX pgq.worker_registry_alive_idx IS
     'sweep deletes.';
 CREATE INDEX archive_id_idx ON pgq.archive USING btree (id);
 CREATE INDEX archive_list_idx ON pgq.archive USING btree (queue, state, id);
+CREATE INDEX archive_tags_idx ON pgq.archive USING gin (tags) WHERE (tags IS NOT NULL);
+COMMENT ON INDEX pgq.archive_tags_idx IS
+    'The archived jobs holding tags, by tag: pgq.list_jobs'' tags filter in the archive.';
 CREATE INDEX archive_events_job_idx ON pgq.archive_events USING btree (job_id, id);
 
 -- sql/functions/checks.sql ----------------------------------------------------------------------------
@@ -1305,7 +1308,7 @@ $$;
 -- tests/sql/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '31'::text $$;
+    AS $$ SELECT '32'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -9652,10 +9655,10 @@ $$;
 -- (a rare kind among many jobs of its queue and state reads past the others). An unknown queue or state
 -- is refused (22023), like a malformed kind. A tags filter (the jobs holding all of its tags) reads
 -- the tagged jobs instead, through jobs_tags_idx (GIN: a bitmap scan of the jobs holding them, in
--- every queue and state, then the newest limit_rows of those that match the rest). Archived jobs
--- (queues with archive on: archive.sql) are listed with the others of their state, at most
--- limit_rows per (queue, state) and day partition through archive_list_idx (queue, state, id); a
--- tags filter does not read the archive (it has no index on tags).
+-- every queue and state, then the newest limit_rows of those that match the rest), and in the
+-- archive through each day partition's archive_tags_idx. Archived jobs (queues with archive on:
+-- archive.sql) are listed with the others of their state, at most limit_rows per (queue, state)
+-- and day partition through archive_list_idx (queue, state, id).
 CREATE OR REPLACE FUNCTION pgq.list_jobs(queue text DEFAULT NULL, state text DEFAULT NULL, kind text DEFAULT NULL,
                               limit_rows integer DEFAULT 50, before_id bigint DEFAULT NULL,
                               tags text[] DEFAULT NULL)
@@ -9698,13 +9701,23 @@ BEGIN
     IF list_jobs.tags IS NOT NULL THEN
         PERFORM pgq._check_tags('tags', list_jobs.tags, true);
         RETURN QUERY
-        SELECT j.*
-        FROM pgq.jobs AS j
-        WHERE j.tags @> list_jobs.tags AND j.tags IS NOT NULL AND j.id < below AND j.state = ANY (states)
-          AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
-          AND (list_jobs.kind IS NULL OR j.kind = list_jobs.kind)
-          AND j.queue <> ALL (hidden)
-        ORDER BY j.id DESC
+        SELECT t.*
+        FROM (
+            SELECT j.*
+            FROM pgq.jobs AS j
+            WHERE j.tags @> list_jobs.tags AND j.tags IS NOT NULL AND j.id < below AND j.state = ANY (states)
+              AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
+              AND (list_jobs.kind IS NULL OR j.kind = list_jobs.kind)
+              AND j.queue <> ALL (hidden)
+            UNION ALL
+            SELECT x.*
+            FROM pgq.archive AS x
+            WHERE x.tags @> list_jobs.tags AND x.tags IS NOT NULL AND x.id < below AND x.state = ANY (states)
+              AND (list_jobs.queue IS NULL OR x.queue = list_jobs.queue)
+              AND (list_jobs.kind IS NULL OR x.kind = list_jobs.kind)
+              AND x.queue <> ALL (hidden)
+        ) AS t
+        ORDER BY t.id DESC
         LIMIT list_jobs.limit_rows;
         RETURN;
     END IF;

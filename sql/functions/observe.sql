@@ -347,10 +347,10 @@ $$;
 -- (a rare kind among many jobs of its queue and state reads past the others). An unknown queue or state
 -- is refused (22023), like a malformed kind. A tags filter (the jobs holding all of its tags) reads
 -- the tagged jobs instead, through jobs_tags_idx (GIN: a bitmap scan of the jobs holding them, in
--- every queue and state, then the newest limit_rows of those that match the rest). Archived jobs
--- (queues with archive on: archive.sql) are listed with the others of their state, at most
--- limit_rows per (queue, state) and day partition through archive_list_idx (queue, state, id); a
--- tags filter does not read the archive (it has no index on tags).
+-- every queue and state, then the newest limit_rows of those that match the rest), and in the
+-- archive through each day partition's archive_tags_idx. Archived jobs (queues with archive on:
+-- archive.sql) are listed with the others of their state, at most limit_rows per (queue, state)
+-- and day partition through archive_list_idx (queue, state, id).
 CREATE OR REPLACE FUNCTION pgq.list_jobs(queue text DEFAULT NULL, state text DEFAULT NULL, kind text DEFAULT NULL,
                               limit_rows integer DEFAULT 50, before_id bigint DEFAULT NULL,
                               tags text[] DEFAULT NULL)
@@ -393,13 +393,23 @@ BEGIN
     IF list_jobs.tags IS NOT NULL THEN
         PERFORM pgq._check_tags('tags', list_jobs.tags, true);
         RETURN QUERY
-        SELECT j.*
-        FROM pgq.jobs AS j
-        WHERE j.tags @> list_jobs.tags AND j.tags IS NOT NULL AND j.id < below AND j.state = ANY (states)
-          AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
-          AND (list_jobs.kind IS NULL OR j.kind = list_jobs.kind)
-          AND j.queue <> ALL (hidden)
-        ORDER BY j.id DESC
+        SELECT t.*
+        FROM (
+            SELECT j.*
+            FROM pgq.jobs AS j
+            WHERE j.tags @> list_jobs.tags AND j.tags IS NOT NULL AND j.id < below AND j.state = ANY (states)
+              AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
+              AND (list_jobs.kind IS NULL OR j.kind = list_jobs.kind)
+              AND j.queue <> ALL (hidden)
+            UNION ALL
+            SELECT x.*
+            FROM pgq.archive AS x
+            WHERE x.tags @> list_jobs.tags AND x.tags IS NOT NULL AND x.id < below AND x.state = ANY (states)
+              AND (list_jobs.queue IS NULL OR x.queue = list_jobs.queue)
+              AND (list_jobs.kind IS NULL OR x.kind = list_jobs.kind)
+              AND x.queue <> ALL (hidden)
+        ) AS t
+        ORDER BY t.id DESC
         LIMIT list_jobs.limit_rows;
         RETURN;
     END IF;

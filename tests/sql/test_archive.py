@@ -15,9 +15,13 @@ import pytest
 from pgq_thin import migrate
 from pgq_tools.bench import _migrate_to  # a database at the base commit's schema and functions
 
+from catalogkit import MIGRATIONS
 from loginkit import PROD, PROD2, READERS, WATCH, Login
+from plankit import capture, plan_of
 from sqlfixtures import dsn, module_dsn, running_job, sqlstate_of, wait_until_blocked  # noqa: F401
 from sqlhelpers import fresh_database, one
+
+NEWEST = str(int(max(p.name for p in MIGRATIONS.glob("0*.sql"))[:4]))
 
 
 @pytest.fixture(autouse=True)
@@ -349,6 +353,50 @@ def test_update_job_and_cancel_workflow_answer_an_archived_job_as_a_finished_one
     assert one(conn, "SELECT payload FROM pgq.get_job(%s)", (job_id,)) == {}
 
 
+def test_list_jobs_by_tags_finds_archived_jobs_through_the_archive_tags_index(
+        conn: psycopg.Connection, login: Login) -> None:
+    """list_jobs' tags filter reads the archive too (issue 40: a read finds a job wherever it is):
+    archived tagged jobs are listed with the others of their state, newest first, keyset-paged,
+    hidden from a login that may not read their queue, read through each day partition's GIN index."""
+    for name in ("q", "secret"):
+        conn.execute("SELECT pgq.configure_queue(%s, archive => true)", (name,))
+    tagged = [finish(conn, tags=["a", "b"]) for _ in range(3)]
+    other = finish(conn, tags=["a"])
+    untagged = finish(conn)
+    hidden = finish(conn, "secret", tags=["a", "b"])
+    hot = finish(conn, tags=["b", "a"])  # finished, not archived yet
+    live = one(conn, "SELECT pgq.enqueue('q', 'k', tags => '{a,b}')")
+    for i in (*tagged, other, untagged, hidden):
+        age(conn, i)
+    conn.execute("SELECT pgq.sweep()")
+    assert {where(conn, i) for i in (*tagged, other, untagged, hidden)} == {"archive"}
+    assert where(conn, hot) == "jobs"
+
+    def ids(c: psycopg.Connection, sql: str) -> list[int]:
+        return [r[0] for r in c.execute(sql)]
+
+    assert ids(conn, "SELECT id FROM pgq.list_jobs(tags => '{a,b}')") == [live, hot, hidden, *tagged[::-1]]
+    assert ids(conn, "SELECT id FROM pgq.list_jobs('q', 'done', tags => '{b}')") == [hot, *tagged[::-1]]
+    assert ids(conn, f"SELECT id FROM pgq.list_jobs(tags => '{{a}}', limit_rows => 2, before_id => {hidden})") \
+        == [other, tagged[2]]
+    assert ids(conn, "SELECT id FROM pgq.list_jobs(state => 'pending', tags => '{a}')") == [live]
+    conn.execute("SELECT pgq.grant_queue('secret', %s, 'read')", (READERS,))
+    assert ids(login(WATCH), "SELECT id FROM pgq.list_jobs(tags => '{a,b}')") == [live, hot, *tagged[::-1]]
+    # The plan, with a day of untagged history beside the tagged jobs: the index, not a scan of the day.
+    conn.execute("""
+        INSERT INTO pgq.jobs (queue, kind, state, attempt, max_attempts, run_at, created_at, finished_at, last_event)
+        SELECT 'q', 'k', 'done', 1, 25, now() - interval '1 hour', now() - interval '1 hour',
+               now() - interval '2 minutes', 'enqueued'
+        FROM generate_series(1, 3000)""")
+    assert one(conn, "SELECT pgq._archive_jobs(array_agg(id)) FROM pgq.jobs WHERE id > %s", (live,)) == 3000
+    conn.execute("ANALYZE pgq.archive")
+    conn.execute("LOAD 'auto_explain'")
+    rows, plans = capture(conn, "SELECT * FROM pgq.list_jobs(tags => '{a,b}')")
+    assert len(rows) == 6
+    page = plan_of(plans, "x.tags @> list_jobs.tags")
+    assert "Bitmap Index Scan on archive_" in page.text and "Seq Scan on archive_" not in page.text, page.text
+
+
 @pytest.mark.parametrize("value", ["NULL", "true", "false"])
 def test_configure_queue_archive_takes_null_true_false(conn: psycopg.Connection, value: str) -> None:
     assert sqlstate_of(conn, f"SELECT pgq.configure_queue('q', archive => {value})") is None
@@ -392,7 +440,7 @@ def test_an_upgrade_from_0029_keeps_every_job_readable_and_archiving_them_change
         before = reads(su, ids)
     migrate(at_0029)
     with psycopg.connect(at_0029, autocommit=True) as su:
-        assert one(su, "SELECT pgq.version()") == "31"
+        assert one(su, "SELECT pgq.version()") == NEWEST  # the newest migration's number
         assert reads(su, ids) == before
         su.execute("SELECT pgq.configure_queue('q', archive => true)")
         su.execute("SELECT pgq.sweep()")
