@@ -9702,21 +9702,12 @@ BEGIN
         PERFORM pgq._check_tags('tags', list_jobs.tags, true);
         RETURN QUERY
         SELECT t.*
-        FROM (
-            SELECT j.*
-            FROM pgq.jobs AS j
-            WHERE j.tags @> list_jobs.tags AND j.tags IS NOT NULL AND j.id < below AND j.state = ANY (states)
-              AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
-              AND (list_jobs.kind IS NULL OR j.kind = list_jobs.kind)
-              AND j.queue <> ALL (hidden)
-            UNION ALL
-            SELECT x.*
-            FROM pgq.archive AS x
-            WHERE x.tags @> list_jobs.tags AND x.tags IS NOT NULL AND x.id < below AND x.state = ANY (states)
-              AND (list_jobs.queue IS NULL OR x.queue = list_jobs.queue)
-              AND (list_jobs.kind IS NULL OR x.kind = list_jobs.kind)
-              AND x.queue <> ALL (hidden)
-        ) AS t
+        FROM (SELECT j.* FROM pgq.jobs AS j UNION ALL SELECT x.* FROM pgq.archive AS x) AS t
+        -- (the planner applies these to each branch: each reads its GIN index)
+        WHERE t.tags @> list_jobs.tags AND t.tags IS NOT NULL AND t.id < below AND t.state = ANY (states)
+          AND (list_jobs.queue IS NULL OR t.queue = list_jobs.queue)
+          AND (list_jobs.kind IS NULL OR t.kind = list_jobs.kind)
+          AND t.queue <> ALL (hidden)
         ORDER BY t.id DESC
         LIMIT list_jobs.limit_rows;
         RETURN;

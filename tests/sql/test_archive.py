@@ -393,8 +393,9 @@ def test_list_jobs_by_tags_finds_archived_jobs_through_the_archive_tags_index(
     conn.execute("LOAD 'auto_explain'")
     rows, plans = capture(conn, "SELECT * FROM pgq.list_jobs(tags => '{a,b}')")
     assert len(rows) == 6
-    page = plan_of(plans, "x.tags @> list_jobs.tags")
+    page = plan_of(plans, "t.tags @> list_jobs.tags")
     assert "Bitmap Index Scan on archive_" in page.text and "Seq Scan on archive_" not in page.text, page.text
+    assert "Bitmap Index Scan on jobs_tags_idx" in page.text, page.text
 
 
 @pytest.mark.parametrize("value", ["NULL", "true", "false"])
