@@ -61,6 +61,14 @@ def no_errors(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFix
     assert loud == []
 
 
+def listens(conn: psycopg.Connection) -> bool:
+    """Whether a worker's listener connection has run its LISTEN pgq_cancel (its last statement is a
+    LISTEN and it is idle); it may connect a while after the first job starts on a busy machine."""
+    return conn.execute("SELECT FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND application_name LIKE 'pgq-listen %' AND state = 'idle'"
+                        " AND query LIKE 'LISTEN pgq%'").fetchone() is not None
+
+
 @pytest.mark.usefixtures("current_runtime")
 def test_a_cancel_tells_the_running_handler_at_once_and_its_outcome_is_discarded(
         dsn: str, conn: psycopg.Connection, no_errors: pytest.LogCaptureFixture) -> None:
@@ -85,6 +93,7 @@ def test_a_cancel_tells_the_running_handler_at_once_and_its_outcome_is_discarded
 
     job_id = enqueue(conn, "long", max_attempts=3)
     with running(worker, dsn):
+        wait_for(lambda: listens(conn), "the worker to LISTEN pgq_cancel")
         running_attempt(conn, job_id)
         wait_for(lambda: calls, "the handler to start")
         assert cancel(conn, job_id)
@@ -137,6 +146,7 @@ def test_an_async_handler_is_interrupted_with_cancelled_error_and_its_slot_runs_
     swallowing = enqueue(conn, "sleepy", '{"swallow": true}')
     after = enqueue(conn, "timed")
     with running(worker, dsn):
+        wait_for(lambda: listens(conn), "the worker to LISTEN pgq_cancel")
         for job_id in (raising, swallowing):
             wait_for(lambda job_id=job_id: seen.get(job_id) == "started", f"job {job_id} to start")
             assert cancel(conn, job_id)
@@ -164,6 +174,7 @@ def test_a_job_cancelled_while_it_waits_for_a_slot_is_never_run(
     first = enqueue(conn, "hold")
     waiting = enqueue(conn, "hold")
     with running(worker, dsn):
+        wait_for(lambda: listens(conn), "the worker to LISTEN pgq_cancel")
         try:
             running_attempt(conn, waiting)  # claimed (prefetched), its handler not started
             wait_for(lambda: ran == [first], "the first job to start")
@@ -239,6 +250,7 @@ def test_a_notification_for_a_job_still_ours_is_checked_and_ignored(
 
     job_id = enqueue(conn, "hold")
     with running(worker, dsn):
+        wait_for(lambda: listens(conn), "the worker to LISTEN pgq_cancel")
         try:
             attempt = running_attempt(conn, job_id)
             lease_before = job(conn, job_id)["lease_until"]
@@ -277,7 +289,7 @@ def test_with_the_listen_connection_lost_a_cancel_still_ends_the_handler_at_its_
     job_id = enqueue(conn, "long")
     database = one(conn, "SELECT current_database()")
     with running(worker, dsn):
-        wait_for(lambda: seen.get("started") and one(conn, listening), "the job to run and the worker to LISTEN")
+        wait_for(lambda: seen.get("started") and listens(conn), "the job to run and the worker to LISTEN")
         admin = psycopg.connect(admin_dsn, autocommit=True)  # (a database cannot refuse connections to itself)
         admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
         try:
@@ -336,6 +348,7 @@ def test_an_async_handler_under_middleware_is_interrupted_and_every_part_sees_th
 
     job_id = enqueue(conn, "sleepy")
     with running(worker, dsn):
+        wait_for(lambda: listens(conn), "the worker to LISTEN pgq_cancel")
         wait_for(lambda: "handler started" in trail, "the handler to start")
         assert cancel(conn, job_id)
         wait_for(lambda: len(trail) == 4, "every part to see the cancel")
