@@ -242,6 +242,23 @@ def _tables(conn: psycopg.Connection[Any], later: set[tuple[str, int]]) -> tuple
     return out, foreign, after
 
 
+def _sequences(conn: psycopg.Connection[Any]) -> list[str]:
+    """The sequences of their own (an identity column's comes with its table), as created."""
+    out: list[str] = []
+    for name, type_, start, increment, low, high, cycle, comment in _rows(conn, """
+            SELECT c.relname, format_type(s.seqtypid, NULL), s.seqstart, s.seqincrement, s.seqmin, s.seqmax,
+                   s.seqcycle, obj_description(c.oid, 'pg_class')
+            FROM pg_class AS c JOIN pg_sequence AS s ON s.seqrelid = c.oid
+            WHERE c.relnamespace = 'pgq'::regnamespace AND c.relkind = 'S'
+              AND NOT EXISTS (SELECT FROM pg_depend AS d WHERE d.classid = 'pg_class'::regclass
+                              AND d.objid = c.oid AND d.deptype IN ('a', 'i'))
+            ORDER BY c.oid"""):
+        out.append(f"CREATE SEQUENCE pgq.{name} AS {type_} INCREMENT BY {increment} MINVALUE {low} MAXVALUE {high}"
+                   f" START WITH {start}{' CYCLE' if cycle else ''};")
+        out += _comment(conn, f"SEQUENCE pgq.{name}", comment)
+    return out
+
+
 def _seed(conn: psycopg.Connection[Any]) -> list[str]:
     out = []
     for (name,) in _rows(conn, "SELECT relname FROM pg_class WHERE relnamespace = 'pgq'::regnamespace "
@@ -315,6 +332,7 @@ def schema_sql(dsn: str) -> str:
             _section("Roles", _roles(conn)),
             _section("Types", _types(conn)),
             _section("Tables", tables + foreign),
+            _section("Sequences", _sequences(conn)),
             _section("Rows of a fresh install", _seed(conn)),
             _section("Indexes", indexes),
             function_source(),

@@ -37,6 +37,7 @@ def dsn(module_dsn: str) -> Iterator[str]:
                      "pgq.batch_counts, pgq.batch_members, pgq.unique_successors, pgq.replace_slots, pgq.schedules, "
                      "pgq.steps, pgq.signals, pgq.signal_checks, pgq.signal_grants, pgq.finished_counts, "
                      "pgq.finished_deltas RESTART IDENTITY")
+        conn.execute("SELECT setval('pgq.lease_floor', 0), setval('pgq.lease_floor_checked', 0)")
     yield module_dsn
 
 

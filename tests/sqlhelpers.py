@@ -52,12 +52,21 @@ def claim(conn: psycopg.Connection, worker: str = "w1", queues: list[str] | None
     return [dict(zip([d.name for d in cur.description], r)) for r in cur.fetchall()]
 
 
+#: Lowers the lease floor (pgq.lease_floor) to the start: after a lease moved into the past by
+#: hand, which would lie below the floor the claims raised, so that the next claim finds it as it
+#: finds a lease that passed with time (superuser only; nothing on a schema older than 0033).
+LOWER_LEASE_FLOOR = ("SELECT setval(to_regclass('pgq.lease_floor'), 0)"
+                     " WHERE to_regclass('pgq.lease_floor') IS NOT NULL")
+
+
 def expire_lease(conn: psycopg.Connection, job_id: int) -> None:
-    """Moves a running job's lease into the past (superuser only), as if time had passed."""
+    """Moves a running job's lease into the past (superuser only), as if time had passed (the
+    lease floor too: LOWER_LEASE_FLOOR)."""
     conn.execute(
         "UPDATE pgq.jobs SET lease_until = now() - interval '1 second' WHERE id = %s AND state = 'running'",
         (job_id,),
     )
+    conn.execute(LOWER_LEASE_FLOOR)
 
 
 def cancel(conn: psycopg.Connection, job_id: int) -> bool:

@@ -8,7 +8,10 @@
 -- statement's snapshot are re-checked by PostgreSQL when locked, so a cancelled or already
 -- claimed job is never returned; a batch may hold fewer rows than asked.
 -- Expired leases are recovered first (a cheap index probe decides whether there are any), so a
--- crashed worker's job is claimable again as soon as its lease ends, with or without a sweep.
+-- crashed worker's job is claimable again as soon as its lease ends, with or without a sweep. The
+-- probe reads jobs_lease_idx from the lease floor up (pgq._raise_lease_floor): the leases below it
+-- ended before claims that found none passed, so the dead entries a held snapshot keeps there (every
+-- finished job's) are not read again by every claim.
 -- Due schedules of the claimed queues fire next: the queue rows read anyway say whether one is
 -- due (queues.next_schedule_at), so their jobs are claimable by this very claim.
 -- An attempt's lease never passes its deadline (claimed_at + max_run_time).
@@ -48,7 +51,7 @@
 -- one any caller could forge.
 --
 -- pgq.claim, first below, reads as those steps: the arguments (pgq._check_claim,
--- called only when one is wrong), which queues and their rooms (pgq._claimable_queues: one
+-- called only when one is wrong), which queues and their rooms (pgq._claim_queues: one
 -- pgq.claim_room per queue, the row every step passes on), the capped queues' locks and free slots
 -- (pgq._claim_rooms), the due schedules (pgq._fire_schedules), the fair and key-limited picks
 -- (pgq._fair_pick, pgq._keyed_pick), the rate limits' tokens for the picks (pgq._take_tokens),
@@ -82,7 +85,8 @@ DECLARE
     rate_now timestamptz;  -- then: the rate limits' clock, read before the keyed picks
     slices   pgq.rate_slices[];  -- then: the rate-limited queues' slices it holds
     spend_at timestamptz;  -- then: the rate clock the tokens are spent at
-    expired  boolean;    -- whether any lease has expired
+    expired  boolean;    -- whether any lease has expired (since the lease floor)
+    floor_at timestamptz := pgq._lease_floor();  -- the lease floor (recovery.sql), read once
     due      boolean;    -- whether one of them has a schedule due or paused kinds (the rare steps)
     fenced   boolean;    -- whether the failover fence was moved on this server's timeline
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
@@ -100,7 +104,7 @@ BEGIN
     -- when not, it is now (pgq._check_timeline), before any attempt number is handed out.
     FOR pass IN 1..2 LOOP
         SELECT e.* INTO rooms, capped, fair, keyed, rated, expired, due, fenced
-        FROM pgq._claimable_queues(claim.queues, claim.batch) AS e;
+        FROM pgq._claim_queues(claim.queues, claim.batch, floor_at) AS e;
         IF NOT fenced THEN
             PERFORM pgq._check_timeline();
         END IF;
@@ -108,6 +112,14 @@ BEGIN
         PERFORM pgq._recover_expired(100);
         EXIT WHEN claim.queues IS NOT NULL;
     END LOOP;
+    -- No lease passed between the floor and this claim's clock: that clock is the new floor, once
+    -- the floor is a second old (or ahead of the clock). Only from a snapshot taken after that clock
+    -- (READ COMMITTED: each statement's own); an older one (REPEATABLE READ) may not see leases
+    -- committed since.
+    IF NOT expired AND NOT floor_at <@ tstzrange(pgq._now() - interval '1 second', pgq._now(), '(]')
+       AND current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM pgq._raise_lease_floor();
+    END IF;
     IF rooms IS NULL THEN
         RETURN;  -- no eligible queue
     END IF;
@@ -300,9 +312,10 @@ $$;
 -- Which of the worker's queues (`queues`; NULL: all) a claim takes jobs from, in name order, as
 -- its rooms (pgq.claim_room: each with `batch` as its room, whether it is fair, takes the per-key
 -- step or has a rate limit), with whether any of them is capped (max_running, key limits or rate
--- limits: pgq._claim_rooms), fair, keyed or rate-limited, whether any lease has expired (one index
--- probe) and whether one of them has a schedule due (columns of the rows read anyway; bool_or
--- allocates nothing, unlike array_agg).
+-- limits: pgq._claim_rooms), fair, keyed or rate-limited, whether any lease has expired since
+-- `lease_floor` (one index probe from there up, or from the clock when the floor is ahead of it:
+-- pgq._raise_lease_floor) and whether one of them
+-- has a schedule due (columns of the rows read anyway; bool_or allocates nothing, unlike array_agg).
 -- With queues => NULL the candidates are the queues that have a pending job, found by a skip scan
 -- of jobs_ready_idx (the next queue name after the last, one index probe each: queues without
 -- jobs are never read), and those with a due schedule (queues_schedule_due_idx). rooms is NULL
@@ -311,7 +324,7 @@ $$;
 -- then says so). `due` says too whether one of them has paused kinds (pgq.claim then reads their
 -- kinds: pgq._kinds_rooms) or max_wait (pgq._aged_rooms): the rare steps share one aggregate, since each aggregate costs
 -- every claim its set-up. One SELECT, so the planner inlines it into pgq.claim: no call.
-CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer)
+CREATE OR REPLACE FUNCTION pgq._claim_queues(queues text[], batch integer, lease_floor timestamptz)
     RETURNS TABLE (rooms pgq.claim_room[], capped boolean, fair boolean, keyed boolean, rated boolean,
                    expired boolean, due boolean, fenced boolean)
     LANGUAGE sql STABLE
@@ -322,7 +335,13 @@ CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer)
            coalesce(bool_or(q.fair), false),
            coalesce(bool_or(q.key_limited OR q.rate_limited), false),
            coalesce(bool_or(q.rate_limited), false),
-           EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()),
+           -- The first expired lease in index order, not EXISTS (with a lower bound it cannot see,
+           -- and statistics that say few jobs run, the planner read the whole range into a bitmap
+           -- instead of stopping at its first entry); only running jobs have a lease.
+           (SELECT j.lease_until FROM pgq.jobs AS j
+            WHERE j.lease_until < pgq._now()
+              AND j.lease_until >= least($3, pgq._now())
+            ORDER BY j.lease_until LIMIT 1) IS NOT NULL,
            coalesce(bool_or(q.next_schedule_at <= pgq._now() OR q.paused_kinds IS NOT NULL OR q.max_wait IS NOT NULL), false),
            coalesce((SELECT f.timeline = pgq._timeline() FROM pgq.fence AS f WHERE NOT pg_is_in_recovery()), false)
     FROM pgq.queues AS q
@@ -345,7 +364,7 @@ CREATE OR REPLACE FUNCTION pgq._claimable_queues(queues text[], batch integer)
       AND (q.restricted IS NULL OR pgq._may_claim(q.name, q.restricted, $1 IS NOT NULL))
 $$;
 
--- For a claim of capped queues (pgq._claimable_queues): its rooms, each narrowed to how many jobs
+-- For a claim of capped queues (pgq._claim_queues): its rooms, each narrowed to how many jobs
 -- the queue may start now; those without room are left out. A queue with max_running is locked
 -- before its running jobs are counted by the last statement, whose fresh snapshot sees every
 -- earlier claim; one that another transaction holds is skipped (this call claims none of its
@@ -451,7 +470,7 @@ CREATE OR REPLACE FUNCTION pgq._kinds_pick(queue text, room integer, kinds text[
     ) AS c
 $$;
 
--- For a claim of `kinds` one of whose queues may have paused kinds (pgq._claimable_queues' due): the rooms
+-- For a claim of `kinds` one of whose queues may have paused kinds (pgq._claim_queues' due): the rooms
 -- without those of plain queues that have paused kinds this claim could take (`plain`), and those
 -- queues' jobs picked per kind (`ids`: pgq._kinds_pick, of pgq._claim_kinds' kinds).
 CREATE OR REPLACE FUNCTION pgq._kinds_rooms(rooms pgq.claim_room[], kinds text[],
@@ -558,7 +577,7 @@ BEGIN
 END
 $$;
 
--- For a claim of `kinds` one of whose queues may have max_wait set (pgq._claimable_queues' due): the
+-- For a claim of `kinds` one of whose queues may have max_wait set (pgq._claim_queues' due): the
 -- rooms without those of plain and capped queues with max_wait (`plain`), and those queues' picks
 -- (`ids`): per queue first its aged jobs (pgq._aged_pick: `aged`, also in `ids`), then the best of
 -- the rest (of the kinds pgq._claim_kinds says: paused ones left out) up to its room, in index order.

@@ -59,6 +59,47 @@ BEGIN
 END
 $$;
 
+-- THE LEASE FLOOR. A claim's expired-lease probe (pgq._claim_queues) reads jobs_lease_idx from
+-- the floor up, not from its lowest entry: while a snapshot is held vacuum removes nothing, and
+-- every finished job's old running version keeps its entry there, below the live leases, so a
+-- probe from the bottom read more of them with every minute of the snapshot. The floor
+-- (pgq.lease_floor, microseconds since the epoch) is a time below which no running job's lease
+-- ended, as far as the claims that raised it saw: a claim whose probe found no lease passed between
+-- the floor and its own clock (pgq._now()), read in a snapshot taken after that clock, raises the
+-- floor to that clock, at most once a second (so the probe reads at most about a second of
+-- finished jobs' entries). A lease that commits before it ends never lies below the floor: a floor
+-- is the clock of a probe that did not see the lease, so it came before that probe's snapshot,
+-- before the lease's commit and before its end. The exceptions are leases that were past already
+-- when they became visible: a claim or renewal that committed after its own lease had passed
+-- (commit claims promptly), or a lease moved into the past by hand. Those are recovered by
+-- the next pgq.sweep (whose recovery reads every expired lease) or, once a minute, by the claim
+-- that raises the floor (pgq.lease_floor_checked), so that even without sweeps no job stays
+-- running past its lease for longer than that. A floor ahead of this server's clock (the clock went
+-- back, or a failover to a server behind) counts as the clock (the probe's bound is the earlier): it reads
+-- nothing, the next raise sets the floor back to the clock, and a lease that passed below it is
+-- left to the minute's recovery and the sweep, as above.
+
+-- Raises the lease floor to this claim's clock (pgq.claim calls it when its probe found no lease
+-- passed since the floor, in READ COMMITTED, and the floor is a second old or more); once a minute
+-- it first recovers the expired leases below the floor too (see above). setval takes no lock:
+-- claims raising it at once never wait for each other (the last one's clock stays: any of them is
+-- a true floor).
+CREATE OR REPLACE FUNCTION pgq._raise_lease_floor() RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    now_micros bigint := pgq._micros(pgq._now());
+BEGIN
+    IF coalesce(pg_sequence_last_value('pgq.lease_floor_checked'), 0) <= now_micros - 60000000 THEN
+        PERFORM setval('pgq.lease_floor_checked', now_micros);
+        IF EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()) THEN
+            PERFORM pgq._recover_expired(100);  -- (only then: a recovery writes its cascade state)
+        END IF;
+    END IF;
+    PERFORM setval('pgq.lease_floor', now_micros);
+END
+$$;
+
 -- pgq.sweep's and pgq.settle_dependencies' max_jobs: 1 to 100000 (22004 / 22023 otherwise).
 CREATE OR REPLACE FUNCTION pgq._check_max_jobs(max_jobs integer) RETURNS void
     LANGUAGE plpgsql IMMUTABLE

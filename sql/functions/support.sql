@@ -9,6 +9,18 @@ COMMENT ON FUNCTION pgq._now() IS
     'The clock of every lease and run_at decision: the start of the current statement, so that a '
     'claim inside a long transaction still gets its whole lease.';
 
+-- Microseconds since the epoch of `t`: the lease floor's unit (recovery.sql). Inlined where it is used.
+CREATE OR REPLACE FUNCTION pgq._micros(t timestamptz) RETURNS bigint
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$ SELECT floor(extract(epoch FROM $1) * 1000000)::bigint $$;
+
+-- The lease floor (recovery.sql) as a time: 1970 before it was ever set. Inlined into the claim's
+-- expression (a function call, not a statement; VOLATILE as the sequence it reads: a STABLE
+-- function around a volatile call would be called, not inlined).
+CREATE OR REPLACE FUNCTION pgq._lease_floor() RETURNS timestamptz
+    LANGUAGE sql VOLATILE
+    AS $$ SELECT timestamptz 'epoch' + coalesce(pg_sequence_last_value('pgq.lease_floor'), 0) * interval '1 microsecond' $$;
+
 -- Wakes listening workers (LISTEN pgq) for a queue that has a job due now, if the queue notifies.
 -- PostgreSQL folds identical notifications of one transaction into one.
 CREATE OR REPLACE FUNCTION pgq._notify(queue text) RETURNS void
@@ -83,6 +95,6 @@ $$;
 -- tests/sql/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '32'::text $$;
+    AS $$ SELECT '33'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';

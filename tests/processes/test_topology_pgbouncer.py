@@ -15,6 +15,8 @@ from pgq_thin.errors import PgqError
 from pgq_thin.testing.server import Databases
 from pgq_thin.testing.topology import PgBouncer, pgbouncer_program
 
+from sqlhelpers import LOWER_LEASE_FLOOR
+
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(pgbouncer_program() is None, reason="pgbouncer is not installed "
                                  "(scripts/test.sh installs Debian's package when run as root)")]
@@ -109,6 +111,7 @@ def test_owner_writes_stay_fenced_through_the_pooler(through: tuple[str, str]) -
         (old,) = client.claim("old", ["q"])
         with psycopg.connect(direct, autocommit=True) as admin:  # the old owner's lease runs out
             admin.execute("UPDATE pgq.jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (job_id,))
+            admin.execute(LOWER_LEASE_FLOOR)  # by hand the lease lies below the claims' floor
         (new,) = client.claim("new", ["q"])                      # recovered and claimed again
         assert new.id == job_id and new.attempt == old.attempt + 1
         assert client.complete(job_id, old.attempt, {"by": "old"}) is False

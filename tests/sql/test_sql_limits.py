@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from sqlfixtures import sqlstate_of
-from sqlhelpers import claim, one, wait_for
+from sqlhelpers import LOWER_LEASE_FLOOR, claim, one, wait_for
 
 MONTHS = "3000000 mon -89999999 days"  # compares as 1 day; adds 1.3 million days to a timestamp
 MIXED = "1 day -23:59:59"              # compares as 1 second; -59:59 on a 23-hour day
@@ -447,6 +447,7 @@ def test_a_claim_of_every_queue_still_fires_a_due_schedule_of_a_queue_without_jo
 def test_a_claim_of_every_queue_recovers_an_expired_lease_and_claims_it(conn):
     job_id, _ = running_job(conn, "only")
     conn.execute("UPDATE pgq.jobs SET lease_until = now() - interval '1 second'")
+    conn.execute(LOWER_LEASE_FLOOR)
     (c,) = claim(conn)
     assert c["id"] == job_id and c["attempt"] == 2
 

@@ -24,7 +24,7 @@ from pgq_thin import migrate
 from pgq_tools.bench import _migrate_to  # the migrations up to one, with their own functions
 
 from catalogkit import MIGRATION_SHA256, MIGRATIONS, assert_same_catalog, catalog
-from sqlhelpers import fresh_database, one, wait_for
+from sqlhelpers import LOWER_LEASE_FLOOR, fresh_database, one, wait_for
 
 #: The migrations that landed before the function source: each a schema version users' databases
 #: may be at.
@@ -82,6 +82,7 @@ def fill(dsn: str, version: str) -> dict[str, Any]:
                 assert one(su, "SELECT pgq.mark_unknown(%s, %s, 'the mail may have gone')", (job_id, attempt)) is True
             else:  # a lease that expired: recovered by the next claim as attempt 2, attempt 1 rejected
                 su.execute("UPDATE pgq.jobs SET lease_until = now() - interval '1 second' WHERE id = %s", (job_id,))
+                su.execute(LOWER_LEASE_FLOOR)
                 again = _claim(su, "q")
                 assert again == (job_id, 2)
                 assert one(su, "SELECT pgq.complete(%s, 1)", (job_id,)) is False

@@ -29,7 +29,7 @@ from pgq_thin.worker.support import Flags, transient
 from pgq_thin.worker.threads.completer import Completer
 from pgq_thin.worker.threads.owner import OwnerCalls
 
-from sqlhelpers import events, expire_lease, job, one, wait_for
+from sqlhelpers import LOWER_LEASE_FLOOR, events, expire_lease, job, one, wait_for
 from workerkit import DEADLINE, _current, enqueue, fast_worker, finished, running, state_counts
 
 
@@ -222,6 +222,7 @@ def test_a_worker_without_handlers_claims_nothing(dsn: str, conn: psycopg.Connec
     stale = enqueue(conn, "anything")
     conn.execute("UPDATE pgq.jobs SET state = 'running', attempt = 1, lease_until = now() - interval '1 s',"
                  " claimed_at = now() WHERE id = %s", (stale,))
+    conn.execute(LOWER_LEASE_FLOOR)
     worker = fast_worker(sweep_interval=0.2)
     with running(worker, dsn):
         wait_for(lambda: job(conn, stale)["state"] == "pending", "the worker's loop to sweep the stale job back")
