@@ -75,13 +75,27 @@ def cancel(conn: psycopg.Connection, job_id: int) -> bool:
     return bool(one(conn, "SELECT pgq.cancel(%s)", (job_id,)))
 
 
-def steal(conn: psycopg.Connection, job_id: int, kind: str) -> int:
-    """As if its worker had stalled past its lease: the running job's lease expires and another
-    claimer ('thief') takes it, in one transaction (no renewal slips in between); the new attempt."""
+def take_over(conn: psycopg.Connection, job_id: int, claim: str, params: Any = ()) -> list[tuple]:
+    """As if the job's worker had stalled past its lease: in one transaction (no renewal slips in
+    between) its lease expires (expire_lease) and the SQL ``claim`` runs; its rows. A worker claiming
+    beside it cannot see the uncommitted move and may raise the lease floor above the moved lease in
+    between (a lease moved into the past by hand is the floor's documented exception: sweeps recover
+    it), so while ``claim`` takes nothing the floor is lowered and it runs again, for at most 30 s."""
+    deadline = time.monotonic() + 30.0
     with conn.transaction():
         expire_lease(conn, job_id)
-        taken = conn.execute("SELECT id, attempt FROM pgq.claim('thief', kinds => ARRAY[%s], lease => '1 minute')",
-                             (kind,)).fetchall()
+        while True:
+            rows = conn.execute(claim, params).fetchall()
+            if rows or time.monotonic() > deadline:
+                return rows
+            conn.execute(LOWER_LEASE_FLOOR)
+
+
+def steal(conn: psycopg.Connection, job_id: int, kind: str) -> int:
+    """As if its worker had stalled past its lease: the running job's lease expires and another
+    claimer ('thief') takes it, in one transaction (take_over); the new attempt."""
+    taken = take_over(conn, job_id,
+                      "SELECT id, attempt FROM pgq.claim('thief', kinds => ARRAY[%s], lease => '1 minute')", (kind,))
     assert [t[0] for t in taken] == [job_id], taken
     return int(taken[0][1])
 

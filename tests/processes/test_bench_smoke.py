@@ -34,8 +34,11 @@ def test_the_benchmark_runs_every_workload_and_verifies_its_drains(dsn: str, tmp
     assert set(result) >= {"enqueue", "latency", "claim_latency", "churn", "old_snapshot", "many", "limits",
                            "keyed", "batch"}
     limits = result["limits"]  # each limited drain only reports after all its jobs are done
-    assert limits["no limit"]["jobs_per_s"]["median"] > 0 and limits["no limit"]["most_running_per_key"] >= 1
-    assert 1 <= limits["key_max_running 2"]["most_running_per_key"] <= 2
+    assert limits["no limit"]["jobs_per_s"]["median"] > 0
+    # A sampler (every 2 ms) counts the running jobs of each key: it may see none of a drain of 40
+    # jobs that takes 13 ms (a CI run's did), but never more than the limit of one that has it.
+    assert all(limits[name]["samples"] > 0 for name in ("no limit", "key_max_running 2")), limits
+    assert limits["key_max_running 2"]["most_running_per_key"] <= 2
     rated = limits["rate_limit 200/s"]  # 800 jobs: a burst of 200, then 3 s of tokens at 200 a second
     assert rated["jobs"] == 800 and rated["min_seconds"] == 3.0 and rated["seconds"] >= 3.0
     assert "| key_max_running 2 | 40 |" in (tmp_path / "bench.md").read_text()

@@ -29,7 +29,7 @@ from pgq_thin.worker.support import Flags, transient
 from pgq_thin.worker.threads.completer import Completer
 from pgq_thin.worker.threads.owner import OwnerCalls
 
-from sqlhelpers import LOWER_LEASE_FLOOR, events, expire_lease, job, one, wait_for
+from sqlhelpers import LOWER_LEASE_FLOOR, events, expire_lease, job, one, take_over, wait_for
 from workerkit import DEADLINE, _current, enqueue, fast_worker, finished, running, state_counts
 
 
@@ -568,9 +568,7 @@ def test_a_worker_whose_attempt_was_taken_over_is_told_and_writes_no_completion(
         wait_for(lambda: job(conn, job_id)["state"] == "running", "the job to be claimed")
         # As if the worker had stalled past its lease: the lease expires and another claimer takes
         # the job (one transaction, so that no renewal slips in between).
-        with conn.transaction():
-            expire_lease(conn, job_id)
-            taken = conn.execute("SELECT id, attempt FROM pgq.claim('thief', lease => '1 minute')").fetchall()
+        taken = take_over(conn, job_id, "SELECT id, attempt FROM pgq.claim('thief', lease => '1 minute')")
         assert taken == [(job_id, 2)]
         wait_for(lambda: told, "the handler to return")
 
@@ -605,9 +603,7 @@ def test_completions_queued_together_are_recorded_by_one_complete_many_fenced_pe
         completer, held = completer_on(client)
         mine = client.claim("w", ["default"], batch=3)
         assert len(mine) == 3
-        with conn.transaction():
-            expire_lease(conn, mine[2].id)
-            assert conn.execute("SELECT id FROM pgq.claim('thief')").fetchall() == [(mine[2].id,)]
+        assert take_over(conn, mine[2].id, "SELECT id FROM pgq.claim('thief')") == [(mine[2].id,)]
         for j in mine:
             assert completer.add(held.hold(j, JobContext(job=j, client=client, worker_name="w"), 30.0)) is True
         assert completer.queued == 3

@@ -34,7 +34,7 @@ from pgq_thin.worker.threads.completer import Completer
 from pgq_thin.worker.threads.owner import OwnerCalls
 from pgq_thin.worker.waits import Wakeup
 
-from sqlhelpers import claims, events, expire_lease, one, run_worker, wait_for
+from sqlhelpers import claims, events, one, run_worker, take_over, wait_for
 
 DEADLINE = 30.0
 
@@ -214,9 +214,7 @@ def stale_and_mine(client: Client, conn: psycopg.Connection) -> list[Job]:
     conn.execute("SELECT pgq.enqueue_many('default', 'k', array_fill('{}'::jsonb, array[5]))")
     mine = client.claim("w", ["default"], batch=3)
     assert len(mine) == 3
-    with conn.transaction():
-        expire_lease(conn, mine[2].id)
-        assert conn.execute("SELECT id FROM pgq.claim('thief')").fetchall() == [(mine[2].id,)]
+    assert take_over(conn, mine[2].id, "SELECT id FROM pgq.claim('thief')") == [(mine[2].id,)]
     return mine
 
 

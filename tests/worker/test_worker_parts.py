@@ -31,7 +31,7 @@ from pgq_thin.worker.threads.owner import OwnerCalls
 from pgq_thin.worker.threads.renewer import Renewer
 from pgq_thin.worker.threads.slots import Slots
 
-from sqlhelpers import events, expire_lease, job, one, wait_for
+from sqlhelpers import events, expire_lease, job, one, take_over, wait_for
 
 DEADLINE = 20.0
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -359,9 +359,7 @@ def test_the_renewer_extends_leases_and_tells_a_handler_whose_job_was_taken(
     before = job(conn, mine.job.id)["lease_until"]
     for h in (mine, taken):
         h.next_renew = 0.0  # due now
-    with conn.transaction():
-        expire_lease(conn, taken.job.id)
-        assert conn.execute("SELECT id FROM pgq.claim('thief')").fetchall() == [(taken.job.id,)]
+    assert take_over(conn, taken.job.id, "SELECT id FROM pgq.claim('thief')") == [(taken.job.id,)]
     assert renewer.renew_due() <= 0.5
     assert job(conn, mine.job.id)["lease_until"] > before and not mine.ctx.should_stop
     assert mine.next_renew > time.monotonic()
