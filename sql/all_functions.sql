@@ -7761,17 +7761,26 @@ BEGIN
 END
 $$;
 
--- Job `id` wherever it is: its row in pgq.jobs, else its archived row (no row when neither has it,
--- pruned). For a join that reads jobs by id (job_links' links, await_jobs, job_outcomes): an SQL
--- function the planner inlines, so each id is one probe of jobs_pkey, and of the archive's day
--- partitions only when pgq.jobs lacks it (the Append stops at the first row).
+-- Job `id` wherever it is: its row in pgq.jobs, else its archived row (no row when neither has it:
+-- pruned), in the caller's snapshot (STABLE: a move that commits meanwhile is seen entirely or not
+-- at all). For the reads without a pgq.jobs row of their own in hand: update_job, cancel_workflow,
+-- and the joins that read jobs by id (job_links' links, await_jobs, job_outcomes). (The reads of
+-- one job read pgq.jobs themselves, then pgq._archived_job, likewise: one function call less.)
+-- PL/pgSQL, two statements, not an SQL function the planner would inline: a statement that names
+-- the archive locks its day partitions for the rest of the caller's transaction, even where it reads
+-- none of them, and the sweep's creation and drop of a partition wait at most 100 ms for that lock,
+-- then leave the move to the next sweep (pgq._sweep_archive). So the archive is read, and locked,
+-- only for a job pgq.jobs lacks. One probe of jobs_pkey, else one per day partition.
 CREATE OR REPLACE FUNCTION pgq._job_anywhere(id bigint) RETURNS SETOF pgq.jobs
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE STRICT  -- (no row for a NULL id: job_links' parent_id)
+    ROWS 1
     AS $$
-    SELECT j.* FROM pgq.jobs AS j WHERE j.id = $1
-    UNION ALL
-    SELECT a.* FROM pgq.archive AS a WHERE a.id = $1
-    LIMIT 1
+BEGIN
+    RETURN QUERY SELECT j.* FROM pgq.jobs AS j WHERE j.id = _job_anywhere.id;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT a.* FROM pgq.archive AS a WHERE a.id = _job_anywhere.id LIMIT 1;
+    END IF;
+END
 $$;
 
 -- The day partitions of `day` (UTC) for the archive and its events, created when missing. A

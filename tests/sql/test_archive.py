@@ -238,6 +238,39 @@ def test_a_reader_during_the_move_sees_the_job_in_one_place(conn: psycopg.Connec
         assert one(reader, "SELECT state FROM pgq.get_job(%s)", (job_id,)) == "done"  # now: the archive
 
 
+#: Each read of one job, on a job still in pgq.jobs (`{id}`), and the handler's reads of other jobs
+#: (`{owner}`, `{attempt}`: a running job of another queue).
+READS_OF_A_LIVE_JOB = {
+    "get_job": "SELECT state FROM pgq.get_job({id})",
+    "job_result": "SELECT * FROM pgq.job_result({id})",
+    "job_history": "SELECT count(*) FROM pgq.job_history({id})",
+    "job_links": "SELECT count(*) FROM pgq.job_links({id})",
+    "job_steps": "SELECT count(*) FROM pgq.job_steps({id})",
+    "update_job": "SELECT pgq.update_job({id}, '{{}}')",
+    "cancel_workflow": "SELECT pgq.cancel_workflow({id})",
+    "await_jobs": "SELECT pgq.await_jobs({owner}, {attempt}, ARRAY[{id}]::bigint[])",
+    "job_outcomes": "SELECT count(*) FROM pgq.job_outcomes({owner}, {attempt}, ARRAY[{id}]::bigint[])",
+}
+
+
+@pytest.mark.parametrize("read", READS_OF_A_LIVE_JOB)
+def test_a_read_of_a_job_in_pgq_jobs_takes_no_lock_on_the_archive(conn: psycopg.Connection, dsn: str,  # noqa: F811
+                                                                   read: str) -> None:
+    """A transaction that read a job still in pgq.jobs holds no lock on the archive's tables: the
+    sweep creates the day's partition (which waits at most 100 ms for its lock, then leaves the move
+    to the next sweep) and moves the job meanwhile."""
+    conn.execute("SELECT pgq.configure_queue('q', archive => true)")
+    job_id = finish(conn)
+    age(conn, job_id)
+    owner, attempt = running_job(conn, "w")
+    with psycopg.connect(dsn) as reader:
+        reader.execute(READS_OF_A_LIVE_JOB[read].format(id=job_id, owner=owner, attempt=attempt)).fetchall()
+        conn.execute("SELECT pgq.sweep()")
+        assert where(conn, job_id) == "archive", "the reader's open transaction kept the sweep from archiving"
+        reader.rollback()
+    assert partitions(conn) != []
+
+
 def test_no_role_reads_the_archive_directly(conn: psycopg.Connection, connect) -> None:
     conn.execute("SELECT pgq.configure_queue('q', archive => true)")
     job_id = finish(conn)
