@@ -181,8 +181,15 @@ def test_no_role_may_touch_a_table_or_sequence_directly(roles, conn, connect, ro
         for template in TABLE_STATEMENTS:
             sql = template.format(t=table, c=column)
             assert sqlstate_of(c, sql) == "42501", f"{role}: {sql}"
-    for seq in ("jobs_id_seq", "job_events_id_seq"):
-        assert sqlstate_of(c, f"SELECT nextval('pgq.{seq}')") == "42501"
+    # Every sequence of the schema, the lease floor's among them (a login that could set it would
+    # hide expired leases from every claim): neither advanced, set nor read.
+    seqs = [r[0] for r in conn.execute("SELECT relname::text FROM pg_class"
+                                       " WHERE relnamespace = 'pgq'::regnamespace AND relkind = 'S'")]
+    assert {"jobs_id_seq", "job_events_id_seq", "lease_floor", "lease_floor_checked"} <= set(seqs), seqs
+    for seq in seqs:
+        for sql in (f"SELECT nextval('pgq.{seq}')", f"SELECT setval('pgq.{seq}', 4000000000000000)",
+                    f"SELECT pg_sequence_last_value('pgq.{seq}')"):
+            assert sqlstate_of(c, sql) == "42501", f"{role}: {sql}"
     assert sqlstate_of(c, "CREATE OR REPLACE FUNCTION pgq._now() RETURNS timestamptz "
                           "LANGUAGE sql AS $$ SELECT '2000-01-01'::timestamptz $$") == "42501"
     assert sqlstate_of(c, "CREATE TABLE pgq.mine (x int)") == "42501"
