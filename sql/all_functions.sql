@@ -4901,7 +4901,7 @@ BEGIN
             PERFORM pgq._check_timeline();
         END IF;
         EXIT WHEN pass = 2 OR NOT expired;
-        PERFORM pgq._recover_expired(100);
+        PERFORM pgq._recover_expired(100, least(floor_at, pgq._now()));  -- from where the probe read
         EXIT WHEN claim.queues IS NOT NULL;
     END LOOP;
     -- No lease passed between the floor and this claim's clock: that clock is the new floor, once
@@ -6152,10 +6152,17 @@ COMMENT ON FUNCTION pgq.dependency_results(bigint, integer, integer, bigint) IS
 -- its cascade state, pgq._set_recovering: its dependency budget is 0 and they go to
 -- pgq.cascade_backlog): a claim never works for, nor waits on, the dependency graph, and the
 -- sweep's backlog step takes them after its recovery.
-CREATE OR REPLACE FUNCTION pgq._recover_expired(max_jobs integer)
+-- The leases read are those that passed since `lease_floor` (a claim's: it read its probe from the
+-- lease floor up, and so does its recovery) or all of them ('-infinity': the sweep's and the
+-- minute's look at the leases below the floor).
+CREATE OR REPLACE FUNCTION pgq._recover_expired(max_jobs integer, lease_floor timestamptz)
     RETURNS TABLE (queue text, recovered bigint)
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
+    -- The oldest leases in jobs_lease_idx's order, stopping at max_jobs: with the range's bounds
+    -- unknown to the generic plan, a bitmap scan of the whole range and a sort looked cheaper
+    -- (tests/sql/test_sql_plans.py).
+    SET enable_bitmapscan = off
     AS $$
 BEGIN
     PERFORM pgq._set_recovering(true);
@@ -6163,7 +6170,7 @@ BEGIN
     WITH expired AS (
         SELECT j.id, j.attempt
         FROM pgq.jobs AS j
-        WHERE j.state = 'running' AND j.lease_until < pgq._now()
+        WHERE j.state = 'running' AND j.lease_until >= _recover_expired.lease_floor AND j.lease_until < pgq._now()
         ORDER BY j.lease_until
         LIMIT _recover_expired.max_jobs
         FOR NO KEY UPDATE SKIP LOCKED
@@ -6229,7 +6236,7 @@ BEGIN
     IF coalesce(pg_sequence_last_value('pgq.lease_floor_checked'), 0) <= now_micros - 60000000 THEN
         PERFORM setval('pgq.lease_floor_checked', now_micros);
         IF EXISTS (SELECT FROM pgq.jobs AS j WHERE j.state = 'running' AND j.lease_until < pgq._now()) THEN
-            PERFORM pgq._recover_expired(100);  -- (only then: a recovery writes its cascade state)
+            PERFORM pgq._recover_expired(100, '-infinity');  -- (only then: a recovery writes its cascade state)
         END IF;
     END IF;
     PERFORM setval('pgq.lease_floor', now_micros);
@@ -6264,7 +6271,7 @@ BEGIN
     -- Durable execution (workflows.sql): signals' checks, signal waits' timeouts, lifetimes; first,
     -- before this call takes a transaction id of its own (pgq._settle_signals stamps with it).
     PERFORM pgq._settle_durable(sweep.max_jobs);
-    FOR r IN SELECT x.queue, x.recovered FROM pgq._recover_expired(sweep.max_jobs) AS x LOOP
+    FOR r IN SELECT x.queue, x.recovered FROM pgq._recover_expired(sweep.max_jobs, '-infinity') AS x LOOP
         total := total + r.recovered;
         IF (SELECT q.notify FROM pgq.queues AS q WHERE q.name = r.queue) THEN
             PERFORM pg_notify('pgq', r.queue);

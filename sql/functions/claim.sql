@@ -109,7 +109,7 @@ BEGIN
             PERFORM pgq._check_timeline();
         END IF;
         EXIT WHEN pass = 2 OR NOT expired;
-        PERFORM pgq._recover_expired(100);
+        PERFORM pgq._recover_expired(100, least(floor_at, pgq._now()));  -- from where the probe read
         EXIT WHEN claim.queues IS NOT NULL;
     END LOOP;
     -- No lease passed between the floor and this claim's clock: that clock is the new floor, once

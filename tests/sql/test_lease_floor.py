@@ -63,6 +63,39 @@ def test_a_held_snapshot_does_not_make_the_probe_read_every_finished_jobs_old_le
         assert "jobs_lease_idx" in plan and after * 10 < before, (before, after, plan)
 
 
+def test_a_claims_recovery_reads_from_the_floor_too(conn: psycopg.Connection, dsn: str) -> None:  # noqa: F811
+    """As above, 3,000 finished jobs' old leases lie below the floor under a held snapshot; then a
+    worker's lease passes above it (a crash). The claim's probe finds it, and the claim's recovery
+    (pgq._recover_expired) reads from the floor up too, not the 3,000 entries below: it recovers
+    that job (lease_expired) and the claim takes it again."""
+    conn.execute("SELECT pgq.configure_queue('q')")
+    conn.execute("SELECT pgq.enqueue_many('q', 'k', array_fill('{}'::jsonb, ARRAY[3000]))")
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        assert one(holder, "SELECT count(*) FROM pgq.jobs") == 3000  # the snapshot, held from here
+        for _ in range(3):
+            claim(conn, queues=["q"], batch=1000)
+        conn.execute("UPDATE pgq.jobs SET lease_until = now() - interval '1 minute' WHERE state = 'running'")
+        conn.execute("SELECT pgq.complete_many(array_agg(id), array_agg(attempt)) FROM pgq.jobs")
+        conn.execute("VACUUM pgq.jobs")  # removes nothing the snapshot may still see
+        set_floor_seconds_ago(conn, 0)
+        crashed = one(conn, "SELECT pgq.enqueue('q', 'k')")
+        (taken,) = claim(conn, queues=["q"], lease="100 milliseconds")
+        assert taken["id"] == crashed
+        wait_for(lambda: one(conn, "SELECT clock_timestamp() > lease_until FROM pgq.jobs WHERE id = %s", (crashed,)),
+                 "the crashed worker's lease to pass")
+        conn.execute("LOAD 'auto_explain'")
+        conn.execute("SET auto_explain.log_buffers = on")
+        rows, plans = capture(conn, "SELECT id, attempt FROM pgq.claim('w', ARRAY['q'])")
+        assert rows == [(crashed, 2)]
+        recovery = plan_of(plans, "WITH expired AS")
+        hits = re.search(r"Buffers: shared hit=(\d+)", recovery.text)
+        # (22 shared buffers in all, its UPDATE and event included; 141 when it read from the bottom)
+        assert hits and int(hits.group(1)) < 60, recovery.text
+    assert one(conn, "SELECT count(*) FROM pgq.job_events WHERE job_id = %s AND event = 'lease_expired'",
+               (crashed,)) == 1
+
+
 def test_the_first_claims_raise_the_floor_at_most_once_a_second_and_never_under_repeatable_read(
         conn: psycopg.Connection) -> None:
     conn.execute("SELECT pgq.configure_queue('q')")
