@@ -30,7 +30,7 @@ STEP_COLUMNS = ("experiment", "seq", "session", "step", "kind", "round", "sql", 
                 "duration_ms", "outcome", "blocked_at", "blocked_by", "lock_waits", "rows")
 
 _FUNCTIONS = ("pgq.claim(text,text[],integer,interval,text[])", "pgq.complete(bigint,integer,jsonb)",
-              "pgq.sweep(integer)", "pgq._recover_expired(integer)")
+              "pgq.sweep(integer)", "pgq._recover_expired(integer,timestamp with time zone)")
 
 
 def evidence_files(results: Iterable[ExperimentResult]) -> list[str]:
@@ -271,10 +271,10 @@ def write(out_dir: str, results: Sequence[ExperimentResult], context: dict[str, 
         statements.COMPLETE, results, functions, ["pgq.complete(bigint,integer,jsonb)"]))
     (out / "recover.sql").write_text(_statement_file(
         "recover.sql — how expired leases are recovered: pgq.sweep", "recover", statements.RECOVER, results,
-        functions, ["pgq.sweep(integer)", "pgq._recover_expired(integer)"],
+        functions, ["pgq.sweep(integer)", "pgq._recover_expired(integer,timestamp with time zone)"],
         trailer="-- pgq.claim also recovers expired leases itself before claiming (see claim.sql):\n"
-                "-- IF EXISTS (… state = 'running' AND lease_until < pgq._now()) "
-                "THEN PERFORM pgq._recover_expired(100);"))
+                "-- when its probe finds a lease passed since the lease floor, "
+                "PERFORM pgq._recover_expired(100, least(floor_at, pgq._now()));"))
     plans = "query plans were not captured: experiment 8 did not run\n"
     for r in results:
         _write_csv(out / f"{r.name}.csv", STEP_COLUMNS, _step_rows(r))
