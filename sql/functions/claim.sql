@@ -1,11 +1,11 @@
 -- sql/functions/claim.sql: pgq.claim and its steps.
 
 -- THE CLAIM. One statement picks up to `batch` due pending jobs of the worker's (unpaused)
--- queues in the total order priority DESC, run_at, id, locks them FOR NO KEY UPDATE SKIP LOCKED
+-- queues in the total order priority DESC, run_at, id and locks them FOR NO KEY UPDATE SKIP LOCKED
 -- (rows other claimers hold are skipped, not waited for; a foreign-key KEY SHARE lock does not
--- hide a job), marks them running under a lease measured by the database clock, and increments
--- the attempt, the fencing token every later write must quote. Rows that changed after the
--- statement's snapshot are re-checked by PostgreSQL when locked, so a cancelled or already
+-- hide a job); the next marks them running under a lease measured by the database clock, and
+-- increments the attempt, the fencing token every later write must quote. Rows that changed after
+-- the statement's snapshot are re-checked by PostgreSQL when locked, so a cancelled or already
 -- claimed job is never returned; a batch may hold fewer rows than asked.
 -- Expired leases are recovered first (a cheap index probe decides whether there are any), so a
 -- crashed worker's job is claimable again as soon as its lease ends, with or without a sweep. The
@@ -178,14 +178,16 @@ BEGIN
             aged_ids := ARRAY(SELECT j.id FROM pgq.jobs AS j WHERE j.id = ANY (aged_ids)
                               ORDER BY j.priority, j.run_at, j.id LIMIT claim.batch);
             fair_ids := ARRAY(SELECT f.id FROM unnest(fair_ids) AS f(id) WHERE f.id <> ALL (aged_ids));
-            RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, '{}', aged_ids, claim.batch, claim.lease, NULL);
+            RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, '{}', aged_ids, claim.batch, claim.lease, NULL) AS l
+                         ORDER BY l.priority DESC, l.run_at, l.id;
             GET DIAGNOSTICS leased = ROW_COUNT;
             claim.batch := claim.batch - leased;  -- (0: the pick below takes nothing)
         END IF;
     END IF;
 
     RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch, claim.lease,
-                                               claim.kinds);
+                                               claim.kinds) AS l
+                 ORDER BY l.priority DESC, l.run_at, l.id;
 
     -- The rate limits' tokens, spent for the jobs this claim handed out: its picks (locked by it,
     -- pending until its UPDATE) that are running now.
@@ -634,21 +636,32 @@ CREATE OR REPLACE FUNCTION pgq._expired(attempt integer, start_by timestamptz, e
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$ SELECT coalesce(least(CASE WHEN $1 = 0 THEN $2 END, $3) <= pgq._now(), false) $$;
 
--- The pick and the lease, in one statement: for each eligible queue (its room in `rooms`, in name
--- order, with the room each has, and whether it is fair or takes the per-key step), its first claimable jobs
--- in index order, per kind when the worker named its kinds; with the fair and key-limited queues'
--- picks (`picked`, locked by pgq._fair_pick and pgq._keyed_pick) and the queues with max_wait's
--- (pgq._aged_rooms), the best `batch` of those across
--- queues become running under a lease, attempt + 1, claimed_by `worker`, bound to the login; a
--- claimed event each (queues with audit). Returns them in the total order.
+-- The pick, then the lease: for each eligible queue (its room in `rooms`, in name order, with the
+-- room each has, and whether it is fair or takes the per-key step), its first claimable jobs in index
+-- order, per kind when the worker named its kinds; with the fair and key-limited queues' picks
+-- (`picked`, locked by pgq._fair_pick and pgq._keyed_pick) and the queues with max_wait's
+-- (pgq._aged_rooms), the best `batch` of those across queues are locked (the pick), then become
+-- running under a lease, attempt + 1, claimed_by `worker`, bound to the login; a claimed event each
+-- (queues with audit). Returns them in no order (pgq.claim sorts them).
+-- A pick that has expired (enqueue's start_by passed before its first claim, or its expires_at:
+-- pgq._expired) is never handed out: it leaves the claimable jobs, waiting, its attempt untouched,
+-- for the sweep to end (pgq._expire_jobs; an end here would set off its consequences inside the
+-- claim). The lease tests nothing for that but whether a pick has a start_by or an expires_at at
+-- all (issue 39: a job that uses none of durable execution pays nothing for it); only when one has
+-- does a second pass set the expired ones aside and lease the rest. The picks stay locked by this
+-- transaction throughout, and pgq._now() is the same in every statement (the start of the
+-- caller's), so the passes see the rows and the clock the pick saw.
 CREATE OR REPLACE FUNCTION pgq._lease_jobs(worker text, rooms pgq.claim_room[], picked bigint[], batch integer,
                                            lease interval, kinds text[])
     RETURNS SETOF pgq.claimed_job
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    picks  bigint[];  -- the jobs picked and locked
+    leased integer;   -- how many the pass handed out
 BEGIN
-    RETURN QUERY
-    WITH picked AS (
+    -- ("WITH picked AS" names this statement in plans: tests/plankit.py, the lab.)
+    picks := ARRAY(WITH picked AS (
         -- For each eligible queue, its first claimable jobs in index order (up to its room);
         -- with the fair queues' picks, the best `batch` of those across queues.
         SELECT c.id
@@ -691,49 +704,54 @@ BEGIN
         ) AS c
         ORDER BY c.priority DESC, c.run_at, c.id
         LIMIT _lease_jobs.batch
-    ), claimed AS (
-        -- A pick that has expired (enqueue's start_by passed before its first claim, or its
-        -- expires_at: pgq._expired, read from the row this UPDATE writes) is never handed out: it
-        -- leaves the claimable jobs, waiting, its attempt untouched, for the sweep to end
-        -- (pgq._expire_jobs; an end here would set off its consequences inside the claim). The
-        -- CASEs cost a job that has neither a few tests; a second UPDATE for them would cost every
-        -- claim the opening of the table's indexes.
+    ) SELECT p.id FROM picked AS p);
+
+    FOR pass IN 1..2 LOOP
+        RETURN QUERY
+        WITH claimed AS (
+            UPDATE pgq.jobs AS j
+            SET state = 'running',
+                -- The next number, past any a fence move skipped (attempt_skip is 0 but after a promotion).
+                attempt = j.attempt + 1 + j.attempt_skip,
+                max_attempts = j.max_attempts + j.attempt_skip,
+                attempt_offset = j.attempt_offset + j.attempt_skip,
+                attempt_skip = 0,
+                lease_until = least(pgq._now() + coalesce(_lease_jobs.lease, q.lease),
+                                    pgq._now() + coalesce(j.max_run_time, q.max_run_time), j.expires_at),
+                deadline = least(pgq._now() + coalesce(j.max_run_time, q.max_run_time), j.expires_at),
+                claimed_by = _lease_jobs.worker,
+                claimed_at = pgq._now(),
+                session_role = session_user,
+                last_event = 'claimed'
+            FROM pgq.queues AS q
+            -- The picked ids as an array: the generic plan reads them by primary key. The first
+            -- pass takes the picks without a lifetime, the second those left unexpired.
+            WHERE j.id = ANY (picks) AND q.name = j.queue
+              AND (coalesce(j.start_by, j.expires_at) IS NULL OR pass = 2)
+            RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
+                      j.run_at, j.created_at, j.lease_until, j.tenant, j.progress, j.deadline, j.meta,
+                      q.audit
+        ), events AS (
+            INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
+            SELECT c.id, c.attempt, _lease_jobs.worker, 'claimed', 'pending', 'running'
+            FROM claimed AS c WHERE c.audit
+        )
+        SELECT c.id, c.queue, c.kind, c.payload, c.priority, c.attempt, c.max_attempts,
+               c.run_at, c.created_at, c.lease_until, c.tenant, c.progress, c.deadline, c.meta
+        FROM claimed AS c;
+        GET DIAGNOSTICS leased = ROW_COUNT;
+        EXIT WHEN pass = 2 OR leased = cardinality(picks);
+        -- The picks left have a start_by or an expires_at: those whose time has passed are set
+        -- aside, and the second pass leases the others.
         UPDATE pgq.jobs AS j
-        SET state = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN 'waiting'
-                         ELSE 'running' END::pgq.job_state,
-            -- The next number, past any a fence move skipped (attempt_skip is 0 but after a promotion).
-            attempt = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.attempt
-                           ELSE j.attempt + 1 + j.attempt_skip END,
-            max_attempts = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.max_attempts
-                                ELSE j.max_attempts + j.attempt_skip END,
-            attempt_offset = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.attempt_offset
-                                  ELSE j.attempt_offset + j.attempt_skip END,
-            attempt_skip = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN j.attempt_skip ELSE 0 END,
-            lease_until = CASE WHEN NOT pgq._expired(j.attempt, j.start_by, j.expires_at)
-                               THEN least(pgq._now() + coalesce(_lease_jobs.lease, q.lease),
-                                          pgq._now() + coalesce(j.max_run_time, q.max_run_time), j.expires_at) END,
+        SET state = 'waiting', lease_until = NULL,
             deadline = least(pgq._now() + coalesce(j.max_run_time, q.max_run_time), j.expires_at),
-            claimed_by = _lease_jobs.worker,
-            claimed_at = pgq._now(),
-            session_role = session_user,
-            last_event = CASE WHEN pgq._expired(j.attempt, j.start_by, j.expires_at) THEN 'expired' ELSE 'claimed' END
+            claimed_by = _lease_jobs.worker, claimed_at = pgq._now(), session_role = session_user,
+            last_event = 'expired'
         FROM pgq.queues AS q
-        -- The picked ids as an array: the generic plan then reads them by primary key. Joined
-        -- to the CTE instead, it hashed the CTE and read the whole table (every row ever
-        -- enqueued and not yet pruned) on every claim.
-        WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p)) AND q.name = j.queue
-        RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
-                  j.run_at, j.created_at, j.lease_until, j.tenant, j.progress, j.deadline, j.meta,
-                  q.audit, j.state
-    ), events AS (
-        INSERT INTO pgq.job_events (job_id, attempt, worker, event, from_state, to_state)
-        SELECT c.id, c.attempt, _lease_jobs.worker, 'claimed', 'pending', 'running'
-        FROM claimed AS c WHERE c.audit AND c.state = 'running'
-    )
-    SELECT c.id, c.queue, c.kind, c.payload, c.priority, c.attempt, c.max_attempts,
-           c.run_at, c.created_at, c.lease_until, c.tenant, c.progress, c.deadline, c.meta
-    FROM claimed AS c
-    WHERE c.state = 'running'
-    ORDER BY c.priority DESC, c.run_at, c.id;
+        WHERE j.id = ANY (picks) AND q.name = j.queue AND j.state = 'pending'
+          AND pgq._expired(j.attempt, j.start_by, j.expires_at);
+        picks := ARRAY(SELECT j.id FROM pgq.jobs AS j WHERE j.id = ANY (picks) AND j.state = 'pending');
+    END LOOP;
 END
 $$;

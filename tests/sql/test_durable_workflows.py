@@ -6,6 +6,7 @@ tests/sql/test_durable_interleavings.py's."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import psycopg
@@ -26,6 +27,7 @@ from durablekit import (
     state,
     steps,
 )
+from plankit import capture, plan_of
 from sqlhelpers import claim, expire_lease, job, notifications_until_marker, one
 
 NOW = "2030-01-01 12:00:00+00"
@@ -285,6 +287,81 @@ def test_a_claim_never_hands_out_a_job_whose_lifetime_has_passed(conn):
     assert state(conn, job_id) == "waiting"
     settle(conn)
     assert state(conn, job_id) == "failed"
+
+
+def test_a_claim_sets_aside_only_its_expired_picks_and_hands_out_the_rest_in_the_same_call(conn):
+    set_clock(conn, NOW)
+    plain = one(conn, "SELECT pgq.enqueue('q', 'k')")
+    unclaimed = one(conn, "SELECT pgq.enqueue('q', 'k', start_by => '2030-01-01 12:01:00+00')")
+    lived = one(conn, "SELECT pgq.enqueue('q', 'k', max_lifetime => '1 minute')")
+    kept = one(conn, "SELECT pgq.enqueue('q', 'k', start_by => '2030-01-01 12:05:00+00', max_lifetime => '1 hour', "
+                     "priority => 1)")
+    set_clock(conn, "2030-01-01 12:01:00+00")
+    got = claim(conn, queues=["q"], batch=4)
+    assert [c["id"] for c in got] == [kept, plain]   # in the claim's order, leased in two passes
+    assert [c["attempt"] for c in got] == [1, 1]
+    assert got[0]["lease_until"] <= job(conn, kept)["expires_at"]
+    for j in (unclaimed, lived):
+        row = job(conn, j)
+        assert (row["state"], row["last_event"], row["attempt"], row["lease_until"]) == ("waiting", "expired", 0, None)
+    assert one(conn, "SELECT count(*) FROM pgq.job_events WHERE job_id = ANY(%s) AND event = 'claimed'",
+               ([unclaimed, lived],)) == 0
+    settle(conn)
+    assert (state(conn, unclaimed), state(conn, lived)) == ("cancelled", "failed")
+
+
+def test_a_claim_of_jobs_without_a_lifetime_runs_nothing_for_lifetimes(conn):
+    """Issue 39's cost rule: the lease tests no expiry, and the statement that sets expired picks aside
+    runs only when a pick has a start_by or an expires_at."""
+    for _ in range(3):
+        conn.execute("SELECT pgq.enqueue('q', 'k')")
+    conn.execute("LOAD 'auto_explain'")
+    rows, plans = capture(conn, "SELECT id FROM pgq.claim('w', queues => '{q}', batch => 3)")
+    assert len(rows) == 3
+    assert not [p.query for p in plans if "pgq._expired(" in p.query]
+    assert "pgq._expired(" not in plan_of(plans, "WITH claimed AS").query
+    conn.execute("SELECT pgq.enqueue('q', 'k', max_lifetime => '1 hour')")
+    rows, plans = capture(conn, "SELECT id FROM pgq.claim('w', queues => '{q}', batch => 3)")
+    assert len(rows) == 1
+    assert any("pgq._expired(" in p.query and "waiting" in p.query for p in plans)
+
+
+def test_many_claimers_hand_out_each_unexpired_job_once_and_no_expired_one(dsn: str, conn: psycopg.Connection) -> None:  # noqa: F811
+    """The lease's two passes under load: four sessions claim batches of three from plain jobs,
+    jobs with a lifetime not yet passed and jobs past their start_by, interleaved in the queue."""
+    set_clock(conn, NOW)
+    plain, kept, late = [], [], []
+    for _ in range(60):
+        plain.append(one(conn, "SELECT pgq.enqueue('q', 'k')"))
+        kept.append(one(conn, "SELECT pgq.enqueue('q', 'k', max_lifetime => '1 hour')"))
+        late.append(one(conn, "SELECT pgq.enqueue('q', 'k', start_by => '2030-01-01 12:00:30+00')"))
+    set_clock(conn, "2030-01-01 12:01:00+00")
+    taken: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def claimer(name: str) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                while True:
+                    got = [g["id"] for g in claim(c, worker=name, queues=["q"], batch=3)]
+                    with lock:
+                        taken.extend(got)
+                    if not got and one(c, "SELECT count(*) FROM pgq.jobs WHERE state = 'pending'") == 0:
+                        return
+        except BaseException as e:  # noqa: BLE001  (re-raised by the test)
+            errors.append(e)
+
+    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    assert len(taken) == len(set(taken))
+    assert sorted(taken) == sorted(plain + kept)
+    assert one(conn, "SELECT count(*) FROM pgq.jobs WHERE id = ANY(%s) AND state = 'waiting' "
+                     "AND last_event = 'expired' AND attempt = 0", (late,)) == len(late)
 
 
 BAD: list[tuple[str, str, str, str]] = [
