@@ -5517,9 +5517,12 @@ BEGIN
                 last_event = 'claimed'
             FROM pgq.queues AS q
             -- The picked ids as an array: the generic plan reads them by primary key. The first
-            -- pass takes the picks without a lifetime, the second those left unexpired.
+            -- pass takes the picks without a lifetime, the second those left unexpired. (Tested
+            -- column by column, which the planner estimates by the columns' NULL fractions: as
+            -- coalesce(start_by, expires_at) IS NULL it guessed one row and read pgq.queues once
+            -- per job instead of once per queue, +1% of a claim of 64's work.)
             WHERE j.id = ANY (picks) AND q.name = j.queue
-              AND (coalesce(j.start_by, j.expires_at) IS NULL OR pass = 2)
+              AND (j.start_by IS NULL AND j.expires_at IS NULL OR pass = 2)
             RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts,
                       j.run_at, j.created_at, j.lease_until, j.tenant, j.progress, j.deadline, j.meta,
                       q.audit
