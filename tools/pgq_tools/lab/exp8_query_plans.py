@@ -93,7 +93,9 @@ def _split(message: str) -> tuple[str, str]:
 
 def _kind(query: str) -> str:
     if "WITH picked AS" in query:
-        return "claim: pick and mark"
+        return "claim: pick"
+    if "WITH claimed AS" in query:
+        return "claim: lease"
     if "WITH expired AS" in query:
         return "recovery of expired leases"
     # The claim reads its queues and probes for expired leases in one statement
@@ -192,12 +194,16 @@ def run(h: Harness) -> Verdict:
                 out += [s for s in found if s["kind"] == kind]
         return out
 
-    pick, probe = stmts("claim: pick and mark"), stmts("claim: expired-lease probe")
+    pick, probe = stmts("claim: pick"), stmts("claim: expired-lease probe")
+    lease = stmts("claim: lease")
     recover = stmts("recovery of expired leases")
     seq = "Seq Scan on jobs"
     v.check("the claim's pick statement was captured and uses jobs_ready_idx, with no sequential scan of pgq.jobs",
             len(pick) == 2 and all(_uses(s["plan"], "jobs_ready_idx") and seq not in s["plan"] for s in pick),
             f"{len(pick)} captured; " + "; ".join(_scans(s["plan"]) for s in pick[:1]))
+    v.check("the claim's lease statement was captured and reads its picks through jobs_pkey",
+            len(lease) == 2 and all(_uses(s["plan"], "jobs_pkey") and seq not in s["plan"] for s in lease),
+            f"{len(lease)} captured; " + "; ".join(_scans(s["plan"]) for s in lease[:1]))
     # Each of the two claims (plans only, then ANALYZE) runs its queues-and-probe statement twice:
     # with queues => NULL, the queues are read again once the expired leases are recovered.
     v.check("the claim's expired-lease probe uses jobs_lease_idx",
@@ -206,7 +212,7 @@ def run(h: Harness) -> Verdict:
     v.check("the recovery statement (sweep, and the claim's own recovery) uses jobs_lease_idx, no sequential scan",
             len(recover) == 4 and all(_uses(s["plan"], "jobs_lease_idx") and seq not in s["plan"] for s in recover),
             f"{len(recover)} captured; " + "; ".join(_scans(s["plan"]) for s in recover[:1]))
-    ready_rows = [r for s in stmts("claim: pick and mark", True) for r in _index_rows(s["plan"], "jobs_ready_idx")]
+    ready_rows = [r for s in stmts("claim: pick", True) for r in _index_rows(s["plan"], "jobs_ready_idx")]
     lease_rows = [r for s in stmts("recovery of expired leases", True)
                   for r in _index_rows(s["plan"], "jobs_lease_idx")]
     v.check(f"ANALYZE: the claim read at most batch ({BATCH}) rows per queue from jobs_ready_idx",
