@@ -9,6 +9,7 @@ import importlib.util
 import re
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import psycopg
@@ -18,7 +19,7 @@ from pgq_thin import migrate
 from pgq_thin.sqlsource import SOURCE_FILES, function_source, source_dir
 
 from catalogkit import MIGRATION_SHA256, assert_same_catalog, catalog
-from sqlhelpers import one
+from sqlhelpers import one, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATED = {ROOT / "sql" / "schema.sql", ROOT / "sql" / "all_functions.sql"}
@@ -143,6 +144,55 @@ def test_an_apply_drops_a_function_the_source_no_longer_defines_and_an_old_overl
     stale = {("gone", ""), ("stats", "older integer")}
     assert {r for r in before["functions"] if (r[0], r[1]) not in stale} == set(after["functions"])
     assert {(r[0], r[1]) for r in before["functions"]} >= stale
+
+
+def test_a_call_in_flight_across_an_apply_finishes_on_the_functions_it_began_with(conn, dsn):
+    """An older worker's call that began before an upgrade committed runs its old body to the end,
+    and a statement of it that runs after the commit looks its functions up again: the apply drops
+    the functions the source no longer defines only once that statement has ended. Here the call
+    is pgq._old_caller(), waiting on a table lock the test holds while the apply commits; released,
+    it calls pgq._old_helper(), which the apply has dropped from the source."""
+    conn.execute("CREATE TABLE gate (x int)")
+    conn.execute("CREATE FUNCTION pgq._old_helper() RETURNS int LANGUAGE sql AS 'SELECT 7'")
+    conn.execute("CREATE FUNCTION pgq._old_caller() RETURNS int LANGUAGE plpgsql AS $$ BEGIN "
+                 "PERFORM count(*) FROM public.gate; RETURN pgq._old_helper(); END $$")
+    before = one(conn, "SELECT xmin::text FROM pg_proc WHERE oid = 'pgq.version()'::regprocedure")
+    outcome: dict[str, object] = {}
+
+    def call() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True, application_name="in-flight") as c:
+                outcome["value"] = one(c, "SELECT pgq._old_caller()")
+        except psycopg.Error as e:
+            outcome["error"] = e
+
+    def apply() -> None:
+        try:
+            outcome["applied"] = migrate(dsn)
+        except BaseException as e:  # noqa: BLE001  (asserted below)
+            outcome["apply error"] = e
+
+    with psycopg.connect(dsn) as locker:
+        locker.execute("LOCK TABLE gate IN ACCESS EXCLUSIVE MODE")
+        caller = threading.Thread(target=call)
+        caller.start()
+        wait_for(lambda: one(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'in-flight' "
+                                   "AND wait_event_type = 'Lock'") == 1, "the call to wait on the gate")
+        applier = threading.Thread(target=apply)
+        applier.start()
+        wait_for(lambda: one(conn, "SELECT xmin::text FROM pg_proc WHERE oid = 'pgq.version()'::regprocedure")
+                 != before, "the apply's new functions to commit")
+        assert one(conn, "SELECT to_regprocedure('pgq._old_helper()') IS NOT NULL") is True
+        locker.rollback()
+    caller.join(30)
+    applier.join(90)
+    assert not caller.is_alive() and not applier.is_alive()
+    assert outcome.get("error") is None and outcome.get("apply error") is None, outcome
+    assert outcome["value"] == 7 and outcome["applied"] == []
+    assert one(conn, "SELECT to_regprocedure('pgq._old_helper()') IS NULL AND "
+                     "to_regprocedure('pgq._old_caller()') IS NULL") is True
+    assert _function_names(conn) == sorted(source_functions())
+    conn.execute("DROP TABLE gate")
 
 
 def test_an_apply_replaces_a_changed_body_and_keeps_the_grants(conn, dsn):
