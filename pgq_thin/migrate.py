@@ -193,7 +193,7 @@ def migrate(dsn: str, lock_timeout: Interval = "5s") -> list[str]:
                 log.info("applying migrations", extra={"migrations": ids})
                 backend.apply_migrations_only(todo)
             with backend.transaction():
-                backend.connection.execute(STALE_TABLE)
+                backend.connection.execute(queries.STALE_FUNCTIONS_TABLE)
                 install_functions(backend.connection)
             _drop_stale(backend.connection)
         return ids
@@ -201,14 +201,8 @@ def migrate(dsn: str, lock_timeout: Interval = "5s") -> list[str]:
         backend.connection.close()
 
 
-#: The applying session's list of the functions the source no longer defines (sql/functions/cleanup.sql
-#: fills it instead of dropping them), read once the new functions are committed.
-STALE_TABLE = "CREATE TEMPORARY TABLE IF NOT EXISTS pgq_stale_functions (fn regprocedure NOT NULL)"
-#: The other sessions' statements that were running when the new functions committed: a call among
-#: them goes on with the bodies it began with, which may call a function listed there.
-RUNNING = ("SELECT pid, query_start FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() "
-           "AND datname = current_database() AND backend_type = 'client backend'")
-#: How long the apply waits for those statements before it drops the stale functions anyway.
+#: How long the apply waits for the statements running when its new functions committed, before it
+#: drops the stale functions anyway.
 STALE_WAIT = timedelta(seconds=60)
 
 
@@ -216,24 +210,24 @@ def _drop_stale(conn: Any) -> None:
     """Drops the functions the source no longer defines, once every statement that was running when
     the new functions committed has ended (at most STALE_WAIT), so that an older worker's call in
     flight across an upgrade finishes on the functions it began with instead of failing (42883)."""
-    stale = [fn for (fn,) in conn.execute("SELECT fn::text FROM pg_temp.pgq_stale_functions ORDER BY 1").fetchall()]
-    conn.execute("DROP TABLE pg_temp.pgq_stale_functions")
+    stale = [fn for (fn,) in conn.execute(queries.STALE_FUNCTIONS).fetchall()]
+    conn.execute(queries.DROP_STALE_FUNCTIONS_TABLE)
     conn.commit()
     if not stale:
         return
-    running = set(conn.execute(RUNNING).fetchall())
+    running = set(conn.execute(queries.RUNNING_STATEMENTS).fetchall())
     conn.commit()
     deadline = time.monotonic() + STALE_WAIT.total_seconds()
     while running and time.monotonic() < deadline:
         time.sleep(0.01)
-        running &= set(conn.execute(RUNNING).fetchall())
+        running &= set(conn.execute(queries.RUNNING_STATEMENTS).fetchall())
         conn.commit()
     if running:
         log.warning("dropping functions the source no longer defines while statements that began before the "
                     "upgrade still run", extra={"pids": sorted(pid for pid, _ in running)})
     for fn in stale:
         log.info("dropping a function the source no longer defines", extra={"function": fn})
-        conn.execute(f"DROP FUNCTION IF EXISTS {fn}")
+        conn.execute(queries.DROP_FUNCTION.format(function=fn))
     conn.commit()
 
 

@@ -374,6 +374,18 @@ TIMELINE = "SELECT ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(
 
 #: Every statement of an apply waits at most this long for a lock ({timeout}: a checked duration).
 SET_LOCK_TIMEOUT = "SET lock_timeout = '{timeout}'"
+#: pgq_thin.migrate: the applying session's list of the functions the source no longer defines
+#: (sql/functions/cleanup.sql fills it instead of dropping them), read once the new functions are
+#: committed, then dropped.
+STALE_FUNCTIONS_TABLE = "CREATE TEMPORARY TABLE IF NOT EXISTS pgq_stale_functions (fn regprocedure NOT NULL)"
+STALE_FUNCTIONS = "SELECT fn::text FROM pg_temp.pgq_stale_functions ORDER BY 1"
+DROP_STALE_FUNCTIONS_TABLE = "DROP TABLE pg_temp.pgq_stale_functions"
+#: The other sessions' statements running now (in this database), by pid and start.
+RUNNING_STATEMENTS = ("SELECT pid, query_start FROM pg_stat_activity WHERE state = 'active' "
+                      "AND pid <> pg_backend_pid() AND datname = current_database() "
+                      "AND backend_type = 'client backend'")
+#: A function named by its catalog signature (regprocedure's text, read from pg_proc).
+DROP_FUNCTION = "DROP FUNCTION IF EXISTS {function}"
 #: The migrations a database has applied, from yoyo's table ({table}: yoyo's quoted name for it).
 APPLIED_MIGRATIONS = "SELECT migration_id, migration_hash FROM {table}"
 
