@@ -305,7 +305,7 @@ $$;
 -- tests/sql/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '33'::text $$;
+    AS $$ SELECT '34'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';
 
@@ -4882,6 +4882,7 @@ DECLARE
     due      boolean;    -- whether one of them has a schedule due or paused kinds (the rare steps)
     fenced   boolean;    -- whether the failover fence was moved on this server's timeline
     due_queues text[];   -- then: the eligible queues, whose due schedules fire
+    look     boolean := false;  -- whether this claim raised the lease floor: its pick counts what it reads
 BEGIN
     IF NOT coalesce(length(claim.worker) BETWEEN 1 AND 256 AND claim.batch BETWEEN 1 AND 1000
                     AND (claim.queues IS NULL OR pgq._are_names(claim.queues))
@@ -4911,6 +4912,7 @@ BEGIN
     IF NOT expired AND NOT floor_at <@ tstzrange(pgq._now() - interval '1 second', pgq._now(), '(]')
        AND current_setting('transaction_isolation') = 'read committed' THEN
         PERFORM pgq._raise_lease_floor();
+        look := true;  -- (once a second: the claim floors' look, in pgq._lease_jobs)
     END IF;
     IF rooms IS NULL THEN
         RETURN;  -- no eligible queue
@@ -4970,7 +4972,7 @@ BEGIN
             aged_ids := ARRAY(SELECT j.id FROM pgq.jobs AS j WHERE j.id = ANY (aged_ids)
                               ORDER BY j.priority, j.run_at, j.id LIMIT claim.batch);
             fair_ids := ARRAY(SELECT f.id FROM unnest(fair_ids) AS f(id) WHERE f.id <> ALL (aged_ids));
-            RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, '{}', aged_ids, claim.batch, claim.lease, NULL) AS l
+            RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, '{}', aged_ids, claim.batch, claim.lease, NULL, false) AS l
                          ORDER BY l.priority DESC, l.run_at, l.id;
             GET DIAGNOSTICS leased = ROW_COUNT;
             claim.batch := claim.batch - leased;  -- (0: the pick below takes nothing)
@@ -4978,7 +4980,7 @@ BEGIN
     END IF;
 
     RETURN QUERY SELECT * FROM pgq._lease_jobs(claim.worker, rooms, fair_ids || keyed_ids, claim.batch, claim.lease,
-                                               claim.kinds) AS l
+                                               claim.kinds, look) AS l
                  ORDER BY l.priority DESC, l.run_at, l.id;
 
     -- The rate limits' tokens, spent for the jobs this claim handed out: its picks (locked by it,
@@ -5427,6 +5429,161 @@ CREATE OR REPLACE FUNCTION pgq._expired(attempt integer, start_by timestamptz, e
     RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$ SELECT coalesce(least(CASE WHEN $1 = 0 THEN $2 END, $3) <= pgq._now(), false) $$;
+-- THE CLAIM FLOORS (migration 0034: pgq.claim_floors). While a snapshot is held, vacuum removes
+-- nothing: every job claimed since leaves its pending version's entry at the head of jobs_ready_idx
+-- (jobs_kind_ready_idx), dead to every claim but not removable, and a pick that reads the order
+-- from its start walks them all, more with every job claimed (24,750 entries a scan 4.6 minutes
+-- into a held snapshot, bench/README.md). So a pick that read 5,000 entries more than it picked
+-- (PostgreSQL's own count, pg_stat_get_xact_tuples_returned of the index, read around the pick:
+-- once a second, by the claim that raises the lease floor, and by every claim while some process
+-- has floors, pgq.claim_floors_set) records, for the process that ran it (pg_backend_pid(): its own row, which no other process reads
+-- or writes, so no claim ever waits for it), the key of the last job it took from each queue (and
+-- kind). For a second after, that process's picks read each such queue's priority levels above the
+-- floor's from their start (a job of a higher priority is never behind a floor) and the floor's
+-- level from just past its key, a range the index finds without walking. A floor read that comes
+-- back short reads the whole order at once, as without floors (and ends them). After the second,
+-- the next pick reads the whole order again and records new floors, or none when it read few.
+-- What it costs the order: a job that becomes due below a floor at the floor's level (a producer's
+-- transaction older than the jobs it passed, a run_at in the past, a released dependant) while
+-- that queue holds more due jobs than its claims take is picked within that second, or when a pick
+-- reads short. Without a held snapshot (or a long transaction) no pick reads that far and nothing
+-- changes: pgq.claim_floors_set stays 0, and a claim pays that one sequence read for the floors.
+
+-- Records the calling process's floors: per queue of `rooms` (not fair, not key-limited) and kind
+-- (when `kinds` is given), the key of the last of `picks` in the claim's order.
+CREATE OR REPLACE FUNCTION pgq._set_claim_floors(rooms pgq.claim_room[], picks bigint[], kinds text[])
+    RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO pgq.claim_floors AS f (pid, set_at, keys, priorities, run_ats, ids)
+    SELECT pg_backend_pid(), pgq._now(), array_agg(l.key), array_agg(l.priority), array_agg(l.run_at), array_agg(l.id)
+    FROM (
+        SELECT DISTINCT ON (j.queue, k.kind) j.queue || chr(31) || k.kind AS key, j.priority, j.run_at, j.id
+        FROM pgq.jobs AS j
+        CROSS JOIN LATERAL (SELECT CASE WHEN _set_claim_floors.kinds IS NULL THEN '' ELSE j.kind END AS kind) AS k
+        WHERE j.id = ANY (_set_claim_floors.picks)
+          AND j.queue IN (SELECT r.queue FROM unnest(_set_claim_floors.rooms) AS r WHERE NOT r.fair AND NOT r.keyed)
+        ORDER BY j.queue, k.kind, j.priority, j.run_at DESC, j.id DESC
+    ) AS l
+    HAVING count(*) > 0
+    ON CONFLICT (pid) DO UPDATE
+    SET set_at = excluded.set_at, keys = excluded.keys, priorities = excluded.priorities,
+        run_ats = excluded.run_ats, ids = excluded.ids
+    RETURNING setval('pgq.claim_floors_set', pgq._micros(f.set_at))
+$$;
+
+-- One queue's (and kind's) due jobs in the claim's order, up to `room`, locked FOR NO KEY UPDATE
+-- SKIP LOCKED: from the start of the order when `priority` is NULL; else from a floor: the levels
+-- above `priority` from their start, then that level from just past (run_at, id).
+CREATE OR REPLACE FUNCTION pgq._floor_rows(queue text, kind text, room integer, priority integer,
+                                           run_at timestamptz, id bigint)
+    RETURNS bigint[]
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    ids bigint[];
+BEGIN
+    IF _floor_rows.kind IS NULL THEN
+        IF _floor_rows.priority IS NULL THEN
+            RETURN ARRAY(SELECT j.id FROM pgq.jobs AS j
+                         WHERE j.queue = _floor_rows.queue
+                           AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.run_at <= pgq._now()
+                         ORDER BY j.priority DESC, j.run_at, j.id
+                         LIMIT _floor_rows.room FOR NO KEY UPDATE SKIP LOCKED);
+        END IF;
+        ids := ARRAY(SELECT j.id FROM pgq.jobs AS j
+                     WHERE j.queue = _floor_rows.queue AND j.priority > _floor_rows.priority
+                       AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.run_at <= pgq._now()
+                     ORDER BY j.priority DESC, j.run_at, j.id
+                     LIMIT _floor_rows.room FOR NO KEY UPDATE SKIP LOCKED);
+        IF cardinality(ids) < _floor_rows.room THEN
+            ids := ids || ARRAY(SELECT j.id FROM pgq.jobs AS j
+                                WHERE j.queue = _floor_rows.queue AND j.priority = _floor_rows.priority
+                                  AND (j.run_at, j.id) > (_floor_rows.run_at, _floor_rows.id)
+                                  AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.run_at <= pgq._now()
+                                ORDER BY j.run_at, j.id
+                                LIMIT _floor_rows.room - cardinality(ids) FOR NO KEY UPDATE SKIP LOCKED);
+        END IF;
+        RETURN ids;
+    END IF;
+    IF _floor_rows.priority IS NULL THEN
+        RETURN ARRAY(SELECT j.id FROM pgq.jobs AS j
+                     WHERE j.queue = _floor_rows.queue AND j.kind = _floor_rows.kind
+                       AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.run_at <= pgq._now()
+                     ORDER BY j.priority DESC, j.run_at, j.id
+                     LIMIT _floor_rows.room FOR NO KEY UPDATE SKIP LOCKED);
+    END IF;
+    ids := ARRAY(SELECT j.id FROM pgq.jobs AS j
+                 WHERE j.queue = _floor_rows.queue AND j.kind = _floor_rows.kind AND j.priority > _floor_rows.priority
+                   AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.run_at <= pgq._now()
+                 ORDER BY j.priority DESC, j.run_at, j.id
+                 LIMIT _floor_rows.room FOR NO KEY UPDATE SKIP LOCKED);
+    IF cardinality(ids) < _floor_rows.room THEN
+        ids := ids || ARRAY(SELECT j.id FROM pgq.jobs AS j
+                            WHERE j.queue = _floor_rows.queue AND j.kind = _floor_rows.kind
+                              AND j.priority = _floor_rows.priority
+                              AND (j.run_at, j.id) > (_floor_rows.run_at, _floor_rows.id)
+                              AND j.state = 'pending' AND j.attempt < j.max_attempts AND j.run_at <= pgq._now()
+                            ORDER BY j.run_at, j.id
+                            LIMIT _floor_rows.room - cardinality(ids) FOR NO KEY UPDATE SKIP LOCKED);
+    END IF;
+    RETURN ids;
+END
+$$;
+
+-- pgq._lease_jobs' pick while claim floors are in use (or once a second): per queue (and kind) of
+-- `rooms`, pgq._floor_rows, then, with `picked`, the first `batch` in the claim's order (what the
+-- one statement of pgq._lease_jobs picks). From this process's floors when it recorded them less
+-- than a second ago; a floor read that comes back short reads the whole order instead and ends
+-- them. Else from the start of the order, counting the entries of the ready index it reads
+-- (jobs_kind_ready_idx when the worker names its kinds): when that is 5,000 more than it picked,
+-- the floors are recorded.
+CREATE OR REPLACE FUNCTION pgq._floor_pick(rooms pgq.claim_room[], picked bigint[], batch integer, kinds text[])
+    RETURNS bigint[]
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    floors pgq.claim_floors;
+    e      record;
+    n      integer;   -- the floor's place in `floors`
+    part   bigint[];
+    ids    bigint[] := '{}';
+    short  boolean := false;
+    seen   bigint;    -- the entries of the ready index this process read before (without floors)
+BEGIN
+    SELECT f.* INTO floors FROM pgq.claim_floors AS f
+    WHERE f.pid = pg_backend_pid() AND f.set_at <@ tstzrange(pgq._now() - interval '1 second', pgq._now(), '[]');
+    IF NOT FOUND THEN
+        seen := pg_stat_get_xact_tuples_returned(CASE WHEN _floor_pick.kinds IS NULL THEN 'pgq.jobs_ready_idx'::regclass
+                                                      ELSE 'pgq.jobs_kind_ready_idx'::regclass END);
+    END IF;
+    FOR e IN SELECT r.queue, r.room, w.kind
+             FROM unnest(_floor_pick.rooms) AS r
+             CROSS JOIN (SELECT DISTINCT w.kind FROM unnest(coalesce(_floor_pick.kinds, ARRAY[NULL::text])) AS w(kind)) AS w
+             WHERE NOT r.fair AND NOT r.keyed AND r.room > 0
+    LOOP
+        n := array_position(floors.keys, e.queue || chr(31) || coalesce(e.kind, ''));
+        part := pgq._floor_rows(e.queue, e.kind, e.room, floors.priorities[n], floors.run_ats[n], floors.ids[n]);
+        IF n IS NOT NULL AND cardinality(part) < e.room THEN
+            short := true;  -- (the jobs this claim just locked come back again)
+            part := pgq._floor_rows(e.queue, e.kind, e.room, NULL, NULL, NULL);
+        END IF;
+        ids := ids || part;
+    END LOOP;
+    ids := ARRAY(SELECT j.id FROM pgq.jobs AS j WHERE j.id = ANY (ids || _floor_pick.picked)
+                 ORDER BY j.priority DESC, j.run_at, j.id LIMIT _floor_pick.batch);
+    IF short THEN
+        DELETE FROM pgq.claim_floors AS f WHERE f.pid = pg_backend_pid();
+    ELSIF seen IS NOT NULL
+          AND pg_stat_get_xact_tuples_returned(CASE WHEN _floor_pick.kinds IS NULL THEN 'pgq.jobs_ready_idx'::regclass
+                                                    ELSE 'pgq.jobs_kind_ready_idx'::regclass END)
+              - seen - cardinality(ids) >= 5000 THEN
+        PERFORM pgq._set_claim_floors(_floor_pick.rooms, ids, _floor_pick.kinds);
+    END IF;
+    RETURN ids;
+END
+$$;
+
 
 -- The pick, then the lease: for each eligible queue (its room in `rooms`, in name order, with the
 -- room each has, and whether it is fair or takes the per-key step), its first claimable jobs in index
@@ -5444,7 +5601,7 @@ CREATE OR REPLACE FUNCTION pgq._expired(attempt integer, start_by timestamptz, e
 -- transaction throughout, and pgq._now() is the same in every statement (the start of the
 -- caller's), so the passes see the rows and the clock the pick saw.
 CREATE OR REPLACE FUNCTION pgq._lease_jobs(worker text, rooms pgq.claim_room[], picked bigint[], batch integer,
-                                           lease interval, kinds text[])
+                                           lease interval, kinds text[], look boolean)
     RETURNS SETOF pgq.claimed_job
     LANGUAGE plpgsql
     AS $$
@@ -5452,51 +5609,60 @@ DECLARE
     picks  bigint[];  -- the jobs picked and locked
     leased integer;   -- how many the pass handed out
 BEGIN
-    -- ("WITH picked AS" names this statement in plans: tests/plankit.py, the lab.)
-    picks := ARRAY(WITH picked AS (
-        -- For each eligible queue, its first claimable jobs in index order (up to its room);
-        -- with the fair queues' picks, the best `batch` of those across queues.
-        SELECT c.id
-        FROM (
-            SELECT c.id, c.priority, c.run_at
-            FROM unnest(_lease_jobs.rooms) AS e
-            CROSS JOIN LATERAL (
-                SELECT j.id, j.priority, j.run_at
-                FROM pgq.jobs AS j
-                WHERE j.queue = e.queue
-                  AND j.state = 'pending' AND j.attempt < j.max_attempts
-                  AND j.run_at <= pgq._now()
-                ORDER BY j.priority DESC, j.run_at, j.id
-                LIMIT e.room
-                FOR NO KEY UPDATE SKIP LOCKED
-            ) AS c
-            WHERE NOT e.fair AND NOT e.keyed AND _lease_jobs.kinds IS NULL
-            UNION ALL
-            -- The same per (queue, kind) when the worker named its kinds (each kind once; no
-            -- rows for NULL). Inside this one statement: a query of its own would cost a claim
-            -- more than the per-kind picks do.
-            SELECT c.id, c.priority, c.run_at
-            FROM unnest(_lease_jobs.rooms) AS e
-            CROSS JOIN (SELECT DISTINCT w.kind FROM unnest(_lease_jobs.kinds) AS w(kind)) AS k
-            CROSS JOIN LATERAL (
-                SELECT j.id, j.priority, j.run_at
-                FROM pgq.jobs AS j
-                WHERE j.queue = e.queue AND j.kind = k.kind
-                  AND j.state = 'pending' AND j.attempt < j.max_attempts
-                  AND j.run_at <= pgq._now()
-                ORDER BY j.priority DESC, j.run_at, j.id
-                LIMIT e.room
-                FOR NO KEY UPDATE SKIP LOCKED
-            ) AS c
-            WHERE NOT e.fair AND NOT e.keyed
-            UNION ALL
-            -- The fair and the key-limited queues' picks (pgq._fair_pick, pgq._keyed_pick), and the
-            -- rest of the picks of the queues with max_wait (pgq._aged_rooms).
-            SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j WHERE j.id = ANY (_lease_jobs.picked)
-        ) AS c
-        ORDER BY c.priority DESC, c.run_at, c.id
-        LIMIT _lease_jobs.batch
-    ) SELECT p.id FROM picked AS p);
+    -- The pick. Once a second (`look`: the claim that raised the lease floor) and while some
+    -- process has claim floors (pgq.claim_floors_set, a sequence, is 0 without a held snapshot: a
+    -- claim pays that one read for them), pgq._floor_pick instead (above): the same picks, from
+    -- this process's floors when they are fresh, counting what it reads when they are not.
+    -- (NULL, the sequence never set: the one statement.)
+    IF _lease_jobs.look OR pg_sequence_last_value('pgq.claim_floors_set') > 0 THEN
+        picks := pgq._floor_pick(_lease_jobs.rooms, _lease_jobs.picked, _lease_jobs.batch, _lease_jobs.kinds);
+    ELSE
+        -- ("WITH picked AS" names this statement in plans: tests/plankit.py, the lab.)
+        picks := ARRAY(WITH picked AS (
+                -- For each eligible queue, its first claimable jobs in index order (up to its room);
+                -- with the fair queues' picks, the best `batch` of those across queues.
+                SELECT c.id
+                FROM (
+                    SELECT c.id, c.priority, c.run_at
+                    FROM unnest(_lease_jobs.rooms) AS e
+                    CROSS JOIN LATERAL (
+                        SELECT j.id, j.priority, j.run_at
+                        FROM pgq.jobs AS j
+                        WHERE j.queue = e.queue
+                          AND j.state = 'pending' AND j.attempt < j.max_attempts
+                          AND j.run_at <= pgq._now()
+                        ORDER BY j.priority DESC, j.run_at, j.id
+                        LIMIT e.room
+                        FOR NO KEY UPDATE SKIP LOCKED
+                    ) AS c
+                    WHERE NOT e.fair AND NOT e.keyed AND _lease_jobs.kinds IS NULL
+                    UNION ALL
+                    -- The same per (queue, kind) when the worker named its kinds (each kind once; no
+                    -- rows for NULL). Inside this one statement: a query of its own would cost a claim
+                    -- more than the per-kind picks do.
+                    SELECT c.id, c.priority, c.run_at
+                    FROM unnest(_lease_jobs.rooms) AS e
+                    CROSS JOIN (SELECT DISTINCT w.kind FROM unnest(_lease_jobs.kinds) AS w(kind)) AS k
+                    CROSS JOIN LATERAL (
+                        SELECT j.id, j.priority, j.run_at
+                        FROM pgq.jobs AS j
+                        WHERE j.queue = e.queue AND j.kind = k.kind
+                          AND j.state = 'pending' AND j.attempt < j.max_attempts
+                          AND j.run_at <= pgq._now()
+                        ORDER BY j.priority DESC, j.run_at, j.id
+                        LIMIT e.room
+                        FOR NO KEY UPDATE SKIP LOCKED
+                    ) AS c
+                    WHERE NOT e.fair AND NOT e.keyed
+                    UNION ALL
+                    -- The fair and the key-limited queues' picks (pgq._fair_pick, pgq._keyed_pick), and the
+                    -- rest of the picks of the queues with max_wait (pgq._aged_rooms).
+                    SELECT j.id, j.priority, j.run_at FROM pgq.jobs AS j WHERE j.id = ANY (_lease_jobs.picked)
+                ) AS c
+                ORDER BY c.priority DESC, c.run_at, c.id
+                LIMIT _lease_jobs.batch
+            ) SELECT p.id FROM picked AS p);
+    END IF;
 
     FOR pass IN 1..2 LOOP
         RETURN QUERY
@@ -6264,6 +6430,12 @@ BEGIN
         END IF;
     END IF;
     PERFORM setval('pgq.lease_floor', now_micros);
+    -- The claim floors' flag (claim.sql) back to 0 once no process recorded floors for 2 seconds:
+    -- claims then stop looking for theirs. (One that records floors meanwhile sets it again, at
+    -- the latest by its next pick that reads far.)
+    IF pg_sequence_last_value('pgq.claim_floors_set') BETWEEN 1 AND now_micros - 2000000 THEN
+        PERFORM setval('pgq.claim_floors_set', 0);
+    END IF;
 END
 $$;
 

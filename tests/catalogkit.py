@@ -140,4 +140,5 @@ MIGRATION_SHA256 = {
     "0031_archive.sql": "82d5c66861f0466cd7a250584a12ee2ed506601f8d26d115618b377094d71ad4",
     "0032_archive_tags.sql": "2f499262227b6592fc0ad662f10d429d1b88d7dd0ac2ec5522b51907416facfd",
     "0033_lease_floor.sql": "99003d8caf6c11a252ebe331dfe12838d61211af23537d9eab06e6bd2ecbcd0c",
+    "0034_claim_floors.sql": "23c7818f679a8d2c477880a49c5ae3cd380dd9f93370ee6f35f5a6fc640b3e5d",
 }

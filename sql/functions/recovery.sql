@@ -104,6 +104,12 @@ BEGIN
         END IF;
     END IF;
     PERFORM setval('pgq.lease_floor', now_micros);
+    -- The claim floors' flag (claim.sql) back to 0 once no process recorded floors for 2 seconds:
+    -- claims then stop looking for theirs. (One that records floors meanwhile sets it again, at
+    -- the latest by its next pick that reads far.)
+    IF pg_sequence_last_value('pgq.claim_floors_set') BETWEEN 1 AND now_micros - 2000000 THEN
+        PERFORM setval('pgq.claim_floors_set', 0);
+    END IF;
 END
 $$;
 

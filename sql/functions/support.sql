@@ -95,6 +95,6 @@ $$;
 -- tests/sql/test_schema_matches_migrations.py checks that it names the newest migration file).
 CREATE OR REPLACE FUNCTION pgq.version() RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ SELECT '33'::text $$;
+    AS $$ SELECT '34'::text $$;
 COMMENT ON FUNCTION pgq.version() IS
     'The version of the installed pgq schema: the number of the newest migration applied.';

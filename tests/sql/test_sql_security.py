@@ -109,7 +109,8 @@ TABLES = {"jobs": "queue", "queues": "name", "job_events": "note", "tenants": "t
           "unique_successors": "unique_key", "replace_slots": "unique_key", "overlap_checks": "login",
           "cascade_backlog": "login", "cascade_budgets": "budget", "dependency_checks": "job_id",
           "dependency_backlog": "job_id", "steps": "name", "signals": "name", "signal_checks": "name",
-          "signal_grants": "queue", "archive": "queue", "archive_events": "note", "archive_cursors": "queue"}
+          "signal_grants": "queue", "archive": "queue", "archive_events": "note", "archive_cursors": "queue",
+          "claim_floors": "keys"}
 
 
 def ensure_role(admin: psycopg.Connection, name: str, *member_of: str) -> None:
@@ -185,7 +186,8 @@ def test_no_role_may_touch_a_table_or_sequence_directly(roles, conn, connect, ro
     # hide expired leases from every claim): neither advanced, set nor read.
     seqs = [r[0] for r in conn.execute("SELECT relname::text FROM pg_class"
                                        " WHERE relnamespace = 'pgq'::regnamespace AND relkind = 'S'")]
-    assert {"jobs_id_seq", "job_events_id_seq", "lease_floor", "lease_floor_checked"} <= set(seqs), seqs
+    assert {"jobs_id_seq", "job_events_id_seq", "lease_floor", "lease_floor_checked",
+            "claim_floors_set"} <= set(seqs), seqs
     for seq in seqs:
         for sql in (f"SELECT nextval('pgq.{seq}')", f"SELECT setval('pgq.{seq}', 4000000000000000)"):
             assert sqlstate_of(c, sql) == "42501", f"{role}: {sql}"
