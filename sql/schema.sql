@@ -6653,15 +6653,21 @@ CREATE OR REPLACE FUNCTION pgq._lease_jobs(worker text, rooms pgq.claim_room[], 
 DECLARE
     picks  bigint[];  -- the jobs picked and locked
     leased integer;   -- how many the pass handed out
+    seen   bigint;    -- (look) the entries of the ready index this process read before the pick
 BEGIN
-    -- The pick. Once a second (`look`: the claim that raised the lease floor) and while some
-    -- process has claim floors (pgq.claim_floors_set, a sequence, is 0 without a held snapshot: a
-    -- claim pays that one read for them), pgq._floor_pick instead (above): the same picks, from
-    -- this process's floors when they are fresh, counting what it reads when they are not.
+    -- The pick. While some process has claim floors (pgq.claim_floors_set, a sequence, is 0
+    -- without a held snapshot: a claim pays that one read for them), pgq._floor_pick (above): the
+    -- same picks, from this process's floors when they are fresh, counting what it reads when they
+    -- are not. Else the one statement below; once a second (`look`: the claim that raised the lease
+    -- floor) counting what it reads, to record floors when it read 5,000 entries more than it picked.
     -- (NULL, the sequence never set: the one statement.)
-    IF _lease_jobs.look OR pg_sequence_last_value('pgq.claim_floors_set') > 0 THEN
+    IF pg_sequence_last_value('pgq.claim_floors_set') > 0 THEN
         picks := pgq._floor_pick(_lease_jobs.rooms, _lease_jobs.picked, _lease_jobs.batch, _lease_jobs.kinds);
     ELSE
+        IF _lease_jobs.look THEN
+            seen := pg_stat_get_xact_tuples_returned(CASE WHEN _lease_jobs.kinds IS NULL THEN 'pgq.jobs_ready_idx'::regclass
+                                                          ELSE 'pgq.jobs_kind_ready_idx'::regclass END);
+        END IF;
         -- ("WITH picked AS" names this statement in plans: tests/plankit.py, the lab.)
         picks := ARRAY(WITH picked AS (
                 -- For each eligible queue, its first claimable jobs in index order (up to its room);
@@ -6707,6 +6713,13 @@ BEGIN
                 ORDER BY c.priority DESC, c.run_at, c.id
                 LIMIT _lease_jobs.batch
             ) SELECT p.id FROM picked AS p);
+        IF _lease_jobs.look THEN  -- (nested: an expression's functions are set up when it is reached)
+            IF pg_stat_get_xact_tuples_returned(CASE WHEN _lease_jobs.kinds IS NULL THEN 'pgq.jobs_ready_idx'::regclass
+                                                     ELSE 'pgq.jobs_kind_ready_idx'::regclass END)
+               - seen - cardinality(picks) >= 5000 THEN
+                PERFORM pgq._set_claim_floors(_lease_jobs.rooms, picks, _lease_jobs.kinds);
+            END IF;
+        END IF;
     END IF;
 
     FOR pass IN 1..2 LOOP
