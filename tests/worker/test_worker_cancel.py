@@ -46,6 +46,12 @@ def running_attempt(conn: psycopg.Connection, job_id: int) -> int:
                         f"job {job_id} to run"))
 
 
+def took_in_cancel(logs: pytest.LogCaptureFixture, job_id: int) -> bool:
+    """Whether the worker logged that it holds the cancel of ``job_id`` (held.py's end_renewal)."""
+    return any(r.getMessage().startswith(f"job {job_id} ") and "cancelled while it ran" in r.getMessage()
+               for r in list(logs.records))
+
+
 def renewals_refused(conn: psycopg.Connection, job_id: int) -> int:
     return int(one(conn, "SELECT count(*) FROM pgq.job_events WHERE job_id = %s AND event = 'rejected'"
                          " AND note LIKE 'renew %%'", (job_id,)))
@@ -180,6 +186,9 @@ def test_a_job_cancelled_while_it_waits_for_a_slot_is_never_run(
             wait_for(lambda: ran == [first], "the first job to start")
             assert cancel(conn, waiting)
             wait_for(lambda: renewals_refused(conn, waiting), "the worker to check the cancel")
+            # ... and to take the refusal in: the refused renewal is in the database before the
+            # renewer has handled its answer, and a slot freed in between started the job.
+            wait_for(lambda: took_in_cancel(no_errors, waiting), "the worker to take the cancel in")
         finally:
             release.set()
         wait_for(finished(conn, first), "the first job to end")
