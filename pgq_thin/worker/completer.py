@@ -29,7 +29,7 @@ from pgq_thin.worker.owner import AsyncOwnerCalls
 from pgq_thin.worker.support import Backoff, Flags, log, transient
 from pgq_thin.worker.waits import Part, Wakeup, nap
 
-__all__ = ["CARRY_CLAIM_MAX", "CARRY_MAX", "CARRY_PATIENCE", "AsyncCompleter", "carries", "report"]
+__all__ = ["BACKLOG_MAX", "CARRY_CLAIM_MAX", "CARRY_MAX", "CARRY_PATIENCE", "AsyncCompleter", "carries", "report"]
 
 #: The longest a queued completion waits for the claimer's call before the completer's thread
 #: sends it itself (a claim that waits for a lock or a connection, say), in seconds.
@@ -41,6 +41,11 @@ CARRY_PATIENCE = 0.1
 #: queue holds back until our completions commit, are small.
 CARRY_MAX = 64
 CARRY_CLAIM_MAX = 128
+#: The most completions that wait for their pgq.complete_many before the claimer claims no more
+#: (back-pressure, as River's completer has): while the calls fall behind (a slow or locked
+#: database), the jobs in hand stop growing. Each of them holds a lease that the renewer keeps,
+#: and runs again if the worker dies before its call.
+BACKLOG_MAX = 4096
 #: SQLSTATE lock_not_available: a bounded call waited out its lock_timeout.
 LOCK_NOT_AVAILABLE = "55P03"
 
@@ -97,8 +102,11 @@ class AsyncCompleter(Part):
         self._carried = False  # the claimer takes the queue with its next call
         self._lock = threading.Lock()  # (the thread runtime's slots add from their threads)
         self._queued = Wakeup()
+        self._holding = False  # the claimer waits for a batch to be recorded (holds_back)
+        self._sending = 0  # completions taken by our loop's call in flight (flush)
 
     thread_name = "pgq-complete"
+    backlog_max = BACKLOG_MAX
 
     async def add(self, held: Held) -> bool:
         """Queue the completion of ``held`` for the next pgq.complete_many (or the claimer's next
@@ -128,9 +136,27 @@ class AsyncCompleter(Part):
 
     def recorded(self) -> None:
         """Completions committed (or settled otherwise): after a claim that came back short, the
-        claimer claims again, since our own running jobs may be what held it back."""
-        if self.claims.short:
+        claimer claims again, since our own running jobs may be what held it back; and so does
+        a claimer that holds_back() held."""
+        if self.claims.short or self._holding:
+            self._holding = False
             self.claims.ours()
+
+    def holds_back(self) -> bool:
+        """The claimer, before it claims: whether to claim no more for now, ``backlog_max``
+        completions waiting for their call (queued, or in the call of ours in flight). While it
+        waits, the next batch recorded wakes it (set before the look, so that a batch recorded
+        between the two wakes it too)."""
+        was = self._holding
+        self._holding = True
+        waiting = len(self._queue) + self._sending
+        if waiting >= self.backlog_max:
+            if not was:
+                log.warning("%d completions wait for pgq.complete_many: claiming no more until they are "
+                            "recorded", waiting, extra={"worker": self.owner.worker_name})
+            return True
+        self._holding = False
+        return False
 
     @property
     def queued(self) -> int:
@@ -189,6 +215,14 @@ class AsyncCompleter(Part):
         batch = self.take()
         if not batch:
             return
+        self._sending = len(batch)
+        try:
+            await self.send(batch)
+        finally:
+            self._sending = 0
+
+    async def send(self, batch: list[Held]) -> None:
+        """flush()'s call of ``batch``."""
         try:
             done = await self.owner.bounded.complete_many([h.job.id for h in batch], [h.job.attempt for h in batch])
         except Exception as exc:

@@ -70,6 +70,10 @@ class Claimer:
                     continue  # look at the stop flag again: the sweep may have waited for a connection
                 if timer.settle_due():
                     timer.settled(self.settle())
+                if self.completer.holds_back():  # our completions fall behind their calls: claim
+                    # no more until a batch of them is recorded (that wakes us), or a poll later
+                    self.sleep(timer.poll_interval)
+                    continue
                 batch = policy.claim_size(slots.assigned)
                 if batch == 0:  # every place taken: a finishing job wakes us (and, if that makes
                     # us claim, its completion goes with the claim)

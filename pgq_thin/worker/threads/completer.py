@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 
 from pgq_thin.errors import PgqError
-from pgq_thin.worker.completer import CARRY_PATIENCE, LOCK_NOT_AVAILABLE, ClaimLoop, report
+from pgq_thin.worker.completer import BACKLOG_MAX, CARRY_PATIENCE, LOCK_NOT_AVAILABLE, ClaimLoop, report
 from pgq_thin.worker.held import BUSY, GONE, Held, HeldJobs, discarded
 from pgq_thin.worker.support import Backoff, Flags, log, transient
 from pgq_thin.worker.threads.owner import OwnerCalls
@@ -36,8 +36,11 @@ class Completer(Part):
         self._carried = False  # the claimer takes the queue with its next call
         self._lock = threading.Lock()  # (the thread runtime's slots add from their threads)
         self._queued = Wakeup()
+        self._holding = False  # the claimer waits for a batch to be recorded (holds_back)
+        self._sending = 0  # completions taken by our loop's call in flight (flush)
 
     thread_name = "pgq-complete"
+    backlog_max = BACKLOG_MAX
 
     def add(self, held: Held) -> bool:
         """Queue the completion of ``held`` for the next pgq.complete_many (or the claimer's next
@@ -67,9 +70,27 @@ class Completer(Part):
 
     def recorded(self) -> None:
         """Completions committed (or settled otherwise): after a claim that came back short, the
-        claimer claims again, since our own running jobs may be what held it back."""
-        if self.claims.short:
+        claimer claims again, since our own running jobs may be what held it back; and so does
+        a claimer that holds_back() held."""
+        if self.claims.short or self._holding:
+            self._holding = False
             self.claims.ours()
+
+    def holds_back(self) -> bool:
+        """The claimer, before it claims: whether to claim no more for now, ``backlog_max``
+        completions waiting for their call (queued, or in the call of ours in flight). While it
+        waits, the next batch recorded wakes it (set before the look, so that a batch recorded
+        between the two wakes it too)."""
+        was = self._holding
+        self._holding = True
+        waiting = len(self._queue) + self._sending
+        if waiting >= self.backlog_max:
+            if not was:
+                log.warning("%d completions wait for pgq.complete_many: claiming no more until they are "
+                            "recorded", waiting, extra={"worker": self.owner.worker_name})
+            return True
+        self._holding = False
+        return False
 
     @property
     def queued(self) -> int:
@@ -128,6 +149,14 @@ class Completer(Part):
         batch = self.take()
         if not batch:
             return
+        self._sending = len(batch)
+        try:
+            self.send(batch)
+        finally:
+            self._sending = 0
+
+    def send(self, batch: list[Held]) -> None:
+        """flush()'s call of ``batch``."""
         try:
             done = self.owner.bounded.complete_many([h.job.id for h in batch], [h.job.attempt for h in batch])
         except Exception as exc:
