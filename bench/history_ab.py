@@ -2,12 +2,14 @@
 jobs as with none (within 1.2x). For bench/README.md ("History of 10,000,000 finished jobs, A/B").
 
     .venv/bin/python bench/history_ab.py [--history 10000000] [--backlog 20000] [--rounds 8]
-                                         [--settings "-c wal_compression=lz4"]
+                                         [--settings "-c wal_compression=lz4"] [--finished-queues 4]
 
 One throwaway PostgreSQL (fsync on), two databases migrated by this checkout:
 
 - A: a live backlog of ``--backlog`` pending jobs in queue q0 (plus 200 jobs claimed and completed
-  through the API, so that A has finished jobs to read too);
+  through the API, so that A has finished jobs to read too: in q0, or with ``--finished-queues 4``
+  50 in each of q0..q3, the queues that hold B's history, so that a page of every queue's done
+  jobs reads as many queues in A as in B);
 - B: the same, and ``--history`` finished jobs, inserted and vacuumed before the backlog
   (``--layout gaps``, the default: the backlog lands in the room the history's pages have left,
   one or two jobs a page) or after it (``--layout own``: the backlog in pages of its own), over queues
@@ -83,10 +85,12 @@ def enqueue_backlog(conn: psycopg.Connection[Any], backlog: int) -> None:
     conn.execute("SELECT pgq.enqueue_many('q0', 'noop', array_fill('{}'::jsonb, ARRAY[%s]))", (backlog,))
 
 
-def fill(dsn: str, history: int, backlog: int, layout: str) -> dict[str, Any]:
+def fill(dsn: str, history: int, backlog: int, layout: str, finished_queues: int = 1) -> dict[str, Any]:
     """Migrate ``dsn``, insert ``history`` finished jobs and the backlog (``layout`` "gaps": the
     backlog after the history, so that it lands in the space the history's pages have left;
-    "own": the backlog first, in pages of its own), then finish 200 of the backlog."""
+    "own": the backlog first, in pages of its own), then finish 200 jobs through the API: of the
+    backlog, or (``finished_queues`` > 1) as many from each of q0, q1... (the backlog's, and jobs
+    enqueued into the others for it)."""
     started = time.perf_counter()
     migrate(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -106,8 +110,12 @@ def fill(dsn: str, history: int, backlog: int, layout: str) -> dict[str, Any]:
             conn.execute("VACUUM pgq.jobs")
             enqueue_backlog(conn, backlog)
     with Client(dsn, max_size=1) as client:
-        for job in client.claim("setup", ["q0"], batch=200):
-            client.complete(job.id, job.attempt, {"ok": True})
+        each = 200 // finished_queues
+        for q in range(finished_queues):
+            if q:
+                client.enqueue_many(f"q{q}", "noop", [{}] * each)
+            for job in client.claim("setup", [f"q{q}"], batch=each):
+                client.complete(job.id, job.attempt, {"ok": True})
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE")
         conn.execute("CHECKPOINT")
@@ -213,6 +221,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=30, help="calls per read per round (some reads differ)")
     parser.add_argument("--layout", choices=("gaps", "own"), default="gaps",
                         help="B's backlog enqueued after the history (gaps, default) or before it (own)")
+    parser.add_argument("--finished-queues", type=int, choices=(1, 2, 4), default=1,
+                        help="the 200 jobs finished through the API in both databases: in q0 only (1, default), "
+                             "or spread over q0..q3 (4), the queues B's history is in")
     parser.add_argument("--settings", default="",
                         help="more server settings, as postgres takes them (e.g. \"-c wal_compression=lz4\")")
     args = parser.parse_args()
@@ -231,8 +242,9 @@ def main() -> None:
                                   "fsync": fsync, "server_version": version, "cpus": os.cpu_count(),
                                   "settings": args.settings}
         result["layout"] = args.layout
-        result["fill"] = {"A": fill(dsns["A"], 0, args.backlog, args.layout),
-                          "B": fill(dsns["B"], args.history, args.backlog, args.layout)}
+        result["finished_queues"] = args.finished_queues
+        result["fill"] = {"A": fill(dsns["A"], 0, args.backlog, args.layout, args.finished_queues),
+                          "B": fill(dsns["B"], args.history, args.backlog, args.layout, args.finished_queues)}
         print(json.dumps(result["fill"]), flush=True)
         result["loadavg_before"] = os.getloadavg()
         times: dict[str, dict[str, list[float]]] = {}
