@@ -137,7 +137,9 @@ class AsyncCompleter(Part):
     def recorded(self) -> None:
         """Completions committed (or settled otherwise): after a claim that came back short, the
         claimer claims again, since our own running jobs may be what held it back; and so does
-        a claimer that holds_back() held."""
+        a claimer that holds_back() held. (The batch is no longer in flight first: a claimer
+        that looks after it sees so, one that looked before is woken.)"""
+        self._sending = 0
         if self.claims.short or self._holding:
             self._holding = False
             self.claims.ours()
@@ -219,7 +221,7 @@ class AsyncCompleter(Part):
         try:
             await self.send(batch)
         finally:
-            self._sending = 0
+            self._sending = 0  # (recorded() did, unless the call failed: then the batch is queued again)
 
     async def send(self, batch: list[Held]) -> None:
         """flush()'s call of ``batch``."""
