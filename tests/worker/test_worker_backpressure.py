@@ -43,7 +43,7 @@ def logged(logs: pytest.LogCaptureFixture, text: str) -> int:
 def test_a_worker_whose_completions_fall_behind_claims_no_more_until_they_are_recorded(
         dsn: str, conn: psycopg.Connection, runtime: str, caplog: pytest.LogCaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    caplog.set_level(logging.WARNING, logger="pgq_thin.worker")
+    caplog.set_level(logging.DEBUG, logger="pgq_thin.worker")
     monkeypatch.setattr(AsyncCompleter, "backlog_max", LIMIT)
     monkeypatch.setattr(Completer, "backlog_max", LIMIT)
     conn.execute("SELECT pgq.configure_queue('q')")
