@@ -119,8 +119,9 @@ def test_claimers_never_take_a_paused_kind_after_pause_commits_and_take_it_after
     enqueue(conn, "r", "slow", 100)
     total = 700
     paused = threading.Event()    # set once pause() has committed
-    resumed = threading.Event()   # set once resume() has committed
-    # (id, queue, kind, whether the claim began after pause committed and before resume did)
+    resuming = threading.Event()  # set before resume() is called (a claim that began after
+    #                               resume committed, before an event set after it, may take them)
+    # (id, queue, kind, whether the claim began after pause committed and before resume was called)
     taken: list[tuple[int, str, str, bool]] = []
     lock = threading.Lock()
     errors: list[BaseException] = []
@@ -132,14 +133,14 @@ def test_claimers_never_take_a_paused_kind_after_pause_commits_and_take_it_after
                 with lock:
                     if len(taken) >= total:
                         return
-                while_paused = paused.is_set() and not resumed.is_set()
+                while_paused = paused.is_set() and not resuming.is_set()
                 rows = c.execute("SELECT id, queue, kind, attempt FROM pgq.claim('w', batch => 3)").fetchall()
                 for job_id, _, _, attempt in rows:
                     assert one(c, "SELECT pgq.complete(%s, %s)", (job_id, attempt)) is True
                 with lock:
                     taken.extend((r[0], r[1], r[2], while_paused) for r in rows)
                 if not rows:
-                    resumed.wait(0.05)  # nothing claimable until resume: poll, as a worker does
+                    resuming.wait(0.05)  # nothing claimable until resume: poll, as a worker does
         except BaseException as e:  # noqa: BLE001 (reported by the test)
             errors.append(e)
 
@@ -151,8 +152,8 @@ def test_claimers_never_take_a_paused_kind_after_pause_commits_and_take_it_after
     others = "SELECT count(*) FROM pgq.jobs WHERE state <> 'done' AND NOT (queue = 'q' AND kind = 'slow')"
     wait_for(lambda: one(conn, others) == 0 or errors, "every job but q's slow ones to be done")
     assert not errors, errors
+    resuming.set()
     conn.execute("SELECT pgq.resume('q', kind => 'slow')")
-    resumed.set()
     for t in threads:
         t.join(60)
     assert not errors, errors
