@@ -423,12 +423,16 @@ def test_list_jobs_by_tags_finds_archived_jobs_through_the_archive_tags_index(
         FROM generate_series(1, 3000)""")
     assert one(conn, "SELECT pgq._archive_jobs(array_agg(id)) FROM pgq.jobs WHERE id > %s", (live,)) == 3000
     conn.execute("ANALYZE pgq.archive")
+    # Once pgq.jobs is vacuumed (autovacuum did it in a CI run), the planner, left to itself, walked
+    # each day partition's archive_id_idx backwards instead: all 3,000 untagged jobs for 4 tagged.
+    conn.execute("VACUUM ANALYZE pgq.jobs")
     conn.execute("LOAD 'auto_explain'")
     rows, plans = capture(conn, "SELECT * FROM pgq.list_jobs(tags => '{a,b}')")
     assert len(rows) == 6
-    page = plan_of(plans, "t.tags @> list_jobs.tags")
+    page = plan_of(plans, "t.tags @> _list_tagged.tags")
     assert "Bitmap Index Scan on archive_" in page.text and "Seq Scan on archive_" not in page.text, page.text
     assert "Bitmap Index Scan on jobs_tags_idx" in page.text, page.text
+    assert "Index Scan Backward" not in page.text, page.text
 
 
 @pytest.mark.parametrize("value", ["NULL", "true", "false"])

@@ -106,7 +106,7 @@ def test_the_tags_filter_reads_the_tagged_jobs_through_jobs_tags_idx(conn: psyco
     tagged = [enqueue(conn, tags=["rare"]) for _ in range(5)]
     conn.execute("VACUUM ANALYZE pgq.jobs")
     conn.execute("LOAD 'auto_explain'")
-    for sql, marker in [("SELECT id FROM pgq.list_jobs(tags => '{rare}')", "t.tags @> list_jobs.tags"),
+    for sql, marker in [("SELECT id FROM pgq.list_jobs(tags => '{rare}')", "t.tags @> _list_tagged.tags"),
                         ("SELECT pgq.cancel_jobs('q', 'pending', tags => '{rare}', limit_rows => 3)",
                          "j.tags @> cancel_jobs.tags"),
                         ("SELECT pgq.retry_jobs('q', 'failed', tags => '{rare}')", "j.tags @> retry_jobs.tags"),
