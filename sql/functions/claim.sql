@@ -657,6 +657,22 @@ CREATE OR REPLACE FUNCTION pgq._expired(attempt integer, start_by timestamptz, e
 -- reads short. Without a held snapshot (or a long transaction) no pick reads that far and nothing
 -- changes: pgq.claim_floors_set stays 0, and a claim pays that one sequence read for the floors.
 
+-- The entries of the ready index a pick of `kinds` reads (jobs_kind_ready_idx when the worker names
+-- its kinds, else jobs_ready_idx) that this transaction has read so far: read before a pick, with
+-- pgq._walked_far after it.
+CREATE OR REPLACE FUNCTION pgq._ready_entries_read(kinds text[]) RETURNS bigint
+    LANGUAGE sql
+    AS $$
+    SELECT pg_stat_get_xact_tuples_returned(CASE WHEN $1 IS NULL THEN 'pgq.jobs_ready_idx'::regclass
+                                                 ELSE 'pgq.jobs_kind_ready_idx'::regclass END)
+$$;
+
+-- Whether a pick of `kinds` that took `picked` jobs read 5,000 entries of the ready index more than
+-- it took, since pgq._ready_entries_read said `seen`: the floors are recorded then.
+CREATE OR REPLACE FUNCTION pgq._walked_far(seen bigint, kinds text[], picked integer) RETURNS boolean
+    LANGUAGE sql
+    AS $$ SELECT pgq._ready_entries_read($2) - $1 - $3 >= 5000 $$;
+
 -- Records the calling process's floors: per queue of `rooms` (not fair, not key-limited) and kind
 -- (when `kinds` is given), the key of the last of `picks` in the claim's order.
 CREATE OR REPLACE FUNCTION pgq._set_claim_floors(rooms pgq.claim_room[], picks bigint[], kinds text[])
@@ -762,8 +778,7 @@ BEGIN
     SELECT f.* INTO floors FROM pgq.claim_floors AS f
     WHERE f.pid = pg_backend_pid() AND f.set_at <@ tstzrange(pgq._now() - interval '1 second', pgq._now(), '[]');
     IF NOT FOUND THEN
-        seen := pg_stat_get_xact_tuples_returned(CASE WHEN _floor_pick.kinds IS NULL THEN 'pgq.jobs_ready_idx'::regclass
-                                                      ELSE 'pgq.jobs_kind_ready_idx'::regclass END);
+        seen := pgq._ready_entries_read(_floor_pick.kinds);
     END IF;
     FOR e IN SELECT r.queue, r.room, w.kind
              FROM unnest(_floor_pick.rooms) AS r
@@ -783,9 +798,7 @@ BEGIN
     IF short THEN
         DELETE FROM pgq.claim_floors AS f WHERE f.pid = pg_backend_pid();
     ELSIF seen IS NOT NULL
-          AND pg_stat_get_xact_tuples_returned(CASE WHEN _floor_pick.kinds IS NULL THEN 'pgq.jobs_ready_idx'::regclass
-                                                    ELSE 'pgq.jobs_kind_ready_idx'::regclass END)
-              - seen - cardinality(ids) >= 5000 THEN
+          AND pgq._walked_far(seen, _floor_pick.kinds, cardinality(ids)) THEN
         PERFORM pgq._set_claim_floors(_floor_pick.rooms, ids, _floor_pick.kinds);
     END IF;
     RETURN ids;
@@ -828,8 +841,7 @@ BEGIN
         picks := pgq._floor_pick(_lease_jobs.rooms, _lease_jobs.picked, _lease_jobs.batch, _lease_jobs.kinds);
     ELSE
         IF _lease_jobs.look THEN
-            seen := pg_stat_get_xact_tuples_returned(CASE WHEN _lease_jobs.kinds IS NULL THEN 'pgq.jobs_ready_idx'::regclass
-                                                          ELSE 'pgq.jobs_kind_ready_idx'::regclass END);
+            seen := pgq._ready_entries_read(_lease_jobs.kinds);
         END IF;
         -- ("WITH picked AS" names this statement in plans: tests/plankit.py, the lab.)
         picks := ARRAY(WITH picked AS (
@@ -877,9 +889,7 @@ BEGIN
                 LIMIT _lease_jobs.batch
             ) SELECT p.id FROM picked AS p);
         IF _lease_jobs.look THEN  -- (nested: an expression's functions are set up when it is reached)
-            IF pg_stat_get_xact_tuples_returned(CASE WHEN _lease_jobs.kinds IS NULL THEN 'pgq.jobs_ready_idx'::regclass
-                                                     ELSE 'pgq.jobs_kind_ready_idx'::regclass END)
-               - seen - cardinality(picks) >= 5000 THEN
+            IF pgq._walked_far(seen, _lease_jobs.kinds, cardinality(picks)) THEN
                 PERFORM pgq._set_claim_floors(_lease_jobs.rooms, picks, _lease_jobs.kinds);
             END IF;
         END IF;
